@@ -1,0 +1,51 @@
+"""``python -m sndr <command>``: a thin dispatcher.
+
+Each command lives in its own module and exposes ``cli_main(argv) -> int``;
+modules are imported lazily so ``sndr status`` never pays for the planner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "apply": ("sndr.apply", "apply, dry-run, verify or revert the patch set on a tree"),
+    "schema": ("sndr.schema", "print the JSON Schema of patch|report|preflight|ledger|manifest"),
+    "list": ("sndr.listing", "list the patch set (id, title, kind, default, upstream, files)"),
+    "manifest": ("sndr.manifest", "build or check anchors/<pin>.json"),
+    "preflight": ("sndr.preflight", "classify the patch set on a pin and a candidate tree"),
+    "vendor": ("sndr.vendor", "turn a unified diff into a patch file"),
+    "watchlist": ("sndr.watchlist", "lint, edit and evaluate the upstream watchlist"),
+    "sync": ("sndr.sync", "plan the port queue of an upstream range"),
+    "pin": ("sndr.sync", "advance the pin when every gate passes"),
+    "status": ("sndr.hook", "per-process attestations of the active patch set"),
+    "hook": ("sndr.hook", "install or remove the in-memory import hook (.pth)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m sndr <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {doc}" for name, (_, doc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"sndr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    if name == "pin":
+        return module.pin_main(rest)
+    if name == "status":
+        return module.status_main(rest)
+    return module.cli_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""``python -m sndr.apply``: apply, dry-run, verify or revert the patch set on a tree.
+
+The functions here are the imperative shell: they read the tree, call the
+pure planner, and hand the result to :mod:`sndr.commit`. The CLI is thin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .commit import FileWrite, TreeRoot, commit, decode, recover, sha256_bytes
+from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from .load import PatchSet, load_patch_set
+from .model import Ledger, LedgerFile, PatchResult, ProblemModel, Report
+from .plan import Plan, build_plan, gate, order_patches, patch_set_digest
+
+
+def tree_version(root: Path) -> str:
+    from .tree import open_tree
+
+    return open_tree(root).version
+
+
+def enabled_ids(patch_set: PatchSet, version: str, environ, only=None) -> list[str]:
+    """The ids a plan would enable, computed without reading any target file."""
+    selected = None
+    if only:
+        from .plan import _requires_closure
+
+        selected = set(only)
+        for i in only:
+            if i in patch_set.by_id:
+                selected |= _requires_closure(patch_set.by_id[i], patch_set.by_id)
+    on: list[str] = []
+    for p in order_patches(patch_set.patches):
+        if selected is not None and p.id not in selected:
+            continue
+        if gate(p, version, environ).enabled and all(r in on for r in p.requires):
+            on.append(p.id)
+    return on
+
+
+def _report(mode: str, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
+    problems = kw.pop("problems", None)
+    if problems is None:
+        problems = plan.problems if plan else []
+    return Report(mode=mode, tree=str(tree.root), vllm_version=version,
+                  patch_set_digest=plan.digest if plan else kw.pop("digest", ""),
+                  counts=plan.counts() if plan else kw.pop("counts", {}),
+                  patches=plan.patches if plan else kw.pop("patches", []),
+                  problems=[ProblemModel(**p.to_json()) for p in problems], **kw)
+
+
+def _plan_exit(plan: Plan) -> int:
+    if not plan.problems:
+        return EXIT_OK
+    bad_input = {"conflicts_enabled", "compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id"}
+    if any(p.code in bad_input for p in plan.problems):
+        return EXIT_BAD_INPUT
+    return EXIT_FINDINGS
+
+
+def _foreign_changes(tree: TreeRoot, ledger: Ledger) -> list[Problem]:
+    out = []
+    for rel, entry in sorted(ledger.files.items()):
+        now = tree.read_bytes(rel)
+        sha = sha256_bytes(now) if now is not None else None
+        if sha == entry.patched_sha256 or (sha == entry.pristine_sha256 and not entry.created):
+            continue
+        if now is None and entry.created:
+            continue
+        out.append(Problem("modified_since_apply",
+                           "file was changed by someone else since sndr patched it" if now is not None else
+                           "file was deleted since sndr patched it",
+                           file=rel, hint="inspect the change; --force takes the current bytes as the new pristine"))
+    return out
+
+
+def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, force: bool = False,
+              only: list[str] | None = None, environ=None) -> Report:
+    environ = os.environ if environ is None else environ
+    tree = TreeRoot(root)
+    version = tree_version(tree.root)
+    if dry_run:
+        # Pure: no lock, no recovery, no writes. Reads pristine copies through the ledger.
+        ledger = tree.read_ledger()
+        notes = ["an interrupted commit is pending; the next apply/verify/revert will roll it back"] \
+            if tree.journal_path.exists() else []
+        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
+                          environ=environ, only=only)
+        wrote = sorted(rel for rel, ch in plan.changes.items()
+                       if tree.read_bytes(rel) != ch.new.encode("utf-8"))
+        if not plan.ok:
+            wrote = []
+        return _report("dry-run", tree, version, plan, ok=plan.ok, exit_code=_plan_exit(plan),
+                       files_written=wrote, notes=notes)
+    with tree.lock():
+        restored = recover(tree)
+        notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if tree.journal_path.exists() or restored else []
+        ledger = tree.read_ledger()
+        on = enabled_ids(patch_set, version, environ, only)
+        digest = patch_set_digest(patch_set, on)
+        if ledger is not None:
+            foreign = _foreign_changes(tree, ledger)
+            if foreign and not force:
+                return _report("apply", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
+                               digest=digest, notes=notes + ["refused: nothing was written"])
+            if foreign and force:
+                ledger = _adopt_current(tree, ledger, {p.file for p in foreign})
+                notes.append(f"--force: took the current bytes of {len(foreign)} file(s) as pristine")
+            elif ledger.patch_set_digest == digest:
+                # Fast path: same set, every file still holds its patched bytes.
+                results = [PatchResult(id=i, title=patch_set.by_id[i].title if i in patch_set.by_id else "",
+                                       status="applied", reason="ledger matches; nothing to do")
+                           for i in ledger.patches]
+                for r in results:
+                    r.status = ledger.results.get(r.id, "applied")
+                return _report("apply", tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
+                               patches=results, counts=ledger.counts,
+                               notes=notes + ["already applied with this patch set: nothing written"])
+        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
+                          environ=environ, only=only)
+        if not plan.ok:
+            return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
+                           notes=notes + ["refused: nothing was written"])
+        writes, new_ledger = _writes_for(tree, plan, ledger, patch_set)
+        if not writes and ledger is not None and ledger.model_dump() == new_ledger.model_dump():
+            return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK, notes=notes + ["nothing to write"])
+        commit(tree, writes, new_ledger if new_ledger.files else None, plan.digest)
+        return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK,
+                       files_written=[w.rel for w in writes], notes=notes)
+
+
+def _read_pristine_text(tree: TreeRoot, rel: str, ledger: Ledger | None) -> str | None:
+    data = tree.pristine_bytes(rel, ledger)
+    return None if data is None else decode(data, rel)
+
+
+def _adopt_current(tree: TreeRoot, ledger: Ledger, rels: set[str]) -> Ledger:
+    files = dict(ledger.files)
+    for rel in rels:
+        now = tree.read_bytes(rel)
+        if now is None:
+            files.pop(rel, None)
+            continue
+        sha = tree.put_object(now)
+        files[rel] = LedgerFile(pristine_sha256=sha, patched_sha256=sha, patches=[], created=False)
+    return ledger.model_copy(update={"files": files})
+
+
+def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: PatchSet) -> tuple[list[FileWrite], Ledger]:
+    writes: list[FileWrite] = []
+    files: dict[str, LedgerFile] = {}
+    touched = set(plan.changes) | set(ledger.files if ledger else {})
+    for rel in sorted(touched):
+        now = tree.read_bytes(rel)
+        if rel in plan.changes:
+            ch = plan.changes[rel]
+            after = ch.new.encode("utf-8")
+            if ch.pristine is None:
+                pristine_sha, created = sha256_bytes(after), True
+            else:
+                pristine_bytes = ch.pristine.encode("utf-8")
+                pristine_sha, created = tree.put_object(pristine_bytes), False
+            files[rel] = LedgerFile(pristine_sha256=pristine_sha, patched_sha256=sha256_bytes(after),
+                                    patches=ch.patches, created=created)
+        else:  # touched by an older patch set, untouched now: back to pristine
+            after = tree.pristine_bytes(rel, ledger)
+        if now != after:
+            writes.append(FileWrite(rel, now, after))
+    # The ledger describes the tree after the commit: what "applies" now is "applied".
+    after = {"applies": "applied"}
+    results = {p.id: after.get(p.status, p.status) for p in plan.patches if p.status != "gated"}
+    counts: dict[str, int] = {}
+    for v, n in plan.counts().items():
+        counts[after.get(v, v)] = counts.get(after.get(v, v), 0) + n
+    new = Ledger(patch_set_digest=plan.digest, patches=plan.enabled, vllm_version=plan.version, files=files,
+                 results=results, counts=dict(sorted(counts.items())))
+    return writes, new
+
+
+def run_revert(root: Path | str, *, force: bool = False) -> Report:
+    tree = TreeRoot(root)
+    version = tree_version(tree.root)
+    with tree.lock():
+        restored = recover(tree)
+        notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
+        ledger = tree.read_ledger()
+        if ledger is None:
+            return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK,
+                           notes=notes + ["no ledger: the tree is pristine as far as sndr knows; nothing to revert"])
+        foreign = _foreign_changes(tree, ledger)
+        if foreign and not force:
+            return _report("revert", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
+                           digest=ledger.patch_set_digest, notes=notes + ["refused: nothing was written"])
+        writes = []
+        for rel, entry in sorted(ledger.files.items()):
+            now = tree.read_bytes(rel)
+            want = None if entry.created else tree.get_object(entry.pristine_sha256)
+            if now != want:
+                writes.append(FileWrite(rel, now, want))
+        commit(tree, writes, None, ledger.patch_set_digest)
+        _gc_objects(tree)
+        return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK, digest=ledger.patch_set_digest,
+                       files_written=[w.rel for w in writes], notes=notes)
+
+
+def _gc_objects(tree: TreeRoot) -> None:
+    import shutil
+
+    if not tree.journal_path.exists() and not tree.ledger_path.exists():
+        shutil.rmtree(tree.objects, ignore_errors=True)
+
+
+def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None = None, environ=None) -> Report:
+    """Is the tree patched with exactly this patch set? Read-only, except crash recovery."""
+    environ = os.environ if environ is None else environ
+    tree = TreeRoot(root)
+    version = tree_version(tree.root)
+    if tree.journal_path.exists():
+        with tree.lock():
+            recover(tree)
+    with tree.lock(shared=True):
+        ledger = tree.read_ledger()
+        on = enabled_ids(patch_set, version, environ, only)
+        digest = patch_set_digest(patch_set, on)
+        if ledger is None:
+            # No ledger (fresh or in-memory-patched tree): classify the current texts.
+            plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False)
+            pending = [p for p in plan.patches if p.status in ("applies", "failed")]
+            problems = list(plan.problems) + [
+                Problem("not_applied", f"patch is not applied ({p.status})", patch=p.id) for p in pending]
+            return _report("verify", tree, version, plan, ok=not problems,
+                           exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems,
+                           notes=["no ledger: verified by classifying the current files"])
+        problems = []
+        if ledger.patch_set_digest != digest:
+            problems.append(Problem("patch_set_mismatch",
+                                    f"tree was patched with another patch set (ledger {ledger.patch_set_digest[:12]}, "
+                                    f"current {digest[:12]})", file=str(tree.ledger_path),
+                                    hint="run python -m sndr.apply to re-plan from pristine"))
+        for rel, entry in sorted(ledger.files.items()):
+            now = tree.read_bytes(rel)
+            if now is None or sha256_bytes(now) != entry.patched_sha256:
+                problems.append(Problem("hash_mismatch", "file does not hold the patched bytes the ledger records",
+                                        file=rel, patch=", ".join(entry.patches)))
+        results = [PatchResult(id=i, title=patch_set.by_id[i].title if i in patch_set.by_id else "",
+                               status=ledger.results.get(i, "applied"), reason="verified against the ledger")
+                   for i in ledger.patches]
+        return _report("verify", tree, version, None, ok=not problems,
+                       exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
+                       patches=results, counts=ledger.counts)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def default_tree() -> Path:
+    from .tree import find_installed_root
+
+    return find_installed_root()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sndr.apply",
+                                 description="Apply the sndr patch set to a vLLM tree, transactionally.")
+    ap.add_argument("--tree", type=Path, help="directory containing vllm/ (default: where `import vllm` finds it)")
+    ap.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="simulate only; never writes")
+    mode.add_argument("--verify", action="store_true", help="check the tree holds exactly this patch set")
+    mode.add_argument("--revert", action="store_true", help="restore every touched file to pristine, byte-exact")
+    ap.add_argument("--only", nargs="+", metavar="ID", help="only these patches (and what they require)")
+    ap.add_argument("--force", action="store_true", help="proceed over files changed by someone else")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="list every edit")
+    return ap
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        root = args.tree if args.tree is not None else default_tree()
+        if args.revert:
+            report = run_revert(root, force=args.force)
+        else:
+            patch_set = load_patch_set(args.patches)
+            if args.verify:
+                report = run_verify(root, patch_set, only=args.only)
+            else:
+                report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only)
+    except SndrError as exc:
+        print(f"sndr: error\n{exc.render()}", file=sys.stderr)
+        if args.json:
+            _write_json(args.json, {"ok": False, "exit_code": exc.exit_code,
+                                    "problems": [p.to_json() for p in exc.problems]})
+        return exc.exit_code
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - last-resort boundary: exit 3, never a bare traceback only
+        import traceback
+
+        traceback.print_exc()
+        print(f"sndr: internal error: {exc!r}", file=sys.stderr)
+        return EXIT_INTERNAL
+    if args.json:
+        _write_json(args.json, json.loads(report.model_dump_json()))
+    if not args.quiet or report.exit_code:
+        from .render import print_report
+
+        print_report(report, verbose=args.verbose)
+    return report.exit_code
+
+
+def _write_json(target: Path, data: dict) -> None:
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if str(target) == "-":
+        sys.stdout.write(text)
+    else:
+        target.write_text(text)
+
+
+def main() -> None:
+    sys.exit(cli_main())
+
+
+if __name__ == "__main__":
+    main()

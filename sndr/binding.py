@@ -1,0 +1,127 @@
+"""Static binding of runtime-patch targets: find ``module:Qual.name`` in source text.
+
+The same function serves the preflight (reading a candidate tree that is not
+installed) and the runtime check (reading the imported module's file), so the
+two can never disagree about a signature or a source hash.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Binding:
+    file: str
+    line: int
+    qualname: str
+    signature: str | None  # normalised parameter list, None for non-functions
+    source_sha256: str
+
+
+def module_file_candidates(module: str) -> list[str]:
+    base = module.replace(".", "/")
+    return [base + ".py", base + "/__init__.py"]
+
+
+def normalise_signature(args: ast.arguments) -> str:
+    """Parameter names and kinds only: ``(self, a, b=, /, *, c=, **kw)``.
+
+    Annotations and default values are left out on purpose: they are not
+    comparable between a static read and a live object, and renaming, adding
+    or removing parameters is what breaks a replacement.
+    """
+    parts: list[str] = []
+    pos = list(args.posonlyargs) + list(args.args)
+    n_def = len(args.defaults)
+    first_def = len(pos) - n_def
+    for i, a in enumerate(pos):
+        parts.append(a.arg + ("=" if i >= first_def else ""))
+        if args.posonlyargs and i == len(args.posonlyargs) - 1:
+            parts.append("/")
+    if args.vararg:
+        parts.append("*" + args.vararg.arg)
+    elif args.kwonlyargs:
+        parts.append("*")
+    for a, d in zip(args.kwonlyargs, args.kw_defaults):
+        parts.append(a.arg + ("=" if d is not None else ""))
+    if args.kwarg:
+        parts.append("**" + args.kwarg.arg)
+    return "(" + ", ".join(parts) + ")"
+
+
+def signature_of_callable(obj) -> str | None:
+    """The same normalised form, from a live object (for runtime checks)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    parts: list[str] = []
+    kinds = inspect.Parameter
+    saw_kwonly_marker = False
+    params = list(sig.parameters.values())
+    for i, p in enumerate(params):
+        if p.kind == kinds.KEYWORD_ONLY and not saw_kwonly_marker and not any(q.kind == kinds.VAR_POSITIONAL for q in params):
+            parts.append("*")
+            saw_kwonly_marker = True
+        if p.kind == kinds.VAR_POSITIONAL:
+            parts.append("*" + p.name)
+        elif p.kind == kinds.VAR_KEYWORD:
+            parts.append("**" + p.name)
+        else:
+            parts.append(p.name + ("=" if p.default is not p.empty else ""))
+        if p.kind == kinds.POSITIONAL_ONLY and (i + 1 == len(params) or params[i + 1].kind != kinds.POSITIONAL_ONLY):
+            parts.append("/")
+    return "(" + ", ".join(parts) + ")"
+
+
+def find_binding(text: str, qualname: str, file: str = "") -> Binding | None:
+    """Locate ``Qual.name`` (class/function/assignment) at module level in ``text``."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        found = None
+        for child in getattr(node, "body", []):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == part:
+                found = child
+            elif isinstance(child, ast.Assign) and any(isinstance(t, ast.Name) and t.id == part for t in child.targets):
+                found = child
+            elif isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name) and child.target.id == part:
+                found = child
+        if found is None:
+            return None
+        node = found
+    seg = ast.get_source_segment(text, node) or ""
+    sig = normalise_signature(node.args) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    return Binding(file=file, line=node.lineno, qualname=qualname, signature=sig,
+                   source_sha256=hashlib.sha256(seg.encode()).hexdigest())
+
+
+def check_binding(redit, read_text) -> tuple[str, str, Binding | None]:
+    """Classify a runtime edit statically: (verdict value, reason, binding).
+
+    ``read_text(relpath) -> str | None`` reads the tree. Verdicts are the
+    shared vocabulary: ``applies`` (target found and matches), ``drifted``
+    (signature or source hash differ, or the target is gone), ``file_missing``.
+    """
+    module, qual = redit.target.split(":", 1)
+    for rel in module_file_candidates(module):
+        text = read_text(rel)
+        if text is None:
+            continue
+        b = find_binding(text, qual, rel)
+        if b is None:
+            return "drifted", f"{qual} not found in {rel}", None
+        if redit.signature is not None and b.signature != redit.signature:
+            return "drifted", f"signature of {redit.target} is {b.signature}, the patch declares {redit.signature}", b
+        if redit.source_sha256 is not None and b.source_sha256 != redit.source_sha256:
+            return "drifted", f"source of {redit.target} changed (sha256 {b.source_sha256[:12]}, patch expects {redit.source_sha256[:12]})", b
+        return "applies", "", b
+    return "file_missing", f"module {module} not found in the tree", None

@@ -1,0 +1,232 @@
+"""Load patch files (``patches/*.toml``) into validated :class:`Patch` models.
+
+Patch files are data: they are parsed with ``tomllib`` and validated, never
+executed or imported. Every error names the file, and the key or line.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .errors import EXIT_BAD_INPUT, Problem, SndrError
+from .model import Patch, canonical_json
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def shipped_patches_dir() -> Path:
+    """The patch set shipped with sndr: ``patches/`` of a checkout, or the copy inside the wheel."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "patches", here / "_data" / "patches"):
+        if cand.is_dir():
+            return cand
+    return here / "_data" / "patches"
+
+
+def shipped_anchors_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "anchors", here / "_data" / "anchors"):
+        if cand.is_dir():
+            return cand
+    return here / "_data" / "anchors"
+
+
+@dataclass
+class PatchSet:
+    patches: list[Patch]
+    directory: Path | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # id -> file the patch came from
+
+    @cached_property
+    def by_id(self) -> dict[str, Patch]:
+        return {p.id: p for p in self.patches}
+
+    def source_of(self, patch_id: str) -> str:
+        return self.sources.get(patch_id, patch_id)
+
+    def digest(self, ids: list[str] | None = None) -> str:
+        """sha256 over the canonical form of the given (default: all) patches, in order."""
+        import hashlib
+
+        chosen = self.patches if ids is None else [self.by_id[i] for i in ids]
+        blob = canonical_json([p.model_dump(mode="json") for p in chosen])
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- line lookup
+
+_TOML_LINE = re.compile(r"at line (\d+)", re.I)
+
+
+def _key_line(text: str, loc: tuple) -> int | None:
+    """Best-effort line of a pydantic error location inside the TOML text.
+
+    ``loc`` looks like ``('files', 0, 'edits', 2, 'anchor')``. We walk the
+    array-of-tables headers in order so the n-th ``[[files.edits]]`` is found.
+    """
+    lines = text.splitlines()
+    start = 0
+    table = ""
+    i = 0
+    parts = list(loc)
+    while i < len(parts):
+        part = parts[i]
+        if i + 1 < len(parts) and isinstance(parts[i + 1], int):
+            table = f"{table}.{part}" if table else str(part)
+            idx = parts[i + 1]
+            header = re.compile(r"^\s*\[\[\s*" + re.escape(table) + r"\s*\]\]")
+            seen = -1
+            found = None
+            for n in range(start, len(lines)):
+                if header.match(lines[n]):
+                    seen += 1
+                    if seen == idx:
+                        found = n
+                        break
+            if found is None:
+                return start + 1 if start else None
+            start = found
+            i += 2
+            continue
+        key = re.compile(r"^\s*" + re.escape(str(part)) + r"\s*=")
+        for n in range(start, len(lines)):
+            if key.match(lines[n]):
+                return n + 1
+        return start + 1 if start else None
+    return start + 1 if start else None
+
+
+def _loc_str(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse_patch(text: str, source: str) -> Patch:
+    """Parse and validate one patch file's text. ``source`` names it in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = _TOML_LINE.search(str(exc))
+        raise SndrError(Problem("toml_syntax", f"malformed TOML: {exc}", file=source,
+                                line=int(m.group(1)) if m else None,
+                                hint="patch files are TOML; use literal strings ('''...''') for code")) from None
+    try:
+        return Patch.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err.get("loc", ()))
+            msg = err.get("msg", "invalid")
+            if err.get("type") == "extra_forbidden":
+                msg = f"unknown key {loc[-1]!r}"
+            elif msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            problems.append(Problem("bad_patch", msg, file=source, line=_key_line(text, loc),
+                                    key=_loc_str(loc) or None))
+        raise SndrError(problems) from None
+
+
+def load_patch_file(path: Path) -> Patch:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SndrError(Problem("unreadable", f"cannot read patch file: {exc.strerror}", file=str(path))) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SndrError(Problem("not_utf8", "patch file is not UTF-8", file=str(path), line=line)) from None
+    return parse_patch(text, str(path))
+
+
+def patch_files(directory: Path) -> list[Path]:
+    """Patch files of a directory: every ``*.toml`` whose name does not start with ``_``."""
+    return sorted(p for p in directory.glob("*.toml") if not p.name.startswith("_"))
+
+
+def load_patch_set(directory: Path | str | None = None, *, packs: bool = True) -> PatchSet:
+    """Load and cross-check every patch of a directory (default: the shipped set).
+
+    With ``packs``, patches from installed plugin packs (entry point group
+    ``sndr.patches``) are added; see :mod:`sndr.packs`.
+    """
+    directory = Path(directory) if directory is not None else shipped_patches_dir()
+    if not directory.is_dir():
+        raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory)))
+    patches: list[Patch] = []
+    sources: dict[str, str] = {}
+    problems: list[Problem] = []
+    for path in patch_files(directory):
+        try:
+            patch = load_patch_file(path)
+        except SndrError as exc:
+            problems.extend(exc.problems)
+            continue
+        if patch.id in sources:
+            problems.append(Problem("duplicate_id", f"patch id {patch.id} is also defined in {sources[patch.id]}",
+                                    file=str(path), key="id"))
+            continue
+        sources[patch.id] = str(path)
+        patches.append(patch)
+    if packs:
+        try:
+            from .packs import load_pack_patches
+        except ImportError:
+            load_pack_patches = None
+        if load_pack_patches is not None:
+            for patch, source in load_pack_patches():
+                if patch.id in sources:
+                    problems.append(Problem("duplicate_id", f"plugin pack patch {patch.id} shadows {sources[patch.id]}",
+                                            file=source, key="id",
+                                            hint="pack patch ids must be namespaced (e.g. ACME_0001)"))
+                    continue
+                sources[patch.id] = source
+                patches.append(patch)
+    problems.extend(_cross_check(patches, sources))
+    if problems:
+        raise SndrError(problems, EXIT_BAD_INPUT)
+    return PatchSet(patches=patches, directory=directory, sources=sources)
+
+
+def _cross_check(patches: list[Patch], sources: dict[str, str]) -> list[Problem]:
+    ids = {p.id for p in patches}
+    problems = []
+    for p in patches:
+        for key in ("requires", "conflicts"):
+            for other in getattr(p, key):
+                if other not in ids:
+                    problems.append(Problem("unknown_id", f"{key} names unknown patch {other}",
+                                            file=sources.get(p.id), key=key, patch=p.id))
+    # requires cycles
+    graph = {p.id: [r for r in p.requires if r in ids] for p in patches}
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cyc = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
+                problems.append(Problem("requires_cycle", "requires cycle: " + " -> ".join(cyc),
+                                        file=sources.get(node), key="requires", patch=node))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for pid in sorted(graph):
+        if pid not in state:
+            visit(pid, [pid])
+    return problems

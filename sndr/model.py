@@ -1,0 +1,310 @@
+"""The data model: patch files, verdicts, ledgers and reports (pydantic v2).
+
+The patch file format is a contract (DESIGN.md section 4): unknown keys are
+errors, and every validation error names the file and the key.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import posixpath
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+# A runtime target or replacement: ``package.module:Qual.name``.
+DOTTED_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class Verdict(str, enum.Enum):
+    """What one edit is on one tree. One classifier produces these everywhere."""
+
+    APPLIES = "applies"  # anchor found exactly once: the edit can be applied
+    APPLIED = "applied"  # replacement present, anchor not (outside the replacement)
+    MERGED = "merged"  # a merged marker is present: upstream carries the change
+    DRIFTED = "drifted"  # required anchor not found
+    AMBIGUOUS = "ambiguous"  # anchor found two or more times
+    OPTIONAL_ABSENT = "optional_absent"  # optional anchor not found
+    FILE_MISSING = "file_missing"  # target file does not exist
+    GATED = "gated"  # patch not enabled on this tree (reason says why)
+
+    @property
+    def ok(self) -> bool:
+        return self in _OK_VERDICTS
+
+
+_OK_VERDICTS = {Verdict.APPLIES, Verdict.APPLIED, Verdict.MERGED, Verdict.OPTIONAL_ABSENT, Verdict.GATED}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _check_relpath(path: str) -> str:
+    if not path:
+        raise ValueError("path must not be empty")
+    if "\\" in path or "\x00" in path:
+        raise ValueError(f"path {path!r} must use '/' separators and no NUL")
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        raise ValueError(f"path {path!r} is absolute; paths are relative to the tree root (e.g. 'vllm/...')")
+    parts = path.split("/")
+    if any(p in ("..", ".", "") for p in parts):
+        raise ValueError(f"path {path!r} contains '..', '.' or an empty segment; it must stay inside the tree")
+    if posixpath.normpath(path) != path:
+        raise ValueError(f"path {path!r} is not normalised")
+    return path
+
+
+class Edit(Strict):
+    """Anchor -> replacement, matched exactly and exactly once."""
+
+    name: str = Field(pattern=ID_PATTERN)
+    anchor: str
+    replacement: str
+    required: bool = True
+    group: str | None = Field(default=None, pattern=ID_PATTERN, description="name of a group declared in the patch's [groups] table")
+    merged_markers: list[str] = Field(default_factory=list)
+    description: str = ""
+
+    @field_validator("anchor")
+    @classmethod
+    def _anchor_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("anchor is empty or whitespace only; an anchor must be text that occurs exactly once in the file")
+        return v
+
+    @field_validator("replacement")
+    @classmethod
+    def _replacement_not_empty(cls, v: str) -> str:
+        if not v:
+            raise ValueError("replacement is empty; include one line of context so the edit stays recognisable once applied")
+        return v
+
+    @field_validator("merged_markers")
+    @classmethod
+    def _markers_not_blank(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if not m.strip():
+                raise ValueError("a merged marker must not be empty or whitespace")
+        return v
+
+    @model_validator(mode="after")
+    def _anchor_differs(self) -> "Edit":
+        if self.anchor == self.replacement:
+            raise ValueError(f"edit {self.name!r}: anchor equals replacement; the edit would change nothing")
+        return self
+
+
+class FileEdits(Strict):
+    """The edits of one patch on one file, or a file the patch creates."""
+
+    path: str
+    edits: list[Edit] = Field(default_factory=list)
+    create: str | None = Field(default=None, description="full content of a file this patch creates; exclusive with edits")
+    merged_markers: list[str] = Field(default_factory=list)
+
+    @field_validator("path")
+    @classmethod
+    def _path_ok(cls, v: str) -> str:
+        return _check_relpath(v)
+
+    @model_validator(mode="after")
+    def _edits_or_create(self) -> "FileEdits":
+        if self.create is not None and self.edits:
+            raise ValueError(f"{self.path}: 'create' and 'edits' are exclusive")
+        if self.create is None and not self.edits:
+            raise ValueError(f"{self.path}: a file entry needs 'edits' or 'create'")
+        if self.create is not None and not self.create:
+            raise ValueError(f"{self.path}: 'create' content is empty")
+        return self
+
+
+class RuntimeEdit(Strict):
+    """Replace an attribute at import time (kind = runtime or plugin)."""
+
+    name: str = Field(pattern=ID_PATTERN)
+    target: str = Field(pattern=DOTTED_PATTERN, description="module:Qual.name to replace, e.g. vllm.v1.core.sched.scheduler:Scheduler.schedule")
+    replacement: str = Field(pattern=DOTTED_PATTERN, description="module:attr of the new object; the module must live in sndr or an installed patch pack")
+    required: bool = True
+    signature: str | None = Field(default=None, description="expected signature of the target, as str(inspect.signature(...))")
+    source_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    chain: bool = Field(default=False, description="allow another runtime edit on the same target (wraps the previous one)")
+    wrap: bool = Field(default=False, description="call replacement(original) and install what it returns")
+    description: str = ""
+
+
+class GroupMode(str, enum.Enum):
+    ONE_OF = "one_of"  # exactly one member applies (anchor variants)
+    ANY_OF = "any_of"  # at least one member applies
+
+
+class Patch(Strict):
+    id: str = Field(pattern=ID_PATTERN)
+    title: str = Field(min_length=1)
+    kind: Literal["text", "runtime", "plugin"] = "text"
+    lifecycle: Literal["active", "experimental", "retired"] = "active"
+    default: bool = True
+    vllm: str = Field(default="", description="PEP 440 specifier the tree's vLLM version must satisfy; empty = any")
+    upstream: list[str] = Field(default_factory=list)
+    requires: list[str] = Field(default_factory=list)
+    conflicts: list[str] = Field(default_factory=list)
+    merged_markers: list[str] = Field(default_factory=list)
+    description: str = ""
+    groups: dict[str, GroupMode] = Field(default_factory=dict)
+    files: list[FileEdits] = Field(default_factory=list)
+    runtime: list[RuntimeEdit] = Field(default_factory=list)
+    module: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+                               description="plugin patches: the module that ships the code")
+
+    @field_validator("vllm")
+    @classmethod
+    def _spec_ok(cls, v: str) -> str:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"not a PEP 440 specifier: {v!r} ({exc})") from None
+        return v
+
+    @field_validator("requires", "conflicts")
+    @classmethod
+    def _ids_ok(cls, v: list[str]) -> list[str]:
+        for i in v:
+            if not re.match(ID_PATTERN, i):
+                raise ValueError(f"{i!r} is not a patch id")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Patch":
+        if not self.files and not self.runtime and not self.module:
+            raise ValueError("a patch needs 'files' (text), 'runtime' or 'module' (plugin)")
+        if self.kind == "text" and not self.files:
+            raise ValueError("kind = 'text' needs at least one [[files]] entry")
+        if self.kind == "runtime" and not self.runtime:
+            raise ValueError("kind = 'runtime' needs at least one [[runtime]] entry")
+        if self.kind == "plugin" and not self.module:
+            raise ValueError("kind = 'plugin' needs 'module'")
+        if self.id in self.requires or self.id in self.conflicts:
+            raise ValueError(f"{self.id} cannot require or conflict with itself")
+        seen: set[str] = set()
+        for name in [e.name for f in self.files for e in f.edits] + [r.name for r in self.runtime]:
+            if name in seen:
+                raise ValueError(f"edit name {name!r} is used twice in patch {self.id}")
+            seen.add(name)
+        paths = [f.path for f in self.files]
+        if len(paths) != len(set(paths)):
+            dup = sorted({p for p in paths if paths.count(p) > 1})
+            raise ValueError(f"file {dup[0]!r} is listed twice; put all its edits in one [[files]] entry")
+        members: dict[str, int] = {g: 0 for g in self.groups}
+        for f in self.files:
+            for e in f.edits:
+                if e.group is not None:
+                    if e.group not in self.groups:
+                        raise ValueError(f"edit {e.name!r} names group {e.group!r}, which is not declared in [groups]")
+                    members[e.group] += 1
+        for g, n in members.items():
+            if n == 0:
+                raise ValueError(f"group {g!r} has no member edits")
+        return self
+
+    def edits(self):
+        for f in self.files:
+            for e in f.edits:
+                yield f, e
+
+    def digest(self) -> str:
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+class Location(BaseModel):
+    file: str
+    line: int
+    offset: int
+    qualname: str = ""
+
+
+class EditResult(BaseModel):
+    patch: str
+    file: str
+    name: str
+    verdict: Verdict
+    required: bool = True
+    group: str | None = None
+    reason: str = ""
+    line: int | None = None
+    offset: int | None = None
+    qualname: str | None = None
+    locations: list[Location] = Field(default_factory=list, description="every occurrence, for ambiguous anchors")
+    chained_from: list[str] = Field(default_factory=list, description="patch ids whose replacement text this anchor lies in")
+
+
+class PatchResult(BaseModel):
+    id: str
+    title: str = ""
+    kind: str = "text"
+    status: Literal["applies", "applied", "merged", "gated", "failed", "partial"] = "applies"
+    reason: str = ""
+    reason_code: str = ""
+    edits: list[EditResult] = Field(default_factory=list)
+
+
+class Pin(BaseModel):
+    version: str
+    tree_digest: str | None = None
+
+
+class LedgerFile(BaseModel):
+    pristine_sha256: str
+    patched_sha256: str
+    patches: list[str]
+    created: bool = Field(default=False, description="the file did not exist before sndr created it")
+
+
+class Ledger(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal[1] = 1
+    patch_set_digest: str
+    patches: list[str] = Field(description="ids of the patches the set enabled, in apply order")
+    vllm_version: str = ""
+    files: dict[str, LedgerFile] = Field(default_factory=dict)
+    results: dict[str, str] = Field(default_factory=dict, description="patch id -> status once the ledger was written")
+    counts: dict[str, int] = Field(default_factory=dict, description="edit verdict counts once the ledger was written")
+
+
+class ProblemModel(BaseModel):
+    code: str
+    message: str
+    file: str | None = None
+    line: int | None = None
+    key: str | None = None
+    patch: str | None = None
+    hint: str | None = None
+
+
+class Report(BaseModel):
+    """What ``python -m sndr.apply`` did (or would do) on one tree."""
+
+    tool: str = "sndr"
+    mode: Literal["apply", "dry-run", "verify", "revert"]
+    tree: str
+    vllm_version: str = ""
+    patch_set_digest: str = ""
+    ok: bool
+    exit_code: int
+    counts: dict[str, int] = Field(default_factory=dict)
+    patches: list[PatchResult] = Field(default_factory=list)
+    files_written: list[str] = Field(default_factory=list)
+    problems: list[ProblemModel] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)

@@ -1,0 +1,58 @@
+"""Terminal rendering of apply/verify/revert reports (rich)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from .model import Report
+
+_STYLE = {"applies": "cyan", "applied": "green", "merged": "blue", "drifted": "red", "ambiguous": "red",
+          "optional_absent": "yellow", "file_missing": "red", "gated": "dim", "failed": "red", "partial": "yellow"}
+
+
+def print_report(report: Report, verbose: bool = False, console: Console | None = None) -> None:
+    console = console or Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    head = f"sndr {report.mode}: {report.tree}"
+    if report.vllm_version:
+        head += f" (vllm {report.vllm_version})"
+    console.print(f"[bold]{head}[/bold]")
+    if report.counts:
+        t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        t.add_column("verdict")
+        t.add_column("edits", justify="right")
+        for k, v in report.counts.items():
+            t.add_row(f"[{_STYLE.get(k, '')}]{k}[/]", str(v))
+        console.print(t)
+    for p in report.patches:
+        interesting = p.status not in ("applies", "applied") or verbose
+        if not interesting:
+            continue
+        style = _STYLE.get(p.status, "")
+        console.print(f"  [{style}]{p.id:<10} {p.status:<8}[/] {p.title}" + (f" - {p.reason}" if p.reason else ""),
+                      markup=True)
+        for e in p.edits:
+            if verbose or e.verdict.value in ("drifted", "ambiguous", "file_missing", "optional_absent"):
+                loc = f"{e.file}:{e.line}" if e.line else e.file
+                q = f" in {e.qualname}" if e.qualname else ""
+                console.print(f"      {e.name}: [{_STYLE.get(e.verdict.value, '')}]{e.verdict.value}[/] {loc}{q}"
+                              + (f" - {e.reason}" if e.reason else ""))
+                for l in e.locations[1:] if e.verdict.value == "ambiguous" else []:
+                    console.print(f"        also at {l.file}:{l.line} {l.qualname}")
+    for pr in report.problems:
+        where = pr.file or ""
+        if where and pr.line:
+            where += f":{pr.line}"
+        who = f"{pr.patch}: " if pr.patch else ""
+        console.print(f"  [red]error[/] {where + ': ' if where else ''}{who}{pr.message} ({pr.code})")
+        if pr.hint:
+            console.print(f"        hint: {pr.hint}")
+    if report.files_written:
+        verb = "would write" if report.mode == "dry-run" else "wrote"
+        console.print(f"{verb} {len(report.files_written)} file(s)")
+    for n in report.notes:
+        console.print(f"note: {n}")
+    status = "ok" if report.ok else f"FAILED (exit {report.exit_code})"
+    console.print(f"[bold]{status}[/bold]  patch set {report.patch_set_digest[:12]}")
