@@ -98,6 +98,13 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             wrote = []
         return _report("dry-run", tree, version, plan, ok=plan.ok, exit_code=_plan_exit(plan),
                        files_written=wrote, notes=notes)
+    if not tree.state.exists():
+        # First contact with this tree: check everything before creating any
+        # state (even the lock file), so a refused apply leaves no trace.
+        plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
+        if not plan.ok:
+            return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
+                           notes=["refused: nothing was written"])
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if tree.journal_path.exists() or restored else []
@@ -186,6 +193,13 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
 def run_revert(root: Path | str, *, force: bool = False) -> Report:
     tree = TreeRoot(root)
     version = tree_version(tree.root)
+    if not tree.state.exists():
+        # First contact with this tree: check everything before creating any
+        # state (even the lock file), so a refused apply leaves no trace.
+        plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
+        if not plan.ok:
+            return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
+                           notes=["refused: nothing was written"])
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []

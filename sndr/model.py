@@ -13,7 +13,7 @@ import posixpath
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 # A runtime target or replacement: ``package.module:Qual.name``.
@@ -65,7 +65,7 @@ class Edit(Strict):
     name: str = Field(pattern=ID_PATTERN)
     anchor: str
     replacement: str
-    required: bool = True
+    required: StrictBool = True
     group: str | None = Field(default=None, pattern=ID_PATTERN, description="name of a group declared in the patch's [groups] table")
     merged_markers: list[str] = Field(default_factory=list)
     description: str = ""
@@ -129,11 +129,11 @@ class RuntimeEdit(Strict):
     name: str = Field(pattern=ID_PATTERN)
     target: str = Field(pattern=DOTTED_PATTERN, description="module:Qual.name to replace, e.g. vllm.v1.core.sched.scheduler:Scheduler.schedule")
     replacement: str = Field(pattern=DOTTED_PATTERN, description="module:attr of the new object; the module must live in sndr or an installed patch pack")
-    required: bool = True
+    required: StrictBool = True
     signature: str | None = Field(default=None, description="expected signature of the target, as str(inspect.signature(...))")
     source_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    chain: bool = Field(default=False, description="allow another runtime edit on the same target (wraps the previous one)")
-    wrap: bool = Field(default=False, description="call replacement(original) and install what it returns")
+    chain: StrictBool = Field(default=False, description="allow another runtime edit on the same target (wraps the previous one)")
+    wrap: StrictBool = Field(default=False, description="call replacement(original) and install what it returns")
     description: str = ""
 
 
@@ -147,7 +147,7 @@ class Patch(Strict):
     title: str = Field(min_length=1)
     kind: Literal["text", "runtime", "plugin"] = "text"
     lifecycle: Literal["active", "experimental", "retired"] = "active"
-    default: bool = True
+    default: StrictBool = True
     vllm: str = Field(default="", description="PEP 440 specifier the tree's vLLM version must satisfy; empty = any")
     upstream: list[str] = Field(default_factory=list)
     requires: list[str] = Field(default_factory=list)
@@ -240,7 +240,7 @@ class EditResult(BaseModel):
     file: str
     name: str
     verdict: Verdict
-    required: bool = True
+    required: StrictBool = True
     group: str | None = None
     reason: str = ""
     line: int | None = None

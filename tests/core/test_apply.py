@@ -1,0 +1,213 @@
+"""Apply, verify and revert the test patch set on real vLLM 0.32.0 files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sndr.apply import run_apply, run_revert, run_verify
+from sndr.load import load_patch_set
+from sndr.model import Verdict
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "core"
+FILES = [
+    "vllm/v1/core/kv_cache_coordinator.py",
+    "vllm/v1/core/sched/scheduler.py",
+    "vllm/v1/core/kv_cache_utils.py",
+    "vllm/v1/core/block_pool.py",
+    "vllm/plugins/__init__.py",
+]
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    """Hash of every file under root, .sndr state included (for purity checks)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def vllm_hash(root: Path) -> dict[str, str]:
+    return {k: v for k, v in tree_hash(root).items() if k.startswith("vllm/")}
+
+
+@pytest.fixture
+def tree(pin_subtree) -> Path:
+    return pin_subtree(FILES)
+
+
+@pytest.fixture(scope="module")
+def patch_set():
+    return load_patch_set(DATA, packs=False)
+
+
+def sndr_apply(*args: str, env=None) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "sndr.apply", *args], capture_output=True, text=True, env=e)
+
+
+def test_dry_run_is_pure_and_reports_every_edit(tree, patch_set):
+    before = tree_hash(tree)
+    report = run_apply(tree, patch_set, dry_run=True)
+    assert tree_hash(tree) == before
+    assert report.ok and report.exit_code == 0
+    verdicts = {(e.patch, e.name): e.verdict for p in report.patches for e in p.edits}
+    assert verdicts == {
+        ("T0001", "guard"): Verdict.APPLIES,
+        ("T0002", "lookup"): Verdict.APPLIES,
+        ("T0002", "never-there"): Verdict.OPTIONAL_ABSENT,
+        ("T0003", "parent-new"): Verdict.APPLIES,
+        ("T0003", "parent-old"): Verdict.OPTIONAL_ABSENT,
+        ("T0004", "clamp"): Verdict.APPLIES,
+        ("T0005", "message"): Verdict.APPLIES,
+        ("T0006", "doc"): Verdict.APPLIES,
+    }
+    guard = next(e for p in report.patches for e in p.edits if e.name == "guard")
+    assert (guard.line, guard.qualname) == (838, "HybridKVCacheCoordinator.find_longest_cache_hit")
+    lookup = next(e for p in report.patches for e in p.edits if e.name == "lookup")
+    assert lookup.qualname == "Scheduler._update_after_schedule"
+    chained = next(e for p in report.patches for e in p.edits if e.name == "message")
+    assert chained.chained_from == ["T0001"]
+    assert sorted(report.files_written) == sorted(FILES)
+
+
+def test_apply_compiles_verify_and_revert_byte_exact(tree, patch_set):
+    pristine = vllm_hash(tree)
+    report = run_apply(tree, patch_set)
+    assert report.ok, report.problems
+    assert sorted(report.files_written) == sorted(FILES)
+    for rel in FILES:
+        text = (tree / rel).read_text()
+        compile(text, rel, "exec")
+    coord = (tree / FILES[0]).read_text()
+    assert 'assert curr_hit_length >= 0, f"sndr: negative hit length {curr_hit_length}"' in coord
+    assert coord.count("curr_hit_length = hit_length\n") == 1
+    assert run_verify(tree, patch_set).ok
+    again = run_apply(tree, patch_set)
+    assert again.ok and again.files_written == []
+    assert all(p.status == "applied" for p in again.patches)
+    rev = run_revert(tree)
+    assert rev.ok and sorted(rev.files_written) == sorted(FILES)
+    assert vllm_hash(tree) == pristine
+    assert not (tree / ".sndr" / "ledger.json").exists()
+
+
+def test_insertion_is_applied_without_ledger(tree, patch_set):
+    """In-memory mode has no ledger: an applied insertion must read as applied."""
+    run_apply(tree, patch_set, only=["T0001"])
+    (tree / ".sndr" / "ledger.json").unlink()
+    report = run_verify(tree, patch_set, only=["T0001"])
+    (edit,) = report.patches[0].edits
+    assert edit.verdict == Verdict.APPLIED
+    # And it is never applied a second time.
+    text = (tree / FILES[0]).read_text()
+    assert text.count("sndr: negative hit length") == 1
+
+
+def test_pycache_of_touched_files_is_removed(tree, patch_set):
+    cache = tree / "vllm/v1/core/__pycache__"
+    cache.mkdir()
+    stale = cache / "block_pool.cpython-311.pyc"
+    other = cache / "block_table.cpython-311.pyc"
+    stale.write_bytes(b"stale")
+    other.write_bytes(b"other")
+    run_apply(tree, patch_set)
+    assert not stale.exists() and other.exists()
+
+
+def test_changed_patch_set_replans_from_pristine(tree, patch_set, tmp_path):
+    run_apply(tree, patch_set)
+    edited = tmp_path / "patches"
+    edited.mkdir()
+    for f in DATA.glob("*.toml"):
+        (edited / f.name).write_text(f.read_text())
+    p = edited / "T0004-free-blocks.toml"
+    p.write_text(p.read_text().replace("max(0, self.free_block_queue.num_free_blocks)",
+                                       "max(0, int(self.free_block_queue.num_free_blocks))"))
+    new_set = load_patch_set(edited, packs=False)
+    assert not run_verify(tree, new_set).ok  # different patch set digest
+    report = run_apply(tree, new_set)
+    assert report.ok and report.files_written == ["vllm/v1/core/block_pool.py"]
+    text = (tree / "vllm/v1/core/block_pool.py").read_text()
+    assert "max(0, int(self.free_block_queue.num_free_blocks))" in text
+    assert "max(0, self.free_block_queue" not in text
+    assert run_verify(tree, new_set).ok
+
+
+def test_foreign_change_is_refused_unless_forced(tree, patch_set):
+    run_apply(tree, patch_set)
+    target = tree / "vllm/v1/core/block_pool.py"
+    target.write_text(target.read_text() + "# local hotfix\n")
+    before = vllm_hash(tree)
+    r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--revert")
+    assert r.returncode == 1
+    assert "vllm/v1/core/block_pool.py" in r.stdout and "changed by someone else" in r.stdout
+    assert vllm_hash(tree) == before
+    forced = run_revert(tree, force=True)
+    assert forced.ok
+
+
+def test_failed_required_edit_writes_nothing(tree, tmp_path):
+    d = tmp_path / "p"
+    d.mkdir()
+    for f in DATA.glob("*.toml"):
+        (d / f.name).write_text(f.read_text())
+    (d / "T0009-drift.toml").write_text(
+        'id = "T0009"\ntitle = "drifted"\n[[files]]\npath = "vllm/v1/core/block_pool.py"\n'
+        "[[files.edits]]\nname = \"gone\"\nanchor = '''\nthis text is not in vLLM\n'''\n"
+        "replacement = '''\nnor this\n'''\n")
+    before = tree_hash(tree)
+    r = sndr_apply("--tree", str(tree), "--patches", str(d), "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 1
+    assert tree_hash(tree) == before
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["ok"] is False and data["files_written"] == []
+    prob = next(p for p in data["problems"] if p["patch"] == "T0009")
+    assert prob["code"] == "edit_drifted" and prob["file"] == "vllm/v1/core/block_pool.py"
+
+
+def test_gating_env_and_version(tree, patch_set):
+    report = run_apply(tree, patch_set, dry_run=True, environ={"SNDR_ENABLE_T0004": "0"})
+    t4 = next(p for p in report.patches if p.id == "T0004")
+    assert t4.status == "gated" and t4.reason_code == "disabled_by_env"
+    report = run_apply(tree, patch_set, dry_run=True, environ={"SNDR_ENABLE_T0001": "0"})
+    t5 = next(p for p in report.patches if p.id == "T0005")
+    assert t5.status == "gated" and t5.reason_code == "requires_gated"
+    r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--dry-run", env={"SNDR_ENABLE_T0004": "maybe"})
+    assert r.returncode == 2 and "SNDR_ENABLE_T0004" in r.stderr
+
+
+@pytest.mark.parametrize("version, spec, enabled", [
+    ("0.23.1rc1.dev748+g2dfaae752", ">=0.23", True),
+    ("0.23.1rc1.dev748+g2dfaae752", ">=0.24", False),
+    ("0.32.0", ">=0.32,<0.34", True),
+    ("0.34.0rc1", ">=0.32,<0.34", False),
+    ("0.33.0rc2", ">=0.32,<0.34", True),
+    ("0.32.0+cu129", "==0.32.0", True),
+])
+def test_version_gating_handles_dev_and_rc_pins(version, spec, enabled):
+    from sndr.model import Patch
+    from sndr.plan import gate
+
+    p = Patch.model_validate({"id": "P1", "title": "t", "vllm": spec, "files": [
+        {"path": "vllm/x.py", "edits": [{"name": "e", "anchor": "a", "replacement": "b"}]}]})
+    assert gate(p, version, environ={}).enabled is enabled
+
+
+def test_cli_json_and_exit_codes(tree, tmp_path):
+    out = tmp_path / "report.json"
+    r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--json", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["mode"] == "apply" and data["ok"] and len(data["files_written"]) == 5
+    assert sndr_apply("--tree", str(tree), "--patches", str(DATA), "--verify", "-q").returncode == 0
+    assert sndr_apply("--tree", str(tmp_path), "--patches", str(DATA)).returncode == 2
+    assert sndr_apply("--tree", str(tree), "--patches", str(tmp_path / "nope")).returncode == 2
