@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import PIN_VERSION
 from .commit import FileWrite, TreeRoot, commit, decode, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
@@ -273,10 +274,19 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
 # ----------------------------------------------------------------------------- CLI
 
 
-def default_tree() -> Path:
-    from .tree import find_installed_root
+def _default_root() -> tuple[Path, bool]:
+    """Where ``import vllm`` would find vLLM (without importing it); else the cached pin tree.
 
-    return find_installed_root()
+    Returns (root, is_fallback). The fallback is only ever used for a dry-run.
+    """
+    from .tree import fetch_version, find_installed_root
+
+    try:
+        return find_installed_root(), False
+    except SndrError as exc:
+        if not any(p.code == "vllm_not_found" for p in exc.problems):
+            raise
+    return fetch_version(PIN_VERSION), True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,7 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
 def cli_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        root = args.tree if args.tree is not None else default_tree()
+        root = args.tree
+        if root is None:
+            root, fallback = _default_root()
+            if fallback:
+                print(f"sndr: no vLLM is installed for this interpreter; dry-run of the patch set against the "
+                      f"pinned vLLM {PIN_VERSION} tree ({root})", file=sys.stderr)
+                args.dry_run = True
+                if args.verify or args.revert:
+                    raise SndrError(Problem("vllm_not_found", "no installed vLLM to verify or revert", key="--tree",
+                                            hint="pass --tree DIR (the directory containing vllm/)"))
         if args.revert:
             report = run_revert(root, force=args.force)
         else:
