@@ -59,7 +59,10 @@ def _report(mode: str, tree: TreeRoot, version: str, plan: Plan | None, **kw) ->
 def _plan_exit(plan: Plan) -> int:
     if not plan.problems:
         return EXIT_OK
-    bad_input = {"conflicts_enabled", "compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id"}
+    from .plan import BAD_INPUT_REASONS
+
+    bad_input = {"conflicts_enabled", "compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id",
+                 "file_too_large", "unreadable"} | BAD_INPUT_REASONS
     if any(p.code in bad_input for p in plan.problems):
         return EXIT_BAD_INPUT
     return EXIT_FINDINGS
@@ -136,9 +139,9 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=notes + ["refused: nothing was written"])
         writes, new_ledger = _writes_for(tree, plan, ledger, patch_set)
-        if not writes and ledger is not None and ledger.model_dump() == new_ledger.model_dump():
+        if not writes and ledger is not None and ledger.checksum == new_ledger.sealed().checksum:
             return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK, notes=notes + ["nothing to write"])
-        commit(tree, writes, new_ledger if new_ledger.files else None, plan.digest)
+        commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
         return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK,
                        files_written=[w.rel for w in writes], notes=notes)
 

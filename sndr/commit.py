@@ -35,6 +35,8 @@ from .errors import EXIT_BAD_INPUT, Problem, SndrError
 from .model import Ledger
 
 STATE_DIR = ".sndr"
+# The largest vLLM 0.33.0 .py file is under 1 MiB; anything near this limit is not source.
+MAX_TARGET_BYTES = 16 * 2**20
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -109,6 +111,11 @@ class TreeRoot:
     def read_bytes(self, rel: str) -> bytes | None:
         p = self.path(rel)
         try:
+            size = p.stat().st_size
+            if size > MAX_TARGET_BYTES and p.is_file():
+                raise SndrError(Problem("file_too_large", f"target is {size / 2**20:.0f} MiB; sndr patches source files "
+                                        f"up to {MAX_TARGET_BYTES // 2**20} MiB", file=rel,
+                                        hint="a vLLM source file this large is not source; check the patch's path"))
             return p.read_bytes()
         except FileNotFoundError:
             return None
@@ -151,13 +158,18 @@ class TreeRoot:
         except FileNotFoundError:
             return None
         try:
-            return Ledger.model_validate_json(raw)
+            ledger = Ledger.model_validate_json(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             raise SndrError(Problem("ledger_corrupt", f"ledger is corrupt or was edited by hand: {first.get('msg')}",
                                     file=str(self.ledger_path), key=".".join(map(str, first.get("loc", ()))) or None,
                                     hint="run --revert --force to restore pristine files from .sndr/objects, "
                                          "or reinstall vLLM and delete .sndr/")) from None
+        if ledger.checksum != ledger.compute_checksum():
+            raise SndrError(Problem("ledger_corrupt", "ledger was edited by hand (its checksum does not match)",
+                                    file=str(self.ledger_path),
+                                    hint="restore it, or run --revert --force to return to pristine from .sndr/objects"))
+        return ledger
 
     def pristine_bytes(self, rel: str, ledger: Ledger | None) -> bytes | None:
         if ledger is not None and rel in ledger.files:

@@ -243,6 +243,7 @@ class EditResult(BaseModel):
     required: StrictBool = True
     group: str | None = None
     reason: str = ""
+    reason_code: str = ""
     line: int | None = None
     offset: int | None = None
     qualname: str | None = None
@@ -281,6 +282,14 @@ class Ledger(BaseModel):
     files: dict[str, LedgerFile] = Field(default_factory=dict)
     results: dict[str, str] = Field(default_factory=dict, description="patch id -> status once the ledger was written")
     counts: dict[str, int] = Field(default_factory=dict, description="edit verdict counts once the ledger was written")
+    checksum: str = Field(default="", description="sha256 of the ledger without this field; catches hand edits")
+
+    def compute_checksum(self) -> str:
+        body = self.model_dump(mode="json", exclude={"checksum"})
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+    def sealed(self) -> "Ledger":
+        return self.model_copy(update={"checksum": self.compute_checksum()})
 
 
 class ProblemModel(BaseModel):

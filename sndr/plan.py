@@ -29,6 +29,18 @@ Reader = Callable[[str], "str | None"]
 
 FAILING = (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING)
 
+# Failures that are defects of the patch (or of the target's bytes), not drift:
+# they map to exit code 2 (bad input) rather than 1 (findings).
+BAD_INPUT_REASONS = {"anchor_ambiguous", "group_ambiguous", "overlap_conflict", "line_endings"}
+_HINTS = {
+    "anchor_ambiguous": "widen the anchor with surrounding lines until it occurs exactly once",
+    "group_ambiguous": "make the one_of variants mutually exclusive",
+    "overlap_conflict": "declare requires between the two patches, or re-anchor one of them",
+    "line_endings": "the target uses CRLF; write the anchor with CRLF or normalise the target",
+    "edit_drifted": "re-anchor the edit (python -m sndr preflight suggests where the code went)",
+    "edit_file_missing": "the target file is gone; see the preflight's suggestions",
+}
+
 
 # ----------------------------------------------------------------------------- gating
 
@@ -243,8 +255,9 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
         if result.status == "failed":
             for e in result.edits:
                 if e.verdict in FAILING and (e.required or e.group):
-                    problems.append(Problem(f"edit_{e.verdict.value}", f"edit {e.name!r}: {e.reason or e.verdict.value}",
-                                            file=e.file, line=e.line, patch=p.id))
+                    code = e.reason_code if e.reason_code in BAD_INPUT_REASONS else f"edit_{e.verdict.value}"
+                    problems.append(Problem(code, f"edit {e.name!r}: {e.reason or e.verdict.value}",
+                                            file=e.file, line=e.line, patch=p.id, hint=_HINTS.get(code)))
         else:
             files.update(new_states)
         for r in p.runtime:
@@ -351,7 +364,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], required_ids: s
 
 def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState) -> EditResult:
     er = EditResult(patch=p.id, file=path, name=e.name, verdict=fd.verdict, required=e.required, group=e.group,
-                    reason=fd.reason)
+                    reason=fd.reason, reason_code=fd.code)
     base = st.pristine
     if base is None or fd.verdict in (Verdict.FILE_MISSING, Verdict.DRIFTED, Verdict.OPTIONAL_ABSENT):
         return er

@@ -1,0 +1,406 @@
+"""``anchors/vllm-<version>.json``: where every edit's anchor sits on a pin.
+
+The manifest is a committed, reviewable record produced by the same planner
+that apply uses, run on the pristine tree with the default configuration. A
+pin bump or a patch edit shows up as a diff of this file in review, and
+``python -m sndr manifest check`` turns a stale manifest into a CI failure
+rather than a silent fallback.
+
+It is deterministic: sorted keys, no timestamps, no tree paths; only content
+(tree digest, version, patch digests, verdicts and positions). The same tree
+read as a directory, a wheel or a git revision gives byte-identical output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, SndrError, bad_input
+from .load import PatchSet, load_patch_set, shipped_anchors_dir
+from .model import Patch, Verdict
+from .tree import DirTree, Tree, open_tree
+
+FORMAT = 1
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ManifestLocation(_Strict):
+    offset: int = Field(description="byte offset in the pristine file")
+    line: int
+    qualname: str = ""
+
+
+class ManifestEdit(_Strict):
+    """One edit (text, create or runtime) as the planner saw it on the pristine pin."""
+
+    name: str
+    file: str
+    kind: Literal["text", "create", "runtime"] = "text"
+    required: bool = True
+    group: str | None = None
+    verdict: Verdict
+    offset: int | None = Field(default=None, description="byte offset of the anchor in the pristine file (UTF-8)")
+    char_offset: int | None = Field(default=None, description="the same position as an index into the decoded text (what str.find returns)")
+    line: int | None = None
+    qualname: str | None = Field(default=None, description="enclosing Class.method of the anchor, e.g. KVCacheCoordinator.find_longest_cache_hit")
+    anchor_sha256: str | None = Field(default=None, description="sha256 of the anchor text (UTF-8); None for create and runtime edits")
+    replacement_sha256: str | None = Field(default=None, description="sha256 of the replacement (or created file) text")
+    target: str | None = Field(default=None, description="runtime edits: module:Qual.name replaced at import time")
+    chained_from: list[str] = Field(default_factory=list, description="patches whose replacement this anchor lies in")
+    locations: list[ManifestLocation] = Field(default_factory=list, description="every occurrence, for ambiguous anchors")
+
+
+class ManifestPatch(_Strict):
+    id: str
+    kind: str
+    digest: str = Field(description="sha256 of the patch's canonical JSON (Patch.digest())")
+    status: str
+    reason_code: str = ""
+    edits: list[ManifestEdit] = Field(default_factory=list)
+
+
+class ManifestFile(_Strict):
+    pristine_sha256: str | None = Field(description="sha256 of the file's bytes on the pristine pin; None when absent")
+
+
+class Manifest(_Strict):
+    """The anchors of one patch set on one pinned vLLM tree."""
+
+    format: Literal[1] = FORMAT
+    tool: Literal["sndr"] = "sndr"
+    vllm_version: str
+    tree_digest: str = Field(description="sndr.tree digest: sha256 over sorted (path, sha256(content)) of vllm/**/*.py")
+    patch_set_digest: str = Field(description="digest of every patch in the set, enabled or not")
+    patches: list[ManifestPatch]
+    files: dict[str, ManifestFile]
+
+    def to_json(self) -> str:
+        """The committed bytes: two-space indent, sorted keys, trailing newline."""
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    def edit(self, patch_id: str, name: str) -> ManifestEdit | None:
+        for p in self.patches:
+            if p.id == patch_id:
+                return next((e for e in p.edits if e.name == name), None)
+        return None
+
+
+def manifest_schema() -> dict:
+    return Manifest.model_json_schema()
+
+
+def manifest_name(version: str) -> str:
+    return f"vllm-{version}.json"
+
+
+# ----------------------------------------------------------------------------- build (pure given a tree)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _refuse_patched(tree: Tree) -> None:
+    """Positions must describe the pristine pin; a patched directory would record our own edits."""
+    from .commit import STATE_DIR
+
+    if isinstance(tree, DirTree) and (tree.root / STATE_DIR / "ledger.json").exists():
+        raise bad_input("tree_patched", f"{tree.root} is patched by sndr; a manifest needs a pristine tree",
+                        file=str(tree.root), hint=f"build from the release instead: --tree vllm=={tree.version}")
+
+
+def _edit_sources(patch: Patch) -> dict[str, dict]:
+    """name -> the static fields of each declared edit (hashes, kind, target)."""
+    out: dict[str, dict] = {}
+    for f in patch.files:
+        if f.create is not None:
+            out["create"] = {"kind": "create", "replacement_sha256": _sha(f.create)}
+        for e in f.edits:
+            out[e.name] = {"kind": "text", "anchor_sha256": _sha(e.anchor), "replacement_sha256": _sha(e.replacement)}
+    for r in patch.runtime:
+        out[r.name] = {"kind": "runtime", "target": r.target}
+    return out
+
+
+def _byte_offset(text: str | None, char_offset: int | None) -> int | None:
+    """The planner works on decoded text; the manifest also records bytes, which tools outside Python use."""
+    if text is None or char_offset is None:
+        return None
+    return len(text[:char_offset].encode("utf-8", "surrogateescape"))
+
+
+def _manifest_edit(result, static: dict, text: str | None) -> ManifestEdit:
+    return ManifestEdit(
+        name=result.name, file=result.file, required=result.required, group=result.group, verdict=result.verdict,
+        offset=_byte_offset(text, result.offset), char_offset=result.offset, line=result.line,
+        qualname=result.qualname, chained_from=list(result.chained_from),
+        locations=[ManifestLocation(offset=_byte_offset(text, loc.offset), line=loc.line, qualname=loc.qualname)
+                   for loc in result.locations],
+        **static,
+    )
+
+
+def _referenced_files(patch_set: PatchSet, plan) -> list[str]:
+    paths = {f.path for p in patch_set.patches for f in p.files}
+    paths |= {e.file for r in plan.patches for e in r.edits if e.file.endswith(".py")}
+    return sorted(paths)
+
+
+def build_manifest(tree: Tree, patch_set: PatchSet) -> Manifest:
+    """Plan the patch set on the pristine tree with default enablement and record the result.
+
+    The environment is deliberately empty: ``SNDR_ENABLE_*`` in the caller's
+    shell must not change a committed file.
+    """
+    from .plan import build_plan
+
+    _refuse_patched(tree)
+    version = tree.version
+    texts: dict[str, str | None] = {}
+
+    def read(rel: str) -> str | None:
+        if rel not in texts:
+            texts[rel] = tree.read_text(rel)
+        return texts[rel]
+
+    plan = build_plan(patch_set, read, version, environ={}, check_compile=False)
+    by_id = patch_set.by_id
+    patches = []
+    for result in plan.patches:
+        patch = by_id[result.id]
+        static = _edit_sources(patch)
+        patches.append(ManifestPatch(
+            id=result.id, kind=patch.kind, digest=patch.digest(), status=result.status, reason_code=result.reason_code,
+            edits=[_manifest_edit(e, static.get(e.name, {}), texts.get(e.file)) for e in result.edits],
+        ))
+    files = {}
+    for rel in _referenced_files(patch_set, plan):
+        data = tree.read_bytes(rel)
+        files[rel] = ManifestFile(pristine_sha256=hashlib.sha256(data).hexdigest() if data is not None else None)
+    return Manifest(vllm_version=version, tree_digest=tree.digest, patch_set_digest=patch_set.digest(),
+                    patches=patches, files=files)
+
+
+def trusted_offsets(manifest: Manifest, patch_set: PatchSet, file_sha256: dict[str, str | None]) -> dict[tuple[str, str], int]:
+    """Pristine offsets (into the decoded text) of ``applies`` edits the manifest still vouches for.
+
+    An offset is trusted only when the target file's pristine sha256 equals the
+    recorded one and the patch's digest is unchanged: the planner is a pure
+    function of those, so it would find the same offset. Anything else falls
+    back to the slow path (searching the text).
+    """
+    current = {p.id: p.digest() for p in patch_set.patches}
+    out: dict[tuple[str, str], int] = {}
+    for p in manifest.patches:
+        if current.get(p.id) != p.digest:
+            continue
+        for e in p.edits:
+            recorded = manifest.files.get(e.file)
+            if (e.verdict == Verdict.APPLIES and e.char_offset is not None and recorded is not None
+                    and recorded.pristine_sha256 is not None and file_sha256.get(e.file) == recorded.pristine_sha256):
+                out[(p.id, e.name)] = e.char_offset
+    return out
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        return Manifest.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise bad_input("manifest_missing", "manifest does not exist", file=str(path)) from None
+    except ValueError as exc:
+        raise bad_input("manifest_corrupt", f"not a valid manifest: {str(exc).splitlines()[0]}", file=str(path),
+                        hint="regenerate it with python -m sndr manifest build") from None
+
+
+def _edit_key(e: ManifestEdit) -> dict:
+    return e.model_dump(mode="json")
+
+
+def diff_manifests(old: Manifest, new: Manifest) -> list[str]:
+    """Human lines naming what changed, most specific first: a reviewer should not diff JSON by eye."""
+    out: list[str] = []
+    if old.vllm_version != new.vllm_version:
+        out.append(f"vllm version {old.vllm_version} -> {new.vllm_version}")
+    if old.tree_digest != new.tree_digest:
+        out.append(f"tree digest {old.tree_digest[:12]} -> {new.tree_digest[:12]} (the pin's sources differ)")
+    before = {p.id: p for p in old.patches}
+    after = {p.id: p for p in new.patches}
+    for pid in sorted(set(before) - set(after)):
+        out.append(f"{pid}: in the manifest but no longer in the patch set")
+    for pid in sorted(set(after) - set(before)):
+        out.append(f"{pid}: new patch, not in the manifest")
+    for pid in sorted(set(before) & set(after)):
+        out.extend(_diff_patch(before[pid], after[pid]))
+    for rel in sorted(set(old.files) | set(new.files)):
+        a, b = old.files.get(rel), new.files.get(rel)
+        if a != b:
+            out.append(f"{rel}: pristine sha256 {_short(a)} -> {_short(b)}")
+    if not out and old.to_json() != new.to_json():
+        out.append("manifest differs (order or format); rebuild it")
+    return out
+
+
+def _short(f: ManifestFile | None) -> str:
+    if f is None:
+        return "(not recorded)"
+    return (f.pristine_sha256 or "(absent)")[:12]
+
+
+def _diff_patch(a: ManifestPatch, b: ManifestPatch) -> list[str]:
+    out = []
+    if a.digest != b.digest:
+        out.append(f"{a.id}: patch definition changed")
+    if a.status != b.status:
+        out.append(f"{a.id}: status {a.status} -> {b.status}")
+    ea, eb = {e.name: e for e in a.edits}, {e.name: e for e in b.edits}
+    for name in sorted(set(ea) | set(eb)):
+        x, y = ea.get(name), eb.get(name)
+        if x is None or y is None:
+            out.append(f"{a.id}.{name}: edit {'added' if x is None else 'removed'}")
+        elif x != y:
+            fields = [k for k in _edit_key(x) if _edit_key(x)[k] != _edit_key(y)[k]]
+            detail = ", ".join(f"{k} {getattr(x, k)!s:.40} -> {getattr(y, k)!s:.40}" if k in ("verdict", "line", "qualname", "file")
+                               else k for k in fields)
+            out.append(f"{a.id}.{name}: {detail}")
+    return out
+
+
+# ----------------------------------------------------------------------------- I/O
+
+
+def write_manifest(manifest: Manifest, out_dir: Path) -> Path:
+    """Atomic write: a reader (or a CI check racing a rebuild) never sees half a file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / manifest_name(manifest.vllm_version)
+    data = manifest.to_json().encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a committed file should be world-readable
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def committed_manifests(anchors: Path) -> list[Path]:
+    return sorted(anchors.glob("vllm-*.json")) if anchors.is_dir() else []
+
+
+def _pin_trees(anchors: Path, tree_spec: str | None) -> list[str]:
+    """The trees to check: the one given, else the pin of every committed manifest."""
+    if tree_spec:
+        return [tree_spec]
+    return [f"vllm=={p.name[len('vllm-'):-len('.json')]}" for p in committed_manifests(anchors)]
+
+
+def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tuple[int, list[str]]:
+    """(exit code, lines). 1 when a committed manifest is stale or missing for a non-empty set."""
+    patch_set = load_patch_set(patches_dir)
+    specs = _pin_trees(anchors, tree_spec)
+    if not specs:
+        if not patch_set.patches:
+            return EXIT_OK, ["no patches and no manifest: nothing to check"]
+        return EXIT_FINDINGS, [f"no manifest in {anchors} for a set of {len(patch_set.patches)} patch(es); "
+                               "run: python -m sndr manifest build --tree vllm==<pin>"]
+    code, lines = EXIT_OK, []
+    for spec in specs:
+        with open_tree(spec) as tree:
+            path = anchors / manifest_name(tree.version)
+            if not path.exists():
+                code = EXIT_FINDINGS
+                lines.append(f"{path}: missing; run: python -m sndr manifest build --tree {spec}")
+                continue
+            committed = load_manifest(path)
+            fresh = build_manifest(tree, patch_set)
+        if path.read_bytes() == fresh.to_json().encode("utf-8"):
+            lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})")
+            continue
+        code = EXIT_FINDINGS
+        lines.append(f"{path}: stale; rebuild with: python -m sndr manifest build --tree {spec}")
+        lines.extend(f"  {d}" for d in diff_manifests(committed, fresh))
+    return code, lines
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sndr manifest", description="Build or check anchors/vllm-<version>.json.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="write anchors/vllm-<version>.json for a pristine tree")
+    b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed manifest)")
+    b.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
+    b.add_argument("--out", type=Path, help="output directory (default: the shipped anchors/)")
+    c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
+    c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
+    c.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
+    c.add_argument("--anchors", type=Path, help="manifest directory (default: the shipped anchors/)")
+    return ap
+
+
+def _build_cmd(args) -> int:
+    out = args.out or shipped_anchors_dir()
+    spec = args.tree
+    if spec is None:
+        pins = _pin_trees(out, None)
+        if len(pins) != 1:
+            raise bad_input("tree_required", f"--tree is required ({len(pins)} manifests in {out})", key="--tree",
+                            hint="e.g. --tree vllm==0.32.0")
+        spec = pins[0]
+    patch_set = load_patch_set(args.patches)
+    with open_tree(spec) as tree:
+        manifest = build_manifest(tree, patch_set)
+    path = write_manifest(manifest, out)
+    failing = [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
+               if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
+    print(f"wrote {path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, tree {manifest.tree_digest[:12]})")
+    for pid, name, verdict in failing:
+        print(f"  {pid}.{name}: {verdict} on the pin", file=sys.stderr)
+    return EXIT_FINDINGS if failing else EXIT_OK
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "build":
+            return _build_cmd(args)
+        code, lines = check(args.tree, args.patches, args.anchors or shipped_anchors_dir())
+        print("\n".join(lines), file=sys.stdout if code == EXIT_OK else sys.stderr)
+        return code
+    except SndrError as exc:
+        print(f"sndr manifest: error\n{exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - last-resort boundary: exit 3
+        import traceback
+
+        traceback.print_exc()
+        print(f"sndr manifest: internal error: {exc!r}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+__all__ = [
+    "Manifest", "ManifestEdit", "ManifestPatch", "ManifestFile", "ManifestLocation",
+    "build_manifest", "check", "cli_main", "diff_manifests", "load_manifest", "manifest_schema",
+    "trusted_offsets", "write_manifest",
+]

@@ -1,0 +1,252 @@
+"""Manifests on the real vLLM 0.32.0 pin: deterministic, accurate, and loud when stale."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sndr.errors import SndrError
+from sndr.load import load_patch_set
+from sndr.manifest import Manifest, build_manifest, cli_main, load_manifest, trusted_offsets, write_manifest
+from sndr.model import Verdict
+from sndr.plan import build_plan
+from sndr.tree import open_tree
+from tests.conftest import CANDIDATE, PIN
+
+COORD = "vllm/v1/core/kv_cache_coordinator.py"
+POOL = "vllm/v1/core/block_pool.py"
+
+# Patches written against real 0.32.0 anchors. block_pool.py has non-ASCII text
+# before its anchor, so its byte offset and character offset differ.
+PATCHES = {
+    "PT0001-clamp.toml": f"""
+id = "PT0001"
+title = "Clamp the hit length"
+vllm = ">=0.32"
+
+[[files]]
+path = "{COORD}"
+
+[[files.edits]]
+name = "clamp"
+anchor = '''
+            curr_hit_length = hit_length
+'''
+replacement = '''
+            curr_hit_length = min(hit_length, max_cache_hit_length)
+'''
+""",
+    "PT0002-pool.toml": f"""
+id = "PT0002"
+title = "Annotate free block count"
+
+[[files]]
+path = "{POOL}"
+
+[[files.edits]]
+name = "count"
+anchor = '''
+        return self.free_block_queue.num_free_blocks
+'''
+replacement = '''
+        return self.free_block_queue.num_free_blocks  # sndr: counted
+'''
+
+[[files.edits]]
+name = "legacy"
+required = false
+anchor = '''
+        return self.legacy_free_block_count
+'''
+replacement = '''
+        return self.legacy_free_block_count  # sndr
+'''
+""",
+    "PT0003-old.toml": f"""
+id = "PT0003"
+title = "Only for old releases"
+vllm = "<0.30"
+
+[[files]]
+path = "{COORD}"
+
+[[files.edits]]
+name = "old"
+anchor = '''
+        hit_length = max_cache_hit_length
+'''
+replacement = '''
+        hit_length = int(max_cache_hit_length)
+'''
+""",
+}
+
+
+@pytest.fixture
+def patches(tmp_path) -> Path:
+    d = tmp_path / "patches"
+    d.mkdir()
+    for name, text in PATCHES.items():
+        (d / name).write_text(text.lstrip())
+    return d
+
+
+@pytest.fixture
+def pin():
+    tree = open_tree(f"vllm=={PIN}")
+    yield tree
+    tree.close()
+
+
+def _cli(*args) -> int:
+    return cli_main([str(a) for a in args])
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_rebuild_is_byte_identical(pin, patches, tmp_path):
+    patch_set = load_patch_set(patches)
+    first = write_manifest(build_manifest(pin, patch_set), tmp_path / "a").read_bytes()
+    second = write_manifest(build_manifest(open_tree(pin.root), load_patch_set(patches)), tmp_path / "b").read_bytes()
+    assert first == second
+    wheel = next((pin.root.parent.parent / "wheels").glob(f"vllm-{PIN}-*.whl"), None)
+    if wheel is not None:  # the same content read from the zip: still the same bytes
+        with open_tree(wheel) as w:
+            assert build_manifest(w, patch_set).to_json().encode() == first
+    assert _cli("build", "--tree", f"vllm=={PIN}", "--patches", patches, "--out", tmp_path / "c") == 0
+    assert (tmp_path / "c" / f"vllm-{PIN}.json").read_bytes() == first
+    data = json.loads(first)
+    assert list(data) == sorted(data) and "time" not in first.decode().lower()
+
+
+def test_caller_environment_does_not_leak(pin, patches, monkeypatch):
+    before = build_manifest(pin, load_patch_set(patches)).to_json()
+    monkeypatch.setenv("SNDR_ENABLE_PT0001", "0")
+    assert build_manifest(pin, load_patch_set(patches)).to_json() == before
+
+
+# ----------------------------------------------------------------------------- content
+
+
+def test_records_positions_and_hashes(pin, patches):
+    m = build_manifest(pin, load_patch_set(patches))
+    assert (m.vllm_version, m.tree_digest) == (PIN, pin.digest)
+    clamp = m.edit("PT0001", "clamp")
+    assert clamp.verdict == Verdict.APPLIES
+    assert (clamp.file, clamp.line, clamp.qualname) == (COORD, 838, "HybridKVCacheCoordinator.find_longest_cache_hit")
+    anchor = "            curr_hit_length = hit_length\n"
+    assert clamp.anchor_sha256 == hashlib.sha256(anchor.encode()).hexdigest()
+    assert pin.read_bytes(COORD)[clamp.offset:].startswith(anchor.encode())
+
+    count = m.edit("PT0002", "count")
+    anchor = b"        return self.free_block_queue.num_free_blocks\n"
+    raw = pin.read_bytes(POOL)
+    assert raw[count.offset:].startswith(anchor)
+    assert pin.read_text(POOL)[count.char_offset:].startswith(anchor.decode())
+    assert count.offset > count.char_offset  # non-ASCII text precedes the anchor
+    assert count.qualname == "BlockPool.get_num_free_blocks"
+    assert m.edit("PT0002", "legacy").verdict == Verdict.OPTIONAL_ABSENT
+
+    old = next(p for p in m.patches if p.id == "PT0003")
+    assert (old.status, old.reason_code) == ("gated", "version_mismatch")
+    assert m.files[POOL].pristine_sha256 == hashlib.sha256(raw).hexdigest()
+    assert sorted(m.files) == [POOL, COORD]
+
+
+def test_schema_exports():
+    schema = Manifest.model_json_schema()
+    assert {"tree_digest", "patches", "files", "vllm_version"} <= set(schema["properties"])
+    assert "ManifestEdit" in schema["$defs"]
+
+
+# ----------------------------------------------------------------------------- check
+
+
+def test_check_passes_then_catches_staleness(pin, patches, tmp_path, capsys):
+    anchors = tmp_path / "anchors"
+    assert _cli("build", "--tree", f"vllm=={PIN}", "--patches", patches, "--out", anchors) == 0
+    assert _cli("check", "--patches", patches, "--anchors", anchors) == 0
+    assert load_manifest(anchors / f"vllm-{PIN}.json").patch_set_digest == load_patch_set(patches).digest()
+
+    # A changed replacement: same anchor, different patch.
+    f = patches / "PT0001-clamp.toml"
+    f.write_text(f.read_text().replace("min(hit_length, max_cache_hit_length)", "min(hit_length, 1 << 30)"))
+    capsys.readouterr()
+    assert _cli("check", "--patches", patches, "--anchors", anchors) == 1
+    err = capsys.readouterr().err
+    assert "stale" in err and "PT0001: patch definition changed" in err and "PT0001.clamp: replacement_sha256" in err
+
+    # A removed patch and a new one are both named.
+    assert _cli("build", "--tree", f"vllm=={PIN}", "--patches", patches, "--out", anchors) == 0
+    (patches / "PT0003-old.toml").rename(patches / "PT0004-old.toml")
+    text = (patches / "PT0004-old.toml").read_text().replace('"PT0003"', '"PT0004"')
+    (patches / "PT0004-old.toml").write_text(text)
+    capsys.readouterr()
+    assert _cli("check", "--patches", patches, "--anchors", anchors) == 1
+    err = capsys.readouterr().err
+    assert "PT0003: in the manifest but no longer in the patch set" in err and "PT0004: new patch" in err
+
+
+def test_check_catches_a_moved_pin(patches, pin_subtree, tmp_path, capsys):
+    site = pin_subtree([COORD, POOL])
+    anchors = tmp_path / "anchors"
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", anchors) == 0
+    assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+    path = site / COORD
+    path.write_text("# upstream moved things\n" + path.read_text())
+    capsys.readouterr()
+    assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 1
+    err = capsys.readouterr().err
+    assert "tree digest" in err and "PT0001.clamp" in err and f"{COORD}: pristine sha256" in err
+
+
+def test_check_missing_manifest_for_tree(patches, tmp_path, capsys):
+    assert _cli("check", "--tree", f"vllm=={CANDIDATE}", "--patches", patches, "--anchors", tmp_path / "none") == 1
+    assert f"vllm-{CANDIDATE}.json: missing" in capsys.readouterr().err
+    assert _cli("check", "--patches", patches, "--anchors", tmp_path / "none") == 1
+
+
+def test_bad_input_exit_2(patches, tmp_path):
+    assert _cli("build", "--tree", tmp_path / "nope", "--patches", patches, "--out", tmp_path) == 2
+    assert _cli("build", "--patches", patches, "--out", tmp_path / "empty") == 2  # no pin to default to
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / f"vllm-{PIN}.json").write_text("{}")
+    assert _cli("check", "--patches", patches, "--anchors", tmp_path / "bad") == 2
+
+
+def test_patched_tree_is_refused(patches, pin_subtree):
+    from sndr.apply import run_apply
+
+    site = pin_subtree([COORD, POOL])
+    assert run_apply(site, load_patch_set(patches)).ok
+    with pytest.raises(SndrError) as exc:
+        build_manifest(open_tree(site), load_patch_set(patches))
+    assert exc.value.problems[0].code == "tree_patched"
+
+
+# ----------------------------------------------------------------------------- fast path
+
+
+def test_trusted_offsets_match_the_slow_path(pin, patches, pin_subtree):
+    patch_set = load_patch_set(patches)
+    m = build_manifest(pin, patch_set)
+    plan = build_plan(patch_set, pin.read_text, pin.version, environ={})
+    slow = {(e.patch, e.name): e.offset for p in plan.patches for e in p.edits if e.verdict == Verdict.APPLIES}
+    shas = {rel: hashlib.sha256(pin.read_bytes(rel)).hexdigest() for rel in m.files}
+    assert trusted_offsets(m, patch_set, shas) == slow and slow
+
+    # A file whose pristine bytes differ is never trusted; the others still are.
+    site = pin_subtree([COORD, POOL])
+    (site / COORD).write_text("# moved\n" + (site / COORD).read_text())
+    shas[COORD] = hashlib.sha256((site / COORD).read_bytes()).hexdigest()
+    fast = trusted_offsets(m, patch_set, shas)
+    assert ("PT0001", "clamp") not in fast and fast[("PT0002", "count")] == slow[("PT0002", "count")]
+
+    # A changed patch is never trusted either.
+    f = patches / "PT0002-pool.toml"
+    f.write_text(f.read_text().replace("# sndr: counted", "# sndr: counted!"))
+    assert ("PT0002", "count") not in trusted_offsets(m, load_patch_set(patches), shas)
