@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import PIN_VERSION
-from .commit import FileWrite, TreeRoot, commit, decode, recover, sha256_bytes
+from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, ProblemModel, Report
@@ -109,6 +109,8 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
+        probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
+                              for rel, ch in plan.changes.items()])
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if tree.journal_path.exists() or restored else []
@@ -204,6 +206,8 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
+        probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
+                              for rel, ch in plan.changes.items()])
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []

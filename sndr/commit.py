@@ -235,7 +235,9 @@ def probe_writable(tree: TreeRoot, writes: list[FileWrite]) -> None:
     Opens files for writing and creates a probe in each directory instead of
     ``os.access``, which ignores root's override and read-only mounts.
     """
-    dirs: list[Path] = [tree.state]
+    # Before first contact the state dir does not exist yet: probe its parent
+    # instead of creating it, so a refusal leaves no trace.
+    dirs: list[Path] = [tree.state if tree.state.exists() else tree.root]
     for w in writes:
         p = tree.path(w.rel)
         if p.is_dir():
@@ -246,12 +248,14 @@ def probe_writable(tree: TreeRoot, writes: list[FileWrite]) -> None:
                     pass
             except OSError as exc:
                 raise read_only_error(p, exc) from None
-        if p.parent not in dirs:
-            dirs.append(p.parent)
+        d = p.parent
+        while not d.exists():  # a created file may need new directories
+            d = d.parent
+        if d not in dirs:
+            dirs.append(d)
     for d in dirs:
         probe = d / f".sndr-probe-{os.getpid()}"
         try:
-            d.mkdir(parents=True, exist_ok=True)
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.close(fd)
             os.unlink(probe)
@@ -264,12 +268,12 @@ def commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, diges
 
     The caller holds the exclusive lock and has run :func:`recover`.
     """
-    probe_writable(tree, writes)
     for w in writes:  # the world may have moved since the plan was read
         now = tree.read_bytes(w.rel)
         if now != w.before:
             raise SndrError(Problem("changed_during_apply", "file changed or vanished between plan and commit",
                                     file=w.rel, hint="re-run; nothing was written"))
+    probe_writable(tree, writes)
     old_ledger = tree.ledger_path.read_bytes() if tree.ledger_path.exists() else None
     entries = []
     for w in writes:
