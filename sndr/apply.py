@@ -102,10 +102,11 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             wrote = []
         return _report("dry-run", tree, version, plan, ok=plan.ok, exit_code=_plan_exit(plan),
                        files_written=wrote, notes=notes)
+    first_plan = None
     if not tree.state.exists():
         # First contact with this tree: check everything before creating any
         # state (even the lock file), so a refused apply leaves no trace.
-        plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
+        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
@@ -135,8 +136,13 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
                 return _report("apply", tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
                                patches=results, counts=ledger.counts,
                                notes=notes + ["already applied with this patch set: nothing written"])
-        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
-                          environ=environ, only=only)
+        if ledger is None and first_plan is not None and not restored:
+            # Still no ledger: nobody wrote since our lock-free plan. commit()
+            # re-checks every before-hash, so a concurrent change still aborts.
+            plan = first_plan
+        else:
+            plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
+                              environ=environ, only=only)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=notes + ["refused: nothing was written"])
@@ -169,6 +175,7 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
     writes: list[FileWrite] = []
     files: dict[str, LedgerFile] = {}
     touched = set(plan.changes) | set(ledger.files if ledger else {})
+    to_store: list[bytes] = []
     for rel in sorted(touched):
         now = tree.read_bytes(rel)
         if rel in plan.changes:
@@ -178,13 +185,15 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
                 pristine_sha, created = sha256_bytes(after), True
             else:
                 pristine_bytes = ch.pristine.encode("utf-8")
-                pristine_sha, created = tree.put_object(pristine_bytes), False
+                pristine_sha, created = sha256_bytes(pristine_bytes), False
+                to_store.append(pristine_bytes)
             files[rel] = LedgerFile(pristine_sha256=pristine_sha, patched_sha256=sha256_bytes(after),
                                     patches=ch.patches, created=created)
         else:  # touched by an older patch set, untouched now: back to pristine
             after = tree.pristine_bytes(rel, ledger)
         if now != after:
             writes.append(FileWrite(rel, now, after))
+    tree.put_objects(to_store)  # pristine copies, durable before the journal names them
     # The ledger describes the tree after the commit: what "applies" now is "applied".
     after = {"applies": "applied"}
     results = {p.id: after.get(p.status, p.status) for p in plan.patches if p.status != "gated"}
@@ -199,10 +208,11 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
 def run_revert(root: Path | str, *, force: bool = False) -> Report:
     tree = TreeRoot(root)
     version = tree_version(tree.root)
+    first_plan = None
     if not tree.state.exists():
         # First contact with this tree: check everything before creating any
         # state (even the lock file), so a refused apply leaves no trace.
-        plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
+        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
@@ -226,7 +236,7 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
             if now != want:
                 writes.append(FileWrite(rel, now, want))
         commit(tree, writes, None, ledger.patch_set_digest)
-        _gc_objects(tree)
+        # .sndr/objects stays: the pristine copies make the next apply cheaper.
         return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK, digest=ledger.patch_set_digest,
                        files_written=[w.rel for w in writes], notes=notes)
 
