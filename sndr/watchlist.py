@@ -1,0 +1,1096 @@
+"""The upstream watchlist: schema, round-trip edits, lint and trigger evaluation.
+
+The watchlist (``patches/watchlist.yaml`` by default) tracks the upstream PRs
+that matter to the local patch set. It has two sections:
+
+- ``watch``: one row per upstream PR or issue, with its status, the local
+  patches it concerns and what to do about it (``action``);
+- ``sweep``: one row per PR found by an upstream sweep, with the patch it
+  concerns (free text such as ``'PN340, PN341'`` or ``'planned: PN-tbd (...)'``)
+  and the trigger that fires when it merges.
+
+The file ends with ``__sentinel__: complete`` so that a truncated file is an
+error rather than a shorter watchlist.
+
+Loading is lossless: :meth:`Watchlist.to_data` gives back exactly the data that
+was read. Editing (:func:`set_field`) splices the new value into the original
+text at the positions ruamel.yaml reports, so comments and the formatting of
+every other line survive byte for byte; a full re-dump would refold the long
+quoted notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
+
+# ----------------------------------------------------------------------------- vocabulary
+
+STATUSES = ("open", "closed", "merged")
+ACTIONS = ("watch", "drift-check", "a-b-test", "retire", "port", "cookbook")
+TRIGGERS = ("retire-on-merge", "reanchor-on-merge", "review-on-merge")
+FIX_STATUSES = ("open", "closed", "merged", "merged-in-pin", "merged-NOT-in-pin", "open-NOT-in-pin")
+DETECTIONS = ("preflight", "manual", "test")
+SEVERITY_PRIORITIES = ("P0", "P1", "P2", "P3")
+SEVERITY_CLASSES = ("correctness", "crash", "perf", "cleanup")
+
+#: What a watch row's ``action`` means as a trigger when the watchlist is
+#: checked against a preflight: retire and drift-check rows wait for the
+#: patch to come out merged or drifted; every other action is a review.
+ACTION_TRIGGER = {
+    "retire": "retire-on-merge",
+    "drift-check": "reanchor-on-merge",
+    "watch": "review-on-merge",
+    "a-b-test": "review-on-merge",
+    "port": "review-on-merge",
+    "cookbook": "review-on-merge",
+}
+
+SENTINEL_KEY = "__sentinel__"
+SENTINEL_VALUE = "complete"
+WATCHLIST_NAME = "watchlist.yaml"
+
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+UPSTREAM_PATTERN = r"^(?:[A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]+#[1-9][0-9]*$"
+_ISO_DATE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+
+PatchId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+UpstreamRef = Annotated[str, StringConstraints(pattern=UPSTREAM_PATTERN)]
+# ``since: 2026-06-19`` is a YAML date; ``since: '2026-06-19'`` is a string. Both
+# occur in the field; keeping the type is what makes load -> dump lossless.
+Since = _dt.date | Annotated[str, StringConstraints(pattern=_ISO_DATE)]
+
+
+def _nonblank(items: list[str], what: str) -> list[str]:
+    for item in items:
+        if not item.strip():
+            raise ValueError(f"{what} must not contain empty strings")
+    return items
+
+
+_MARKERS_DOC = ("texts whose presence in a tree identifies this PR as merged (matched against a preflight's "
+                "newly_merged markers)")
+
+
+class _Row(BaseModel):
+    # strict: a YAML ``pr: '46384'`` or ``status: yes`` is an error, not a coercion
+    # that would change the data on the way back out.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("markers", check_fields=False)
+    @classmethod
+    def _markers_ok(cls, v: list[str]) -> list[str]:
+        return _nonblank(v, "markers")
+
+
+class WatchRow(_Row):
+    """One tracked upstream PR or issue."""
+
+    upstream: UpstreamRef = Field(description="vllm#NNNNN or owner/repo#N")
+    status: Literal[STATUSES]
+    severity: str | None = Field(default=None, description="P0..P3 '-' correctness|crash|perf|cleanup")
+    local_patches: list[PatchId] = Field(default_factory=list)
+    action: Literal[ACTIONS]
+    since: Since | None = None
+    notes: str | None = None
+    fix_upstream: UpstreamRef | None = None
+    fix_status: Literal[FIX_STATUSES] | None = None
+    affects_models: list[str] = Field(default_factory=list)
+    markers: list[str] = Field(default_factory=list, description=_MARKERS_DOC)
+
+    @field_validator("severity")
+    @classmethod
+    def _severity_ok(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        prio, _, klass = v.partition("-")
+        if prio not in SEVERITY_PRIORITIES or klass not in SEVERITY_CLASSES:
+            raise ValueError(
+                f"{v!r} is not a severity; use one of {', '.join(SEVERITY_PRIORITIES)} followed by "
+                f"'-' and one of {', '.join(SEVERITY_CLASSES)} (e.g. P1-crash)"
+            )
+        return v
+
+    @field_validator("affects_models")
+    @classmethod
+    def _models_ok(cls, v: list[str]) -> list[str]:
+        return _nonblank(v, "affects_models")
+
+    @property
+    def key(self) -> str:
+        return self.upstream
+
+    @property
+    def trigger(self) -> str:
+        return ACTION_TRIGGER[self.action]
+
+    def patch_ids(self) -> list[str]:
+        return list(self.local_patches)
+
+    def pr_number(self) -> int | None:
+        repo, _, num = self.upstream.rpartition("#")
+        return int(num) if repo in ("vllm", "vllm-project/vllm") else None
+
+
+@dataclass(frozen=True)
+class PatchRef:
+    """What a sweep row's free-text ``genesis_patch`` names.
+
+    kind: ``ids`` (a comma-separated list of patch ids), ``planned`` (a patch
+    that does not exist yet; ``ids`` holds its id when the text gives one),
+    ``watch-only`` (no patch), or ``text`` (anything else).
+    """
+
+    kind: Literal["ids", "planned", "watch-only", "text"]
+    ids: tuple[str, ...] = ()
+
+
+def parse_patch_ref(text: str) -> PatchRef:
+    s = text.strip()
+    if s == "watch-only":
+        return PatchRef("watch-only")
+    if s.startswith("planned:"):
+        rest = s[len("planned:"):].strip()
+        return PatchRef("planned", (rest,) if re.match(ID_PATTERN, rest) else ())
+    parts = [p.strip() for p in s.split(",")]
+    if parts and all(re.match(ID_PATTERN, p) for p in parts):
+        return PatchRef("ids", tuple(parts))
+    return PatchRef("text")
+
+
+class SweepRow(_Row):
+    """One PR found by an upstream sweep."""
+
+    pr: int = Field(gt=0)
+    genesis_patch: str = Field(description="free text: 'PN340, PN341', 'watch-only', 'planned: PN-tbd (...)'")
+    trigger: Literal[TRIGGERS]
+    detection: Literal[DETECTIONS] | None = Field(
+        default=None, description="how drift is caught when the preflight cannot (absent: preflight)"
+    )
+    note: str | None = None
+    markers: list[str] = Field(default_factory=list, description=_MARKERS_DOC)
+
+    @field_validator("genesis_patch")
+    @classmethod
+    def _patch_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("genesis_patch is empty; write 'watch-only' when no patch is concerned")
+        return v
+
+    @property
+    def key(self) -> str:
+        return f"#{self.pr}"
+
+    @property
+    def patch_ref(self) -> PatchRef:
+        return parse_patch_ref(self.genesis_patch)
+
+    def patch_ids(self) -> list[str]:
+        ref = self.patch_ref
+        return list(ref.ids) if ref.kind == "ids" else []
+
+
+class Watchlist(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    watch: list[WatchRow] = Field(default_factory=list)
+    sweep: list[SweepRow] = Field(default_factory=list)
+    sentinel: Literal[SENTINEL_VALUE] = Field(
+        alias=SENTINEL_KEY, description="must be the last key: a file cut short loses it and fails to load"
+    )
+
+    def to_data(self) -> dict:
+        """The plain data this watchlist was loaded from (keys that were absent stay absent)."""
+        return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
+
+    def rows(self) -> Iterable[tuple[str, int, WatchRow | SweepRow]]:
+        for i, r in enumerate(self.watch):
+            yield "watch", i, r
+        for i, r in enumerate(self.sweep):
+            yield "sweep", i, r
+
+
+SECTIONS = {"watch": WatchRow, "sweep": SweepRow}
+
+
+def json_schema() -> dict:
+    return Watchlist.model_json_schema(by_alias=True)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def default_watchlist_path() -> Path:
+    """``<patch dir>/watchlist.yaml``; the patch dir honours ``SNDR_PATCHES``."""
+    from .env import PATCHES
+
+    override = os.environ.get(PATCHES)
+    if override:
+        return Path(override) / WATCHLIST_NAME
+    from .load import shipped_patches_dir
+
+    return shipped_patches_dir() / WATCHLIST_NAME
+
+
+def _yaml():
+    from ruamel.yaml import YAML
+
+    y = YAML(typ="rt")
+    y.preserve_quotes = True
+    return y
+
+
+def to_plain(obj: Any) -> Any:
+    """ruamel round-trip objects -> plain dict/list/str/int/float/bool/date."""
+    if isinstance(obj, dict):
+        return {to_plain(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, bool) or obj is None:
+        return obj
+    if isinstance(obj, str):
+        return str(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, _dt.datetime):
+        return _dt.datetime.fromisoformat(obj.isoformat())
+    if isinstance(obj, _dt.date):
+        return _dt.date(obj.year, obj.month, obj.day)
+    return obj
+
+
+@dataclass
+class LoadedWatchlist:
+    """A validated watchlist plus what is needed to point at its lines."""
+
+    model: Watchlist
+    text: str
+    file: str
+    raw: Any  # ruamel CommentedMap (line/column info)
+
+    def line_of(self, section: str, index: int, key: str | None = None) -> int | None:
+        try:
+            row = self.raw[section][index]
+            if key is not None and key in row:
+                return row.lc.key(key)[0] + 1
+            return row.lc.line + 1
+        except (KeyError, IndexError, AttributeError, TypeError):
+            return None
+
+    def row_label(self, section: str, index: int) -> str:
+        try:
+            row = self.model.watch[index] if section == "watch" else self.model.sweep[index]
+            return f"{section}[{index}] {row.key}"
+        except IndexError:
+            return f"{section}[{index}]"
+
+
+def _yaml_problem(exc: Exception, file: str) -> Problem:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return Problem("yaml_syntax", f"malformed YAML: {what}", file=file, line=line)
+
+
+def _raw_row_label(section: str, index: int, row: Any) -> str:
+    key = "upstream" if section == "watch" else "pr"
+    if isinstance(row, dict) and key in row:
+        return f"{section}[{index}] {row[key] if section == 'watch' else '#' + str(row[key])}"
+    return f"{section}[{index}]"
+
+
+_PATTERN_NAMES = {
+    ID_PATTERN: "a patch id (letters, digits, '_' and '-', starting with a letter)",
+    UPSTREAM_PATTERN: "an upstream reference such as vllm#12345 or owner/repo#12",
+    _ISO_DATE: "a date YYYY-MM-DD",
+}
+
+
+def _pydantic_problems(exc: ValidationError, file: str, label: str, raw_row: Any, row_line: int | None) -> list[Problem]:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(err.get("loc", ()))
+        # Unions report one error per member; the member name is noise to a reader.
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("date", "str"))))
+        key = str(loc[0]) if loc else None
+        line = row_line
+        try:
+            if key is not None and key in raw_row:
+                line = raw_row.lc.key(key)[0] + 1
+        except (AttributeError, TypeError, KeyError):
+            pass
+        etype = err.get("type", "")
+        value = err.get("input")
+        idx = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+        if idx is not None:
+            try:
+                line = raw_row[key].lc.item(idx)[0] + 1
+            except (AttributeError, TypeError, KeyError, IndexError):
+                pass
+        pattern = err.get("ctx", {}).get("pattern")
+        if etype == "string_pattern_mismatch" and pattern in _PATTERN_NAMES:
+            where = f"{key}[{idx}]" if idx is not None else key
+            msg = f"{where}: {value!r} is not {_PATTERN_NAMES[pattern]}"
+        elif etype == "extra_forbidden":
+            msg = f"unknown key {key!r}"
+        elif etype == "missing":
+            msg = f"missing required key {key!r}"
+        elif etype == "literal_error":
+            allowed = err.get("ctx", {}).get("expected", "")
+            msg = f"{value!r} is not a known value; expected {allowed}"
+        else:
+            msg = err.get("msg", "invalid")
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            if len(loc) > 1:
+                msg = f"{key}{''.join(f'[{p}]' if isinstance(p, int) else f'.{p}' for p in loc[1:])}: {msg}"
+            if value is not None and not isinstance(value, (dict, list)) and repr(value) not in msg:
+                msg = f"{msg} (got {value!r})"
+        problems.append(Problem("bad_watchlist", f"{label}: {msg}", file=file, line=line, key=key))
+    # One union error per member collapses to one problem per (line, key).
+    seen, unique = set(), []
+    for p in problems:
+        if (p.line, p.key) not in seen or p.key is None:
+            seen.add((p.line, p.key))
+            unique.append(p)
+    return unique
+
+
+def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
+    """Parse and validate watchlist text; every problem names the row and the key."""
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        raw = _yaml().load(text)
+    except YAMLError as exc:
+        raise SndrError(_yaml_problem(exc, file)) from None
+    except Exception as exc:  # ruamel raises a few non-YAMLError types (e.g. DuplicateKeyError)
+        raise SndrError(_yaml_problem(exc, file)) from None
+    if not isinstance(raw, dict):
+        raise bad_input("bad_watchlist", "a watchlist is a mapping with 'watch', 'sweep' and '__sentinel__'",
+                        file=file, line=1)
+    problems: list[Problem] = []
+    keys = list(raw.keys())
+    for k in keys:
+        if k not in ("watch", "sweep", SENTINEL_KEY):
+            problems.append(Problem("bad_watchlist", f"unknown top-level key {k!r}", file=file,
+                                    line=raw.lc.key(k)[0] + 1, key=str(k)))
+    if SENTINEL_KEY not in raw:
+        problems.append(Problem("truncated_watchlist",
+                                f"no '{SENTINEL_KEY}: {SENTINEL_VALUE}' line: the file is truncated or incomplete",
+                                file=file, key=SENTINEL_KEY,
+                                hint=f"end the file with '{SENTINEL_KEY}: {SENTINEL_VALUE}'"))
+    else:
+        if raw[SENTINEL_KEY] != SENTINEL_VALUE:
+            problems.append(Problem("bad_watchlist", f"'{SENTINEL_KEY}' must be {SENTINEL_VALUE!r}, got "
+                                    f"{raw[SENTINEL_KEY]!r}", file=file, line=raw.lc.key(SENTINEL_KEY)[0] + 1,
+                                    key=SENTINEL_KEY))
+        if keys[-1] != SENTINEL_KEY:
+            problems.append(Problem("bad_watchlist", f"'{SENTINEL_KEY}' must be the last key",
+                                    file=file, line=raw.lc.key(SENTINEL_KEY)[0] + 1, key=SENTINEL_KEY))
+    sections: dict[str, list] = {}
+    for section, model in SECTIONS.items():
+        rows = raw.get(section, [])
+        if section in raw and not isinstance(rows, list):
+            problems.append(Problem("bad_watchlist", f"'{section}' must be a list of rows", file=file,
+                                    line=raw.lc.key(section)[0] + 1, key=section))
+            continue
+        out = []
+        for i, row in enumerate(rows or []):
+            label = _raw_row_label(section, i, row)
+            line = None
+            try:
+                line = rows.lc.item(i)[0] + 1
+            except (AttributeError, KeyError, TypeError):
+                pass
+            if not isinstance(row, dict):
+                problems.append(Problem("bad_watchlist", f"{label}: a row must be a mapping", file=file, line=line))
+                continue
+            try:
+                out.append(model.model_validate(to_plain(row)))
+            except ValidationError as exc:
+                problems.extend(_pydantic_problems(exc, file, label, row, line))
+        sections[section] = out
+    if problems:
+        raise SndrError(problems)
+    data = {k: sections[k] for k in ("watch", "sweep") if k in raw}
+    model = Watchlist.model_validate({**data, SENTINEL_KEY: SENTINEL_VALUE})
+    return LoadedWatchlist(model=model, text=text, file=file, raw=raw)
+
+
+def read_text_file(path: Path, what: str = "file") -> str:
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise bad_input("not_found", f"{what} does not exist", file=str(path)) from None
+    except OSError as exc:
+        raise bad_input("unreadable", f"cannot read {what}: {exc.strerror}", file=str(path)) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise bad_input("not_utf8", f"{what} is not UTF-8", file=str(path), line=line) from None
+
+
+def load_watchlist(path: Path | str | None = None) -> LoadedWatchlist:
+    path = Path(path) if path is not None else default_watchlist_path()
+    return parse_watchlist(read_text_file(path, "watchlist"), str(path))
+
+
+# ----------------------------------------------------------------------------- selecting rows
+
+
+def find_row(wl: Watchlist, selector: str, file: str | None = None) -> tuple[str, int]:
+    """``vllm#40886`` / ``owner/repo#N`` -> a watch row; ``#46384``, ``46384`` or ``pr:46384`` -> a sweep row.
+
+    ``watch:vllm#40886`` and ``sweep:46384`` name the section explicitly.
+    """
+    sel = selector.strip()
+    section = None
+    for prefix in ("watch:", "sweep:"):
+        if sel.startswith(prefix):
+            section, sel = prefix[:-1], sel[len(prefix):]
+    if sel.startswith("pr:"):
+        section, sel = "sweep", sel[3:]
+    if section is None:
+        section = "sweep" if re.fullmatch(r"#?[0-9]+", sel) else "watch"
+    if section == "sweep":
+        num = sel.lstrip("#")
+        if not num.isdigit():
+            raise bad_input("bad_selector", f"{selector!r}: a sweep row is selected by its PR number", file=file)
+        hits = [i for i, r in enumerate(wl.sweep) if r.pr == int(num)]
+    else:
+        hits = [i for i, r in enumerate(wl.watch) if r.upstream == sel]
+    if not hits:
+        raise bad_input("no_such_row", f"no {section} row {sel!r}", file=file,
+                        hint="select a watch row by 'vllm#N' and a sweep row by '#N'")
+    if len(hits) > 1:
+        raise bad_input("ambiguous_row", f"{len(hits)} {section} rows match {sel!r} (rows "
+                        f"{', '.join(str(h) for h in hits)}); fix the duplicate first (see 'watchlist lint')", file=file)
+    return section, hits[0]
+
+
+# ----------------------------------------------------------------------------- round-trip editing
+
+_LIST_FIELDS = {"local_patches", "affects_models", "markers"}
+
+
+def parse_cli_value(section: str, key: str, raw: str) -> Any:
+    """The typed value of ``watchlist set ... KEY VALUE`` (lists are comma-separated)."""
+    model = SECTIONS[section]
+    if key not in model.model_fields:
+        raise bad_input("unknown_key", f"{section} rows have no key {key!r}; known: {', '.join(model.model_fields)}",
+                        key=key)
+    if key in _LIST_FIELDS:
+        return [p.strip() for p in raw.split(",") if p.strip()]
+    if key == "pr":
+        if not raw.strip().isdigit():
+            raise bad_input("bad_value", f"pr must be a number, got {raw!r}", key=key)
+        return int(raw)
+    if key == "since":
+        try:
+            return _dt.date.fromisoformat(raw.strip())
+        except ValueError:
+            raise bad_input("bad_value", f"since must be a date YYYY-MM-DD, got {raw!r}", key=key) from None
+    return raw
+
+
+def _content_end(node, text: str) -> int:
+    """Index just past the last character that belongs to a node's value.
+
+    ruamel's end marks of block scalars and block sequences run on to the
+    start of the next key; we only want the value itself.
+    """
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+    start = node.start_mark.index
+    if isinstance(node, ScalarNode) or not node.value or getattr(node, "flow_style", False):
+        end = node.end_mark.index
+    elif isinstance(node, SequenceNode):
+        end = max(_content_end(child, text) for child in node.value)
+    elif isinstance(node, MappingNode):
+        end = max(_content_end(v, text) for _, v in node.value)
+    else:  # pragma: no cover
+        end = node.end_mark.index
+    while end > start and text[end - 1] in " \t\r\n":
+        end -= 1
+    return end
+
+
+def _plain_ok(value: str) -> bool:
+    if not value or value != value.strip() or "\n" in value or value.startswith(("'", '"')):
+        return False
+    from ruamel.yaml import YAML
+
+    try:
+        return YAML(typ="safe", pure=True).load(f"k: {value}\n") == {"k": value}
+    except Exception:
+        return False
+
+
+def _render_scalar(value: Any, indent: int) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, _dt.date):
+        return value.isoformat()
+    if value is None:
+        return "null"
+    s = str(value)
+    if _plain_ok(s):
+        return s
+    if "\n" not in s:
+        return "'" + s.replace("'", "''") + "'"
+    body = s[:-1] if s.endswith("\n") else s
+    lines = body.split("\n")
+    if (not s.endswith("\n\n") and lines[0][:1] not in (" ", "\t") and all("\t" not in ln[:1] for ln in lines)
+            and all(ln == ln.rstrip(" ") or ln.strip() for ln in lines)):
+        head = "|" if s.endswith("\n") else "|-"
+        pad = " " * (indent + 2)
+        return head + "".join("\n" + (pad + ln if ln else "") for ln in lines)
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _key_node(mapping_node, key: str):
+    for k, v in mapping_node.value:
+        if getattr(k, "value", None) == key:
+            return k, v
+    return None
+
+
+def _row_node(root, section: str, index: int):
+    pair = _key_node(root, section)
+    if pair is None:
+        raise SndrError(Problem("internal", f"section {section!r} not found while editing"), EXIT_INTERNAL)
+    return pair[1].value[index]
+
+
+def _splice_field(text: str, row_node, key: str, value: Any, field_order: list[str]) -> str:
+    """Return ``text`` with ``key`` of the row at ``row_node`` set to ``value``."""
+    from ruamel.yaml.nodes import SequenceNode
+
+    pair = _key_node(row_node, key)
+    key_col = row_node.value[0][0].start_mark.column
+    if pair is not None:
+        knode, vnode = pair
+        start, end = vnode.start_mark.index, _content_end(vnode, text)
+        if isinstance(value, list):
+            block = isinstance(vnode, SequenceNode) and not vnode.flow_style and vnode.value
+            if block and value:
+                seq_col = vnode.start_mark.column
+                rendered = ("\n" + " " * seq_col).join(f"- {_render_scalar(v, seq_col + 2)}" for v in value)
+            else:
+                items = ", ".join(_render_scalar(v, key_col) for v in value)
+                rendered = f"[{items}]"
+                if vnode.start_mark.line != knode.start_mark.line:
+                    # the old block value sat on the next lines; an inline value goes after the colon
+                    start = knode.end_mark.index
+                    colon = text.index(":", start)
+                    start, rendered = colon + 1, " " + rendered
+        else:
+            rendered = _render_scalar(value, key_col)
+            style = getattr(vnode, "style", None)
+            if isinstance(value, str) and "\n" not in value and style in ("'", '"') and rendered[:1] not in ("'", '"'):
+                # keep the quoting the author chose
+                rendered = "'" + value.replace("'", "''") + "'" if style == "'" else json.dumps(value, ensure_ascii=False)
+            if vnode.start_mark.line != knode.start_mark.line:
+                colon = text.index(":", knode.end_mark.index)
+                start, rendered = colon + 1, " " + rendered
+        if "\n" not in rendered and "\n" not in text[start:end]:
+            # keep an end-of-line comment in its column when there is room
+            m = re.match(r"( +)#", text[end:])
+            if m:
+                pad = max(1, len(m.group(1)) - (len(rendered) - (end - start)))
+                return text[:start] + rendered + " " * pad + text[end + len(m.group(1)):]
+        return text[:start] + rendered + text[end:]
+    # A new key goes on its own line after the nearest preceding key in schema order.
+    present = [k.value for k, _ in row_node.value]
+    pos = field_order.index(key) if key in field_order else len(field_order)
+    before = [k for k in present if k in field_order and field_order.index(k) < pos] or present
+    anchor_key = before[-1]
+    _, anchor_val = _key_node(row_node, anchor_key)
+    end = _content_end(anchor_val, text)
+    nl = text.find("\n", end)
+    insert_at = len(text) if nl < 0 else nl + 1
+    pad = " " * key_col
+    if isinstance(value, list) and value:
+        rendered = "".join(f"\n{pad}- {_render_scalar(v, key_col + 2)}" for v in value)
+    elif isinstance(value, list):
+        rendered = " []"
+    else:
+        rendered = " " + _render_scalar(value, key_col)
+    line = f"{pad}{key}:{rendered}\n"
+    if nl < 0:
+        line = "\n" + line
+    return text[:insert_at] + line + text[insert_at:]
+
+
+def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watchlist>") -> str:
+    """Set ``key`` of the selected row to ``value`` (typed) and return the new text.
+
+    Only the lines of that value change. The result is re-parsed and must equal
+    the old data with exactly this one change, or nothing is returned.
+    """
+    loaded = parse_watchlist(text, file)
+    section, index = find_row(loaded.model, selector, file)
+    model = SECTIONS[section]
+    if key not in model.model_fields:
+        raise bad_input("unknown_key", f"{section} rows have no key {key!r}; known: {', '.join(model.model_fields)}",
+                        file=file, key=key)
+    expected = loaded.model.to_data()
+    row = dict(expected[section][index])
+    row[key] = value
+    label = loaded.row_label(section, index)
+    try:
+        model.model_validate(row)
+    except ValidationError as exc:
+        raise SndrError(_pydantic_problems(exc, file, label, loaded.raw[section][index],
+                                           loaded.line_of(section, index))) from None
+    if expected[section][index].get(key, object()) == value and key in expected[section][index]:
+        return text
+    expected[section][index] = row
+    root = _yaml().compose(text)
+    new_text = _splice_field(text, _row_node(root, section, index), key, value, list(model.model_fields))
+    try:
+        again = parse_watchlist(new_text, file).model.to_data()
+    except SndrError as exc:
+        raise SndrError(Problem("internal", f"editing {label} [{key}] produced an invalid file: {exc.render()}",
+                                file=file), EXIT_INTERNAL) from None
+    if again != expected:
+        raise SndrError(Problem("internal", f"editing {label} [{key}] would change more than that value; "
+                                "file left untouched", file=file), EXIT_INTERNAL)
+    return new_text
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.sndr-tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        except FileNotFoundError:
+            pass
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# ----------------------------------------------------------------------------- lint
+
+
+@dataclass(frozen=True)
+class Registry:
+    """What lint needs to know about the patch set: id -> lifecycle."""
+
+    lifecycles: dict[str, str]
+
+    @classmethod
+    def from_patches(cls, patches) -> "Registry":
+        return cls({p.id: p.lifecycle for p in patches})
+
+    def __contains__(self, pid: str) -> bool:
+        return pid in self.lifecycles
+
+
+def load_registry(directory: Path | str | None = None) -> Registry:
+    from .load import load_patch_set
+
+    return Registry.from_patches(load_patch_set(directory).patches)
+
+
+def _action_contradiction(row: WatchRow) -> str | None:
+    """Why a watch row's action cannot make sense with its status, or None."""
+    if row.action == "retire" and row.status == "closed":
+        return ("action 'retire' waits for a merge, but the PR is closed unmerged: the retire can never "
+                "fire from this PR")
+    if row.action == "drift-check" and row.status == "closed":
+        return "action 'drift-check' on a PR that is closed unmerged: it cannot move the anchors any more"
+    if row.action == "retire" and not row.local_patches:
+        return "action 'retire' with no local_patches: there is nothing to retire"
+    if row.action == "drift-check" and not row.local_patches:
+        return "action 'drift-check' with no local_patches: there are no anchors to check"
+    if row.fix_status == "merged-in-pin" and row.action in ("port", "drift-check"):
+        fix = f"fix {row.fix_upstream}" if row.fix_upstream else "the fix"
+        return f"{fix} is merged in the pin, so action {row.action!r} is done: retire the local patches or close the row"
+    if row.action == "port" and row.status == "merged" and row.fix_status == "merged-in-pin":
+        return "action 'port' but the PR is merged and in the pin: there is nothing left to port"
+    if (row.fix_upstream is None) != (row.fix_status is None):
+        return "fix_upstream and fix_status go together; one is missing"
+    return None
+
+
+def _sweep_contradiction(row: SweepRow) -> str | None:
+    ref = row.patch_ref
+    if row.trigger in ("retire-on-merge", "reanchor-on-merge") and ref.kind == "watch-only":
+        verb = "retire" if row.trigger == "retire-on-merge" else "re-anchor"
+        return f"trigger {row.trigger!r} but genesis_patch is 'watch-only': there is no patch to {verb}"
+    if row.trigger == "reanchor-on-merge" and ref.kind == "planned":
+        return "trigger 'reanchor-on-merge' on a planned patch: it has no anchors yet"
+    return None
+
+
+def lint(loaded: LoadedWatchlist, registry: Registry | None) -> list[Problem]:
+    """Every finding on the watchlist. ``registry=None`` skips the checks that need the patch set."""
+    wl, file = loaded.model, loaded.file
+    out: list[Problem] = []
+
+    def add(code: str, section: str, index: int, msg: str, key: str | None = None, patch: str | None = None,
+            hint: str | None = None) -> None:
+        out.append(Problem(code, f"{loaded.row_label(section, index)}: {msg}", file=file,
+                           line=loaded.line_of(section, index, key), key=key, patch=patch, hint=hint))
+
+    # duplicates: same PR twice in one section
+    for section, rows in (("watch", wl.watch), ("sweep", wl.sweep)):
+        first: dict[str, int] = {}
+        for i, r in enumerate(rows):
+            k = r.key
+            if k in first:
+                same = r.model_dump() == rows[first[k]].model_dump()
+                add("duplicate_row", section, i,
+                    f"duplicates {section}[{first[k]}] (line {loaded.line_of(section, first[k])})"
+                    + (" exactly" if same else "; the two rows disagree"),
+                    key="upstream" if section == "watch" else "pr",
+                    hint="merge the two rows into one")
+            else:
+                first[k] = i
+
+    for i, r in enumerate(wl.watch):
+        why = _action_contradiction(r)
+        if why:
+            add("action_contradicts_status", "watch", i, why, key="action")
+        seen: set[str] = set()
+        for pid in r.local_patches:
+            if pid in seen:
+                add("duplicate_patch", "watch", i, f"local_patches lists {pid} twice", key="local_patches", patch=pid)
+            seen.add(pid)
+            if registry is not None and pid not in registry:
+                add("unknown_patch", "watch", i, f"local patch {pid} is not in the patch set",
+                    key="local_patches", patch=pid)
+
+    for i, r in enumerate(wl.sweep):
+        why = _sweep_contradiction(r)
+        if why:
+            add("action_contradicts_status", "sweep", i, why, key="trigger")
+        ref = r.patch_ref
+        if ref.kind == "text":
+            add("unparsed_patch_ref", "sweep", i, f"genesis_patch {r.genesis_patch!r} names no patch id, "
+                "'watch-only' or 'planned: ...'", key="genesis_patch")
+        if registry is None:
+            continue
+        if ref.kind == "ids":
+            for pid in ref.ids:
+                if pid not in registry:
+                    add("unknown_patch", "sweep", i, f"patch {pid} is not in the patch set",
+                        key="genesis_patch", patch=pid)
+                elif registry.lifecycles[pid] == "retired":
+                    add("retired_patch", "sweep", i, f"names {pid}, whose lifecycle is 'retired'",
+                        key="genesis_patch", patch=pid, hint="drop the row or point it at the live successor")
+        elif ref.kind == "planned":
+            for pid in ref.ids:
+                if pid in registry:
+                    add("planned_patch_exists", "sweep", i, f"planned patch {pid} exists now",
+                        key="genesis_patch", patch=pid, hint=f"set genesis_patch to {pid!r}")
+
+    # the same PR in both sections must agree on the trigger it carries
+    watch_by_pr = {r.pr_number(): i for i, r in enumerate(wl.watch) if r.pr_number() is not None}
+    for j, s in enumerate(wl.sweep):
+        i = watch_by_pr.get(s.pr)
+        if i is None:
+            continue
+        w = wl.watch[i]
+        if w.trigger != s.trigger and w.action in ("retire", "drift-check"):
+            add("twin_rows_disagree", "sweep", j,
+                f"trigger {s.trigger!r} but watch[{i}] {w.upstream} has action {w.action!r} "
+                f"({w.trigger})", key="trigger")
+        wids, sids = set(w.local_patches), set(s.patch_ids())
+        if s.patch_ref.kind == "ids" and wids and wids != sids:
+            add("twin_rows_disagree", "sweep", j,
+                f"names {', '.join(sorted(sids))} but watch[{i}] {w.upstream} lists "
+                f"{', '.join(sorted(wids))}", key="genesis_patch")
+    out.sort(key=lambda p: (p.line or 0, p.code))
+    return out
+
+
+# ----------------------------------------------------------------------------- trigger evaluation
+
+_DRIFT_VERDICTS = {"drifted", "ambiguous", "file_missing"}
+
+
+def _ids_of(items: Any) -> set[str]:
+    """Patch ids in a preflight list whose items are ids or objects naming one."""
+    out: set[str] = set()
+    for item in items or []:
+        if isinstance(item, str):
+            out.add(item)
+        elif isinstance(item, dict):
+            for k in ("patch", "id", "patch_id"):
+                if isinstance(item.get(k), str):
+                    out.add(item[k])
+                    break
+    return out
+
+
+@dataclass
+class PreflightFacts:
+    """What trigger evaluation reads from a preflight report (DESIGN.md section 4)."""
+
+    candidate: str
+    merged: set[str]
+    drifted: set[str]
+    known: set[str]
+    newly_merged: list[dict]
+    partly_merged: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_json(cls, data: Any, file: str = "<preflight>") -> "PreflightFacts":
+        if not isinstance(data, dict):
+            raise bad_input("bad_preflight", "a preflight report is a JSON object", file=file)
+        keys = ("patches", "genuine_anchor_drift", "retired_upstream", "newly_merged")
+        if not any(k in data for k in keys):
+            raise bad_input("bad_preflight", f"not a preflight report: none of {', '.join(keys)} is present",
+                            file=file)
+        for k in keys + ("newly_reverted",):
+            if k in data and not isinstance(data[k], list):
+                raise bad_input("bad_preflight", f"{k!r} must be a list", file=file, key=k)
+        # retired_upstream lists edits: a patch with only some of them carried upstream is partly merged
+        partly: set[str] = set(_ids_of(data.get("retired_upstream")))
+        merged: set[str] = set()
+        drifted: set[str] = set(_ids_of(data.get("genuine_anchor_drift")))
+        known: set[str] = set()
+        for i, p in enumerate(data.get("patches", [])):
+            if not isinstance(p, dict) or not isinstance(p.get("id"), str):
+                raise bad_input("bad_preflight", f"patches[{i}] has no 'id'", file=file, key=f"patches[{i}]")
+            pid = p["id"]
+            known.add(pid)
+            edits = [e for e in p.get("edits") or [] if isinstance(e, dict)]
+            verdicts = [e.get("verdict") for e in edits]
+            if (p.get("status") == "merged" or p.get("action") == "retire"
+                    or (verdicts and all(v == "merged" for v in verdicts))):
+                merged.add(pid)
+            elif any(v == "merged" for v in verdicts):
+                partly.add(pid)
+            if p.get("action") == "reanchor" or any(
+                    v in _DRIFT_VERDICTS and e.get("required", True) for v, e in zip(verdicts, edits)):
+                drifted.add(pid)
+        newly = []
+        for item in data.get("newly_merged", []):
+            if isinstance(item, str):
+                newly.append({"marker": item})
+            elif isinstance(item, dict):
+                newly.append(item)
+        cand = data.get("candidate")
+        if isinstance(cand, dict):
+            cand = cand.get("version") or cand.get("spec") or cand.get("tree") or json.dumps(cand, sort_keys=True)
+        if not known:  # a report without per-patch entries: its lists are all we have
+            merged |= partly
+        partly -= merged
+        return cls(candidate=str(cand) if cand is not None else "", merged=merged, drifted=drifted,
+                   known=known | merged | drifted | partly, newly_merged=newly, partly_merged=partly)
+
+    def marker_hits(self, markers: Iterable[str]) -> list[dict]:
+        wanted = set(markers)
+        hits = []
+        for item in self.newly_merged:
+            names = {item.get(k) for k in ("marker", "name", "id") if isinstance(item.get(k), str)}
+            if names & wanted:
+                hits.append(item)
+        return hits
+
+
+class Firing(BaseModel):
+    section: Literal["watch", "sweep"]
+    index: int
+    row: str
+    line: int | None = None
+    trigger: Literal[TRIGGERS]
+    patches: list[str] = Field(default_factory=list, description="local patches that came out merged or drifted")
+    markers: list[str] = Field(default_factory=list, description="row markers the candidate newly carries")
+    reason: str
+
+
+class CheckReport(BaseModel):
+    tool: str = "sndr"
+    command: str = "watchlist check"
+    watchlist: str
+    preflight: str
+    candidate: str = ""
+    fired: list[Firing] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+def check(loaded: LoadedWatchlist, facts: PreflightFacts, preflight_name: str = "") -> CheckReport:
+    """Which triggers fired on the preflight's candidate."""
+    report = CheckReport(watchlist=loaded.file, preflight=preflight_name, candidate=facts.candidate)
+    for section, index, row in loaded.model.rows():
+        trigger = row.trigger
+        ids = row.patch_ids()
+        hits = facts.marker_hits(row.markers)
+        hit_markers = sorted({str(h.get("marker") or h.get("name") or h.get("id")) for h in hits})
+        fired_ids: list[str] = []
+        reason = ""
+        if trigger == "retire-on-merge":
+            fired_ids = [p for p in ids if p in facts.merged]
+            partly = [p for p in ids if p in facts.partly_merged]
+            if fired_ids:
+                reason = f"{', '.join(fired_ids)} came out merged on the candidate: retire"
+            if partly:
+                fired_ids += partly
+                reason = (reason + "; " if reason else "") + \
+                    f"{', '.join(partly)} partly merged (some edits carried upstream): review before retiring"
+        elif trigger == "reanchor-on-merge":
+            fired_ids = [p for p in ids if p in facts.drifted]
+            if fired_ids:
+                reason = f"{', '.join(fired_ids)} drifted on the candidate: re-anchor"
+        elif hits:
+            where = ", ".join(sorted({f"{h.get('file')}" for h in hits if h.get("file")}))
+            reason = f"marker(s) {', '.join(hit_markers)} newly merged" + (f" in {where}" if where else "") + ": review"
+        if not reason and hits and trigger != "review-on-merge":
+            report.notes.append(f"{loaded.row_label(section, index)}: marker(s) {', '.join(hit_markers)} newly "
+                                f"merged but none of its patches came out "
+                                f"{'merged' if trigger == 'retire-on-merge' else 'drifted'}")
+        if reason:
+            report.fired.append(Firing(section=section, index=index, row=row.key, line=loaded.line_of(section, index),
+                                       trigger=trigger, patches=fired_ids, markers=hit_markers, reason=reason))
+        missing = [p for p in ids if p not in facts.known]
+        if missing and trigger != "review-on-merge" and facts.known:
+            report.notes.append(f"{loaded.row_label(section, index)}: {', '.join(missing)} not in the preflight")
+    return report
+
+
+def load_preflight(path: Path | str) -> PreflightFacts:
+    text = read_text_file(Path(path), "preflight report")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad_input("bad_json", f"malformed JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    return PreflightFacts.from_json(data, str(path))
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--watchlist", metavar="PATH", help="watchlist file (default: patches/watchlist.yaml)")
+    p = argparse.ArgumentParser(prog="python -m sndr watchlist", description="lint, edit and evaluate the upstream watchlist",
+                                parents=[common])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    lp = sub.add_parser("lint", parents=[common], help="flag unknown patches, contradictions, duplicates, retired patches")
+    lp.add_argument("--patches", metavar="DIR", help="patch directory for the registry checks (default: shipped set)")
+    lp.add_argument("--no-registry", action="store_true", help="skip the checks that need the patch set")
+    lp.add_argument("--json", action="store_true", help="print findings as JSON")
+    sp = sub.add_parser("set", parents=[common], help="set one key of one row, keeping every comment")
+    sp.add_argument("row", help="vllm#N (watch row) or #N (sweep row)")
+    sp.add_argument("key")
+    sp.add_argument("value", help="lists are comma-separated; '' is an empty list")
+    sp.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    cp = sub.add_parser("check", parents=[common], help="which triggers fired on a preflight's candidate")
+    cp.add_argument("--preflight", required=True, metavar="REPORT.json")
+    cp.add_argument("--json", action="store_true")
+    sh = sub.add_parser("show", parents=[common], help="print the watchlist (or one row) as JSON")
+    sh.add_argument("row", nargs="?")
+    sub.add_parser("schema", parents=[common], help="print the JSON Schema of the watchlist")
+    return p
+
+
+def _print_problems(problems: list[Problem], stream=None) -> None:
+    stream = stream or sys.stdout
+    for p in problems:
+        print(p.render(), file=stream)
+
+
+def _unified(old: str, new: str, name: str) -> str:
+    import difflib
+
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{name}", f"b/{name}"))
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_BAD_INPUT
+    try:
+        return _run(args)
+    except SndrError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the CLI maps every unexpected failure to exit 3
+        print(f"sndr watchlist: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _run(args) -> int:
+    if args.cmd == "schema":
+        print(json.dumps(json_schema(), indent=2))
+        return EXIT_OK
+    path = Path(args.watchlist) if args.watchlist else default_watchlist_path()
+    if args.cmd == "set":
+        text = read_text_file(path, "watchlist")
+        loaded = parse_watchlist(text, str(path))
+        section, _ = find_row(loaded.model, args.row, str(path))
+        value = parse_cli_value(section, args.key, args.value)
+        new = set_field(text, args.row, args.key, value, str(path))
+        if new == text:
+            print(f"{path}: {args.row} [{args.key}] already {args.value!r}; nothing to do")
+            return EXIT_OK
+        if args.dry_run:
+            sys.stdout.write(_unified(text, new, path.name))
+            return EXIT_OK
+        write_atomic(path, new)
+        print(f"{path}: {args.row} [{args.key}] = {args.value!r}")
+        return EXIT_OK
+    loaded = load_watchlist(path)
+    if args.cmd == "show":
+        data = loaded.model.to_data()
+        if args.row:
+            section, index = find_row(loaded.model, args.row, str(path))
+            data = data[section][index]
+        print(json.dumps(data, indent=2, default=str, ensure_ascii=False))
+        return EXIT_OK
+    if args.cmd == "lint":
+        registry = None if args.no_registry else load_registry(args.patches)
+        problems = lint(loaded, registry)
+        if args.json:
+            print(json.dumps({"watchlist": str(path), "registry": registry is not None,
+                              "findings": [p.to_json() for p in problems]}, indent=2, ensure_ascii=False))
+        else:
+            _print_problems(problems)
+            counts: dict[str, int] = {}
+            for p in problems:
+                counts[p.code] = counts.get(p.code, 0) + 1
+            summary = ", ".join(f"{n} {c}" for c, n in sorted(counts.items())) or "no findings"
+            print(f"{path}: {len(loaded.model.watch)} watch rows, {len(loaded.model.sweep)} sweep rows: {summary}")
+        return EXIT_FINDINGS if problems else EXIT_OK
+    if args.cmd == "check":
+        facts = load_preflight(args.preflight)
+        report = check(loaded, facts, str(args.preflight))
+        if args.json:
+            print(report.model_dump_json(indent=2))
+        else:
+            for f in report.fired:
+                print(f"{path}:{f.line}: {f.section} {f.row}: {f.trigger} fired: {f.reason}")
+            for n in report.notes:
+                print(f"note: {n}")
+            print(f"{len(report.fired)} trigger(s) fired on {report.candidate or 'the candidate'}")
+        return EXIT_FINDINGS if report.fired else EXIT_OK
+    raise SndrError(Problem("internal", f"unhandled command {args.cmd}"), EXIT_INTERNAL)  # pragma: no cover
