@@ -25,19 +25,21 @@ else:  # pragma: no cover
 
 def shipped_patches_dir() -> Path:
     """The patch set shipped with sndr: ``patches/`` of a checkout, or the copy inside the wheel."""
+    return _shipped("patches")
+
+
+def _shipped(name: str) -> Path:
+    # An installed wheel carries sndr/_data/<name>; a checkout has <name>/ beside
+    # sndr/. Never guess a site-packages/<name> that some other project owns.
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "patches", here / "_data" / "patches"):
-        if cand.is_dir():
-            return cand
-    return here / "_data" / "patches"
+    data = here / "_data" / name
+    if data.is_dir() or not (here.parent / "pyproject.toml").is_file():
+        return data
+    return here.parent / name
 
 
 def shipped_anchors_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent / "anchors", here / "_data" / "anchors"):
-        if cand.is_dir():
-            return cand
-    return here / "_data" / "anchors"
+    return _shipped("anchors")
 
 
 @dataclass
