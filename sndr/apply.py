@@ -114,7 +114,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
                               for rel, ch in plan.changes.items()])
     with tree.lock():
         restored = recover(tree)
-        notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if tree.journal_path.exists() or restored else []
+        notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
         ledger = tree.read_ledger()
         on = enabled_ids(patch_set, version, environ, only)
         digest = patch_set_digest(patch_set, on)
@@ -208,16 +208,9 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
 def run_revert(root: Path | str, *, force: bool = False) -> Report:
     tree = TreeRoot(root)
     version = tree_version(tree.root)
-    first_plan = None
     if not tree.state.exists():
-        # First contact with this tree: check everything before creating any
-        # state (even the lock file), so a refused apply leaves no trace.
-        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
-        if not plan.ok:
-            return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
-                           notes=["refused: nothing was written"])
-        probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
-                              for rel, ch in plan.changes.items()])
+        return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK,
+                       notes=["no .sndr state: sndr never patched this tree; nothing to revert"])
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
@@ -241,13 +234,6 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
                        files_written=[w.rel for w in writes], notes=notes)
 
 
-def _gc_objects(tree: TreeRoot) -> None:
-    import shutil
-
-    if not tree.journal_path.exists() and not tree.ledger_path.exists():
-        shutil.rmtree(tree.objects, ignore_errors=True)
-
-
 def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None = None, environ=None) -> Report:
     """Is the tree patched with exactly this patch set? Read-only, except crash recovery."""
     environ = os.environ if environ is None else environ
@@ -256,6 +242,15 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
     if tree.journal_path.exists():
         with tree.lock():
             recover(tree)
+    untouched = not tree.state.exists()
+    report = _verify_locked(tree, version, patch_set, only, environ)
+    if untouched and tree.state.exists():
+        # A first apply started while we read without a lock: read again under it.
+        report = _verify_locked(tree, version, patch_set, only, environ)
+    return report
+
+
+def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ) -> Report:
     with tree.lock(shared=True):
         ledger = tree.read_ledger()
         on = enabled_ids(patch_set, version, environ, only)

@@ -99,26 +99,11 @@ def _fsync_files(paths: list[Path], dirs: bool = False) -> None:
         list(pool.map(fn, paths))
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None, fault_tag: str | None = None) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write ``data`` to a temp file beside ``path``, fsync it, then ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.sndr-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if mode is None else mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    if mode is not None:
-        os.chmod(tmp, mode)
-    if fault_tag:
-        _fault(f"after_tmp:{fault_tag}")
+    tmp = _write_tmp(path, data, mode)
+    _fsync_path(tmp)
     os.replace(tmp, path)
-    if fault_tag:
-        _fault(f"after_replace:{fault_tag}")
 
 
 class TreeRoot:
@@ -238,6 +223,9 @@ class TreeRoot:
         Shared locks matter: a verify racing a revert must see the tree
         before or after the revert, never in between.
         """
+        if shared and not self.state.exists():
+            yield False  # readers never create state; see run_verify for the re-check
+            return
         try:
             self.state.mkdir(exist_ok=True)
             fd = os.open(self.state / "lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -211,3 +211,13 @@ def test_cli_json_and_exit_codes(tree, tmp_path):
     assert sndr_apply("--tree", str(tree), "--patches", str(DATA), "--verify", "-q").returncode == 0
     assert sndr_apply("--tree", str(tmp_path), "--patches", str(DATA)).returncode == 2
     assert sndr_apply("--tree", str(tree), "--patches", str(tmp_path / "nope")).returncode == 2
+
+
+def test_revert_and_verify_on_a_tree_sndr_never_touched(tree, patch_set):
+    before = tree_hash(tree)
+    rev = run_revert(tree)
+    assert rev.ok and rev.files_written == [] and "nothing to revert" in rev.notes[0]
+    ver = run_verify(tree, patch_set)
+    assert not ver.ok and ver.exit_code == 1
+    assert {p.code for p in ver.problems} == {"not_applied"}
+    assert tree_hash(tree) == before
