@@ -1,0 +1,185 @@
+"""``python -m sndr list``: the patch set at a glance.
+
+One row per patch: id, title, kind, default, upstream references and the
+files (or runtime targets, or plugin module) it touches. With ``--tree`` each
+row also gets the patch's verdict on that tree, computed by the same planner
+``apply --dry-run`` uses (so the two can never disagree), and ``--verdict``
+keeps only the rows with that verdict.
+
+A patch's verdict is its plan status (``applies``, ``applied``, ``merged``,
+``gated``, ``failed``, ``partial``); ``--verdict`` also accepts an edit
+verdict (``drifted``, ``ambiguous``, ``file_missing``, ...) and then keeps the
+patches with at least one edit that has it.
+
+The rows are a pure function (:func:`list_rows`) of the patch set and an
+optional plan; the CLI around it is thin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+from .errors import EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from .load import PatchSet, load_patch_set
+from .model import Patch, Verdict
+
+PATCH_STATUSES = ("applies", "applied", "merged", "gated", "failed", "partial")
+EDIT_VERDICTS = tuple(v.value for v in Verdict)
+VERDICTS = tuple(dict.fromkeys(PATCH_STATUSES + EDIT_VERDICTS))
+
+__all__ = ["Row", "VERDICTS", "cli_main", "list_rows", "render_table"]
+
+
+@dataclass
+class Row:
+    id: str
+    title: str
+    kind: str
+    default: bool
+    lifecycle: str
+    upstream: list[str]
+    files: list[str]
+    verdict: str | None = None  # the patch's status on --tree
+    edit_verdicts: list[str] = field(default_factory=list)  # distinct edit verdicts on --tree
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        if self.verdict is None:
+            for key in ("verdict", "edit_verdicts", "reason"):
+                out.pop(key)
+        return out
+
+
+def touched(p: Patch) -> list[str]:
+    """What a patch touches: its files, its runtime targets, its plugin module."""
+    out = [f.path for f in p.files]
+    out += [f"runtime {r.target}" for r in p.runtime]
+    if p.module:
+        out.append(f"module {p.module}")
+    return out
+
+
+def list_rows(patch_set: PatchSet, plan=None, verdict: str | None = None) -> list[Row]:
+    """Rows in patch-set order; with a plan, each carries its verdict (and ``verdict`` filters)."""
+    results = {r.id: r for r in plan.patches} if plan is not None else {}
+    rows = []
+    for p in patch_set.patches:
+        row = Row(id=p.id, title=p.title, kind=p.kind, default=p.default, lifecycle=p.lifecycle,
+                  upstream=list(p.upstream), files=touched(p))
+        r = results.get(p.id)
+        if plan is not None and r is not None:
+            row.verdict = r.status
+            row.edit_verdicts = sorted({e.verdict.value for e in r.edits})
+            row.reason = r.reason
+        if verdict is not None and verdict != row.verdict and verdict not in row.edit_verdicts:
+            continue
+        rows.append(row)
+    return rows
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def render_table(rows: list[Row], *, with_verdict: bool, title_width: int = 60) -> str:
+    """A plain-text table: one line per patch, files on continuation lines."""
+    headers = ["ID", "KIND", "DEFAULT"] + (["VERDICT"] if with_verdict else []) + ["UPSTREAM", "TITLE"]
+    table = []
+    for r in rows:
+        cells = [r.id, r.kind, "yes" if r.default else "no"]
+        if with_verdict:
+            cells.append(r.verdict or "-")
+        cells += [",".join(r.upstream) or "-", _clip(r.title, title_width)]
+        table.append((cells, r.files))
+    widths = [max([len(h)] + [len(c[i]) for c, _ in table]) for i, h in enumerate(headers)]
+    indent = " " * (sum(widths[:-1]) + 2 * (len(widths) - 1))
+
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = [line(headers)]
+    for cells, files in table:
+        out.append(line(cells))
+        out += [f"{indent}{f}" for f in files]
+    return "\n".join(out)
+
+
+def summary(rows: list[Row], with_verdict: bool) -> str:
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r.kind] = kinds.get(r.kind, 0) + 1
+    text = f"{len(rows)} patch(es): " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    if with_verdict:
+        verdicts: dict[str, int] = {}
+        for r in rows:
+            verdicts[r.verdict or "-"] = verdicts.get(r.verdict or "-", 0) + 1
+        text += "; " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+    return text
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sndr list",
+                                 description="List the patch set: id, title, kind, default, upstream and files; "
+                                             "with --tree, each patch's verdict on that tree.")
+    ap.add_argument("--patches", help="patch directory (default: the shipped set)")
+    ap.add_argument("--tree", help="a vLLM tree: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
+    ap.add_argument("--verdict", choices=VERDICTS, metavar="VERDICT",
+                    help=f"with --tree: only patches with this status or edit verdict ({', '.join(VERDICTS)})")
+    ap.add_argument("--kind", choices=("text", "runtime", "plugin"), help="only patches of this kind")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return ap
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        if args.verdict and not args.tree:
+            raise SndrError(Problem("usage", "--verdict needs --tree: a verdict is about one tree", key="--verdict",
+                                    hint="e.g. python -m sndr list --tree vllm==0.33.0 --verdict drifted"))
+        patch_set = load_patch_set(args.patches)
+        plan = None
+        version = None
+        if args.tree:
+            from .plan import build_plan
+            from .tree import open_tree
+
+            tree = open_tree(args.tree)
+            version = tree.version
+            plan = build_plan(patch_set, tree.read_text, version, environ=os.environ, check_compile=False)
+        rows = list_rows(patch_set, plan, args.verdict)
+        if args.kind:
+            rows = [r for r in rows if r.kind == args.kind]
+    except SndrError as exc:
+        print(f"sndr list: error\n{exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - the CLI reports, it does not crash
+        print(f"sndr list: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+    if args.json:
+        doc = {"tree": args.tree, "vllm_version": version, "patches": [r.to_json() for r in rows]}
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    with_verdict = plan is not None
+    if args.tree:
+        print(f"tree: {args.tree} (vLLM {version})")
+    if rows:
+        print(render_table(rows, with_verdict=with_verdict))
+    print(summary(rows, with_verdict))
+    return EXIT_OK
+
+
+def main() -> None:
+    sys.exit(cli_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Replacement callables of the shipped runtime patches (``patches/PR*.toml``).
+
+Each module here is named by a ``[[runtime]]`` entry as
+``sndr.runtime_patches.<module>:<function>``. The shipped ones wrap
+(``wrap = true``): the runtime calls ``function(original)`` and installs what
+it returns, so vLLM's own implementation still does the work and the patch
+only adds a check in front of it.
+
+Nothing here imports torch or vLLM at import time: sndr's core must stay
+importable without them, and the wrappers only read shape metadata of the
+tensors they are handed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+__all__ = ["argument", "wraps_original"]
+
+
+def argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
+    """The value of parameter ``name`` (position ``index``) in a call, or ``default``."""
+    if name in kwargs:
+        return kwargs[name]
+    if index < len(args):
+        return args[index]
+    return default
+
+
+def wraps_original(original: Callable) -> Callable[[Callable], Callable]:
+    """``functools.wraps`` that also marks the wrapper as sndr's.
+
+    ``__wrapped__`` keeps ``inspect.signature`` of the wrapper equal to the
+    original's, so the runtime's live signature check and any caller that
+    introspects the function see vLLM's signature.
+    """
+
+    def decorate(wrapper: Callable) -> Callable:
+        wrapper = functools.wraps(original)(wrapper)
+        wrapper.__sndr_wraps__ = original
+        return wrapper
+
+    return decorate
