@@ -26,6 +26,8 @@ FAULT = "SNDR_TEST_FAULT"
 OFFLINE = "SNDR_OFFLINE"
 #: Test-only: interpreter of a real vLLM install (default /opt/vllm-venv/bin/python).
 TEST_VLLM_PYTHON = "SNDR_TEST_VLLM_PYTHON"
+#: ``SNDR_HOOK=0``: the in-memory import hook stays inert in this process (its .pth still loads).
+HOOK = "SNDR_HOOK"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

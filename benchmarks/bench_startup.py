@@ -1,0 +1,191 @@
+"""Startup cost of sndr on the real vLLM 0.32.0 CPU install.
+
+Measures, each in fresh interpreters (medians over ``--repeat`` interleaved runs):
+
+* ``register()`` on a tree patched on disk: cold (empty cache: the patch set
+  is loaded with pydantic and memoised) and warm (the memo) -- target < 20 ms;
+* import time of ``vllm.v1.core.sched.scheduler`` and
+  ``vllm.v1.worker.gpu_model_runner``:
+  - *plain*: the same patched files on disk, loaded from warm ``.pyc``;
+  - *hook cold*: pristine tree + the ``.pth``, empty cache (plans, compiles);
+  - *hook warm*: the same with the cache filled -- target within 1.10x of plain;
+* inside those imports, the time to obtain the patched modules' code objects
+  (``.pyc`` read vs. hook cache read + verification) and the hook's
+  activation (fingerprint, hashing the files the plan read, memo lookup).
+
+Usage::
+
+    python benchmarks/bench_startup.py [--python /opt/vllm-venv/bin/python] [--repeat 3] [--json out.json]
+
+The patch set is ``tests/data/hook`` (two text patches on the two modules, one
+runtime patch on the scheduler) unless ``--patches`` names another directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+sys.path.insert(0, str(REPO))
+
+import vllm_env  # noqa: E402
+
+MODULES = ["vllm.v1.core.sched.scheduler", "vllm.v1.worker.gpu_model_runner"]
+
+REGISTER = r"""
+import json, time
+import vllm.plugins  # vLLM itself is loaded before the plugins run: not our cost
+t0 = time.perf_counter()
+import sndr.hook
+t1 = time.perf_counter()
+sndr.hook.register()
+t2 = time.perf_counter()
+import sys
+print("OUT" + json.dumps({"import_ms": (t1 - t0) * 1e3, "register_ms": (t2 - t1) * 1e3,
+                          "total_ms": (t2 - t0) * 1e3, "mode": sndr.hook._STATE.mode,
+                          "missing": sndr.hook._STATE.missing, "pydantic": "pydantic.main" in sys.modules}))
+"""
+
+IMPORT = r"""
+import json, time, importlib, importlib.machinery
+TARGETS = {"vllm/v1/core/sched/scheduler.py", "vllm/v1/worker/gpu_model_runner.py"}
+code_ms = [0.0]
+def _timed(fn):
+    def wrapper(self, *a, **k):
+        path = self.get_filename(*a[:1]) if hasattr(self, "get_filename") else ""
+        hit = any(str(path).endswith(t) for t in TARGETS)
+        t = time.perf_counter()
+        try:
+            return fn(self, *a, **k)
+        finally:
+            if hit:
+                code_ms[0] += (time.perf_counter() - t) * 1e3
+    return wrapper
+importlib.machinery.SourceFileLoader.get_code = _timed(importlib.machinery.SourceFileLoader.get_code)
+act_ms = [0.0]
+try:
+    from sndr import importer
+    # get_code fetches (and verifies) the cached source itself: timing it alone avoids double counting.
+    importer.PatchedLoader.get_code = _timed(importer.PatchedLoader.get_code)
+    _act = importer.SndrFinder._activate
+    def _activate(self, spec):
+        t = time.perf_counter()
+        try:
+            return _act(self, spec)
+        finally:
+            act_ms[0] += (time.perf_counter() - t) * 1e3
+    importer.SndrFinder._activate = _activate
+except ImportError:
+    pass
+t0 = time.perf_counter()
+m = importlib.import_module(MODULE)
+t1 = time.perf_counter()
+print("OUT" + json.dumps({"import_s": t1 - t0, "code_ms": code_ms[0], "activate_ms": act_ms[0],
+                          "loader": type(m.__spec__.loader).__name__}))
+"""
+
+
+def _out(proc) -> dict:
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1]
+    return json.loads(line[3:])
+
+
+def _med(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--python", default=vllm_env.vllm_python(), help="python of the real vLLM install")
+    ap.add_argument("--patches", type=Path, default=REPO / "tests" / "data" / "hook")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--register-repeat", type=int, default=7)
+    ap.add_argument("--workdir", type=Path, help="keep the environments here (default: a temp dir, removed)")
+    ap.add_argument("--json", type=Path, help="write the figures as JSON")
+    args = ap.parse_args(argv)
+    if not args.python:
+        print(vllm_env.skip_reason(), file=sys.stderr)
+        return 2
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="sndr-bench-"))
+    try:
+        return _run(args, work)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args, work: Path) -> int:
+    from sndr.apply import run_apply
+    from sndr.hook import cli_main
+    from sndr.load import load_patch_set
+
+    install = vllm_env.probe(args.python)
+    print(f"vLLM install: {install.vllm_dir} (python {install.pyver}); work dir {work}", flush=True)
+    master = vllm_env.build_master(install, work / "master")
+    disk = vllm_env.make_env(install, master, work / "disk")
+    mem = vllm_env.make_env(install, master, work / "mem")
+    report = run_apply(disk.site, load_patch_set(args.patches, packs=False), environ={})
+    assert report.ok, report.model_dump_json(indent=1)
+    assert cli_main(["install", "--site", str(mem.site)]) == 0
+    common = {"SNDR_PATCHES": str(args.patches), "SNDR_RUN_DIR": str(work / "run")}
+    disk.extra_env.update(common, SNDR_CACHE_DIR=str(work / "cache-disk"))
+    mem.extra_env.update(common, SNDR_CACHE_DIR=str(work / "cache-mem"))
+    results: dict = {"patches": str(args.patches), "repeat": args.repeat}
+
+    # -- register() ------------------------------------------------------------
+    cold = _out(disk.run(REGISTER))
+    warm = [_out(disk.run(REGISTER)) for _ in range(args.register_repeat)]
+    assert cold["mode"] == "disk" and not cold["missing"], cold
+    results["register"] = {"cold_ms": cold["total_ms"], "warm_ms": _med([w["total_ms"] for w in warm]),
+                           "warm_min_ms": min(w["total_ms"] for w in warm),
+                           "warm_import_ms": _med([w["import_ms"] for w in warm]),
+                           "warm_register_ms": _med([w["register_ms"] for w in warm]),
+                           "warm_loads_pydantic": any(w["pydantic"] for w in warm)}
+    r = results["register"]
+    print(f"register() on a patched tree: cold {r['cold_ms']:.1f} ms, warm median {r['warm_ms']:.1f} ms "
+          f"(min {r['warm_min_ms']:.1f}) "
+          f"(import {r['warm_import_ms']:.1f} + call {r['warm_register_ms']:.1f}; target < 20 ms)", flush=True)
+
+    # -- imports -----------------------------------------------------------------
+    for module in MODULES:
+        code = IMPORT.replace("MODULE", repr(module))
+        disk.run(code)  # warm the .pyc of the patched files and the OS cache
+        mem.run(code)  # fill the hook's cache
+        rows = {"plain": [], "hook_cold": [], "hook_warm": []}
+        for i in range(args.repeat):
+            rows["plain"].append(_out(disk.run(code)))
+            cold_cache = work / f"cache-cold-{module}-{i}"
+            rows["hook_cold"].append(_out(mem.run(code, SNDR_CACHE_DIR=str(cold_cache))))
+            rows["hook_warm"].append(_out(mem.run(code)))
+        assert all(o["loader"] == "SourceFileLoader" for o in rows["plain"])
+        assert all(o["loader"] == "PatchedLoader" for o in rows["hook_cold"] + rows["hook_warm"])
+        fig = {k: {"import_s": _med([o["import_s"] for o in v]), "code_ms": _med([o["code_ms"] for o in v]),
+                   "activate_ms": _med([o["activate_ms"] for o in v])} for k, v in rows.items()}
+        plain = fig["plain"]["import_s"]
+        fig["ratio_cold"] = fig["hook_cold"]["import_s"] / plain
+        fig["ratio_warm"] = fig["hook_warm"]["import_s"] / plain
+        results[module] = fig
+        print(f"import {module}:")
+        for k in ("plain", "hook_cold", "hook_warm"):
+            f = fig[k]
+            extra = f", hook activation {f['activate_ms']:.1f} ms" if k != "plain" else ""
+            print(f"  {k:<10} {f['import_s']:7.2f} s   (patched module code objects {f['code_ms']:6.1f} ms{extra})")
+        print(f"  ratio cold/plain {fig['ratio_cold']:.3f}, warm/plain {fig['ratio_warm']:.3f} "
+              f"(target warm <= 1.10)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    ok = results["register"]["warm_ms"] < 20 and all(results[m]["ratio_warm"] <= 1.10 for m in MODULES)
+    print("targets met" if ok else "TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

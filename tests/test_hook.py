@@ -1,0 +1,209 @@
+"""register(), attestations, ``sndr status`` and ``sndr hook install|uninstall`` on synthetic trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from hook_fixtures import REPO, Box, replace_file
+from sndr.hook import PTH_NAME, PTH_TEXT, cli_main, status_main
+
+REGISTER = """
+    import json, sys
+    import vllm
+    import sndr.hook as h
+    h.register()
+    h.register()  # idempotent
+    import vllm.engine as e
+    st = h._STATE
+    out = {"mode": st.mode, "missing": st.missing, "problems": st.problems, "digest": st.digest,
+           "answer": e.answer(), "step": e.Engine().step(1), "calls": getattr(e.Engine.step, "sndr_calls", None),
+           "ms": st.register_ms, "planner": "sndr.plan" in sys.modules, "pydantic": "pydantic" in sys.modules}
+    print("OUT" + json.dumps(out))
+"""
+
+
+def _out(proc) -> dict:
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1]
+    return json.loads(line[3:])
+
+
+@pytest.fixture
+def box(tmp_path):
+    return Box(tmp_path)
+
+
+def test_register_on_a_patched_tree_attests_once(box):
+    box.apply()
+    out = _out(box.py(REGISTER))
+    assert out["mode"] == "disk" and out["missing"] == [] and out["problems"] == []
+    assert out["answer"] == 42 and out["step"] == 2 and out["calls"] == 1  # runtime patch deferred, then applied
+    [rec] = box.records()
+    assert rec["patch_set_digest"] == box.ledger()["patch_set_digest"] == out["digest"]
+    assert rec["role"] == "main" and rec["pid"] > 0 and rec["ppid"] > 0 and rec["mode"] == "disk"
+    assert rec["counts"]["applied"] == 4 and rec["counts"]["runtime_applied"] == 1
+    assert rec["runtime"][0]["verdict"] == "applied"  # the record is rewritten when the deferred patch lands
+    assert rec["enabled"] == ["F0001", "F0002", "F0003"]
+    assert stat.S_IMODE(os.stat(box.run_dir).st_mode) == 0o700
+    # Warm: the second process neither plans nor loads pydantic models.
+    out = _out(box.py(REGISTER))
+    assert out["planner"] is False and out["pydantic"] is False and out["missing"] == []
+    assert status_main(["--run-dir", str(box.run_dir)]) == 0
+
+
+def test_tampered_file_is_missing_and_status_fails(box, capsys):
+    box.apply()
+    box.py(REGISTER)
+    assert status_main(["--run-dir", str(box.run_dir)]) == 0
+    eng = box.root / "vllm" / "engine.py"
+    replace_file(eng, eng.read_text() + "# tampered\n")
+    assert status_main(["--run-dir", str(box.run_dir)]) == 1  # re-hashes the tree even before a new process
+    assert "changed since it was patched" in capsys.readouterr().out
+    proc = box.py(REGISTER)
+    out = _out(proc)
+    assert out["missing"] == ["F0001: vllm/engine.py changed since apply"]
+    assert "NOT active" in proc.stderr and "SNDR_STRICT=1" in proc.stderr
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
+    assert proc.returncode != 0
+    assert "StrictError" in proc.stderr and "F0001: vllm/engine.py changed since apply" in proc.stderr
+    assert "refusing to start vLLM" in proc.stderr
+
+
+def test_processes_that_disagree_fail_status(box, capsys):
+    box.apply()
+    box.py(REGISTER)
+    out = _out(box.py(REGISTER, SNDR_ENABLE_F0003="0"))
+    assert out["calls"] is None  # runtime patch gated off in that process
+    assert "F0003" not in json.dumps(out["missing"])
+    assert "this process enables patch set" in out["problems"][0]
+    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    text = capsys.readouterr().out
+    assert "disagree" in text and text.count("pid ") >= 2
+
+
+def test_unpatched_tree_reports_every_text_patch_missing(box):
+    out = _out(box.py(REGISTER))
+    assert out["mode"] == "none"
+    assert sorted(m.split(":")[0] for m in out["missing"]) == ["F0001", "F0002"]
+    assert out["calls"] == 1  # runtime patches still apply
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
+    assert proc.returncode != 0 and "no ledger" in proc.stderr
+
+
+def test_in_memory_mode_attests_what_it_served(box):
+    proc = box.py("""
+        from sndr import importer
+        importer.install(memory=True)
+    """ + REGISTER.replace("\n    ", "\n        "))
+    out = _out(proc)
+    assert out["mode"] == "memory" and out["missing"] == [] and out["answer"] == 42 and out["calls"] == 1
+    [rec] = box.records()
+    assert rec["mode"] == "memory" and rec["text"]["served"] == {"vllm.engine": "vllm/engine.py"}
+    assert not (box.root / ".sndr").exists()
+
+
+def test_runtime_drift_is_loud_and_fatal_under_strict(box):
+    box.apply()
+    p = box.patches / "F0003-count.toml"
+    p.write_text(p.read_text().replace('"(self, n)"', '"(self, n, extra)"'))
+    proc = box.py(REGISTER)
+    assert _out(proc)["calls"] is None
+    [rec] = box.records()
+    assert any("F0003/count: runtime drifted" in m and "the patch declares (self, n, extra)" in m
+               for m in rec["missing_required"])
+    assert "runtime patch F0003/count" in proc.stderr and "WITHOUT it" in proc.stderr
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
+    assert proc.returncode != 0 and "F0003/count: runtime drifted" in proc.stderr
+
+
+def test_corrupt_ledger_never_raises_unless_strict(box):
+    box.apply()
+    (box.root / ".sndr" / "ledger.json").write_text("{not json")
+    out = _out(box.py(REGISTER))
+    assert any("ledger" in m for m in out["missing"])
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
+    assert proc.returncode != 0 and "ledger" in proc.stderr
+
+
+def test_strict_typo_is_treated_as_strict(box):
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="ture")
+    assert proc.returncode != 0 and "treating it as 1" in proc.stderr
+
+
+def test_fork_child_gets_its_own_record(box):
+    box.apply()
+    box.py("""
+        import os
+        import vllm, sndr.hook as h
+        h.register()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """)
+    recs = box.records()
+    assert len(recs) == 2
+    parent = next(r for r in recs if not r["forked_from"])
+    child = next(r for r in recs if r["forked_from"])
+    assert child["forked_from"] == parent["pid"] == child["ppid"]
+    assert child["patch_set_digest"] == parent["patch_set_digest"] and child["role"] == "forked"
+
+
+def test_unsafe_run_dir_is_refused_loudly(box, capsys):
+    box.apply()
+    box.run_dir.mkdir(mode=0o777)
+    os.chmod(box.run_dir, 0o777)
+    proc = box.py(REGISTER)
+    assert "NOT attested" in proc.stderr and "writable by group or others" in proc.stderr
+    assert box.records() == []
+    assert status_main(["--run-dir", str(box.run_dir)]) == 2
+    assert "cannot be trusted" in capsys.readouterr().err
+
+
+def test_status_with_no_records_is_a_finding(tmp_path, capsys):
+    assert status_main(["--run-dir", str(tmp_path / "none")]) == 1
+    assert "no attestation records" in capsys.readouterr().out
+
+
+def test_status_json_and_prune(box, capsys):
+    box.apply()
+    box.py(REGISTER)
+    assert status_main(["--run-dir", str(box.run_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is True and len(data["processes"]) == 1
+    assert status_main(["--run-dir", str(box.run_dir), "--prune"]) == 1  # the process exited: nothing left
+    assert box.records() == []
+
+
+def test_hook_install_and_uninstall(tmp_path, capsys):
+    site = tmp_path / "site"
+    site.mkdir()
+    assert cli_main(["install", "--site", str(site)]) == 0
+    assert (site / PTH_NAME).read_text() == PTH_TEXT
+    lines = [ln for ln in PTH_TEXT.splitlines() if ln and not ln.startswith("#")]
+    assert lines == ["import sndr._boot"]  # the .pth does nothing but import sndr's boot module
+    assert cli_main(["install", "--site", str(site)]) == 0  # idempotent
+    assert cli_main(["uninstall", "--site", str(site)]) == 0
+    assert not (site / PTH_NAME).exists()
+    assert cli_main(["uninstall", "--site", str(site)]) == 0
+    assert cli_main(["install", "--site", str(tmp_path / "missing")]) == 2
+
+
+def test_register_never_raises_outside_a_vllm_process(tmp_path):
+    box = Box(tmp_path)
+    proc = box.py("""
+        import sndr.hook as h
+        h.register()
+        print("OUT{}")
+    """, PYTHONPATH=str(REPO), SNDR_TREE=str(tmp_path / "nowhere"))
+    assert proc.returncode == 0
+
+
+def test_main_dispatches_status_and_hook(tmp_path):
+    from sndr.__main__ import main
+
+    assert main(["status", "--run-dir", str(tmp_path)]) == 1
+    assert main(["hook", "install", "--site", str(tmp_path)]) == 0

@@ -1,0 +1,305 @@
+"""The in-memory import hook, its caches and the safety of its directories (synthetic trees)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+from hook_fixtures import Box, make_venv, replace_file, tree_bytes
+from sndr import importer
+
+SERVE = """
+    import sys, traceback
+    from sndr import importer
+    importer.install(memory=True)
+    import vllm.engine as e, vllm.sub as sub
+    out = {"answer": e.answer(), "sub": sub.VALUE, "loader": type(e.__spec__.loader).__name__,
+           "file": e.__file__, "planner": "sndr.plan" in sys.modules, "pydantic": "pydantic" in sys.modules,
+           "sub_pkg": sub.__path__ is not None}
+    try:
+        e.boom()
+    except ValueError:
+        out["tb"] = traceback.format_exc()
+    import inspect
+    out["src"] = inspect.getsource(e.boom)
+    import json; print("OUT" + json.dumps(out))
+"""
+
+
+def _out(proc) -> dict:
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1]
+    return json.loads(line[3:])
+
+
+@pytest.fixture
+def box(tmp_path):
+    return Box(tmp_path)
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def test_serves_patched_source_and_never_writes_the_tree(box):
+    before = tree_bytes(box.root)
+    out = _out(box.py(SERVE))
+    assert out["answer"] == 42 and out["sub"] == "patched" and out["sub_pkg"]
+    assert out["loader"] == "PatchedLoader"
+    assert out["file"] == str(box.root / "vllm" / "engine.py")
+    # Tracebacks name the real file and show the line that ran (the patched one).
+    assert f'File "{box.root / "vllm" / "engine.py"}", line 29, in boom' in out["tb"]
+    assert 'raise ValueError("patched boom")' in out["tb"]
+    assert 'raise ValueError("patched boom")' in out["src"]
+    assert tree_bytes(box.root) == before
+    assert not (box.root / ".sndr").exists()
+    assert not list(box.root.rglob("__pycache__/engine*.pyc")), "the pristine pyc path must never be written"
+
+
+def test_warm_start_uses_the_cache_without_the_planner(box):
+    cold = _out(box.py(SERVE))
+    assert cold["planner"] is True  # the first start plans
+    warm = _out(box.py(SERVE))
+    assert warm["answer"] == 42
+    assert warm["planner"] is False and warm["pydantic"] is False
+    code = list((box.cache / "hook" / "code").iterdir())
+    assert len(code) == 2  # engine.py and sub/__init__.py
+
+
+def test_tampered_cache_entries_are_recompiled_never_trusted(box):
+    box.py(SERVE)
+    code_dir = box.cache / "hook" / "code"
+    for entry in code_dir.iterdir():
+        data = bytearray(entry.read_bytes())
+        data[-5] ^= 0xFF  # damage the marshalled payload
+        entry.write_bytes(bytes(data))
+    # A valid entry of another key copied over this one is refused too (the key is inside).
+    entries = sorted(code_dir.iterdir())
+    entries[0].write_bytes(entries[1].read_bytes())
+    for src in (box.cache / "hook" / "src").iterdir():
+        src.write_text(src.read_text().replace("return 42", "return 666"))
+    out = _out(box.py(SERVE))
+    assert out["answer"] == 42
+
+
+def test_cache_key_covers_source_digest_python_and_filename():
+    k = importer.HookCache.code_key("a" * 64, "d1", "/t/vllm/x.py")
+    assert k != importer.HookCache.code_key("b" * 64, "d1", "/t/vllm/x.py")
+    assert k != importer.HookCache.code_key("a" * 64, "d2", "/t/vllm/x.py")
+    assert k != importer.HookCache.code_key("a" * 64, "d1", "/u/vllm/x.py")
+    assert sys.implementation.cache_tag in importer._py_tag()
+
+
+def test_code_cache_roundtrip_and_checks(tmp_path):
+    cache = importer.HookCache(str(tmp_path / "c"))
+    code = compile("x = 1\n", "/t/x.py", "exec")
+    key = importer.HookCache.code_key("0" * 64, "d", "/t/x.py")
+    cache.store_code(key, code)
+    assert cache.load_code(key) == code
+    other = importer.HookCache.code_key("1" * 64, "d", "/t/x.py")
+    os.link(os.path.join(cache.code_dir, key), os.path.join(cache.code_dir, other))
+    assert cache.load_code(other) is None  # an entry must carry its own key
+    sha = cache.store_source("y = 2\n")
+    assert cache.load_source(sha) == "y = 2\n"
+    assert cache.load_source("f" * 64) is None
+    cache.store_memo("m-1", {"a": 1})
+    assert cache.load_memo("m-1")["a"] == 1
+    os.replace(os.path.join(cache.memo_dir, "m-1.json"), os.path.join(cache.memo_dir, "m-2.json"))
+    assert cache.load_memo("m-2") is None
+    assert stat.S_IMODE(os.stat(cache.code_dir).st_mode) == 0o700
+
+
+def test_pristine_change_invalidates_the_memory_plan(box):
+    assert _out(box.py(SERVE))["answer"] == 42
+    text = (box.root / "vllm" / "engine.py").read_text()
+    replace_file(box.root / "vllm" / "engine.py", text.replace("return n + 1", "return n + 2"))
+    proc = box.py(SERVE + "    print('STEP', e.Engine().step(1))\n")
+    assert "STEP 3" in proc.stdout and _out(proc)["answer"] == 42
+
+
+def test_plan_failure_serves_nothing(box):
+    text = (box.root / "vllm" / "engine.py").read_text()
+    replace_file(box.root / "vllm" / "engine.py", text.replace("return 41", "return 40"))
+    proc = box.py(SERVE)
+    out = _out(proc)
+    assert out["sub"] == "pristine"  # check everything, then touch anything: F0002 is not served either
+    assert "does not apply" in proc.stderr and "UNPATCHED" in proc.stderr
+
+
+def test_compile_error_serves_nothing(tmp_path):
+    box = Box(tmp_path)
+    p = box.patches / "F0001-answer.toml"
+    p.write_text(p.read_text().replace("    return 42\n", "    return (42\n"))
+    proc = box.py(SERVE)
+    assert _out(proc)["answer"] == 41
+    assert "does not compile" in proc.stderr
+
+
+def test_already_imported_target_is_reported_loudly(box):
+    proc = box.py("""
+        import vllm.engine
+        from sndr import importer
+        f = importer.install(memory=True)
+        import vllm.engine as e
+        print("ANSWER", e.answer(), f.text_state()["preimported"])
+    """)
+    assert "ANSWER 41 ['vllm.engine']" in proc.stdout
+    assert "imported before the hook" in proc.stderr and "PRISTINE" in proc.stderr
+
+
+def test_tree_with_a_ledger_leaves_the_hook_inert(box):
+    box.apply()
+    proc = box.py("""
+        from sndr import importer
+        f = importer.install(memory=True)
+        import vllm.engine as e
+        print("STATE", e.answer(), type(e.__spec__.loader).__name__, f.inert_reason)
+    """)
+    assert "STATE 42 SourceFileLoader the tree is patched on disk" in proc.stdout
+
+
+def test_disabled_by_env(box):
+    proc = box.py(SERVE, SNDR_HOOK="0")
+    assert _out(proc)["answer"] == 41
+
+
+def test_unsafe_cache_is_refused_loudly_and_serving_still_works(box):
+    box.cache.mkdir()
+    (box.cache / "hook").mkdir(mode=0o777)
+    os.chmod(box.cache / "hook", 0o777)
+    proc = box.py(SERVE)
+    assert _out(proc)["answer"] == 42  # compiled in memory, nothing cached
+    assert "writable by group or others" in proc.stderr and "code cache is disabled" in proc.stderr
+    assert not (box.cache / "hook" / "code").exists()
+
+
+# ----------------------------------------------------------------------------- safe directories
+
+
+def test_secure_dir_creates_0700(tmp_path):
+    d = importer.secure_dir(str(tmp_path / "a" / "b"))
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+
+
+def test_secure_dir_refuses_group_writable(tmp_path):
+    d = tmp_path / "g"
+    d.mkdir()
+    os.chmod(d, 0o775)
+    with pytest.raises(importer.UnsafeDirError, match="writable by group or others"):
+        importer.secure_dir(str(d))
+
+
+def test_secure_dir_refuses_symlink(tmp_path):
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(importer.UnsafeDirError, match="symlink"):
+        importer.secure_dir(str(tmp_path / "link"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_secure_dir_refuses_another_owner(tmp_path):
+    d = tmp_path / "o"
+    d.mkdir(mode=0o700)
+    os.chown(d, 4242, -1)
+    with pytest.raises(importer.UnsafeDirError, match="owned by uid 4242"):
+        importer.secure_dir(str(d))
+
+
+def test_secure_dir_refuses_world_writable_parent_without_sticky_bit(tmp_path):
+    parent = tmp_path / "p"
+    parent.mkdir()
+    os.chmod(parent, 0o777)
+    with pytest.raises(importer.UnsafeDirError, match="sticky"):
+        importer.secure_dir(str(parent / "c"))
+    os.chmod(parent, 0o1777)
+    importer.secure_dir(str(parent / "d"))
+
+
+def test_shipped_patches_dir_agrees_with_the_loader():
+    from sndr.load import shipped_patches_dir
+
+    assert importer.shipped_patches_dir() == str(shipped_patches_dir())
+
+
+# ----------------------------------------------------------------------------- .pth, spawn, boot failure
+
+
+@pytest.fixture
+def venv_box(tmp_path):
+    box = Box(tmp_path)
+    python, site = make_venv(tmp_path)
+    (site / "01-fake-tree.pth").write_text(str(box.root) + "\n")
+    from sndr.hook import cli_main
+
+    assert cli_main(["install", "--site", str(site)]) == 0
+    return box, python, site
+
+
+SPAWN = """
+    import multiprocessing as mp, json, sys
+
+    def child(q):
+        import vllm.engine as e
+        q.put({"answer": e.answer(), "loader": type(e.__spec__.loader).__name__,
+               "finder": any(type(f).__name__ == "SndrFinder" for f in sys.meta_path)})
+
+    if __name__ == "__main__":
+        out = {}
+        for method in ("spawn", "fork"):
+            ctx = mp.get_context(method)
+            q = ctx.Queue()
+            p = ctx.Process(target=child, args=(q,))
+            p.start(); out[method] = q.get(timeout=120); p.join()
+        print("OUT" + json.dumps(out))
+"""
+
+
+def test_pth_installs_the_hook_in_spawned_and_forked_children(venv_box):
+    box, python, site = venv_box
+    script = box.tmp / "spawn_check.py"
+    import textwrap
+
+    script.write_text(textwrap.dedent(SPAWN))
+    import subprocess
+
+    env = box.environ(PYTHONPATH=None)
+    proc = subprocess.run([python, str(script)], capture_output=True, text=True, env=env, cwd=str(box.tmp), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = _out(proc)
+    for method in ("spawn", "fork"):
+        assert out[method] == {"answer": 42, "loader": "PatchedLoader", "finder": True}, (method, proc.stderr)
+    assert (site / "_sndr_hook.pth").read_text().splitlines()[-1] == "import sndr._boot"
+
+
+def test_boot_failure_never_breaks_interpreter_start(venv_box):
+    box, python, site = venv_box
+    import subprocess
+
+    env = box.environ(PYTHONPATH=None, SNDR_TEST_FAULT="boot")
+    code = "import vllm.engine as e; print('ANSWER', e.answer())"
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=str(box.tmp))
+    assert proc.returncode == 0
+    assert "ANSWER 41" in proc.stdout
+    assert proc.stderr.count("in-memory import hook failed to start") == 1
+    # Under SNDR_STRICT=1 the failure surfaces in register(), with the boot message.
+    code = "import sndr.hook as h\ntry:\n    h.register()\nexcept Exception as exc:\n    print('RAISED', exc)\n"
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=dict(env, SNDR_STRICT="1"),
+                          cwd=str(box.tmp))
+    assert "RAISED" in proc.stdout and "injected boot failure" in proc.stdout and "SNDR_STRICT=1" in proc.stdout
+
+
+def test_created_modules_and_package_resources_are_served(box):
+    (box.patches / "F0004-create.toml").write_text(
+        'id = "F0004"\ntitle = "A new module"\n\n[[files]]\npath = "vllm/sub/extra.py"\n'
+        "create = '''\nWHO = \"created by sndr\"\n'''\n")
+    (box.root / "vllm" / "sub" / "data.txt").write_text("resource\n")
+    proc = box.py("""
+        from sndr import importer
+        importer.install(memory=True)
+        import importlib.resources, vllm.sub.extra as x
+        print("OUT", x.WHO, importlib.resources.files("vllm.sub").joinpath("data.txt").read_text().strip())
+    """)
+    assert "OUT created by sndr resource" in proc.stdout
+    assert not (box.root / "vllm" / "sub" / "extra.py").exists()
