@@ -104,6 +104,53 @@ def find_binding(text: str, qualname: str, file: str = "") -> Binding | None:
                    source_sha256=hashlib.sha256(seg.encode()).hexdigest())
 
 
+def imported_from(text: str, name: str, module: str, is_package: bool) -> tuple[str, str] | None:
+    """If ``name`` is bound by a module-level ``from X import y [as name]``, return (X, y).
+
+    Relative imports are resolved against ``module``.
+    """
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for alias in node.names:
+            if (alias.asname or alias.name) != name:
+                continue
+            if node.level:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                base = ".".join(parts)
+                src = f"{base}.{node.module}" if node.module else base
+            else:
+                src = node.module or ""
+            return src, alias.name
+    return None
+
+
+def resolve_binding(module: str, qual: str, read_text, hops: int = 0) -> tuple[Binding | None, str | None, str]:
+    """Find ``module:qual`` statically, following re-exports (``from x import y``).
+
+    Returns (binding, file it was looked up in, reason when not found).
+    """
+    for rel in module_file_candidates(module):
+        text = read_text(rel)
+        if text is None:
+            continue
+        b = find_binding(text, qual, rel)
+        if b is not None:
+            return b, rel, ""
+        head, _, rest = qual.partition(".")
+        src = imported_from(text, head, module, rel.endswith("__init__.py"))
+        if src is not None and hops < 8:
+            target = src[1] + ("." + rest if rest else "")
+            return resolve_binding(src[0], target, read_text, hops + 1)
+        return None, rel, f"{qual} not found in {rel}"
+    return None, None, f"module {module} not found in the tree"
+
+
 def check_binding(redit, read_text) -> tuple[str, str, Binding | None]:
     """Classify a runtime edit statically: (verdict value, reason, binding).
 
@@ -112,16 +159,12 @@ def check_binding(redit, read_text) -> tuple[str, str, Binding | None]:
     (signature or source hash differ, or the target is gone), ``file_missing``.
     """
     module, qual = redit.target.split(":", 1)
-    for rel in module_file_candidates(module):
-        text = read_text(rel)
-        if text is None:
-            continue
-        b = find_binding(text, qual, rel)
-        if b is None:
-            return "drifted", f"{qual} not found in {rel}", None
-        if redit.signature is not None and b.signature != redit.signature:
-            return "drifted", f"signature of {redit.target} is {b.signature}, the patch declares {redit.signature}", b
-        if redit.source_sha256 is not None and b.source_sha256 != redit.source_sha256:
-            return "drifted", f"source of {redit.target} changed (sha256 {b.source_sha256[:12]}, patch expects {redit.source_sha256[:12]})", b
-        return "applies", "", b
-    return "file_missing", f"module {module} not found in the tree", None
+    b, rel, why = resolve_binding(module, qual, read_text)
+    if b is None:
+        return ("file_missing" if rel is None else "drifted"), why, None
+    if redit.signature is not None and b.signature != redit.signature:
+        return "drifted", f"signature of {redit.target} is {b.signature}, the patch declares {redit.signature}", b
+    if redit.source_sha256 is not None and b.source_sha256 != redit.source_sha256:
+        return "drifted", (f"source of {redit.target} changed (sha256 {b.source_sha256[:12]}, "
+                           f"patch expects {redit.source_sha256[:12]})"), b
+    return "applies", "", b

@@ -130,7 +130,7 @@ class RuntimeEdit(Strict):
     target: str = Field(pattern=DOTTED_PATTERN, description="module:Qual.name to replace, e.g. vllm.v1.core.sched.scheduler:Scheduler.schedule")
     replacement: str = Field(pattern=DOTTED_PATTERN, description="module:attr of the new object; the module must live in sndr or an installed patch pack")
     required: StrictBool = True
-    signature: str | None = Field(default=None, description="expected signature of the target, as str(inspect.signature(...))")
+    signature: str | None = Field(default=None, description="expected parameter list of the target in sndr's normalised form, e.g. '(self, scheduler_output, *, k=)' (names and kinds only; see sndr.binding.normalise_signature)")
     source_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     chain: StrictBool = Field(default=False, description="allow another runtime edit on the same target (wraps the previous one)")
     wrap: StrictBool = Field(default=False, description="call replacement(original) and install what it returns")

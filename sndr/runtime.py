@@ -386,7 +386,24 @@ def static_binding(s: dict, text: str, module_name: str, cache=None) -> tuple[st
             source_sha256 = s.get("source_sha256")
 
         cands = set(module_file_candidates(module_name))
-        verdict, reason, _ = check_binding(_Redit, lambda rel: text if rel in cands else None)
+
+        def read(rel: str) -> str | None:
+            if rel in cands:
+                return text
+            # A re-export (``from x import y``) leads to another module of the
+            # same tree: read it beside the top-level package, never import it.
+            top = sys.modules.get(module_name.split(".")[0])
+            base = getattr(top, "__file__", None)
+            if not base:
+                return None
+            path = os.path.join(os.path.dirname(os.path.dirname(base)), rel)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    return fh.read()
+            except OSError:
+                return None
+
+        verdict, reason, _ = check_binding(_Redit, read)
         out = (verdict, reason)
         if cache is not None:
             cache.store_memo(key, {"verdict": verdict, "reason": reason})
