@@ -1,0 +1,502 @@
+"""TurboQuant k8v4 decode on one GPU: sndr's kernel vs vLLM 0.32.0's vs SDPA flash.
+
+    python benchmarks/bench_tq_decode.py --check --table [--tune] [--out DIR]
+
+* ``--check``: on the GPU, sndr's store writes the same bytes as vLLM's store
+  (arbitrary bf16 keys, saturation included); sndr's and vLLM's decode agree
+  with a float64 reference; a captured CUDA graph of the vLLM-signature entry
+  replays correctly with new sequence lengths.
+* ``--tune``: sweeps block size / warps / stages / split policy on a few cells.
+* ``--table``: every cell of B x context x Hq/Hk, head_dim 128, page 16:
+  time eagerly and under CUDA-graph replay, GB/s of cache bytes read, and % of
+  the device-to-device copy bandwidth measured in the same run.
+
+vLLM's kernels come from the 0.32.0 source files copied into
+``.baselines/vllm032_tq`` (never committed; carried to the GPU host). Timing:
+``triton.testing.do_bench`` medians, which flush L2 before each call, so every
+call reads its cache from HBM as a decode step does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+if "--cpu-smoke" in sys.argv:  # tiny shapes through Triton's interpreter, to test this script
+    os.environ["TRITON_INTERPRET"] = "1"
+DEV = "cpu" if "--cpu-smoke" in sys.argv else "cuda"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sndr.kernels.turboquant_k8v4 import _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
+
+D = 128
+PAGE = 16
+HK = 8
+SLOT = Layout(D).slot_size_aligned
+VLLM_SPLITS = 32  # vLLM's default attention_config.tq_max_kv_splits_for_cuda_graph
+
+OUT = Path(os.environ.get("OUT", ROOT / ".bench"))
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def bench(fn, graph: bool, rep: int = 200) -> float:
+    """Median microseconds per call; L2 flushed before each call."""
+    if DEV == "cpu":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        run = g.replay
+    else:
+        run = fn
+    ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
+    return ms * 1e3
+
+
+def copy_bandwidth() -> float:
+    if DEV == "cpu":
+        return 10.0
+    n = 2 * 1024**3  # 2 GiB each way
+    a = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=300, return_mode="median")
+    del a, b
+    return 2 * n / (ms * 1e-3) / 1e9  # GB/s, bytes read + written
+
+
+# ----------------------------------------------------------------------------- problem setup
+
+
+class Cell:
+    def __init__(self, b: int, ctx: int, hq: int, seed: int = 0, sdpa: bool = True):
+        self.b, self.ctx, self.hq = b, ctx, hq
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        dev = DEV
+        pages = ctx // PAGE
+        nb = b * pages
+        self.kv_cache = torch.empty(nb, PAGE, HK, SLOT, dtype=torch.uint8, device=dev)
+        perm = torch.randperm(nb, generator=g, device=dev).to(torch.int32)
+        self.block_table = perm.reshape(b, pages).contiguous()
+        self.seq_lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+        self.query = torch.randn(b, hq, D, generator=g, device=dev).to(torch.bfloat16)
+        self.scale = D**-0.5
+        if sdpa:
+            self.k = torch.randn(b, HK, ctx, D, generator=g, device=dev).to(torch.bfloat16)
+            self.v = torch.randn(b, HK, ctx, D, generator=g, device=dev).to(torch.bfloat16)
+        # fill the paged cache through sndr's store (same data as the bf16 KV when kept)
+        pos = torch.arange(ctx, device=dev)
+        for i in range(b):
+            if sdpa:
+                k, v = self.k[i].transpose(0, 1), self.v[i].transpose(0, 1)
+            else:
+                k = torch.randn(ctx, HK, D, generator=g, device=dev).to(torch.bfloat16)
+                v = torch.randn(ctx, HK, D, generator=g, device=dev).to(torch.bfloat16)
+            slots = (self.block_table[i, pos // PAGE].long() * PAGE + pos % PAGE).to(torch.int32)
+            kernels.store(k.contiguous(), v.contiguous(), self.kv_cache, slots)
+        # vLLM-style preallocated workspace (WorkspaceManager shapes)
+        self.mid = torch.empty(b, hq, VLLM_SPLITS, D + 1, dtype=torch.float32, device=dev)
+        self.out = torch.empty(b, hq, D, dtype=torch.bfloat16, device=dev)
+        self.lse = torch.empty(b, hq, dtype=torch.float32, device=dev)
+        self.eye = torch.eye(D, device=dev)
+        self.centroids = torch.zeros(16, device=dev)
+        if sdpa:
+            self.q4 = self.query.view(b, HK, hq // HK, D)  # GQA as G query rows per KV head
+        sync()
+
+    @property
+    def tq_bytes(self) -> int:
+        return self.b * HK * self.ctx * SLOT
+
+    @property
+    def bf16_bytes(self) -> int:
+        return self.b * HK * self.ctx * D * 2 * 2
+
+    def ours(self):
+        return vllm_entry.decode(
+            self.query, self.kv_cache, self.block_table, self.seq_lens, self.eye, self.centroids,
+            self.scale, 0, D, 4, key_fp8=True, mid_o_buf=self.mid, output_buf=self.out,
+            lse_buf=self.lse, max_num_kv_splits=VLLM_SPLITS,
+        )
+
+    def ours_cfg(self, cfg, max_splits):
+        return kernels.decode_attention(
+            self.query, self.kv_cache, self.block_table, self.seq_lens, self.scale,
+            out=self.out, config=cfg, max_splits=max_splits, workspace=self.ws,
+        )
+
+    def vllm(self, vl):
+        return vl.decode(
+            self.query, self.kv_cache, self.block_table, self.seq_lens, self.eye, self.centroids,
+            self.scale, 0, D, 4, key_fp8=True, mid_o_buf=self.mid, output_buf=self.out,
+            lse_buf=self.lse, max_num_kv_splits=VLLM_SPLITS,
+        )
+
+    def sdpa(self):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(self.q4, self.k, self.v, scale=self.scale)
+
+
+# ----------------------------------------------------------------------------- check
+
+
+def torch_reference(cell_cache, block_table, seq_lens, query, scale):
+    """float64 dequantize-then-attend on the GPU (vectorised reference.decode)."""
+    b, hq, d = query.shape
+    hk = cell_cache.shape[2]
+    out = torch.zeros(b, hq, d, dtype=torch.float64, device=query.device)
+    for i in range(b):
+        n = int(seq_lens[i])
+        pos = torch.arange(n, device=query.device)
+        slots = cell_cache[block_table[i, pos // PAGE].long(), pos % PAGE]  # [n, hk, slot]
+        k, v = reference.unpack(slots, d)
+        k = k.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        v = v.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        s = torch.einsum("hd,hld->hl", query[i].double(), k) * scale
+        out[i] = torch.einsum("hl,hld->hd", torch.softmax(s, -1), v)
+    return out
+
+
+def check(vl) -> dict:
+    res = {}
+    torch.manual_seed(0)
+    # 1. store bytes vs vLLM's store, arbitrary bf16 keys incl. out-of-range and rounding ties
+    n, nb = (4096, 512) if DEV == "cuda" else (32, 4)
+    key = (torch.randn(n, HK, D, device=DEV) * 60).to(torch.bfloat16)
+    key[0, 0, :3] = torch.tensor([1e4, -1e4, 1.9375])
+    val = torch.randn(n, HK, D, device=DEV).to(torch.bfloat16)
+    slots = torch.randperm(nb * PAGE, device=DEV)[:n].to(torch.int32)
+    slots[::97] = -1
+    a = torch.zeros(nb, PAGE, HK, SLOT, dtype=torch.uint8, device=DEV)
+    b_ = a.clone()
+    kernels.store(key, val, a, slots)
+    vl.store(key, val, b_, slots, torch.eye(D, device=DEV), torch.zeros(15, device=DEV),
+             mse_bits=0, key_packed_size=D, value_quant_bits=4, key_fp8=True)
+    sync()
+    res["store_bytes_differ_vs_vllm"] = int((a != b_).sum())
+    c = torch.zeros_like(a)
+    reference.store(key.cpu(), val.cpu(), c, slots.cpu())
+    res["store_bytes_differ_vs_torch_reference"] = int((a != c).sum())
+    log("check store:", res)
+
+    # 2. decode accuracy, both kernels, G = 4 and 8, mixed lengths incl. 0 and 1
+    for hq in (32, 64):
+        ctx = 2048 if DEV == "cuda" else 64
+        cell = Cell(4, ctx, hq, seed=hq, sdpa=False)
+        cell.seq_lens.copy_(torch.tensor([ctx, 1, ctx * 3 // 8, ctx - 5], dtype=torch.int32))
+        ref = torch_reference(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
+        for name, fn in (("sndr", cell.ours), ("vllm", lambda: cell.vllm(vl))):
+            o = fn().double()
+            sync()
+            rel = ((o - ref).norm() / ref.norm()).item()
+            res[f"decode_rel_err_{name}_hq{hq}"] = rel
+        # fp32 output straight from the kernels (no bf16 rounding)
+        o32 = kernels.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
+                                       out=torch.empty(4, hq, D, device=DEV)).double()
+        res[f"decode_rel_err_sndr_fp32out_hq{hq}"] = ((o32 - ref).norm() / ref.norm()).item()
+        # 3. CUDA graph: capture with one set of lengths, replay with another
+        if DEV == "cpu":
+            continue
+        cell.seq_lens.fill_(1)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            cell.ours()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            gout = cell.ours()
+        cell.seq_lens.copy_(torch.tensor([ctx - 49, 5, ctx, ctx // 3], dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        ref2 = torch_reference(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
+        res[f"graph_replay_rel_err_hq{hq}"] = ((gout.double() - ref2).norm() / ref2.norm()).item()
+        del cell
+    # 4. other head sizes and group sizes through the default (GPU) path, pages 16 and 64
+    worst = 0.0
+    for d, g, page in ((64, 1, 16), (64, 4, 64), (128, 6, 16), (128, 16, 32), (256, 4, 16), (256, 8, 16)):
+        gen = torch.Generator(device=DEV).manual_seed(d + g)
+        hk, b, nbp = 2, 3, 40
+        nb = b * nbp
+        lay = Layout(d)
+        cache = torch.zeros(nb, page, hk, lay.slot_size_aligned, dtype=torch.uint8, device=DEV)
+        n = nb * page
+        kernels.store(torch.randn(n, hk, d, generator=gen, device=DEV).to(torch.bfloat16) * 2,
+                      torch.randn(n, hk, d, generator=gen, device=DEV).to(torch.bfloat16), cache,
+                      torch.arange(n, device=DEV, dtype=torch.int32))
+        bt = torch.randperm(nb, generator=gen, device=DEV).reshape(b, nbp).to(torch.int32)
+        seq = torch.tensor([nbp * page, 1, 777 % (nbp * page)], dtype=torch.int32, device=DEV)
+        q = torch.randn(b, hk * g, d, generator=gen, device=DEV).to(torch.bfloat16)
+        ref = torch.zeros(b, hk * g, d, dtype=torch.float64, device=DEV)
+        for i in range(b):
+            ln = int(seq[i])
+            pos = torch.arange(ln, device=DEV)
+            kk, vv = reference.unpack(cache[bt[i, pos // page].long(), pos % page], d)
+            kk = kk.double().transpose(0, 1).repeat_interleave(g, 0)
+            vv = vv.double().transpose(0, 1).repeat_interleave(g, 0)
+            sc = torch.einsum("hd,hld->hl", q[i].double(), kk) * d**-0.5
+            ref[i] = torch.einsum("hl,hld->hd", torch.softmax(sc, -1), vv)
+        for bh_cfg in (None, kernels.DecodeConfig(maxnreg=168, occupancy=3, block_n=64 if d <= 128 else 32)):
+            o = kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=torch.empty(b, hk * g, d, device=DEV),
+                                         config=bh_cfg)
+            err = ((o.double() - ref).norm() / ref.norm()).item()
+            res[f"decode_rel_err_d{d}_g{g}_page{page}_{'default' if bh_cfg is None else 'cap168'}"] = err
+            worst = max(worst, err)
+    res["decode_rel_err_other_shapes_worst"] = worst
+    log("check:", json.dumps(res))
+    return res
+
+
+# ----------------------------------------------------------------------------- tune
+
+
+KERNEL_SHAPES = (
+    [dict(block_n=bn, num_warps=w, num_stages=st, words=wd, prefetch=False)
+     for wd in (False, True) for bn in (64, 128) for w in (4, 8) for st in (1, 2)]
+    + [dict(block_n=bn, num_warps=w, num_stages=1, words=True, prefetch=True) for bn in (32, 64, 128) for w in (4, 8)]
+)
+POLICIES = [dict(split_policy="ctas", ctas_per_sm=c, min_split_tokens=m) for c in (2, 4, 8, 16) for m in (256, 1024)]
+# the last round: best shape of the sweep (int32 words + PTX unpack + prefetch, 64 tokens, 4 warps)
+# against register caps (more programs per SM) and split policies
+_BEST = dict(block_n=64, num_warps=4, num_stages=1, words=True, prefetch=True)
+FINAL = (
+    [dict(_BEST, maxnreg=r, occupancy=o, min_split_tokens=m)
+     for (r, o) in ((None, 2), (168, 3), (128, 4)) for m in (128, 512)]
+    + [dict(_BEST, split_policy="ctas", ctas_per_sm=4, min_split_tokens=1024)]
+)
+
+
+def accuracy(hq: int, cfg) -> float:
+    """rel. error (fp32 output) vs float64 on mixed lengths; also catches wrong variants."""
+    ctx = 1024 if DEV == "cuda" else 64
+    cell = Cell(3, ctx, hq, seed=7, sdpa=False)
+    cell.seq_lens.copy_(torch.tensor([ctx, 1, ctx // 3], dtype=torch.int32))
+    ref = torch_reference(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
+    o = kernels.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
+                                 out=torch.empty(3, hq, D, device=DEV), config=cfg, max_splits=VLLM_SPLITS)
+    return ((o.double() - ref).norm() / ref.norm()).item()
+
+
+def tune(cells, budget_s: float = 1e9, only_g=(), final: bool = False) -> dict:
+    """Per G: every kernel shape (accuracy-gated) on the cells of that G, then the
+    split policy for the best shape. Picks the lowest geometric-mean time.
+    Returns {G: DecodeConfig}. Graph replay timing, shorter windows."""
+    t_end = time.time() + budget_s
+    picked = {}
+    for hq in sorted({c[2] for c in cells}):
+        g = hq // HK
+        if only_g and g not in only_g:
+            continue
+        mine = [Cell(b, ctx, h, sdpa=False) for (b, ctx, h) in cells if h == hq]
+        for c in mine:
+            c.ws = torch.empty(c.b * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
+
+        def score(cfg):
+            ts = []
+            for c in mine:
+                if time.time() > t_end:
+                    return None
+                try:
+                    t = bench(lambda: c.ours_cfg(cfg, VLLM_SPLITS), graph=True, rep=60)
+                except Exception as e:  # noqa: BLE001 (out of registers / shared memory)
+                    log("tune fail", g, cfg, type(e).__name__, str(e)[:100])
+                    return None
+                ts.append(t)
+                with open(OUT / "tune.jsonl", "a") as f:
+                    f.write(json.dumps(dict(g=g, b=c.b, ctx=c.ctx, us=t, gbs=c.tq_bytes / (t * 1e-6) / 1e9,
+                                            cfg=cfg.__dict__)) + "\n")
+            return math.exp(sum(math.log(t) for t in ts) / len(ts)), ts
+
+        results = []
+        for ks in (FINAL if final else KERNEL_SHAPES):
+            cfg = kernels.DecodeConfig(**ks) if final else kernels.DecodeConfig(
+                **ks, split_policy="ctas", ctas_per_sm=8, min_split_tokens=256)
+            try:
+                err = accuracy(hq, cfg)
+            except Exception as e:  # noqa: BLE001
+                log("tune compile/run fail", g, ks, type(e).__name__, str(e)[:160])
+                continue
+            if not err < 2e-3:
+                log("tune REJECT (accuracy)", g, ks, err)
+                continue
+            r = score(cfg)
+            if r is None:
+                continue
+            results.append((r[0], cfg, r[1], err))
+            log(f"tune G={g} {ks} geo {r[0]:.1f}us {['%.1f' % t for t in r[1]]} err {err:.1e}")
+        if not results:
+            continue
+        best = min(results, key=lambda x: x[0])
+        for pol in ([] if final else POLICIES):
+            cfg = kernels.DecodeConfig(**{**best[1].__dict__, **pol})
+            r = score(cfg)
+            if r is None:
+                continue
+            log(f"tune G={g} policy {pol} geo {r[0]:.1f}us {['%.1f' % t for t in r[1]]}")
+            if r[0] < best[0]:
+                best = (r[0], cfg, r[1], best[3])
+        log(f"tune PICK G={g}: {best[1]} geo {best[0]:.1f}us err {best[3]:.1e}")
+        picked[g] = best[1]
+        path = OUT / "tuned.json"
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        saved[str(g)] = best[1].__dict__
+        path.write_text(json.dumps(saved, indent=1))
+        del mine
+        torch.cuda.empty_cache()
+    return picked
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def table(vl, bw: float, bs=(1, 8, 32, 64), ctxs=(1024, 8192, 32768), hqs=(32, 64)) -> list:
+    rows = []
+    for hq in hqs:
+        for ctx in ctxs:
+            for b in bs:
+                cell = Cell(b, ctx, hq)
+                r = dict(b=b, ctx=ctx, hq=hq, hk=HK, tq_bytes=cell.tq_bytes, bf16_bytes=cell.bf16_bytes)
+                for name, fn, nbytes in (
+                    ("sndr", cell.ours, cell.tq_bytes),
+                    ("vllm", lambda: cell.vllm(vl), cell.tq_bytes),
+                    ("sdpa", cell.sdpa, cell.bf16_bytes),
+                ):
+                    for mode in ("eager", "graph"):
+                        t = bench(fn, graph=(mode == "graph"))
+                        r[f"{name}_{mode}_us"] = t
+                        r[f"{name}_{mode}_gbs"] = nbytes / (t * 1e-6) / 1e9
+                        r[f"{name}_{mode}_pct"] = 100 * r[f"{name}_{mode}_gbs"] / bw
+                rows.append(r)
+                log(fmt_row(r))
+                with open(OUT / "table.jsonl", "a") as f:
+                    f.write(json.dumps(r) + "\n")
+                del cell
+                torch.cuda.empty_cache()
+    return rows
+
+
+HEADER = ("| Hq/Hk | B | ctx | sndr graph us | GB/s | %BW | sndr eager us | vLLM graph us | vLLM eager us | vLLM %BW "
+          "| SDPA graph us | SDPA eager us | x vs vLLM | x vs SDPA | goals |")
+
+
+def goals(r) -> str:
+    out = []
+    t = r["sndr_graph_us"]
+    if r["b"] >= 8 and r["ctx"] >= 8192:
+        out.append(("BW>=70% ok" if r["sndr_graph_pct"] >= 70 else "BW>=70% MISS"))
+    if r["ctx"] >= 8192:
+        out.append("<SDPA ok" if t < r["sdpa_graph_us"] else "<SDPA MISS")
+    if r["b"] == 1:
+        out.append("<=2xSDPA ok" if t <= 2 * r["sdpa_graph_us"] else "<=2xSDPA MISS")
+    return ", ".join(out) or "-"
+
+
+def fmt_row(r) -> str:
+    return (f"| {r['hq']}/{r['hk']} | {r['b']} | {r['ctx'] // 1024}K | {r['sndr_graph_us']:.1f} | {r['sndr_graph_gbs']:.0f} "
+            f"| {r['sndr_graph_pct']:.0f}% | {r['sndr_eager_us']:.1f} | {r['vllm_graph_us']:.1f} | {r['vllm_eager_us']:.1f} "
+            f"| {r['vllm_graph_pct']:.1f}% | {r['sdpa_graph_us']:.1f} | {r['sdpa_eager_us']:.1f} "
+            f"| {r['vllm_graph_us'] / r['sndr_graph_us']:.1f} | {r['sdpa_graph_us'] / r['sndr_graph_us']:.2f} | {goals(r)} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU interpreter (tests this script)")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--baseline", default=None, help="folder with vLLM 0.32.0's three TurboQuant source files")
+    ap.add_argument("--bs", default="1,8,32,64")
+    ap.add_argument("--ctxs", default="1024,8192,32768")
+    ap.add_argument("--hqs", default="32,64")
+    ap.add_argument("--tune-budget", type=float, default=300.0, help="seconds")
+    ap.add_argument("--final", action="store_true", help="tune only the last round (FINAL)")
+    ap.add_argument("--tune-g", default="", help="only these group sizes, e.g. 4 or 4,8")
+    ap.add_argument("--use-tuned", default=None, help="tuned.json from --tune: configs for the table")
+    ap.add_argument("--tune-cells", default="1:32768:32,8:8192:32,32:32768:32,64:1024:32,1:32768:64,8:8192:64,32:32768:64,64:1024:64")
+    args = ap.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    src = Path(args.baseline) if args.baseline else _vllm_baseline.find_dir(ROOT)
+    if src is None:
+        log("vLLM 0.32.0 TurboQuant sources not found; copy them to .baselines/vllm032_tq")
+        return 2
+    vl = _vllm_baseline.load(src)
+    if DEV == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        device_line = (f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, "
+                       f"torch {torch.__version__}, triton {triton.__version__}, CUDA {torch.version.cuda}")
+    else:
+        from sndr.kernels.turboquant_k8v4 import _interp
+
+        _interp.fix_scalar_index()
+        device_line = f"CPU smoke test (Triton interpreter), torch {torch.__version__}, triton {triton.__version__}"
+    log("device:", device_line)
+    t0 = time.time()
+    summary = {"device": device_line}
+    bw = copy_bandwidth()
+    summary["copy_bandwidth_gbs"] = bw
+    log(f"copy bandwidth: {bw:.0f} GB/s (read + write)")
+    if args.check:
+        summary["check"] = check(vl)
+        log(f"[{time.time() - t0:.0f}s] check done")
+    if args.tune:
+        cells = [tuple(int(x) for x in c.split(":")) for c in args.tune_cells.split(",") if c]
+        only = tuple(int(x) for x in args.tune_g.split(",") if x)
+        picked = tune(cells, args.tune_budget, only, final=args.final)
+        for g, cfg in picked.items():
+            kernels.TUNED[(D, g)] = cfg  # the table's vLLM-signature entry then uses it
+        summary["tuned"] = {g: cfg.__dict__ for g, cfg in picked.items()}
+        log(f"[{time.time() - t0:.0f}s] tune done")
+    if args.use_tuned and not Path(args.use_tuned).exists():
+        log(f"no {args.use_tuned}: built-in defaults")
+    elif args.use_tuned:
+        for g, c in json.loads(Path(args.use_tuned).read_text()).items():
+            kernels.TUNED[(D, int(g))] = kernels.DecodeConfig(**c)
+            log(f"using tuned G={g}: {kernels.TUNED[(D, int(g))]}")
+        summary["tuned"] = {g: c.__dict__ for (d_, g), c in kernels.TUNED.items()}
+    if args.table:
+        ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
+        rows = table(vl, bw, ints(args.bs), ints(args.ctxs), ints(args.hqs))
+        summary["rows"] = rows
+        lines = [f"device: {device_line}", f"copy bandwidth: {bw:.0f} GB/s", "", HEADER, "|" + "---|" * 15]
+        lines += [fmt_row(r) for r in rows]
+        (OUT / "table.md").write_text("\n".join(lines) + "\n")
+        log("\n".join(lines))
+        log(f"[{time.time() - t0:.0f}s] table done")
+    if args.table or args.check:
+        (OUT / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

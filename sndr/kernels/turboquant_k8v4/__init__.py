@@ -1,0 +1,43 @@
+"""TurboQuant k8v4 KV cache (fp8 keys, 4-bit values): store and paged decode.
+
+Public surface:
+
+* ``store(key, value, kv_cache, slot_mapping)``: Triton store, byte-identical
+  to vLLM 0.32.0's ``triton_turboquant_store`` for k8v4;
+* ``decode_attention(query, kv_cache, block_table, seq_lens, scale, ...)``:
+  GQA-grouped split-KV decode, CUDA-graph capturable;
+* ``decode(...)``: drop-in for vLLM 0.32.0's
+  ``triton_turboquant_decode_attention`` (same signature); other presets and
+  unsupported shapes go to vLLM's own function. Patch PK0001 installs it.
+* ``reference``: pure-PyTorch pack/unpack/store/decode.
+
+torch and triton load on first attribute access, so importing this package
+costs nothing where they are absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ._layout import Layout, slot_size_aligned
+
+__all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode", "DecodeConfig", "reference"]
+
+_LAZY = {
+    "store": ".kernels",
+    "decode_attention": ".kernels",
+    "DecodeConfig": ".kernels",
+    "decode": ".vllm_entry",
+    "reference": None,
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _LAZY[name] is None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,103 @@
+"""Load vLLM 0.32.0's own TurboQuant store and decode from copied source files.
+
+Tests and the benchmark compare against vLLM's shipped kernels without
+importing vLLM (heavy, and absent on the GPU host): the three files
+
+    triton_decode_attention.py  triton_turboquant_decode.py  triton_turboquant_store.py
+
+are copied out of the wheel into an ignored folder (``.baselines/``, never
+committed) and executed here under their real module names, with minimal
+stand-ins for the two vLLM modules they import (``vllm.triton_utils`` and
+``vllm.platforms``). ``sys.modules`` is restored afterwards, so a real vLLM
+in the same process is left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+FILES = ("triton_decode_attention.py", "triton_turboquant_decode.py", "triton_turboquant_store.py")
+_PKG = "vllm.v1.attention.ops"
+
+
+def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
+    """Where the copied files may be: $SNDR_TQ_BASELINE, <repo>/.baselines/vllm032_tq, the sndr tree cache."""
+    out = []
+    if os.environ.get("SNDR_TQ_BASELINE"):
+        out.append(Path(os.environ["SNDR_TQ_BASELINE"]))
+    root = repo_root or Path(__file__).resolve().parents[3]
+    out.append(root / ".baselines" / "vllm032_tq")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    out.append(cache / "sndr" / "trees" / "vllm-0.32.0" / "vllm" / "v1" / "attention" / "ops")
+    return out
+
+
+def find_dir(repo_root: Path | None = None) -> Path | None:
+    for d in candidate_dirs(repo_root):
+        if all((d / f).is_file() for f in FILES):
+            return d
+    return None
+
+
+class _Platform:
+    @staticmethod
+    def is_cuda_alike() -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    @staticmethod
+    def is_rocm() -> bool:
+        return False
+
+    @staticmethod
+    def is_cuda() -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+
+def load(src: Path) -> types.SimpleNamespace:
+    """Execute the copied files; return their store, decode and stage-2 objects."""
+    import triton
+    import triton.language as tl
+
+    stubs: dict[str, types.ModuleType] = {}
+    for name in ("vllm", "vllm.v1", "vllm.v1.attention", _PKG):
+        m = types.ModuleType(name)
+        m.__path__ = []  # a package, so submodules resolve through sys.modules
+        stubs[name] = m
+    tu = types.ModuleType("vllm.triton_utils")
+    tu.tl, tu.triton = tl, triton
+    stubs["vllm.triton_utils"] = tu
+    pl = types.ModuleType("vllm.platforms")
+    pl.current_platform = _Platform()
+    stubs["vllm.platforms"] = pl
+
+    names = list(stubs) + [f"{_PKG}.{f[:-3]}" for f in FILES]
+    saved = {n: sys.modules.get(n) for n in names}
+    loaded = {}
+    try:
+        sys.modules.update(stubs)
+        for f in FILES:
+            name = f"{_PKG}.{f[:-3]}"
+            spec = importlib.util.spec_from_file_location(name, src / f)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            loaded[f[:-3]] = mod
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+    return types.SimpleNamespace(
+        store=loaded["triton_turboquant_store"].triton_turboquant_store,
+        decode=loaded["triton_turboquant_decode"].triton_turboquant_decode_attention,
+        modules=loaded,
+    )
