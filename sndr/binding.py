@@ -130,6 +130,25 @@ def imported_from(text: str, name: str, module: str, is_package: bool) -> tuple[
     return None
 
 
+def _class_bases(text: str, qual: str) -> list[str]:
+    """Names of the base classes of class ``qual`` in ``text`` (simple names and dotted tails)."""
+    try:
+        node: ast.AST = ast.parse(text)
+    except SyntaxError:
+        return []
+    for part in qual.split("."):
+        node = next((c for c in getattr(node, "body", []) if isinstance(c, ast.ClassDef) and c.name == part), None)
+        if node is None:
+            return []
+    out = []
+    for b in node.bases:
+        if isinstance(b, ast.Name):
+            out.append(b.id)
+        elif isinstance(b, ast.Subscript) and isinstance(b.value, ast.Name):  # Generic[T]-style bases
+            out.append(b.value.id)
+    return out
+
+
 def resolve_binding(module: str, qual: str, read_text, hops: int = 0) -> tuple[Binding | None, str | None, str]:
     """Find ``module:qual`` statically, following re-exports (``from x import y``).
 
@@ -147,6 +166,11 @@ def resolve_binding(module: str, qual: str, read_text, hops: int = 0) -> tuple[B
         if src is not None and hops < 8:
             target = src[1] + ("." + rest if rest else "")
             return resolve_binding(src[0], target, read_text, hops + 1)
+        if rest and hops < 8:  # an inherited attribute: look in the base classes
+            for base in _class_bases(text, qual.rsplit(".", 1)[0]):
+                found = resolve_binding(module, f"{base}.{qual.rsplit('.', 1)[1]}", read_text, hops + 1)
+                if found[0] is not None:
+                    return found
         return None, rel, f"{qual} not found in {rel}"
     return None, None, f"module {module} not found in the tree"
 

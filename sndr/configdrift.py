@@ -1003,15 +1003,6 @@ def _find_target(src: _Source, target: str) -> tuple[str, _Target | None]:
     return "ok", _describe(found, in_class)
 
 
-def _declared_params(sig: str) -> tuple | None:
-    # inspect.signature text quotes string annotations, so it usually parses as a def.
-    try:
-        fn = ast.parse(f"def _f{sig.split(' -> ')[0] if ' -> ' in sig else sig}: pass").body[0]
-    except SyntaxError:
-        return None
-    return _signature(fn)[1] if isinstance(fn, ast.FunctionDef) else None
-
-
 def runtime_target_drift(patches: Iterable[Any], pin: TreeLike, candidate: TreeLike) -> list[RuntimeTargetChange]:
     """For every runtime edit: does its target exist on the candidate, and did its signature change?"""
     return _runtime_targets(patches, _Source(pin), _Source(candidate))
@@ -1054,14 +1045,14 @@ def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source) -> Runtime
     elif (pt.params is None) != (ct.params is None):
         status = "signature_changed"
         notes.append(f"changed from {pt.kind} to {ct.kind}")
-    declared = base["declared_signature"]
-    if declared and ct.params is not None:
-        dp = _declared_params(declared)
-        if dp is None:
-            notes.append("declared signature could not be parsed; not compared")
-        elif [n for _, n in dp] != [n for _, n in ct.params]:
-            status = "signature_changed"
-            notes.append("candidate parameters differ from the declared signature")
+    # The declared signature/source hash is judged by the one binding check
+    # that apply, the preflight and the running process share.
+    from .binding import check_binding
+
+    verdict, reason, _ = check_binding(edit, cs.tree.read_text)
+    if verdict != "applies":
+        status = "signature_changed"
+        notes.append(f"binding check: {reason}")
     return RuntimeTargetChange(**base, **fields, status=status, note="; ".join(notes))
 
 

@@ -391,7 +391,8 @@ def test_runtime_target_drift_0320_0330(trees):
     assert "max_cache_hit_length: int | None=None" in hit.candidate_signature
     assert res[2].candidate_location.startswith("vllm/v1/core/sched/scheduler.py:")
     assert "Scheduler.no_such_method not found in vllm.v1.core.sched.scheduler" in res[3].note
-    assert res[6].note == "candidate parameters differ from the declared signature"
+    assert res[6].note == ("binding check: signature of vllm.v1.core.sched.scheduler:Scheduler.schedule is "
+                           "(self, throttle_prefills=), the patch declares (self, scheduler_output)")
     assert "profiler_kwargs" in res[7].candidate_signature
     # Attached to the drift report, broken targets render first.
     d = compare_config(trees("0.32.0"), trees("0.33.0"), patches=[patch])
