@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from functools import lru_cache
 from dataclasses import dataclass
 
 
@@ -79,11 +80,20 @@ def signature_of_callable(obj) -> str | None:
     return "(" + ", ".join(parts) + ")"
 
 
+@lru_cache(maxsize=32)
+def _parse(text: str) -> ast.Module | None:
+    # Memoised: runtime edits on one module and the base-class walk parse the
+    # same (often 100 KB+) text repeatedly.
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
 def find_binding(text: str, qualname: str, file: str = "") -> Binding | None:
     """Locate ``Qual.name`` (class/function/assignment) at module level in ``text``."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
+    tree = _parse(text)
+    if tree is None:
         return None
     node: ast.AST = tree
     for part in qualname.split("."):
@@ -109,9 +119,8 @@ def imported_from(text: str, name: str, module: str, is_package: bool) -> tuple[
 
     Relative imports are resolved against ``module``.
     """
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
+    tree = _parse(text)
+    if tree is None:
         return None
     for node in tree.body:
         if not isinstance(node, ast.ImportFrom):
@@ -132,9 +141,8 @@ def imported_from(text: str, name: str, module: str, is_package: bool) -> tuple[
 
 def _class_bases(text: str, qual: str) -> list[str]:
     """Names of the base classes of class ``qual`` in ``text`` (simple names and dotted tails)."""
-    try:
-        node: ast.AST = ast.parse(text)
-    except SyntaxError:
+    node: ast.AST | None = _parse(text)
+    if node is None:
         return []
     for part in qual.split("."):
         node = next((c for c in getattr(node, "body", []) if isinstance(c, ast.ClassDef) and c.name == part), None)

@@ -191,14 +191,9 @@ def _requires_closure(patch: Patch, by_id: dict[str, Patch]) -> set[str]:
 
 
 def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
-               only: list[str] | None = None, check_compile: bool = True, scopes_of=None) -> Plan:
-    """Simulate the patch set on the texts ``read`` returns (the pristine tree).
-
-    ``scopes_of(text)`` maps a text to its :class:`~sndr.locate.Scopes` (default
-    :func:`sndr.locate.scopes`); the preflight passes a content-addressed cache.
-    """
+               only: list[str] | None = None, check_compile: bool = True) -> Plan:
+    """Simulate the patch set on the texts ``read`` returns (the pristine tree)."""
     environ = os.environ if environ is None else environ
-    scopes_of = scopes_of or scopes
     by_id = patch_set.by_id
     ordered = order_patches(patch_set.patches)
     problems: list[Problem] = []
@@ -256,7 +251,7 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
                                                          required=e.required, group=e.group, reason=g.reason)
                                               for f, e in p.edits()]))
             continue
-        result, new_states = _simulate_patch(p, state, _requires_closure(p, by_id), scopes_of)
+        result, new_states = _simulate_patch(p, state, _requires_closure(p, by_id))
         if result.status == "failed":
             for e in result.edits:
                 if e.verdict in FAILING and (e.required or e.group):
@@ -291,8 +286,8 @@ def patch_set_digest(patch_set: PatchSet, enabled: list[str]) -> str:
     return patch_set.digest(enabled)
 
 
-def _simulate_patch(p: Patch, state: Callable[[str], FileState], required_ids: set[str],
-                    scopes_of=scopes) -> tuple[PatchResult, dict[str, FileState]]:
+def _simulate_patch(p: Patch, state: Callable[[str], FileState],
+                    required_ids: set[str]) -> tuple[PatchResult, dict[str, FileState]]:
     """Classify and apply one patch on copies of the file states it touches."""
     local = {f.path: state(f.path).copy() for f in p.files}
     edits_out: list[EditResult] = []
@@ -330,7 +325,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], required_ids: s
                     fd = classify_edit(e, st.text, st.pristine, f.merged_markers)  # offsets may have moved
             else:
                 fd = classify_edit(e, st.text, st.pristine, f.merged_markers)
-            er = _edit_result(p, f.path, e, fd, st, scopes_of)
+            er = _edit_result(p, f.path, e, fd, st)
             if fd.verdict == Verdict.APPLIES:
                 a0, a1 = fd.offset, fd.offset + len(e.anchor)
                 overlap = [r for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]]
@@ -340,7 +335,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], required_ids: s
                     fd = Finding(Verdict.AMBIGUOUS, offsets=[fd.offset],
                                  reason=f"overlaps bytes already changed by {', '.join(others)} (conflict: declare requires or re-anchor)",
                                  code="overlap_conflict")
-                    er = _edit_result(p, f.path, e, fd, st, scopes_of)
+                    er = _edit_result(p, f.path, e, fd, st)
                     er.chained_from = others
                 else:
                     er.chained_from = sorted({r[2] for r in overlap})
@@ -368,7 +363,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], required_ids: s
     return PatchResult(id=p.id, title=p.title, kind=p.kind, status=status, reason=reason, edits=edits_out), local
 
 
-def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState, scopes_of=scopes) -> EditResult:
+def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState) -> EditResult:
     er = EditResult(patch=p.id, file=path, name=e.name, verdict=fd.verdict, required=e.required, group=e.group,
                     reason=fd.reason, reason_code=fd.code)
     base = st.pristine
@@ -380,7 +375,7 @@ def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState, scopes_of=s
         off = st.to_pristine(fd.offset)
     else:
         off = None
-    sc = scopes_of(base)
+    sc = scopes(base)
     if off is not None:
         er.offset = off
         er.line = line_of(base, off)

@@ -1,0 +1,495 @@
+"""Bump preflight on real vLLM trees (0.32.0 -> 0.33.0 and 0.10.0 -> 0.10.1), plus small synthetic cases.
+
+The real-data patch sets live in tests/data/preflight/ (made by make_sets.py
+from real code of the pin). Every edit's verdict on both trees is asserted.
+For regions that moved or were edited upstream, the true new place is
+derived here independently, with difflib, and the top suggestion must
+overlap it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sndr.load import load_patch_set
+from sndr.model import Verdict
+from sndr.preflight import (PreflightReport, cli_main, exit_code, github_annotations, render_markdown,
+                            render_sarif, run_preflight)
+
+DATA = Path(__file__).parent / "data" / "preflight"
+ROOT = Path(__file__).resolve().parents[1]
+
+# (patch, edit) -> (pin verdict, candidate verdict, what happened upstream)
+EXPECTED_032_033 = {
+    ("PF01", "popleft"): ("applies", "applies", "survives"),
+    ("PF02", "free"): ("applies", "applies", "survives"),
+    ("PF03", "shortfall"): ("applies", "drifted", "moved"),
+    ("PF04", "fits"): ("applies", "drifted", "moved"),
+    ("PF05", "page"): ("applies", "drifted", "moved"),
+    ("PF06", "worker"): ("applies", "drifted", "moved"),  # and edited in its new home
+    ("PF07", "extra"): ("applies", "drifted", "edited"),
+    ("PF08", "sig"): ("applies", "drifted", "edited"),
+    ("PF09", "clamp"): ("applies", "drifted", "edited"),
+    ("PF10", "mtp"): ("applies", "drifted", "deleted"),
+    ("PF11", "partition"): ("applies", "drifted", "deleted"),
+    ("PF12", "lookahead"): ("applies", "merged", "backport"),
+    ("PF13", "import"): ("applies", "merged", "backport"),
+    ("PF13", "use"): ("applies", "merged", "backport"),
+    ("PF14", "arg"): ("applies", "applied", "backport"),  # no marker: the replacement text is upstream
+    ("PF15", "total"): ("applies", "drifted", "moved"),
+    ("PF16", "log"): ("applies", "drifted", "chain"),
+    ("PF17", "probe"): ("applies", "merged", "retire"),
+    ("PF18", "detail"): ("applies", "drifted", "chain"),
+    ("PF19", "reconcile"): ("applies", "optional_absent", "edited"),
+    ("PF20", "mode"): ("applies", "ambiguous", "ambiguous"),
+    ("PF21", "kernel"): ("applies", "applies", "survives"),
+    ("PF22", "v032"): ("applies", "optional_absent", "variant"),
+    ("PF22", "v033"): ("optional_absent", "applies", "variant"),
+    ("PF23", "hasher"): ("applies", "drifted", "runtime"),
+    ("PF23", "estimate"): ("applies", "drifted", "runtime-moved"),
+    ("PF23", "hash"): ("applies", "applies", "runtime"),
+    ("PF24", "eagle"): ("merged", "applies", "reverted"),
+    ("PF25", "tweak"): ("applies", "gated", "gated"),
+    ("PF26", "moved"): ("applies", "gated", "gated-moved"),
+    ("PF27", "port"): ("applies", "file_missing", "moved"),
+    ("PF28", "parse"): ("applies", "file_missing", "moved"),
+    ("PF29", "create"): ("applies", "applies", "survives"),
+}
+
+EXPECTED_0100_0101 = {
+    ("PQ01", "fp8"): ("applies", "file_missing", "moved"),
+    ("PQ02", "seed"): ("applies", "file_missing", "moved"),
+    ("PQ03", "swap"): ("applies", "file_missing", "moved"),
+    ("PQ04", "plugins"): ("applies", "applies", "survives"),
+}
+
+
+def _texts(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text(encoding="utf-8")
+            for p in (root / "vllm").rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def true_location(anchor: str, file: str, pin: dict[str, str], cand: dict[str, str]):
+    """Where the anchor's code is on the candidate, found by difflib alone.
+
+    Over the anchor's own file and every file that is new on the candidate,
+    take difflib's matching blocks between the anchor's lines and the file's
+    (indentation ignored) and find the tightest cluster (spanning at most
+    twice the anchor's length) that holds the most of the anchor's
+    non-trivial lines. None when no cluster holds half of them: the code is
+    gone. A one-line anchor that was rewritten falls back to the closest
+    line by ratio.
+    """
+    a = [x.strip() for x in anchor.rstrip("\n").split("\n")]
+    need = max(1, (sum(1 for x in a if len(x) >= 8) + 1) // 2)
+    best = None
+    for rel in [file, *sorted(set(cand) - set(pin))]:
+        if rel not in cand:
+            continue
+        b = [x.strip() for x in cand[rel].split("\n")]
+        blocks = [m for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks() if m.size]
+        for i, first in enumerate(blocks):
+            size, last = 0, first
+            for m in blocks[i:]:
+                if m.b + m.size > first.b + 2 * len(a):
+                    break
+                size += sum(1 for x in a[m.a:m.a + m.size] if len(x) >= 8)
+                last = m
+            if size >= need and (best is None or size > best[0]):
+                best = (size, rel, first.b + 1, last.b + last.size)
+    if best is None and len(a) == 1:
+        # One line, rewritten (a renamed def): the closest line by difflib's ratio.
+        scored = [(difflib.SequenceMatcher(None, a[0], x).ratio(), rel, i + 1)
+                  for rel in [file, *sorted(set(cand) - set(pin))] if rel in cand
+                  for i, x in enumerate(cand[rel].split("\n")) if difflib.SequenceMatcher(None, a[0], x).real_quick_ratio() > 0.85]
+        top = max(scored, default=None)
+        if top and top[0] >= 0.85:
+            return top[1], top[2], top[2]
+    return None if best is None else best[1:]
+
+
+def _edits(report: PreflightReport):
+    return {(p.id, e.name): e for p in report.patches for e in p.edits}
+
+
+def _anchor(patch_set, pid, name):
+    p = patch_set.by_id[pid]
+    for r in p.runtime:
+        if r.name == name:
+            return None
+    return next(e.anchor for _, e in p.edits() if e.name == name)
+
+
+@pytest.fixture(scope="module")
+def bump(vllm_pin_root, vllm_candidate_root):
+    ps = load_patch_set(DATA / "bump_032_033", packs=False)
+    report = run_preflight(ps, vllm_pin_root, vllm_candidate_root, config=False)
+    return ps, report, _texts(vllm_pin_root), _texts(vllm_candidate_root)
+
+
+@pytest.fixture(scope="module")
+def bump_010(vllm_root):
+    pin, cand = vllm_root("0.10.0"), vllm_root("0.10.1")
+    ps = load_patch_set(DATA / "bump_0100_0101", packs=False)
+    report = run_preflight(ps, pin, cand, config=False)
+    return ps, report, _texts(pin), _texts(cand)
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+@pytest.mark.parametrize("case", ["bump", "bump_010"])
+def test_every_verdict(case, request):
+    expected = EXPECTED_032_033 if case == "bump" else EXPECTED_0100_0101
+    _, report, _, _ = request.getfixturevalue(case)
+    got = {k: (e.pin_verdict.value, e.verdict.value) for k, e in _edits(report).items()}
+    assert got == {k: v[:2] for k, v in expected.items()}
+
+
+def test_versions_and_digests(bump):
+    _, report, _, _ = bump
+    assert (report.pin.version, report.candidate.version) == ("0.32.0", "0.33.0")
+    assert len(report.pin.tree_digest) == 64 and report.pin.tree_digest != report.candidate.tree_digest
+    assert report.pin.files > 2000
+
+
+def test_applies_edits_carry_line_and_qualname(bump):
+    _, report, _, cand = bump
+    for (pid, name), e in _edits(report).items():
+        if e.verdict == Verdict.APPLIES and e.kind == "text":
+            assert e.line and e.qualname is not None, (pid, name)
+            anchor_first = cand[e.file].split("\n")[e.line - 1]
+            assert anchor_first.strip(), (pid, name)
+
+
+# ---------------------------------------------------------------------------- suggestions
+
+
+def _located(case, request):
+    ps, report, pin, cand = request.getfixturevalue(case)
+    expected = EXPECTED_032_033 if case == "bump" else EXPECTED_0100_0101
+    edits = _edits(report)
+    out = []
+    for key, (_, _, what) in expected.items():
+        if what not in ("moved", "edited", "gated-moved", "runtime-moved"):
+            continue
+        e = edits[key]
+        anchor = _anchor(ps, *key)
+        if anchor is None:  # runtime target: its pin source head is what moved
+            lines = pin[e.file].split("\n")
+            anchor = "\n".join(lines[e.pin_line - 1:e.pin_line + 3]) + "\n"
+        out.append((key, e, anchor, true_location(anchor, e.file, pin, cand)))
+    return out
+
+
+@pytest.mark.parametrize("case", ["bump", "bump_010"])
+def test_top_suggestion_overlaps_the_true_location(case, request):
+    located = _located(case, request)
+    assert located
+    misses = []
+    for key, e, anchor, truth in located:
+        assert truth is not None, f"{key}: the oracle lost the region; the test data is wrong"
+        rel, lo, hi = truth
+        top = e.suggestions[0] if e.suggestions else None
+        if top is None or top.file != rel or not (top.line <= hi and lo <= top.end_line):
+            misses.append((key, truth, top and (top.file, top.line, top.end_line)))
+    assert not misses
+
+
+def test_suggestions_are_ranked_and_bounded(bump):
+    _, report, _, _ = bump
+    for e in _edits(report).values():
+        assert len(e.suggestions) <= 3
+        scores = [s.score for s in e.suggestions]
+        assert scores == sorted(scores, reverse=True)
+        assert all(0 <= s <= 100 for s in scores)
+        if e.verdict in (Verdict.APPLIES, Verdict.APPLIED, Verdict.MERGED):
+            assert not e.suggestions
+
+
+def test_moved_regions_keep_their_qualname(bump):
+    _, report, _, _ = bump
+    edits = _edits(report)
+    for key in [("PF03", "shortfall"), ("PF04", "fits"), ("PF06", "worker"), ("PF15", "total")]:
+        top = edits[key].suggestions[0]
+        assert top.file == "vllm/v1/core/kv_cache_planning.py"
+        assert top.qualname == edits[key].pin_qualname
+        assert "same qualname" in top.reasons and top.score >= 90
+
+
+def test_renamed_and_split_files(bump, bump_010):
+    edits = _edits(bump[1])
+    assert edits[("PF27", "port")].suggestions[0].file == "vllm/entrypoints/common/cli_args.py"
+    assert edits[("PF28", "parse")].suggestions[0].file.startswith("vllm/renderers/chat_utils/")
+    old = _edits(bump_010[1])
+    assert old[("PQ01", "fp8")].suggestions[0].file == "vllm/config/cache.py"
+    assert old[("PQ01", "fp8")].suggestions[0].qualname == "CacheConfig._verify_cache_dtype"
+    assert old[("PQ03", "swap")].suggestions[0].file == "vllm/config/cache.py"
+    assert old[("PQ02", "seed")].suggestions[0].file == "vllm/config/__init__.py"
+
+
+def test_deleted_regions_get_no_confident_suggestion(bump):
+    ps, report, pin, cand = bump
+    edits = _edits(report)
+    for key in [("PF10", "mtp"), ("PF11", "partition")]:
+        e = edits[key]
+        assert true_location(_anchor(ps, *key), e.file, pin, cand) is None
+        assert all(s.score < 80 for s in e.suggestions)
+
+
+# ---------------------------------------------------------------------------- transitions and lists
+
+
+def test_lists(bump):
+    _, report, _, _ = bump
+    ref = lambda lst: sorted((r.patch, r.name) for r in lst)  # noqa: E731
+    assert ref(report.genuine_anchor_drift) == sorted(
+        [("PF03", "shortfall"), ("PF04", "fits"), ("PF05", "page"), ("PF06", "worker"), ("PF07", "extra"),
+         ("PF08", "sig"), ("PF09", "clamp"), ("PF10", "mtp"), ("PF11", "partition"), ("PF15", "total"),
+         ("PF23", "hasher"), ("PF23", "estimate")])
+    assert ref(report.retired_upstream) == sorted(
+        [("PF12", "lookahead"), ("PF13", "import"), ("PF13", "use"), ("PF14", "arg"), ("PF17", "probe")])
+    assert ref(report.file_missing) == [("PF27", "port"), ("PF28", "parse")]
+    assert ref(report.ambiguous) == [("PF20", "mode")]
+    assert ref(report.chain_broken) == [("PF16", "log"), ("PF18", "detail")]
+    assert ref(report.optional_absent) == [("PF19", "reconcile")]  # the group variant switch is not a soft-skip
+    assert ref(report.qualname_changed) == [("PF21", "kernel")]
+    assert ref(report.newly_gated) == [("PF25", "tweak"), ("PF26", "moved")]
+    actions = {p.id: p.action for p in report.patches}
+    assert actions["PF13"] == actions["PF12"] == actions["PF17"] == "retire"
+    assert actions["PF03"] == "reanchor" and actions["PF19"] == "soft_skip" and actions["PF01"] == "keep"
+    assert actions["PF16"] == actions["PF20"] == actions["PF25"] == "review"
+
+
+def test_chain_broken_names_both(bump):
+    _, report, _, _ = bump
+    edits = _edits(report)
+    log = edits[("PF16", "log")].chain_broken
+    assert (log.producer, log.producer_edit, log.producer_verdict) == ("PF15", "total", "drifted")
+    assert "PF16" in log.message and "PF15" in log.message
+    detail = edits[("PF18", "detail")].chain_broken
+    assert (detail.producer, detail.producer_verdict) == ("PF17", "merged")
+    assert edits[("PF16", "log")].chained_from == ["PF15"]
+
+
+def test_markers_are_a_diff_between_trees(bump):
+    _, report, _, _ = bump
+    merged = sorted((m.patch, m.edit, m.scope) for m in report.newly_merged)
+    assert merged == [("PF12", "lookahead", "edit"), ("PF13", None, "patch"), ("PF17", None, "patch")]
+    assert [(m.patch, m.marker) for m in report.newly_reverted] == [("PF24", "def _uses_trailing_mtp_layers(")]
+    assert all(m.candidate_present and not m.pin_present for m in report.newly_merged)
+
+
+def test_scope_change_and_gates(bump):
+    _, report, _, _ = bump
+    edits = _edits(report)
+    k = edits[("PF21", "kernel")]
+    assert k.pin_qualname == "FlashInferMLASparseImpl._run_mqa_kernel"
+    assert k.qualname == "FlashInferMLASparseImpl._forward_mqa_kernel"
+    assert edits[("PF25", "tweak")].verdict_if_enabled == Verdict.APPLIES
+    moved = edits[("PF26", "moved")]
+    assert moved.verdict_if_enabled == Verdict.DRIFTED
+    assert moved.suggestions[0].file == "vllm/v1/core/kv_cache_planning.py"
+    assert edits[("PF22", "v032")].notes == ["group variant switched: another member matches on the candidate"]
+
+
+def test_summary_and_fail_on(bump):
+    _, report, _, _ = bump
+    s = report.summary
+    assert s.edits == len(EXPECTED_032_033) and s.patches == 29
+    assert s.counts["drifted"] == 14 and s.pin_counts["applies"] == 31
+    assert s.transitions["applies->drifted"] == 14
+    assert s.findings["drift"] >= 12 and s.findings["ambiguous"] == 1
+    assert exit_code(report, ["drift"]) == 1
+    assert exit_code(report, ["none"]) == 0
+    assert s.suggestion_hits >= 14
+
+
+# ---------------------------------------------------------------------------- renderings
+
+
+def test_markdown(bump):
+    ps, report, _, _ = bump
+    md = render_markdown(report, ps)
+    assert md.startswith("# sndr bump preflight: 0.32.0 -> 0.33.0")
+    order = [md.index(h) for h in ("## Verdicts", "## Retire", "## Re-anchor", "## Review", "## Soft-skips")]
+    assert order == sorted(order)
+    assert "| drifted | 0 | 14 |" in md
+    # PF06 moved and was edited: a diff; PF03 moved verbatim: said so.
+    assert "```diff\n--- vllm/v1/core/kv_cache_utils.py:2445 (anchor, pin)\n" in md
+    assert "+++ vllm/v1/core/kv_cache_planning.py:1370-1378 (candidate)" in md
+    assert "+            builder, vllm_config, groups, avail_mem" in md
+    assert "the anchor's text, unchanged: only its place moved" in md
+    assert "PF16 `log`: broken by the chain" in md
+
+
+def test_json_roundtrip_and_schema(bump):
+    _, report, _, _ = bump
+    data = json.loads(report.model_dump_json())
+    for key in ("pin", "candidate", "patches", "summary", "genuine_anchor_drift", "retired_upstream",
+                "newly_merged", "newly_reverted"):
+        assert key in data
+    e = next(x for p in data["patches"] if p["id"] == "PF03" for x in p["edits"])
+    assert {"file", "name", "verdict", "pin_verdict", "suggestions"} <= set(e)
+    assert {"file", "line", "qualname", "score"} <= set(e["suggestions"][0])
+    assert PreflightReport.model_validate(data) == report
+    schema = PreflightReport.model_json_schema()
+    assert "genuine_anchor_drift" in schema["properties"]
+
+
+def test_sarif_and_github(bump):
+    _, report, _, _ = bump
+    sarif = render_sarif(report)
+    results = sarif["runs"][0]["results"]
+    rules = {r["ruleId"] for r in results}
+    assert {"anchor-drift", "file-missing", "chain-broken", "ambiguous", "retire", "soft-skip"} <= rules
+    drift = next(r for r in results if r["partialFingerprints"]["sndrEdit"] == "PF03/shortfall")
+    loc = drift["locations"][0]["physicalLocation"]
+    assert loc["artifactLocation"]["uri"].endswith("PF03-explain-the-kv-memory-shortfall.toml")
+    assert loc["region"]["startLine"] > 1
+    lines = github_annotations(report)
+    assert any(ln.startswith("::error file=") and "PF03/shortfall" in ln for ln in lines)
+    assert all("\n" not in ln for ln in lines)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_exit_codes_and_outputs(tmp_path, vllm_pin_root, vllm_candidate_root, capsys):
+    out = tmp_path / "r.json"
+    md = tmp_path / "r.md"
+    args = ["--patches", str(DATA / "bump_032_033"), "--pin", str(vllm_pin_root),
+            "--candidate", str(vllm_candidate_root), "--json", str(out), "--markdown", str(md), "-q", "--no-config"]
+    assert cli_main(args) == 1
+    assert json.loads(out.read_text())["summary"]["exit_code"] == 1
+    assert md.read_text().startswith("# sndr bump preflight")
+    assert cli_main(args + ["--fail-on", "none"]) == 0
+    assert cli_main(args + ["--fail-on", "bogus"]) == 2
+    assert cli_main(["--patches", str(DATA / "bump_032_033"), "--pin", str(tmp_path / "nope"),
+                     "--candidate", str(vllm_candidate_root)]) == 2
+    capsys.readouterr()
+
+
+def test_cli_clean_set_exits_zero_with_config(tmp_path, vllm_pin_root, vllm_candidate_root):
+    """The survivors of the 0.32.0 set only, through the real wrapper, config drift included."""
+    ps_dir = tmp_path / "set"
+    ps_dir.mkdir()
+    for name in ("PF01", "PF02", "PF21", "PF29"):
+        src = next((DATA / "bump_032_033").glob(f"{name}-*.toml"))
+        (ps_dir / src.name).write_text(src.read_text())
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bump_preflight.py"), "--patches", str(ps_dir),
+                           "--pin", str(vllm_pin_root), "--candidate", str(vllm_candidate_root),
+                           "--json", str(out), "--fail-on", "drift,ambiguous"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["config"]["pin"] == "0.32.0" and "dependencies" in data["config"]
+    assert "re-anchor (0)" in proc.stdout
+    # --fail-on any: the candidate's config drift alone does not count; only watched items do (config).
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bump_preflight.py"), "--patches", str(ps_dir),
+                           "--pin", str(vllm_pin_root), "--candidate", str(vllm_candidate_root), "-q",
+                           "--fail-on", "config"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------- synthetic trees
+
+
+def _tree(root: Path, version: str, files: dict[str, str]) -> Path:
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "version.py").write_text(f'__version__ = "{version}"\n')
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def _patch(d: Path, name: str, text: str) -> None:
+    d.mkdir(exist_ok=True)
+    (d / f"{name}.toml").write_text(text)
+
+
+def test_merged_marker_wins_over_replacement_on_pristine_candidate(tmp_path):
+    pin = _tree(tmp_path / "pin", "1.0.0", {"vllm/a.py": "def f():\n    x = 1\n    return x\n"})
+    cand = _tree(tmp_path / "cand", "1.1.0", {"vllm/a.py": "def f():\n    x = 2  # upstream fix\n    return x\n"})
+    _patch(tmp_path / "p", "B1", """id = "B1"\ntitle = "backport"\n[[files]]\npath = "vllm/a.py"\n[[files.edits]]
+name = "fix"\nmerged_markers = ["# upstream fix"]\nanchor = '''\n    x = 1\n'''\nreplacement = '''\n    x = 2  # upstream fix\n'''\n""")
+    ps = load_patch_set(tmp_path / "p", packs=False)
+    report = run_preflight(ps, pin, cand, config=False)
+    e = report.patches[0].edits[0]
+    assert (e.pin_verdict, e.verdict) == (Verdict.APPLIES, Verdict.MERGED)
+    assert [m.patch for m in report.newly_merged] == ["B1"] and not report.newly_reverted
+    assert report.summary.exit_code == 0 and exit_code(report, ["any"]) == 1
+
+
+def test_marker_present_on_both_trees_is_not_newly_merged(tmp_path):
+    text = "def f():\n    x = 2  # upstream fix\n    return x\n"
+    pin = _tree(tmp_path / "pin", "1.0.0", {"vllm/a.py": text})
+    cand = _tree(tmp_path / "cand", "1.1.0", {"vllm/a.py": text + "\n"})
+    _patch(tmp_path / "p", "B1", """id = "B1"\ntitle = "backport"\n[[files]]\npath = "vllm/a.py"\n[[files.edits]]
+name = "fix"\nmerged_markers = ["# upstream fix"]\nanchor = '''\n    x = 1\n'''\nreplacement = '''\n    x = 2  # upstream fix\n'''\n""")
+    report = run_preflight(load_patch_set(tmp_path / "p", packs=False), pin, cand, config=False)
+    assert not report.newly_merged and not report.newly_reverted
+    assert report.retired_upstream[0].detail.startswith("already merged on the pin")
+
+
+def test_moved_function_found_in_new_module(tmp_path):
+    body = "".join(f"    value_{i} = compute_thing_{i}(alpha, beta)\n" for i in range(8))
+    pin = _tree(tmp_path / "pin", "1.0.0", {"vllm/big.py": "import os\n\n\ndef helper(alpha, beta):\n" + body
+                                          + "    return value_0\n\n\ndef keep():\n    return 1\n"})
+    cand = _tree(tmp_path / "cand", "1.1.0", {"vllm/big.py": "import os\n\n\ndef keep():\n    return 1\n",
+                                            "vllm/helpers/new_home.py": "import os\n\n\nclass Box:\n    def helper(self, alpha, beta):\n"
+                                            + body.replace("    ", "        ") + "        return value_0\n"})
+    _patch(tmp_path / "p", "M1", """id = "M1"\ntitle = "moved"\n[[files]]\npath = "vllm/big.py"\n[[files.edits]]
+name = "m"\nanchor = '''\n    value_3 = compute_thing_3(alpha, beta)\n    value_4 = compute_thing_4(alpha, beta)\n'''
+replacement = '''\n    value_3 = compute_thing_3(alpha, beta)\n    value_4 = compute_thing_4(alpha, beta)  # m\n'''\n""")
+    report = run_preflight(load_patch_set(tmp_path / "p", packs=False), pin, cand, config=False)
+    e = report.patches[0].edits[0]
+    assert e.verdict == Verdict.DRIFTED
+    top = e.suggestions[0]
+    assert (top.file, top.line, top.end_line, top.qualname) == ("vllm/helpers/new_home.py", 9, 10, "Box.helper")
+    assert "same name (helper)" in top.reasons and top.similarity == 100
+
+
+def test_bad_tree_spec_is_exit_2(tmp_path, capsys):
+    assert cli_main(["--patches", str(DATA / "bump_0100_0101"), "--pin", "vllm>=1", "--candidate", "vllm>=2"]) == 2
+    assert "exact version" in capsys.readouterr().err
+
+
+def test_schema_command():
+    proc = subprocess.run([sys.executable, "-m", "sndr", "schema", "preflight"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert schema["title"] == "PreflightReport"
+    assert {"pin", "candidate", "patches", "summary"} <= set(schema["required"]) | set(schema["properties"])
+
+
+def test_patched_pin_is_read_through_its_ledger(tmp_path):
+    """An installed vLLM that sndr already patched: the preflight compares upstream to upstream."""
+    from sndr.apply import run_apply
+
+    text = "def f():\n    x = 1\n    return x\n"
+    pin = _tree(tmp_path / "pin", "1.0.0", {"vllm/a.py": text})
+    cand = _tree(tmp_path / "cand", "1.1.0", {"vllm/a.py": text})
+    _patch(tmp_path / "p", "L1", """id = "L1"\ntitle = "local"\n[[files]]\npath = "vllm/a.py"\n[[files.edits]]
+name = "x"\nanchor = '''\n    x = 1\n'''\nreplacement = '''\n    x = 1  # local\n'''\n""")
+    ps = load_patch_set(tmp_path / "p", packs=False)
+    from sndr.tree import open_tree
+
+    pristine_digest = open_tree(pin).digest
+    assert run_apply(pin, ps).ok
+    assert "# local" in (pin / "vllm" / "a.py").read_text()
+    report = run_preflight(ps, pin, cand, config=False)
+    assert report.pin.ledger and not report.candidate.ledger
+    assert report.pin.tree_digest == pristine_digest  # the ledger's pristine bytes, not the patched ones
+    e = report.patches[0].edits[0]
+    assert (e.pin_verdict, e.verdict) == (Verdict.APPLIES, Verdict.APPLIES)
