@@ -7,6 +7,9 @@
   with a float64 reference; a captured CUDA graph of the vLLM-signature entry
   replays correctly with new sequence lengths.
 * ``--tune``: sweeps block size / warps / stages / split policy on a few cells.
+* ``--sweep all [--adopt-best]``: times the kernel variants of ``VARIANTS`` under
+  the shipped register-cap rule on the B >= 8, ctx >= 8K cells; ``--adopt-best``
+  then runs the rest (``--check``, ``--table``) with the fastest as the default.
 * ``--table``: every cell of B x context x Hq/Hk, head_dim 128, page 16:
   time eagerly and under CUDA-graph replay, GB/s of cache bytes read, and % of
   the device-to-device copy bandwidth measured in the same run.
@@ -376,6 +379,89 @@ def tune(cells, budget_s: float = 1e9, only_g=(), final: bool = False) -> dict:
     return picked
 
 
+# ----------------------------------------------------------------------------- sweep
+
+# Kernel variants for --sweep, timed against each other in one run, each under the
+# shipped rule (kernels.default_config): a 168-register cap when 64 <= B*Hk <= 256.
+# "base": DecodeConfig fields; "occupancy" / "occupancy_capped": programs per SM
+# uncapped / capped (the split count follows). Same form as kernels.SHIPPED's shapes.
+VARIANTS = {
+    "v1-shipped": {"base": dict(opaque=False, lazy=False), "occupancy": 2, "occupancy_capped": 3},
+    "lazy-64": {"base": dict(), "occupancy": 2, "occupancy_capped": 3},
+    "lazy-64-st2": {"base": dict(prefetch=False, num_stages=2), "occupancy": 2, "occupancy_capped": 3},
+    "lazy-32": {"base": dict(block_n=32), "occupancy": 3, "occupancy_capped": 3},
+    "lazy-32-st3": {"base": dict(block_n=32, prefetch=False, num_stages=3), "occupancy": 3, "occupancy_capped": 3},
+    "lazy-1w16": {"base": dict(block_n=16, num_warps=1), "occupancy": 8, "occupancy_capped": 12},
+    "lazy-1w32": {"base": dict(block_n=32, num_warps=1), "occupancy": 8, "occupancy_capped": 12},
+    "lazy-2w32": {"base": dict(block_n=32, num_warps=2), "occupancy": 4, "occupancy_capped": 6},
+    "lazy-2w32-st2": {"base": dict(block_n=32, num_warps=2, prefetch=False, num_stages=2),
+                      "occupancy": 4, "occupancy_capped": 6},
+}
+
+
+def variant_config(v: dict, bh: int):
+    """The DecodeConfig kernels.default_config would give for B*Hk = bh under SHIPPED = v."""
+    if 64 <= bh <= 256:
+        return kernels.DecodeConfig(**{**v["base"], "maxnreg": 168, "occupancy": v["occupancy_capped"]})
+    return kernels.DecodeConfig(**{**v["base"], "occupancy": v["occupancy"]})
+
+
+def sweep(cells, names) -> list:
+    """Graph-replay time of each variant on each cell (accuracy-gated); JSON lines in sweep.jsonl."""
+    rows = []
+    for hq in sorted({c[2] for c in cells}):
+        g = hq // HK
+        mine = [Cell(b, ctx, h, sdpa=False) for (b, ctx, h) in cells if h == hq]
+        for c in mine:
+            c.ws = torch.empty(c.b * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
+        for name in names:
+            v = VARIANTS[name]
+            try:
+                err = max(accuracy(hq, variant_config(v, bh)) for bh in (3 * HK, 64))
+                ts = [bench(lambda: c.ours_cfg(variant_config(v, c.b * HK), VLLM_SPLITS), graph=True, rep=60)
+                      for c in mine]
+            except Exception as e:  # noqa: BLE001
+                log(f"sweep FAIL G={g} {name}: {type(e).__name__} {str(e)[:200]}")
+                continue
+            if not err < 2e-3:
+                log(f"sweep REJECT G={g} {name}: rel. error {err:.2e}")
+                continue
+            geo = math.exp(sum(math.log(t) for t in ts) / len(ts))
+            r = dict(g=g, name=name, err=err, geo_us=geo,
+                     cells={f"{c.b}x{c.ctx // 1024}K": round(t, 1) for c, t in zip(mine, ts)},
+                     pct={f"{c.b}x{c.ctx // 1024}K": round(100 * c.tq_bytes / (t * 1e-6) / 1e9 / BW[0], 1)
+                          for c, t in zip(mine, ts)})
+            rows.append(r)
+            log(f"sweep G={g} {name:14s} geo {geo:8.1f}us err {err:.1e} " +
+                " ".join(f"{k}:{v_}us/{r['pct'][k]}%" for k, v_ in r["cells"].items()))
+            with open(OUT / "sweep.jsonl", "a") as f:
+                f.write(json.dumps(r) + "\n")
+        del mine
+        torch.cuda.empty_cache()
+    return rows
+
+
+def adopt_best(rows) -> str | None:
+    """Install the variant with the lowest geometric mean over every swept cell as kernels.SHIPPED."""
+    per = {}
+    for r in rows:
+        per.setdefault(r["name"], []).extend(r["cells"].values())
+    n = max((len(t) for t in per.values()), default=0)
+    full = {k: math.exp(sum(math.log(x) for x in t) / len(t)) for k, t in per.items() if len(t) == n}
+    if not full:
+        return None
+    best = min(full, key=full.get)
+    kernels.SHIPPED = [(None, VARIANTS[best])]
+    log("sweep geo-means: " + ", ".join(f"{k} {v:.1f}us" for k, v in sorted(full.items(), key=lambda x: x[1])))
+    log(f"ADOPTED {best}: kernels.SHIPPED = {VARIANTS[best]}")
+    info = {"adopted": best, "shipped": VARIANTS[best], "geo_us": full}
+    (OUT / "adopted.json").write_text(json.dumps(info, indent=1))
+    return best
+
+
+BW = [1.0]
+
+
 # ----------------------------------------------------------------------------- table
 
 
@@ -433,6 +519,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU interpreter (tests this script)")
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--sweep", default="", help="time these VARIANTS (comma list, or 'all') on --sweep-cells")
+    ap.add_argument("--adopt-best", action="store_true", help="after --sweep, use the fastest variant for the rest")
+    ap.add_argument("--sweep-cells", default="8:8192:32,32:8192:32,64:8192:32,8:32768:32,32:32768:32,64:32768:32,"
+                    "8:8192:64,32:8192:64,64:8192:64,8:32768:64,32:32768:64,64:32768:64")
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--baseline", default=None, help="folder with vLLM 0.32.0's three TurboQuant source files")
     ap.add_argument("--bs", default="1,8,32,64")
@@ -466,6 +556,13 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     summary["copy_bandwidth_gbs"] = bw
     log(f"copy bandwidth: {bw:.0f} GB/s (read + write)")
+    BW[0] = bw
+    if args.sweep:
+        names = list(VARIANTS) if args.sweep == "all" else args.sweep.split(",")
+        rows = sweep([tuple(int(x) for x in c.split(":")) for c in args.sweep_cells.split(",") if c], names)
+        if args.adopt_best:
+            summary["adopted"] = adopt_best(rows)
+        log(f"[{time.time() - t0:.0f}s] sweep done")
     if args.check:
         summary["check"] = check(vl)
         log(f"[{time.time() - t0:.0f}s] check done")

@@ -17,13 +17,23 @@ Decode, one query token per sequence:
   e4m3 -> fp16 is exact (``cvt.rn.f16x2.e4m3x2``), and the 4-bit codes become
   fp16 1024 + code exactly through ``prmt`` with 0x64 (no int->float
   conversions). The value scale multiplies P before the dot; the value zero
-  is a rank-one term kept as a per-row running sum.
+  is a rank-one term kept as a running sum. The unpacked operands pass an
+  opaque identity (``_opaque_f16``) so Triton gives the dots kWidth=2
+  operands (ldmatrix, no register shuffles) instead of the kWidth=4 it infers
+  from the joins of the unpack. Softmax state is updated lazily (``LAZY``):
+  l and z are per-element partial sums reduced once after the loop, the dot
+  accumulates P@V in place, and the running max / scale max are raised (with a
+  rescale) only when a tile exceeds them, so the common tile has one
+  cross-warp reduction. Two shapes ship (``SHIPPED``): 4 warps x 64 tokens for
+  small batches, 1 warp x 16 tokens (no cross-warp traffic at all, 8-12
+  programs per SM) from B*Hk = 64 up.
 * ``_merge_kernel``, grid (B, Hq): log-sum-exp merge of the splits.
 
 The grid depends on B, Hk and S only, never on the sequence lengths, so the
 pair can be captured in a CUDA graph; S is picked from B * Hk to fill whole
-waves of programs. A sequence uses min(S, tokens / min_split_tokens) splits;
-programs past them exit at once. Under TRITON_INTERPRET=1 the PTX pieces are
+waves of programs (where max_splits caps that, the fullest last wave). A
+sequence uses min(S, tokens / min_split_tokens) splits; programs past them
+exit at once. Under TRITON_INTERPRET=1 the PTX pieces are
 replaced by plain integer ops (same values).
 """
 
@@ -228,6 +238,14 @@ def _nibble_words_asm(vw):
 
 
 @triton.jit
+def _opaque_f16(x):
+    """Identity on fp16 pairs that Triton cannot look through (not pure): stops
+    AccelerateMatmul's bit-width walk at this point, so the dot keeps kWidth=2."""
+    return tl.inline_asm_elementwise(
+        asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.float16, is_pure=False, pack=2)
+
+
+@triton.jit
 def _load_tile(
     n0, end, KV8, KV32, bt_row, head_off,
     D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, TP: tl.constexpr, TT: tl.constexpr,
@@ -284,13 +302,8 @@ def _load_tile(
 
 
 @triton.jit
-def _attend_tile(
-    kb, vb, sz, nmask, q, m_i, l_i, z_i, acc, qk_scale,
-    ASM_UNPACK: tl.constexpr, MASKED: tl.constexpr, WORDS: tl.constexpr,
-):
-    """Online-softmax update of (m, l, z, acc) with one tile of raw cache data."""
-    sc = (sz & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    zr = (sz >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+def _unpack_tile(kb, vb, ASM_UNPACK: tl.constexpr, WORDS: tl.constexpr, OPAQUE: tl.constexpr):
+    """Raw tile -> keys [N, D] fp16 (exact) and value codes [N, D] fp16 (exact)."""
     if WORDS:
         k0, k1, k2, k3 = _fp8_words_asm(kb)
         k = tl.interleave(tl.interleave(k0, k2), tl.interleave(k1, k3))
@@ -298,6 +311,9 @@ def _attend_tile(
         c = tl.interleave(tl.interleave(tl.interleave(c0, c4), tl.interleave(c2, c6)),
                           tl.interleave(tl.interleave(c1, c5), tl.interleave(c3, c7)))
         c = (c - 1024.0).to(tl.float16)
+        if OPAQUE:
+            k = _opaque_f16(k)
+            c = _opaque_f16(c)
     else:
         k = kb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
         if ASM_UNPACK:
@@ -308,22 +324,64 @@ def _attend_tile(
             lo = ((v16 & 0xF) | 0x6400).to(tl.float16, bitcast=True)
             hi = ((v16 >> 4) | 0x6400).to(tl.float16, bitcast=True)
         c = (tl.interleave(lo, hi) - 1024.0).to(tl.float16)
-    # normalise the scales by the tile max so p*scale cannot leave fp16's range
-    scm = tl.maximum(tl.max(sc, 0), 1e-30)
-    qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
-    if MASKED:
-        qk = tl.where(nmask[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    z_i = z_i * alpha + tl.sum(p * zr[None, :], 1)
-    pv = (p * (sc / scm)[None, :]).to(tl.float16)
-    acc = acc * alpha[:, None] + tl.dot(pv, c) * scm
-    return m_new, l_i, z_i, acc
+    return k, c
 
 
 @triton.jit
+def _attend_tile(
+    kb, vb, sz, nmask, q, m_i, l_i, z_i, acc, s_run, qk_scale,
+    ASM_UNPACK: tl.constexpr, MASKED: tl.constexpr, WORDS: tl.constexpr, OPAQUE: tl.constexpr,
+    LAZY: tl.constexpr, TAU: tl.constexpr,
+):
+    """Online-softmax update of (m, l, z, acc, s_run) with one tile of raw cache data.
+
+    LAZY=False: l, z are per-row [H]; acc is exact, rescaled every tile.
+    LAZY=True: l, z are per-element [H, N] partial sums (summed once, at the end:
+    no cross-warp reductions per tile); acc holds sum p * scale * code / s_run and
+    is accumulated by the dot itself; the running max m and the running scale max
+    s_run are only raised (with a rescale of the state) when a row's tile max
+    exceeds m by more than TAU (log2 units) or a scale exceeds s_run, so most
+    tiles do no rescaling at all. p <= 2**TAU and scale / s_run <= 1 keep the fp16
+    operand P * scale / s_run within range.
+    """
+    sc = (sz & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    zr = (sz >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    k, c = _unpack_tile(kb, vb, ASM_UNPACK, WORDS, OPAQUE)
+    qk = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_H, BLOCK_N], log2 units
+    if MASKED:
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+    if LAZY:
+        # one reduction on the common path: does any score or scale leave the bounds?
+        out = (qk > (m_i + TAU)[:, None]) | (sc > s_run)[None, :]
+        if tl.max(out.to(tl.int32)) > 0:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            s_new = tl.maximum(s_run, tl.max(sc, 0))
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha[:, None]
+            z_i = z_i * alpha[:, None]
+            acc = acc * (alpha * (s_run / s_new))[:, None]
+            m_i = m_new
+            s_run = s_new
+        p = tl.exp2(qk - m_i[:, None])
+        l_i += p
+        z_i += p * zr[None, :]
+        pv = (p * (sc * (1.0 / s_run))[None, :]).to(tl.float16)
+        acc = tl.dot(pv, c, acc)
+    else:
+        # normalise the scales by the tile max so p*scale cannot leave fp16's range
+        scm = tl.maximum(tl.max(sc, 0), 1e-30)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        z_i = z_i * alpha + tl.sum(p * zr[None, :], 1)
+        pv = (p * (sc / scm)[None, :]).to(tl.float16)
+        acc = acc * alpha[:, None] + tl.dot(pv, c) * scm
+        m_i = m_new
+    return m_i, l_i, z_i, acc, s_run
+
+
+@triton.jit(do_not_specialize=["num_splits", "min_tiles"])  # one build for every split count
 def _decode_split_kernel(
     Q, KV8, KV32, BT, SL, MID_O, MID_L,
     qk_scale,  # softmax scale * log2(e)
@@ -335,6 +393,7 @@ def _decode_split_kernel(
     # offsets fold into load immediates and each page costs one base address
     STRIDE_BLK: tl.constexpr, STRIDE_POS: tl.constexpr, STRIDE_HEAD: tl.constexpr,
     ASM_UNPACK: tl.constexpr, PREFETCH: tl.constexpr, WORDS: tl.constexpr,
+    OPAQUE: tl.constexpr = False, LAZY: tl.constexpr = False, TAU: tl.constexpr = 8.0,
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -358,8 +417,13 @@ def _decode_split_kernel(
     q = tl.load(Q + b * stride_qb + qh[:, None] * stride_qh + d[None, :], mask=hmask[:, None], other=0.0).to(tl.float16)
     acc = tl.zeros([BLOCK_H, D], tl.float32)  # sum_n p * scale_n * code_n
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    z_i = tl.zeros([BLOCK_H], tl.float32)  # sum_n p * zero_n
+    if LAZY:  # per-element partial sums, reduced once after the loop
+        l_i = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
+        z_i = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)  # sum_n p * zero_n
+    else:
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        z_i = tl.zeros([BLOCK_H], tl.float32)  # sum_n p * zero_n
+    s_run = tl.full([], 1e-30, tl.float32)  # LAZY: running max of the value scales
 
     bt_row = BT + b.to(tl.int64) * stride_btb
     head_off = hk.to(tl.int64) * STRIDE_HEAD
@@ -372,21 +436,25 @@ def _decode_split_kernel(
             nxt = tl.minimum(n0 + BLOCK_N, full_end - BLOCK_N)
             kb2, vb2, sz2, nm2 = _load_tile(nxt, end, KV8, KV32, bt_row, head_off,
                                             D, PAGE, BLOCK_N, TP, TT, STRIDE_BLK, STRIDE_POS, False, WORDS)
-            m_i, l_i, z_i, acc = _attend_tile(kb, vb, sz, nm, q, m_i, l_i, z_i, acc, qk_scale,
-                                              ASM_UNPACK, False, WORDS)
+            m_i, l_i, z_i, acc, s_run = _attend_tile(kb, vb, sz, nm, q, m_i, l_i, z_i, acc, s_run, qk_scale,
+                                                     ASM_UNPACK, False, WORDS, OPAQUE, LAZY, TAU)
             kb, vb, sz, nm = kb2, vb2, sz2, nm2
     else:
         for n0 in range(start, full_end, BLOCK_N):
             kb, vb, sz, nm = _load_tile(n0, end, KV8, KV32, bt_row, head_off,
                                         D, PAGE, BLOCK_N, TP, TT, STRIDE_BLK, STRIDE_POS, False, WORDS)
-            m_i, l_i, z_i, acc = _attend_tile(kb, vb, sz, nm, q, m_i, l_i, z_i, acc, qk_scale,
-                                              ASM_UNPACK, False, WORDS)
+            m_i, l_i, z_i, acc, s_run = _attend_tile(kb, vb, sz, nm, q, m_i, l_i, z_i, acc, s_run, qk_scale,
+                                                     ASM_UNPACK, False, WORDS, OPAQUE, LAZY, TAU)
     if full_end < end:
         kb, vb, sz, nm = _load_tile(full_end, end, KV8, KV32, bt_row, head_off,
                                     D, PAGE, BLOCK_N, TP, TT, STRIDE_BLK, STRIDE_POS, True, WORDS)
-        m_i, l_i, z_i, acc = _attend_tile(kb, vb, sz, nm, q, m_i, l_i, z_i, acc, qk_scale,
-                                          ASM_UNPACK, True, WORDS)
+        m_i, l_i, z_i, acc, s_run = _attend_tile(kb, vb, sz, nm, q, m_i, l_i, z_i, acc, s_run, qk_scale,
+                                                 ASM_UNPACK, True, WORDS, OPAQUE, LAZY, TAU)
 
+    if LAZY:
+        acc = acc * s_run
+        l_i = tl.sum(l_i, 1)
+        z_i = tl.sum(z_i, 1)
     safe_l = tl.where(l_i > 0.0, l_i, 1.0)
     row = (b * HQ + qh) * num_splits + s
     o = (acc + z_i[:, None]) / safe_l[:, None]
@@ -394,7 +462,7 @@ def _decode_split_kernel(
     tl.store(MID_L + row, m_i + tl.log2(safe_l), mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "min_tiles"])
 def _merge_kernel(
     MID_O, MID_L, SL, OUT, LSE,
     num_splits, min_tiles,
@@ -437,6 +505,9 @@ class DecodeConfig:
     prefetch: bool = True  # load tile i+1 while tile i computes (by hand, for num_stages=1)
     words: bool = True  # load int32 words, unpack fp8 and nibbles with PTX (GPU only)
     maxnreg: int | None = None  # register cap per thread (occupancy)
+    opaque: bool = True  # fp16 dot operands with kWidth=2 (ldmatrix, no operand shuffles; GPU only)
+    lazy: bool = True  # lazy rescaling, per-element l/z sums, P@V accumulated in the dot
+    tau: float = 8.0  # LAZY: the running max may lag a row's true max by this much (log2 units)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -454,37 +525,56 @@ def _sm_count(device: torch.device) -> int:
 # Per (head_dim, G) configs measured best on an H200 (docs/bench-tq-decode-h200.md).
 TUNED: dict[tuple[int, int], DecodeConfig] = {}
 
+# The kernel shapes shipped for head_dim <= 128, measured best on an H200
+# (docs/bench-tq-decode-h200.md): (largest B*Hk or None, shape), first match wins;
+# a shape is DecodeConfig fields and the programs per SM it reaches uncapped and
+# under the 168-register cap (the split count follows from them).
+SHIPPED: list = [
+    # below 64 (B < 8 at Hk = 8): 4 warps x 64-token tiles
+    (63, {"base": {}, "occupancy": 2, "occupancy_capped": 3}),
+    # larger batches: 1 warp x 16-token tiles, no cross-warp reductions or barriers
+    (None, {"base": {"block_n": 16, "num_warps": 1}, "occupancy": 8, "occupancy_capped": 12}),
+]
+
 
 def default_config(head_dim: int, group: int = 8, batch_heads: int | None = None) -> DecodeConfig:
     """The measured-best config for a launch shape (batch_heads = B * Hk).
 
-    H200, head_dim 128: a 168-register cap (3 programs per SM instead of 2)
-    wins when B*Hk lets the split count fill whole waves (64..256); at B*Hk = 8
-    (latency-bound) and 512 (one split, 1.3 waves at 3 per SM) the uncapped
-    kernel wins. Other head sizes: same kernel, smaller tiles for 256, untuned.
+    H200, head_dim 128: the ``SHIPPED`` kernel shape for B*Hk; a 168-register
+    cap (more programs per SM) when B*Hk lets the split count fill whole waves
+    (64..256); at B*Hk < 64 (latency-bound) and > 256 (few splits) uncapped.
+    Other head sizes: the first shape, smaller tiles for 256, untuned.
     """
     cfg = TUNED.get((head_dim, group))
     if cfg is not None:
         return cfg
     if head_dim > 128:
         return DecodeConfig(block_n=32)
-    if batch_heads is not None and 64 <= batch_heads <= 256:
-        return DecodeConfig(maxnreg=168, occupancy=3)
-    return DecodeConfig()
+    bh = batch_heads if batch_heads is not None else 1
+    shape = next(v for lim, v in SHIPPED if lim is None or bh <= lim)
+    if 64 <= bh <= 256:
+        return DecodeConfig(**{**shape["base"], "maxnreg": 168, "occupancy": shape["occupancy_capped"]})
+    return DecodeConfig(**{**shape["base"], "occupancy": shape["occupancy"]})
 
 
 def pick_num_splits(batch: int, num_kv_heads: int, device: torch.device, cfg: DecodeConfig, max_splits: int) -> int:
     """Splits per sequence: a function of the launch shape only (graph-safe).
 
     "waves": about two full waves of programs (occupancy x SMs each), so no
-    last wave runs a few programs alone; short sequences use fewer splits
+    last wave runs a few programs alone; where max_splits caps that, the count
+    whose last wave is fullest; short sequences use fewer splits
     (min_split_tokens), their idle programs exit at once.
     """
     if cfg.num_splits is not None:
         return max(1, min(cfg.num_splits, max_splits))
     bh = max(1, batch * num_kv_heads)
     if cfg.split_policy == "waves":
-        return max(1, min(max_splits, (2 * cfg.occupancy * _sm_count(device)) // bh))
+        slots = cfg.occupancy * _sm_count(device)
+        want = (2 * slots) // bh
+        if want <= max_splits:
+            return max(1, want)
+        # capped: the count whose last wave is fullest (ties: more splits)
+        return max(range(1, max_splits + 1), key=lambda s: (bh * s / (-(-bh * s // slots) * slots), s))
     return max(1, min(max_splits, math.ceil(cfg.ctas_per_sm * _sm_count(device) / bh)))
 
 
@@ -538,6 +628,7 @@ def decode_attention(
         STRIDE_BLK=kv_cache.stride(0), STRIDE_POS=kv_cache.stride(1), STRIDE_HEAD=kv_cache.stride(2),
         ASM_UNPACK=cfg.asm_unpack and not interpreting(), PREFETCH=cfg.prefetch,
         WORDS=cfg.words and not interpreting(),
+        OPAQUE=cfg.opaque and cfg.words and not interpreting(), LAZY=cfg.lazy, TAU=float(cfg.tau),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}),
     )
