@@ -116,6 +116,8 @@ def secure_dir(path: str, what: str = "cache") -> str:
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     """temp file in the same directory + ``os.replace``: readers never see a torn entry."""
+    # Not sndr.commit.atomic_write: this runs at interpreter start-up in every
+    # vLLM process, where importing commit (and pydantic with it) is too slow.
     tmp = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .commit import atomic_write
 from .errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, SndrError, bad_input
 from .load import PatchSet, load_patch_set, shipped_anchors_dir
 from .model import Patch, Verdict
@@ -290,16 +289,7 @@ def write_manifest(manifest: Manifest, out_dir: Path) -> Path:
     """Atomic write: a reader (or a CI check racing a rebuild) never sees half a file."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / manifest_name(manifest.vllm_version)
-    data = manifest.to_json().encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a committed file should be world-readable
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, manifest.to_json().encode("utf-8"))
     return target
 
 

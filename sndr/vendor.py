@@ -30,10 +30,8 @@ import difflib
 import fnmatch
 import json
 import keyword
-import os
 import re
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -41,6 +39,7 @@ from typing import Callable, Iterable
 from pydantic import ValidationError
 
 from .classify import classify_edit
+from .commit import atomic_write
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
 from .load import PatchSet
 from .locate import scopes
@@ -975,23 +974,6 @@ def _target(out: str, patch_id: str, title: str) -> Path:
     return p / f"{patch_id}-{_slug(title)}.toml"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _print_result(res: VendorResult, target: Path | None, quiet: bool) -> None:
     err = sys.stderr
     if not quiet:
@@ -1061,7 +1043,7 @@ def cli_main(argv: list[str] | None = None) -> int:
                 if same_id:
                     raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
                                             file=str(same_id[0]), key="--id"))
-            _write_atomic(target, res.text)
+            atomic_write(target, res.text.encode("utf-8"))
     except SndrError as exc:
         print(f"sndr vendor: error\n{exc.render()}", file=sys.stderr)
         return exc.exit_code
