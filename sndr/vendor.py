@@ -1043,6 +1043,7 @@ def cli_main(argv: list[str] | None = None) -> int:
                 if same_id:
                     raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
                                             file=str(same_id[0]), key="--id"))
+            target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(target, res.text.encode("utf-8"))
     except SndrError as exc:
         print(f"sndr vendor: error\n{exc.render()}", file=sys.stderr)
