@@ -304,7 +304,8 @@ def _default_root() -> tuple[Path, bool]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sndr.apply",
                                  description="Apply the sndr patch set to a vLLM tree, transactionally.")
-    ap.add_argument("--tree", type=Path, help="directory containing vllm/ (default: where `import vllm` finds it)")
+    ap.add_argument("--tree", type=Path, help="directory containing vllm/, or installed[:PYTHON] for the vLLM that "
+                                              "interpreter imports (default: where `import vllm` finds it, without importing it)")
     ap.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="simulate only; never writes")
@@ -322,6 +323,10 @@ def cli_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         root = args.tree
+        if root is not None and str(root).startswith("installed"):
+            from .tree import open_tree
+
+            root = open_tree(str(root)).root  # installed[:PYTHON] -> the dir holding vllm/
         if root is None:
             root, fallback = _default_root()
             if fallback:

@@ -221,3 +221,17 @@ def test_revert_and_verify_on_a_tree_sndr_never_touched(tree, patch_set):
     assert not ver.ok and ver.exit_code == 1
     assert {p.code for p in ver.problems} == {"not_applied"}
     assert tree_hash(tree) == before
+
+
+def test_tree_can_name_an_installed_vllm(tmp_path):
+    """--tree installed:PYTHON finds the vLLM that interpreter imports, without importing it."""
+    import os as _os
+
+    python = _os.environ.get("SNDR_TEST_VLLM_PYTHON", "/opt/vllm-venv/bin/python")
+    if not Path(python).exists():
+        pytest.skip("no vLLM install (set SNDR_TEST_VLLM_PYTHON)")
+    r = sndr_apply("--tree", f"installed:{python}", "--patches", str(DATA), "--dry-run", "--json", "-", "-q")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["mode"] == "dry-run" and data["vllm_version"] == "0.32.0"
+    assert data["tree"].endswith("site-packages")
