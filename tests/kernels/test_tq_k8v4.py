@@ -34,7 +34,10 @@ if not torch.cuda.is_available():
     if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run this file alone", allow_module_level=True)
     os.environ.setdefault("TRITON_INTERPRET", "1")
-pytest.importorskip("triton", reason="triton not installed (install the [kernels] extra)")
+try:
+    import triton  # noqa: F401
+except ImportError as exc:  # e.g. triton present but numpy (its interpreter needs it) missing
+    pytest.skip(f"triton unavailable: {exc} (install the [kernels] extra)", allow_module_level=True)
 
 from sndr.kernels.turboquant_k8v4 import _interp, _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
