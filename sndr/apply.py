@@ -16,7 +16,7 @@ from . import PIN_VERSION
 from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
-from .model import Ledger, LedgerFile, PatchResult, ProblemModel, Report
+from .model import Ledger, LedgerFile, PatchResult, Report
 from .plan import Plan, build_plan, gate, order_patches, patch_set_digest
 
 
@@ -53,7 +53,7 @@ def _report(mode: str, tree: TreeRoot, version: str, plan: Plan | None, **kw) ->
                   patch_set_digest=plan.digest if plan else kw.pop("digest", ""),
                   counts=plan.counts() if plan else kw.pop("counts", {}),
                   patches=plan.patches if plan else kw.pop("patches", []),
-                  problems=[ProblemModel(**p.to_json()) for p in problems], **kw)
+                  problems=list(problems), **kw)
 
 
 def _plan_exit(plan: Plan) -> int:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from .errors import Problem  # errors are values: reports carry the same dataclass
+
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 # A runtime target or replacement: ``package.module:Qual.name``.
 DOTTED_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -292,16 +294,6 @@ class Ledger(BaseModel):
         return self.model_copy(update={"checksum": self.compute_checksum()})
 
 
-class ProblemModel(BaseModel):
-    code: str
-    message: str
-    file: str | None = None
-    line: int | None = None
-    key: str | None = None
-    patch: str | None = None
-    hint: str | None = None
-
-
 class Report(BaseModel):
     """What ``python -m sndr.apply`` did (or would do) on one tree."""
 
@@ -315,5 +307,5 @@ class Report(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     patches: list[PatchResult] = Field(default_factory=list)
     files_written: list[str] = Field(default_factory=list)
-    problems: list[ProblemModel] = Field(default_factory=list)
+    problems: list[Problem] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .configdrift import ConfigDrift
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
 from .load import PatchSet, load_patch_set
-from .model import EditResult, Location, Patch, PatchResult, ProblemModel, Verdict
+from .model import EditResult, Location, Patch, PatchResult, Verdict
 from .plan import build_plan
 
 __all__ = [
@@ -223,7 +223,7 @@ class PreflightReport(_Model):
         default_factory=list, description="enabled on the pin, turned off on the candidate by the patch's vllm range")
     config: ConfigDrift | None = Field(default=None, description="configuration drift (dependencies, env defaults, "
                                        "engine args, runtime targets), unless --no-config")
-    problems: list[ProblemModel] = Field(default_factory=list)
+    problems: list[Problem] = Field(default_factory=list)
 
 
 # ============================================================================ reading trees
@@ -409,7 +409,7 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
     _fill_lists(report)
     report.newly_merged, report.newly_reverted = marker_changes(patch_set, pin_s, cand_s)
     problems = _dedupe_problems([*pin_plan.problems, *cand_plan.problems])
-    report.problems = [ProblemModel(**p.to_json()) for p in problems]
+    report.problems = list(problems)
     if config:
         report.config = _config_section(pin_s, cand_s, watch, patch_set, report)
     _summarise(report, list(fail_on))
@@ -442,7 +442,7 @@ def _config_section(pin: Snapshot, cand: Snapshot, watch, patch_set: PatchSet, r
     try:
         drift = configdrift.compare_config(pin, cand, watch, patches=patch_set.patches)
     except SndrError as exc:
-        report.problems.extend(ProblemModel(**p.to_json()) for p in exc.problems)
+        report.problems.extend(exc.problems)
         return None
     return drift
 
