@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from sndr.load import load_patch_set  # noqa: E402
 from sndr.model import Edit, FileEdits, Patch, RuntimeEdit  # noqa: E402
 from sndr.preflight import run_preflight  # noqa: E402
+from tests.preflight_oracle import true_location  # noqa: E402
 from sndr.tomlwrite import dumps_patch  # noqa: E402
 from sndr.tree import open_tree  # noqa: E402
 
@@ -287,36 +288,6 @@ def naive(patch_dir: Path, sample: int | None, same_file_only: bool = False):
     return total, t_scan, per, len(drifted), tops
 
 
-def truth(anchor: str, file: str, pin_text: str, cand: dict[str, str], new_files: list[str]):
-    """Independent oracle (difflib): the tightest cluster of matching blocks holding most of the anchor's lines.
-
-    Over the anchor's own file and every new file; (size, file, first line,
-    last line), or None when no cluster holds half of the anchor's
-    non-trivial lines (deleted upstream, or rewritten beyond recognition).
-    """
-    a = [x.strip() for x in anchor.rstrip("\n").split("\n")]
-    need = max(1, (sum(1 for x in a if len(x) >= 8) + 1) // 2)
-    best = None
-    for rel in [file, *new_files]:
-        if rel not in cand:
-            continue
-        b = [x.strip() for x in cand[rel].split("\n")]
-        blocks = [m for m in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks() if m.size]
-        for i, first in enumerate(blocks):
-            size, last = 0, first
-            for m in blocks[i:]:
-                if m.b + m.size > first.b + 2 * len(a):
-                    break
-                size += sum(1 for x in a[m.a:m.a + m.size] if len(x) >= 8)
-                last = m
-            if size >= need and (best is None or size > best[0]):
-                best = (size, rel, first.b + 1, last.b + last.size)
-    return best
-
-
-# ============================================================================ main
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -373,18 +344,17 @@ def main(argv=None) -> int:
     print(f"speedup vs naive same-file         {res['speedup_vs_naive_same_file']:7.1f}x")
 
     if args.accuracy:
-        new_files = sorted(set(cand) - set(pin))
         hit = hit_naive = total = 0
         for p in report.patches:
             for e in p.edits:
                 if e.kind != "text" or not (e.verdict.value in ("drifted", "file_missing") or e.verdict_if_enabled):
                     continue
                 edit = next(x for f, x in next(q for q in patches if q.id == p.id).edits() if x.name == e.name)
-                t = truth(edit.anchor, e.file, pin[e.file], cand, new_files)
+                t = true_location(edit.anchor, e.file, pin, cand)
                 if t is None:
                     continue  # deleted upstream: no true place
                 total += 1
-                _, rel, lo, hi = t
+                rel, lo, hi = t
                 if e.suggestions and e.suggestions[0].file == rel and e.suggestions[0].line <= hi and lo <= e.suggestions[0].end_line:
                     hit += 1
                 nt = ns_tops.get(e.name)
