@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 ENGINE = '''\
@@ -181,6 +183,17 @@ class Box:
 
     def ledger(self) -> dict:
         return json.loads((self.root / ".sndr" / "ledger.json").read_text())
+
+
+def out_of(proc) -> dict:
+    """The JSON a child script printed on its last ``OUT`` line."""
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1]
+    return json.loads(line[3:])
+
+
+@pytest.fixture
+def box(tmp_path):
+    return Box(tmp_path)
 
 
 def replace_file(path: Path, text: str) -> None:

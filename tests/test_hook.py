@@ -6,9 +6,8 @@ import json
 import os
 import stat
 
-import pytest
 
-from hook_fixtures import REPO, Box, replace_file
+from hook_fixtures import REPO, Box, box, out_of, replace_file  # noqa: F401 (box is a fixture)
 from sndr.hook import PTH_NAME, PTH_TEXT, cli_main, status_main
 
 REGISTER = """
@@ -26,19 +25,10 @@ REGISTER = """
 """
 
 
-def _out(proc) -> dict:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1]
-    return json.loads(line[3:])
-
-
-@pytest.fixture
-def box(tmp_path):
-    return Box(tmp_path)
-
 
 def test_register_on_a_patched_tree_attests_once(box):
     box.apply()
-    out = _out(box.py(REGISTER))
+    out = out_of(box.py(REGISTER))
     assert out["mode"] == "disk" and out["missing"] == [] and out["problems"] == []
     assert out["answer"] == 42 and out["step"] == 2 and out["calls"] == 1  # runtime patch deferred, then applied
     [rec] = box.records()
@@ -49,7 +39,7 @@ def test_register_on_a_patched_tree_attests_once(box):
     assert rec["enabled"] == ["F0001", "F0002", "F0003"]
     assert stat.S_IMODE(os.stat(box.run_dir).st_mode) == 0o700
     # Warm: the second process neither plans nor loads pydantic models.
-    out = _out(box.py(REGISTER))
+    out = out_of(box.py(REGISTER))
     assert out["planner"] is False and out["pydantic"] is False and out["missing"] == []
     assert status_main(["--run-dir", str(box.run_dir)]) == 0
 
@@ -63,7 +53,7 @@ def test_tampered_file_is_missing_and_status_fails(box, capsys):
     assert status_main(["--run-dir", str(box.run_dir)]) == 1  # re-hashes the tree even before a new process
     assert "changed since it was patched" in capsys.readouterr().out
     proc = box.py(REGISTER)
-    out = _out(proc)
+    out = out_of(proc)
     assert out["missing"] == ["F0001: vllm/engine.py changed since apply"]
     assert "NOT active" in proc.stderr and "SNDR_STRICT=1" in proc.stderr
     proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
@@ -75,7 +65,7 @@ def test_tampered_file_is_missing_and_status_fails(box, capsys):
 def test_processes_that_disagree_fail_status(box, capsys):
     box.apply()
     box.py(REGISTER)
-    out = _out(box.py(REGISTER, SNDR_ENABLE_F0003="0"))
+    out = out_of(box.py(REGISTER, SNDR_ENABLE_F0003="0"))
     assert out["calls"] is None  # runtime patch gated off in that process
     assert "F0003" not in json.dumps(out["missing"])
     assert "this process enables patch set" in out["problems"][0]
@@ -85,7 +75,7 @@ def test_processes_that_disagree_fail_status(box, capsys):
 
 
 def test_unpatched_tree_reports_every_text_patch_missing(box):
-    out = _out(box.py(REGISTER))
+    out = out_of(box.py(REGISTER))
     assert out["mode"] == "none"
     assert sorted(m.split(":")[0] for m in out["missing"]) == ["F0001", "F0002"]
     assert out["calls"] == 1  # runtime patches still apply
@@ -98,7 +88,7 @@ def test_in_memory_mode_attests_what_it_served(box):
         from sndr import importer
         importer.install(memory=True)
     """ + REGISTER.replace("\n    ", "\n        "))
-    out = _out(proc)
+    out = out_of(proc)
     assert out["mode"] == "memory" and out["missing"] == [] and out["answer"] == 42 and out["calls"] == 1
     [rec] = box.records()
     assert rec["mode"] == "memory" and rec["text"]["served"] == {"vllm.engine": "vllm/engine.py"}
@@ -110,7 +100,7 @@ def test_runtime_drift_is_loud_and_fatal_under_strict(box):
     p = box.patches / "F0003-count.toml"
     p.write_text(p.read_text().replace('"(self, n)"', '"(self, n, extra)"'))
     proc = box.py(REGISTER)
-    assert _out(proc)["calls"] is None
+    assert out_of(proc)["calls"] is None
     [rec] = box.records()
     assert any("F0003/count: runtime drifted" in m and "the patch declares (self, n, extra)" in m
                for m in rec["missing_required"])
@@ -122,7 +112,7 @@ def test_runtime_drift_is_loud_and_fatal_under_strict(box):
 def test_corrupt_ledger_never_raises_unless_strict(box):
     box.apply()
     (box.root / ".sndr" / "ledger.json").write_text("{not json")
-    out = _out(box.py(REGISTER))
+    out = out_of(box.py(REGISTER))
     assert any("ledger" in m for m in out["missing"])
     proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
     assert proc.returncode != 0 and "ledger" in proc.stderr

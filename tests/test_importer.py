@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
 
 import pytest
 
-from hook_fixtures import Box, make_venv, replace_file, tree_bytes
+from hook_fixtures import Box, box, make_venv, out_of, replace_file, tree_bytes  # noqa: F401 (box is a fixture)
 from sndr import importer
 
 SERVE = """
@@ -30,22 +29,13 @@ SERVE = """
 """
 
 
-def _out(proc) -> dict:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1]
-    return json.loads(line[3:])
-
-
-@pytest.fixture
-def box(tmp_path):
-    return Box(tmp_path)
-
 
 # ----------------------------------------------------------------------------- serving
 
 
 def test_serves_patched_source_and_never_writes_the_tree(box):
     before = tree_bytes(box.root)
-    out = _out(box.py(SERVE))
+    out = out_of(box.py(SERVE))
     assert out["answer"] == 42 and out["sub"] == "patched" and out["sub_pkg"]
     assert out["loader"] == "PatchedLoader"
     assert out["file"] == str(box.root / "vllm" / "engine.py")
@@ -59,9 +49,9 @@ def test_serves_patched_source_and_never_writes_the_tree(box):
 
 
 def test_warm_start_uses_the_cache_without_the_planner(box):
-    cold = _out(box.py(SERVE))
+    cold = out_of(box.py(SERVE))
     assert cold["planner"] is True  # the first start plans
-    warm = _out(box.py(SERVE))
+    warm = out_of(box.py(SERVE))
     assert warm["answer"] == 42
     assert warm["planner"] is False and warm["pydantic"] is False
     code = list((box.cache / "hook" / "code").iterdir())
@@ -80,7 +70,7 @@ def test_tampered_cache_entries_are_recompiled_never_trusted(box):
     entries[0].write_bytes(entries[1].read_bytes())
     for src in (box.cache / "hook" / "src").iterdir():
         src.write_text(src.read_text().replace("return 42", "return 666"))
-    out = _out(box.py(SERVE))
+    out = out_of(box.py(SERVE))
     assert out["answer"] == 42
 
 
@@ -112,18 +102,18 @@ def test_code_cache_roundtrip_and_checks(tmp_path):
 
 
 def test_pristine_change_invalidates_the_memory_plan(box):
-    assert _out(box.py(SERVE))["answer"] == 42
+    assert out_of(box.py(SERVE))["answer"] == 42
     text = (box.root / "vllm" / "engine.py").read_text()
     replace_file(box.root / "vllm" / "engine.py", text.replace("return n + 1", "return n + 2"))
     proc = box.py(SERVE + "    print('STEP', e.Engine().step(1))\n")
-    assert "STEP 3" in proc.stdout and _out(proc)["answer"] == 42
+    assert "STEP 3" in proc.stdout and out_of(proc)["answer"] == 42
 
 
 def test_plan_failure_serves_nothing(box):
     text = (box.root / "vllm" / "engine.py").read_text()
     replace_file(box.root / "vllm" / "engine.py", text.replace("return 41", "return 40"))
     proc = box.py(SERVE)
-    out = _out(proc)
+    out = out_of(proc)
     assert out["sub"] == "pristine"  # check everything, then touch anything: F0002 is not served either
     assert "does not apply" in proc.stderr and "UNPATCHED" in proc.stderr
 
@@ -133,7 +123,7 @@ def test_compile_error_serves_nothing(tmp_path):
     p = box.patches / "F0001-answer.toml"
     p.write_text(p.read_text().replace("    return 42\n", "    return (42\n"))
     proc = box.py(SERVE)
-    assert _out(proc)["answer"] == 41
+    assert out_of(proc)["answer"] == 41
     assert "does not compile" in proc.stderr
 
 
@@ -162,7 +152,7 @@ def test_tree_with_a_ledger_leaves_the_hook_inert(box):
 
 def test_disabled_by_env(box):
     proc = box.py(SERVE, SNDR_HOOK="0")
-    assert _out(proc)["answer"] == 41
+    assert out_of(proc)["answer"] == 41
 
 
 def test_unsafe_cache_is_refused_loudly_and_serving_still_works(box):
@@ -170,7 +160,7 @@ def test_unsafe_cache_is_refused_loudly_and_serving_still_works(box):
     (box.cache / "hook").mkdir(mode=0o777)
     os.chmod(box.cache / "hook", 0o777)
     proc = box.py(SERVE)
-    assert _out(proc)["answer"] == 42  # compiled in memory, nothing cached
+    assert out_of(proc)["answer"] == 42  # compiled in memory, nothing cached
     assert "writable by group or others" in proc.stderr and "code cache is disabled" in proc.stderr
     assert not (box.cache / "hook" / "code").exists()
 
@@ -267,7 +257,7 @@ def test_pth_installs_the_hook_in_spawned_and_forked_children(venv_box):
     env = box.environ(PYTHONPATH=None)
     proc = subprocess.run([python, str(script)], capture_output=True, text=True, env=env, cwd=str(box.tmp), timeout=300)
     assert proc.returncode == 0, proc.stderr
-    out = _out(proc)
+    out = out_of(proc)
     for method in ("spawn", "fork"):
         assert out[method] == {"answer": 42, "loader": "PatchedLoader", "finder": True}, (method, proc.stderr)
     assert (site / "_sndr_hook.pth").read_text().splitlines()[-1] == "import sndr._boot"
