@@ -17,7 +17,7 @@ from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, Report
-from .plan import Plan, build_plan, gate, order_patches, patch_set_digest
+from .plan import Plan, build_plan, patch_set_digest, resolve_gates
 
 
 def tree_version(root: Path) -> str:
@@ -28,22 +28,8 @@ def tree_version(root: Path) -> str:
 
 def enabled_ids(patch_set: PatchSet, version: str, environ, only=None) -> list[str]:
     """The ids a plan would enable, computed without reading any target file."""
-    selected = None
-    if only:
-        from .plan import _requires_closure
-
-        selected = set(only)
-        for i in only:
-            if i in patch_set.by_id:
-                selected |= _requires_closure(patch_set.by_id[i], patch_set.by_id)
-    on: list[str] = []
-    for p in order_patches(patch_set.patches):
-        if selected is not None and p.id not in selected:
-            continue
-        if gate(p, version, environ).enabled and all(r in on for r in p.requires):
-            on.append(p.id)
-    return on
-
+    ordered, gates = resolve_gates(patch_set, version, environ, only)
+    return [p.id for p in ordered if gates[p.id].enabled]
 
 def _report(mode: str, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
     problems = kw.pop("problems", None)

@@ -190,13 +190,16 @@ def _requires_closure(patch: Patch, by_id: dict[str, Patch]) -> set[str]:
     return seen
 
 
-def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
-               only: list[str] | None = None, check_compile: bool = True) -> Plan:
-    """Simulate the patch set on the texts ``read`` returns (the pristine tree)."""
+def resolve_gates(patch_set: PatchSet, version: str, environ=None,
+                  only: list[str] | None = None) -> tuple[list[Patch], dict[str, Gate]]:
+    """The apply order and every patch's gate, reading no target file.
+
+    ``--only`` pulls in what the selected patches require; a patch whose
+    ``requires`` is not enabled is gated ``requires_gated``.
+    """
     environ = os.environ if environ is None else environ
     by_id = patch_set.by_id
     ordered = order_patches(patch_set.patches)
-    problems: list[Problem] = []
     selected: set[str] | None = None
     if only:
         unknown = [i for i in only if i not in by_id]
@@ -205,7 +208,6 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
         selected = set(only)
         for i in only:
             selected |= _requires_closure(by_id[i], by_id)
-
     gates: dict[str, Gate] = {}
     for p in ordered:
         if selected is not None and p.id not in selected:
@@ -217,6 +219,16 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
             if missing:
                 g = Gate(False, "requires_gated", f"requires {', '.join(missing)}, which is not enabled")
         gates[p.id] = g
+    return ordered, gates
+
+
+def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
+               only: list[str] | None = None, check_compile: bool = True) -> Plan:
+    """Simulate the patch set on the texts ``read`` returns (the pristine tree)."""
+    environ = os.environ if environ is None else environ
+    by_id = patch_set.by_id
+    ordered, gates = resolve_gates(patch_set, version, environ, only)
+    problems: list[Problem] = []
     enabled = [p.id for p in ordered if gates[p.id].enabled]
     en = set(enabled)
     reported: set[frozenset] = set()
