@@ -190,6 +190,20 @@ def torch_reference(cell_cache, block_table, seq_lens, query, scale):
     return out
 
 
+def torch_reference_lse(cell_cache, block_table, seq_lens, query, scale):
+    b, hq, d = query.shape
+    hk = cell_cache.shape[2]
+    out = torch.zeros(b, hq, dtype=torch.float64, device=query.device)
+    for i in range(b):
+        n = int(seq_lens[i])
+        pos = torch.arange(n, device=query.device)
+        slots = cell_cache[block_table[i, pos // PAGE].long(), pos % PAGE]
+        k, _ = reference.unpack(slots, d)
+        k = k.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        out[i] = torch.logsumexp(torch.einsum("hd,hld->hl", query[i].double(), k) * scale, -1)
+    return out
+
+
 def check(vl) -> dict:
     res = {}
     torch.manual_seed(0)
@@ -218,11 +232,19 @@ def check(vl) -> dict:
         cell = Cell(4, ctx, hq, seed=hq, sdpa=False)
         cell.seq_lens.copy_(torch.tensor([ctx, 1, ctx * 3 // 8, ctx - 5], dtype=torch.int32))
         ref = torch_reference(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
-        for name, fn in (("sndr", cell.ours), ("vllm", lambda: cell.vllm(vl))):
+        def triton_ours(cell=cell):
+            with backend("triton"):
+                return cell.ours()
+        for name, fn in (("sndr", cell.ours), ("sndr_triton", triton_ours), ("vllm", lambda: cell.vllm(vl))):
             o = fn().double()
             sync()
             rel = ((o - ref).norm() / ref.norm()).item()
             res[f"decode_rel_err_{name}_hq{hq}"] = rel
+        # the LSE the entry writes (natural log) vs float64
+        cell.ours()
+        sync()
+        lse_ref = torch_reference_lse(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
+        res[f"lse_max_abs_err_hq{hq}"] = (cell.lse.double() - lse_ref).abs().max().item()
         # fp32 output straight from the kernels (no bf16 rounding)
         o32 = kernels.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
                                        out=torch.empty(4, hq, D, device=DEV)).double()
@@ -247,7 +269,9 @@ def check(vl) -> dict:
         del cell
     # 4. other head sizes and group sizes through the default (GPU) path, pages 16 and 64
     worst = 0.0
-    for d, g, page in ((64, 1, 16), (64, 4, 64), (128, 6, 16), (128, 16, 32), (256, 4, 16), (256, 8, 16)):
+    for d, g, page, qdt in ((64, 1, 16, torch.bfloat16), (64, 4, 64, torch.float16), (128, 6, 16, torch.bfloat16),
+                            (128, 16, 32, torch.float16), (128, 8, 16, torch.float16), (128, 12, 16, torch.bfloat16),
+                            (128, 2, 64, torch.bfloat16), (256, 4, 16, torch.bfloat16), (256, 8, 16, torch.bfloat16)):
         gen = torch.Generator(device=DEV).manual_seed(d + g)
         hk, b, nbp = 2, 3, 40
         nb = b * nbp
@@ -259,7 +283,7 @@ def check(vl) -> dict:
                       torch.arange(n, device=DEV, dtype=torch.int32))
         bt = torch.randperm(nb, generator=gen, device=DEV).reshape(b, nbp).to(torch.int32)
         seq = torch.tensor([nbp * page, 1, 777 % (nbp * page)], dtype=torch.int32, device=DEV)
-        q = torch.randn(b, hk * g, d, generator=gen, device=DEV).to(torch.bfloat16)
+        q = torch.randn(b, hk * g, d, generator=gen, device=DEV).to(qdt)
         ref = torch.zeros(b, hk * g, d, dtype=torch.float64, device=DEV)
         for i in range(b):
             ln = int(seq[i])
@@ -270,6 +294,9 @@ def check(vl) -> dict:
             sc = torch.einsum("hd,hld->hl", q[i].double(), kk) * d**-0.5
             ref[i] = torch.einsum("hl,hld->hd", torch.softmax(sc, -1), vv)
         for bh_cfg in (None, kernels.DecodeConfig(maxnreg=168, occupancy=3, block_n=64 if d <= 128 else 32)):
+            if DEV == "cuda" and bh_cfg is None:
+                from sndr.kernels.turboquant_k8v4 import cuda_decode
+                res[f"backend_d{d}_g{g}_page{page}"] = cuda_decode.unsupported(q, cache, bt, seq) or "cuda"
             o = kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=torch.empty(b, hk * g, d, device=DEV),
                                          config=bh_cfg)
             err = ((o.double() - ref).norm() / ref.norm()).item()
@@ -462,6 +489,117 @@ def adopt_best(rows) -> str | None:
 BW = [1.0]
 
 
+class backend:
+    """Run the block under SNDR_TQ_BACKEND=name (auto: CUDA where supported, else Triton)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.old = os.environ.get("SNDR_TQ_BACKEND")
+        os.environ["SNDR_TQ_BACKEND"] = self.name
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("SNDR_TQ_BACKEND", None)
+        else:
+            os.environ["SNDR_TQ_BACKEND"] = self.old
+
+
+def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 16384, 32768)) -> None:
+    """Where the fixed cost goes: full call, split kernel alone, merge alone, vs context."""
+    from sndr.kernels.turboquant_k8v4 import cuda_decode
+
+    cfg = cuda_decode.DEFAULT
+    pts = []
+    for ctx in ctxs:
+        c = Cell(b, ctx, hq, sdpa=False)
+        k, wps = cuda_decode.kernel_for(c.query, c.kv_cache, cfg)
+        splits = cuda_decode.num_splits(b * HK, wps, torch.cuda.get_device_properties(0).multi_processor_count,
+                                        VLLM_SPLITS, cfg.waves)
+        mt = max(1, math.ceil(cfg.min_split_tokens / 16))
+        mid_o = torch.empty(b * hq * splits * D, device=DEV)
+        mid_l = torch.empty(b * hq * splits, device=DEV)
+        full = bench(c.ours, graph=True, rep=60)
+        split = bench(lambda: cuda_decode.launch_split(k, cfg, c.query, c.kv_cache, c.block_table, c.seq_lens,
+                                                       mid_o, mid_l, c.scale, splits, mt), graph=True, rep=60)
+        merge = bench(lambda: cuda_decode.launch_merge(c.query, c.seq_lens, mid_o, mid_l, c.out, c.lse, splits, mt),
+                      graph=True, rep=60)
+        with backend("triton"):
+            tri = bench(c.ours, graph=True, rep=60)
+        pts.append((c.tq_bytes, split))
+        log(f"cuda-probe hq={hq} B={b} ctx={ctx} splits={splits} MB={c.tq_bytes / 1e6:.1f} full {full:.1f}us "
+            f"split {split:.1f}us merge {merge:.1f}us triton {tri:.1f}us split-BW {c.tq_bytes / split / 1e3:.0f}GB/s")
+        del c
+    n = len(pts)
+    mx = sum(p[0] for p in pts) / n
+    my = sum(p[1] for p in pts) / n
+    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+    log(f"cuda-probe fit split: fixed {my - slope * mx:.1f}us + bytes at {1e-3 / slope:.0f} GB/s")
+
+
+def parse_cuda_cfg(name: str):
+    """'s3w4b4' -> CudaConfig(stages=3, warps=4, min_blocks=4); optional 'v1' = waves."""
+    from sndr.kernels.turboquant_k8v4 import cuda_decode
+    import re
+
+    m = re.fullmatch(r"s(\d+)w(\d+)b(\d+)(?:v(\d+))?", name)
+    if not m:
+        raise SystemExit(f"bad --cuda-sweep entry {name!r} (e.g. s3w4b4)")
+    st, w, b, v = m.groups()
+    return cuda_decode.CudaConfig(stages=int(st), warps=int(w), min_blocks=int(b), waves=int(v or 2))
+
+
+def cuda_sweep(cells, names) -> list:
+    """Graph-replay time of CUDA kernel configs vs the Triton default, accuracy-gated."""
+    from sndr.kernels.turboquant_k8v4 import cuda_decode
+
+    rows = []
+    for hq in sorted({c[2] for c in cells}):
+        mine = [Cell(b, ctx, h, sdpa=False) for (b, ctx, h) in cells if h == hq]
+        for c in mine:
+            c.ws = torch.empty(c.b * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
+        runs = [("triton", None)] + [(n, parse_cuda_cfg(n)) for n in names]
+        gate = Cell(4, 2048, hq, seed=7, sdpa=False)  # mixed lengths, partial tiles
+        gate.seq_lens.copy_(torch.tensor([2048, 1, 771, 2037], dtype=torch.int32))
+        gate.ws = torch.empty(4 * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
+        gate_ref = torch_reference(gate.kv_cache, gate.block_table, gate.seq_lens, gate.query, gate.scale)
+        for name, cfg in runs:
+            def call(c, cfg=cfg):
+                if cfg is None:
+                    with backend("triton"):
+                        return c.ours()
+                return cuda_decode.decode_attention(
+                    c.query, c.kv_cache, c.block_table, c.seq_lens, c.scale, out=c.out, lse=None,
+                    workspace=c.ws, max_splits=VLLM_SPLITS, config=cfg)
+            try:
+                o = call(gate).double()
+                sync()
+                err = ((o - gate_ref).norm() / gate_ref.norm()).item()
+                if not err < 4e-3:
+                    log(f"cuda-sweep REJECT hq={hq} {name}: rel. error {err:.2e}")
+                    continue
+                ts = [bench(lambda c=c: call(c), graph=True, rep=60) for c in mine]
+                info = f" err {err:.1e}"
+                if cfg is not None:
+                    k, wps = cuda_decode.kernel_for(mine[0].query, mine[0].kv_cache, cfg)
+                    info += f" regs {k.registers} spill {k.spill_bytes} warps/SM {wps}"
+            except Exception as e:  # noqa: BLE001
+                log(f"cuda-sweep FAIL hq={hq} {name}: {type(e).__name__} {str(e)[:300]}")
+                continue
+            r = dict(hq=hq, name=name, cells={f"{c.b}x{c.ctx // 1024}K": round(t, 1) for c, t in zip(mine, ts)},
+                     pct={f"{c.b}x{c.ctx // 1024}K": round(100 * c.tq_bytes / (t * 1e-6) / 1e9 / BW[0], 1)
+                          for c, t in zip(mine, ts)})
+            rows.append(r)
+            log(f"cuda-sweep hq={hq} {name:10s}{info} " +
+                " ".join(f"{k}:{v_}us/{r['pct'][k]}%" for k, v_ in r["cells"].items()))
+            with open(OUT / "cuda_sweep.jsonl", "a") as f:
+                f.write(json.dumps(r) + "\n")
+        del mine
+        torch.cuda.empty_cache()
+    return rows
+
+
 # ----------------------------------------------------------------------------- table
 
 
@@ -524,6 +662,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-cells", default="8:8192:32,32:8192:32,64:8192:32,8:32768:32,32:32768:32,64:32768:32,"
                     "8:8192:64,32:8192:64,64:8192:64,8:32768:64,32:32768:64,64:32768:64")
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--cuda-probe", action="store_true", help="fixed cost vs context of the CUDA path")
+    ap.add_argument("--cuda-sweep", default="", help="CUDA kernel configs to time, e.g. s3w4b4,s2w1b16")
+    ap.add_argument("--cuda-cells", default="1:8192:32,1:32768:32,8:8192:32,32:8192:32,64:8192:32,8:32768:32,"
+                    "32:32768:32,64:32768:32,8:8192:64,32:32768:64")
     ap.add_argument("--baseline", default=None, help="folder with vLLM 0.32.0's three TurboQuant source files")
     ap.add_argument("--bs", default="1,8,32,64")
     ap.add_argument("--ctxs", default="1024,8192,32768")
@@ -563,6 +705,14 @@ def main(argv=None) -> int:
         if args.adopt_best:
             summary["adopted"] = adopt_best(rows)
         log(f"[{time.time() - t0:.0f}s] sweep done")
+    if args.cuda_probe:
+        cuda_probe()
+        cuda_probe(b=32, ctxs=(1024, 4096, 8192))
+        log(f"[{time.time() - t0:.0f}s] cuda probe done")
+    if args.cuda_sweep:
+        cuda_sweep([tuple(int(x) for x in c.split(":")) for c in args.cuda_cells.split(",") if c],
+                   [n for n in args.cuda_sweep.split(",") if n])
+        log(f"[{time.time() - t0:.0f}s] cuda sweep done")
     if args.check:
         summary["check"] = check(vl)
         log(f"[{time.time() - t0:.0f}s] check done")

@@ -596,12 +596,20 @@ def decode_attention(
     config: DecodeConfig | None = None,
     max_splits: int = 64,
 ) -> torch.Tensor:
-    """Paged decode attention over a k8v4 cache. Returns ``out``."""
+    """Paged decode attention over a k8v4 cache. Returns ``out``.
+
+    With no ``config``, the CUDA kernel (``cuda_decode``) runs where it
+    supports the call and ``SNDR_TQ_BACKEND`` allows it; otherwise Triton.
+    """
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
     if hq % hk:
         raise ValueError(f"Hq={hq} is not a multiple of Hk={hk}")
     _check_cache(kv_cache, d, hk)
+    if config is None and not interpreting() and query.device.type == "cuda":
+        done = _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits)
+        if done is not None:
+            return done
     g = hq // hk
     cfg = config or default_config(d, g, bsz * hk)
     splits = pick_num_splits(bsz, hk, query.device, cfg, max_splits)
@@ -641,3 +649,28 @@ def decode_attention(
         num_warps=4 if d >= 128 else 2,
     )
     return out
+
+
+def _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits):
+    """Run the CUDA backend if allowed and able; None: the caller runs Triton."""
+    from . import _cudart, cuda_decode
+
+    choice = cuda_decode.backend_choice()
+    if choice == "triton":
+        return None
+    why = cuda_decode.unsupported(query, kv_cache, block_table, seq_lens)
+    if why is not None:
+        if choice == "cuda":
+            raise ValueError(f"SNDR_TQ_BACKEND=cuda: {why}")
+        return None
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    try:
+        return cuda_decode.decode_attention(query, kv_cache, block_table, seq_lens, scale,
+                                            out=out, lse=lse, workspace=workspace, max_splits=max_splits)
+    except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
+        if choice == "cuda":
+            raise
+        idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
+        cuda_decode.mark_broken(idx, str(exc).splitlines()[0])
+        return None

@@ -1,0 +1,257 @@
+"""CUDA C++ kernels compiled at run time: NVRTC + the driver API, through ctypes.
+
+No build step and no compiler in the image: NVRTC (``libnvrtc``) ships with
+every CUDA build of torch (the ``nvidia-cuda-nvrtc`` wheel) and the driver
+library (``libcuda.so.1``) with every GPU. A kernel is compiled once per
+(source, defines, GPU architecture, NVRTC version) to a cubin, cached on disk
+under ``$SNDR_CACHE_DIR/cubin`` (default ``~/.cache/sndr/cubin``), and loaded
+into the current device's primary context, the one torch uses. Launches go
+onto torch's current stream, so they are captured by ``torch.cuda.graph``.
+
+Every failure (no NVRTC, a compile error, a driver error) raises
+:class:`CudaUnavailable` or :class:`CudaError` with the library's own message;
+callers fall back to the Triton kernels on ``CudaUnavailable``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+__all__ = ["CudaUnavailable", "CudaError", "Kernel", "compile_cubin", "load_kernel", "nvrtc_version"]
+
+
+class CudaUnavailable(RuntimeError):
+    """NVRTC or the driver library cannot be found or loaded."""
+
+
+class CudaError(RuntimeError):
+    """NVRTC or the driver reported an error."""
+
+
+_LOCK = threading.Lock()
+_NVRTC: list = []
+_DRIVER: list = []
+
+
+def _nvrtc_candidates() -> list[str]:
+    out: list[str] = []
+    env = os.environ.get("SNDR_NVRTC")
+    if env:
+        out.append(env)
+    major = None
+    try:
+        import torch
+
+        if torch.version.cuda:
+            major = torch.version.cuda.split(".")[0]
+    except Exception:  # torch absent or broken: search the usual places anyway
+        pass
+    roots = [p for p in sys.path if p and os.path.isdir(os.path.join(p, "nvidia"))]
+    found: list[str] = []
+    for root in roots:
+        found += glob.glob(os.path.join(root, "nvidia", "*", "lib", "libnvrtc.so*"))
+        found += glob.glob(os.path.join(root, "nvidia", "*", "*", "lib", "libnvrtc.so*"))
+    found = [f for f in found if "builtins" not in os.path.basename(f)]
+    # the NVRTC matching torch's CUDA major first
+    found.sort(key=lambda f: (major is None or f".so.{major}" not in f, f))
+    out += found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            out += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
+    lib = ctypes.util.find_library("nvrtc")
+    if lib:
+        out.append(lib)
+    return out
+
+
+def _nvrtc() -> ctypes.CDLL:
+    if _NVRTC:
+        return _NVRTC[0]
+    with _LOCK:
+        if _NVRTC:
+            return _NVRTC[0]
+        errors = []
+        for cand in _nvrtc_candidates():
+            try:
+                lib = ctypes.CDLL(cand)
+                lib.nvrtcVersion  # noqa: B018  (symbol check)
+            except (OSError, AttributeError) as exc:
+                errors.append(f"{cand}: {exc}")
+                continue
+            lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            _NVRTC.append(lib)
+            return lib
+        raise CudaUnavailable("libnvrtc not found (tried: " + ("; ".join(errors) or "no candidates") + ")")
+
+
+def _driver() -> ctypes.CDLL:
+    if _DRIVER:
+        return _DRIVER[0]
+    with _LOCK:
+        if _DRIVER:
+            return _DRIVER[0]
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise CudaUnavailable(f"libcuda.so.1: {exc}") from exc
+        _DRIVER.append(lib)
+        return lib
+
+
+def nvrtc_version() -> tuple[int, int]:
+    lib = _nvrtc()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check_nvrtc(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)))
+    return major.value, minor.value
+
+
+def _check_nvrtc(lib: ctypes.CDLL, rc: int, what: str = "nvrtc") -> None:
+    if rc != 0:
+        raise CudaError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()} ({rc})")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        msg = ctypes.c_char_p()
+        _driver().cuGetErrorString(rc, ctypes.byref(msg))
+        raise CudaError(f"{what}: {msg.value.decode() if msg.value else 'error'} ({rc})")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("SNDR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sndr")
+    return Path(base) / "cubin"
+
+
+def compile_cubin(source: str, name: str, arch: str, defines: dict[str, int | str], *, cache: bool = True) -> bytes:
+    """CUDA C++ -> cubin for ``sm_<arch>`` (e.g. "90"), cached on disk."""
+    opts = [f"--gpu-architecture=sm_{arch}", "-std=c++17", "--use_fast_math"]
+    opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    key = hashlib.sha256("\0".join([source, name, *opts, repr(nvrtc_version())]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{name}-sm{arch}-{key}.cubin"
+    if cache and path.is_file():
+        return path.read_bytes()
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None))
+    try:
+        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if rc != 0:
+            raise CudaError(f"compiling {name}.cu ({' '.join(opts)}):\n{log.value.decode(errors='replace')}")
+        _check_nvrtc(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        buf = ctypes.create_string_buffer(size.value)
+        _check_nvrtc(lib, lib.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+        cubin = buf.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    if cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(cubin)
+            os.replace(tmp, path)
+        except OSError:  # a read-only cache costs a recompile, nothing more
+            pass
+    return cubin
+
+
+_CU_FUNC_ATTRIBUTE_NUM_REGS = 4
+_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class Kernel:
+    """One ``extern "C"`` kernel of a cubin, loaded in one device's context."""
+
+    def __init__(self, cubin: bytes, name: str, dynamic_smem: int = 0):
+        drv = _driver()
+        self._cubin = cubin  # the driver reads the image lazily on some versions
+        self.module = ctypes.c_void_p()
+        _check(drv.cuModuleLoadData(ctypes.byref(self.module), cubin), f"cuModuleLoadData({name})")
+        self.func = ctypes.c_void_p()
+        _check(drv.cuModuleGetFunction(ctypes.byref(self.func), self.module, name.encode()), f"cuModuleGetFunction({name})")
+        self.name = name
+        self.smem = int(dynamic_smem)
+        if self.smem > 48 * 1024:
+            _check(drv.cuFuncSetAttribute(self.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
+                   "cuFuncSetAttribute")
+
+    def attribute(self, attr: int) -> int:
+        v = ctypes.c_int()
+        _check(_driver().cuFuncGetAttribute(ctypes.byref(v), attr, self.func), "cuFuncGetAttribute")
+        return v.value
+
+    @property
+    def registers(self) -> int:
+        return self.attribute(_CU_FUNC_ATTRIBUTE_NUM_REGS)
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.attribute(_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+
+    def blocks_per_sm(self, block_threads: int) -> int:
+        n = ctypes.c_int()
+        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), self.func, block_threads, ctypes.c_size_t(self.smem)), "cuOccupancy")
+        return n.value
+
+    def launch(self, grid: int, block_threads: int, stream: int, args: list) -> None:
+        """args: ctypes scalars (c_void_p for device pointers, c_int, c_float, c_longlong)."""
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        _check(_driver().cuLaunchKernel(
+            self.func, grid, 1, 1, block_threads, 1, 1, self.smem, ctypes.c_void_p(stream), params, None),
+            f"cuLaunchKernel({self.name})")
+
+
+def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
+    drv.cuLaunchKernel.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+        ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    drv.cuModuleLoadData.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    drv.cuModuleGetFunction.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p]
+    drv.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    drv.cuFuncGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    drv.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.c_void_p]
+
+
+_KERNELS: dict[tuple, Kernel] = {}
+
+
+def load_kernel(source: str, name: str, defines: dict[str, int | str], device_index: int, dynamic_smem: int = 0) -> Kernel:
+    """Compile (or take from the cache) and load ``name`` for one CUDA device."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    arch = f"{major}{minor}"
+    key = (hashlib.sha256(source.encode()).hexdigest(), name, tuple(sorted(defines.items())), device_index, dynamic_smem)
+    k = _KERNELS.get(key)
+    if k is not None:
+        return k
+    with _LOCK:
+        k = _KERNELS.get(key)
+        if k is not None:
+            return k
+    cubin = compile_cubin(source, name, arch, defines)
+    drv = _driver()
+    _setup_driver_signatures(drv)
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream(device_index)  # makes torch's primary context current on this thread
+        torch.empty(1, device=f"cuda:{device_index}")
+        k = Kernel(cubin, name, dynamic_smem)
+    with _LOCK:
+        _KERNELS[key] = k
+    return k

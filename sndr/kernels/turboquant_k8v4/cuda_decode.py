@@ -1,0 +1,214 @@
+"""CUDA backend of the k8v4 split-KV decode (``decode_k8v4.cu``, built by NVRTC).
+
+Same contract and workspace as the Triton split kernel in ``kernels``: it
+writes each split's normalised partial output and log2-sum-exp, and
+``kernels._merge_kernel`` merges them, so the two backends are
+interchangeable call for call. The CUDA kernel puts one warp on each
+(sequence, KV head, split), copies 16-token tiles into a shared-memory ring
+with ``cp.async`` and computes both products on tensor cores with the
+operands built straight into ``mma.sync`` fragment registers (see the
+source's header). One build per model shape (head dim, page size, row stride,
+group size, query dtype), cached on disk.
+
+``SNDR_TQ_BACKEND`` = ``auto`` (default: CUDA where :func:`unsupported` finds
+nothing against it, else Triton), ``cuda`` (raise instead of falling back) or
+``triton``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+from . import _cudart
+
+SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
+KERNEL = "tq_k8v4_decode_split"
+TILE = 16
+STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
+LOG = logging.getLogger("sndr.kernels")
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    stages: int = 3  # cp.async ring depth per warp
+    warps: int = 4  # warps (independent work items) per block
+    min_blocks: int = 4  # blocks per SM asked of the register allocator
+    tau: float = 8.0  # lazy-rescale slack, log2 units
+    min_split_tokens: int = 128  # a sequence gets at most one split per this many tokens
+    waves: int = 2  # the split count aims at this many full waves of warps
+
+    def smem(self, head_dim: int) -> int:
+        return self.stages * self.warps * STAGE_BYTES[head_dim]
+
+
+DEFAULT = CudaConfig()
+_SOURCE: list[str] = []
+_BROKEN: dict[int, str] = {}  # device index -> why the CUDA backend is off there
+_SM_COUNT: dict[int, int] = {}
+
+
+def backend_choice() -> str:
+    v = os.environ.get("SNDR_TQ_BACKEND", "auto").strip().lower() or "auto"
+    if v not in ("auto", "cuda", "triton"):
+        raise ValueError(f"SNDR_TQ_BACKEND={v!r}: expected auto, cuda or triton")
+    return v
+
+
+def _source() -> str:
+    if not _SOURCE:
+        _SOURCE.append(SOURCE_PATH.read_text())
+    return _SOURCE[0]
+
+
+def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor) -> str | None:
+    """Why the CUDA kernel cannot take this call (None: it can)."""
+    if query.device.type != "cuda" or torch.version.hip is not None:
+        return "not a CUDA device"
+    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    if idx in _BROKEN:
+        return _BROKEN[idx]
+    if torch.cuda.get_device_capability(idx) < (8, 9):
+        return "needs sm_89+ (fp8 e4m3 conversions)"
+    bsz, hq, d = query.shape
+    hk = kv_cache.shape[2]
+    if d not in STAGE_BYTES:
+        return f"head dim {d} (64 or 128 only)"
+    if hq % hk or not 1 <= hq // hk <= 16:
+        return f"group size Hq/Hk = {hq}/{hk}"
+    if kv_cache.shape[1] % TILE:
+        return f"page size {kv_cache.shape[1]} is not a multiple of {TILE}"
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return f"query dtype {query.dtype}"
+    if query.stride(2) != 1 or query.stride(0) % 2 or query.stride(1) % 2 or query.data_ptr() % 4:
+        return "query rows not 4-byte aligned"
+    if kv_cache.stride(3) != 1 or kv_cache.data_ptr() % 4 or any(kv_cache.stride(i) % 4 for i in range(3)):
+        return "cache rows not 4-byte aligned"
+    if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+        return "block table not int32 rows"
+    if seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
+        return "seq_lens not contiguous int32"
+    return None
+
+
+def _sm_count(idx: int) -> int:
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dict[str, int | str]:
+    hq, d = query.shape[1], query.shape[2]
+    hk = kv_cache.shape[2]
+    return {
+        "D": d, "SP": kv_cache.stride(1), "PAGE": kv_cache.shape[1], "G": hq // hk,
+        "QBF16": int(query.dtype == torch.bfloat16), "STAGES": cfg.stages, "NW": cfg.warps,
+        "MINB": cfg.min_blocks, "TAU": f"{float(cfg.tau)!r}f",
+    }
+
+
+_OCC: dict[tuple, int] = {}
+
+
+def kernel_for(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
+    """(compiled kernel, resident warps per SM) for this call's shape."""
+    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    defs = defines(query, kv_cache, cfg)
+    k = _cudart.load_kernel(_source(), KERNEL, defs, idx, cfg.smem(query.shape[2]))
+    key = (id(k), cfg.warps)
+    if key not in _OCC:
+        _OCC[key] = max(1, k.blocks_per_sm(32 * cfg.warps)) * cfg.warps
+    return k, _OCC[key]
+
+
+def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, waves: int = 2) -> int:
+    """Splits per sequence from the launch shape only (CUDA-graph safe).
+
+    About ``waves`` full waves of warps; where ``max_splits`` caps that, the
+    count whose last wave is fullest (ties: more splits).
+    """
+    slots = warps_per_sm * sms
+    want = (waves * slots) // max(1, batch_heads)
+    if want <= max_splits:
+        return max(1, want)
+    return max(range(1, max_splits + 1),
+               key=lambda s: (batch_heads * s / (-(-batch_heads * s // slots) * slots), s))
+
+
+def decode_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+    scale: float, *, out: torch.Tensor, lse: torch.Tensor | None, workspace: torch.Tensor | None,
+    max_splits: int, config: CudaConfig | None = None,
+) -> torch.Tensor:
+    """Split-KV decode on the CUDA kernel + the shared Triton merge. Returns ``out``."""
+    from . import kernels  # the merge kernel and the workspace layout
+
+    cfg = config or DEFAULT
+    bsz, hq, d = query.shape
+    hk = kv_cache.shape[2]
+    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    k, warps_per_sm = kernel_for(query, kv_cache, cfg)
+    splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx), max_splits, cfg.waves)
+    min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
+    need = kernels.workspace_numel(bsz, hq, d, splits)
+    if workspace is None or workspace.numel() < need or workspace.dtype != torch.float32 or not workspace.is_contiguous():
+        workspace = torch.empty(need, dtype=torch.float32, device=query.device)
+    flat = workspace.view(-1)
+    mid_o = flat[: bsz * hq * splits * d]
+    mid_l = flat[bsz * hq * splits * d: need]
+    if bsz == 0:
+        return out
+    if mid_o.data_ptr() % 16:
+        mid_o = torch.empty(bsz * hq * splits * d, dtype=torch.float32, device=query.device)
+    launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles)
+    launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles)
+    return out
+
+
+def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles) -> None:
+    """The CUDA split kernel alone: partial outputs and LSEs into mid_o / mid_l."""
+    import ctypes as C
+
+    from . import kernels
+
+    bsz, hq, _ = query.shape
+    hk = kv_cache.shape[2]
+    args = [
+        C.c_void_p(query.data_ptr()), C.c_void_p(kv_cache.data_ptr()), C.c_void_p(block_table.data_ptr()),
+        C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
+        C.c_float(scale * kernels.LOG2E), C.c_int(bsz), C.c_int(hk), C.c_int(hq), C.c_int(splits),
+        C.c_int(min_tiles), C.c_longlong(query.stride(0)), C.c_longlong(query.stride(1)),
+        C.c_longlong(block_table.stride(0)), C.c_longlong(kv_cache.stride(0)), C.c_longlong(kv_cache.stride(2)),
+    ]
+    items = bsz * hk * splits
+    stream = torch.cuda.current_stream(query.device).cuda_stream
+    k.launch(triton.cdiv(items, cfg.warps), 32 * cfg.warps, stream, args)
+
+
+def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles) -> None:
+    """The shared Triton merge of the splits (16-token tiles)."""
+    from . import kernels
+
+    bsz, hq, d = query.shape
+    kernels._merge_kernel[(bsz, hq)](
+        mid_o, mid_l, seq_lens, out, lse if lse is not None else mid_l,
+        splits, min_tiles,
+        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+        HQ=hq, D=d, BLOCK_N=TILE, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+        WRITE_LSE=lse is not None,
+        num_warps=4 if d >= 128 else 2,
+    )
+
+
+def mark_broken(idx: int, why: str) -> None:
+    """Turn the CUDA backend off on one device for this process (logged once)."""
+    if idx not in _BROKEN:
+        _BROKEN[idx] = why
+        LOG.warning("sndr: TurboQuant CUDA decode disabled on cuda:%d, using Triton: %s", idx, why)

@@ -1,0 +1,467 @@
+// TurboQuant k8v4 split-KV decode: one warp per (sequence, KV head, split).
+//
+// Compiled at run time by NVRTC (cuda.py) with these macros defined, one
+// build per model shape:
+//   D        head dim (64 or 128)
+//   SP       cache stride between token rows of a page, bytes (Hk * slot)
+//   PAGE     tokens per page (a multiple of 16)
+//   G        query heads per KV head (1..16)
+//   QBF16    1: bfloat16 queries, 0: float16
+//   STAGES   cp.async ring depth per warp (>= 2)
+//   NW       warps per block (independent work items)
+//   MINB     blocks per SM asked of the register allocator
+//   TAU      lazy-rescale slack, log2 units (p <= 2**TAU)
+//
+// Cache slot (one token, one KV head; see _layout.py):
+//   [0, D) fp8 e4m3 keys | [D, D + D/2) 4-bit value codes | f16 scale | f16 zero
+// Slots are 4-byte aligned only (196 bytes at D = 128), so a tile of 16 tokens
+// is copied to shared memory with 4-byte cp.async, one token row per
+// instruction (coalesced), STAGES tiles ahead, then read back in exactly the
+// register layout of the mma.sync fragments:
+//
+// * scores S = Q K^T, m16n8k16: rows = the G query heads (A = Q, resident in
+//   registers), n = tokens, k = head dims. The k order inside a 16-dim step is
+//   permuted (the dot product does not care, Q gets the same permutation) so
+//   that a thread's four B values are four consecutive key bytes: one 32-bit
+//   word -> two cvt.rn.f16x2.e4m3x2 -> the B fragment, no shuffles.
+// * out O = P V: rows = heads, k = 16 tokens, n = head dims. The score
+//   accumulator is already the A fragment of P (FA2's register reuse). The
+//   B fragment pairs two tokens per register: prmt interleaves the value words
+//   of the two tokens, and one lop3 per register makes fp16 (1024 + code) for a
+//   low nibble or (64 + code) for a high one (exact, no int->float). The
+//   offsets are removed at the end through one extra MMA against ones, which
+//   sums exactly the fp16 P the other MMAs saw.
+// * value = zero + scale * code: P is multiplied by scale / s_run before the
+//   fp16 rounding (s_run = running max of the scales, so P' <= 2**TAU), the
+//   zero is a rank-one term kept in fp32.
+// * softmax state is lazy: the running max is raised, with one rescale, only
+//   when a score exceeds it by TAU or a scale exceeds s_run (one warp vote per
+//   tile on the common path); l and z are per-thread partial sums reduced once.
+//
+// Output: the split's normalised partial O (float32) and its log2-sum-exp,
+// in the layout of kernels._merge_kernel, which merges the splits.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define NEG_INF (__int_as_float(0xff800000u))
+
+#define KSTEPS (D / 16)            // k-steps of the score MMA = key words per thread per token
+#define VW (D / 64)                // value words per thread per token
+#define NT (D / 8)                 // n-tiles of the P@V MMA
+#define KROW (D / 4 + (D >= 128 ? 4 : 0))  // words per key row in shared memory (bank padding)
+#define VROW 20                    // words per value row in shared memory (bank padding)
+#define SZ_OFF (16 * KROW + 16 * VROW)
+#define STAGE_WORDS (16 * KROW + 16 * VROW + 16)
+#define NH ((G + 7) / 8)           // n-tiles of 8 query heads
+#define NT16 (D / 16)              // m-tiles of the P@V MMA (16 dims each)
+
+static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(PAGE % 16 == 0, "page size: a multiple of 16 tokens");
+static_assert(G >= 1 && G <= 16, "1..16 query heads per KV head");
+
+static __device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void cp4(u32 dst, u64 src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+
+static __device__ __forceinline__ void cp4z(u32 dst, u64 src, u32 n) {
+    // n = 0: writes zeros, reads nothing
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+static __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 two) {
+    u32 r;
+    asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n" : "=r"(r) : "r"(two));
+    return r;
+}
+
+static __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+static __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+static __device__ __forceinline__ float f16_lo(u32 w) {
+    float f;
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, l;\n}\n" : "=f"(f) : "r"(w));
+    return f;
+}
+
+static __device__ __forceinline__ float f16_hi(u32 w) {
+    float f;
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, h;\n}\n" : "=f"(f) : "r"(w));
+    return f;
+}
+
+static __device__ __forceinline__ float ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
+static __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two query values (element offset e, e+1 of a row) as fp16x2.
+static __device__ __forceinline__ u32 load_q2(const unsigned short* q, bool ok) {
+    if (!ok) return 0u;
+    u32 w = *reinterpret_cast<const u32*>(q);
+#if QBF16
+    float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xFFFF0000u);
+    return pack_f16x2(lo, hi);
+#else
+    return w;
+#endif
+}
+
+// Per-lane parts of the tile copies, fixed for the whole kernel: instruction i
+// of the key copy moves token rows i * KTPI + (lane / (D / 4)), word lane % (D / 4)
+// (one 128-byte row per instruction at D = 128); the value copy likewise.
+#define KTPI (128 / D)             // key rows per copy instruction
+#define VTPI (256 / D)             // value rows per copy instruction
+struct CopyLane {
+    int k_src, v_src, z_src;       // byte offsets from the tile's first row
+    u32 k_dst, v_dst, z_dst;       // byte offsets in a stage
+    int k_tau, v_tau;              // token row of instruction 0
+};
+
+static __device__ __forceinline__ CopyLane copy_lane(int lane) {
+    CopyLane c;
+    int kt = lane / (D / 4), kw = lane % (D / 4);
+    c.k_tau = kt;
+    c.k_src = kt * SP + 4 * kw;
+    c.k_dst = 4u * (kt * KROW + (kw & 3) * KSTEPS + (kw >> 2));
+    int vt = lane / (D / 8), vw = lane % (D / 8);
+    c.v_tau = vt;
+    c.v_src = vt * SP + D + 4 * vw;
+    c.v_dst = 4u * (16 * KROW + vt * VROW + vw);
+    c.z_src = (lane & 15) * SP + D + D / 2;
+    c.z_dst = 4u * (SZ_OFF + (lane & 15));
+    return c;
+}
+
+// Queue the copies of one 16-token tile (keys, value codes, scale|zero words)
+// into a shared-memory stage. `row` is the global address of the tile's first
+// token row for this KV head; `nvalid` < 16 zero-fills the rows past the end.
+// The per-instruction parts are compile-time immediates.
+template <bool MASKED>
+static __device__ __forceinline__ void issue_tile(u32 stage, u64 row, const CopyLane& c, int lane, int nvalid) {
+    const u64 ks = row + (u64)c.k_src, vs = row + (u64)c.v_src;
+    const u32 kd = stage + c.k_dst, vd = stage + c.v_dst;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {  // keys: 4D words, 32 per instruction
+        const u64 src = ks + (u64)(i * KTPI * SP);
+        const u32 dst = kd + 4u * (i * KTPI * KROW);
+        if (MASKED) cp4z(dst, src, i * KTPI + c.k_tau < nvalid ? 4u : 0u); else cp4(dst, src);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {  // value codes: 2D words
+        const u64 src = vs + (u64)(i * VTPI * SP);
+        const u32 dst = vd + 4u * (i * VTPI * VROW);
+        if (MASKED) cp4z(dst, src, i * VTPI + c.v_tau < nvalid ? 4u : 0u); else cp4(dst, src);
+    }
+    if (lane < 16) {  // scale | zero << 16
+        if (MASKED) cp4z(stage + c.z_dst, row + (u64)c.z_src, lane < nvalid ? 4u : 0u);
+        else cp4(stage + c.z_dst, row + (u64)c.z_src);
+    }
+}
+
+struct State {
+    float o[NT16][NH][4];  // O^T = sum p' * (offset + code): rows = dims, cols = heads 2 t4 + {0, 1}
+    float sp[NH][2];       // sum p' per head (the ones MMA)
+    float m[NH][2];        // running max per head, log2 units
+    float l[NH][2];        // per-thread partial sums of p
+    float z[NH][2];        // per-thread partial sums of p * zero
+    float s_run;           // running max of the value scales (warp-uniform)
+    float inv_s;
+};
+
+static __device__ __forceinline__ u32 movmatrix_t(u32 x) {
+    u32 r;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+}
+
+// One tile of 16 tokens. Scores are computed transposed, S^T = K Q^T (rows =
+// tokens, n = 8 heads: no MMA row is wasted for G = 8), so this thread holds
+// tokens g, g + 8 for heads 2 t4, 2 t4 + 1; movmatrix turns P' into the B
+// fragment of O^T = V^T P^T (rows = dims, k = tokens, n = heads).
+template <bool MASKED>
+static __device__ __forceinline__ void attend_tile(
+    State& st, const u32 (&qb)[NH][KSTEPS][2], const u32* stage, int g, int t4, int nvalid, float qk_scale)
+{
+    // ---- fragments from shared memory
+    u32 kw[2][KSTEPS];  // tokens g, g + 8: words 4 k + t4
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        const u32* p = stage + (g + 8 * n) * KROW + t4 * KSTEPS;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; k += 4) {
+            uint4 v = *reinterpret_cast<const uint4*>(p + k);
+            kw[n][k] = v.x; kw[n][k + 1] = v.y; kw[n][k + 2] = v.z; kw[n][k + 3] = v.w;
+        }
+    }
+    u32 vw[4][VW];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
+        const u32* p = stage + 16 * KROW + tau * VROW + VW * g;
+#if D == 128
+        uint2 v = *reinterpret_cast<const uint2*>(p);
+        vw[i][0] = v.x; vw[i][1] = v.y;
+#else
+        vw[i][0] = p[0];
+#endif
+    }
+    const u32 sz0 = stage[SZ_OFF + g], sz1 = stage[SZ_OFF + g + 8];
+    const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
+
+    // ---- S^T: A = keys (tokens g, g + 8), one 32-bit word -> two fp16x2 per token
+    u32 ka[KSTEPS][4];
+#pragma unroll
+    for (int k = 0; k < KSTEPS; ++k) {
+        ka[k][0] = e4m3x2_to_f16x2(kw[0][k]);
+        ka[k][1] = e4m3x2_to_f16x2(kw[1][k]);
+        ka[k][2] = e4m3x2_to_f16x2(kw[0][k] >> 16);
+        ka[k][3] = e4m3x2_to_f16x2(kw[1][k] >> 16);
+    }
+    float t[NH][4];  // [tok g | head 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1]
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) mma(c, ka[k][0], ka[k][1], ka[k][2], ka[k][3], qb[nh][k][0], qb[nh][k][1]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t[nh][i] = c[i] * qk_scale;
+        if (MASKED) {
+            if (g >= nvalid) { t[nh][0] = NEG_INF; t[nh][1] = NEG_INF; }
+            if (g + 8 >= nvalid) { t[nh][2] = NEG_INF; t[nh][3] = NEG_INF; }
+        }
+    }
+
+    // ---- lazy softmax state: one vote on the common path
+    float smax = fmaxf(sc[0], sc[1]);
+    bool need = smax > st.s_run;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
+    if (__any_sync(0xffffffffu, need)) {
+        float tmax[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
+        // the 8 lanes of a head column (g = 0..7) hold all 16 tokens of the tile
+#pragma unroll
+        for (int x = 4; x <= 16; x <<= 1) {
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
+                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
+            }
+            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
+        }
+        const float s_new = fmaxf(st.s_run, smax);
+        const float ratio = st.s_run / s_new;
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);
+                const float alpha = ex2(st.m[nh][e] - m_new);
+                const float f = alpha * ratio;
+#pragma unroll
+                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+                st.sp[nh][e] *= f;
+                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
+                st.m[nh][e] = m_new;
+            }
+        }
+        st.s_run = s_new;
+        st.inv_s = 1.0f / s_new;
+    }
+
+    // ---- P' = p * scale / s_run in fp16, transposed into the B fragment of P@V
+    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
+    u32 pb[NH][2];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);
+        st.l[nh][0] += p[0] + p[2];
+        st.l[nh][1] += p[1] + p[3];
+        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
+        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
+        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));  // tokens 0..7
+        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));  // tokens 8..15
+    }
+
+    // ---- O^T += V^T P^T: A pairs tokens (2 t4, 2 t4 + 1) and (2 t4 + 8, 2 t4 + 9);
+    // m-tile 4 u + i holds byte i of word u: low nibbles in rows 0..7, high in 8..15
+#pragma unroll
+    for (int u = 0; u < VW; ++u) {
+        u32 x[2][4];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            u32 a = vw[2 * hh][u], b = vw[2 * hh + 1][u];
+            u32 lo = prmt(a, b, 0x5410u);  // [a0 a1 b0 b1]
+            u32 hi = prmt(a, b, 0x7632u);  // [a2 a3 b2 b3]
+            x[hh][0] = lo; x[hh][1] = lo >> 8; x[hh][2] = hi; x[hh][3] = hi >> 8;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 a0 = (x[0][i] & 0x000F000Fu) | 0x64006400u;  // 1024 + code
+            const u32 a1 = (x[0][i] & 0x00F000F0u) | 0x54005400u;  // 64 + code
+            const u32 a2 = (x[1][i] & 0x000F000Fu) | 0x64006400u;
+            const u32 a3 = (x[1][i] & 0x00F000F0u) | 0x54005400u;
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) mma(st.o[4 * u + i][nh], a0, a1, a2, a3, pb[nh][0], pb[nh][1]);
+        }
+    }
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float c[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
+        mma(c, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
+        st.sp[nh][0] = c[0]; st.sp[nh][1] = c[1];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+{
+    extern __shared__ __align__(16) u32 smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int item = blockIdx.x * NW + warp;
+    const int s = item % S, bh = item / S, hk = bh % HK, b = bh / HK;
+    if (b >= B) return;
+    const int seq_len = SL[b];
+    // the same split of a sequence as kernels._active_splits (16-token tiles)
+    const int n_tiles = (seq_len + 15) >> 4;
+    const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
+    const int tiles_per = max((n_tiles + max(act, 1) - 1) / max(act, 1), 1);
+    const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
+    if (s >= n_act) return;
+    const int t_begin = s * tiles_per;
+    const int t_end = min(t_begin + tiles_per, n_tiles);
+    const int tail = seq_len & 15;  // valid rows of the sequence's last tile (0: full)
+
+    const int g = lane >> 2, t4 = lane & 3;
+
+    // ---- Q^T fragments (B operand of S^T), k-permuted: step k holds dims
+    // 16 k + 4 t4 + {0, 1} | {2, 3} of head 8 nh + g (zeros past G)
+    u32 qb[NH][KSTEPS][2];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        const int h = 8 * nh + g;
+        const unsigned short* q = Q + b * q_sb + (long long)(hk * G + (h < G ? h : 0)) * q_sh + 4 * t4;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) {
+            qb[nh][k][0] = load_q2(q + 16 * k, h < G);
+            qb[nh][k][1] = load_q2(q + 16 * k + 2, h < G);
+        }
+    }
+
+    State st;
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) st.o[j][nh][0] = st.o[j][nh][1] = st.o[j][nh][2] = st.o[j][nh][3] = 0.f;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        st.sp[nh][0] = st.sp[nh][1] = 0.f;
+        st.m[nh][0] = st.m[nh][1] = NEG_INF;
+        st.l[nh][0] = st.l[nh][1] = st.z[nh][0] = st.z[nh][1] = 0.f;
+    }
+    st.s_run = 1e-30f;
+    st.inv_s = 1e30f;
+
+    u32* ring = smem + warp * (STAGES * STAGE_WORDS);
+    const u32 ring_addr = smem_addr(ring);
+    const u64 kv_head = (u64)KV + (u64)(hk * kv_shead);
+    const int* bt_row = BT + b * bt_sb;
+    const CopyLane cl = copy_lane(lane);
+
+    // tile T starts at token 16 T: page (16 T) / PAGE, row (16 T) % PAGE
+    auto tile_row = [&](int T, int pg) -> u64 {
+        return kv_head + (u64)((long long)pg * kv_sblk) + (u64)(((16 * T) % PAGE) * SP);
+    };
+    auto issue = [&](int T, int slot, int pg) {
+        u32 stage = ring_addr + 4u * (u32)(slot * STAGE_WORDS);
+        if (T == n_tiles - 1 && tail) issue_tile<true>(stage, tile_row(T, pg), cl, lane, tail);
+        else issue_tile<false>(stage, tile_row(T, pg), cl, lane, 16);
+    };
+
+    // prologue: STAGES - 1 tiles in flight
+    int pg_next = bt_row[(16 * t_begin) / PAGE];
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        int T = t_begin + i;
+        if (T < t_end) issue(T, i, pg_next);
+        asm volatile("cp.async.commit_group;\n" ::);
+        pg_next = bt_row[(16 * min(T + 1, t_end - 1)) / PAGE];
+    }
+
+    int slot = 0, slot_issue = STAGES - 1;
+    for (int T = t_begin; T < t_end; ++T) {
+        const int Tn = T + STAGES - 1;
+        if (Tn < t_end) issue(Tn, slot_issue, pg_next);
+        asm volatile("cp.async.commit_group;\n" ::);
+        pg_next = bt_row[(16 * min(Tn + 1, t_end - 1)) / PAGE];  // used next iteration
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
+        __syncwarp();
+        const u32* stage = ring + slot * STAGE_WORDS;
+        if (T == n_tiles - 1 && tail) attend_tile<true>(st, qb, stage, g, t4, tail, qk_scale);
+        else attend_tile<false>(st, qb, stage, g, t4, 16, qk_scale);
+        __syncwarp();  // the stage is refilled next iteration
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+        slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
+    }
+
+    // ---- epilogue: reduce l, z over the 8 lanes of a head, remove the code
+    // offsets, write this split's normalised partial output and log2-sum-exp
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float l = st.l[nh][e], z = st.z[nh][e];
+#pragma unroll
+            for (int x = 4; x <= 16; x <<= 1) {
+                l += __shfl_xor_sync(0xffffffffu, l, x);
+                z += __shfl_xor_sync(0xffffffffu, z, x);
+            }
+            const int h = 8 * nh + 2 * t4 + e;
+            if (h >= G) continue;
+            const float inv_l = 1.0f / l, sp = st.sp[nh][e], sr = st.s_run;
+            const long long row = ((long long)(b * HQ + hk * G + h)) * S + s;
+            // this thread's dims: 8 VW g + 8 u + 2 i + nibble, m-tile 4 u + i
+            float* out = MID_O + row * D + 8 * VW * g;
+#pragma unroll
+            for (int j = 0; j < NT16; j += 2) {
+                float4 v;
+                v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
+                v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
+                v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                *reinterpret_cast<float4*>(out + 2 * j) = v;
+            }
+            if (g == 0) MID_L[row] = st.m[nh][e] + __log2f(l);
+        }
+    }
+}
