@@ -510,13 +510,13 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
     """Where the fixed cost goes: full call, split kernel alone, merge alone, vs context."""
     from sndr.kernels.turboquant_k8v4 import cuda_decode
 
-    cfg = cuda_decode.DEFAULT
     pts = []
     for ctx in ctxs:
         c = Cell(b, ctx, hq, sdpa=False)
+        cfg = cuda_decode.resolve(cuda_decode.DEFAULT, c.kv_cache)
         k, wps = cuda_decode.kernel_for(c.query, c.kv_cache, cfg)
         splits = cuda_decode.num_splits(b * HK, wps, torch.cuda.get_device_properties(0).multi_processor_count,
-                                        VLLM_SPLITS, cfg.waves)
+                                        max(VLLM_SPLITS, cfg.max_splits), cfg.waves)
         mt = max(1, math.ceil(cfg.min_split_tokens / 16))
         mid_o = torch.empty(b * hq * splits * D, device=DEV)
         mid_l = torch.empty(b * hq * splits, device=DEV)
@@ -539,15 +539,20 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
 
 
 def parse_cuda_cfg(name: str):
-    """'s3w4b4' -> CudaConfig(stages=3, warps=4, min_blocks=4); optional 'v1' = waves."""
+    """'ps3w8b2' (page kernel) / 's3w4b4' (warp kernel) [+ 'v<waves>'] [+ 'm<max splits>'] [+ 't<min split tokens>']
+    -> (CudaConfig, max_splits)."""
     from sndr.kernels.turboquant_k8v4 import cuda_decode
     import re
 
-    m = re.fullmatch(r"s(\d+)w(\d+)b(\d+)(?:v(\d+))?", name)
+    m = re.fullmatch(r"(p|)s(\d+)w(\d+)b(\d+)(?:v(\d+))?(?:m(\d+))?(?:t(\d+))?", name)
     if not m:
-        raise SystemExit(f"bad --cuda-sweep entry {name!r} (e.g. s3w4b4)")
-    st, w, b, v = m.groups()
-    return cuda_decode.CudaConfig(stages=int(st), warps=int(w), min_blocks=int(b), waves=int(v or 2))
+        raise SystemExit(f"bad --cuda-sweep entry {name!r} (e.g. s3w4b4, page kernel: ps3w8b2, ps3w8b2m64t64)")
+    kind, st, w, b, v, ms, mt = m.groups()
+    d = cuda_decode.CudaConfig()
+    cfg = cuda_decode.CudaConfig(kind="page" if kind else "warp", stages=int(st), warps=int(w),
+                                 min_blocks=int(b), waves=int(v or d.waves),
+                                 min_split_tokens=int(mt or d.min_split_tokens), max_splits=int(ms or d.max_splits))
+    return cfg, VLLM_SPLITS
 
 
 def cuda_sweep(cells, names) -> list:
@@ -559,19 +564,19 @@ def cuda_sweep(cells, names) -> list:
         mine = [Cell(b, ctx, h, sdpa=False) for (b, ctx, h) in cells if h == hq]
         for c in mine:
             c.ws = torch.empty(c.b * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
-        runs = [("triton", None)] + [(n, parse_cuda_cfg(n)) for n in names]
+        runs = [("triton", (None, VLLM_SPLITS))] + [(n, parse_cuda_cfg(n)) for n in names]
         gate = Cell(4, 2048, hq, seed=7, sdpa=False)  # mixed lengths, partial tiles
         gate.seq_lens.copy_(torch.tensor([2048, 1, 771, 2037], dtype=torch.int32))
         gate.ws = torch.empty(4 * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
         gate_ref = torch_reference(gate.kv_cache, gate.block_table, gate.seq_lens, gate.query, gate.scale)
-        for name, cfg in runs:
-            def call(c, cfg=cfg):
+        for name, (cfg, max_splits) in runs:
+            def call(c, cfg=cfg, max_splits=max_splits):
                 if cfg is None:
                     with backend("triton"):
                         return c.ours()
                 return cuda_decode.decode_attention(
                     c.query, c.kv_cache, c.block_table, c.seq_lens, c.scale, out=c.out, lse=None,
-                    workspace=c.ws, max_splits=VLLM_SPLITS, config=cfg)
+                    workspace=c.ws, max_splits=max_splits, config=cfg)
             try:
                 o = call(gate).double()
                 sync()

@@ -29,7 +29,7 @@ import triton
 from . import _cudart
 
 SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
-KERNEL = "tq_k8v4_decode_split"
+KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
 TILE = 16
 STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
 LOG = logging.getLogger("sndr.kernels")
@@ -37,18 +37,49 @@ LOG = logging.getLogger("sndr.kernels")
 
 @dataclass(frozen=True)
 class CudaConfig:
-    stages: int = 3  # cp.async ring depth per warp
-    warps: int = 4  # warps (independent work items) per block
-    min_blocks: int = 4  # blocks per SM asked of the register allocator
+    kind: str = "page"  # "page": a block per (sequence, split), TMA row copies; "warp": a warp per head+split
+    stages: int = 3  # copy ring depth (tiles)
+    warps: int = 4  # "warp" kind: warps (independent work items) per block
+    min_blocks: int = 4  # blocks per SM asked of the register allocator ("page": 2)
     tau: float = 8.0  # lazy-rescale slack, log2 units
-    min_split_tokens: int = 128  # a sequence gets at most one split per this many tokens
-    waves: int = 2  # the split count aims at this many full waves of warps
-
-    def smem(self, head_dim: int) -> int:
-        return self.stages * self.warps * STAGE_BYTES[head_dim]
+    min_split_tokens: int = 32  # a sequence gets at most one split per this many tokens
+    waves: int = 1  # the split count aims at this many full waves of warps
+    max_splits: int = 128  # may exceed the caller's cap (vLLM's 32): scratch is then allocated here
 
 
-DEFAULT = CudaConfig()
+def row_pitch(sp: int) -> tuple[int, int]:
+    """(ROWP, ROWCOPY) of the page kernel's stage rows for a cache row stride of sp bytes.
+
+    Rows are copied one by one (TMA needs 16-byte multiples) into rows padded
+    so that their word pitch is 4 or 12 mod 16: the fragment reads are then free
+    of bank conflicts. Otherwise the tile is one copy with the cache's own pitch.
+    """
+    if sp % 16:
+        return sp, 0
+    p = sp
+    while p % 16 or (p // 4) % 16 not in (4, 12):
+        p += 4
+    return p, 1
+
+
+def page_kind_ok(kv_cache: torch.Tensor) -> bool:
+    """The page kernel copies whole token rows (all KV heads) with TMA."""
+    hk, slot = kv_cache.shape[2], kv_cache.shape[3]
+    st = kv_cache.stride()
+    return (hk <= 16 and kv_cache.data_ptr() % 16 == 0 and st[0] % 16 == 0
+            and st[2] >= slot and st[1] >= st[2] * (hk - 1) + slot
+            and torch.cuda.get_device_capability(kv_cache.device) >= (9, 0))
+
+
+def smem_bytes(cfg: CudaConfig, head_dim: int, sp: int) -> int:
+    if cfg.kind == "page":
+        return cfg.stages * 16 * row_pitch(sp)[0] + 16 * cfg.stages
+    return cfg.stages * cfg.warps * STAGE_BYTES[head_dim]
+
+
+# Measured best on an H200 (docs/bench-tq-decode-h200.md): one wave of blocks,
+# up to 128 splits of >= 32 tokens (small batches fill the GPU), 3 stages.
+DEFAULT = CudaConfig(kind="page", stages=3, min_blocks=2)
 _SOURCE: list[str] = []
 _BROKEN: dict[int, str] = {}  # device index -> why the CUDA backend is off there
 _SM_COUNT: dict[int, int] = {}
@@ -107,11 +138,23 @@ def _sm_count(idx: int) -> int:
 def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dict[str, int | str]:
     hq, d = query.shape[1], query.shape[2]
     hk = kv_cache.shape[2]
-    return {
-        "D": d, "SP": kv_cache.stride(1), "PAGE": kv_cache.shape[1], "G": hq // hk,
+    sp = kv_cache.stride(1)
+    out: dict[str, int | str] = {
+        "D": d, "SP": sp, "PAGE": kv_cache.shape[1], "G": hq // hk,
         "QBF16": int(query.dtype == torch.bfloat16), "STAGES": cfg.stages, "NW": cfg.warps,
-        "MINB": cfg.min_blocks, "TAU": f"{float(cfg.tau)!r}f",
+        "MINB": cfg.min_blocks, "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": int(cfg.kind == "page"),
     }
+    if cfg.kind == "page":
+        rowp, rowcopy = row_pitch(sp)
+        out.update(HK=hk, ROWP=rowp, ROWCOPY=rowcopy)
+    return out
+
+
+def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
+    """The page kernel where the cache allows it, else the warp kernel."""
+    if cfg.kind == "page" and not page_kind_ok(kv_cache):
+        return CudaConfig(**{**cfg.__dict__, "kind": "warp", "min_blocks": 4})
+    return cfg
 
 
 _OCC: dict[tuple, int] = {}
@@ -121,10 +164,12 @@ def kernel_for(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
     """(compiled kernel, resident warps per SM) for this call's shape."""
     idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
     defs = defines(query, kv_cache, cfg)
-    k = _cudart.load_kernel(_source(), KERNEL, defs, idx, cfg.smem(query.shape[2]))
-    key = (id(k), cfg.warps)
+    k = _cudart.load_kernel(_source(), KERNELS[cfg.kind], defs, idx,
+                            smem_bytes(cfg, query.shape[2], kv_cache.stride(1)))
+    per_block = kv_cache.shape[2] if cfg.kind == "page" else cfg.warps
+    key = (id(k), per_block)
     if key not in _OCC:
-        _OCC[key] = max(1, k.blocks_per_sm(32 * cfg.warps)) * cfg.warps
+        _OCC[key] = max(1, k.blocks_per_sm(32 * per_block)) * per_block
     return k, _OCC[key]
 
 
@@ -150,12 +195,12 @@ def decode_attention(
     """Split-KV decode on the CUDA kernel + the shared Triton merge. Returns ``out``."""
     from . import kernels  # the merge kernel and the workspace layout
 
-    cfg = config or DEFAULT
+    cfg = resolve(config or DEFAULT, kv_cache)
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
     idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
     k, warps_per_sm = kernel_for(query, kv_cache, cfg)
-    splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx), max_splits, cfg.waves)
+    splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx), max(max_splits, cfg.max_splits), cfg.waves)
     min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
     need = kernels.workspace_numel(bsz, hq, d, splits)
     if workspace is None or workspace.numel() < need or workspace.dtype != torch.float32 or not workspace.is_contiguous():
@@ -187,9 +232,11 @@ def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, s
         C.c_int(min_tiles), C.c_longlong(query.stride(0)), C.c_longlong(query.stride(1)),
         C.c_longlong(block_table.stride(0)), C.c_longlong(kv_cache.stride(0)), C.c_longlong(kv_cache.stride(2)),
     ]
-    items = bsz * hk * splits
     stream = torch.cuda.current_stream(query.device).cuda_stream
-    k.launch(triton.cdiv(items, cfg.warps), 32 * cfg.warps, stream, args)
+    if cfg.kind == "page":
+        k.launch(bsz * splits, 32 * hk, stream, args)
+    else:
+        k.launch(triton.cdiv(bsz * hk * splits, cfg.warps), 32 * cfg.warps, stream, args)
 
 
 def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles) -> None:

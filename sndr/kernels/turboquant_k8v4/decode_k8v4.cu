@@ -180,6 +180,61 @@ static __device__ __forceinline__ void issue_tile(u32 stage, u64 row, const Copy
     }
 }
 
+
+#if PAGE_CTA
+// Stage = 16 token rows of ROWP bytes (all KV heads of the row, as in the
+// cache); `stage` points at this warp's head slot in row 0.
+#define VWORD(g, u) ((g) + 8 * (u))
+static __device__ __forceinline__ void load_frags(
+    const u32* stage, int g, int t4, u32 (&kw)[2][KSTEPS], u32 (&vw)[4][VW], u32& sz0, u32& sz1)
+{
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        const u32* p = stage + (g + 8 * n) * (ROWP / 4) + t4;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) kw[n][k] = p[4 * k];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
+#pragma unroll
+        for (int u = 0; u < VW; ++u) vw[i][u] = stage[tau * (ROWP / 4) + D / 4 + VWORD(g, u)];
+    }
+    sz0 = stage[g * (ROWP / 4) + D / 4 + D / 8];
+    sz1 = stage[(g + 8) * (ROWP / 4) + D / 4 + D / 8];
+}
+#else
+// Stage = keys [16][KROW] (word w of a row at (w & 3) * KSTEPS + (w >> 2), so a
+// thread's words are contiguous), values [16][VROW], scale|zero [16].
+#define VWORD(g, u) (VW * (g) + (u))
+static __device__ __forceinline__ void load_frags(
+    const u32* stage, int g, int t4, u32 (&kw)[2][KSTEPS], u32 (&vw)[4][VW], u32& sz0, u32& sz1)
+{
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        const u32* p = stage + (g + 8 * n) * KROW + t4 * KSTEPS;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; k += 4) {
+            uint4 v = *reinterpret_cast<const uint4*>(p + k);
+            kw[n][k] = v.x; kw[n][k + 1] = v.y; kw[n][k + 2] = v.z; kw[n][k + 3] = v.w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
+        const u32* p = stage + 16 * KROW + tau * VROW + VW * g;
+#if D == 128
+        uint2 v = *reinterpret_cast<const uint2*>(p);
+        vw[i][0] = v.x; vw[i][1] = v.y;
+#else
+        vw[i][0] = p[0];
+#endif
+    }
+    sz0 = stage[SZ_OFF + g];
+    sz1 = stage[SZ_OFF + g + 8];
+}
+#endif
+
 struct State {
     float o[NT16][NH][4];  // O^T = sum p' * (offset + code): rows = dims, cols = heads 2 t4 + {0, 1}
     float sp[NH][2];       // sum p' per head (the ones MMA)
@@ -205,29 +260,14 @@ static __device__ __forceinline__ void attend_tile(
     State& st, const u32 (&qb)[NH][KSTEPS][2], const u32* stage, int g, int t4, int nvalid, float qk_scale)
 {
     // ---- fragments from shared memory
-    u32 kw[2][KSTEPS];  // tokens g, g + 8: words 4 k + t4
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-        const u32* p = stage + (g + 8 * n) * KROW + t4 * KSTEPS;
-#pragma unroll
-        for (int k = 0; k < KSTEPS; k += 4) {
-            uint4 v = *reinterpret_cast<const uint4*>(p + k);
-            kw[n][k] = v.x; kw[n][k + 1] = v.y; kw[n][k + 2] = v.z; kw[n][k + 3] = v.w;
-        }
+    u32 kw[2][KSTEPS];  // tokens g, g + 8: key words 4 k + t4
+    u32 vw[4][VW];      // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9: value words VWORD(g, u)
+    u32 sz0, sz1;       // scale | zero of tokens g, g + 8
+    load_frags(stage, g, t4, kw, vw, sz0, sz1);
+    if (MASKED) {  // rows past the end may hold stale bytes: no NaN/inf scale may leak in
+        if (g >= nvalid) sz0 = 0u;
+        if (g + 8 >= nvalid) sz1 = 0u;
     }
-    u32 vw[4][VW];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
-        const u32* p = stage + 16 * KROW + tau * VROW + VW * g;
-#if D == 128
-        uint2 v = *reinterpret_cast<const uint2*>(p);
-        vw[i][0] = v.x; vw[i][1] = v.y;
-#else
-        vw[i][0] = p[0];
-#endif
-    }
-    const u32 sz0 = stage[SZ_OFF + g], sz1 = stage[SZ_OFF + g + 8];
     const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
 
     // ---- S^T: A = keys (tokens g, g + 8), one 32-bit word -> two fp16x2 per token
@@ -339,17 +379,53 @@ static __device__ __forceinline__ void attend_tile(
     }
 }
 
+static __device__ __forceinline__ void write_partials(
+    const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    int b, int hk, int HQ, int S, int s, int g, int t4)
+{
+    // ---- epilogue: reduce l, z over the 8 lanes of a head, remove the code
+    // offsets, write this split's normalised partial output and log2-sum-exp
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float l = st.l[nh][e], z = st.z[nh][e];
+#pragma unroll
+            for (int x = 4; x <= 16; x <<= 1) {
+                l += __shfl_xor_sync(0xffffffffu, l, x);
+                z += __shfl_xor_sync(0xffffffffu, z, x);
+            }
+            const int h = 8 * nh + 2 * t4 + e;
+            if (h >= G) continue;
+            const float inv_l = 1.0f / l, sp = st.sp[nh][e], sr = st.s_run;
+            const long long row = ((long long)(b * HQ + hk * G + h)) * S + s;
+            // m-tile 4 u + i, row half h <-> dim 8 VWORD(g, u) + 2 i + h
+#pragma unroll
+            for (int j = 0; j < NT16; j += 2) {  // m-tiles j = 4 u + i, j + 1
+                float4 v;
+                v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
+                v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
+                v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                *reinterpret_cast<float4*>(MID_O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
+            }
+            if (g == 0) MID_L[row] = st.m[nh][e] + __log2f(l);
+        }
+    }
+}
+
+#if !PAGE_CTA
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
     const int* __restrict__ BT, const int* __restrict__ SL,
     float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int HK, int HQ, int S, int min_tiles,
+    float qk_scale, int B, int NKV, int HQ, int S, int min_tiles,
     long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
 {
     extern __shared__ __align__(16) u32 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int item = blockIdx.x * NW + warp;
-    const int s = item % S, bh = item / S, hk = bh % HK, b = bh / HK;
+    const int s = item % S, bh = item / S, hk = bh % NKV, b = bh / NKV;
     if (b >= B) return;
     const int seq_len = SL[b];
     // the same split of a sequence as kernels._active_splits (16-token tiles)
@@ -434,34 +510,153 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split
         slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
     }
 
-    // ---- epilogue: reduce l, z over the 8 lanes of a head, remove the code
-    // offsets, write this split's normalised partial output and log2-sum-exp
+    write_partials(st, MID_O, MID_L, b, hk, HQ, S, s, g, t4);
+}
+#endif  // !PAGE_CTA
+
+#if PAGE_CTA
+// ---------------------------------------------------------------------------
+// One block per (sequence, split), one warp per KV head (HK warps): the block
+// streams whole tiles of 16 token rows x all heads, which are contiguous in
+// the cache, with TMA bulk copies (cp.async.bulk) into a ring of STAGES
+// stages; every sector of the cache is fetched once and no thread spends
+// instructions on copies. ROWCOPY = 1: one copy per row into rows padded to
+// ROWP bytes (conflict-free fragment reads); 0: one copy of the whole tile.
+// Full/empty mbarriers per stage: the copies complete the full barrier, each
+// warp arrives on the empty one after reading, warp 0 refills.
+
+static __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+static __device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        " @!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+static __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+#define STAGE_BYTES (16 * ROWP)
+
+extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
+    const int s = blockIdx.x % S, b = blockIdx.x / S;
+    const int seq_len = SL[b];
+    const int n_tiles = (seq_len + 15) >> 4;
+    const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
+    const int tiles_per = max((n_tiles + max(act, 1) - 1) / max(act, 1), 1);
+    const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
+    if (s >= n_act) return;  // the whole block
+    const int t_begin = s * tiles_per;
+    const int t_end = min(t_begin + tiles_per, n_tiles);
+    const int tail = seq_len & 15;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    const u32 ring = smem_addr(smem);
+    const u32 bars = ring + STAGES * STAGE_BYTES;  // full[STAGES], empty[STAGES], 8 bytes each
+    const int* bt_row = BT + b * bt_sb;
+    if (threadIdx.x == 0) {
 #pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
+        for (int i = 0; i < STAGES; ++i) { mbar_init(bars + 8 * i, 1); mbar_init(bars + 8 * (STAGES + i), HK); }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // block-table entries of the first STAGES - 1 tiles, one lane each
+    int pg_pre = 0;
+    if (hk == 0 && lane < STAGES - 1) pg_pre = bt_row[(16 * min(t_begin + lane, t_end - 1)) / PAGE];
+    __syncthreads();
+
+    auto produce = [&](int T, int slot, int pg) {  // warp 0, all lanes
+        const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP;
+        const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
+        if (lane == 0) mbar_expect(full, 16 * SP);
+        __syncwarp();
+#if ROWCOPY
+        if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, SP, full);
+#else
+        if (lane == 0) bulk_copy(dst, src, 16 * SP, full);
+#endif
+    };
+
+    if (hk == 0) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float l = st.l[nh][e], z = st.z[nh][e];
-#pragma unroll
-            for (int x = 4; x <= 16; x <<= 1) {
-                l += __shfl_xor_sync(0xffffffffu, l, x);
-                z += __shfl_xor_sync(0xffffffffu, z, x);
-            }
-            const int h = 8 * nh + 2 * t4 + e;
-            if (h >= G) continue;
-            const float inv_l = 1.0f / l, sp = st.sp[nh][e], sr = st.s_run;
-            const long long row = ((long long)(b * HQ + hk * G + h)) * S + s;
-            // this thread's dims: 8 VW g + 8 u + 2 i + nibble, m-tile 4 u + i
-            float* out = MID_O + row * D + 8 * VW * g;
-#pragma unroll
-            for (int j = 0; j < NT16; j += 2) {
-                float4 v;
-                v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
-                v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
-                v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                *reinterpret_cast<float4*>(out + 2 * j) = v;
-            }
-            if (g == 0) MID_L[row] = st.m[nh][e] + __log2f(l);
+        for (int i = 0; i < STAGES - 1; ++i) {
+            const int pg = __shfl_sync(0xffffffffu, pg_pre, i);
+            if (t_begin + i < t_end) produce(t_begin + i, i, pg);
         }
     }
+    int pg_next = 0;
+    if (hk == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
+
+    // ---- Q^T fragments for this warp's KV head
+    u32 qb[NH][KSTEPS][2];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        const int h = 8 * nh + g;
+        const unsigned short* q = Q + b * q_sb + (long long)(hk * G + (h < G ? h : 0)) * q_sh + 4 * t4;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) {
+            qb[nh][k][0] = load_q2(q + 16 * k, h < G);
+            qb[nh][k][1] = load_q2(q + 16 * k + 2, h < G);
+        }
+    }
+    State st;
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) st.o[j][nh][0] = st.o[j][nh][1] = st.o[j][nh][2] = st.o[j][nh][3] = 0.f;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        st.sp[nh][0] = st.sp[nh][1] = 0.f;
+        st.m[nh][0] = st.m[nh][1] = NEG_INF;
+        st.l[nh][0] = st.l[nh][1] = st.z[nh][0] = st.z[nh][1] = 0.f;
+    }
+    st.s_run = 1e-30f;
+    st.inv_s = 1e30f;
+
+    const unsigned char* my = smem + hk * kv_shead;  // this head's slot in row 0 of a stage
+    int slot = 0;
+    u32 phase = 0;  // parity of the current use of `slot`; bit i for stage i
+    u32 empty_phase = 0;
+    for (int T = t_begin; T < t_end; ++T) {
+        if (hk == 0) {  // refill the stage freed by tile T - 1 with tile T + STAGES - 1
+            const int Tn = T + STAGES - 1;
+            const int sn = slot == 0 ? STAGES - 1 : slot - 1;
+            const int pg = __shfl_sync(0xffffffffu, pg_next, 0);
+            if (Tn < t_end) {
+                if (T > t_begin) {  // stage sn held tile T - 1: wait until every warp read it
+                    mbar_wait(bars + 8 * (STAGES + sn), (empty_phase >> sn) & 1);
+                    empty_phase ^= 1u << sn;
+                }
+                produce(Tn, sn, pg);
+                if (lane == 0) pg_next = bt_row[(16 * min(Tn + 1, t_end - 1)) / PAGE];
+            }
+        }
+        mbar_wait(bars + 8 * slot, (phase >> slot) & 1);
+        phase ^= 1u << slot;
+        const u32* stage = reinterpret_cast<const u32*>(my + slot * STAGE_BYTES);
+        if (T == n_tiles - 1 && tail) attend_tile<true>(st, qb, stage, g, t4, tail, qk_scale);
+        else attend_tile<false>(st, qb, stage, g, t4, 16, qk_scale);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
+    write_partials(st, MID_O, MID_L, b, hk, HQ, S, s, g, t4);
 }
+#endif  // PAGE_CTA
