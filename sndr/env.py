@@ -28,6 +28,11 @@ OFFLINE = "SNDR_OFFLINE"
 TEST_VLLM_PYTHON = "SNDR_TEST_VLLM_PYTHON"
 #: ``SNDR_HOOK=0``: the in-memory import hook stays inert in this process (its .pth still loads).
 HOOK = "SNDR_HOOK"
+#: TurboQuant k8v4 decode backend: ``auto`` (CUDA where it supports the call, else Triton),
+#: ``cuda`` (raise instead of falling back) or ``triton``.
+TQ_BACKEND = "SNDR_TQ_BACKEND"
+#: Path of the ``libnvrtc`` that compiles sndr's CUDA kernels (tried before the usual places).
+NVRTC = "SNDR_NVRTC"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

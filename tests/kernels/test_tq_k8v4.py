@@ -29,7 +29,11 @@ else:  # pragma: no cover
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
-if not torch.cuda.is_available():
+if torch.cuda.is_available():
+    # these run Triton through its CPU interpreter on CPU tensors; on a GPU the
+    # kernels are checked by test_tq_cuda_gpu.py and bench_tq_decode.py --check
+    pytest.skip("CPU-interpreter tests (a GPU is present)", allow_module_level=True)
+else:
     # Triton picks interpreter or compiler when a function is decorated, i.e. at import
     if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run this file alone", allow_module_level=True)

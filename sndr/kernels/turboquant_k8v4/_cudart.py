@@ -24,6 +24,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ... import env as sndr_env
+
 __all__ = ["CudaUnavailable", "CudaError", "Kernel", "compile_cubin", "load_kernel", "nvrtc_version"]
 
 
@@ -42,7 +44,7 @@ _DRIVER: list = []
 
 def _nvrtc_candidates() -> list[str]:
     out: list[str] = []
-    env = os.environ.get("SNDR_NVRTC")
+    env = os.environ.get(sndr_env.NVRTC)
     if env:
         out.append(env)
     major = None
@@ -125,9 +127,7 @@ def _check(rc: int, what: str) -> None:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("SNDR_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sndr")
-    return Path(base) / "cubin"
+    return sndr_env.cache_dir() / "cubin"
 
 
 def compile_cubin(source: str, name: str, arch: str, defines: dict[str, int | str], *, cache: bool = True) -> bytes:

@@ -17,6 +17,7 @@ nothing against it, else Triton), ``cuda`` (raise instead of falling back) or
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 import triton
 
+from ... import env as sndr_env
 from . import _cudart
 
 SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
@@ -68,7 +70,7 @@ def page_kind_ok(kv_cache: torch.Tensor) -> bool:
     st = kv_cache.stride()
     return (hk <= 16 and kv_cache.data_ptr() % 16 == 0 and st[0] % 16 == 0
             and st[2] >= slot and st[1] >= st[2] * (hk - 1) + slot
-            and torch.cuda.get_device_capability(kv_cache.device) >= (9, 0))
+            and _capability(device_index(kv_cache)) >= (9, 0))
 
 
 def smem_bytes(cfg: CudaConfig, head_dim: int, sp: int) -> int:
@@ -86,7 +88,7 @@ _SM_COUNT: dict[int, int] = {}
 
 
 def backend_choice() -> str:
-    v = os.environ.get("SNDR_TQ_BACKEND", "auto").strip().lower() or "auto"
+    v = os.environ.get(sndr_env.TQ_BACKEND, "auto").strip().lower() or "auto"
     if v not in ("auto", "cuda", "triton"):
         raise ValueError(f"SNDR_TQ_BACKEND={v!r}: expected auto, cuda or triton")
     return v
@@ -98,21 +100,18 @@ def _source() -> str:
     return _SOURCE[0]
 
 
-def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                seq_lens: torch.Tensor) -> str | None:
-    """Why the CUDA kernel cannot take this call (None: it can)."""
-    if query.device.type != "cuda" or torch.version.hip is not None:
-        return "not a CUDA device"
-    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    if idx in _BROKEN:
-        return _BROKEN[idx]
-    if torch.cuda.get_device_capability(idx) < (8, 9):
-        return "needs sm_89+ (fp8 e4m3 conversions)"
+def device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor) -> str | None:
+    """What in the call's shapes, dtypes or strides the CUDA kernels cannot take (None: nothing)."""
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
     if d not in STAGE_BYTES:
         return f"head dim {d} (64 or 128 only)"
-    if hq % hk or not 1 <= hq // hk <= 16:
+    if hk == 0 or hq % hk or not 1 <= hq // hk <= 16:
         return f"group size Hq/Hk = {hq}/{hk}"
     if kv_cache.shape[1] % TILE:
         return f"page size {kv_cache.shape[1]} is not a multiple of {TILE}"
@@ -120,13 +119,36 @@ def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
         return f"query dtype {query.dtype}"
     if query.stride(2) != 1 or query.stride(0) % 2 or query.stride(1) % 2 or query.data_ptr() % 4:
         return "query rows not 4-byte aligned"
-    if kv_cache.stride(3) != 1 or kv_cache.data_ptr() % 4 or any(kv_cache.stride(i) % 4 for i in range(3)):
-        return "cache rows not 4-byte aligned"
+    if kv_cache.dtype != torch.uint8 or kv_cache.stride(3) != 1 or kv_cache.data_ptr() % 4 \
+            or any(kv_cache.stride(i) % 4 for i in range(3)):
+        return "cache rows not 4-byte aligned uint8"
     if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
         return "block table not int32 rows"
     if seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
         return "seq_lens not contiguous int32"
     return None
+
+
+def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor) -> str | None:
+    """Why the CUDA kernels cannot take this call (None: they can)."""
+    if query.device.type != "cuda" or torch.version.hip is not None:
+        return "not a CUDA device"
+    idx = device_index(query)
+    if idx in _BROKEN:
+        return _BROKEN[idx]
+    if _capability(idx) < (8, 9):
+        return "needs sm_89+ (fp8 e4m3 conversions)"
+    return shape_problem(query, kv_cache, block_table, seq_lens)
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _capability(idx: int) -> tuple[int, int]:
+    if idx not in _CAPABILITY:
+        _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
+    return _CAPABILITY[idx]
 
 
 def _sm_count(idx: int) -> int:
@@ -142,12 +164,22 @@ def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dic
     out: dict[str, int | str] = {
         "D": d, "SP": sp, "PAGE": kv_cache.shape[1], "G": hq // hk,
         "QBF16": int(query.dtype == torch.bfloat16), "STAGES": cfg.stages, "NW": cfg.warps,
-        "MINB": cfg.min_blocks, "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": int(cfg.kind == "page"),
+        "MINB": _min_blocks(cfg, hk, hq // hk), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": int(cfg.kind == "page"),
     }
     if cfg.kind == "page":
         rowp, rowcopy = row_pitch(sp)
         out.update(HK=hk, ROWP=rowp, ROWCOPY=rowcopy)
     return out
+
+
+def _min_blocks(cfg: CudaConfig, hk: int, g: int) -> int:
+    """Blocks per SM asked of the register allocator (__launch_bounds__).
+
+    The page kernel's blocks are Hk warps: min_blocks counts blocks of 8 warps.
+    G > 8 holds twice the accumulators: half as many, or the kernel spills.
+    """
+    n = max(1, (cfg.min_blocks * 8) // hk) if cfg.kind == "page" else cfg.min_blocks
+    return n if g <= 8 else max(1, n // 2)
 
 
 def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
@@ -157,22 +189,37 @@ def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
     return cfg
 
 
-_OCC: dict[tuple, int] = {}
+_PLANS: dict[tuple, tuple] = {}
+
+
+def plan(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
+    """(resolved config, compiled kernel, resident warps per SM) for this call's shape.
+
+    Memoised on everything the build depends on, so a steady-state call costs a
+    dict lookup (no hashing of the source, no driver queries).
+    """
+    idx = device_index(query)
+    key = (idx, query.dtype, query.shape[1], query.shape[2], tuple(kv_cache.shape[1:]), kv_cache.stride(),
+           kv_cache.data_ptr() % 16 == 0, cfg)
+    hit = _PLANS.get(key)
+    if hit is None:
+        rcfg = resolve(cfg, kv_cache)
+        k, wps = kernel_for(query, kv_cache, rcfg)
+        hit = _PLANS[key] = (rcfg, k, wps)
+    return hit
 
 
 def kernel_for(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
     """(compiled kernel, resident warps per SM) for this call's shape."""
-    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    idx = device_index(query)
     defs = defines(query, kv_cache, cfg)
     k = _cudart.load_kernel(_source(), KERNELS[cfg.kind], defs, idx,
                             smem_bytes(cfg, query.shape[2], kv_cache.stride(1)))
     per_block = kv_cache.shape[2] if cfg.kind == "page" else cfg.warps
-    key = (id(k), per_block)
-    if key not in _OCC:
-        _OCC[key] = max(1, k.blocks_per_sm(32 * per_block)) * per_block
-    return k, _OCC[key]
+    return k, max(1, k.blocks_per_sm(32 * per_block)) * per_block
 
 
+@functools.lru_cache(maxsize=4096)
 def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, waves: int = 2) -> int:
     """Splits per sequence from the launch shape only (CUDA-graph safe).
 
@@ -195,11 +242,10 @@ def decode_attention(
     """Split-KV decode on the CUDA kernel + the shared Triton merge. Returns ``out``."""
     from . import kernels  # the merge kernel and the workspace layout
 
-    cfg = resolve(config or DEFAULT, kv_cache)
+    cfg, k, warps_per_sm = plan(query, kv_cache, config or DEFAULT)
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
-    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
-    k, warps_per_sm = kernel_for(query, kv_cache, cfg)
+    idx = device_index(query)
     splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx), max(max_splits, cfg.max_splits), cfg.waves)
     min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
     need = kernels.workspace_numel(bsz, hq, d, splits)

@@ -671,6 +671,5 @@ def _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace
     except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
         if choice == "cuda":
             raise
-        idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
-        cuda_decode.mark_broken(idx, str(exc).splitlines()[0])
+        cuda_decode.mark_broken(cuda_decode.device_index(query), str(exc).splitlines()[0])
         return None

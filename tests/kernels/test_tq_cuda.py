@@ -1,0 +1,241 @@
+"""The CUDA backend of the TurboQuant k8v4 decode, on a machine without a GPU.
+
+* The shipped CUDA source compiles with NVRTC for sm_90 (page and warp
+  kernels) and sm_89 (warp kernel) across the supported shapes, with no
+  local-memory spills (NVRTC from the ``nvidia-cuda-nvrtc`` wheel; the test
+  extra installs it on Linux x86_64, elsewhere these tests skip with the reason).
+* The launch-shape arithmetic (row pitch, split count) and the call checks
+  that decide between CUDA and Triton, and the fallback when the CUDA path
+  fails. Numerical correctness runs on a GPU: ``test_tq_cuda_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from sndr.kernels.turboquant_k8v4 import _cudart, cuda_decode, kernels  # noqa: E402
+from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
+
+
+def _nvrtc_or_skip():
+    try:
+        return _cudart.nvrtc_version()
+    except _cudart.CudaUnavailable as exc:
+        pytest.skip(f"no NVRTC on this machine: {exc}")
+
+
+def _cuobjdump() -> str | None:
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if p.is_file():
+            return str(p)
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+class _Fake:
+    """Shapes and strides of a tensor without memory (for the build defines)."""
+
+    def __init__(self, shape, stride, dtype=torch.uint8, ptr=0):
+        self.shape, self._stride, self.dtype, self._ptr = tuple(shape), tuple(stride), dtype, ptr
+
+    def stride(self, i=None):
+        return self._stride if i is None else self._stride[i]
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def _shape(d: int, hk: int, g: int, page: int = 16, bf16: bool = True):
+    slot = Layout(d).slot_size_aligned
+    cache = _Fake((100, page, hk, slot), (page * hk * slot, hk * slot, slot, 1))
+    q = _Fake((4, hk * g, d), (hk * g * d, d, 1), torch.bfloat16 if bf16 else torch.float16)
+    return q, cache
+
+
+# (head dim, Hk, G, page, bf16): row-copy and single-copy page kernels, one and
+# two n-tiles of heads, fp16 and bf16 queries
+SHAPES = [
+    (128, 8, 4, 16, True), (128, 8, 8, 16, False), (128, 4, 6, 32, True), (128, 2, 16, 16, True),
+    (128, 1, 8, 64, False), (128, 16, 2, 16, True), (128, 8, 16, 16, True), (64, 4, 8, 16, True), (64, 2, 12, 16, False),
+]
+
+
+@pytest.mark.parametrize("d,hk,g,page,bf16", SHAPES)
+def test_cuda_source_compiles_without_spills(d, hk, g, page, bf16, tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    q, cache = _shape(d, hk, g, page, bf16)
+    src = cuda_decode.SOURCE_PATH.read_text()
+    builds = [("90", cuda_decode.DEFAULT), ("90", cuda_decode.CudaConfig(kind="warp")),
+              ("89", cuda_decode.CudaConfig(kind="warp"))]
+    tool = _cuobjdump()
+    for arch, cfg in builds:
+        cubin = _cudart.compile_cubin(src, cuda_decode.KERNELS[cfg.kind], arch, cuda_decode.defines(q, cache, cfg))
+        assert cubin[:4] == b"\x7fELF"
+        if tool:
+            f = tmp_path / f"k{arch}{cfg.kind}.cubin"
+            f.write_bytes(cubin)
+            usage = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout
+            line = next(ln for ln in usage.splitlines() if "REG:" in ln)
+            assert "LOCAL:0" in line and "STACK:0" in line, f"sm_{arch} {cfg.kind}: {line.strip()}"
+
+
+def test_compile_error_names_the_file_and_line(tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    with pytest.raises(_cudart.CudaError, match=r"broken\.cu\(2\): error"):
+        _cudart.compile_cubin('extern "C" __global__ void broken() {\n  undefined_thing();\n}\n',
+                              "broken", "90", {})
+
+
+def test_cubin_cache_is_keyed_by_source_and_defines(tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    src = 'extern "C" __global__ void k(int* p) { p[0] = V; }\n'
+    a = _cudart.compile_cubin(src, "k", "90", {"V": 1})
+    files = sorted((tmp_path / "cubin").iterdir())
+    assert len(files) == 1 and files[0].read_bytes() == a
+    assert _cudart.compile_cubin(src, "k", "90", {"V": 1}) == a  # from the cache
+    _cudart.compile_cubin(src, "k", "90", {"V": 2})
+    assert len(list((tmp_path / "cubin").iterdir())) == 2
+
+
+def test_missing_nvrtc_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(_cudart, "_NVRTC", [])
+    monkeypatch.setattr(_cudart, "_nvrtc_candidates", lambda: ["/nonexistent/libnvrtc.so.99"])
+    with pytest.raises(_cudart.CudaUnavailable, match="/nonexistent/libnvrtc.so.99"):
+        _cudart.nvrtc_version()
+
+
+def test_sndr_nvrtc_env_is_tried_first(monkeypatch):
+    monkeypatch.setenv("SNDR_NVRTC", "/opt/x/libnvrtc.so.13")
+    assert _cudart._nvrtc_candidates()[0] == "/opt/x/libnvrtc.so.13"
+
+
+@pytest.mark.parametrize("sp", [196, 392, 784, 1568, 3136, 400, 800, 1600])
+def test_row_pitch(sp):
+    pitch, rowcopy = cuda_decode.row_pitch(sp)
+    if sp % 16:
+        assert (pitch, rowcopy) == (sp, 0)  # one TMA copy of the whole tile
+        return
+    assert rowcopy == 1 and pitch % 16 == 0 and sp <= pitch < sp + 64
+    words = pitch // 4
+    # key reads: lanes (g, t4) read word g * words + t4 (+ const): 32 distinct banks
+    assert len({(g * words + t4) % 32 for g in range(8) for t4 in range(4)}) == 32
+    # value reads: tokens 2 t4 (+1), word g (+8u): 32 distinct banks
+    assert len({(2 * t4 * words + g) % 32 for g in range(8) for t4 in range(4)}) == 32
+
+
+def test_split_count_fills_one_wave_and_depends_on_shape_only():
+    sms, wps = 132, 16
+    slots = sms * wps
+    for bh in (8, 32, 64, 256, 512, 2048):
+        s = cuda_decode.num_splits(bh, wps, sms, 128, 1)
+        assert 1 <= s <= 128
+        if slots // bh <= 128:
+            assert s == max(1, slots // bh)
+    # capped: the count whose last wave is fullest
+    s = cuda_decode.num_splits(8, wps, sms, 32, 1)
+    assert s == 32
+    s = cuda_decode.num_splits(64, 12, 132, 20, 2)
+    waves = lambda n: 64 * n / (-(-64 * n // (12 * 132)) * (12 * 132))  # noqa: E731
+    assert all(waves(s) >= waves(n) for n in range(1, 21))
+
+
+def _cpu_call(d=128, hk=8, g=4, page=16, qdtype=torch.bfloat16):
+    lay = Layout(d)
+    q = torch.zeros(2, hk * g, d, dtype=qdtype)
+    cache = torch.zeros(6, page, hk, lay.slot_size_aligned, dtype=torch.uint8)
+    bt = torch.zeros(2, 3, dtype=torch.int32)
+    sl = torch.tensor([5, 40], dtype=torch.int32)
+    return q, cache, bt, sl
+
+
+def test_shape_checks_accept_the_vllm_layout_and_name_what_they_refuse():
+    q, cache, bt, sl = _cpu_call()
+    assert cuda_decode.shape_problem(q, cache, bt, sl) is None
+    assert "head dim 256" in cuda_decode.shape_problem(*_cpu_call(d=256))
+    assert "group size" in cuda_decode.shape_problem(*_cpu_call(g=32))
+    assert "page size 8" in cuda_decode.shape_problem(*_cpu_call(page=8))
+    assert "query dtype" in cuda_decode.shape_problem(*_cpu_call(qdtype=torch.float32))
+    assert "block table" in cuda_decode.shape_problem(q, cache, bt.long(), sl)
+    assert "seq_lens" in cuda_decode.shape_problem(q, cache, bt, sl.long())
+    odd = torch.zeros(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2-byte aligned rows
+    assert "query rows" in cuda_decode.shape_problem(odd, cache, bt, sl)
+    assert cuda_decode.unsupported(q, cache, bt, sl) == "not a CUDA device"
+
+
+def test_page_kernel_needs_whole_rows_in_a_16_byte_aligned_cache(monkeypatch):
+    monkeypatch.setattr(cuda_decode, "_capability", lambda idx: (9, 0))
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
+    _, cache, _, _ = _cpu_call()
+    assert cuda_decode.page_kind_ok(cache) == (cache.data_ptr() % 16 == 0)
+    # heads interleaved with another tensor's rows: the row copy would not cover them
+    wide = torch.zeros(6, 16, 8, 2 * 196, dtype=torch.uint8)[..., :196]
+    assert not cuda_decode.page_kind_ok(wide.as_strided(wide.shape, (16 * 196, 196, 16 * 196 * 6, 1)))
+    monkeypatch.setattr(cuda_decode, "_capability", lambda idx: (8, 9))  # no TMA bulk copies
+    assert not cuda_decode.page_kind_ok(cache)
+    assert cuda_decode.resolve(cuda_decode.DEFAULT, cache).kind == "warp"
+
+
+def test_backend_env(monkeypatch):
+    monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+    assert cuda_decode.backend_choice() == "auto"
+    monkeypatch.setenv("SNDR_TQ_BACKEND", " Triton ")
+    assert cuda_decode.backend_choice() == "triton"
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "fast")
+    with pytest.raises(ValueError, match="SNDR_TQ_BACKEND='fast'"):
+        cuda_decode.backend_choice()
+
+
+def test_cuda_failure_falls_back_to_triton_once_and_loudly(monkeypatch, caplog):
+    q, cache, bt, sl = _cpu_call()
+    monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+    monkeypatch.setattr(cuda_decode, "unsupported", lambda *a: cuda_decode._BROKEN.get(7))
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 7)
+    monkeypatch.setattr(cuda_decode, "_BROKEN", {})
+
+    def boom(*a, **k):
+        raise _cudart.CudaUnavailable("libnvrtc not found (tried: x)")
+
+    monkeypatch.setattr(cuda_decode, "decode_attention", boom)
+    with caplog.at_level(logging.WARNING, logger="sndr.kernels"):
+        assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+        assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+    assert cuda_decode._BROKEN == {7: "libnvrtc not found (tried: x)"}
+    msgs = [r.getMessage() for r in caplog.records if "TurboQuant CUDA decode disabled" in r.getMessage()]
+    assert len(msgs) == 1 and "cuda:7" in msgs[0]
+    # SNDR_TQ_BACKEND=cuda: the failure is raised, not hidden
+    monkeypatch.setattr(cuda_decode, "_BROKEN", {})
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
+    with pytest.raises(_cudart.CudaUnavailable):
+        kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32)
+
+
+def test_triton_backend_env_skips_cuda(monkeypatch):
+    q, cache, bt, sl = _cpu_call()
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "triton")
+    monkeypatch.setattr(cuda_decode, "decode_attention", lambda *a, **k: pytest.fail("CUDA path taken"))
+    assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+
+
+def test_cuda_kernels_ship_in_the_package():
+    src = cuda_decode.SOURCE_PATH
+    assert src.is_file() and src.parent.name == "turboquant_k8v4"
+    text = src.read_text()
+    for name in cuda_decode.KERNELS.values():
+        assert f'extern "C" __global__ void __launch_bounds__' in text and name in text
+    assert os.path.basename(src) == "decode_k8v4.cu"

@@ -1,0 +1,152 @@
+"""The CUDA decode kernels on a GPU, against a float64 dequantise-then-attend.
+
+Skipped without CUDA (sm_89+). Run on the H200 through the device tool:
+
+    python3 -m pytest tests/kernels/test_tq_cuda_gpu.py -q
+
+Caches start filled with 0xFF bytes (NaN keys, NaN scales) so that any read
+of a slot past a sequence's end, or of a page it does not own, shows up.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+    pytest.skip("needs a CUDA GPU with sm_89+", allow_module_level=True)
+
+from sndr.kernels.turboquant_k8v4 import cuda_decode, kernels, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _case(d, hk, g, page, lens, qdtype=torch.bfloat16, seed=0, extra_pages=3):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    b = len(lens)
+    pages_per = max(1, -(-max(lens) // page))
+    nb = b * pages_per + extra_pages
+    cache = torch.full((nb, page, hk, Layout(d).slot_size_aligned), 0xFF, dtype=torch.uint8, device=DEV)
+    perm = torch.randperm(nb, generator=gen, device=DEV)[: b * pages_per].to(torch.int32)
+    bt = perm.reshape(b, pages_per).contiguous()
+    for i, n in enumerate(lens):
+        if n == 0:
+            continue
+        pos = torch.arange(n, device=DEV)
+        slots = (bt[i, pos // page].long() * page + pos % page).to(torch.int32)
+        k = torch.randn(n, hk, d, generator=gen, device=DEV) * 1.5
+        v = torch.randn(n, hk, d, generator=gen, device=DEV) * 0.5 + 0.2
+        kernels.store(k.to(torch.bfloat16), v.to(torch.bfloat16), cache, slots)
+    q = torch.randn(b, hk * g, d, generator=gen, device=DEV).to(qdtype)
+    sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    return q, cache, bt, sl
+
+
+def _ref(q, cache, bt, sl, scale):
+    b, hq, d = q.shape
+    page, hk = cache.shape[1], cache.shape[2]
+    out = torch.zeros(b, hq, d, dtype=torch.float64, device=DEV)
+    lse = torch.full((b, hq), float("-inf"), dtype=torch.float64, device=DEV)
+    for i in range(b):
+        n = int(sl[i])
+        if n == 0:
+            continue
+        pos = torch.arange(n, device=DEV)
+        k, v = reference.unpack(cache[bt[i, pos // page].long(), pos % page], d)
+        k = k.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        v = v.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        s = torch.einsum("hd,hld->hl", q[i].double(), k) * scale
+        out[i] = torch.einsum("hl,hld->hd", torch.softmax(s, -1), v)
+        lse[i] = torch.logsumexp(s, -1)
+    return out, lse
+
+
+def _run(q, cache, bt, sl, scale, kind=None, out_dtype=torch.float32, max_splits=32):
+    out = torch.empty(q.shape, dtype=out_dtype, device=DEV)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
+    if kind is None:
+        kernels.decode_attention(q, cache, bt, sl, scale, out=out, lse=lse, max_splits=max_splits)
+    else:
+        cuda_decode.decode_attention(q, cache, bt, sl, scale, out=out, lse=lse, workspace=None,
+                                     max_splits=max_splits, config=cuda_decode.CudaConfig(kind=kind))
+    torch.cuda.synchronize()
+    return out, lse
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+LENS = [4096, 1, 15, 16, 17, 1000, 2047]
+
+
+@pytest.mark.parametrize("kind", ["page", "warp"])
+@pytest.mark.parametrize("d,hk,g,page,qdtype", [
+    (128, 8, 4, 16, torch.bfloat16), (128, 8, 8, 16, torch.float16), (128, 4, 6, 32, torch.bfloat16),
+    (128, 2, 16, 16, torch.bfloat16), (128, 1, 8, 64, torch.float16), (128, 16, 2, 16, torch.bfloat16),
+    (64, 4, 8, 16, torch.bfloat16), (64, 2, 12, 32, torch.float16), (128, 8, 16, 16, torch.bfloat16),
+])
+def test_decode_matches_float64(kind, d, hk, g, page, qdtype):
+    q, cache, bt, sl = _case(d, hk, g, page, LENS, qdtype, seed=d + hk + g)
+    scale = d**-0.5
+    assert cuda_decode.unsupported(q, cache, bt, sl) is None
+    if kind == "page":
+        assert cuda_decode.page_kind_ok(cache)
+    ref, ref_lse = _ref(q, cache, bt, sl, scale)
+    out, lse = _run(q, cache, bt, sl, scale, kind=kind)
+    assert torch.isfinite(out).all()
+    assert _rel(out, ref) < 5e-4
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-4
+
+
+def test_default_path_runs_cuda_and_agrees_across_split_counts():
+    q, cache, bt, sl = _case(128, 8, 4, 16, [8192, 3, 5000, 129], seed=3)
+    ref, _ = _ref(q, cache, bt, sl, 0.1)
+    cuda_decode._PLANS.clear()
+    a, _ = _run(q, cache, bt, sl, 0.1)  # default path
+    assert cuda_decode._PLANS, "kernels.decode_attention did not take the CUDA path"
+    b, _ = _run(q, cache, bt, sl, 0.1, kind="page", max_splits=4)  # more splits than 4 still allowed (128)
+    c, _ = _run(q, cache, bt, sl, 0.1, kind="warp")
+    for o in (a, b, c):
+        assert _rel(o, ref) < 5e-4
+
+
+def test_bf16_output_and_empty_sequences():
+    q, cache, bt, sl = _case(128, 8, 8, 16, [0, 300, 0, 17], seed=5)
+    out, _ = _run(q, cache, bt, sl, 0.09, out_dtype=torch.bfloat16)
+    ref, _ = _ref(q, cache, bt, sl, 0.09)
+    assert torch.isfinite(out.float()).all()
+    assert out[0].abs().max().item() == 0 and out[2].abs().max().item() == 0
+    assert _rel(out[[1, 3]], ref[[1, 3]]) < 4e-3  # bf16 rounding
+
+
+def test_large_scores_and_scales_stay_finite():
+    q, cache, bt, sl = _case(128, 8, 4, 16, [3000, 700], seed=9)
+    q = q * 40  # scores far beyond exp range without the running max
+    ref, _ = _ref(q, cache, bt, sl, 0.088)
+    out, _ = _run(q, cache, bt, sl, 0.088)
+    assert torch.isfinite(out).all()
+    assert _rel(out, ref) < 1e-3
+
+
+def test_cuda_graph_replay_with_new_lengths():
+    q, cache, bt, sl = _case(128, 8, 4, 16, [4096, 4096, 4096], seed=11)
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=DEV)
+    ws = torch.empty(3 * 32 * 32 * 129, dtype=torch.float32, device=DEV)
+    sl.fill_(1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        kernels.decode_attention(q, cache, bt, sl, 0.1, out=out, workspace=ws, max_splits=32)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kernels.decode_attention(q, cache, bt, sl, 0.1, out=out, workspace=ws, max_splits=32)
+    for lens in ([4096, 5, 1234], [17, 4000, 1]):
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        g.replay()
+        torch.cuda.synchronize()
+        ref, _ = _ref(q, cache, bt, sl, 0.1)
+        assert _rel(out, ref) < 4e-3
