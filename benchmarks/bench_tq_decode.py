@@ -516,14 +516,14 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
         cfg = cuda_decode.resolve(cuda_decode.DEFAULT, c.kv_cache)
         k, wps = cuda_decode.kernel_for(c.query, c.kv_cache, cfg)
         splits = cuda_decode.num_splits(b * HK, wps, torch.cuda.get_device_properties(0).multi_processor_count,
-                                        max(VLLM_SPLITS, cfg.max_splits), cfg.waves)
+                                        min(cuda_decode.MAX_SPLITS, max(VLLM_SPLITS, cfg.max_splits)), cfg.waves)
         mt = max(1, math.ceil(cfg.min_split_tokens / 16))
         mid_o = torch.empty(b * hq * splits * D, device=DEV)
         mid_l = torch.empty(b * hq * splits, device=DEV)
         full = bench(c.ours, graph=True, rep=60)
         split = bench(lambda: cuda_decode.launch_split(k, cfg, c.query, c.kv_cache, c.block_table, c.seq_lens,
                                                        mid_o, mid_l, c.scale, splits, mt), graph=True, rep=60)
-        merge = bench(lambda: cuda_decode.launch_merge(c.query, c.seq_lens, mid_o, mid_l, c.out, c.lse, splits, mt),
+        merge = bench(lambda: cuda_decode.launch_merge(c.query, c.seq_lens, mid_o, mid_l, c.out, c.lse, splits, mt, k),
                       graph=True, rep=60)
         with backend("triton"):
             tri = bench(c.ours, graph=True, rep=60)

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ... import env as sndr_env
 
-__all__ = ["CudaUnavailable", "CudaError", "Kernel", "compile_cubin", "load_kernel", "nvrtc_version"]
+__all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "compile_cubin", "load_module", "load_kernel",
+           "nvrtc_version"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -172,16 +173,32 @@ _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
-class Kernel:
-    """One ``extern "C"`` kernel of a cubin, loaded in one device's context."""
+class Module:
+    """A cubin loaded in the current device's context; its kernels by name."""
 
-    def __init__(self, cubin: bytes, name: str, dynamic_smem: int = 0):
+    def __init__(self, cubin: bytes, label: str):
+        self._cubin = cubin  # the driver may read the image lazily
+        self.label = label
+        self.handle = ctypes.c_void_p()
+        _check(_driver().cuModuleLoadData(ctypes.byref(self.handle), cubin), f"cuModuleLoadData({label})")
+        self._kernels: dict[tuple[str, int], Kernel] = {}
+
+    def kernel(self, name: str, dynamic_smem: int = 0) -> Kernel:
+        k = self._kernels.get((name, dynamic_smem))
+        if k is None:
+            k = self._kernels[(name, dynamic_smem)] = Kernel(self, name, dynamic_smem)
+        return k
+
+
+class Kernel:
+    """One ``extern "C"`` kernel of a loaded module."""
+
+    def __init__(self, module: Module, name: str, dynamic_smem: int = 0):
         drv = _driver()
-        self._cubin = cubin  # the driver reads the image lazily on some versions
-        self.module = ctypes.c_void_p()
-        _check(drv.cuModuleLoadData(ctypes.byref(self.module), cubin), f"cuModuleLoadData({name})")
+        self.module = module
         self.func = ctypes.c_void_p()
-        _check(drv.cuModuleGetFunction(ctypes.byref(self.func), self.module, name.encode()), f"cuModuleGetFunction({name})")
+        _check(drv.cuModuleGetFunction(ctypes.byref(self.func), module.handle, name.encode()),
+               f"cuModuleGetFunction({name})")
         self.name = name
         self.smem = int(dynamic_smem)
         if self.smem > 48 * 1024:
@@ -208,11 +225,15 @@ class Kernel:
         return n.value
 
     def launch(self, grid: int, block_threads: int, stream: int, args: list) -> None:
-        """args: ctypes scalars (c_void_p for device pointers, c_int, c_float, c_longlong)."""
-        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-        _check(_driver().cuLaunchKernel(
-            self.func, grid, 1, 1, block_threads, 1, 1, self.smem, ctypes.c_void_p(stream), params, None),
-            f"cuLaunchKernel({self.name})")
+        """args: ctypes scalars (c_void_p for device pointers, c_int, c_float, c_longlong),
+        kept alive by the caller's list until the call returns (the driver copies them)."""
+        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        rc = _LAUNCH[0](self.func, grid, 1, 1, block_threads, 1, 1, self.smem, stream, params, None)
+        if rc:
+            _check(rc, f"cuLaunchKernel({self.name})")
+
+
+_LAUNCH: list = []
 
 
 def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
@@ -226,32 +247,34 @@ def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
     drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     drv.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    if not _LAUNCH:
+        _LAUNCH.append(drv.cuLaunchKernel)
 
 
-_KERNELS: dict[tuple, Kernel] = {}
+_MODULES: dict[tuple, Module] = {}
 
 
-def load_kernel(source: str, name: str, defines: dict[str, int | str], device_index: int, dynamic_smem: int = 0) -> Kernel:
-    """Compile (or take from the cache) and load ``name`` for one CUDA device."""
+def load_module(source: str, defines: dict[str, int | str], device_index: int, label: str = "sndr") -> Module:
+    """Compile (or take from the disk cache) ``source`` and load it on one CUDA device."""
     import torch
 
+    key = (hash(source), source, tuple(sorted(defines.items())), device_index, label)
+    m = _MODULES.get(key)
+    if m is not None:
+        return m
     major, minor = torch.cuda.get_device_capability(device_index)
-    arch = f"{major}{minor}"
-    key = (hashlib.sha256(source.encode()).hexdigest(), name, tuple(sorted(defines.items())), device_index, dynamic_smem)
-    k = _KERNELS.get(key)
-    if k is not None:
-        return k
-    with _LOCK:
-        k = _KERNELS.get(key)
-        if k is not None:
-            return k
-    cubin = compile_cubin(source, name, arch, defines)
+    cubin = compile_cubin(source, label, f"{major}{minor}", defines)
     drv = _driver()
     _setup_driver_signatures(drv)
     with torch.cuda.device(device_index):
         torch.cuda.current_stream(device_index)  # makes torch's primary context current on this thread
         torch.empty(1, device=f"cuda:{device_index}")
-        k = Kernel(cubin, name, dynamic_smem)
+        m = Module(cubin, label)
     with _LOCK:
-        _KERNELS[key] = k
-    return k
+        return _MODULES.setdefault(key, m)
+
+
+def load_kernel(source: str, name: str, defines: dict[str, int | str], device_index: int,
+                dynamic_smem: int = 0, label: str | None = None) -> Kernel:
+    """One kernel of ``source`` (compiled and loaded once per device and defines)."""
+    return load_module(source, defines, device_index, label or name).kernel(name, dynamic_smem)

@@ -17,6 +17,7 @@ nothing against it, else Triton), ``cuda`` (raise instead of falling back) or
 
 from __future__ import annotations
 
+import ctypes as C
 import functools
 import logging
 import math
@@ -32,6 +33,8 @@ from . import _cudart
 
 SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
 KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
+MERGE = "tq_k8v4_merge"
+MAX_SPLITS = 128  # the merge kernel's shared weights array
 TILE = 16
 STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
 LOG = logging.getLogger("sndr.kernels")
@@ -214,7 +217,7 @@ def kernel_for(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
     idx = device_index(query)
     defs = defines(query, kv_cache, cfg)
     k = _cudart.load_kernel(_source(), KERNELS[cfg.kind], defs, idx,
-                            smem_bytes(cfg, query.shape[2], kv_cache.stride(1)))
+                            smem_bytes(cfg, query.shape[2], kv_cache.stride(1)), label="decode_k8v4")
     per_block = kv_cache.shape[2] if cfg.kind == "page" else cfg.warps
     return k, max(1, k.blocks_per_sm(32 * per_block)) * per_block
 
@@ -246,7 +249,8 @@ def decode_attention(
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
     idx = device_index(query)
-    splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx), max(max_splits, cfg.max_splits), cfg.waves)
+    splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx),
+                        min(MAX_SPLITS, max(max_splits, cfg.max_splits)), cfg.waves)
     min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
     need = kernels.workspace_numel(bsz, hq, d, splits)
     if workspace is None or workspace.numel() < need or workspace.dtype != torch.float32 or not workspace.is_contiguous():
@@ -259,22 +263,20 @@ def decode_attention(
     if mid_o.data_ptr() % 16:
         mid_o = torch.empty(bsz * hq * splits * d, dtype=torch.float32, device=query.device)
     launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles)
-    launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles)
+    launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k)
     return out
 
 
 def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles) -> None:
     """The CUDA split kernel alone: partial outputs and LSEs into mid_o / mid_l."""
-    import ctypes as C
-
-    from . import kernels
+    from .kernels import LOG2E
 
     bsz, hq, _ = query.shape
     hk = kv_cache.shape[2]
     args = [
         C.c_void_p(query.data_ptr()), C.c_void_p(kv_cache.data_ptr()), C.c_void_p(block_table.data_ptr()),
         C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
-        C.c_float(scale * kernels.LOG2E), C.c_int(bsz), C.c_int(hk), C.c_int(hq), C.c_int(splits),
+        C.c_float(scale * LOG2E), C.c_int(bsz), C.c_int(hk), C.c_int(hq), C.c_int(splits),
         C.c_int(min_tiles), C.c_longlong(query.stride(0)), C.c_longlong(query.stride(1)),
         C.c_longlong(block_table.stride(0)), C.c_longlong(kv_cache.stride(0)), C.c_longlong(kv_cache.stride(2)),
     ]
@@ -285,11 +287,25 @@ def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, s
         k.launch(triton.cdiv(bsz * hk * splits, cfg.warps), 32 * cfg.warps, stream, args)
 
 
-def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles) -> None:
-    """The shared Triton merge of the splits (16-token tiles)."""
+_OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k=None) -> None:
+    """Merge the splits: the CUDA merge kernel of ``k``'s module when given and the
+    output rows are contiguous, else the shared Triton merge."""
+    bsz, hq, d = query.shape
+    if k is not None and out.dtype in _OUT_KIND and out.stride(2) == 1 and (lse is None or lse.stride(1) == 1):
+        args = [
+            C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()), C.c_void_p(seq_lens.data_ptr()),
+            C.c_void_p(out.data_ptr()), C.c_void_p(lse.data_ptr() if lse is not None else 0),
+            C.c_int(hq), C.c_int(splits), C.c_int(min_tiles), C.c_longlong(out.stride(0)),
+            C.c_longlong(out.stride(1)), C.c_longlong(lse.stride(0) if lse is not None else 0),
+            C.c_int(_OUT_KIND[out.dtype]), C.c_int(lse is not None),
+        ]
+        k.module.kernel(MERGE).launch(bsz * hq, d, torch.cuda.current_stream(query.device).cuda_stream, args)
+        return
     from . import kernels
 
-    bsz, hq, d = query.shape
     kernels._merge_kernel[(bsz, hq)](
         mid_o, mid_l, seq_lens, out, lse if lse is not None else mid_l,
         splits, min_tiles,

@@ -660,3 +660,58 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     write_partials(st, MID_O, MID_L, b, hk, HQ, S, s, g, t4);
 }
 #endif  // PAGE_CTA
+
+// ---------------------------------------------------------------------------
+// Merge of the splits, one block of D threads per (sequence, query head):
+// out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), lse = m + log2(den)
+// (natural log on output). The split count of a sequence is recomputed from
+// its length exactly as the split kernels do; a sequence with no tokens gets
+// zeros and lse = -inf. OUT_KIND: 0 float32, 1 float16, 2 bfloat16.
+extern "C" __global__ void __launch_bounds__(D) tq_k8v4_merge(
+    const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
+    void* __restrict__ OUT, float* __restrict__ LSE,
+    int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    __shared__ float w[128 + 32];
+    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ, d = threadIdx.x;
+    const int seq_len = SL[b];
+    const int n_tiles = (seq_len + 15) >> 4;
+    const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
+    const int tiles_per = max((n_tiles + max(act, 1) - 1) / max(act, 1), 1);
+    const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
+    const long long row0 = ((long long)b * HQ + h) * S;
+
+    float m = NEG_INF;
+    for (int s = d; s < n_act; s += D) m = fmaxf(m, MID_L[row0 + s]);
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+    if ((d & 31) == 0) w[128 + (d >> 5)] = m;
+    __syncthreads();
+    m = w[128];
+    for (int i = 1; i < D / 32; ++i) m = fmaxf(m, w[128 + i]);
+    for (int s = d; s < n_act; s += D) w[s] = ex2(MID_L[row0 + s] - m);
+    __syncthreads();
+    float den = 0.f, acc = 0.f;
+    int s = 0;
+    for (; s + 4 <= n_act; s += 4) {
+        const float o0 = MID_O[(row0 + s) * D + d], o1 = MID_O[(row0 + s + 1) * D + d];
+        const float o2 = MID_O[(row0 + s + 2) * D + d], o3 = MID_O[(row0 + s + 3) * D + d];
+        acc += w[s] * o0 + w[s + 1] * o1 + w[s + 2] * o2 + w[s + 3] * o3;
+        den += w[s] + w[s + 1] + w[s + 2] + w[s + 3];
+    }
+    for (; s < n_act; ++s) { acc += w[s] * MID_O[(row0 + s) * D + d]; den += w[s]; }
+    const float r = den > 0.f ? acc / den : 0.f;
+    const long long o = b * o_sb + h * o_sh + d;
+    if (out_kind == 0) {
+        reinterpret_cast<float*>(OUT)[o] = r;
+    } else if (out_kind == 1) {
+        unsigned short v;
+        asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        reinterpret_cast<unsigned short*>(OUT)[o] = v;
+    } else {
+        unsigned short v;
+        asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        reinterpret_cast<unsigned short*>(OUT)[o] = v;
+    }
+    if (write_lse && d == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
+}
