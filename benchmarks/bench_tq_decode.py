@@ -523,13 +523,15 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
         full = bench(c.ours, graph=True, rep=60)
         split = bench(lambda: cuda_decode.launch_split(k, cfg, c.query, c.kv_cache, c.block_table, c.seq_lens,
                                                        mid_o, mid_l, c.scale, splits, mt), graph=True, rep=60)
-        merge = bench(lambda: cuda_decode.launch_merge(c.query, c.seq_lens, mid_o, mid_l, c.out, c.lse, splits, mt, k),
-                      graph=True, rep=60)
+        merge = bench(lambda: cuda_decode.launch_merge(c.query, c.seq_lens, mid_o, mid_l, c.out, c.lse, splits, mt, k,
+                                                       cuda=True), graph=True, rep=60)
+        merge_tri = bench(lambda: cuda_decode.launch_merge(c.query, c.seq_lens, mid_o, mid_l, c.out, c.lse, splits, mt,
+                                                           cuda=False), graph=True, rep=60)
         with backend("triton"):
             tri = bench(c.ours, graph=True, rep=60)
         pts.append((c.tq_bytes, split))
         log(f"cuda-probe hq={hq} B={b} ctx={ctx} splits={splits} MB={c.tq_bytes / 1e6:.1f} full {full:.1f}us "
-            f"split {split:.1f}us merge {merge:.1f}us triton {tri:.1f}us split-BW {c.tq_bytes / split / 1e3:.0f}GB/s")
+            f"split {split:.1f}us merge {merge:.1f}us (Triton merge {merge_tri:.1f}us) triton {tri:.1f}us split-BW {c.tq_bytes / split / 1e3:.0f}GB/s")
         del c
     n = len(pts)
     mx = sum(p[0] for p in pts) / n
@@ -713,6 +715,7 @@ def main(argv=None) -> int:
     if args.cuda_probe:
         cuda_probe()
         cuda_probe(b=32, ctxs=(1024, 4096, 8192))
+        cuda_probe(b=1, ctxs=(8192, 32768))
         log(f"[{time.time() - t0:.0f}s] cuda probe done")
     if args.cuda_sweep:
         cuda_sweep([tuple(int(x) for x in c.split(":")) for c in args.cuda_cells.split(",") if c],

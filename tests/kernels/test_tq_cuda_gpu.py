@@ -150,3 +150,24 @@ def test_cuda_graph_replay_with_new_lengths():
         torch.cuda.synchronize()
         ref, _ = _ref(q, cache, bt, sl, 0.1)
         assert _rel(out, ref) < 4e-3
+
+
+def test_cuda_and_triton_merges_agree():
+    q, cache, bt, sl = _case(128, 8, 4, 16, [5000, 0, 77, 4096], seed=13)
+    cfg, k, wps = cuda_decode.plan(q, cache, cuda_decode.DEFAULT)
+    splits = cuda_decode.num_splits(4 * 8, wps, torch.cuda.get_device_properties(0).multi_processor_count, 128, 1)
+    mid_o = torch.empty(4 * 32 * splits * 128, device=DEV)
+    mid_l = torch.empty(4 * 32 * splits, device=DEV)
+    cuda_decode.launch_split(k, cfg, q, cache, bt, sl, mid_o, mid_l, 0.1, splits, 2)
+    outs = []
+    for cuda in (True, False):
+        out = torch.empty(q.shape, dtype=torch.float32, device=DEV)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
+        cuda_decode.launch_merge(q, sl, mid_o, mid_l, out, lse, splits, 2, k, cuda=cuda)
+        outs.append((out, lse))
+    torch.cuda.synchronize()
+    (a, la), (b, lb) = outs
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(torch.isinf(la), torch.isinf(lb)) and torch.allclose(la[~torch.isinf(la)], lb[~torch.isinf(lb)])
+    ref, _ = _ref(q, cache, bt, sl, 0.1)
+    assert _rel(a, ref) < 5e-4

@@ -290,11 +290,20 @@ def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, s
 _OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k=None) -> None:
-    """Merge the splits: the CUDA merge kernel of ``k``'s module when given and the
-    output rows are contiguous, else the shared Triton merge."""
+def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k=None, cuda: bool | None = None) -> None:
+    """Merge the splits.
+
+    Two merge kernels, same result: the CUDA one of ``k``'s module launches
+    for ~5 us of CPU (eager calls), the Triton one costs ~30 us of CPU to launch
+    but 1-4 us less GPU time on an H200 (docs/bench-tq-decode-h200.md). So
+    by default a CUDA-graph capture records the Triton merge, an eager call
+    runs the CUDA merge; ``cuda`` forces one.
+    """
     bsz, hq, d = query.shape
-    if k is not None and out.dtype in _OUT_KIND and out.stride(2) == 1 and (lse is None or lse.stride(1) == 1):
+    if cuda is None:
+        cuda = not torch.cuda.is_current_stream_capturing()
+    if cuda and k is not None and out.dtype in _OUT_KIND and out.stride(2) == 1 \
+            and (lse is None or lse.stride(1) == 1):
         args = [
             C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()), C.c_void_p(seq_lens.data_ptr()),
             C.c_void_p(out.data_ptr()), C.c_void_p(lse.data_ptr() if lse is not None else 0),
@@ -302,7 +311,7 @@ def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k=N
             C.c_longlong(out.stride(1)), C.c_longlong(lse.stride(0) if lse is not None else 0),
             C.c_int(_OUT_KIND[out.dtype]), C.c_int(lse is not None),
         ]
-        k.module.kernel(MERGE).launch(bsz * hq, d, torch.cuda.current_stream(query.device).cuda_stream, args)
+        k.module.kernel(MERGE).launch(bsz * hq, 256, torch.cuda.current_stream(query.device).cuda_stream, args)
         return
     from . import kernels
 

@@ -662,18 +662,51 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
 #endif  // PAGE_CTA
 
 // ---------------------------------------------------------------------------
-// Merge of the splits, one block of D threads per (sequence, query head):
+// Merge of the splits, one block of 8 warps per (sequence, query head):
 // out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), lse = m + log2(den)
-// (natural log on output). The split count of a sequence is recomputed from
-// its length exactly as the split kernels do; a sequence with no tokens gets
-// zeros and lse = -inf. OUT_KIND: 0 float32, 1 float16, 2 bfloat16.
-extern "C" __global__ void __launch_bounds__(D) tq_k8v4_merge(
+// (natural log on output). Warp w sums splits w, w + 8, ... (at most 16, all
+// loads issued at once) with D/32 dims per lane (vector loads); the partial
+// sums meet in shared memory. The
+// split count of a sequence is recomputed from its length exactly as the split
+// kernels do; a sequence with no tokens gets zeros and lse = -inf.
+// OUT_KIND: 0 float32, 1 float16, 2 bfloat16.
+#define MW 8                 // warps per merge block (MW * 16 >= 128 splits)
+#define DPL (D / 32)         // dims per lane
+
+static __device__ __forceinline__ float block_max(float v, float* red, int tid) {
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, x));
+    if ((tid & 31) == 0) red[tid >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int i = 1; i < MW; ++i) v = fmaxf(v, red[i]);
+    __syncthreads();
+    return v;
+}
+
+static __device__ __forceinline__ float block_sum(float v, float* red, int tid) {
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) v += __shfl_xor_sync(0xffffffffu, v, x);
+    if ((tid & 31) == 0) red[tid >> 5] = v;
+    __syncthreads();
+    v = red[0];
+#pragma unroll
+    for (int i = 1; i < MW; ++i) v += red[i];
+    __syncthreads();
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
     const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
     void* __restrict__ OUT, float* __restrict__ LSE,
     int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
 {
-    __shared__ float w[128 + 32];
-    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ, d = threadIdx.x;
+    __shared__ float w[MW * 32];
+    __shared__ float red[MW];
+    __shared__ __align__(16) float part[MW][D];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
     const int seq_len = SL[b];
     const int n_tiles = (seq_len + 15) >> 4;
     const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
@@ -681,37 +714,60 @@ extern "C" __global__ void __launch_bounds__(D) tq_k8v4_merge(
     const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
     const long long row0 = ((long long)b * HQ + h) * S;
 
-    float m = NEG_INF;
-    for (int s = d; s < n_act; s += D) m = fmaxf(m, MID_L[row0 + s]);
+    // every load is issued at once, before the length is known (rows past the
+    // active splits hold stale values: they are selected away, never multiplied)
+    float lv = tid < S ? MID_L[row0 + tid] : NEG_INF;  // S <= 128 <= MW * 32
+    const float* base = MID_O + row0 * D + lane * DPL;
+    float ov[128 / MW][DPL];
 #pragma unroll
-    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
-    if ((d & 31) == 0) w[128 + (d >> 5)] = m;
-    __syncthreads();
-    m = w[128];
-    for (int i = 1; i < D / 32; ++i) m = fmaxf(m, w[128 + i]);
-    for (int s = d; s < n_act; s += D) w[s] = ex2(MID_L[row0 + s] - m);
-    __syncthreads();
-    float den = 0.f, acc = 0.f;
-    int s = 0;
-    for (; s + 4 <= n_act; s += 4) {
-        const float o0 = MID_O[(row0 + s) * D + d], o1 = MID_O[(row0 + s + 1) * D + d];
-        const float o2 = MID_O[(row0 + s + 2) * D + d], o3 = MID_O[(row0 + s + 3) * D + d];
-        acc += w[s] * o0 + w[s + 1] * o1 + w[s + 2] * o2 + w[s + 3] * o3;
-        den += w[s] + w[s + 1] + w[s + 2] + w[s + 3];
+    for (int i = 0; i < 128 / MW; ++i) {  // predicated, fully unrolled
+        const int s = warp + MW * i;
+#if DPL == 4
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s < S) v = *reinterpret_cast<const float4*>(base + (long long)s * D);
+        ov[i][0] = v.x; ov[i][1] = v.y; ov[i][2] = v.z; ov[i][3] = v.w;
+#else
+        float2 v = make_float2(0.f, 0.f);
+        if (s < S) v = *reinterpret_cast<const float2*>(base + (long long)s * D);
+        ov[i][0] = v.x; ov[i][1] = v.y;
+#endif
     }
-    for (; s < n_act; ++s) { acc += w[s] * MID_O[(row0 + s) * D + d]; den += w[s]; }
-    const float r = den > 0.f ? acc / den : 0.f;
-    const long long o = b * o_sb + h * o_sh + d;
-    if (out_kind == 0) {
-        reinterpret_cast<float*>(OUT)[o] = r;
-    } else if (out_kind == 1) {
-        unsigned short v;
-        asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-        reinterpret_cast<unsigned short*>(OUT)[o] = v;
-    } else {
-        unsigned short v;
-        asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-        reinterpret_cast<unsigned short*>(OUT)[o] = v;
+    if (tid >= n_act) lv = NEG_INF;
+    const float m = block_max(lv, red, tid);
+    const float wt = tid < n_act ? ex2(lv - m) : 0.f;
+    w[tid] = wt;
+    const float den = block_sum(wt, red, tid);  // its barriers also publish w[]
+
+    float acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 128 / MW; ++i) {
+        const int s = warp + MW * i;
+        if (s < n_act) {
+            const float ws = w[s];
+#pragma unroll
+            for (int j = 0; j < DPL; ++j) acc[j] += ws * ov[i][j];
+        }
     }
-    if (write_lse && d == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) part[warp][lane * DPL + i] = acc[i];
+    __syncthreads();
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    for (int d = tid; d < D; d += MW * 32) {
+        float r = part[0][d];
+#pragma unroll
+        for (int i = 1; i < MW; ++i) r += part[i][d];
+        r *= inv;
+        const long long o = b * o_sb + h * o_sh + d;
+        if (out_kind == 0) {
+            reinterpret_cast<float*>(OUT)[o] = r;
+        } else {
+            unsigned short v;
+            if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+            else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+            reinterpret_cast<unsigned short*>(OUT)[o] = v;
+        }
+    }
+    if (write_lse && tid == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
 }
