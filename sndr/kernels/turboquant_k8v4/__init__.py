@@ -5,7 +5,9 @@ Public surface:
 * ``store(key, value, kv_cache, slot_mapping)``: Triton store, byte-identical
   to vLLM 0.32.0's ``triton_turboquant_store`` for k8v4;
 * ``decode_attention(query, kv_cache, block_table, seq_lens, scale, ...)``:
-  GQA-grouped split-KV decode, CUDA-graph capturable;
+  GQA-grouped split-KV decode, CUDA-graph capturable: the CUDA kernels of
+  ``decode_k8v4.cu`` (built by NVRTC, ``cuda_decode``) where they take the
+  call, else Triton (``SNDR_TQ_BACKEND``);
 * ``decode(...)``: drop-in for vLLM 0.32.0's
   ``triton_turboquant_decode_attention`` (same signature); other presets and
   unsupported shapes go to vLLM's own function. Patch PK0001 installs it.

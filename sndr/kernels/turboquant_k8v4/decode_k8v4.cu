@@ -1,36 +1,44 @@
-// TurboQuant k8v4 split-KV decode: one warp per (sequence, KV head, split).
+// TurboQuant k8v4 split-KV decode for vLLM's paged cache, on tensor cores.
 //
-// Compiled at run time by NVRTC (cuda.py) with these macros defined, one
-// build per model shape:
-//   D        head dim (64 or 128)
-//   SP       cache stride between token rows of a page, bytes (Hk * slot)
-//   PAGE     tokens per page (a multiple of 16)
-//   G        query heads per KV head (1..16)
-//   QBF16    1: bfloat16 queries, 0: float16
-//   STAGES   cp.async ring depth per warp (>= 2)
-//   NW       warps per block (independent work items)
-//   MINB     blocks per SM asked of the register allocator
-//   TAU      lazy-rescale slack, log2 units (p <= 2**TAU)
+// Three kernels, compiled together at run time by NVRTC (_cudart.py,
+// cuda_decode.py), one build per model shape, with these macros defined:
+//   D         head dim (64 or 128)
+//   SP        cache stride between token rows of a page, bytes (Hk * slot)
+//   PAGE      tokens per page (a multiple of 16)
+//   G         query heads per KV head (1..16)
+//   QBF16     1: bfloat16 queries, 0: float16
+//   STAGES    copy ring depth (tiles in flight + 1)
+//   NW        warp kernel: warps per block (independent work items)
+//   MINB      blocks per SM asked of the register allocator
+//   TAU       lazy-rescale slack, log2 units (p <= 2**TAU)
+//   PAGE_CTA  1: build the page kernel (then HK, ROWP, ROWCOPY), 0: the warp kernel
+//
+// * tq_k8v4_decode_page (sm_90): a block per (sequence, split), a warp per KV
+//   head; 16-token tiles of all heads copied by TMA (cp.async.bulk), see below.
+// * tq_k8v4_decode_split (sm_89+): a warp per (sequence, KV head, split);
+//   4-byte cp.async copies, one token row per instruction, into a per-warp ring.
+// * tq_k8v4_merge: log-sum-exp merge of the splits (kernels._merge_kernel's
+//   twin; cuda_decode picks one).
 //
 // Cache slot (one token, one KV head; see _layout.py):
 //   [0, D) fp8 e4m3 keys | [D, D + D/2) 4-bit value codes | f16 scale | f16 zero
-// Slots are 4-byte aligned only (196 bytes at D = 128), so a tile of 16 tokens
-// is copied to shared memory with 4-byte cp.async, one token row per
-// instruction (coalesced), STAGES tiles ahead, then read back in exactly the
-// register layout of the mma.sync fragments:
+// Slots are 4-byte aligned only (196 bytes at D = 128).
 //
-// * scores S = Q K^T, m16n8k16: rows = the G query heads (A = Q, resident in
-//   registers), n = tokens, k = head dims. The k order inside a 16-dim step is
-//   permuted (the dot product does not care, Q gets the same permutation) so
-//   that a thread's four B values are four consecutive key bytes: one 32-bit
-//   word -> two cvt.rn.f16x2.e4m3x2 -> the B fragment, no shuffles.
-// * out O = P V: rows = heads, k = 16 tokens, n = head dims. The score
-//   accumulator is already the A fragment of P (FA2's register reuse). The
-//   B fragment pairs two tokens per register: prmt interleaves the value words
-//   of the two tokens, and one lop3 per register makes fp16 (1024 + code) for a
-//   low nibble or (64 + code) for a high one (exact, no int->float). The
-//   offsets are removed at the end through one extra MMA against ones, which
-//   sums exactly the fp16 P the other MMAs saw.
+// The tile math (attend_tile), shared by both split kernels, works on mma.sync
+// m16n8k16 fragments built straight from the copied bytes:
+//
+// * scores are transposed, S^T = K Q^T: rows = 16 tokens (A = keys), n = 8
+//   query heads (B = Q^T, resident in registers; G > 8 is two n-tiles), k =
+//   head dims. The k order inside a 16-dim step is permuted (the dot product
+//   does not care, Q gets the same permutation) so that one 32-bit key word
+//   -> two cvt.rn.f16x2.e4m3x2 is a thread's A fragment, no shuffles.
+// * out O^T = V^T P^T: rows = head dims, k = 16 tokens, n = heads. movmatrix
+//   transposes the fp16 P' into the B fragment. The A fragment pairs two
+//   tokens per register: prmt interleaves the value words of two tokens, and
+//   one lop3 per register makes fp16 (1024 + code) for a low nibble or
+//   (64 + code) for a high one (exact, no int->float). The offsets are removed
+//   at the end through one extra MMA against ones, which sums exactly the
+//   fp16 P' the other MMAs saw.
 // * value = zero + scale * code: P is multiplied by scale / s_run before the
 //   fp16 rounding (s_run = running max of the scales, so P' <= 2**TAU), the
 //   zero is a rank-one term kept in fp32.
@@ -38,8 +46,8 @@
 //   when a score exceeds it by TAU or a scale exceeds s_run (one warp vote per
 //   tile on the common path); l and z are per-thread partial sums reduced once.
 //
-// Output: the split's normalised partial O (float32) and its log2-sum-exp,
-// in the layout of kernels._merge_kernel, which merges the splits.
+// Split kernels write each split's normalised partial O (float32) and its
+// log2-sum-exp in the layout of kernels._merge_kernel.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
