@@ -171,3 +171,18 @@ def test_cuda_and_triton_merges_agree():
     assert torch.equal(torch.isinf(la), torch.isinf(lb)) and torch.allclose(la[~torch.isinf(la)], lb[~torch.isinf(lb)])
     ref, _ = _ref(q, cache, bt, sl, 0.1)
     assert _rel(a, ref) < 5e-4
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_another_device_than_the_current_one():
+    torch.cuda.set_device(1)
+    q, cache, bt, sl = _case(128, 8, 4, 16, [3000, 17], seed=17)  # built on cuda:1
+    ref, _ = _ref(q, cache, bt, sl, 0.1)
+    torch.cuda.set_device(0)
+    cuda_decode._PLANS.clear()
+    for _ in range(2):  # first call loads the module for cuda:1, second reuses it
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        kernels.decode_attention(q, cache, bt, sl, 0.1, out=out, max_splits=32)
+        torch.cuda.synchronize(q.device)
+        assert out.device.index == 1 and _rel(out, ref) < 5e-4
+    assert cuda_decode._BROKEN == {}

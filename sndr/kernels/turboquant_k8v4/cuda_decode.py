@@ -262,6 +262,11 @@ def decode_attention(
         return out
     if mid_o.data_ptr() % 16:
         mid_o = torch.empty(bsz * hq * splits * d, dtype=torch.float32, device=query.device)
+    if idx != torch.cuda.current_device():  # the module lives in that device's context
+        with torch.cuda.device(idx):
+            launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles)
+            launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k)
+        return out
     launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles)
     launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k)
     return out
