@@ -33,6 +33,8 @@ def test_wheel_contains_patch_set_and_manifests(wheel):
     for p in (ROOT / "anchors").glob("*.json"):
         assert f"sndr/_data/anchors/{p.name}" in names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    # the CUDA decode source is compiled at run time from the installed package
+    assert "sndr/kernels/turboquant_k8v4/decode_k8v4.cu" in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[vllm.general_plugins]" in entry_points and "sndr.hook:register" in entry_points
 
