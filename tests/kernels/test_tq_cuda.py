@@ -239,3 +239,22 @@ def test_every_kernel_python_launches_is_defined_in_the_source():
     text = cuda_decode.SOURCE_PATH.read_text()
     defined = set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s+(\w+)\(', text))
     assert defined == set(cuda_decode.KERNELS.values()) | {cuda_decode.MERGE}
+
+
+def test_first_call_inside_a_graph_capture_records_triton(monkeypatch):
+    q, cache, bt, sl = _cpu_call()
+    monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+    monkeypatch.setattr(cuda_decode, "unsupported", lambda *a: None)
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
+    monkeypatch.setattr(kernels, "_capturing", lambda: True)
+    monkeypatch.setattr(cuda_decode, "decode_attention", lambda *a, **k: pytest.fail("built inside a capture"))
+    monkeypatch.setattr(cuda_decode, "_PLANS", {})
+    assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+    assert cuda_decode._BROKEN == {}  # not disabled: the next eager call builds it
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
+    with pytest.raises(RuntimeError, match="run it once eagerly"):
+        kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32)
+    # once built (by an eager call), captures use it
+    monkeypatch.setitem(cuda_decode._PLANS, cuda_decode._plan_key(q, cache, cuda_decode.DEFAULT), ("cfg", "k", 16))
+    monkeypatch.setattr(cuda_decode, "decode_attention", lambda *a, **k: "cuda")
+    assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) == "cuda"

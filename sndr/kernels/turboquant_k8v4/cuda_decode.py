@@ -195,15 +195,23 @@ def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
 _PLANS: dict[tuple, tuple] = {}
 
 
+def _plan_key(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> tuple:
+    return (device_index(query), query.dtype, query.shape[1], query.shape[2], tuple(kv_cache.shape[1:]),
+            kv_cache.stride(), kv_cache.data_ptr() % 16 == 0, cfg)
+
+
+def planned(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig | None = None) -> bool:
+    """Whether this call's kernels are already built and loaded (no compile, no driver calls)."""
+    return _plan_key(query, kv_cache, cfg or DEFAULT) in _PLANS
+
+
 def plan(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
     """(resolved config, compiled kernel, resident warps per SM) for this call's shape.
 
     Memoised on everything the build depends on, so a steady-state call costs a
     dict lookup (no hashing of the source, no driver queries).
     """
-    idx = device_index(query)
-    key = (idx, query.dtype, query.shape[1], query.shape[2], tuple(kv_cache.shape[1:]), kv_cache.stride(),
-           kv_cache.data_ptr() % 16 == 0, cfg)
+    key = _plan_key(query, kv_cache, cfg)
     hit = _PLANS.get(key)
     if hit is None:
         rcfg = resolve(cfg, kv_cache)

@@ -651,6 +651,13 @@ def decode_attention(
     return out
 
 
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AssertionError):  # CPU-only torch
+        return False
+
+
 def _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits):
     """Run the CUDA backend if allowed and able; None: the caller runs Triton."""
     from . import _cudart, cuda_decode
@@ -662,6 +669,13 @@ def _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace
     if why is not None:
         if choice == "cuda":
             raise ValueError(f"SNDR_TQ_BACKEND=cuda: {why}")
+        return None
+    if not cuda_decode.planned(query, kv_cache) and _capturing():
+        # building means NVRTC + module loading, which a CUDA-graph capture may refuse;
+        # this shape records the Triton kernels (warm up eagerly first to get CUDA)
+        if choice == "cuda":
+            raise RuntimeError("SNDR_TQ_BACKEND=cuda: first call of this shape inside a CUDA-graph capture; "
+                               "run it once eagerly before capturing")
         return None
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
