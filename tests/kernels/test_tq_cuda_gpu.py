@@ -87,8 +87,11 @@ LENS = [4096, 1, 15, 16, 17, 1000, 2047]
     (128, 8, 4, 16, torch.bfloat16), (128, 8, 8, 16, torch.float16), (128, 4, 6, 32, torch.bfloat16),
     (128, 2, 16, 16, torch.bfloat16), (128, 1, 8, 64, torch.float16), (128, 16, 2, 16, torch.bfloat16),
     (64, 4, 8, 16, torch.bfloat16), (64, 2, 12, 32, torch.float16), (128, 8, 16, 16, torch.bfloat16),
+    (256, 8, 4, 16, torch.bfloat16), (256, 2, 8, 32, torch.float16), (256, 4, 16, 16, torch.bfloat16),
 ])
 def test_decode_matches_float64(kind, d, hk, g, page, qdtype):
+    if d == 256 and kind == "warp":
+        pytest.skip("head dim 256 runs the page kernel only")
     q, cache, bt, sl = _case(d, hk, g, page, LENS, qdtype, seed=d + hk + g)
     scale = d**-0.5
     assert cuda_decode.unsupported(q, cache, bt, sl) is None

@@ -112,8 +112,8 @@ def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
     """What in the call's shapes, dtypes or strides the CUDA kernels cannot take (None: nothing)."""
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
-    if d not in STAGE_BYTES:
-        return f"head dim {d} (64 or 128 only)"
+    if d not in (64, 128, 256):
+        return f"head dim {d} (64, 128 or 256 only)"
     if hk == 0 or hq % hk or not 1 <= hq // hk <= 16:
         return f"group size Hq/Hk = {hq}/{hk}"
     if kv_cache.shape[1] % TILE:
@@ -142,7 +142,10 @@ def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
         return _BROKEN[idx]
     if _capability(idx) < (8, 9):
         return "needs sm_89+ (fp8 e4m3 conversions)"
-    return shape_problem(query, kv_cache, block_table, seq_lens)
+    why = shape_problem(query, kv_cache, block_table, seq_lens)
+    if why is None and query.shape[2] not in STAGE_BYTES and not page_kind_ok(kv_cache):
+        why = f"head dim {query.shape[2]} needs the page kernel (sm_90, 16-byte aligned cache)"
+    return why
 
 
 _CAPABILITY: dict[int, tuple[int, int]] = {}
@@ -167,7 +170,7 @@ def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dic
     out: dict[str, int | str] = {
         "D": d, "SP": sp, "PAGE": kv_cache.shape[1], "G": hq // hk,
         "QBF16": int(query.dtype == torch.bfloat16), "STAGES": cfg.stages, "NW": cfg.warps,
-        "MINB": _min_blocks(cfg, hk, hq // hk), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": int(cfg.kind == "page"),
+        "MINB": _min_blocks(cfg, hk, hq // hk, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": int(cfg.kind == "page"),
     }
     if cfg.kind == "page":
         rowp, rowcopy = row_pitch(sp)
@@ -175,13 +178,16 @@ def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dic
     return out
 
 
-def _min_blocks(cfg: CudaConfig, hk: int, g: int) -> int:
+def _min_blocks(cfg: CudaConfig, hk: int, g: int, d: int = 128) -> int:
     """Blocks per SM asked of the register allocator (__launch_bounds__).
 
     The page kernel's blocks are Hk warps: min_blocks counts blocks of 8 warps.
-    G > 8 holds twice the accumulators: half as many, or the kernel spills.
+    G > 8 and head dim 256 hold twice the accumulators: half as many each, or
+    the kernel spills.
     """
     n = max(1, (cfg.min_blocks * 8) // hk) if cfg.kind == "page" else cfg.min_blocks
+    if d > 128:  # twice the accumulators and fragments per warp
+        n = max(1, n // 2)
     return n if g <= 8 else max(1, n // 2)
 
 

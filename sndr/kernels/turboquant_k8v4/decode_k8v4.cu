@@ -2,7 +2,7 @@
 //
 // Three kernels, compiled together at run time by NVRTC (_cudart.py,
 // cuda_decode.py), one build per model shape, with these macros defined:
-//   D         head dim (64 or 128)
+//   D         head dim (64 or 128; 256 with the page kernel)
 //   SP        cache stride between token rows of a page, bytes (Hk * slot)
 //   PAGE      tokens per page (a multiple of 16)
 //   G         query heads per KV head (1..16)
@@ -64,7 +64,7 @@ typedef unsigned long long u64;
 #define NH ((G + 7) / 8)           // n-tiles of 8 query heads
 #define NT16 (D / 16)              // m-tiles of the P@V MMA (16 dims each)
 
-static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(D == 64 || D == 128 || (D == 256 && PAGE_CTA), "head dim 64 or 128 (256: page kernel only)");
 static_assert(PAGE % 16 == 0, "page size: a multiple of 16 tokens");
 static_assert(G >= 1 && G <= 16, "1..16 query heads per KV head");
 
@@ -730,10 +730,13 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
 #pragma unroll
     for (int i = 0; i < 128 / MW; ++i) {  // predicated, fully unrolled
         const int s = warp + MW * i;
-#if DPL == 4
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (s < S) v = *reinterpret_cast<const float4*>(base + (long long)s * D);
-        ov[i][0] = v.x; ov[i][1] = v.y; ov[i][2] = v.z; ov[i][3] = v.w;
+#if DPL >= 4
+#pragma unroll
+        for (int c = 0; c < DPL / 4; ++c) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (s < S) v = *reinterpret_cast<const float4*>(base + (long long)s * D + 4 * c);
+            ov[i][4 * c] = v.x; ov[i][4 * c + 1] = v.y; ov[i][4 * c + 2] = v.z; ov[i][4 * c + 3] = v.w;
+        }
 #else
         float2 v = make_float2(0.f, 0.f);
         if (s < S) v = *reinterpret_cast<const float2*>(base + (long long)s * D);
