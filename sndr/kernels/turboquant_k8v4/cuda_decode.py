@@ -1,14 +1,20 @@
 """CUDA backend of the k8v4 split-KV decode (``decode_k8v4.cu``, built by NVRTC).
 
-Same contract and workspace as the Triton split kernel in ``kernels``: it
-writes each split's normalised partial output and log2-sum-exp, and
-``kernels._merge_kernel`` merges them, so the two backends are
-interchangeable call for call. The CUDA kernel puts one warp on each
-(sequence, KV head, split), copies 16-token tiles into a shared-memory ring
-with ``cp.async`` and computes both products on tensor cores with the
-operands built straight into ``mma.sync`` fragment registers (see the
-source's header). One build per model shape (head dim, page size, row stride,
-group size, query dtype), cached on disk.
+Same contract and workspace as the Triton split kernel in ``kernels``: a split
+kernel writes each split's normalised partial output and log2-sum-exp, a merge
+combines them, so the two backends are interchangeable call for call.
+
+* ``page`` kernel (sm_90, the default): a block per (sequence, split), a warp
+  per KV head, 16-token tiles of all heads copied by TMA; head dims 64/128/256.
+* ``warp`` kernel (sm_89+, caches TMA cannot copy): a warp per (sequence, KV
+  head, split), 4-byte ``cp.async`` copies; head dims 64/128.
+* merge: the Triton ``kernels._merge_kernel`` when a CUDA graph is being
+  captured (less GPU time), the CUDA ``tq_k8v4_merge`` for eager calls (less
+  CPU time); see :func:`launch_merge`.
+
+All three come from one NVRTC build per model shape (head dim, page size, row
+stride, group size, query dtype, kernel kind), cached on disk and loaded once
+per device (``_cudart``); :func:`plan` memoises the choice per call shape.
 
 ``SNDR_TQ_BACKEND`` = ``auto`` (default: CUDA where :func:`unsupported` finds
 nothing against it, else Triton), ``cuda`` (raise instead of falling back) or
@@ -36,7 +42,7 @@ KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
 MERGE = "tq_k8v4_merge"
 MAX_SPLITS = 128  # the merge kernel's shared weights array
 TILE = 16
-STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
+WARP_STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
 LOG = logging.getLogger("sndr.kernels")
 
 
@@ -79,7 +85,7 @@ def page_kind_ok(kv_cache: torch.Tensor) -> bool:
 def smem_bytes(cfg: CudaConfig, head_dim: int, sp: int) -> int:
     if cfg.kind == "page":
         return cfg.stages * 16 * row_pitch(sp)[0] + 16 * cfg.stages
-    return cfg.stages * cfg.warps * STAGE_BYTES[head_dim]
+    return cfg.stages * cfg.warps * WARP_STAGE_BYTES[head_dim]
 
 
 # Measured best on an H200 (docs/bench-tq-decode-h200.md): one wave of blocks,
@@ -143,7 +149,7 @@ def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     if _capability(idx) < (8, 9):
         return "needs sm_89+ (fp8 e4m3 conversions)"
     why = shape_problem(query, kv_cache, block_table, seq_lens)
-    if why is None and query.shape[2] not in STAGE_BYTES and not page_kind_ok(kv_cache):
+    if why is None and query.shape[2] not in WARP_STAGE_BYTES and not page_kind_ok(kv_cache):
         why = f"head dim {query.shape[2]} needs the page kernel (sm_90, 16-byte aligned cache)"
     return why
 
