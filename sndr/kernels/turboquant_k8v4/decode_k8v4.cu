@@ -243,6 +243,39 @@ static __device__ __forceinline__ void load_frags(
 }
 #endif
 
+// Tiles of a sequence and how its splits share them: the same arithmetic as
+// kernels._active_splits (16-token tiles), in every kernel that needs it.
+struct Split {
+    int n_tiles, tiles_per, n_act;  // n_act: splits that hold tokens
+};
+
+static __device__ __forceinline__ Split split_of(int seq_len, int S, int min_tiles) {
+    Split r;
+    r.n_tiles = (seq_len + 15) >> 4;
+    const int act = min(S, (r.n_tiles + min_tiles - 1) / min_tiles);
+    r.tiles_per = max((r.n_tiles + max(act, 1) - 1) / max(act, 1), 1);
+    r.n_act = (r.n_tiles + r.tiles_per - 1) / r.tiles_per;
+    return r;
+}
+
+// Q^T fragments (B operand of S^T) of KV head hk's query group, k-permuted:
+// step k holds dims 16 k + 4 t4 + {0, 1} | {2, 3} of head 8 nh + g (zeros past G).
+static __device__ __forceinline__ void load_q_frags(
+    u32 (&qb)[NH][KSTEPS][2], const unsigned short* __restrict__ Q, int b, int hk,
+    long long q_sb, long long q_sh, int g, int t4)
+{
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        const int h = 8 * nh + g;
+        const unsigned short* q = Q + b * q_sb + (long long)(hk * G + (h < G ? h : 0)) * q_sh + 4 * t4;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) {
+            qb[nh][k][0] = load_q2(q + 16 * k, h < G);
+            qb[nh][k][1] = load_q2(q + 16 * k + 2, h < G);
+        }
+    }
+}
+
 struct State {
     float o[NT16][NH][4];  // O^T = sum p' * (offset + code): rows = dims, cols = heads 2 t4 + {0, 1}
     float sp[NH][2];       // sum p' per head (the ones MMA)
@@ -252,6 +285,21 @@ struct State {
     float s_run;           // running max of the value scales (warp-uniform)
     float inv_s;
 };
+
+static __device__ __forceinline__ void init_state(State& st) {
+#pragma unroll
+    for (int j = 0; j < NT16; ++j)
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) st.o[j][nh][0] = st.o[j][nh][1] = st.o[j][nh][2] = st.o[j][nh][3] = 0.f;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        st.sp[nh][0] = st.sp[nh][1] = 0.f;
+        st.m[nh][0] = st.m[nh][1] = NEG_INF;
+        st.l[nh][0] = st.l[nh][1] = st.z[nh][0] = st.z[nh][1] = 0.f;
+    }
+    st.s_run = 1e-30f;  // no scale seen yet (a zero scale gives P' = 0, never 0 * inf)
+    st.inv_s = 1e30f;
+}
 
 static __device__ __forceinline__ u32 movmatrix_t(u32 x) {
     u32 r;
@@ -436,45 +484,19 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split
     const int s = item % S, bh = item / S, hk = bh % NKV, b = bh / NKV;
     if (b >= B) return;
     const int seq_len = SL[b];
-    // the same split of a sequence as kernels._active_splits (16-token tiles)
-    const int n_tiles = (seq_len + 15) >> 4;
-    const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
-    const int tiles_per = max((n_tiles + max(act, 1) - 1) / max(act, 1), 1);
-    const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
-    if (s >= n_act) return;
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int n_tiles = split.n_tiles, tiles_per = split.tiles_per;
+    if (s >= split.n_act) return;
     const int t_begin = s * tiles_per;
     const int t_end = min(t_begin + tiles_per, n_tiles);
     const int tail = seq_len & 15;  // valid rows of the sequence's last tile (0: full)
 
     const int g = lane >> 2, t4 = lane & 3;
 
-    // ---- Q^T fragments (B operand of S^T), k-permuted: step k holds dims
-    // 16 k + 4 t4 + {0, 1} | {2, 3} of head 8 nh + g (zeros past G)
     u32 qb[NH][KSTEPS][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        const int h = 8 * nh + g;
-        const unsigned short* q = Q + b * q_sb + (long long)(hk * G + (h < G ? h : 0)) * q_sh + 4 * t4;
-#pragma unroll
-        for (int k = 0; k < KSTEPS; ++k) {
-            qb[nh][k][0] = load_q2(q + 16 * k, h < G);
-            qb[nh][k][1] = load_q2(q + 16 * k + 2, h < G);
-        }
-    }
-
+    load_q_frags(qb, Q, b, hk, q_sb, q_sh, g, t4);
     State st;
-#pragma unroll
-    for (int j = 0; j < NT16; ++j)
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) st.o[j][nh][0] = st.o[j][nh][1] = st.o[j][nh][2] = st.o[j][nh][3] = 0.f;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        st.sp[nh][0] = st.sp[nh][1] = 0.f;
-        st.m[nh][0] = st.m[nh][1] = NEG_INF;
-        st.l[nh][0] = st.l[nh][1] = st.z[nh][0] = st.z[nh][1] = 0.f;
-    }
-    st.s_run = 1e-30f;
-    st.inv_s = 1e30f;
+    init_state(st);
 
     u32* ring = smem + warp * (STAGES * STAGE_WORDS);
     const u32 ring_addr = smem_addr(ring);
@@ -567,11 +589,9 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
     const int s = blockIdx.x % S, b = blockIdx.x / S;
     const int seq_len = SL[b];
-    const int n_tiles = (seq_len + 15) >> 4;
-    const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
-    const int tiles_per = max((n_tiles + max(act, 1) - 1) / max(act, 1), 1);
-    const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
-    if (s >= n_act) return;  // the whole block
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int n_tiles = split.n_tiles, tiles_per = split.tiles_per;
+    if (s >= split.n_act) return;  // the whole block
     const int t_begin = s * tiles_per;
     const int t_end = min(t_begin + tiles_per, n_tiles);
     const int tail = seq_len & 15;
@@ -612,31 +632,10 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     int pg_next = 0;
     if (hk == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
 
-    // ---- Q^T fragments for this warp's KV head
     u32 qb[NH][KSTEPS][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        const int h = 8 * nh + g;
-        const unsigned short* q = Q + b * q_sb + (long long)(hk * G + (h < G ? h : 0)) * q_sh + 4 * t4;
-#pragma unroll
-        for (int k = 0; k < KSTEPS; ++k) {
-            qb[nh][k][0] = load_q2(q + 16 * k, h < G);
-            qb[nh][k][1] = load_q2(q + 16 * k + 2, h < G);
-        }
-    }
+    load_q_frags(qb, Q, b, hk, q_sb, q_sh, g, t4);
     State st;
-#pragma unroll
-    for (int j = 0; j < NT16; ++j)
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) st.o[j][nh][0] = st.o[j][nh][1] = st.o[j][nh][2] = st.o[j][nh][3] = 0.f;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        st.sp[nh][0] = st.sp[nh][1] = 0.f;
-        st.m[nh][0] = st.m[nh][1] = NEG_INF;
-        st.l[nh][0] = st.l[nh][1] = st.z[nh][0] = st.z[nh][1] = 0.f;
-    }
-    st.s_run = 1e-30f;
-    st.inv_s = 1e30f;
+    init_state(st);
 
     const unsigned char* my = smem + hk * kv_shead;  // this head's slot in row 0 of a stage
     int slot = 0;
@@ -715,11 +714,7 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
     __shared__ __align__(16) float part[MW][D];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
-    const int seq_len = SL[b];
-    const int n_tiles = (seq_len + 15) >> 4;
-    const int act = min(S, (n_tiles + min_tiles - 1) / min_tiles);
-    const int tiles_per = max((n_tiles + max(act, 1) - 1) / max(act, 1), 1);
-    const int n_act = (n_tiles + tiles_per - 1) / tiles_per;
+    const int n_act = split_of(SL[b], S, min_tiles).n_act;
     const long long row0 = ((long long)b * HQ + h) * S;
 
     // every load is issued at once, before the length is known (rows past the
