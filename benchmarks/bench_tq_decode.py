@@ -41,6 +41,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _tq_gpu  # noqa: E402
 
 from sndr.kernels.turboquant_k8v4 import _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
@@ -90,12 +93,7 @@ def bench(fn, graph: bool, rep: int = 200) -> float:
 def copy_bandwidth() -> float:
     if DEV == "cpu":
         return 10.0
-    n = 2 * 1024**3  # 2 GiB each way
-    a = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=300, return_mode="median")
-    del a, b
-    return 2 * n / (ms * 1e-3) / 1e9  # GB/s, bytes read + written
+    return _tq_gpu.copy_bandwidth(rep=300)  # GB/s, bytes read + written
 
 
 # ----------------------------------------------------------------------------- problem setup
@@ -362,9 +360,8 @@ def tune(cells, budget_s: float = 1e9, only_g=(), final: bool = False) -> dict:
                     log("tune fail", g, cfg, type(e).__name__, str(e)[:100])
                     return None
                 ts.append(t)
-                with open(OUT / "tune.jsonl", "a") as f:
-                    f.write(json.dumps(dict(g=g, b=c.b, ctx=c.ctx, us=t, gbs=c.tq_bytes / (t * 1e-6) / 1e9,
-                                            cfg=cfg.__dict__)) + "\n")
+                append_jsonl("tune.jsonl", dict(g=g, b=c.b, ctx=c.ctx, us=t, gbs=c.tq_bytes / (t * 1e-6) / 1e9,
+                                                cfg=cfg.__dict__))
             return math.exp(sum(math.log(t) for t in ts) / len(ts)), ts
 
         results = []
@@ -433,6 +430,22 @@ def variant_config(v: dict, bh: int):
     return kernels.DecodeConfig(**{**v["base"], "occupancy": v["occupancy"]})
 
 
+def cell_times(cells, times) -> dict:
+    """{"cells": {"BxCK": us}, "pct": {"BxCK": % of the measured copy bandwidth}} of a sweep row."""
+    key = lambda c: f"{c.b}x{c.ctx // 1024}K"  # noqa: E731
+    return {"cells": {key(c): round(t, 1) for c, t in zip(cells, times)},
+            "pct": {key(c): round(100 * c.tq_bytes / (t * 1e-6) / 1e9 / BW[0], 1) for c, t in zip(cells, times)}}
+
+
+def fmt_cells(r) -> str:
+    return " ".join(f"{k}:{v}us/{r['pct'][k]}%" for k, v in r["cells"].items())
+
+
+def append_jsonl(name: str, r: dict) -> None:
+    with open(OUT / name, "a") as f:
+        f.write(json.dumps(r) + "\n")
+
+
 def sweep(cells, names) -> list:
     """Graph-replay time of each variant on each cell (accuracy-gated); JSON lines in sweep.jsonl."""
     rows = []
@@ -454,15 +467,10 @@ def sweep(cells, names) -> list:
                 log(f"sweep REJECT G={g} {name}: rel. error {err:.2e}")
                 continue
             geo = math.exp(sum(math.log(t) for t in ts) / len(ts))
-            r = dict(g=g, name=name, err=err, geo_us=geo,
-                     cells={f"{c.b}x{c.ctx // 1024}K": round(t, 1) for c, t in zip(mine, ts)},
-                     pct={f"{c.b}x{c.ctx // 1024}K": round(100 * c.tq_bytes / (t * 1e-6) / 1e9 / BW[0], 1)
-                          for c, t in zip(mine, ts)})
+            r = dict(g=g, name=name, err=err, geo_us=geo, **cell_times(mine, ts))
             rows.append(r)
-            log(f"sweep G={g} {name:14s} geo {geo:8.1f}us err {err:.1e} " +
-                " ".join(f"{k}:{v_}us/{r['pct'][k]}%" for k, v_ in r["cells"].items()))
-            with open(OUT / "sweep.jsonl", "a") as f:
-                f.write(json.dumps(r) + "\n")
+            log(f"sweep G={g} {name:14s} geo {geo:8.1f}us err {err:.1e} {fmt_cells(r)}")
+            append_jsonl("sweep.jsonl", r)
         del mine
         torch.cuda.empty_cache()
     return rows
@@ -594,14 +602,10 @@ def cuda_sweep(cells, names) -> list:
             except Exception as e:  # noqa: BLE001
                 log(f"cuda-sweep FAIL hq={hq} {name}: {type(e).__name__} {str(e)[:300]}")
                 continue
-            r = dict(hq=hq, name=name, cells={f"{c.b}x{c.ctx // 1024}K": round(t, 1) for c, t in zip(mine, ts)},
-                     pct={f"{c.b}x{c.ctx // 1024}K": round(100 * c.tq_bytes / (t * 1e-6) / 1e9 / BW[0], 1)
-                          for c, t in zip(mine, ts)})
+            r = dict(hq=hq, name=name, **cell_times(mine, ts))
             rows.append(r)
-            log(f"cuda-sweep hq={hq} {name:10s}{info} " +
-                " ".join(f"{k}:{v_}us/{r['pct'][k]}%" for k, v_ in r["cells"].items()))
-            with open(OUT / "cuda_sweep.jsonl", "a") as f:
-                f.write(json.dumps(r) + "\n")
+            log(f"cuda-sweep hq={hq} {name:10s}{info} {fmt_cells(r)}")
+            append_jsonl("cuda_sweep.jsonl", r)
         del mine
         torch.cuda.empty_cache()
     return rows
@@ -629,8 +633,7 @@ def table(vl, bw: float, bs=(1, 8, 32, 64), ctxs=(1024, 8192, 32768), hqs=(32, 6
                         r[f"{name}_{mode}_pct"] = 100 * r[f"{name}_{mode}_gbs"] / bw
                 rows.append(r)
                 log(fmt_row(r))
-                with open(OUT / "table.jsonl", "a") as f:
-                    f.write(json.dumps(r) + "\n")
+                append_jsonl("table.jsonl", r)
                 del cell
                 torch.cuda.empty_cache()
     return rows

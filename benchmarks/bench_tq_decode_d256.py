@@ -19,9 +19,11 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _tq_gpu import copy_bandwidth, device_line, graph_time, synthetic_cache  # noqa: E402
 
 from sndr.kernels.turboquant_k8v4 import kernels  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
@@ -29,29 +31,11 @@ from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 D, HK, PAGE = 256, 8, 16
 
 
-def copy_bandwidth() -> float:
-    n = 2 * 1024**3
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
-    return 2 * n / (ms * 1e-3) / 1e9
-
-
-def graph_time(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    p = torch.cuda.get_device_properties(0)
-    print(f"device: {p.name}, {p.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"device: {device_line()}")
     bw = copy_bandwidth()
     print(f"copy bandwidth: {bw:.0f} GB/s (read + write)")
     slot = Layout(D).slot_size_aligned
@@ -59,9 +43,7 @@ def main() -> int:
     for hq in (32, 64):
         for b, ctx in ((8, 8192), (32, 8192), (8, 32768), (32, 32768)):
             nb = b * ctx // PAGE
-            cache = torch.randint(0, 120, (nb, PAGE, HK, slot), dtype=torch.uint8, device="cuda", generator=gen)
-            cache[..., D + D // 2:] = 0  # scale 0.01, zero 0 (finite, in range)
-            cache.view(torch.int16)[..., (D + D // 2) // 2] = torch.tensor(0.01, dtype=torch.float16).view(torch.int16)
+            cache = synthetic_cache(nb, PAGE, HK, D, gen)
             bt = torch.randperm(nb, device="cuda", generator=gen).to(torch.int32).reshape(b, ctx // PAGE)
             sl = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
             q = torch.randn(b, hq, D, device="cuda", generator=gen).to(torch.bfloat16)
