@@ -44,14 +44,14 @@ REGISTER = r"""
 import json, time
 import vllm.plugins  # vLLM itself is loaded before the plugins run: not our cost
 t0 = time.perf_counter()
-import sndr.hook
+import sndr.startup.hook
 t1 = time.perf_counter()
-sndr.hook.register()
+sndr.startup.hook.register()
 t2 = time.perf_counter()
 import sys
 print("OUT" + json.dumps({"import_ms": (t1 - t0) * 1e3, "register_ms": (t2 - t1) * 1e3,
-                          "total_ms": (t2 - t0) * 1e3, "mode": sndr.hook._STATE.mode,
-                          "missing": sndr.hook._STATE.missing, "pydantic": "pydantic.main" in sys.modules}))
+                          "total_ms": (t2 - t0) * 1e3, "mode": sndr.startup.hook._STATE.mode,
+                          "missing": sndr.startup.hook._STATE.missing, "pydantic": "pydantic.main" in sys.modules}))
 """
 
 IMPORT = r"""
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
 
 def _run(args, work: Path) -> int:
     from sndr.apply import run_apply
-    from sndr.hook import cli_main
+    from sndr.startup.hook import cli_main
     from sndr.load import load_patch_set
 
     install = vllm_env.probe(args.python)

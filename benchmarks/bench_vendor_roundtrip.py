@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sndr.tree import fetch_version  # noqa: E402
-from sndr.vendor import DEFAULT_MAX_CONTEXT, roundtrip_result  # noqa: E402
+from sndr.upstream.vendor import DEFAULT_MAX_CONTEXT, roundtrip_result  # noqa: E402
 
 
 def changed(pin: Path, cand: Path) -> tuple[list[str], list[str]]:

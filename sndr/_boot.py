@@ -1,7 +1,7 @@
 """Imported by the ``_sndr_hook.pth`` line at interpreter start: installs the in-memory hook.
 
 Nothing here may break interpreter start-up. A failure is logged once and kept
-in :data:`BOOT_ERROR`; ``sndr.hook.register()`` reports it when vLLM loads its
+in :data:`BOOT_ERROR`; ``sndr.startup.hook.register()`` reports it when vLLM loads its
 plugins, and under ``SNDR_STRICT=1`` fails vLLM's startup with that message.
 """
 
@@ -13,7 +13,7 @@ try:
     # sndr.env.FAULT, spelled out: importing sndr.env here would cost every interpreter start.
     if _os.environ.get("SNDR_TEST_FAULT") == "boot":
         raise RuntimeError("injected boot failure (SNDR_TEST_FAULT=boot)")
-    from sndr import importer as _importer
+    from sndr.startup import importer as _importer
 
     _importer.install(memory=True)
 except Exception as _exc:  # noqa: BLE001 - interpreter start must survive any error here

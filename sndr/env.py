@@ -36,38 +36,96 @@ NVRTC = "SNDR_NVRTC"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+#: The words every boolean variable takes, as the messages print them.
+BOOL_WORDS = "1/0 (also true/false, yes/no, on/off)"
 
 
-def env_flag(name: str, default: bool = False, environ=None) -> bool:
-    environ = os.environ if environ is None else environ
-    raw = environ.get(name)
-    if raw is None:
-        return default
+def _bool(name: str, raw: str) -> bool | None:
     val = raw.strip().lower()
     if val in _TRUE:
         return True
     if val in _FALSE:
         return False
-    raise bad_input("bad_env", f"{name}={raw!r} is not a boolean; use 0 or 1", key=name)
+    return None
+
+
+def env_flag(name: str, default: bool = False, environ=None) -> bool:
+    """A boolean variable: ``1/true/yes/on`` or ``0/false/no/off`` (case-insensitive); unset -> ``default``."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    val = _bool(name, raw)
+    if val is None:
+        raise bad_input("bad_env", f"{name}={raw!r} is not a boolean; use {BOOL_WORDS}", key=name)
+    return val
+
+
+def enable_var(patch_id: str) -> str:
+    """The variable that overrides a patch's ``default``: ``SNDR_ENABLE_`` + the id upper-cased,
+    every character other than ``A-Z 0-9 _`` turned into ``_`` (``P23-wire.1`` -> ``SNDR_ENABLE_P23_WIRE_1``)."""
+    return ENABLE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", patch_id).upper()
 
 
 def enable_override(patch_id: str, environ=None) -> bool | None:
-    """Value of ``SNDR_ENABLE_<ID>`` (id upper-cased, ``-`` -> ``_``), or None."""
+    """Value of :func:`enable_var` for ``patch_id``, or None when it is unset."""
     environ = os.environ if environ is None else environ
-    name = ENABLE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", patch_id).upper()
+    name = enable_var(patch_id)
     if name not in environ:
         return None
-    raw = environ[name].strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise bad_input("bad_env", f"{name}={environ[name]!r} is not 0 or 1", key=name, patch=patch_id,
-                    hint=f"set {name}=1 to enable {patch_id} or {name}=0 to disable it")
+    val = _bool(name, environ[name])
+    if val is None or not environ[name].strip():
+        raise bad_input("bad_env", f"{name}={environ[name]!r} is not a boolean; use {BOOL_WORDS}", key=name,
+                        patch=patch_id, hint=f"set {name}=1 to enable {patch_id} or {name}=0 to disable it")
+    return val
 
 
-def cache_dir() -> Path:
-    if os.environ.get(CACHE_DIR):
-        return Path(os.environ[CACHE_DIR])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+# ----------------------------------------------------------------------------- locations
+
+
+def _package_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def shipped_dir(name: str) -> Path:
+    """``patches`` or ``anchors`` shipped with sndr: ``<name>/`` of a checkout, or the wheel's copy.
+
+    An installed wheel carries ``sndr/_data/<name>``; a checkout has ``<name>/``
+    beside ``sndr/`` (recognised by its ``pyproject.toml``). A
+    ``site-packages/<name>`` that some other project owns is never taken.
+    """
+    here = _package_dir()
+    data = here / "_data" / name
+    if data.is_dir() or not (here.parent / "pyproject.toml").is_file():
+        return data
+    return here.parent / name
+
+
+def shipped_patches_dir() -> Path:
+    return shipped_dir("patches")
+
+
+def patches_dir(environ=None) -> Path:
+    """The patch set in effect: ``$SNDR_PATCHES`` when set and non-empty, else the shipped set.
+
+    The CLI default, the loader, the startup hook, the watchlist and the pin
+    file all resolve it here, so a process never attests another set than the
+    CLI applied.
+    """
+    environ = os.environ if environ is None else environ
+    override = environ.get(PATCHES)
+    return Path(override) if override else shipped_patches_dir()
+
+
+def cache_root(environ=None) -> Path:
+    """``$SNDR_CACHE_DIR``, else ``$XDG_CACHE_HOME/sndr``, else ``~/.cache/sndr``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(CACHE_DIR):
+        return Path(environ[CACHE_DIR])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "sndr"
+
+
+def cache_dir(environ=None) -> Path:
+    """Alias of :func:`cache_root` kept for callers of the 0.1 name."""
+    return cache_root(environ)

@@ -62,3 +62,166 @@ class SndrError(Exception):
 
 def bad_input(code: str, message: str, **where) -> SndrError:
     return SndrError(Problem(code, message, **where), EXIT_BAD_INPUT)
+
+
+# ----------------------------------------------------------------------------- the code registry
+
+
+@dataclass(frozen=True)
+class Code:
+    """A registered reason code: the exit status it stops a command with, and what it means."""
+
+    exit: int
+    meaning: str
+
+
+_B, _F, _I = EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL
+
+#: Every reason code sndr reports, with its exit status and a one-line meaning.
+#: ``python -m sndr schema codes`` prints it; ``tests/test_codes.py`` checks that
+#: every code raised anywhere in ``sndr/`` is here. Verdict codes (what one edit
+#: reads on a tree) are findings (exit 1) when they stop a command.
+CODES: dict[str, Code] = {
+    # -- patch files and patch sets (bad input) ----------------------------------------
+    "toml_syntax": Code(_B, "a patch file is not valid TOML"),
+    "bad_patch": Code(_B, "a patch file does not match the patch schema (docs/format.md)"),
+    "too_large": Code(_B, "an input file is larger, or nested deeper, than sndr accepts"),
+    "too_deep": Code(_B, "input nested too deeply to process"),
+    "duplicate_id": Code(_B, "two patch files define the same patch id"),
+    "requires_cycle": Code(_B, "patches require (or are ordered after) each other in a cycle"),
+    "unknown_id": Code(_B, "a patch id named on the command line or in requires/after/conflicts does not exist"),
+    "patches_dir_missing": Code(_B, "the patch directory does not exist"),
+    "empty_patch_set": Code(_B, "the patch set is empty (pass --allow-empty to revert everything on purpose)"),
+    "path_outside_package": Code(_B, "a patch targets a path outside the vllm/ package and the allowed roots"),
+    "bad_env": Code(_B, "an environment variable has a value sndr does not accept"),
+    "bad_profile": Code(_B, "a deployment profile is malformed"),
+    "usage": Code(_B, "the command line asks for something that cannot be done"),
+    # -- plugin packs ---------------------------------------------------------------------
+    "pack_import": Code(_B, "an installed plugin pack failed to import"),
+    "pack_hook_failed": Code(_B, "a plugin pack's sndr_patch_dirs() raised"),
+    "pack_dir_missing": Code(_B, "a plugin pack names a patch directory that does not exist"),
+    "pack_id_namespace": Code(_B, "a plugin pack's patch id is not in the pack's namespace"),
+    "pack_module_outside": Code(_B, "a plugin pack's runtime module lies outside the pack"),
+    # -- trees and files --------------------------------------------------------------------
+    "not_a_tree": Code(_B, "the directory does not contain a vllm/ package"),
+    "no_vllm": Code(_B, "the path does not contain a vllm/ package"),
+    "vllm_not_found": Code(_B, "no installed vLLM was found for this command"),
+    "tree_not_found": Code(_B, "the tree path does not exist"),
+    "bad_tree_spec": Code(_B, "a tree spec (DIR, vllm==X, wheel, git:REV, installed[:PY]) is malformed"),
+    "bad_path": Code(_B, "a path is not a relative POSIX path inside the tree"),
+    "path_escape": Code(_B, "a path resolves outside the tree (symlink or '..')"),
+    "symlink_refused": Code(_B, "a target or sndr's state directory is a symlink, which sndr refuses to follow"),
+    "not_a_file": Code(_B, "a target is a directory, not a file"),
+    "not_regular": Code(_B, "a file is a FIFO, socket, device or directory, not a regular file"),
+    "not_found": Code(_B, "a file does not exist"),
+    "file_too_large": Code(_B, "a target or input file is over sndr's size limit"),
+    "unreadable": Code(_B, "a file cannot be read (permissions or I/O error)"),
+    "read_only": Code(_B, "a file cannot be written (read-only filesystem or permissions)"),
+    "os_error": Code(_B, "the operating system refused an operation (disk full, I/O error, ...)"),
+    "not_utf8": Code(_B, "a file is not valid UTF-8"),
+    "bad_version": Code(_B, "a version is not a PEP 440 version"),
+    "version_unknown": Code(_B, "the vLLM version of a tree cannot be determined"),
+    "version_not_found": Code(_B, "a vLLM version is not published on the package index"),
+    "fetch_failed": Code(_B, "pip could not download a vLLM wheel"),
+    "offline": Code(_B, "a tree is not cached and SNDR_OFFLINE=1 forbids fetching it"),
+    "bad_wheel": Code(_B, "a wheel file cannot be read"),
+    "python_not_found": Code(_B, "the interpreter named by installed:PYTHON does not exist"),
+    "python_failed": Code(_B, "the interpreter named by installed:PYTHON could not locate vLLM"),
+    "git_not_found": Code(_B, "git is not installed"),
+    "git_failed": Code(_B, "a git command failed"),
+    "git_rev_not_found": Code(_B, "a git revision does not exist"),
+    "not_git": Code(_B, "the directory is not a git checkout"),
+    # -- state of a tree (.sndr/) ---------------------------------------------------------------
+    "ledger_corrupt": Code(_B, "the ledger's checksum does not match (edited by hand or damaged)"),
+    "journal_corrupt": Code(_B, "the journal of an interrupted commit is unreadable"),
+    "journal_mismatch": Code(_B, "a file holds neither the before- nor the after-bytes of the interrupted commit"),
+    "object_missing": Code(_B, "a stored pristine copy is missing"),
+    "object_corrupt": Code(_B, "a stored pristine copy does not match its hash"),
+    "state_unsafe": Code(_B, "sndr's state directory (.sndr) is not a plain directory sndr can trust"),
+    "ledger_stale": Code(_F, "the ledger records another vLLM version or tree than the one installed now"),
+    # -- applying, verifying, reverting (findings) ---------------------------------------------
+    "hash_mismatch": Code(_F, "a file does not hold the patched bytes the ledger records"),
+    "modified_since_apply": Code(_F, "a file was changed by someone else since sndr patched it"),
+    "changed_during_apply": Code(_F, "a file changed between plan and commit"),
+    "foreign_write_lost": Code(_F, "a concurrent foreign write landed during the commit; the set was rolled back"),
+    "not_applied": Code(_F, "a patch that should be active is not applied"),
+    "patch_set_mismatch": Code(_F, "the tree was patched with another patch set"),
+    "compile_error": Code(_F, "a patched file does not compile"),
+    "conflicts_enabled": Code(_F, "two patches declared as conflicting are both enabled"),
+    "overlap_conflict": Code(_F, "two unordered patches change the same bytes"),
+    "left_out": Code(_F, "a patch was left out whole under on_failure=skip or --keep-going"),
+    # -- verdicts of one edit (findings when they stop a command) -----------------------------
+    "applies": Code(_F, "the edit's anchor is found exactly once: it applies"),
+    "applied": Code(_F, "the edit's replacement is already in place"),
+    "anchor_ambiguous": Code(_F, "the edit's anchor occurs more than once"),
+    "file_missing": Code(_F, "the edit's target file does not exist"),
+    "merged_marker": Code(_F, "the edit's merged marker is present: upstream merged it"),
+    "merged_file": Code(_F, "a create target already exists with the created content"),
+    "create": Code(_F, "the file will be created"),
+    "create_exists": Code(_F, "a create target already exists with other content"),
+    "group_unmatched": Code(_F, "no member of a one_of group matches"),
+    "group_ambiguous": Code(_F, "more than one member of a one_of group matches"),
+    "group_other_member": Code(_F, "another member of the one_of group matched"),
+    "conflict": Code(_F, "an earlier patch consumed the edit's anchor (ordering, not drift)"),
+    # -- manifest and preflight -----------------------------------------------------------------
+    "manifest_missing": Code(_B, "the pin manifest does not exist"),
+    "manifest_corrupt": Code(_B, "the pin manifest is not valid"),
+    "tree_patched": Code(_B, "a manifest needs a pristine tree, and this one is patched"),
+    "tree_required": Code(_B, "--tree is required to pick one of several manifests"),
+    "bad_fail_on": Code(_B, "--fail-on names an unknown verdict"),
+    "bad_config": Code(_B, "a config-drift watch file is malformed"),
+    "bad_toml": Code(_B, "a TOML input is not valid"),
+    "config_missing": Code(_B, "a config-drift watch file does not exist"),
+    "config_unreadable": Code(_B, "a config-drift watch file cannot be read"),
+    # -- upstream: watchlist, sync, pin, vendor ---------------------------------------------------
+    "bad_watchlist": Code(_B, "the watchlist does not match its schema"),
+    "truncated_watchlist": Code(_B, "the watchlist's sentinel line is missing (truncated file)"),
+    "yaml_syntax": Code(_B, "a YAML file is malformed"),
+    "ambiguous_row": Code(_B, "a watchlist selector matches more than one row"),
+    "no_such_row": Code(_B, "a watchlist selector matches no row"),
+    "bad_selector": Code(_B, "a watchlist selector is malformed"),
+    "unknown_key": Code(_B, "a watchlist edit names a key rows do not have"),
+    "bad_value": Code(_B, "a watchlist edit's value has the wrong type"),
+    "bad_preflight": Code(_B, "a preflight report given as input is malformed"),
+    "bad_json": Code(_B, "a JSON input is malformed"),
+    "bad_pin": Code(_B, "the pin record is malformed"),
+    "bad_queue": Code(_B, "a sync queue given as input is malformed"),
+    "bad_select": Code(_B, "--select names no commit or more than one"),
+    "bad_sync_config": Code(_B, "the sync configuration is malformed"),
+    "bad_target": Code(_B, "the sync target is missing or empty"),
+    "bad_decisions": Code(_B, "the sync decisions file is malformed"),
+    "not_a_repo": Code(_B, "the path is not a git repository"),
+    "repo_not_found": Code(_B, "the repository does not exist"),
+    "unknown_rev": Code(_B, "a revision is not a commit in the repository"),
+    "not_ancestor": Code(_B, "--from is not an ancestor of --to"),
+    "no_version": Code(_B, "the pin record needs a version"),
+    "revert_pair_half_ported": Code(_F, "one half of an in-range revert pair is ported"),
+    "revert_pair_split": Code(_F, "a revert pair inside the range is split across waves"),
+    "series_split": Code(_F, "a commit's in-range dependencies are not queued with it"),
+    "bad_diff": Code(_B, "a unified diff is malformed"),
+    "diff_unreadable": Code(_B, "the diff cannot be read"),
+    "bad_id": Code(_B, "a patch id is malformed"),
+    "bad_marker": Code(_B, "--marker names no edit of the patch"),
+    "bad_vllm_spec": Code(_B, "a vllm version specifier excludes the pin"),
+    "binary_file": Code(_B, "a diff changes a binary file"),
+    "create_empty": Code(_B, "a diff creates an empty file"),
+    "deleted_file": Code(_B, "a diff deletes a file, which sndr never does"),
+    "renamed_file": Code(_B, "a diff renames a file, which sndr never does"),
+    "file_emptied": Code(_B, "a diff empties a file"),
+    "hunk_not_found": Code(_B, "a diff hunk's pre-image is not in the tree"),
+    "anchor_not_unique": Code(_B, "a diff hunk cannot be given a unique anchor"),
+    "no_title": Code(_B, "a vendored patch needs a title"),
+    "nothing_to_vendor": Code(_B, "a diff has no change inside vllm/"),
+    "patch_exists": Code(_B, "the patch file to write already exists"),
+    "verify_failed": Code(_F, "planning a vendored patch on the pin fails"),
+    "verify_mismatch": Code(_F, "a vendored patch does not reproduce the diff's post-image"),
+    "verify_not_applied": Code(_F, "a vendored edit does not read applied on the post-image"),
+    # -- internal -------------------------------------------------------------------------------
+    "internal": Code(_I, "a bug in sndr; please report it with the traceback"),
+}
+
+
+def registered_exit(code: str, default: int = EXIT_BAD_INPUT) -> int:
+    """The exit status registered for ``code`` (``default`` for an unregistered one)."""
+    entry = CODES.get(code)
+    return entry.exit if entry is not None else default

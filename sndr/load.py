@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from . import env
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
 from .model import Patch, canonical_json
 
@@ -24,18 +25,12 @@ else:  # pragma: no cover
 
 
 def shipped_patches_dir() -> Path:
-    """The patch set shipped with sndr: ``patches/`` of a checkout, or the copy inside the wheel."""
-    return _shipped("patches")
+    """The patch set shipped with sndr (the rule lives in :func:`sndr.env.shipped_dir`)."""
+    return env.shipped_patches_dir()
 
 
 def _shipped(name: str) -> Path:
-    # An installed wheel carries sndr/_data/<name>; a checkout has <name>/ beside
-    # sndr/. Never guess a site-packages/<name> that some other project owns.
-    here = Path(__file__).resolve().parent
-    data = here / "_data" / name
-    if data.is_dir() or not (here.parent / "pyproject.toml").is_file():
-        return data
-    return here.parent / name
+    return env.shipped_dir(name)
 
 
 def shipped_anchors_dir() -> Path:
@@ -160,13 +155,14 @@ def patch_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.toml") if not p.name.startswith("_"))
 
 
-def load_patch_set(directory: Path | str | None = None, *, packs: bool = True) -> PatchSet:
-    """Load and cross-check every patch of a directory (default: the shipped set).
+def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, environ=None) -> PatchSet:
+    """Load and cross-check every patch of a directory (default: :func:`sndr.env.patches_dir`,
+    i.e. ``$SNDR_PATCHES`` or the shipped set).
 
     With ``packs``, patches from installed plugin packs (entry point group
     ``sndr.patches``) are added; see :mod:`sndr.packs`.
     """
-    directory = Path(directory) if directory is not None else shipped_patches_dir()
+    directory = Path(directory) if directory is not None else env.patches_dir(environ)
     if not directory.is_dir():
         raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory)))
     patches: list[Patch] = []

@@ -11,9 +11,9 @@ SCHEMAS = {
     "patch": ("sndr.model", "Patch"),
     "report": ("sndr.model", "Report"),
     "ledger": ("sndr.model", "Ledger"),
-    "preflight": ("sndr.preflight", "PreflightReport"),
+    "preflight": ("sndr.preflight.report", "PreflightReport"),
     "manifest": ("sndr.manifest", "Manifest"),
-    "config": ("sndr.configdrift", "ConfigDrift"),
+    "config": ("sndr.preflight.configdrift", "ConfigDrift"),
 }
 
 

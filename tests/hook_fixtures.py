@@ -102,7 +102,7 @@ PATCHES = {
         [[runtime]]
         name = "count"
         target = "vllm.engine:Engine.step"
-        replacement = "sndr.runtime:call_counter"
+        replacement = "sndr.startup.runtime:call_counter"
         wrap = true
         signature = "(self, n)"
     ''',

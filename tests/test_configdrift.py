@@ -1,4 +1,4 @@
-"""Configuration drift (sndr.configdrift) on real vLLM trees and on small synthetic ones.
+"""Configuration drift (sndr.preflight.configdrift) on real vLLM trees and on small synthetic ones.
 
 The expected values below were found by hand in the cached trees
 (``diff`` of METADATA, of ``vllm/envs.py`` and of ``vllm/engine/arg_utils.py``
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sndr.configdrift import (
+from sndr.preflight.configdrift import (
     ConfigDrift,
     WatchConfig,
     _engine_args,

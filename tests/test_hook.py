@@ -8,12 +8,12 @@ import stat
 
 
 from hook_fixtures import REPO, Box, box, out_of, replace_file  # noqa: F401 (box is a fixture)
-from sndr.hook import PTH_NAME, PTH_TEXT, cli_main, status_main
+from sndr.startup.hook import PTH_NAME, PTH_TEXT, cli_main, status_main
 
 REGISTER = """
     import json, sys
     import vllm
-    import sndr.hook as h
+    import sndr.startup.hook as h
     h.register()
     h.register()  # idempotent
     import vllm.engine as e
@@ -85,7 +85,7 @@ def test_unpatched_tree_reports_every_text_patch_missing(box):
 
 def test_in_memory_mode_attests_what_it_served(box):
     proc = box.py("""
-        from sndr import importer
+        from sndr.startup import importer
         importer.install(memory=True)
     """ + REGISTER.replace("\n    ", "\n        "))
     out = out_of(proc)
@@ -127,7 +127,7 @@ def test_fork_child_gets_its_own_record(box):
     box.apply()
     box.py("""
         import os
-        import vllm, sndr.hook as h
+        import vllm, sndr.startup.hook as h
         h.register()
         pid = os.fork()
         if pid == 0:
@@ -185,7 +185,7 @@ def test_hook_install_and_uninstall(tmp_path, capsys):
 def test_register_never_raises_outside_a_vllm_process(tmp_path):
     box = Box(tmp_path)
     proc = box.py("""
-        import sndr.hook as h
+        import sndr.startup.hook as h
         h.register()
         print("OUT{}")
     """, PYTHONPATH=str(REPO), SNDR_TREE=str(tmp_path / "nowhere"))

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from hook_fixtures import Box, box, make_venv, out_of, replace_file, tree_bytes  # noqa: F401 (box is a fixture)
-from sndr import importer
+from sndr.startup import importer
 
 SERVE = """
     import sys, traceback
-    from sndr import importer
+    from sndr.startup import importer
     importer.install(memory=True)
     import vllm.engine as e, vllm.sub as sub
     out = {"answer": e.answer(), "sub": sub.VALUE, "loader": type(e.__spec__.loader).__name__,
@@ -130,7 +130,7 @@ def test_compile_error_serves_nothing(tmp_path):
 def test_already_imported_target_is_reported_loudly(box):
     proc = box.py("""
         import vllm.engine
-        from sndr import importer
+        from sndr.startup import importer
         f = importer.install(memory=True)
         import vllm.engine as e
         print("ANSWER", e.answer(), f.text_state()["preimported"])
@@ -142,7 +142,7 @@ def test_already_imported_target_is_reported_loudly(box):
 def test_tree_with_a_ledger_leaves_the_hook_inert(box):
     box.apply()
     proc = box.py("""
-        from sndr import importer
+        from sndr.startup import importer
         f = importer.install(memory=True)
         import vllm.engine as e
         print("STATE", e.answer(), type(e.__spec__.loader).__name__, f.inert_reason)
@@ -221,7 +221,7 @@ def venv_box(tmp_path):
     box = Box(tmp_path)
     python, site = make_venv(tmp_path)
     (site / "01-fake-tree.pth").write_text(str(box.root) + "\n")
-    from sndr.hook import cli_main
+    from sndr.startup.hook import cli_main
 
     assert cli_main(["install", "--site", str(site)]) == 0
     return box, python, site
@@ -274,7 +274,7 @@ def test_boot_failure_never_breaks_interpreter_start(venv_box):
     assert "ANSWER 41" in proc.stdout
     assert proc.stderr.count("in-memory import hook failed to start") == 1
     # Under SNDR_STRICT=1 the failure surfaces in register(), with the boot message.
-    code = "import sndr.hook as h\ntry:\n    h.register()\nexcept Exception as exc:\n    print('RAISED', exc)\n"
+    code = "import sndr.startup.hook as h\ntry:\n    h.register()\nexcept Exception as exc:\n    print('RAISED', exc)\n"
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=dict(env, SNDR_STRICT="1"),
                           cwd=str(box.tmp))
     assert "RAISED" in proc.stdout and "injected boot failure" in proc.stdout and "SNDR_STRICT=1" in proc.stdout
@@ -286,7 +286,7 @@ def test_created_modules_and_package_resources_are_served(box):
         "create = '''\nWHO = \"created by sndr\"\n'''\n")
     (box.root / "vllm" / "sub" / "data.txt").write_text("resource\n")
     proc = box.py("""
-        from sndr import importer
+        from sndr.startup import importer
         importer.install(memory=True)
         import importlib.resources, vllm.sub.extra as x
         print("OUT", x.WHO, importlib.resources.files("vllm.sub").joinpath("data.txt").read_text().strip())

@@ -36,7 +36,7 @@ def test_wheel_contains_patch_set_and_manifests(wheel):
     # the CUDA decode source is compiled at run time from the installed package
     assert "sndr/kernels/turboquant_k8v4/decode_k8v4.cu" in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "[vllm.general_plugins]" in entry_points and "sndr.hook:register" in entry_points
+    assert "[vllm.general_plugins]" in entry_points and "sndr.startup.hook:register" in entry_points
 
 
 def test_installed_wheel_finds_shipped_set_from_another_directory(wheel, tmp_path):

@@ -128,7 +128,7 @@ def test_runtime_code_must_come_from_the_pack_or_sndr(make_pack, builtins):
 
 
 def test_pack_patches_may_use_sndr_code(make_pack, builtins):
-    make_pack("acme", {"ACME_0002-r.toml": pack_patch("ACME_0002", replacement="sndr.runtime:call_counter")})
+    make_pack("acme", {"ACME_0002-r.toml": pack_patch("ACME_0002", replacement="sndr.startup.runtime:call_counter")})
     assert "ACME_0002" in load_patch_set(builtins).by_id
 
 
@@ -143,7 +143,7 @@ def test_pack_patches_are_gated_like_built_ins(make_pack, builtins):
 
 
 def test_resolved_set_allows_the_pack_module_for_its_own_patches_only(make_pack, builtins):
-    from sndr.importer import build_resolved
+    from sndr.startup.importer import build_resolved
 
     module = make_pack("acme", {"ACME_0001-r.toml": pack_patch("ACME_0001")})
     resolved = build_resolved(load_patch_set(builtins), "0.32.0", {})
@@ -155,7 +155,7 @@ def test_resolved_set_allows_the_pack_module_for_its_own_patches_only(make_pack,
 
 
 def test_discovery_is_memoised_for_startup(make_pack, tmp_path, monkeypatch):
-    from sndr.importer import HookCache
+    from sndr.startup.importer import HookCache
 
     make_pack("acme", {"ACME_0001-r.toml": pack_patch("ACME_0001")})
     cache = HookCache(str(tmp_path / "cache"))

@@ -19,7 +19,7 @@ import pytest
 from sndr.load import load_patch_set
 from tests.preflight_oracle import true_location
 from sndr.model import Verdict
-from sndr.preflight import (PreflightReport, cli_main, exit_code, github_annotations, render_markdown,
+from sndr.preflight.report import (PreflightReport, cli_main, exit_code, github_annotations, render_markdown,
                             render_sarif, run_preflight)
 
 DATA = Path(__file__).parent / "data" / "preflight"

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from sndr import importer
-from sndr.runtime import RuntimePatcher, StrictError, call_counter, static_binding
+from sndr.startup import importer
+from sndr.startup.runtime import RuntimePatcher, StrictError, call_counter, static_binding
 
 TARGET = '''\
 class Base:
@@ -101,7 +101,7 @@ def test_wrap_a_method_keeps_it_idempotent(pkg):
 
     mod = importlib.import_module(f"{pkg}.target")
     p = RuntimePatcher()
-    s = spec(pkg, "count", "target:Engine.step", "sndr.runtime:call_counter", wrap=True, signature="(self, n, *, scale=)")
+    s = spec(pkg, "count", "target:Engine.step", "sndr.startup.runtime:call_counter", wrap=True, signature="(self, n, *, scale=)")
     p.apply([s])
     p.apply([s])
     RuntimePatcher().apply([s])  # a second patcher sees the mark and does not wrap twice
@@ -126,7 +126,7 @@ def test_signature_mismatch_is_drifted_and_touches_nothing(pkg):
     mod = importlib.import_module(f"{pkg}.target")
     original = mod.Engine.step
     p = RuntimePatcher()
-    [o] = p.apply([spec(pkg, "c", "target:Engine.step", "sndr.runtime:call_counter", wrap=True,
+    [o] = p.apply([spec(pkg, "c", "target:Engine.step", "sndr.startup.runtime:call_counter", wrap=True,
                         signature="(self, n, extra)")])
     assert o.verdict == "drifted"
     assert "signature of" in o.reason and "(self, n, *, scale=)" in o.reason
@@ -136,7 +136,7 @@ def test_signature_mismatch_is_drifted_and_touches_nothing(pkg):
 
 def test_deferred_static_check_is_loud_at_startup(pkg, capsys):
     p = RuntimePatcher()
-    [o] = p.apply([spec(pkg, "loud", "target:Engine.step", "sndr.runtime:call_counter", wrap=True,
+    [o] = p.apply([spec(pkg, "loud", "target:Engine.step", "sndr.startup.runtime:call_counter", wrap=True,
                         signature="(self)", patch="LOUD")])
     # The module is not imported (its package is not either): the check read the file statically.
     assert o.verdict == "drifted"
@@ -149,12 +149,12 @@ def test_strict_raises_with_the_reason(pkg):
     importlib.import_module(f"{pkg}.target")
     p = RuntimePatcher(strict=True)
     with pytest.raises(StrictError, match="SNDR_STRICT=1.*|signature"):
-        p.apply([spec(pkg, "c", "target:Engine.step", "sndr.runtime:call_counter", wrap=True, signature="(self)")])
+        p.apply([spec(pkg, "c", "target:Engine.step", "sndr.startup.runtime:call_counter", wrap=True, signature="(self)")])
 
 
 def test_missing_target_is_drifted(pkg):
     p = RuntimePatcher(strict=False)
-    s = spec(pkg, "gone", "target:Engine.vanished", "sndr.runtime:call_counter", wrap=True)
+    s = spec(pkg, "gone", "target:Engine.vanished", "sndr.startup.runtime:call_counter", wrap=True)
     [o] = p.apply([s])
     assert o.verdict == "drifted" and "not found" in o.reason  # static check, module not imported
 
@@ -234,8 +234,8 @@ def test_revert_restores_descriptors_and_inherited_attributes(pkg):
     mod = importlib.import_module(f"{pkg}.target")
     p = RuntimePatcher()
     outs = p.apply([
-        spec(pkg, "cm", "target:Engine.build", "sndr.runtime:call_counter", wrap=True, signature="(cls, size)"),
-        spec(pkg, "sm", "target:Engine.helper", "sndr.runtime:call_counter", wrap=True, signature="(x)"),
+        spec(pkg, "cm", "target:Engine.build", "sndr.startup.runtime:call_counter", wrap=True, signature="(cls, size)"),
+        spec(pkg, "sm", "target:Engine.helper", "sndr.startup.runtime:call_counter", wrap=True, signature="(x)"),
         spec(pkg, "inh", "target:Engine.greet", "repl:shout", signature="(self, name)"),
     ])
     # greet is inherited from Base: the binding follows the base class, and the
@@ -271,7 +271,7 @@ def test_live_signature_check_catches_a_foreign_replacement(pkg):
 
     mod = importlib.import_module(f"{pkg}.target")
     mod.Engine.step = lambda self, n, extra: n  # another plugin got there first; the file still says otherwise
-    [o] = RuntimePatcher().apply([spec(pkg, "c", "target:Engine.step", "sndr.runtime:call_counter", wrap=True,
+    [o] = RuntimePatcher().apply([spec(pkg, "c", "target:Engine.step", "sndr.startup.runtime:call_counter", wrap=True,
                                        signature="(self, n, *, scale=)")])
     assert o.verdict == "drifted" and "live signature" in o.reason
 
@@ -290,7 +290,7 @@ def test_runtime_and_preflight_verdicts_agree(tmp_path):
         [[runtime]]
         name = "c"
         target = "vllm.x:Engine.step"
-        replacement = "sndr.runtime:call_counter"
+        replacement = "sndr.startup.runtime:call_counter"
         wrap = true
         signature = "(self, n)"
     '''), "R1.toml")

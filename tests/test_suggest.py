@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sndr.suggest import Relocator, anchor_lines, key_lines
+from sndr.preflight.suggest import Relocator, anchor_lines, key_lines
 
 
 def test_anchor_and_key_lines():

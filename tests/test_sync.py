@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sndr.errors import SndrError
-from sndr.sync import (
+from sndr.upstream.sync import (
     PIN_FILE_NAME,
     LineTracker,
     PinRecord,
@@ -366,7 +366,7 @@ def test_parse_hunks_no_newline_at_eof():
 
 def test_line_tracker_overlap():
     t = LineTracker(lambda rev, path: 20)
-    from sndr.sync import FileChange
+    from sndr.upstream.sync import FileChange
 
     h1 = parse_hunks("@@ -4,7 +4,7 @@\n l4\n l5\n l6\n-l7\n+L7\n l8\n l9\n l10\n")[0]
     h2 = parse_hunks("@@ -7,7 +7,7 @@\n L7\n l8\n l9\n-l10\n+L10\n l11\n l12\n l13\n")[0]

@@ -25,7 +25,7 @@ from sndr.load import PatchSet, load_patch_file, parse_patch
 from sndr.model import Patch, Verdict
 from sndr.plan import build_plan
 from sndr.tomlwrite import dumps_patch, toml_multiline, toml_string
-from sndr.vendor import (
+from sndr.upstream.vendor import (
     cli_main,
     parse_diff,
     roundtrip_file,

@@ -17,7 +17,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from sndr.errors import SndrError
-from sndr.watchlist import (
+from sndr.upstream.watchlist import (
     PreflightFacts,
     Registry,
     check,
@@ -356,7 +356,7 @@ def test_cli_check(tmp_path, capsys):
 
 def test_check_on_a_real_preflight_report(tmp_path, vllm_pin_root, vllm_candidate_root):
     """End to end with the preflight module: a watchlist over the bump_032_033 patch set."""
-    preflight = pytest.importorskip("sndr.preflight")
+    preflight = pytest.importorskip("sndr.preflight.report")
     from sndr.load import load_patch_set
 
     patches = Path(__file__).parent / "data" / "preflight" / "bump_032_033"

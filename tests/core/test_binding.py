@@ -8,7 +8,7 @@ from sndr.tree import open_tree
 
 
 def _edit(target: str, signature: str | None = None) -> RuntimeEdit:
-    return RuntimeEdit(name="e", target=target, replacement="sndr.runtime:call_counter", signature=signature)
+    return RuntimeEdit(name="e", target=target, replacement="sndr.startup.runtime:call_counter", signature=signature)
 
 
 def test_method_binding_and_signature(vllm_pin_root):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllm_env import HOOK_PATCHES
-from sndr.hook import cli_main, status_main
+from sndr.startup.hook import cli_main, status_main
 
 pytestmark = pytest.mark.vllm_install
 
@@ -30,7 +30,7 @@ def child(q):
     import os
     import vllm.plugins
     vllm.plugins.load_general_plugins()
-    import sndr.hook as h
+    import sndr.startup.hook as h
     from vllm.v1.core.sched import scheduler
     q.put({"pid": os.getpid(), "ppid": os.getppid(), "digest": h._STATE.digest, "mode": h._STATE.mode,
            "probe": scheduler.sndr_probe(),
@@ -46,7 +46,7 @@ if __name__ == "__main__":
     import vllm
     import vllm.plugins
     vllm.plugins.load_general_plugins()
-    import sndr.hook as h
+    import sndr.startup.hook as h
     from vllm.v1.core.sched import scheduler
     Scheduler = scheduler.Scheduler
     # Call the wrapped real method: its counter proves the runtime patch runs, its body still runs.

@@ -102,7 +102,7 @@ def _():
 INSTALLED = r'''
 import sys
 from sndr.load import load_patch_set
-from sndr.runtime import RuntimePatcher
+from sndr.startup.runtime import RuntimePatcher
 
 assert not any(m.startswith("vllm") for m in sys.modules)
 ps = load_patch_set(packs=False)

@@ -133,14 +133,9 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
 
 
 def default_cache_root(environ=None) -> str:
-    """``$SNDR_CACHE_DIR`` or ``$XDG_CACHE_HOME/sndr`` (same rule as :func:`sndr.env.cache_dir`)."""
-    from . import env
+    from .. import env
 
-    environ = os.environ if environ is None else environ
-    if environ.get(env.CACHE_DIR):
-        return environ[env.CACHE_DIR]
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sndr")
+    return str(env.cache_root(environ))
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -274,32 +269,35 @@ def open_cache(environ=None) -> HookCache | None:
 
 
 def shipped_patches_dir() -> str:
-    """Same rule as :func:`sndr.load.shipped_patches_dir`, without importing the loader."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for cand in (os.path.join(os.path.dirname(here), "patches"), os.path.join(here, "_data", "patches")):
-        if os.path.isdir(cand):
-            return cand
-    return os.path.join(here, "_data", "patches")
+    from .. import env  # the rule's one home; imported lazily (interpreter start stays cheap)
+
+    return str(env.shipped_patches_dir())
 
 
 def patches_dir(environ=None) -> str:
-    from . import env
+    from .. import env
 
-    environ = os.environ if environ is None else environ
-    return environ.get(env.PATCHES) or shipped_patches_dir()
+    return str(env.patches_dir(environ))
 
 
 # The modules whose code decides what a patch set resolves to; a change to any
 # of them (an upgrade of sndr) invalidates every memo.
-_STAMP_MODULES = ("model", "load", "plan", "apply", "classify", "binding", "packs", "env", "importer", "runtime", "locate")
+# Paths relative to the sndr package. tests/test_architecture.py checks that each
+# exists, so moving a module cannot silently turn memo invalidation off.
+_STAMP_MODULES = ("model.py", "load.py", "plan.py", "apply.py", "classify.py", "binding.py", "packs.py", "env.py",
+                  "fsio.py", "locate.py", "startup/importer.py", "startup/runtime.py")
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _code_stamp() -> list:
-    here = os.path.dirname(os.path.abspath(__file__))
+    root = _package_root()
     out = []
     for name in _STAMP_MODULES:
         try:
-            st = os.stat(os.path.join(here, name + ".py"))
+            st = os.stat(os.path.join(root, name))
             out.append((name, st.st_mtime_ns, st.st_size))
         except OSError:
             out.append((name, None, None))
@@ -328,14 +326,14 @@ def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: "HookCache | N
     """
     import hashlib
 
-    from . import env
+    from .. import env
 
     environ = os.environ if environ is None else environ
     h = hashlib.sha256()
     h.update(repr((_py_tag(), _code_stamp(), tree_id)).encode())
     h.update(repr(sorted((k, v) for k, v in environ.items() if k.startswith(env.ENABLE_PREFIX))).encode())
     _dir_fingerprint(h, os.path.abspath(pdir))
-    from . import packs
+    from .. import packs
 
     for pack in packs.discover_cached(cache):
         h.update(repr((pack["name"], pack["value"], pack.get("version"))).encode())
@@ -366,9 +364,9 @@ def build_resolved(patch_set, version: str, environ) -> dict:
     Uses the planner's own gating (:func:`sndr.apply.enabled_ids`) so the digest
     a process attests is the digest ``apply`` writes into the ledger.
     """
-    from . import packs
-    from .apply import enabled_ids
-    from .plan import patch_set_digest
+    from .. import packs
+    from ..apply import enabled_ids
+    from ..plan import patch_set_digest
 
     on = enabled_ids(patch_set, version, environ)
     digest = patch_set_digest(patch_set, on)
@@ -399,7 +397,7 @@ def resolve_set(version: str, tree_id: str, environ=None, cache: "HookCache | No
         hit = cache.load_memo(key)
         if hit is not None and hit.get("format") == 1:
             return hit
-    from .load import load_patch_set
+    from ..load import load_patch_set
 
     resolved = build_resolved(load_patch_set(pdir), version, environ)
     if cache is not None:
@@ -421,10 +419,10 @@ def _module_of(rel: str) -> str | None:
 
 def cold_memory_plan(root: str, environ, cache: "HookCache | None", pdir: str) -> dict:
     """Plan the patch set over the pristine on-disk texts: the same ``build_plan`` apply runs."""
-    from .commit import decode
-    from .load import load_patch_set
-    from .plan import build_plan
-    from .tree import open_tree
+    from ..commit import decode
+    from ..load import load_patch_set
+    from ..plan import build_plan
+    from ..tree import open_tree
 
     version = open_tree(root).version
     patch_set = load_patch_set(pdir)
@@ -713,7 +711,7 @@ class SndrFinder:
                 f"(SNDR_STRICT=1 makes startup fail)", once_key="activate")
 
     def _activate_inner(self, vllm_spec: ModuleSpec) -> None:
-        from . import env
+        from .. import env
 
         if self.environ.get(env.HOOK, "1").strip().lower() in ("0", "false", "no", "off"):
             self.inert_reason = f"disabled by {env.HOOK}=0"

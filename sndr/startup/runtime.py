@@ -26,7 +26,7 @@ import importlib
 import os
 import sys
 
-from .packs import module_allowed
+from ..packs import module_allowed
 
 MARK = "__sndr_patch__"
 _MISSING = object()
@@ -246,7 +246,7 @@ class RuntimePatcher:
             self._fail(s, "ambiguous", f"conflict: {s['target']} is already replaced by {stacked}; declare chain = true")
             return
         if s.get("signature") is not None and stacked is None:
-            from .binding import signature_of_callable
+            from ..binding import signature_of_callable
 
             live = signature_of_callable(_unwrap_descriptor(current))
             if live is not None and live != s["signature"]:
@@ -354,7 +354,7 @@ def default_read_source(module_name: str, module=None) -> tuple[str | None, str]
 
 def _served_source(module_name: str) -> tuple[str, str] | None:
     """The patched text the in-memory hook will serve for a module not imported yet, if any."""
-    importer = sys.modules.get("sndr.importer")
+    importer = sys.modules.get("sndr.startup.importer")
     finder = importer.active_finder() if importer is not None else None
     if finder is None or module_name not in finder.targets:
         return None
@@ -378,7 +378,7 @@ def static_binding(s: dict, text: str, module_name: str, cache=None) -> tuple[st
     if hit is not None:
         out = (hit["verdict"], hit["reason"])
     else:
-        from .binding import check_binding, module_file_candidates
+        from ..binding import check_binding, module_file_candidates
 
         class _Redit:
             target = s["target"]

@@ -33,7 +33,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import SndrError, bad_input
+from ..errors import SndrError, bad_input
 
 __all__ = [
     "ConfigDrift",
@@ -1047,7 +1047,7 @@ def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source) -> Runtime
         notes.append(f"changed from {pt.kind} to {ct.kind}")
     # The declared signature/source hash is judged by the one binding check
     # that apply, the preflight and the running process share.
-    from .binding import check_binding
+    from ..binding import check_binding
 
     verdict, reason, _ = check_binding(edit, cs.tree.read_text)
     if verdict != "applies":

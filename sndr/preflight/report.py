@@ -9,7 +9,7 @@ markers appeared or disappeared between the two trees.
 
 There is one classifier: both trees go through :func:`sndr.plan.build_plan`,
 the same sequential simulation that apply runs. This module only pairs the
-two plans, names the transitions, asks :mod:`sndr.suggest` where drifted code
+two plans, names the transitions, asks :mod:`sndr.preflight.suggest` where drifted code
 went, and renders the result (JSON per DESIGN.md section 4, Markdown,
 terminal, SARIF, GitHub annotations).
 
@@ -41,10 +41,10 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .configdrift import ConfigDrift
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
-from .load import PatchSet, load_patch_set
-from .model import EditResult, Location, Patch, PatchResult, Verdict
-from .plan import build_plan
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
+from ..load import PatchSet, load_patch_set
+from ..model import EditResult, Location, Patch, PatchResult, Verdict
+from ..plan import build_plan
 
 __all__ = [
     "PreflightReport",
@@ -244,7 +244,7 @@ class Snapshot:
         self._root = None
         root = getattr(tree, "root", None)
         if root is not None and (Path(root) / ".sndr" / "ledger.json").is_file():
-            from .commit import TreeRoot
+            from ..commit import TreeRoot
 
             self._root = TreeRoot(root)
             self._ledger = self._root.read_ledger()
@@ -316,7 +316,7 @@ class Snapshot:
     @property
     def digest(self) -> str:
         if self._digest is None:
-            from .tree import tree_digest
+            from ..tree import tree_digest
 
             self._digest = tree_digest((rel, self._bytes[rel]) for rel in self.files()
                                        if self.read_bytes(rel) is not None)
@@ -361,7 +361,7 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
                   suggestions: bool = True, config: bool = True, watch=None, check_compile: bool = False,
                   enable_all: bool = False, fail_on: Iterable[str] = ("drift",)) -> PreflightReport:
     """Classify ``patch_set`` on ``pin`` and ``candidate`` (trees or tree specs) and pair the results."""
-    from .tree import open_tree
+    from ..tree import open_tree
 
     environ = dict(os.environ if environ is None else environ)
     if enable_all:
@@ -434,7 +434,7 @@ def _dedupe_problems(problems: list[Problem]) -> list[Problem]:
 
 
 def _config_section(pin: Snapshot, cand: Snapshot, watch, patch_set: PatchSet, report: PreflightReport):
-    """Configuration drift (sndr.configdrift) between the two pristine snapshots; None when it cannot be read."""
+    """Configuration drift (sndr.preflight.configdrift) between the two pristine snapshots; None when it cannot be read."""
     from . import configdrift
 
     if watch is None or isinstance(watch, (str, Path)):

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
 
 Disposition = Literal["satisfied", "applicable", "conflict", "outside"]
 #: What the queue does with a commit.
@@ -767,7 +767,7 @@ def plan(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, tree=No
         raise bad_input("not_ancestor", f"--from {from_ref} is not an ancestor of --to {to_ref}",
                         hint="the range is the commits reachable from --to but not from --from")
     if tree is None:
-        from .tree import DirTree
+        from ..tree import DirTree
 
         tree = DirTree(git.repo, spec=str(git.repo))
     read = _tree_reader(tree)
@@ -994,12 +994,9 @@ class PinRecord(BaseModel):
 
 
 def default_pin_path() -> Path:
-    from .load import shipped_patches_dir
-    from .env import PATCHES
-    import os
+    from ..env import patches_dir
 
-    override = os.environ.get(PATCHES)
-    return (Path(override) if override else shipped_patches_dir()) / PIN_FILE_NAME
+    return patches_dir() / PIN_FILE_NAME
 
 
 def read_pin(path: Path | str) -> PinRecord | None:
@@ -1056,7 +1053,7 @@ def _target_matches(to: str, version: str | None, sha: str | None) -> bool | Non
 
 def _manifest_name(version: str) -> str:
     try:
-        from .manifest import manifest_name
+        from ..manifest import manifest_name
     except ImportError:  # pragma: no cover
         return f"vllm-{version}.json"
     return manifest_name(version)
@@ -1176,7 +1173,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     cand_digest = cand_digest if isinstance(cand_digest, str) and re.fullmatch(r"[0-9a-f]{64}", cand_digest) else None
     if manifest is None:
         if anchors_dir is None:
-            from .load import shipped_anchors_dir
+            from ..load import shipped_anchors_dir
 
             anchors_dir = shipped_anchors_dir()
         manifest = Path(anchors_dir) / _manifest_name(_norm_version(to) if not is_sha else to)
@@ -1212,7 +1209,7 @@ def _err(exc: SndrError) -> int:
 
 
 def _load_patch_set(directory: str | None):
-    from .load import load_patch_set
+    from ..load import load_patch_set
 
     return load_patch_set(directory)
 
@@ -1245,7 +1242,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         surface = Surface(patch_surface(ps.patches), globs)
         tree = None
         if args.tree:
-            from .tree import open_tree
+            from ..tree import open_tree
 
             tree = open_tree(args.tree)
         select = [s for s in args.select.split(",") if s.strip()] if args.select else None
@@ -1302,7 +1299,7 @@ def pin_main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         digest = None
         if args.tree:
-            from .tree import open_tree
+            from ..tree import open_tree
 
             digest = open_tree(args.tree).digest
         ps = _load_patch_set(args.patches)

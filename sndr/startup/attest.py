@@ -26,7 +26,7 @@ def tree_key(root: str) -> str:
 
 def run_dir(root: str | None, environ=None) -> str:
     """``$SNDR_RUN_DIR`` or the default for ``root`` (the directory that contains ``vllm/``)."""
-    from . import env
+    from .. import env
 
     environ = os.environ if environ is None else environ
     if environ.get(env.RUN_DIR):

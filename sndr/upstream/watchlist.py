@@ -33,7 +33,7 @@ from typing import Annotated, Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
 
 # ----------------------------------------------------------------------------- vocabulary
 
@@ -232,15 +232,10 @@ def json_schema() -> dict:
 
 
 def default_watchlist_path() -> Path:
-    """``<patch dir>/watchlist.yaml``; the patch dir honours ``SNDR_PATCHES``."""
-    from .env import PATCHES
+    """``<patch dir>/watchlist.yaml``; the patch dir is :func:`sndr.env.patches_dir`."""
+    from ..env import patches_dir
 
-    override = os.environ.get(PATCHES)
-    if override:
-        return Path(override) / WATCHLIST_NAME
-    from .load import shipped_patches_dir
-
-    return shipped_patches_dir() / WATCHLIST_NAME
+    return patches_dir() / WATCHLIST_NAME
 
 
 def _yaml():
@@ -712,7 +707,7 @@ class Registry:
 
 
 def load_registry(directory: Path | str | None = None) -> Registry:
-    from .load import load_patch_set
+    from ..load import load_patch_set
 
     return Registry.from_patches(load_patch_set(directory).patches)
 

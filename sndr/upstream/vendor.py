@@ -38,12 +38,12 @@ from typing import Callable, Iterable
 
 from pydantic import ValidationError
 
-from .classify import classify_edit
-from .commit import atomic_write
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
-from .load import PatchSet
-from .locate import scopes
-from .model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
+from ..classify import classify_edit
+from ..commit import atomic_write
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from ..load import PatchSet
+from ..locate import scopes
+from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
 
 Reader = Callable[[str], "str | None"]
 
@@ -831,7 +831,7 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
     problems.extend(verify(patch, pin, expected, version, check_compile=check_compile, warnings=warnings))
     if problems:
         return fail(EXIT_INTERNAL)
-    from .tomlwrite import dumps_patch
+    from ..tomlwrite import dumps_patch
 
     head = header if header is not None else [
         f"Vendored by `sndr vendor` from {source}" + (f" against vLLM {version}" if version else "") + ".",
@@ -851,7 +851,7 @@ def _safe_exists(pin: Reader, rel: str) -> bool:
 def verify(patch: Patch, pin: Reader, expected: dict[str, str], version: str, *, check_compile: bool = True,
            warnings: list[str] | None = None) -> list[Problem]:
     """Plan ``patch`` on the pin and on the expected post-image; say where either disagrees."""
-    from .plan import build_plan
+    from ..plan import build_plan
 
     problems: list[Problem] = []
     ps = PatchSet(patches=[patch])
@@ -897,8 +897,8 @@ def roundtrip_result(path: str, old: str | None, new: str, *, version: str = "",
                      max_context: int = DEFAULT_MAX_CONTEXT,
                      check_compile: bool = False) -> tuple[str, str, VendorResult]:
     """:func:`roundtrip_file`, also handing back the :class:`VendorResult` (for statistics)."""
-    from .load import parse_patch
-    from .plan import build_plan
+    from ..load import parse_patch
+    from ..plan import build_plan
 
     def read(rel: str) -> str | None:
         return old if rel == path else None
@@ -1007,7 +1007,7 @@ def _print_result(res: VendorResult, target: Path | None, quiet: bool) -> None:
 def cli_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from .tree import open_tree
+        from ..tree import open_tree
 
         if args.diff == "-":
             diff_text = sys.stdin.buffer.read().decode("utf-8")

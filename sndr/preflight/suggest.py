@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 
 from rapidfuzz import fuzz, process
 
-from .locate import Scopes, scopes
+from ..locate import Scopes, scopes
 
 __all__ = ["Suggestion", "Relocator", "anchor_lines", "key_lines"]
 

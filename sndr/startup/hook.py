@@ -1,0 +1,529 @@
+"""vLLM startup integration: the general-plugin entry point, ``sndr status`` and ``sndr hook``.
+
+``register()`` is the ``vllm.general_plugins`` entry point (``sndr =
+sndr.startup.hook:register``). vLLM calls it once in every process it starts (API
+server, engine core, workers; fork or spawn). On each call it
+
+1. checks the text patches: on a tree patched on disk, the sha256 of every file
+   the ledger names (never a rewrite: a serving process must not patch); in
+   in-memory mode, what the import hook served;
+2. applies the runtime patches (:mod:`sndr.startup.runtime`), deferring those whose
+   module is not imported yet;
+3. writes an attestation record (:mod:`sndr.startup.attest`).
+
+It is idempotent and never raises into vLLM, except under ``SNDR_STRICT=1``
+(recommended in production), where a required patch that is not active aborts
+startup with a message naming it. A forked child (vLLM does not call plugins
+again after fork) gets its own record through ``os.register_at_fork``.
+
+The warm path imports no pydantic and no planner: the patch set is resolved
+once and memoised in the owner-checked cache (:mod:`sndr.startup.importer`).
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+
+from .. import env as envmod
+from . import importer
+from .importer import log
+
+PTH_NAME = "_sndr_hook.pth"
+PTH_TEXT = ("# sndr in-memory import hook; `python -m sndr hook uninstall` removes this file.\n"
+            "import sndr._boot\n")
+
+_STATE: "_Process | None" = None
+_LOCK = _thread.RLock()
+_AT_FORK = False
+
+
+def _strict(environ) -> bool:
+    raw = environ.get(envmod.STRICT)
+    if raw is None:
+        return False
+    val = raw.strip().lower()
+    if val in ("1", "true", "yes", "on"):
+        return True
+    if val in ("0", "false", "no", "off", ""):
+        return False
+    # A typo in a safety switch must not turn it off silently.
+    log(f"SNDR_STRICT={raw!r} is not 0 or 1; treating it as 1 (strict)", once_key="strict-typo")
+    return True
+
+
+def _sha_file(path: str) -> str | None:
+    data = importer._read(path)
+    return None if data is None else importer._sha256(data)
+
+
+# ----------------------------------------------------------------------------- per-process state
+
+
+class _Process:
+    def __init__(self, strict: bool):
+        self.pid = os.getpid()
+        self.ppid = os.getppid()
+        self.start = time.time()
+        self.start_ns = time.time_ns()
+        self.strict = strict
+        self.mode = "none"
+        self.root: str | None = None
+        self.version = ""
+        self.digest = ""
+        self.ledger_digest: str | None = None
+        self.enabled: list[str] = []
+        self.text_counts: dict[str, int] = {}
+        self.text: dict = {}
+        self.missing: list[str] = []
+        self.problems: list[str] = []
+        self.patcher = None
+        self.record_path: str | None = None
+        self.register_ms = 0.0
+        self.role, self.process_name = "", ""
+        self.forked_from: int | None = None
+        self.ready = False
+        self.failed_message = ""
+        self.finder = None
+
+    def forked(self) -> "_Process":
+        child = _Process.__new__(_Process)
+        child.__dict__.update(self.__dict__)
+        child.pid, child.ppid = os.getpid(), os.getppid()
+        child.start, child.start_ns = time.time(), time.time_ns()
+        child.forked_from = self.pid
+        child.role, child.process_name = "forked", ""
+        child.missing, child.problems = list(self.missing), list(self.problems)
+        if self.record_path:
+            child.record_path = os.path.join(os.path.dirname(self.record_path), f"{child.pid}-{child.start_ns}.json")
+        return child
+
+    def runtime_missing(self) -> list[str]:
+        if self.patcher is None:
+            return []
+        return [f"{o.key}: runtime {o.verdict}: {o.reason}" for o in self.patcher.missing_required()]
+
+    def record(self) -> dict:
+        from .attest import FORMAT
+
+        runtime = [o.to_json() for o in self.patcher.outcomes.values()] if self.patcher is not None else []
+        rt_counts: dict[str, int] = {}
+        for o in runtime:
+            rt_counts[o["verdict"]] = rt_counts.get(o["verdict"], 0) + 1
+        counts = dict(self.text_counts)
+        for k, v in rt_counts.items():
+            counts["runtime_" + k] = v
+        if self.mode == "memory" and self.finder is not None:
+            self.text = self.finder.text_state()  # modules are served after register() ran
+        role, name = self.role, self.process_name
+        if not self.forked_from:
+            from .attest import process_role
+
+            role, name = process_role()
+        return {"format": FORMAT, "pid": self.pid, "ppid": self.ppid, "role": role, "process_name": name,
+                "forked_from": self.forked_from, "start": self.start, "updated": time.time(),
+                "argv": [str(a) for a in sys.argv[:4]], "python": sys.executable,
+                "mode": self.mode, "tree": self.root, "vllm_version": self.version,
+                "patch_set_digest": self.digest, "ledger_digest": self.ledger_digest, "enabled": self.enabled,
+                "counts": dict(sorted(counts.items())), "text": self.text, "runtime": runtime,
+                "missing_required": self.missing + self.runtime_missing(), "problems": self.problems,
+                "strict": self.strict, "register_ms": round(self.register_ms, 3)}
+
+    def write(self) -> None:
+        if not self.ready or not self.record_path:
+            return
+        from .attest import write_record
+
+        try:
+            write_record(self.record_path, self.record())
+        except importer.UnsafeDirError as exc:
+            log(f"attestation {exc}; this process is NOT attested", once_key="attest-unsafe")
+        except OSError as exc:
+            log(f"cannot write the attestation {self.record_path}: {exc}", once_key="attest-oserror")
+
+
+def _on_change() -> None:
+    state = _STATE
+    if state is not None and state.pid == os.getpid():
+        state.write()
+
+
+def _after_fork_in_child() -> None:
+    global _STATE
+    try:
+        state = _STATE
+        if state is not None and state.ready:
+            _STATE = state.forked()
+            _STATE.write()
+    except Exception:  # noqa: BLE001 - never break a fork
+        pass
+
+
+# ----------------------------------------------------------------------------- register
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Idempotent; never raises unless ``SNDR_STRICT=1``."""
+    global _STATE, _AT_FORK
+    with _LOCK:
+        if _STATE is not None:
+            if _STATE.pid != os.getpid():  # forked without the at-fork hook (os.fork in C code)
+                _after_fork_in_child()
+            if _STATE.strict and _STATE.failed_message:
+                raise _strict_error(_STATE.failed_message)
+            return
+        environ = os.environ
+        strict = _strict(environ)
+        t0 = time.perf_counter()
+        state = _Process(strict)
+        _STATE = state
+        try:
+            _startup(state, environ)
+        except Exception as exc:  # noqa: BLE001 - the boundary: vLLM must keep running unless strict
+            from .runtime import StrictError
+
+            if isinstance(exc, StrictError):
+                state.failed_message = str(exc)
+            else:
+                state.problems.append(f"internal error in register(): {importer._describe(exc)}")
+                state.missing.append(f"sndr: register() failed ({importer._describe(exc)})")
+                log(f"register() failed: {importer._describe(exc)}; vLLM runs without sndr's checks",
+                    once_key="register-internal")
+        state.register_ms = (time.perf_counter() - t0) * 1000
+        state.ready = True
+        state.write()
+        if not _AT_FORK and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _AT_FORK = True
+        missing = state.missing + state.runtime_missing()
+        if missing and not state.failed_message:
+            msg = (f"{len(missing)} required patch(es) NOT active in this process (pid {state.pid}, "
+                   f"{state.mode} mode):\n  " + "\n  ".join(missing))
+            if strict:
+                state.failed_message = "sndr: " + msg + "\nSNDR_STRICT=1: refusing to start vLLM"
+            else:
+                log(msg + "\n  (set SNDR_STRICT=1 to make this fatal)", once_key="missing")
+        for p in state.problems:
+            log(p, once_key="problem:" + p)
+        if state.patcher is not None:
+            state.patcher.strict = strict  # deferred failures at import time now abort under strict
+        if strict and state.failed_message:
+            raise _strict_error(state.failed_message)
+
+
+def _strict_error(message: str):
+    from .runtime import StrictError
+
+    return StrictError(message)
+
+
+def _tree_root(environ) -> str | None:
+    if environ.get(envmod.TREE):
+        return os.path.abspath(environ[envmod.TREE])
+    vllm = sys.modules.get("vllm")
+    path = list(getattr(vllm, "__path__", None) or [])
+    if path:
+        return os.path.dirname(os.path.abspath(path[0]))
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("vllm")  # top-level: locates, does not import
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+    return None
+
+
+def _read_ledger(root: str, state: _Process) -> dict | None:
+    import json
+
+    data = importer._read(os.path.join(root, ".sndr", "ledger.json"))
+    if data is None:
+        return None
+    try:
+        ledger = json.loads(data)
+        assert isinstance(ledger, dict) and ledger.get("format") == 1 and isinstance(ledger.get("files"), dict)
+        return ledger
+    except (ValueError, AssertionError):
+        state.problems.append(f"{root}/.sndr/ledger.json is corrupt; text patches cannot be verified")
+        state.missing.append("ledger: unreadable, no text patch can be verified")
+        return None
+
+
+def _startup(state: _Process, environ) -> None:
+    boot = sys.modules.get("sndr._boot")
+    if boot is not None and getattr(boot, "BOOT_ERROR", None):
+        state.problems.append(f"the in-memory hook failed at interpreter start: {boot.BOOT_ERROR}")
+        state.missing.append(f"in-memory hook: failed at interpreter start ({boot.BOOT_ERROR})")
+    root = _tree_root(environ)
+    state.root = root
+    if root is None or not os.path.isdir(os.path.join(root, "vllm")):
+        state.missing.append("tree: vllm is not importable here; nothing can be verified")
+        return
+    cache = importer.open_cache(environ)
+    state.record_path = _record_path(state, root, environ)
+    finder = importer.active_finder()
+    ledger = _read_ledger(root, state)
+    resolved = None
+    if ledger is not None:
+        state.mode = "disk"
+        state.version = ledger.get("vllm_version", "")
+        resolved = importer.resolve_set(state.version, importer.tree_identity(root), environ, cache)
+        _check_disk(state, root, ledger, resolved)
+    elif finder is not None and finder.memory:
+        if not finder.activated and "vllm" in sys.modules:
+            importer.install(memory=True, environ=environ)
+        ts = finder.text_state()
+        state.text = ts
+        if ts["active"]:
+            state.mode = "memory"
+            state.finder = finder
+            finder.on_serve = _on_change
+            resolved = finder.plan["resolved"]
+            state.version = finder.plan["version"]
+            _check_memory(state, finder, resolved)
+    if resolved is None:
+        from ..tree import open_tree
+
+        state.version = open_tree(root).version
+        resolved = importer.resolve_set(state.version, importer.tree_identity(root), environ, cache)
+        text_ids = [pid for pid in resolved["enabled"] if resolved["patches"][pid]["files"]]
+        why = "no ledger (not applied on disk) and no in-memory hook"
+        if finder is not None and finder.memory and finder.inert_reason:
+            why = f"the in-memory hook is inert: {finder.inert_reason}"
+        elif finder is not None and finder.memory and finder.problems:
+            why = f"the in-memory hook failed: {finder.problems[0]}"
+        elif os.path.exists(os.path.join(root, PTH_NAME)) and (finder is None or not finder.memory):
+            why = f"{PTH_NAME} is installed but the hook is not active in this process (python -S? installed after start?)"
+        state.missing.extend(f"{pid}: text patch not active ({why})" for pid in text_ids)
+    state.enabled = list(resolved["enabled"])
+    state.digest = resolved["digest"]
+    _apply_runtime(state, root, resolved, cache, finder)
+
+
+def _record_path(state: _Process, root: str, environ) -> str | None:
+    from .attest import record_path, run_dir
+
+    return record_path(run_dir(root, environ), state.pid, state.start_ns)
+
+
+def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> None:
+    state.ledger_digest = ledger.get("patch_set_digest")
+    if os.path.exists(os.path.join(root, ".sndr", "journal.json")):
+        state.problems.append("an interrupted commit is pending on this tree (journal.json); files may be torn")
+    bad: dict[str, list[str]] = {}
+    for rel, entry in sorted(ledger["files"].items()):
+        if _sha_file(os.path.join(root, rel)) != entry.get("patched_sha256"):
+            bad[rel] = list(entry.get("patches", []))
+            state.problems.append(f"{rel}: does not hold the patched bytes the ledger records (changed since apply)")
+    on_disk = set(ledger.get("patches", []))
+    results = ledger.get("results", {})
+    for pid in resolved["enabled"]:
+        if not resolved["patches"][pid]["files"]:
+            continue
+        if pid not in on_disk:
+            state.missing.append(f"{pid}: enabled in this process but not applied to the tree "
+                                 f"(ledger patch set {str(state.ledger_digest)[:12]})")
+        elif results.get(pid) != "merged":
+            touched = sorted(rel for rel, ids in bad.items() if pid in ids)
+            if touched:
+                state.missing.append(f"{pid}: {', '.join(touched)} changed since apply")
+    if state.ledger_digest != resolved["digest"]:
+        extra = sorted(on_disk - set(resolved["enabled"]))
+        state.problems.append(f"this process enables patch set {resolved['digest'][:12]} but the tree was patched "
+                              f"with {str(state.ledger_digest)[:12]}"
+                              + (f" (on disk, not enabled here: {', '.join(extra)})" if extra else ""))
+    state.text_counts = dict(ledger.get("counts", {}))
+    state.text = {"verified_files": len(ledger["files"]) - len(bad), "changed_files": sorted(bad)}
+
+
+def _check_memory(state: _Process, finder, resolved: dict) -> None:
+    plan = finder.plan
+    ts = state.text
+    state.text_counts = dict(plan.get("counts", {}))
+    if plan["problems"]:
+        for pid in resolved["enabled"]:
+            if resolved["patches"][pid]["files"]:
+                state.missing.append(f"{pid}: the patch set does not apply in memory ({plan['problems'][0]})")
+        return
+    by_module = {e["module"]: e for e in plan["served"].values()}
+    for m in ts["preimported"] + ts["bypassed"]:
+        for pid in by_module[m]["patches"]:
+            state.missing.append(f"{pid}: {m} was imported without the hook; it runs pristine code")
+
+
+def _apply_runtime(state: _Process, root: str, resolved: dict, cache, finder) -> None:
+    from ..packs import module_allowed
+    from .runtime import RuntimePatcher
+
+    for pid, info in resolved["patches"].items():
+        module = info.get("module")
+        if module and not module_allowed(module, *info.get("allowed", [])):
+            state.missing.append(f"{pid}: plugin module {module} is outside sndr and the patch's pack: refused")
+
+    patcher = RuntimePatcher(strict=False, memo=cache, on_change=_on_change)
+    state.patcher = patcher
+    if resolved["runtime"]:
+        patcher.apply(resolved["runtime"])
+
+
+# ----------------------------------------------------------------------------- sndr status
+
+
+def status_main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from .attest import pid_alive, read_records, run_dir
+
+    ap = argparse.ArgumentParser(prog="python -m sndr status",
+                                 description="One line per vLLM process: the patch set it attested. "
+                                             "Exit 1 if processes disagree or one misses a required patch.")
+    ap.add_argument("--run-dir", help="attestation directory (default: $SNDR_RUN_DIR, or the default for --tree)")
+    ap.add_argument("--tree", help="directory containing vllm/ (default: where `import vllm` finds it)")
+    ap.add_argument("--live", action="store_true", help="only processes that are still running")
+    ap.add_argument("--prune", action="store_true", help="delete the records of processes that have exited")
+    ap.add_argument("--json", action="store_true", help="print the records and the verdict as JSON")
+    args = ap.parse_args(argv)
+    try:
+        if args.run_dir:
+            directory = os.path.abspath(args.run_dir)
+        elif os.environ.get(envmod.RUN_DIR):
+            directory = run_dir(None)
+        else:
+            root = args.tree
+            if root is None:
+                from ..tree import find_installed_root
+
+                root = str(find_installed_root())
+            directory = run_dir(root)
+    except Exception as exc:  # noqa: BLE001
+        print(f"sndr status: {importer._describe(exc)}", file=sys.stderr)
+        return 2
+    if os.path.isdir(directory):
+        try:
+            importer.secure_dir(directory, "attestation")
+        except importer.UnsafeDirError as exc:
+            print(f"sndr status: {exc}; its records cannot be trusted", file=sys.stderr)
+            return 2
+    records, bad = read_records(directory)
+    for r in records:
+        r["_alive"] = pid_alive(int(r["pid"]))
+    if args.prune:
+        for r in records:
+            if not r["_alive"]:
+                try:
+                    os.unlink(r["_path"])
+                except OSError:
+                    pass
+        records = [r for r in records if r["_alive"]]
+    if args.live:
+        records = [r for r in records if r["_alive"]]
+    findings: list[str] = list(bad)
+    if not records:
+        findings.append(f"no attestation records in {directory}: no process proved its patch set")
+    digests = sorted({r.get("patch_set_digest") or "" for r in records})
+    if len(digests) > 1:
+        findings.append("processes disagree on the patch set: " + ", ".join(d[:12] or "(none)" for d in digests))
+    for r in records:
+        for m in r.get("missing_required") or []:
+            findings.append(f"pid {r['pid']} ({r.get('role')}): missing {m}")
+    findings.extend(_recheck_trees(records))
+    if args.json:
+        out = {"run_dir": directory, "ok": not findings, "findings": findings,
+               "processes": [{k: v for k, v in r.items() if k != "_path"} for r in records]}
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        print(f"sndr status: {directory}")
+        for r in records:
+            print(_status_line(r))
+        for f in findings:
+            print(f"  FINDING {f}")
+        print("ok" if not findings else f"FAILED: {len(findings)} finding(s)")
+    return 0 if not findings else 1
+
+
+def _status_line(r: dict) -> str:
+    counts = " ".join(f"{k}={v}" for k, v in sorted((r.get("counts") or {}).items()))
+    state = "ok" if not r.get("missing_required") else f"MISSING {len(r['missing_required'])}"
+    alive = "running" if r.get("_alive") else "exited"
+    return (f"  pid {r['pid']:>7}  ppid {r.get('ppid', '?'):>7}  {str(r.get('role') or '?'):<12} "
+            f"{r.get('mode', '?'):<6}  {(r.get('patch_set_digest') or '(none)')[:12]:<12}  {alive:<7}  "
+            f"{state}  {counts}")
+
+
+def _recheck_trees(records: list[dict]) -> list[str]:
+    """Files can change after a process attested: hash every on-disk tree's ledger files again."""
+    import json
+
+    out = []
+    for root in sorted({r["tree"] for r in records if r.get("mode") == "disk" and r.get("tree")}):
+        data = importer._read(os.path.join(root, ".sndr", "ledger.json"))
+        if data is None:
+            out.append(f"{root}: the ledger is gone (reverted?) since processes attested")
+            continue
+        try:
+            files = json.loads(data)["files"]
+        except (ValueError, KeyError, TypeError):
+            out.append(f"{root}: the ledger is corrupt")
+            continue
+        for rel, entry in sorted(files.items()):
+            if _sha_file(os.path.join(root, rel)) != entry.get("patched_sha256"):
+                out.append(f"{root}/{rel}: changed since it was patched (tree no longer matches the ledger)")
+    return out
+
+
+# ----------------------------------------------------------------------------- sndr hook install|uninstall
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m sndr hook",
+                                 description="Install or remove the in-memory import hook (.pth) of an environment.")
+    ap.add_argument("action", choices=["install", "uninstall"])
+    ap.add_argument("--site", help="site-packages directory to write the .pth into "
+                                   "(default: the directory that holds vllm/ for --python)")
+    ap.add_argument("--python", help="interpreter of the target environment (default: this one)")
+    args = ap.parse_args(argv)
+    try:
+        site = args.site
+        if site is None:
+            from ..tree import find_installed_root
+
+            site = str(find_installed_root(args.python))
+        site = os.path.abspath(site)
+        if not os.path.isdir(site):
+            print(f"sndr hook: {site}: not a directory", file=sys.stderr)
+            return 2
+        path = os.path.join(site, PTH_NAME)
+        if args.action == "uninstall":
+            if os.path.exists(path):
+                os.unlink(path)
+                print(f"removed {path}")
+            else:
+                print(f"no hook installed in {site}")
+            return 0
+        if args.python and not _python_sees_sndr(args.python):
+            print(f"sndr hook: {args.python} cannot import sndr; install sndr into that environment first",
+                  file=sys.stderr)
+            return 2
+        importer.atomic_write(path, PTH_TEXT.encode(), mode=0o644)
+        print(f"installed {path}")
+        if os.path.exists(os.path.join(site, ".sndr", "ledger.json")):
+            print(f"note: {site} is patched on disk (it has a ledger); the hook stays inert there")
+        return 0
+    except Exception as exc:  # noqa: BLE001
+        print(f"sndr hook: {importer._describe(exc)}", file=sys.stderr)
+        return getattr(exc, "exit_code", 3)
+
+
+def _python_sees_sndr(python: str) -> bool:
+    import subprocess
+
+    proc = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('sndr') is None)"],
+                          capture_output=True, cwd="/")
+    return proc.returncode == 0
