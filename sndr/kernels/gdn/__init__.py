@@ -1,0 +1,46 @@
+"""Gated DeltaNet (GDN) decode and spec-verify step: one fused Triton kernel.
+
+Public surface:
+
+* ``gdn_step(...)`` (``kernels``): the fused step on a state pool
+  ``[slots, HV, V, K]`` (float32 or bfloat16) addressed through
+  ``ssm_state_indices``, T >= 1 tokens per sequence with per-token state
+  snapshots and ``num_accepted_tokens``, gating fused (``A_log``,
+  ``dt_bias``, raw ``a``, ``b``), q/k L2-normalised, fp32 accumulation, the
+  V dimension split across programs; CUDA-graph capturable;
+* ``try_packed_decode`` / ``try_sigmoid_gating_update`` (``vllm_entry``):
+  vLLM 0.32.0's ``fused_recurrent_gated_delta_rule_packed_decode`` and
+  ``fused_sigmoid_gating_delta_rule_update`` on that kernel (same arguments,
+  same results), or ``None`` where it does not take the call. Patch PK0003
+  routes vLLM's Qwen GDN layer through them;
+* ``reference``: the naive recurrence in PyTorch (float32 / float64).
+
+torch and triton load on first attribute access, so importing this package
+costs nothing where they are absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["gdn_step", "StepConfig", "pick_config", "try_packed_decode", "try_sigmoid_gating_update", "reference"]
+
+_LAZY = {
+    "gdn_step": ".kernels",
+    "StepConfig": ".kernels",
+    "pick_config": ".kernels",
+    "try_packed_decode": ".vllm_entry",
+    "try_sigmoid_gating_update": ".vllm_entry",
+    "reference": None,
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _LAZY[name] is None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,145 @@
+"""Load vLLM 0.32.0's own GDN decode kernels from copied source files.
+
+Tests and the benchmark compare against vLLM's shipped Triton kernels without
+importing vLLM (heavy, and absent on the GPU host). The two files
+
+    fused_recurrent.py  fused_sigmoid_gating.py
+
+of ``vllm/third_party/flash_linear_attention/ops/`` are copied verbatim out of
+an install or the wheel into an ignored folder (``.baselines/vllm032_gdn``,
+never committed)::
+
+    python -m sndr.kernels.gdn._vllm_baseline --from SITE_PACKAGES_OR_WHEEL
+
+and executed here under their real module names, with minimal stand-ins for
+what they import (``vllm.triton_utils``; ``.op``'s ``exp`` and ``log``,
+which are ``tl.exp`` / ``tl.log`` unless FLA_USE_FAST_OPS=1: ``_fla_op_stub``). ``sys.modules``
+is restored afterwards, so a real vLLM in the same process is left alone.
+:func:`source_sha256` hashes the two functions the way patch PK0003's binding
+check does, so a test can prove the copies are the pinned code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+FILES = ("fused_recurrent.py", "fused_sigmoid_gating.py")
+_PKG = "vllm.third_party.flash_linear_attention.ops"
+_REL = "vllm/third_party/flash_linear_attention/ops"
+FUNCTIONS = {
+    "fused_recurrent_gated_delta_rule_packed_decode": "fused_recurrent.py",
+    "fused_sigmoid_gating_delta_rule_update": "fused_sigmoid_gating.py",
+}
+
+
+def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
+    """$SNDR_GDN_BASELINE, <repo>/.baselines/vllm032_gdn, sndr's cached 0.32.0 tree."""
+    out = []
+    if os.environ.get("SNDR_GDN_BASELINE"):
+        out.append(Path(os.environ["SNDR_GDN_BASELINE"]))
+    root = repo_root or Path(__file__).resolve().parents[3]
+    out.append(root / ".baselines" / "vllm032_gdn")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    out.append(cache / "sndr" / "trees" / "vllm-0.32.0" / _REL)
+    return out
+
+
+def find_dir(repo_root: Path | None = None) -> Path | None:
+    for d in candidate_dirs(repo_root):
+        if all((d / f).is_file() for f in FILES):
+            return d
+    return None
+
+
+def copy_from(src: Path, dest: Path) -> list[Path]:
+    """Copy the two files from a site-packages folder, a vLLM tree root or a wheel into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    if src.is_file() and src.suffix == ".whl":
+        with zipfile.ZipFile(src) as zf:
+            for f in FILES:
+                (dest / f).write_bytes(zf.read(f"{_REL}/{f}"))
+                out.append(dest / f)
+        return out
+    for f in FILES:
+        shutil.copyfile(src / _REL / f, dest / f)
+        out.append(dest / f)
+    return out
+
+
+def source_sha256(src: Path) -> dict[str, str]:
+    """sha256 of each function's source segment, as ``sndr.binding.find_binding`` computes it."""
+    from sndr.binding import find_binding
+
+    out = {}
+    for fn, f in FUNCTIONS.items():
+        b = find_binding((src / f).read_text(encoding="utf-8"), fn, f)
+        out[fn] = b.source_sha256 if b is not None else ""
+    return out
+
+
+def load(src: Path) -> types.SimpleNamespace:
+    """Execute the copied files; return vLLM's two functions (and the modules)."""
+    import triton
+    import triton.language as tl
+
+    stubs: dict[str, types.ModuleType] = {}
+    for name in ("vllm", "vllm.third_party", "vllm.third_party.flash_linear_attention", _PKG):
+        m = types.ModuleType(name)
+        m.__path__ = []  # a package, so submodules resolve through sys.modules
+        stubs[name] = m
+    tu = types.ModuleType("vllm.triton_utils")
+    tu.tl, tu.triton = tl, triton
+    tu.tldevice = getattr(tl.extra, "libdevice", None) if hasattr(tl, "extra") else None
+    stubs["vllm.triton_utils"] = tu
+    from . import _fla_op_stub
+
+    stubs[f"{_PKG}.op"] = _fla_op_stub
+
+    names = list(stubs) + [f"{_PKG}.{f[:-3]}" for f in FILES]
+    saved = {n: sys.modules.get(n) for n in names}
+    loaded = {}
+    try:
+        sys.modules.update(stubs)
+        for f in FILES:
+            name = f"{_PKG}.{f[:-3]}"
+            spec = importlib.util.spec_from_file_location(name, src / f)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            loaded[f[:-3]] = mod
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+    return types.SimpleNamespace(
+        packed_decode=loaded["fused_recurrent"].fused_recurrent_gated_delta_rule_packed_decode,
+        sigmoid_gating_update=loaded["fused_sigmoid_gating"].fused_sigmoid_gating_delta_rule_update,
+        modules=loaded,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--from", dest="src", required=True, type=Path,
+                    help="site-packages (or a tree root) holding vllm/, or a vLLM wheel")
+    ap.add_argument("--to", type=Path, default=Path(__file__).resolve().parents[3] / ".baselines" / "vllm032_gdn")
+    args = ap.parse_args(argv)
+    for p in copy_from(args.src, args.to):
+        print(p)
+    for fn, h in source_sha256(args.to).items():
+        print(f"{fn}: sha256 {h}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,262 @@
+"""Triton kernel for the gated delta-rule (GDN) decode and spec-verify step.
+
+One launch updates every sequence's recurrent state in place and writes the
+outputs of all its tokens. The gating is fused: the kernel reads the raw
+``a``, ``b`` (per token and value head), ``A_log`` and ``dt_bias`` and
+computes ``g = -exp(A_log) * softplus(a + dt_bias)`` and
+``beta = sigmoid(b)`` itself; ``q`` and ``k`` are L2-normalised in the
+kernel. Accumulation is float32; the state pool is float32 or bfloat16.
+
+Grid ``(N * HV, V / BV)``: one program per (sequence, value head, block of
+BV value rows). A program holds its ``[BV, K]`` slice of the state in
+registers for all T tokens of the sequence, so the state is read once and
+written once per token (T = 1: once). Splitting V across programs is what
+fills the GPU at batch 1-32 (32 value heads x 1 sequence is 32 tiles, a
+quarter of an H200's multiprocessors; with BV = 8 it is 512 programs). The
+recurrence per token is rearranged so that both reductions over K read the
+decayed-before state directly and run side by side::
+
+    hk = decay * (S k)        hq = decay * (S q)
+    u  = beta * (v - hk)      o  = hq + u * (k . q)
+    S  = decay * S + u k^T
+
+(equal to the textbook order in exact arithmetic; one pass over the tile
+for the reductions, one for the update).
+
+State addressing is vLLM 0.32.0's: the pool is ``[slots, HV, V, K]`` with
+any slot stride and contiguous ``[HV, V, K]`` rows; the initial state of
+sequence ``n`` is slot ``idx[n, num_accepted[n] - 1]`` (column 0 without
+``num_accepted``), and the state after token ``t`` is written to slot
+``idx[n, t]``. Slots <= 0 are padding (vLLM's NULL_BLOCK_ID is 0, the
+metadata pads with -1): such a sequence reads and writes no state and its
+outputs are zero. With ``cu_seqlens`` each sequence has its own token count;
+without, every sequence has ``T``.
+
+The launch allocates nothing and never synchronises: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit(do_not_specialize=["T", "sp_beta", "sp_threshold", "scale"])
+def _gdn_step_kernel(
+    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens,
+    scale, sp_beta, sp_threshold, T,
+    s_q_tok, s_q_head, s_k_tok, s_k_head, s_v_tok, s_v_head,
+    s_a_tok, s_b_tok, s_o_tok, s_o_head,
+    s_state_slot, s_idx_seq, s_idx_tok,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
+    ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
+):
+    i_nh = tl.program_id(0)
+    i_v = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        n_tok = eos - bos
+    else:
+        bos = i_n.to(tl.int64) * T
+        n_tok = T
+    if n_tok <= 0:
+        return
+
+    p_idx = indices + i_n.to(tl.int64) * s_idx_seq
+    if IS_SPEC:
+        i0 = tl.maximum(tl.load(num_accepted + i_n).to(tl.int64) - 1, 0)
+        slot0 = tl.load(p_idx + i0 * s_idx_tok).to(tl.int64)
+    else:
+        slot0 = tl.load(p_idx).to(tl.int64)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    p_o = o + bos * s_o_tok + i_hv * s_o_head + o_v
+
+    if slot0 <= 0:
+        if ZERO_PADDED_OUT:
+            zero = tl.zeros([BV], dtype=tl.float32).to(o.dtype.element_ty)
+            for t in range(n_tok):
+                tl.store(p_o + t * s_o_tok, zero, mask=mask_v)
+        return
+
+    tile = i_hv * (V * K) + o_v[:, None] * K + o_k[None, :]
+    if BK == K and BV * (V // BV) == V:
+        b_h = tl.load(state + slot0 * s_state_slot + tile).to(tl.float32)
+    else:
+        mask_h = mask_v[:, None] & mask_k[None, :]
+        b_h = tl.load(state + slot0 * s_state_slot + tile, mask=mask_h, other=0).to(tl.float32)
+
+    neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+
+    p_q = q + bos * s_q_tok + i_h * s_q_head + o_k
+    if PACKED:  # one [tokens, 2 H K + HV V] tensor: q | k | v
+        p_k = q + bos * s_q_tok + H * K + i_h * K + o_k
+        p_v = q + bos * s_q_tok + 2 * H * K + i_hv * V + o_v
+    else:
+        p_k = k + bos * s_k_tok + i_h * s_k_head + o_k
+        p_v = v + bos * s_v_tok + i_hv * s_v_head + o_v
+    p_a = a + bos * s_a_tok + i_hv
+    p_b = b + bos * s_b_tok + i_hv
+
+    for t in range(n_tok):
+        b_q = tl.load(p_q + t * s_q_tok, mask=mask_k, other=0).to(tl.float32)
+        if PACKED:
+            b_k = tl.load(p_k + t * s_q_tok, mask=mask_k, other=0).to(tl.float32)
+            b_v = tl.load(p_v + t * s_q_tok, mask=mask_v, other=0).to(tl.float32)
+        else:
+            b_k = tl.load(p_k + t * s_k_tok, mask=mask_k, other=0).to(tl.float32)
+            b_v = tl.load(p_v + t * s_v_tok, mask=mask_v, other=0).to(tl.float32)
+        x = tl.load(p_a + t * s_a_tok).to(tl.float32) + b_dt
+        bb = tl.load(p_b + t * s_b_tok).to(tl.float32)
+
+        bx = sp_beta * x
+        sp = tl.where(bx <= sp_threshold, tl.log(1.0 + tl.exp(bx)) / sp_beta, x)
+        decay = tl.exp(neg_A * sp)
+        beta = tl.sigmoid(bb)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        kq = tl.sum(b_k * b_q)
+
+        hk = tl.sum(b_h * b_k[None, :], 1) * decay
+        hq = tl.sum(b_h * b_q[None, :], 1) * decay
+        u = (b_v - hk) * beta
+        b_o = hq + u * kq
+        b_h = b_h * decay + u[:, None] * b_k[None, :]
+        tl.store(p_o + t * s_o_tok, b_o.to(o.dtype.element_ty), mask=mask_v)
+
+        slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
+        if slot_t > 0:
+            p_ht = state + slot_t * s_state_slot + tile
+            if BK == K and BV * (V // BV) == V:
+                tl.store(p_ht, b_h.to(state.dtype.element_ty))
+            else:
+                tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """Launch shape: value rows per program and warps per program."""
+
+    block_v: int
+    num_warps: int
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> StepConfig:
+    """BV and warps from the number of (sequence, value head) tiles.
+
+    Few tiles: small BV, so that N * HV * V / BV programs cover the
+    multiprocessors several times over; many tiles: BV = 32 x 4 warps (32
+    state values per thread at K = 128).
+    """
+    tiles = n_seqs * hv
+    sms = _sm_count(device)
+    vp = triton.next_power_of_2(v)
+    kp = triton.next_power_of_2(k)
+    if tiles >= 4 * sms:
+        bv, warps = 32, 4
+    elif tiles >= sms:
+        bv, warps = 16, 4
+    else:
+        bv, warps = 8, 2
+    bv = min(bv, vp)
+    # keep per-thread state at <= 64 values for wide K
+    while bv > 1 and bv * kp > 64 * 32 * warps and warps < 8:
+        warps *= 2
+    return StepConfig(bv, warps)
+
+
+def gdn_step(
+    q: torch.Tensor,          # [tokens, H, K] (any token / head strides, last dim contiguous)
+    k: torch.Tensor | None,   # [tokens, H, K]; None: ``q`` is vLLM's packed [tokens, 2 H K + HV V]
+    v: torch.Tensor | None,   # [tokens, HV, V]; None with k
+    a: torch.Tensor,          # [tokens, HV] (last dim contiguous)
+    b: torch.Tensor,          # [tokens, HV]
+    A_log: torch.Tensor,      # [HV] contiguous
+    dt_bias: torch.Tensor,    # [HV] contiguous
+    state: torch.Tensor,      # [slots, HV, V, K], rows contiguous, any slot stride
+    ssm_state_indices: torch.Tensor,  # [N] or [N, T_max]
+    out: torch.Tensor,        # [tokens, HV, V] (last dim contiguous)
+    *,
+    scale: float,
+    n_seqs: int,
+    tokens_per_seq: int = 1,  # T when cu_seqlens is None
+    cu_seqlens: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    l2norm: bool = True,
+    sp_beta: float = 1.0,
+    sp_threshold: float = 20.0,
+    zero_padded_out: bool = True,
+    idx_tok_stride: int | None = None,
+    config: StepConfig | None = None,
+) -> torch.Tensor:
+    """Launch the fused step; returns ``out``. No argument checks: see ``vllm_entry``.
+
+    Packed (``k is None``): ``q`` is [tokens, 2 H K + HV V] with its last dim
+    contiguous; H, K, HV, V come from ``state`` and the packed width.
+    """
+    HV, V, K = state.shape[1], state.shape[2], state.shape[3]
+    packed = k is None
+    if packed:
+        H = (q.shape[1] - HV * V) // (2 * K)
+        sq = (q.stride(0), K)
+        sk = sv = sq
+    else:
+        H = k.shape[1]
+        sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
+    if n_seqs == 0:
+        return out
+    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
+    BK = triton.next_power_of_2(K)
+    BV = min(cfg.block_v, triton.next_power_of_2(V))
+    idx = ssm_state_indices
+    s_idx_seq = idx.stride(0)
+    if idx_tok_stride is None:
+        idx_tok_stride = idx.stride(1) if idx.dim() == 2 else 1
+    grid = (n_seqs * HV, triton.cdiv(V, BV))
+    _gdn_step_kernel[grid](
+        q, q if packed else k, q if packed else v, a, b, A_log, dt_bias, out, state, idx,
+        num_accepted_tokens if num_accepted_tokens is not None else idx,
+        cu_seqlens if cu_seqlens is not None else idx,
+        float(scale), float(sp_beta), float(sp_threshold), int(tokens_per_seq),
+        sq[0], sq[1], sk[0], sk[1], sv[0], sv[1],
+        a.stride(0), b.stride(0), out.stride(0), out.stride(1),
+        state.stride(0), s_idx_seq, idx_tok_stride,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        IS_VARLEN=cu_seqlens is not None, IS_SPEC=num_accepted_tokens is not None,
+        L2NORM=bool(l2norm), ZERO_PADDED_OUT=bool(zero_padded_out), PACKED=packed,
+        num_warps=cfg.num_warps, num_stages=1,
+    )
+    return out

@@ -1,0 +1,209 @@
+"""Drop-ins for vLLM 0.32.0's two GDN decode kernels, on sndr's fused step.
+
+* :func:`try_packed_decode` takes the arguments of
+  ``fused_recurrent_gated_delta_rule_packed_decode`` (plain decode, one token
+  per sequence, q/k/v packed in ``mixed_qkv``);
+* :func:`try_sigmoid_gating_update` takes those of
+  ``fused_sigmoid_gating_delta_rule_update`` (spec verify with per-token
+  snapshots and ``num_accepted_tokens``; also vLLM's non-packed decode).
+
+Each returns vLLM's result (same tensors, same in-place state writes) when
+sndr's kernel takes the call, and ``None`` when it does not (another state
+dtype, ROCm, no Triton, a CPU tensor outside the interpreter, KDA gating,
+``inplace_final_state=False``, ...): the caller then runs vLLM's own function.
+The first refusal of each kind is logged once. Patch PK0003
+(``sndr.runtime_patches.gdn``) installs wrappers that do exactly that.
+
+Differences from vLLM, all outside what vLLM's callers read: output rows of a
+padded sequence (state slot <= 0) are zeros where vLLM's spec path leaves
+``torch.empty`` memory; ``num_accepted_tokens`` below 1 is read as 1 (vLLM
+would read the column before the row). Like vLLM, column ``t`` of a 2-D
+index tensor is read at ``row + t``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+LOG = logging.getLogger("sndr.kernels")
+_LOGGED: set[str] = set()
+_STATE_DTYPES = (torch.float32, torch.bfloat16)
+_IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CAPABLE: dict[int, bool] = {}
+_K = {"kernels": None}
+
+
+def _refuse(fn: str, why: str) -> None:
+    key = f"{fn}:{why}"
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        LOG.warning("sndr PK0003: %s falls through to vLLM's own kernel: %s (logged once)", fn, why)
+    return None
+
+
+def _kernels():
+    if _K["kernels"] is None:
+        from . import kernels  # imports triton
+
+        _K["kernels"] = kernels
+    return _K["kernels"]
+
+
+def _device_ok(t: torch.Tensor) -> str | None:
+    """None when sndr's Triton kernel can run on ``t``'s device, else why not."""
+    if t.device.type != "cuda":
+        try:
+            return None if _kernels().interpreting() else f"{t.device.type} tensors"
+        except ImportError:
+            return "triton is not importable"
+    if torch.version.hip is not None:
+        return "ROCm"
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    ok = _CAPABLE.get(idx)
+    if ok is None:
+        try:
+            _kernels()
+            ok = torch.cuda.get_device_capability(idx) >= (8, 0)
+        except ImportError:
+            ok = False
+        _CAPABLE[idx] = ok
+    return None if ok else "needs triton and an sm_80+ GPU"
+
+
+def _state_ok(s: torch.Tensor) -> str | None:
+    if s is None:
+        return "no initial_state"
+    if s.dtype not in _STATE_DTYPES:
+        return f"state dtype {s.dtype} (takes float32, bfloat16)"
+    if s.dim() != 4:
+        return f"state of {s.dim()} dims"
+    hv, v, k = s.shape[1], s.shape[2], s.shape[3]
+    if s.stride(3) != 1 or s.stride(2) != k or s.stride(1) != v * k:
+        return "state rows [HV, V, K] not contiguous"
+    if k > 256 or v > 1024 or hv == 0:
+        return f"K={k}, V={v} (takes K <= 256, V <= 1024)"
+    return None
+
+
+def try_packed_decode(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool = False,
+):
+    """``fused_recurrent_gated_delta_rule_packed_decode`` on sndr's kernel, or None."""
+    fn = "fused_recurrent_gated_delta_rule_packed_decode"
+    why = _state_ok(initial_state) or _device_ok(mixed_qkv)
+    if why:
+        return _refuse(fn, why)
+    hv, vd, kd = initial_state.shape[1], initial_state.shape[2], initial_state.shape[3]
+    if (mixed_qkv.dim() != 2 or mixed_qkv.stride(1) != 1 or a.dim() != 2 or b.dim() != 2
+            or a.stride(1) != 1 or b.stride(1) != 1 or ssm_state_indices.dim() != 1
+            or A_log.dim() != 1 or dt_bias.dim() != 1 or A_log.stride(0) != 1 or dt_bias.stride(0) != 1):
+        return _refuse(fn, "argument layout vLLM rejects")  # vLLM raises its own error
+    n = mixed_qkv.shape[0]
+    qk = mixed_qkv.shape[1] - hv * vd
+    h = qk // (2 * kd) if qk > 0 else 0
+    if (h <= 0 or qk != 2 * h * kd or hv % h or a.shape != (n, hv) or b.shape != (n, hv)
+            or ssm_state_indices.shape[0] != n or A_log.shape[0] != hv or dt_bias.shape[0] != hv
+            or tuple(out.shape) != (n, 1, hv, vd) or not out.is_contiguous()):
+        return _refuse(fn, "argument shapes vLLM rejects")
+    if mixed_qkv.dtype not in _IO_DTYPES or out.dtype not in _IO_DTYPES:
+        return _refuse(fn, f"dtype {mixed_qkv.dtype} / {out.dtype}")
+    _kernels().gdn_step(
+        mixed_qkv, None, None, a, b, A_log, dt_bias, initial_state, ssm_state_indices,
+        out.view(n, hv, vd),
+        scale=scale, n_seqs=n, tokens_per_seq=1, l2norm=use_qk_l2norm_in_kernel,
+    )
+    return out, initial_state
+
+
+def try_sigmoid_gating_update(
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: float = 1.0,
+    threshold: float = 20.0,
+    scale: float = None,
+    initial_state: torch.Tensor = None,
+    inplace_final_state: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    ssm_state_indices: torch.Tensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    is_kda: bool = False,
+):
+    """``fused_sigmoid_gating_delta_rule_update`` on sndr's kernel, or None."""
+    fn = "fused_sigmoid_gating_delta_rule_update"
+    if is_kda:
+        return _refuse(fn, "KDA gating")
+    if not inplace_final_state:
+        return _refuse(fn, "inplace_final_state=False")
+    if ssm_state_indices is None:
+        return _refuse(fn, "no ssm_state_indices")
+    why = _state_ok(initial_state) or _device_ok(q)
+    if why:
+        return _refuse(fn, why)
+    if k.dim() != 4 or q.shape != k.shape or v.dim() != 4 or v.shape[:2] != k.shape[:2]:
+        return _refuse(fn, "q/k/v shapes")
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    if (HV, V, K) != tuple(initial_state.shape[1:]) or H == 0 or HV % H:
+        return _refuse(fn, "head shapes do not match the state")
+    if cu_seqlens is not None and B != 1:
+        return _refuse(fn, "cu_seqlens with batch > 1")  # vLLM raises
+    if scale is None:
+        scale = K**-0.5
+    elif not scale > 0:
+        return _refuse(fn, "scale <= 0")  # vLLM asserts
+    if q.dtype not in _IO_DTYPES or v.dtype not in _IO_DTYPES:
+        return _refuse(fn, f"dtype {q.dtype}")
+    if ssm_state_indices.dim() not in (1, 2) or A_log.dim() != 1 or dt_bias.dim() != 1:
+        return _refuse(fn, "index / parameter shapes")
+    if a.numel() != B * T * HV or b.numel() != B * T * HV or A_log.numel() != HV or dt_bias.numel() != HV:
+        return _refuse(fn, "a/b/A_log/dt_bias sizes")
+    if A_log.stride(0) != 1 or dt_bias.stride(0) != 1:
+        return _refuse(fn, "A_log/dt_bias not contiguous")
+    tokens = B * T
+    q3 = q.reshape(tokens, H, K)
+    k3 = k.reshape(tokens, H, K)
+    v3 = v.reshape(tokens, HV, V)
+    if q3.stride(2) != 1:
+        q3 = q3.contiguous()
+    if k3.stride(2) != 1:
+        k3 = k3.contiguous()
+    if v3.stride(2) != 1:
+        v3 = v3.contiguous()
+    a2 = a.reshape(tokens, HV)
+    b2 = b.reshape(tokens, HV)
+    if a2.stride(1) != 1:
+        a2 = a2.contiguous()
+    if b2.stride(1) != 1:
+        b2 = b2.contiguous()
+    o = q.new_empty(B, T, HV, V)
+    if cu_seqlens is not None:
+        n_seqs, t_fixed = cu_seqlens.shape[0] - 1, 0
+    else:
+        n_seqs, t_fixed = B, T
+    # vLLM addresses column t of the index row as ``row + t`` (token stride 1)
+    idx_tok = 1
+    _kernels().gdn_step(
+        q3, k3, v3, a2, b2, A_log, dt_bias, initial_state, ssm_state_indices,
+        o.view(tokens, HV, V),
+        scale=scale, n_seqs=n_seqs, tokens_per_seq=t_fixed, cu_seqlens=cu_seqlens,
+        num_accepted_tokens=num_accepted_tokens, l2norm=use_qk_l2norm_in_kernel,
+        sp_beta=beta, sp_threshold=threshold, idx_tok_stride=idx_tok,
+    )
+    return o, initial_state
