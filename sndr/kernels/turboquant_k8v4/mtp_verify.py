@@ -1,0 +1,393 @@
+"""Speculative-verify (multi-query) decode on the TurboQuant k8v4 cache.
+
+A verify step of MTP / draft-model speculative decoding is a uniform batch of
+``QL = K + 1`` query tokens per request; token ``t`` of a request sees the
+first ``seq_len - K + t`` cached tokens. vLLM 0.32.0 runs it as ``QL`` single
+rows per request through its decode kernel, reading the request's KV ``QL``
+times. :func:`verify_attention` reads it once:
+
+* CUDA (sm_90, the cache rows TMA can copy): ``verify_k8v4.cu``, compiled by
+  NVRTC together with ``decode_k8v4.cu`` (whose page-kernel ring, fragment
+  loaders and merge it reuses). A block per (request, split, row chunk), a
+  warp per KV head; the ``QL * G`` query rows of a KV head are the n dimension
+  of the score MMA (16 rows per warp, more rows: more chunks, whose tiles then
+  come from L2). Split-KV, then ``decode_k8v4.cu``'s merge.
+* otherwise: ``B * QL`` synthetic single-token rows through PK0001's
+  :func:`kernels.decode_attention` (CUDA or Triton; Triton's interpreter on the
+  CPU), with lengths ``seq_len - K + t`` built on the device.
+
+Both are fixed-grid, host-sync-free and CUDA-graph capturable: the split count
+depends on the batch shape only, lengths are read on the device. A shape seen
+first inside a capture records the synthetic path (building means NVRTC and
+module loading); :func:`prepare` builds ahead from shapes alone, which the
+vLLM routing of patch PK0002 does when the metadata builder is created.
+
+``SNDR_TQ_BACKEND`` (``auto``, ``cuda``, ``triton``) is PK0001's switch:
+``triton`` never uses the CUDA verify kernel, ``cuda`` raises where it cannot
+run instead of falling back.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ... import env as sndr_env
+from . import _cudart
+from ._layout import Layout
+
+DECODE_SOURCE = Path(__file__).with_name("decode_k8v4.cu")
+SOURCE_PATH = Path(__file__).with_name("verify_k8v4.cu")
+KERNEL = "tq_k8v4_verify_page"
+MERGE = "tq_k8v4_merge"
+TILE = 16
+MAX_SPLITS = 128  # the merge kernel's limit
+MAX_QL = 16
+LOG2E = 1.4426950408889634
+LOG = logging.getLogger("sndr.kernels")
+
+__all__ = ["VerifyConfig", "verify_attention", "prepare", "reference", "synthetic_rows", "unsupported",
+           "num_splits", "row_chunks", "defines", "source"]
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    stages: int = 3  # TMA ring depth (16-token tiles of all heads)
+    min_blocks: int = 2  # blocks of 8 warps per SM asked of the register allocator (halved at > 8 rows)
+    tau: float = 8.0  # lazy-rescale slack, log2 units
+    min_split_tokens: int = 32  # a request gets at most one split per this many tokens
+    waves: int = 1  # the split count aims at this many full waves of blocks
+    max_splits: int = 128  # may exceed the caller's cap
+
+
+DEFAULT = VerifyConfig()
+_SOURCE: list[str] = []
+_PLANS: dict[tuple, tuple] = {}
+_BROKEN: dict[int, str] = {}
+_CAP: dict[int, tuple[int, int]] = {}
+_SMS: dict[int, int] = {}
+
+
+def source() -> str:
+    """decode_k8v4.cu then verify_k8v4.cu (with a #line so errors name the right file)."""
+    if not _SOURCE:
+        _SOURCE.append(DECODE_SOURCE.read_text() + '\n#line 1 "verify_k8v4.cu"\n' + SOURCE_PATH.read_text())
+    return _SOURCE[0]
+
+
+def backend_choice() -> str:
+    v = os.environ.get(sndr_env.TQ_BACKEND, "auto").strip().lower() or "auto"
+    if v not in ("auto", "cuda", "triton"):
+        raise ValueError(f"SNDR_TQ_BACKEND={v!r}: expected auto, cuda or triton")
+    return v
+
+
+def row_chunks(ql: int, g: int) -> tuple[int, int]:
+    """(rows per warp, chunks): QL * G query rows per KV head in warps of at most 16 rows."""
+    rows = ql * g
+    rc = min(rows, 16)
+    return rc, -(-rows // rc)
+
+
+def row_pitch(sp: int) -> tuple[int, int]:
+    """(ROWP, ROWCOPY): as the page kernel (cuda_decode.row_pitch), rows padded to 4 or 12 words mod 16."""
+    if sp % 16:
+        return sp, 0
+    p = sp
+    while p % 16 or (p // 4) % 16 not in (4, 12):
+        p += 4
+    return p, 1
+
+
+def smem_bytes(cfg: VerifyConfig, sp: int) -> int:
+    return cfg.stages * 16 * row_pitch(sp)[0] + 16 * cfg.stages
+
+
+def min_blocks(cfg: VerifyConfig, hk: int, rc: int, d: int) -> int:
+    n = max(1, (cfg.min_blocks * 8) // hk)
+    if d > 128:
+        n = max(1, n // 2)
+    return n if rc <= 8 else max(1, n // 2)
+
+
+def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
+            cfg: VerifyConfig = DEFAULT) -> dict[str, int | str]:
+    g = hq // hk
+    rc, nch = row_chunks(ql, g)
+    rowp, rowcopy = row_pitch(sp)
+    return {
+        "D": d, "SP": sp, "PAGE": page, "G": rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
+        "MINB": min_blocks(cfg, hk, rc, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
+        "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
+        "QL": ql, "GQ": g, "RC": rc, "NCH": nch,
+    }
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _capability(idx: int) -> tuple[int, int]:
+    if idx not in _CAP:
+        _CAP[idx] = torch.cuda.get_device_capability(idx)
+    return _CAP[idx]
+
+
+def _sm_count(idx: int) -> int:
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor, num_spec: int) -> str | None:
+    """What in the call the CUDA verify kernel cannot take (None: nothing). No device access."""
+    if query.dim() != 3 or kv_cache.dim() != 4:
+        return "query must be [tokens, Hq, D] and the cache [blocks, page, Hk, slot]"
+    n, hq, d = query.shape
+    hk = kv_cache.shape[2]
+    ql = num_spec + 1
+    if not 1 <= ql <= MAX_QL:
+        return f"{num_spec} speculative tokens (at most {MAX_QL - 1})"
+    if d not in (64, 128, 256):
+        return f"head dim {d} (64, 128 or 256 only)"
+    if hk == 0 or hq % hk or not 1 <= hq // hk <= 16:
+        return f"group size Hq/Hk = {hq}/{hk}"
+    if hk > 16:
+        return f"{hk} KV heads (a block holds one warp per KV head, at most 16)"
+    if kv_cache.shape[3] < Layout(d).slot_size:
+        return f"cache slot {kv_cache.shape[3]} bytes < {Layout(d).slot_size}"
+    if kv_cache.shape[1] % TILE:
+        return f"page size {kv_cache.shape[1]} is not a multiple of {TILE}"
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return f"query dtype {query.dtype}"
+    if query.stride(2) != 1 or query.stride(0) % 2 or query.stride(1) % 2 or query.data_ptr() % 4:
+        return "query rows not 4-byte aligned"
+    if kv_cache.dtype != torch.uint8 or kv_cache.stride(3) != 1:
+        return "cache not uint8 with contiguous slots"
+    st = kv_cache.stride()
+    slot = kv_cache.shape[3]
+    if kv_cache.data_ptr() % 16 or st[0] % 16 or st[2] < slot or st[1] < st[2] * (hk - 1) + slot \
+            or st[2] % 4 or st[1] % 4:
+        return "cache rows not whole, 16-byte aligned token rows (the TMA copies need them)"
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.stride(1) != 1:
+        return "block table not int32 rows"
+    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or not seq_lens.is_contiguous():
+        return "seq_lens not contiguous int32"
+    if n % ql:
+        return f"{n} query tokens is not a multiple of {ql} per request"
+    return None
+
+
+def unsupported(query, kv_cache, block_table, seq_lens, num_spec) -> str | None:
+    """Why the CUDA verify kernel cannot take this call (None: it can)."""
+    if query.device.type != "cuda" or torch.version.hip is not None:
+        return "not a CUDA device"
+    idx = _device_index(query)
+    if idx in _BROKEN:
+        return _BROKEN[idx]
+    if _capability(idx) < (9, 0):
+        return "needs sm_90 (TMA bulk copies); sm_89 uses the synthetic rows"
+    return shape_problem(query, kv_cache, block_table, seq_lens, num_spec)
+
+
+def _key(idx, dtype, hq, hk, d, page, sp, ql, cfg) -> tuple:
+    return (idx, dtype, hq, hk, d, page, sp, ql, cfg)
+
+
+def _build(key) -> tuple:
+    idx, dtype, hq, hk, d, page, sp, ql, cfg = key
+    defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg)
+    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem_bytes(cfg, sp), label="verify_k8v4")
+    merge = k.module.kernel(MERGE)
+    blocks = max(1, k.blocks_per_sm(32 * hk))
+    return k, merge, blocks, defs["NCH"]
+
+
+def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
+            page: int, num_spec: int, row_stride: int | None = None, config: VerifyConfig | None = None) -> bool:
+    """Build and load the verify kernel for a model shape ahead of any call (e.g. before a
+    CUDA-graph capture). ``row_stride``: bytes between token rows of a page (default Hk * slot).
+    Returns False (and logs) where the CUDA kernel cannot serve this shape or failed to build."""
+    idx = device if isinstance(device, int) else (device.index if device.index is not None
+                                                  else torch.cuda.current_device())
+    sp = row_stride if row_stride is not None else num_kv_heads * Layout(head_dim).slot_size_aligned
+    key = _key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, num_spec + 1, config or DEFAULT)
+    if key in _PLANS:
+        return True
+    try:
+        if backend_choice() == "triton" or torch.version.hip is not None or _capability(idx) < (9, 0):
+            return False
+        _PLANS[key] = _build(key)
+        return True
+    except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
+        mark_broken(idx, str(exc).splitlines()[0])
+        return False
+
+
+def mark_broken(idx: int, why: str) -> None:
+    if idx not in _BROKEN:
+        _BROKEN[idx] = why
+        LOG.warning("sndr: TurboQuant CUDA verify kernel disabled on cuda:%d, using synthetic rows: %s", idx, why)
+
+
+@functools.lru_cache(maxsize=4096)
+def num_splits(blocks_wanted: int, blocks_per_sm: int, sms: int, max_splits: int, waves: int = 1) -> int:
+    """Splits per request from the launch shape only (CUDA-graph safe): about ``waves`` full
+    waves of blocks, where ``blocks_wanted`` blocks run per split; capped at ``max_splits``."""
+    slots = blocks_per_sm * sms
+    want = (waves * slots) // max(1, blocks_wanted)
+    if want <= max_splits:
+        return max(1, want)
+    return max(range(1, max_splits + 1),
+               key=lambda s: (blocks_wanted * s / (-(-blocks_wanted * s // slots) * slots), s))
+
+
+def _capturing() -> bool:
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AssertionError):
+        return False
+
+
+_OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def verify_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+    scale: float, num_spec: int, *, out: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+    max_splits: int = MAX_SPLITS, config: VerifyConfig | None = None,
+) -> torch.Tensor:
+    """Attention of ``B * (K + 1)`` query tokens over their requests' k8v4 caches.
+
+    query: [B * (K + 1), Hq, D] fp16/bf16, token-major per request (rows b*(K+1) .. b*(K+1)+K);
+    block_table: [>= B, max_blocks] int32; seq_lens: [>= B] int32, each request's length
+    *including* its K + 1 new tokens. Row t of request b attends to tokens
+    [0, seq_lens[b] - K + t) (none: zeros). Returns ``out`` ([B * (K + 1), Hq, D], query dtype
+    unless ``out`` is given).
+    """
+    if num_spec < 0:
+        raise ValueError(f"num_spec={num_spec} must be >= 0")
+    n, hq, d = query.shape
+    ql = num_spec + 1
+    if n % ql:
+        raise ValueError(f"{n} query tokens is not a multiple of K + 1 = {ql}")
+    b = n // ql
+    if seq_lens.shape[0] < b or block_table.shape[0] < b:
+        raise ValueError(f"{b} requests but {seq_lens.shape[0]} lengths, {block_table.shape[0]} block-table rows")
+    if out is None:
+        out = torch.empty(n, hq, d, dtype=query.dtype, device=query.device)
+    if n == 0:
+        return out
+    choice = backend_choice()
+    if choice != "triton":
+        why = unsupported(query, kv_cache, block_table, seq_lens, num_spec)
+        if why is None and out.stride(2) == 1 and out.stride(0) == hq * out.stride(1) and out.dtype in _OUT_KIND:
+            idx = _device_index(query)
+            key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1), ql,
+                       config or DEFAULT)
+            if key not in _PLANS and _capturing():
+                if choice == "cuda":
+                    raise RuntimeError("SNDR_TQ_BACKEND=cuda: first verify call of this shape inside a CUDA-graph "
+                                       "capture; call mtp_verify.prepare() or run it once eagerly first")
+            else:
+                try:
+                    if key not in _PLANS:
+                        _PLANS[key] = _build(key)
+                    _launch(_PLANS[key], key[-1], query, kv_cache, block_table, seq_lens, scale, out, workspace,
+                            b, max_splits)
+                    return out
+                except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
+                    if choice == "cuda":
+                        raise
+                    mark_broken(idx, str(exc).splitlines()[0])
+        elif choice == "cuda":
+            raise ValueError(f"SNDR_TQ_BACKEND=cuda: verify kernel cannot take the call: "
+                             f"{why or 'output not [tokens, Hq, D] contiguous rows'}")
+    return synthetic_rows(query, kv_cache, block_table, seq_lens, scale, num_spec, out=out, max_splits=max_splits)
+
+
+def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, workspace, b, max_splits) -> None:
+    k, merge, blocks_per_sm, nch = plan
+    n, hq, d = query.shape
+    hk = kv_cache.shape[2]
+    ql = n // b
+    idx = _device_index(query)
+    splits = num_splits(b * nch, blocks_per_sm, _sm_count(idx), min(MAX_SPLITS, max(max_splits, cfg.max_splits)),
+                        cfg.waves)
+    min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
+    rows = n * hq
+    need = rows * splits * (d + 1)
+    if workspace is None or workspace.numel() < need or workspace.dtype != torch.float32 \
+            or not workspace.is_contiguous() or workspace.data_ptr() % 16:
+        workspace = torch.empty(need, dtype=torch.float32, device=query.device)
+    flat = workspace.view(-1)
+    mid_o = flat[: rows * splits * d]
+    mid_l = flat[rows * splits * d: need]
+    stream = torch.cuda.current_stream(query.device).cuda_stream
+    args = [
+        C.c_void_p(query.data_ptr()), C.c_void_p(kv_cache.data_ptr()), C.c_void_p(block_table.data_ptr()),
+        C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
+        C.c_float(scale * LOG2E), C.c_int(b), C.c_int(splits), C.c_int(min_tiles),
+        C.c_longlong(query.stride(0)), C.c_longlong(query.stride(1)), C.c_longlong(block_table.stride(0)),
+        C.c_longlong(kv_cache.stride(0)), C.c_longlong(kv_cache.stride(2)),
+    ]
+    margs = [
+        C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()), C.c_void_p(seq_lens.data_ptr()),
+        C.c_void_p(out.data_ptr()), C.c_void_p(0), C.c_int(ql * hq), C.c_int(splits), C.c_int(min_tiles),
+        C.c_longlong(ql * out.stride(0)), C.c_longlong(out.stride(1)), C.c_longlong(0),
+        C.c_int(_OUT_KIND[out.dtype]), C.c_int(0),
+    ]
+    if idx != torch.cuda.current_device():
+        with torch.cuda.device(idx):
+            k.launch(b * splits * nch, 32 * hk, stream, args)
+            merge.launch(b * ql * hq, 256, stream, margs)
+        return
+    k.launch(b * splits * nch, 32 * hk, stream, args)
+    merge.launch(b * ql * hq, 256, stream, margs)
+
+
+def synthetic_lengths(seq_lens: torch.Tensor, b: int, num_spec: int) -> torch.Tensor:
+    """[B * (K + 1)] int32: seq_len - K + t per row, clamped at 0 (device ops only)."""
+    ql = num_spec + 1
+    t = torch.arange(ql, device=seq_lens.device, dtype=torch.int32)
+    return (seq_lens[:b, None].to(torch.int32) - num_spec + t).clamp_min(0).reshape(-1)
+
+
+def synthetic_rows(query, kv_cache, block_table, seq_lens, scale, num_spec, *, out=None,
+                   max_splits: int = 64) -> torch.Tensor:
+    """The same result as B * (K + 1) single-token decodes through PK0001's decode_attention
+    (CUDA page/warp kernel or Triton): every request's KV is read K + 1 times."""
+    from . import kernels
+
+    n = query.shape[0]
+    ql = num_spec + 1
+    b = n // ql
+    sl = synthetic_lengths(seq_lens, b, num_spec)
+    bt = block_table[:b].repeat_interleave(ql, dim=0)
+    return kernels.decode_attention(query, kv_cache, bt, sl, scale, out=out, max_splits=max_splits)
+
+
+def reference(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+              scale: float, num_spec: int) -> torch.Tensor:
+    """float64 reference on the CPU: K + 1 separate decode calls, call t with lengths seq_len - K + t."""
+    from . import reference as ref
+
+    n, hq, d = query.shape
+    ql = num_spec + 1
+    b = n // ql
+    q = query.cpu().view(b, ql, hq, d)
+    bt = block_table[:b].cpu()
+    sl = seq_lens[:b].cpu().long()
+    out = torch.zeros(b, ql, hq, d, dtype=torch.float64)
+    for t in range(ql):
+        lens = (sl - num_spec + t).clamp_min(0).to(torch.int32)
+        out[:, t] = ref.decode(q[:, t], kv_cache.cpu(), bt, lens, scale)
+    return out.view(n, hq, d)

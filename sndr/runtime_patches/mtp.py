@@ -1,0 +1,193 @@
+"""PK0002: uniform speculative-verify batches of the TurboQuant backend as decodes.
+
+vLLM 0.32.0's ``TurboQuantMetadataBuilder`` keeps ``reorder_batch_threshold``
+at 1 (``supports_spec_as_decode=False``), so a verify step of MTP / draft
+speculative decoding (``K + 1`` query tokens per request) is a "prefill":
+``TurboQuantAttentionImpl._prefill_attention`` loops over the requests on the
+host and runs vLLM's decode kernel on ``K + 1`` synthetic rows per request.
+
+Two wrappers (``wrap = true``, installed by sndr's runtime patcher):
+
+* :func:`wrap_build` (``TurboQuantMetadataBuilder.build``): after vLLM's own
+  build, a batch in which every request has exactly ``K + 1`` query tokens
+  (padding requests of a CUDA graph: 0), none of them still prefilling its
+  prompt, is re-labelled a decode batch (``is_prefill = False``, all requests
+  decodes) and marked with ``sndr_verify_len = K + 1``. Only CPU tensors are
+  read (``query_start_loc_cpu``, ``is_prefilling``): no device sync. Every
+  other batch is returned exactly as vLLM built it. The batch order is
+  vLLM's: the reorder threshold stays 1.
+* :func:`wrap_forward` (``TurboQuantAttentionImpl.forward``): a marked batch
+  runs :func:`sndr.kernels.turboquant_k8v4.mtp_verify.verify_attention` (one
+  KV read per request, fixed grid, no host sync: vLLM captures it in its FULL
+  decode graphs, which it already keys on uniform ``K + 1`` batches because
+  the builder declares ``AttentionCGSupport.UNIFORM_BATCH``). Unmarked
+  batches call vLLM's forward unchanged.
+
+Where it applies (else both wrappers are pass-throughs): a speculative config
+with ``1 <= num_speculative_tokens <= 15`` (any method: the verify attention
+does not depend on how drafts were made; methods with variable draft lengths
+simply produce non-uniform batches, which stay on vLLM's path),
+``--kv-cache-dtype turboquant_k8v4``, a CUDA device of sm_89+ (sm_90 runs the
+verify kernel, sm_89 PK0001's decode on synthetic rows), no decode context
+parallelism, and an implementation using the AoS cache layout (not FlyDSL's
+SoA store, which is ROCm-only).
+
+Nothing here imports torch or vLLM at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable
+
+from . import wraps_original
+
+MARK = "sndr_verify_len"
+_STATE = "_sndr_pk0002_ql"
+LOG = logging.getLogger("sndr.kernels")
+MAX_QL = 16
+
+
+def verify_len(builder) -> int:
+    """K + 1 where this builder's batches may be routed, else 0 (computed once per builder)."""
+    ql = builder.__dict__.get(_STATE)
+    if ql is None:
+        try:
+            ql = _applicable(builder)
+        except Exception as exc:  # noqa: BLE001 - a config we cannot read is a config we do not route
+            LOG.warning("sndr PK0002: not routing verify batches (%s: %s)", type(exc).__name__, exc)
+            ql = 0
+        builder.__dict__[_STATE] = ql
+    return ql
+
+
+def _applicable(builder) -> int:
+    cfg = builder.vllm_config
+    spec = getattr(cfg, "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None) if spec is not None else None
+    if not k or not 1 <= int(k) <= MAX_QL - 1:
+        return 0
+    if str(getattr(cfg.cache_config, "cache_dtype", "")) != "turboquant_k8v4":
+        return 0
+    par = cfg.parallel_config
+    if getattr(par, "decode_context_parallel_size", 1) > 1 or getattr(par, "prefill_context_parallel_size", 1) > 1:
+        return 0
+    import torch
+
+    device = torch.device(builder.device)
+    if device.type != "cuda" or torch.version.hip is not None:
+        return 0
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(idx) < (8, 9):
+        return 0
+    _prepare(builder, cfg, int(k), idx)
+    return int(k) + 1
+
+
+def _prepare(builder, cfg, k: int, idx: int) -> None:
+    """Build the verify kernel now, outside any CUDA-graph capture (best effort)."""
+    try:
+        from ..kernels.turboquant_k8v4 import mtp_verify
+
+        mc = cfg.model_config
+        spec = builder.kv_cache_spec
+        mtp_verify.prepare(idx, mc.dtype, mc.get_num_attention_heads(cfg.parallel_config), spec.num_kv_heads,
+                           mc.get_head_size(), spec.block_size, k)
+    except Exception as exc:  # noqa: BLE001 - the first eager call builds it instead
+        LOG.info("sndr PK0002: verify kernel not prebuilt (%s: %s)", type(exc).__name__, exc)
+
+
+def uniform_verify(cam, ql: int) -> bool:
+    """Every request has ``ql`` query tokens (CUDA-graph padding requests: 0) and none is prefilling."""
+    if cam.max_query_len != ql or cam.num_actual_tokens <= 0 or cam.num_actual_tokens % ql:
+        return False
+    qsl = cam.query_start_loc_cpu
+    if qsl is None:
+        return False
+    lens = qsl[1: cam.num_reqs + 1] - qsl[: cam.num_reqs]
+    if not bool(((lens == ql) | (lens == 0)).all()):
+        return False
+    if int((lens == ql).sum()) * ql != cam.num_actual_tokens:
+        return False
+    # padding rows sit at the end of the batch (a later real request would be misplaced)
+    nz = int((lens != 0).sum())
+    if nz and bool((lens[:nz] == 0).any()):
+        return False
+    pre = getattr(cam, "is_prefilling", None)
+    if pre is not None and bool(pre[: cam.num_reqs].any()):
+        return False
+    return True
+
+
+def wrap_build(original: Callable) -> Callable:
+    """Wrapper factory for ``TurboQuantMetadataBuilder.build``."""
+
+    @wraps_original(original)
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        md = original(self, common_prefix_len, common_attn_metadata, fast_build)
+        ql = verify_len(self)
+        if ql > 1 and md.is_prefill and uniform_verify(common_attn_metadata, ql):
+            md.is_prefill = False
+            md.num_decodes = common_attn_metadata.num_reqs
+            md.num_decode_tokens = common_attn_metadata.num_actual_tokens
+            setattr(md, MARK, ql)
+        return md
+
+    return build
+
+
+def _upstream_metadata(md):
+    """The metadata vLLM's own build produced for a batch this patch marked."""
+    out = dataclasses.replace(md, is_prefill=True, num_decodes=0, num_decode_tokens=0)
+    out.__dict__.pop(MARK, None)
+    return out
+
+
+def wrap_forward(original: Callable) -> Callable:
+    """Wrapper factory for ``TurboQuantAttentionImpl.forward``."""
+
+    @wraps_original(original)
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, output_scale=None,
+                output_block_scale=None):
+        ql = getattr(attn_metadata, MARK, 0) if attn_metadata is not None else 0
+        if not ql:
+            return original(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                            output_block_scale)
+        cfg = self.tq_config
+        if (getattr(self, "_soa_store", False) or not cfg.key_fp8 or cfg.effective_value_quant_bits != 4
+                or output_scale is not None or output_block_scale is not None):
+            return original(self, layer, query, key, value, kv_cache, _upstream_metadata(attn_metadata), output,
+                            output_scale, output_block_scale)
+        return verify_forward(self, query, kv_cache, attn_metadata, output, ql)
+
+    return forward
+
+
+def verify_forward(impl, query, kv_cache, md, output, ql: int):
+    """The decode branch of vLLM's forward for a marked verify batch."""
+    import torch
+
+    from ..kernels.turboquant_k8v4 import mtp_verify
+
+    num_tokens = query.shape[0]
+    hq, d = impl.num_heads, impl.head_size
+    if output is None:
+        output = torch.zeros(num_tokens, hq * d, dtype=query.dtype, device=query.device)
+    n = md.num_actual_tokens
+    if n <= 0:
+        return output.fill_(0)
+    kv = kv_cache.transpose(1, 2)  # (B, H, N, C) -> (B, N, H, C), as vLLM's forward
+    q = query[:n].view(n, hq, d)
+    b = n // ql
+    direct = None
+    if output.dtype == q.dtype and output.is_contiguous() and output.numel() >= n * hq * d:
+        direct = output.view(-1)[: n * hq * d].view(n, hq, d)
+    out = mtp_verify.verify_attention(q, kv, md.block_table[:b], md.seq_lens[:b], impl.scale, ql - 1,
+                                      out=direct, max_splits=max(32, int(getattr(impl, "max_num_kv_splits", 32))))
+    if direct is None:
+        if output.ndim == 3:
+            output[:n] = out.to(output.dtype)
+        else:
+            output[:n] = out.reshape(n, -1).to(output.dtype)
+    return output
