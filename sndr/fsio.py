@@ -14,17 +14,23 @@ text file lives here, so the hook and the CLI can never disagree about it.
   and directories are refused without blocking.
 * :func:`read_text_strict` decodes UTF-8 strictly and names the line of the
   first bad byte.
+* :class:`PrivateDir` is a directory that only this uid (or root) can change,
+  reached by a walk from ``/`` with ``O_DIRECTORY | O_NOFOLLOW`` and held open
+  by fd: every later access is relative to that fd, so swapping a directory on
+  the path after the check changes nothing. Its entries can be sealed with an
+  HMAC under a per-directory secret (mode 0600), so a cache entry is trusted
+  only when this uid wrote it for exactly this name.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
+import sys
 
-__all__ = ["FileProblem", "TEMP_MARK", "atomic_write", "create_temp", "fsync_dir", "read_regular",
-           "read_text_strict", "is_temp_name"]
+__all__ = ["FileProblem", "PrivateDir", "TEMP_MARK", "UnsafeDirError", "atomic_write", "create_temp", "fsync_dir",
+           "read_regular", "read_text_strict", "is_temp_name"]
 
 #: Every temp file sndr creates carries this mark in its name (``.<name>.sndr-tmp-<random>``),
 #: so a stale one is recognisable and can be swept under the lock.
@@ -71,7 +77,7 @@ def create_temp(path: str | os.PathLike, mode: int = 0o644, dir_fd: int | None =
     path = os.fspath(path)
     head, name = os.path.split(path)
     for _ in range(16):
-        tmp = os.path.join(head, f".{name}{TEMP_MARK}{secrets.token_hex(6)}")
+        tmp = os.path.join(head, f".{name}{TEMP_MARK}{os.urandom(6).hex()}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode, dir_fd=dir_fd)
         except FileExistsError:
@@ -116,18 +122,25 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int | None = None, 
             fsync_dir(os.path.dirname(os.path.abspath(path)) or ".")
 
 
-def read_regular(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file") -> bytes:
+def read_regular(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file", *,
+                 dir_fd: int | None = None, follow_symlinks: bool = True) -> bytes:
     """The bytes of a regular file, refusing FIFOs, devices and directories without blocking.
 
     Raises :class:`FileProblem` with code ``not_found``, ``not_regular``,
-    ``file_too_large`` or ``unreadable``.
+    ``file_too_large``, ``symlink_refused`` (with ``follow_symlinks=False``) or
+    ``unreadable``. With ``dir_fd``, ``path`` is relative to that directory.
     """
     path = os.fspath(path)
+    flags = os.O_RDONLY | _NONBLOCK | _CLOEXEC | (0 if follow_symlinks else _NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise FileProblem("not_found", f"{what} does not exist", path) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise FileProblem("symlink_refused", f"{what} is a symlink, which sndr does not follow", path) from None
+        if exc.errno == errno.ENOTDIR:
+            raise FileProblem("not_found", f"{what} does not exist (a parent is not a directory)", path) from None
         raise FileProblem("unreadable", f"cannot read {what}: {exc.strerror}", path) from None
     try:
         st = os.fstat(fd)
@@ -161,3 +174,241 @@ def decode_strict(raw: bytes, path: str | os.PathLike, what: str = "file") -> st
 def read_text_strict(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file") -> str:
     """A regular file's text as strict UTF-8 (see :func:`read_regular` and :func:`decode_strict`)."""
     return decode_strict(read_regular(path, max_bytes, what), path, what)
+
+
+# ----------------------------------------------------------------------------- private directories
+
+
+class UnsafeDirError(FileProblem):
+    """A directory that another user could change (or a symlink on its path): refused, never trusted."""
+
+    def __init__(self, path: str, why: str):
+        self.why = why
+        super().__init__("state_unsafe", f"refusing it: {why}", path)
+        self.args = (f"refusing {path}: {why}",)
+
+    def __str__(self) -> str:
+        return f"refusing {self.path}: {self.why}"
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+
+
+def _check_ancestor(st: os.stat_result, path: str, uid: int) -> None:
+    """sshd's ``StrictModes`` rule for a directory on the way: owned by root or us, and nobody
+    else can rename its entries (not group/world-writable, unless sticky like ``/tmp``)."""
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirError(path, "it is not a directory")
+    if st.st_uid not in (0, uid):
+        raise UnsafeDirError(path, f"it is owned by uid {st.st_uid}, who could swap the entries under it "
+                                   f"(every directory on the path must be owned by root or uid {uid})")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        kind = "world-writable without the sticky bit" if st.st_mode & 0o002 else "writable by group or others"
+        raise UnsafeDirError(path, f"it is {kind} (mode {oct(st.st_mode & 0o7777)}): another user could swap "
+                                   f"the entries under it")
+
+
+def _kind(name: str, dir_fd: int) -> str:
+    try:
+        return "a symlink" if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode) \
+            else "not a directory"
+    except OSError:
+        return "not a directory"
+
+
+class PrivateDir:
+    """A directory only this uid can change, held open by fd (see the module docstring).
+
+    :meth:`open` walks ``path`` (made absolute, its parent resolved first, so a
+    symlinked ``~/.cache`` works; the directory itself must not be a symlink)
+    from ``/`` with ``O_NOFOLLOW``:
+    every ancestor must be owned by root or this uid and not writable by others
+    unless sticky; the directory itself (created 0700 when missing) must be
+    owned by this uid and not writable by group or others (group/other read
+    bits are dropped quietly). A component swapped for a symlink between the
+    resolve and the walk is refused, never followed.
+    """
+
+    SECRET = ".secret"
+
+    def __init__(self, fd: int, path: str):
+        self.fd = fd
+        self.path = path
+        self._secret: bytes | None = None
+
+    # -- opening -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, what: str = "cache", create: bool = True) -> "PrivateDir":
+        path = os.path.abspath(os.fspath(path))
+        # Symlinks above the directory are resolved (the resolved path is then checked
+        # strictly); the directory itself must not be one.
+        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        uid = os.geteuid()
+        parts = [p for p in path.split(os.sep) if p]
+        fd = os.open("/", _DIR_FLAGS)
+        here = "/"
+        try:
+            _check_ancestor(os.fstat(fd), here, uid)
+            for i, name in enumerate(parts):
+                last = i == len(parts) - 1
+                here = os.path.join(here, name)
+                try:
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(name, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise UnsafeDirError(here, f"the {what} directory or a directory on its path is "
+                                                   f"{_kind(name, fd)}") from None
+                    raise
+                os.close(fd)
+                fd = nfd
+                st = os.fstat(fd)
+                if not last:
+                    _check_ancestor(st, here, uid)
+            if parts:
+                cls._check_own(fd, st, path, uid, what)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, path)
+
+    @staticmethod
+    def _check_own(fd: int, st: os.stat_result, path: str, uid: int, what: str) -> None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeDirError(path, f"the {what} directory is not a directory")
+        if st.st_uid != uid:
+            raise UnsafeDirError(path, f"the {what} directory is owned by uid {st.st_uid}, not by this process "
+                                       f"(uid {uid})")
+        if st.st_mode & 0o022:
+            raise UnsafeDirError(path, f"the {what} directory is writable by group or others "
+                                       f"(mode {oct(st.st_mode & 0o777)}); chmod 700 it or remove it")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o700)  # ours and not writable by others: tighten quietly
+
+    def sub(self, name: str, what: str = "cache") -> "PrivateDir":
+        """The child directory ``name`` (created 0700), with the same checks, through our fd."""
+        full = os.path.join(self.path, name)
+        try:
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafeDirError(full, f"the {what} directory is {_kind(name, self.fd)}") from None
+            raise
+        try:
+            self._check_own(fd, os.fstat(fd), full, os.geteuid(), what)
+        except BaseException:
+            os.close(fd)
+            raise
+        return PrivateDir(fd, full)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self):  # noqa: D105 - caches live as long as the process; be tidy in tests
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- entries ---------------------------------------------------------------
+
+    def read(self, name: str, max_bytes: int | None = None) -> bytes | None:
+        """The bytes of regular file ``name``, or None when it is missing, a symlink or not regular."""
+        try:
+            return read_regular(name, max_bytes, dir_fd=self.fd, follow_symlinks=False)
+        except FileProblem:
+            return None
+
+    def write(self, name: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:
+        atomic_write(name, data, mode, durable=durable, dir_fd=self.fd)
+
+    def exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except OSError:
+            return False
+
+    # -- sealed entries ----------------------------------------------------------
+
+    def secret(self) -> bytes:
+        """32 random bytes in ``.secret`` (0600, ours), created on first use; the HMAC key of this dir."""
+        if self._secret is not None:
+            return self._secret
+        for _ in range(3):
+            try:
+                fd = os.open(self.SECRET, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK, dir_fd=self.fd)
+            except FileNotFoundError:
+                fd = None
+            if fd is not None:
+                try:
+                    st = os.fstat(fd)
+                    data = os.read(fd, 64)
+                finally:
+                    os.close(fd)
+                if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
+                        or len(data) != 32):
+                    raise UnsafeDirError(os.path.join(self.path, self.SECRET),
+                                         "the cache secret is not a 32-byte file of mode 0600 owned by this uid")
+                self._secret = data
+                return data
+            # Write it under a temp name, then link: readers never see a short secret.
+            tfd, tmp = create_temp(self.SECRET, 0o600, dir_fd=self.fd)
+            try:
+                with os.fdopen(tfd, "wb") as fh:
+                    fh.write(os.urandom(32))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                try:
+                    os.link(tmp, self.SECRET, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+                except FileExistsError:
+                    pass  # another process won the race: read theirs
+            finally:
+                try:
+                    os.unlink(tmp, dir_fd=self.fd)
+                except OSError:
+                    pass
+        raise UnsafeDirError(os.path.join(self.path, self.SECRET), "the cache secret could not be created")
+
+    def _mac(self, kind: str, name: str, payload: bytes) -> bytes:
+        import hmac
+
+        return hmac.new(self.secret(), b"%s\0%s\0" % (kind.encode(), name.encode()) + payload, "sha256").digest()
+
+    def seal(self, kind: str, name: str, payload: bytes) -> bytes:
+        """``payload`` prefixed with its HMAC over (kind, name, payload)."""
+        return self._mac(kind, name, payload) + payload
+
+    def unseal(self, kind: str, name: str, blob: bytes | None) -> bytes | None:
+        """The payload of a sealed blob, or None when the MAC does not match (forged, moved, damaged)."""
+        import hmac
+
+        if blob is None or len(blob) < 32:
+            return None
+        payload = blob[32:]
+        return payload if hmac.compare_digest(blob[:32], self._mac(kind, name, payload)) else None
+
+    def put_sealed(self, kind: str, name: str, payload: bytes) -> None:
+        self.write(name, self.seal(kind, name, payload))
+
+    def get_sealed(self, kind: str, name: str, max_bytes: int | None = None) -> bytes | None:
+        return self.unseal(kind, name, self.read(name, max_bytes))
+
+
+def python_tag() -> str:
+    """``py311`` style: caches of derived facts are per Python version."""
+    return f"py{sys.version_info[0]}{sys.version_info[1]}"

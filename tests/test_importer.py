@@ -69,7 +69,7 @@ def test_tampered_cache_entries_are_recompiled_never_trusted(box):
     entries = sorted(code_dir.iterdir())
     entries[0].write_bytes(entries[1].read_bytes())
     for src in (box.cache / "hook" / "src").iterdir():
-        src.write_text(src.read_text().replace("return 42", "return 666"))
+        src.write_bytes(src.read_bytes().replace(b"return 42", b"return 666"))  # sealed: MAC prefix + text
     out = out_of(box.py(SERVE))
     assert out["answer"] == 42
 

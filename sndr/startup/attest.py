@@ -4,7 +4,8 @@
 (``$SNDR_RUN_DIR``, or ``<cache>/run/<tree key>``), named ``<pid>-<start>.json``
 so a recycled pid never overwrites an older record. ``python -m sndr status``
 reads them. The directory is created 0700 and refused when another user
-could write it: a forged record would hide an unpatched worker.
+could change it or any directory on its path (a forged record would hide an
+unpatched worker); records are written through its held fd.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import os
 import sys
 
-from .importer import atomic_write, default_cache_root, secure_dir
+from .importer import default_cache_root, open_private
 
 FORMAT = 1
 
@@ -38,9 +39,20 @@ def record_path(directory: str, pid: int, start_ns: int) -> str:
     return os.path.join(directory, f"{pid}-{start_ns}.json")
 
 
+_DIRS: dict = {}
+
+
 def write_record(path: str, record: dict) -> None:
-    secure_dir(os.path.dirname(path), "attestation")
-    atomic_write(path, (json.dumps(record, sort_keys=True, indent=1) + "\n").encode())
+    """Write one record through the run directory's held fd (see :class:`sndr.fsio.PrivateDir`).
+
+    The directory is walked and checked once per process; a swap of it or of
+    any directory on its path afterwards cannot redirect the write.
+    """
+    directory, name = os.path.split(path)
+    d = _DIRS.get(directory)
+    if d is None or d.fd < 0:
+        d = _DIRS[directory] = open_private(directory, "attestation")
+    d.write(name, (json.dumps(record, sort_keys=True, indent=1) + "\n").encode(), mode=0o600)
 
 
 def read_records(directory: str) -> tuple[list[dict], list[str]]:

@@ -13,12 +13,15 @@ Three things live here because they share one ``sys.meta_path`` finder:
 * **Post-import hooks** (:meth:`SndrFinder.watch`): run a callback right after
   a module executes, before anyone can ``from mod import name``. Runtime
   patches use them to patch a module when it is imported.
-* **Caches** under ``<cache>/hook`` (mode 0700, owner-checked): compiled code
-  keyed by sha256 of the exact patched source + patch-set digest + Python
-  version + filename; patched sources keyed by their sha256; and memos of the
-  resolved patch set, so a warm start neither imports pydantic nor runs the
-  planner. Every entry is verified against its key when read; a mismatch is
-  recompiled or recomputed, never trusted.
+* **Caches** under ``<cache>/hook``: compiled code keyed by sha256 of the
+  exact patched source + patch-set digest + Python version + filename; patched
+  sources keyed by their sha256; and memos of the resolved patch set, so a warm
+  start neither imports pydantic nor runs the planner. The directory is walked
+  from ``/`` without following symlinks, every directory on its path must be
+  owned by root or this uid and not writable by others, and it is then used
+  only through held directory fds; every entry carries an HMAC under a 0600
+  per-cache secret over its name and bytes. A mismatch is recompiled or
+  recomputed, never trusted.
 
 This module is imported at interpreter start by the ``.pth``; its top-level
 imports are kept to what the interpreter has already loaded.
@@ -66,70 +69,47 @@ def _read(path: str) -> bytes | None:
 # ----------------------------------------------------------------------------- safe directories
 
 
-class UnsafeDirError(Exception):
-    """A cache or attestation directory that another user could write."""
+def _fsio():
+    from .. import fsio  # the rule's one home (stdlib only); imported when first needed
 
-    def __init__(self, path: str, why: str):
-        self.path = path
-        self.why = why
-        super().__init__(f"refusing {path}: {why}")
+    return fsio
+
+
+def __getattr__(name: str):
+    # ``importer.UnsafeDirError`` is :class:`sndr.fsio.UnsafeDirError` (a directory another user
+    # could change), resolved on first use so interpreter start does not import fsio.
+    if name == "UnsafeDirError":
+        return _fsio().UnsafeDirError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def open_private(path: str, what: str = "cache"):
+    """:class:`sndr.fsio.PrivateDir` of ``path``: walked from ``/`` without following symlinks, every
+    ancestor owned by root or this uid and not writable by others, held open by fd."""
+    return _fsio().PrivateDir.open(path, what)
 
 
 def secure_dir(path: str, what: str = "cache") -> str:
-    """Create ``path`` with mode 0700 (if missing) and check nobody else can write it.
+    """Create ``path`` with mode 0700 (if missing) and check nobody else can change it or its path.
 
     A poisoned code cache would run in every vLLM process, and a forged
     attestation would hide an unpatched worker, so both are refused, loudly,
-    when owned by another uid or writable by group/others. The parent is
-    checked too: a world-writable parent without the sticky bit lets anyone
-    swap the directory for their own.
+    when the directory is owned by another uid or writable by group/others, or
+    when any directory on its path is owned by another uid than root or ours, or
+    writable by others without the sticky bit (sshd's ``StrictModes`` rule).
+    Returns the resolved path; callers that then read or write inside it use
+    :func:`open_private` and its fd instead of the path.
     """
-    import stat
-
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
+    d = open_private(path, what)
     try:
-        os.makedirs(parent, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    uid = os.geteuid()
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeDirError(path, f"the {what} directory is a symlink")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDirError(path, f"the {what} directory is not a directory")
-    if st.st_uid != uid:
-        raise UnsafeDirError(path, f"the {what} directory is owned by uid {st.st_uid}, not by this process (uid {uid})")
-    if st.st_mode & 0o022:
-        raise UnsafeDirError(path, f"the {what} directory is writable by group or others (mode {oct(st.st_mode & 0o777)}); "
-                                   f"chmod 700 it or remove it")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)  # ours and not writable by others: tighten quietly
-    pst = os.stat(parent)
-    if pst.st_mode & 0o002 and not pst.st_mode & stat.S_ISVTX:
-        raise UnsafeDirError(path, f"its parent {parent} is world-writable without the sticky bit")
-    if pst.st_uid not in (uid, 0) and pst.st_mode & 0o022:
-        raise UnsafeDirError(path, f"its parent {parent} is owned by uid {pst.st_uid} and writable by group or others")
-    return path
+        return d.path
+    finally:
+        d.close()
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
-    """temp file in the same directory + ``os.replace``: readers never see a torn entry."""
-    # Not sndr.commit.atomic_write: this runs at interpreter start-up in every
-    # vLLM process, where importing commit (and pydantic with it) is too slow.
-    tmp = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Random ``O_EXCL | O_NOFOLLOW`` temp file + ``os.replace`` (:func:`sndr.fsio.atomic_write`)."""
+    _fsio().atomic_write(path, data, mode, durable=False)
 
 
 def default_cache_root(environ=None) -> str:
@@ -150,20 +130,34 @@ def _py_tag() -> str:
 class HookCache:
     """Compiled code, patched sources and memos under ``<cache root>/hook``.
 
-    Layout::
+    Layout (every entry sealed: an HMAC-SHA256 under ``hook/.secret``, a 0600
+    file created on first use, over the entry's kind, its name and its bytes)::
 
-        code/<key>           MAGIC + b"SNDR" + key(32) + sha256(payload)(32) + marshal(code)
-        src/<sha256>.py      patched source, named by its own sha256
-        memo/<name>.json     resolved patch sets, memory plans, bindings, pack discovery
+        code/<key>           hmac(32) + MAGIC + marshal(code); key = sha256(source sha, digest, Python, filename)
+        src/<sha256>.py      hmac(32) + patched source, whose sha256 is its name
+        memo/<name>.json     hmac(32) + resolved patch sets, memory plans, bindings, pack discovery
+
+    The directories are reached by a walk from ``/`` that refuses symlinks and
+    any directory another uid could change (:class:`sndr.fsio.PrivateDir`), and
+    every read and write goes through their held fds. So an entry is used only
+    when this uid wrote it, for exactly this name: a code object is only ever
+    the one compiled from the patched source whose sha256 this process computed.
     """
 
-    _HEAD = b"SNDR"
-
     def __init__(self, root: str):
-        self.root = secure_dir(os.path.join(root, "hook"), "code cache")
-        self.code_dir = secure_dir(os.path.join(self.root, "code"), "code cache")
-        self.src_dir = secure_dir(os.path.join(self.root, "src"), "code cache")
-        self.memo_dir = secure_dir(os.path.join(self.root, "memo"), "code cache")
+        hook = open_private(os.path.join(root, "hook"), "code cache")
+        self._hook = hook
+        self._code = hook.sub("code", "code cache")
+        self._src = hook.sub("src", "code cache")
+        self._memo = hook.sub("memo", "code cache")
+        self.root = hook.path
+        self.code_dir = self._code.path
+        self.src_dir = self._src.path
+        self.memo_dir = self._memo.path
+        # One secret for the whole cache, read through the hook dir's fd.
+        secret = hook.secret()
+        for d in (self._code, self._src, self._memo):
+            d._secret = secret
 
     # -- compiled code -----------------------------------------------------
 
@@ -176,16 +170,11 @@ class HookCache:
         import marshal
         from importlib.util import MAGIC_NUMBER
 
-        data = _read(os.path.join(self.code_dir, key))
-        if data is None:
-            return None
-        head = MAGIC_NUMBER + self._HEAD
-        n = len(head)
-        if (len(data) < n + 64 or data[:n] != head or data[n:n + 32].hex() != key
-                or _sha256(data[n + 64:]) != data[n + 32:n + 64].hex()):
-            return None  # stale Python, another key, or damaged: recompile, never trust
+        data = self._code.get_sealed("code", key)
+        if data is None or data[:len(MAGIC_NUMBER)] != MAGIC_NUMBER:
+            return None  # missing, forged, moved, damaged or another Python: recompile, never trust
         try:
-            return marshal.loads(data[n + 64:])
+            return marshal.loads(data[len(MAGIC_NUMBER):])
         except (EOFError, ValueError, TypeError):
             return None
 
@@ -193,17 +182,15 @@ class HookCache:
         import marshal
         from importlib.util import MAGIC_NUMBER
 
-        payload = marshal.dumps(code)
-        blob = MAGIC_NUMBER + self._HEAD + bytes.fromhex(key) + bytes.fromhex(_sha256(payload)) + payload
         try:
-            atomic_write(os.path.join(self.code_dir, key), blob)
+            self._code.put_sealed("code", key, MAGIC_NUMBER + marshal.dumps(code))
         except OSError as exc:
             log(f"cannot write the code cache ({exc}); continuing without it", once_key="code-write")
 
     # -- patched sources ---------------------------------------------------
 
     def load_source(self, sha: str) -> str | None:
-        data = _read(os.path.join(self.src_dir, sha + ".py"))
+        data = self._src.get_sealed("src", sha + ".py")
         if data is None or _sha256(data) != sha:
             return None
         return data.decode("utf-8")
@@ -211,10 +198,9 @@ class HookCache:
     def store_source(self, text: str) -> str:
         data = text.encode("utf-8")
         sha = _sha256(data)
-        path = os.path.join(self.src_dir, sha + ".py")
-        if not os.path.exists(path):
+        if self.load_source(sha) is None:
             try:
-                atomic_write(path, data)
+                self._src.put_sealed("src", sha + ".py", data)
             except OSError as exc:
                 log(f"cannot write the source cache ({exc}); continuing without it", once_key="src-write")
         return sha
@@ -224,14 +210,13 @@ class HookCache:
     def load_memo(self, name: str):
         import json
 
-        data = _read(os.path.join(self.memo_dir, name + ".json"))
+        data = self._memo.get_sealed("memo", name + ".json")
         if data is None:
             return None
         try:
             obj = json.loads(data)
         except ValueError:
             return None
-        # The memo names its own key: a file renamed or copied over another is ignored.
         if not isinstance(obj, dict) or obj.get("key") != name:
             return None
         return obj
@@ -241,7 +226,7 @@ class HookCache:
 
         obj = dict(obj, key=name)
         try:
-            atomic_write(os.path.join(self.memo_dir, name + ".json"), json.dumps(obj, sort_keys=True).encode())
+            self._memo.put_sealed("memo", name + ".json", json.dumps(obj, sort_keys=True).encode())
         except OSError as exc:
             log(f"cannot write the memo cache ({exc}); continuing without it", once_key="memo-write")
 
@@ -257,7 +242,7 @@ def open_cache(environ=None) -> HookCache | None:
     cache = None
     try:
         cache = HookCache(root)
-    except UnsafeDirError as exc:
+    except _fsio().UnsafeDirError as exc:
         log(f"{exc}. The code cache is disabled; sndr compiles in memory instead", once_key="unsafe:" + root)
     except OSError as exc:
         log(f"cannot create the cache under {root} ({exc.strerror}); continuing without it", once_key="nocache:" + root)
@@ -383,7 +368,9 @@ def build_resolved(patch_set, version: str, environ) -> dict:
                         "files": [f.path for f in p.files], "module": p.module, "allowed": allowed}
         for r in p.runtime:
             runtime.append(dict(r.model_dump(mode="json"), patch=pid, allowed=allowed))
-    return {"format": 1, "version": version, "enabled": on, "digest": digest, "patches": patches, "runtime": runtime}
+    gated = sorted(p.id for p in patch_set.patches if p.id not in set(on))
+    return {"format": 1, "version": version, "enabled": on, "gated": gated, "digest": digest, "patches": patches,
+            "runtime": runtime}
 
 
 def resolve_set(version: str, tree_id: str, environ=None, cache: "HookCache | None" = None,
