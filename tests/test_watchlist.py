@@ -315,17 +315,20 @@ def test_check_fires_each_trigger(text):
     )
     rep = check(loaded, PreflightFacts.from_json(pre), "pre.json")
     fired = {(f.section, f.row, f.trigger): f for f in rep.fired}
-    # retire-on-merge: the watch row (action retire) and the sweep row for #46446
-    assert fired[("watch", "vllm#46446", "retire-on-merge")].patches == ["PN129"]
-    assert fired[("sweep", "#46446", "retire-on-merge")].patches == ["PN129"]
+    # retire-on-merge: the watch row (action retire) and the sweep row for #46446 are one trigger,
+    # reported once and naming both rows (issue 17, defect 7)
+    f = fired[("watch", "vllm#46446", "retire-on-merge")]
+    assert f.patches == ["PN129"] and f.rows == ["watch vllm#46446", "sweep #46446"]
+    assert ("sweep", "#46446", "retire-on-merge") not in fired
     # reanchor-on-merge: #46384 lists PN346 and PN346B; only PN346B drifted. #47491 names PN346B.
-    assert fired[("sweep", "#46384", "reanchor-on-merge")].patches == ["PN346B"]
+    f = fired[("watch", "vllm#46384", "reanchor-on-merge")]
+    assert f.patches == ["PN346B"] and f.rows == ["watch vllm#46384", "sweep #46384"]
     assert fired[("sweep", "#47491", "reanchor-on-merge")].patches == ["PN346B"]
-    assert fired[("watch", "vllm#46384", "reanchor-on-merge")].patches == ["PN346B"]
     # review-on-merge: the marker of #47609 is newly merged
     f = fired[("sweep", "#47609", "review-on-merge")]
     assert f.markers == ["and not isinstance(kv_cache_spec, TQFullAttentionSpec)"] and "attn_utils.py" in f.reason
-    assert len(rep.fired) == 6
+    assert sorted(fired) == [("sweep", "#47491", "reanchor-on-merge"), ("sweep", "#47609", "review-on-merge"),
+                             ("watch", "vllm#46384", "reanchor-on-merge"), ("watch", "vllm#46446", "retire-on-merge")]
 
 
 def test_check_nothing_fires_on_a_quiet_candidate(loaded):
@@ -346,7 +349,11 @@ def test_cli_check(tmp_path, capsys):
     pre.write_text(json.dumps(_preflight(retired_upstream=[{"patch": "PN129", "file": "f", "name": "e"}])))
     assert cli_main(["check", "--preflight", str(pre), "--watchlist", str(FIXTURE)]) == 1
     out = capsys.readouterr().out
-    assert "vllm#46446: retire-on-merge fired" in out and "#46446: retire-on-merge fired" in out
+    # one line per fired trigger, naming both rows (issue 17, defect 7)
+    lines = [ln for ln in out.splitlines() if "retire-on-merge fired" in ln]
+    assert len(lines) == 1, out
+    assert "watch vllm#46446 + sweep #46446 (line " in lines[0]
+    assert out.count("fired:") == int(out.strip().splitlines()[-1].split()[0])
     pre.write_text(json.dumps(_preflight()))
     assert cli_main(["check", "--preflight", str(pre), "--watchlist", str(FIXTURE), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fired"] == []

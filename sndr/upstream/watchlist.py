@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -34,6 +33,17 @@ from typing import Annotated, Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
+from .yamledit import (  # noqa: F401 - to_plain and the editor helpers are public here too
+    checked,
+    content_end,
+    load_rt,
+    render_scalar,
+    row_node,
+    rt_yaml,
+    splice_field,
+    to_plain,
+    yaml_problem,
+)
 
 # ----------------------------------------------------------------------------- vocabulary
 
@@ -238,35 +248,6 @@ def default_watchlist_path() -> Path:
     return patches_dir() / WATCHLIST_NAME
 
 
-def _yaml():
-    from ruamel.yaml import YAML
-
-    y = YAML(typ="rt")
-    y.preserve_quotes = True
-    return y
-
-
-def to_plain(obj: Any) -> Any:
-    """ruamel round-trip objects -> plain dict/list/str/int/float/bool/date."""
-    if isinstance(obj, dict):
-        return {to_plain(k): to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, bool) or obj is None:
-        return obj
-    if isinstance(obj, str):
-        return str(obj)
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return float(obj)
-    if isinstance(obj, _dt.datetime):
-        return _dt.datetime.fromisoformat(obj.isoformat())
-    if isinstance(obj, _dt.date):
-        return _dt.date(obj.year, obj.month, obj.day)
-    return obj
-
-
 @dataclass
 class LoadedWatchlist:
     """A validated watchlist plus what is needed to point at its lines."""
@@ -291,13 +272,6 @@ class LoadedWatchlist:
             return f"{section}[{index}] {row.key}"
         except IndexError:
             return f"{section}[{index}]"
-
-
-def _yaml_problem(exc: Exception, file: str) -> Problem:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    line = mark.line + 1 if mark is not None else None
-    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return Problem("yaml_syntax", f"malformed YAML: {what}", file=file, line=line)
 
 
 def _raw_row_label(section: str, index: int, row: Any) -> str:
@@ -366,14 +340,7 @@ def _pydantic_problems(exc: ValidationError, file: str, label: str, raw_row: Any
 
 def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
     """Parse and validate watchlist text; every problem names the row and the key."""
-    from ruamel.yaml.error import YAMLError
-
-    try:
-        raw = _yaml().load(text)
-    except YAMLError as exc:
-        raise SndrError(_yaml_problem(exc, file)) from None
-    except Exception as exc:  # ruamel raises a few non-YAMLError types (e.g. DuplicateKeyError)
-        raise SndrError(_yaml_problem(exc, file)) from None
+    raw = load_rt(text, file)
     if not isinstance(raw, dict):
         raise bad_input("bad_watchlist", "a watchlist is a mapping with 'watch', 'sweep' and '__sentinel__'",
                         file=file, line=1)
@@ -427,17 +394,15 @@ def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
 
 
 def read_text_file(path: Path, what: str = "file") -> str:
+    """A file's text as strict UTF-8 (:func:`sndr.fsio.read_text_strict`); problems are bad input."""
+    from ..fsio import FileProblem, read_text_strict
+
     try:
-        raw = Path(path).read_bytes()
+        return read_text_strict(path, what=what)
     except FileNotFoundError:
         raise bad_input("not_found", f"{what} does not exist", file=str(path)) from None
-    except OSError as exc:
-        raise bad_input("unreadable", f"cannot read {what}: {exc.strerror}", file=str(path)) from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise bad_input("not_utf8", f"{what} is not UTF-8", file=str(path), line=line) from None
+    except FileProblem as exc:
+        raise bad_input(exc.code, exc.message, file=exc.path, line=exc.line) from None
 
 
 def load_watchlist(path: Path | str | None = None) -> LoadedWatchlist:
@@ -503,137 +468,6 @@ def parse_cli_value(section: str, key: str, raw: str) -> Any:
     return raw
 
 
-def _content_end(node, text: str) -> int:
-    """Index just past the last character that belongs to a node's value.
-
-    ruamel's end marks of block scalars and block sequences run on to the
-    start of the next key; we only want the value itself.
-    """
-    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
-
-    start = node.start_mark.index
-    if isinstance(node, ScalarNode) or not node.value or getattr(node, "flow_style", False):
-        end = node.end_mark.index
-    elif isinstance(node, SequenceNode):
-        end = max(_content_end(child, text) for child in node.value)
-    elif isinstance(node, MappingNode):
-        end = max(_content_end(v, text) for _, v in node.value)
-    else:  # pragma: no cover
-        end = node.end_mark.index
-    while end > start and text[end - 1] in " \t\r\n":
-        end -= 1
-    return end
-
-
-def _plain_ok(value: str) -> bool:
-    if not value or value != value.strip() or "\n" in value or value.startswith(("'", '"')):
-        return False
-    from ruamel.yaml import YAML
-
-    try:
-        return YAML(typ="safe", pure=True).load(f"k: {value}\n") == {"k": value}
-    except Exception:
-        return False
-
-
-def _render_scalar(value: Any, indent: int) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, _dt.date):
-        return value.isoformat()
-    if value is None:
-        return "null"
-    s = str(value)
-    if _plain_ok(s):
-        return s
-    if "\n" not in s:
-        return "'" + s.replace("'", "''") + "'"
-    body = s[:-1] if s.endswith("\n") else s
-    lines = body.split("\n")
-    if (not s.endswith("\n\n") and lines[0][:1] not in (" ", "\t") and all("\t" not in ln[:1] for ln in lines)
-            and all(ln == ln.rstrip(" ") or ln.strip() for ln in lines)):
-        head = "|" if s.endswith("\n") else "|-"
-        pad = " " * (indent + 2)
-        return head + "".join("\n" + (pad + ln if ln else "") for ln in lines)
-    return json.dumps(s, ensure_ascii=False)
-
-
-def _key_node(mapping_node, key: str):
-    for k, v in mapping_node.value:
-        if getattr(k, "value", None) == key:
-            return k, v
-    return None
-
-
-def _row_node(root, section: str, index: int):
-    pair = _key_node(root, section)
-    if pair is None:
-        raise SndrError(Problem("internal", f"section {section!r} not found while editing"), EXIT_INTERNAL)
-    return pair[1].value[index]
-
-
-def _splice_field(text: str, row_node, key: str, value: Any, field_order: list[str]) -> str:
-    """Return ``text`` with ``key`` of the row at ``row_node`` set to ``value``."""
-    from ruamel.yaml.nodes import SequenceNode
-
-    pair = _key_node(row_node, key)
-    key_col = row_node.value[0][0].start_mark.column
-    if pair is not None:
-        knode, vnode = pair
-        start, end = vnode.start_mark.index, _content_end(vnode, text)
-        if isinstance(value, list):
-            block = isinstance(vnode, SequenceNode) and not vnode.flow_style and vnode.value
-            if block and value:
-                seq_col = vnode.start_mark.column
-                rendered = ("\n" + " " * seq_col).join(f"- {_render_scalar(v, seq_col + 2)}" for v in value)
-            else:
-                items = ", ".join(_render_scalar(v, key_col) for v in value)
-                rendered = f"[{items}]"
-                if vnode.start_mark.line != knode.start_mark.line:
-                    # the old block value sat on the next lines; an inline value goes after the colon
-                    start = knode.end_mark.index
-                    colon = text.index(":", start)
-                    start, rendered = colon + 1, " " + rendered
-        else:
-            rendered = _render_scalar(value, key_col)
-            style = getattr(vnode, "style", None)
-            if isinstance(value, str) and "\n" not in value and style in ("'", '"') and rendered[:1] not in ("'", '"'):
-                # keep the quoting the author chose
-                rendered = "'" + value.replace("'", "''") + "'" if style == "'" else json.dumps(value, ensure_ascii=False)
-            if vnode.start_mark.line != knode.start_mark.line:
-                colon = text.index(":", knode.end_mark.index)
-                start, rendered = colon + 1, " " + rendered
-        if "\n" not in rendered and "\n" not in text[start:end]:
-            # keep an end-of-line comment in its column when there is room
-            m = re.match(r"( +)#", text[end:])
-            if m:
-                pad = max(1, len(m.group(1)) - (len(rendered) - (end - start)))
-                return text[:start] + rendered + " " * pad + text[end + len(m.group(1)):]
-        return text[:start] + rendered + text[end:]
-    # A new key goes on its own line after the nearest preceding key in schema order.
-    present = [k.value for k, _ in row_node.value]
-    pos = field_order.index(key) if key in field_order else len(field_order)
-    before = [k for k in present if k in field_order and field_order.index(k) < pos] or present
-    anchor_key = before[-1]
-    _, anchor_val = _key_node(row_node, anchor_key)
-    end = _content_end(anchor_val, text)
-    nl = text.find("\n", end)
-    insert_at = len(text) if nl < 0 else nl + 1
-    pad = " " * key_col
-    if isinstance(value, list) and value:
-        rendered = "".join(f"\n{pad}- {_render_scalar(v, key_col + 2)}" for v in value)
-    elif isinstance(value, list):
-        rendered = " []"
-    else:
-        rendered = " " + _render_scalar(value, key_col)
-    line = f"{pad}{key}:{rendered}\n"
-    if nl < 0:
-        line = "\n" + line
-    return text[:insert_at] + line + text[insert_at:]
-
-
 def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watchlist>") -> str:
     """Set ``key`` of the selected row to ``value`` (typed) and return the new text.
 
@@ -658,35 +492,16 @@ def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watc
     if expected[section][index].get(key, object()) == value and key in expected[section][index]:
         return text
     expected[section][index] = row
-    root = _yaml().compose(text)
-    new_text = _splice_field(text, _row_node(root, section, index), key, value, list(model.model_fields))
-    try:
-        again = parse_watchlist(new_text, file).model.to_data()
-    except SndrError as exc:
-        raise SndrError(Problem("internal", f"editing {label} [{key}] produced an invalid file: {exc.render()}",
-                                file=file), EXIT_INTERNAL) from None
-    if again != expected:
-        raise SndrError(Problem("internal", f"editing {label} [{key}] would change more than that value; "
-                                "file left untouched", file=file), EXIT_INTERNAL)
-    return new_text
+    root = rt_yaml().compose(text)
+    new_text = splice_field(text, row_node(root, section, index), key, value, list(model.model_fields))
+    return checked(new_text, expected, lambda t: parse_watchlist(t, file).model.to_data(), f"{label} [{key}]", file)
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.sndr-tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        except FileNotFoundError:
-            pass
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Replace ``path`` with ``text`` atomically (:func:`sndr.fsio.atomic_write`)."""
+    from ..fsio import atomic_write
+
+    atomic_write(path, text.encode("utf-8"))
 
 
 # ----------------------------------------------------------------------------- lint
@@ -920,6 +735,14 @@ class Firing(BaseModel):
     patches: list[str] = Field(default_factory=list, description="local patches that came out merged or drifted")
     markers: list[str] = Field(default_factory=list, description="row markers the candidate newly carries")
     reason: str
+    rows: list[str] = Field(default_factory=list, description="every row this one trigger fired from, e.g. "
+                            "['watch vllm#52412', 'sweep #52412'] when a PR is in both sections")
+    lines: list[int | None] = Field(default_factory=list, description="the line of each of ``rows``")
+
+    def where(self) -> str:
+        """``watch vllm#52412 + sweep #52412 (line 58)``: every row, the first one's line given by the caller."""
+        parts = [self.rows[0]] + [f"{r} (line {ln})" if ln else r for r, ln in zip(self.rows[1:], self.lines[1:])]
+        return " + ".join(parts)
 
 
 class CheckReport(BaseModel):
@@ -963,12 +786,39 @@ def check(loaded: LoadedWatchlist, facts: PreflightFacts, preflight_name: str = 
                                 f"merged but none of its patches came out "
                                 f"{'merged' if trigger == 'retire-on-merge' else 'drifted'}")
         if reason:
-            report.fired.append(Firing(section=section, index=index, row=row.key, line=loaded.line_of(section, index),
-                                       trigger=trigger, patches=fired_ids, markers=hit_markers, reason=reason))
+            line = loaded.line_of(section, index)
+            report.fired.append(Firing(section=section, index=index, row=row.key, line=line,
+                                       trigger=trigger, patches=fired_ids, markers=hit_markers, reason=reason,
+                                       rows=[f"{section} {row.key}"], lines=[line]))
         missing = [p for p in ids if p not in facts.known]
         if missing and trigger != "review-on-merge" and facts.known:
             report.notes.append(f"{loaded.row_label(section, index)}: {', '.join(missing)} not in the preflight")
+    report.fired = _merge_twins(loaded.model, report.fired)
     return report
+
+
+def _merge_twins(wl: Watchlist, fired: list[Firing]) -> list[Firing]:
+    """One firing per trigger: a PR tracked in both sections fires once, naming both rows."""
+    def pr_of(f: Firing) -> int | None:
+        return wl.watch[f.index].pr_number() if f.section == "watch" else wl.sweep[f.index].pr
+
+    out: list[Firing] = []
+    seen: dict[tuple[int, str], Firing] = {}
+    for f in fired:
+        pr = pr_of(f)
+        first = seen.get((pr, f.trigger)) if pr is not None else None
+        if first is None:
+            out.append(f)
+            if pr is not None:
+                seen[(pr, f.trigger)] = f
+            continue
+        first.rows += f.rows
+        first.lines += f.lines
+        first.patches = sorted(set(first.patches) | set(f.patches))
+        first.markers = sorted(set(first.markers) | set(f.markers))
+        if f.reason != first.reason:
+            first.reason = f"{first.reason}; {f.rows[0]}: {f.reason}"
+    return out
 
 
 def load_preflight(path: Path | str) -> PreflightFacts:
@@ -1020,18 +870,14 @@ def _unified(old: str, new: str, name: str) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
+    from ..cli import run
+
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0) and EXIT_BAD_INPUT
-    try:
-        return _run(args)
-    except SndrError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - the CLI maps every unexpected failure to exit 3
-        print(f"sndr watchlist: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_INTERNAL
+    return run("sndr watchlist", lambda: _run(args),
+               on_interrupt=lambda: "the watchlist is unchanged (edits are written atomically)")
 
 
 def _run(args) -> int:
@@ -1083,7 +929,7 @@ def _run(args) -> int:
             print(report.model_dump_json(indent=2))
         else:
             for f in report.fired:
-                print(f"{path}:{f.line}: {f.section} {f.row}: {f.trigger} fired: {f.reason}")
+                print(f"{path}:{f.line}: {f.where()}: {f.trigger} fired: {f.reason}")
             for n in report.notes:
                 print(f"note: {n}")
             print(f"{len(report.fired)} trigger(s) fired on {report.candidate or 'the candidate'}")
