@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import PIN_VERSION
@@ -26,20 +27,34 @@ def tree_version(root: Path) -> str:
     return open_tree(root).version
 
 
-def enabled_ids(patch_set: PatchSet, version: str, environ, only=None) -> list[str]:
+def enabled_ids(patch_set: PatchSet, version: str, environ, only=None, profile=None) -> list[str]:
     """The ids a plan would enable, computed without reading any target file."""
-    ordered, gates = resolve_gates(patch_set, version, environ, only)
+    ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
     return [p.id for p in ordered if gates[p.id].enabled]
 
 def _report(mode: str, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
     problems = kw.pop("problems", None)
     if problems is None:
         problems = plan.problems if plan else []
+    patches = kw.pop("patches", [])
+    if plan is not None:
+        # --only: the other patches are one line, not one "gated" row each.
+        others = plan.not_selected
+        patches = [p for p in plan.patches if p.reason_code != "not_selected"]
+        if others:
+            kw["notes"] = [f"--only: {len(others)} other patch(es) not selected (not planned, not counted)"] \
+                + list(kw.get("notes", []))
+        if plan.left_out:
+            kw["left_out"] = list(plan.left_out)
+            if kw.get("exit_code") == EXIT_OK:
+                kw["exit_code"], kw["ok"] = EXIT_FINDINGS, False
+            kw["notes"] = list(kw.get("notes", [])) + [
+                f"left out {len(plan.left_out)} patch(es) whole: "
+                + "; ".join(f"{lo.id} ({lo.by}: {lo.reason})" for lo in plan.left_out)]
     return Report(mode=mode, tree=str(tree.root), vllm_version=version,
                   patch_set_digest=plan.digest if plan else kw.pop("digest", ""),
                   counts=plan.counts() if plan else kw.pop("counts", {}),
-                  patches=plan.patches if plan else kw.pop("patches", []),
-                  problems=list(problems), **kw)
+                  patches=patches, problems=list(problems), **kw)
 
 
 def _plan_exit(plan: Plan) -> int:
@@ -55,24 +70,89 @@ def _plan_exit(plan: Plan) -> int:
 
 
 def _foreign_changes(tree: TreeRoot, ledger: Ledger) -> list[Problem]:
+    return _foreign_problems(tree, _ledger_state(tree, ledger).foreign)
+
+
+def _foreign_problems(tree: TreeRoot, rels: list[str]) -> list[Problem]:
     out = []
-    for rel, entry in sorted(ledger.files.items()):
-        now = tree.read_bytes(rel)
-        sha = sha256_bytes(now) if now is not None else None
-        if sha == entry.patched_sha256 or (sha == entry.pristine_sha256 and not entry.created):
-            continue
-        if now is None and entry.created:
-            continue
+    for rel in rels:
+        gone = tree.read_bytes(rel) is None
         out.append(Problem("modified_since_apply",
-                           "file was changed by someone else since sndr patched it" if now is not None else
-                           "file was deleted since sndr patched it",
+                           "file was deleted since sndr patched it" if gone else
+                           "file was changed by someone else since sndr patched it (it holds neither the pristine "
+                           "nor the patched bytes the ledger records)",
                            file=rel, hint="inspect the change; --force takes the current bytes as the new pristine"))
     return out
 
 
+@dataclass
+class _LedgerState:
+    """Where each file the ledger names stands now, by hash (milliseconds for a whole set)."""
+
+    patched: list[str] = field(default_factory=list)  # holds the patched bytes the ledger records
+    pristine: list[str] = field(default_factory=list)  # back to its pristine bytes (reinstall, restore)
+    foreign: list[str] = field(default_factory=list)  # neither: someone else changed or deleted it
+
+
+def _ledger_state(tree: TreeRoot, ledger: Ledger) -> _LedgerState:
+    st = _LedgerState()
+    for rel, entry in sorted(ledger.files.items()):
+        now = tree.read_bytes(rel)
+        sha = sha256_bytes(now) if now is not None else None
+        if now is not None and sha == entry.patched_sha256:
+            st.patched.append(rel)
+        elif (now is None and entry.created) or (sha == entry.pristine_sha256 and not entry.created):
+            st.pristine.append(rel)
+        else:
+            st.foreign.append(rel)
+    return st
+
+
+def _installer_hashes(root: Path) -> dict[str, str]:
+    """sha256 (hex) of every file as the installer wrote it, from vLLM's dist-info RECORD ({} without one)."""
+    import base64
+
+    out: dict[str, str] = {}
+    for record in sorted(root.glob("vllm-*.dist-info/RECORD")):
+        try:
+            lines = record.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.rsplit(",", 2)
+            if len(parts) == 3 and parts[1].startswith("sha256="):
+                raw = parts[1][len("sha256="):]
+                try:
+                    out[parts[0]] = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
+                except ValueError:
+                    continue
+    return out
+
+
+def _reinstalled(tree: TreeRoot, rels: list[str]) -> list[str]:
+    """Of ``rels``, those holding exactly the bytes vLLM's installer recorded: a reinstall of another build."""
+    if not rels:
+        return []
+    record = _installer_hashes(tree.root)
+    out = []
+    for rel in rels:
+        now = tree.read_bytes(rel)
+        if now is not None and record.get(rel) == sha256_bytes(now):
+            out.append(rel)
+    return out
+
+
+def _drop_entries(ledger: Ledger, rels: set[str]) -> Ledger:
+    """The ledger without ``rels``: the plan then reads their current bytes as pristine."""
+    return ledger.model_copy(update={"files": {r: e for r, e in ledger.files.items() if r not in rels}})
+
+
 def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, force: bool = False,
-              only: list[str] | None = None, environ=None) -> Report:
+              only: list[str] | None = None, environ=None, keep_going: bool = False, profile=None) -> Report:
+    """``keep_going``: leave out whole every patch that cannot apply (exit 1, listed); ``profile``: the
+    deployment profile ``when`` tables are evaluated against (default: ``$SNDR_PROFILE``)."""
     environ = os.environ if environ is None else environ
+    plan_kw = {"keep_going": keep_going, "profile": profile}
     tree = TreeRoot(root)
     version = tree_version(tree.root)
     if dry_run:
@@ -81,7 +161,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         notes = ["an interrupted commit is pending; the next apply/verify/revert will roll it back"] \
             if tree.journal_path.exists() else []
         plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
-                          environ=environ, only=only)
+                          environ=environ, only=only, **plan_kw)
         wrote = sorted(rel for rel, ch in plan.changes.items()
                        if tree.read_bytes(rel) != ch.new.encode("utf-8"))
         if not plan.ok:
@@ -92,7 +172,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     if not tree.state.exists():
         # First contact with this tree: check everything before creating any
         # state (even the lock file), so a refused apply leaves no trace.
-        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only)
+        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, **plan_kw)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
@@ -101,19 +181,40 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
-        ledger = tree.read_ledger()
-        on = enabled_ids(patch_set, version, environ, only)
+        ledger = original = tree.read_ledger()
+        on = enabled_ids(patch_set, version, environ, only, profile)
         digest = patch_set_digest(patch_set, on)
         if ledger is not None:
-            foreign = _foreign_changes(tree, ledger)
+            # Re-check every file the ledger names, by hash: a reinstall or a
+            # restore puts pristine bytes back under a ledger that says "patched".
+            st = _ledger_state(tree, ledger)
+            if ledger.vllm_version and ledger.vllm_version != version:
+                # Another vLLM is installed now: the ledger's pristine copies are
+                # another version's. Plan from the tree as it is; files that still
+                # hold the old patched bytes read as their stored pristine.
+                notes.append(f"ledger_stale: the ledger was written for vLLM {ledger.vllm_version}, the tree now "
+                             f"holds vLLM {version}: planning again from the tree as it is")
+                ledger = _drop_entries(ledger, set(st.pristine) | set(st.foreign))
+                st = _LedgerState(patched=st.patched)
+            reinstalled = _reinstalled(tree, st.foreign)
+            if reinstalled:
+                notes.append(f"ledger_stale: {len(reinstalled)} file(s) hold the bytes vLLM's installer recorded "
+                             f"(dist-info RECORD), not the ledger's pristine: vLLM was reinstalled from another "
+                             f"build; planning them again from the tree as it is")
+                ledger = _drop_entries(ledger, set(reinstalled))
+                st.foreign = [r for r in st.foreign if r not in reinstalled]
+            if st.pristine:
+                notes.append(f"{len(st.pristine)} file(s) were back to pristine (vLLM reinstalled or files "
+                             f"restored): patching them again")
+            foreign = _foreign_problems(tree, st.foreign)
             if foreign and not force:
                 return _report("apply", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
                                digest=digest, notes=notes + ["refused: nothing was written"])
             if foreign and force:
                 ledger = _adopt_current(tree, ledger, {p.file for p in foreign})
                 notes.append(f"--force: took the current bytes of {len(foreign)} file(s) as pristine")
-            elif ledger.patch_set_digest == digest:
-                # Fast path: same set, every file still holds its patched bytes.
+            elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
+                # Fast path: same set, and every file holds its patched bytes (checked above).
                 results = [PatchResult(id=i, title=patch_set.by_id[i].title if i in patch_set.by_id else "",
                                        status="applied", reason="ledger matches; nothing to do")
                            for i in ledger.patches]
@@ -128,12 +229,12 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             plan = first_plan
         else:
             plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
-                              environ=environ, only=only)
+                              environ=environ, only=only, **plan_kw)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=notes + ["refused: nothing was written"])
         writes, new_ledger = _writes_for(tree, plan, ledger, patch_set)
-        if not writes and ledger is not None and ledger.checksum == new_ledger.sealed().checksum:
+        if not writes and original is not None and original.checksum == new_ledger.sealed().checksum:
             return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK, notes=notes + ["nothing to write"])
         commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
         return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK,
@@ -186,7 +287,8 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
     counts: dict[str, int] = {}
     for v, n in plan.counts().items():
         counts[after.get(v, v)] = counts.get(after.get(v, v), 0) + n
-    new = Ledger(patch_set_digest=plan.digest, patches=plan.enabled, vllm_version=plan.version, files=files,
+    new = Ledger(patch_set_digest=plan.digest, patches=plan.applied, vllm_version=plan.version, files=files,
+                 left_out={lo.id: lo for lo in plan.left_out},
                  results=results, counts=dict(sorted(counts.items())))
     return writes, new
 
@@ -220,9 +322,12 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
                        files_written=[w.rel for w in writes], notes=notes)
 
 
-def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None = None, environ=None) -> Report:
+def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None = None, environ=None,
+               profile=None) -> Report:
     """Is the tree patched with exactly this patch set? Read-only, except crash recovery."""
     environ = os.environ if environ is None else environ
+    if profile is not None:
+        environ = _WithProfile(environ, profile)
     tree = TreeRoot(root)
     version = tree_version(tree.root)
     if tree.journal_path.exists():
@@ -236,14 +341,24 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
     return report
 
 
+class _WithProfile(dict):
+    """An environ that carries the explicit --profile of a verify (so every helper sees the same one)."""
+
+    def __init__(self, environ, profile):
+        super().__init__(environ)
+        self.profile = profile
+
+
 def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ) -> Report:
+    profile = getattr(environ, "profile", None)
     with tree.lock(shared=True):
         ledger = tree.read_ledger()
-        on = enabled_ids(patch_set, version, environ, only)
+        on = enabled_ids(patch_set, version, environ, only, profile)
         digest = patch_set_digest(patch_set, on)
         if ledger is None:
             # No ledger (fresh or in-memory-patched tree): classify the current texts.
-            plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False)
+            plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False,
+                              profile=profile)
             pending = [p for p in plan.patches if p.status in ("applies", "failed")]
             problems = list(plan.problems) + [
                 Problem("not_applied", f"patch is not applied ({p.status})", patch=p.id) for p in pending]
@@ -251,6 +366,10 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                            exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems,
                            notes=["no ledger: verified by classifying the current files"])
         problems = []
+        if ledger.vllm_version and ledger.vllm_version != version:
+            problems.append(Problem("ledger_stale", f"the ledger was written for vLLM {ledger.vllm_version}, the tree "
+                                    f"now holds vLLM {version}", file=str(tree.ledger_path),
+                                    hint="run python -m sndr.apply to plan again from the tree as it is"))
         if ledger.patch_set_digest != digest:
             problems.append(Problem("patch_set_mismatch",
                                     f"tree was patched with another patch set (ledger {ledger.patch_set_digest[:12]}, "
@@ -264,6 +383,12 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
         results = [PatchResult(id=i, title=patch_set.by_id[i].title if i in patch_set.by_id else "",
                                status=ledger.results.get(i, "applied"), reason="verified against the ledger")
                    for i in ledger.patches]
+        for lo in ledger.left_out.values():
+            results.append(PatchResult(id=lo.id, title=patch_set.by_id[lo.id].title if lo.id in patch_set.by_id else "",
+                                       status="left_out", reason=lo.reason, reason_code=lo.code,
+                                       on_failure=lo.on_failure))
+            problems.append(Problem("left_out", f"left out at apply ({lo.by}): {lo.reason}", patch=lo.id,
+                                    hint="fix the patch (or its order) and apply again"))
         return _report("verify", tree, version, None, ok=not problems,
                        exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
                        patches=results, counts=ledger.counts)
@@ -299,6 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--revert", action="store_true", help="restore every touched file to pristine, byte-exact")
     ap.add_argument("--only", nargs="+", metavar="ID", help="only these patches (and what they require)")
     ap.add_argument("--force", action="store_true", help="proceed over files changed by someone else")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="leave out whole every patch that cannot apply (and what requires it), apply the rest, "
+                         "exit 1 listing what was left out and why")
+    ap.add_argument("--profile", type=Path, metavar="FILE",
+                    help="deployment profile for `when` predicates (TOML/JSON; default: $SNDR_PROFILE; "
+                         "python -m sndr schema profile)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON ('-' for stdout)")
     ap.add_argument("-q", "--quiet", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every edit")
@@ -326,10 +457,14 @@ def cli_main(argv: list[str] | None = None) -> int:
             report = run_revert(root, force=args.force)
         else:
             patch_set = load_patch_set(args.patches)
+            from .profile import load_profile
+
+            profile = load_profile(args.profile) if args.profile else None
             if args.verify:
-                report = run_verify(root, patch_set, only=args.only)
+                report = run_verify(root, patch_set, only=args.only, profile=profile)
             else:
-                report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only)
+                report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
+                                   keep_going=args.keep_going, profile=profile)
     except SndrError as exc:
         print(f"sndr: error\n{exc.render()}", file=sys.stderr)
         if args.json:
@@ -349,8 +484,15 @@ def cli_main(argv: list[str] | None = None) -> int:
     if not args.quiet or report.exit_code:
         from .render import print_report
 
-        print_report(report, verbose=args.verbose)
+        # JSON on stdout means nothing else on stdout: the human report goes to stderr.
+        print_report(report, verbose=args.verbose, console=_console(to_stderr=str(args.json) == "-"))
     return report.exit_code
+
+
+def _console(to_stderr: bool):
+    from rich.console import Console
+
+    return Console(file=sys.stderr if to_stderr else sys.stdout, highlight=False, soft_wrap=True)
 
 
 def _write_json(target: Path, data: dict) -> None:

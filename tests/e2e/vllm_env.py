@@ -1,8 +1,8 @@
 """Throwaway environments over a real vLLM install, for end-to-end tests and the startup benchmark.
 
-The real install (``$SNDR_TEST_VLLM_PYTHON``, default ``/opt/vllm-venv/bin/python``:
-a venv with ``vllm==0.32.0 torch==2.13.0``, torchvision/torchaudio/torchcodec
-removed) is never modified. Instead:
+The real install (``$SNDR_TEST_VLLM_PYTHON``, default
+``~/.cache/sndr/vllm-0.32.0-venv/bin/python``, the venv ``.ci/run`` builds: ``vllm==0.32.0
+torch==2.13.0``, torchvision/torchaudio/torchcodec removed) is never modified. Instead:
 
 * :func:`build_master` copies its ``vllm/`` package once: ``.py`` files and
   their ``__pycache__`` as real files (so imports stay warm), everything else
@@ -34,7 +34,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_PATCHES = REPO / "tests" / "data" / "hook"  # the small real patch set the e2e tests and the benchmark use
-DEFAULT_PYTHON = "/opt/vllm-venv/bin/python"
+#: The venv ``.ci/run`` builds (``$SNDR_TEST_VLLM_VENV`` there); one line builds it by hand, see BUILD_HINT.
+DEFAULT_PYTHON = os.path.join(os.path.expanduser("~"), ".cache", "sndr", "vllm-0.32.0-venv", "bin", "python")
+BUILD_HINT = ("python3 -m venv ~/.cache/sndr/vllm-0.32.0-venv && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip install "
+              "vllm==0.32.0 torch==2.13.0 && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip uninstall -y torchvision "
+              "torchaudio torchcodec")
 ENV_VAR = "SNDR_TEST_VLLM_PYTHON"
 SNDR_DEPS = ("pydantic", "packaging", "pluggy")
 
@@ -60,8 +64,9 @@ def vllm_python() -> str | None:
 def skip_reason() -> str | None:
     python = vllm_python()
     if python is None:
-        return (f"no real vLLM install: set {ENV_VAR} to the python of a venv with vllm==0.32.0 torch==2.13.0 "
-                f"(default {DEFAULT_PYTHON})")
+        where = os.environ.get(ENV_VAR) or DEFAULT_PYTHON
+        return (f"no_vllm_install: no Python at {where} ({ENV_VAR}, default {DEFAULT_PYTHON}, the venv .ci/run "
+                f"builds); build it with: {BUILD_HINT}")
     return None
 
 
