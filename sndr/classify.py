@@ -4,8 +4,11 @@
 ``applies`` (anchor exactly once), ``applied`` (replacement present and every
 anchor occurrence lies inside a replacement occurrence, which is how an
 insertion is recognised after it was applied), ``merged`` (a merged marker is
-in the pristine text), ``ambiguous``, ``drifted``, ``optional_absent`` or
-``file_missing``. Group resolution (``one_of``/``any_of``) sits on top.
+in the pristine text), ``ambiguous``, ``conflict`` (the anchor occurs once in
+the pristine text but no longer in the text earlier patches of the set left:
+an ordering problem, not drift), ``drifted``, ``optional_absent`` or
+``file_missing``. Group resolution (``one_of``/``any_of``) sits on top. The
+planner adds who consumed a conflicting anchor (:func:`sndr.plan._explain_conflict`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ def classify_edit(edit: Edit, text: str | None, pristine: str | None = None, ext
         return Finding(Verdict.AMBIGUOUS, offsets=uncovered,
                        reason=f"anchor occurs {len(uncovered)} times; it must occur exactly once",
                        code="anchor_ambiguous")
+    if text is not pristine and text != pristine and len(find_all(pristine, anchor)) == 1:
+        why = "anchor occurs once in the pristine file but an earlier edit of this set changed it"
+        if edit.required:
+            return Finding(Verdict.CONFLICT, reason=why, code="conflict")
+        return Finding(Verdict.OPTIONAL_ABSENT, reason=why + " (optional edit: skipped)", code="conflict")
     reason, code = _absence_reason(anchor, text)
     if edit.required:
         return Finding(Verdict.DRIFTED, reason=reason, code=code)

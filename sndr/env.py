@@ -18,6 +18,8 @@ RUN_DIR = "SNDR_RUN_DIR"
 CACHE_DIR = "SNDR_CACHE_DIR"
 #: Patch directory override for the hook and the CLI default.
 PATCHES = "SNDR_PATCHES"
+#: Deployment profile (TOML or JSON) that ``when`` predicates are evaluated against (see sndr/profile.py).
+PROFILE = "SNDR_PROFILE"
 #: Tree override for the hook (the directory that contains ``vllm/``).
 TREE = "SNDR_TREE"
 #: Test-only: kill the process at a named commit step (see tests/reliability).

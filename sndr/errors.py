@@ -150,6 +150,10 @@ CODES: dict[str, Code] = {
     "conflicts_enabled": Code(_F, "two patches declared as conflicting are both enabled"),
     "overlap_conflict": Code(_F, "two unordered patches change the same bytes"),
     "left_out": Code(_F, "a patch was left out whole under on_failure=skip or --keep-going"),
+    "requires_left_out": Code(_F, "a patch requires a patch that was left out, and its own on_failure is fail"),
+    "nothing_to_do": Code(_F, "every edit of a patch is optional and absent (or its file is missing): it changes nothing"),
+    "when_mismatch": Code(_F, "a patch's when table does not match the deployment profile (the patch is gated)"),
+    "when_unknown": Code(_F, "a patch's when table needs a key the deployment profile does not know (gated)"),
     # -- verdicts of one edit (findings when they stop a command) -----------------------------
     "applies": Code(_F, "the edit's anchor is found exactly once: it applies"),
     "applied": Code(_F, "the edit's replacement is already in place"),
@@ -173,6 +177,9 @@ CODES: dict[str, Code] = {
     "bad_toml": Code(_B, "a TOML input is not valid"),
     "config_missing": Code(_B, "a config-drift watch file does not exist"),
     "config_unreadable": Code(_B, "a config-drift watch file cannot be read"),
+    "bad_via": Code(_B, "--via names no release, or a release not strictly between the pin and the candidate"),
+    "via_unavailable": Code(_B, "--via auto cannot list the releases in between (offline, or the index has none)"),
+    "stdout_conflict": Code(_B, "two outputs of one command were both sent to stdout"),
     # -- upstream: watchlist, sync, pin, vendor ---------------------------------------------------
     "bad_watchlist": Code(_B, "the watchlist does not match its schema"),
     "truncated_watchlist": Code(_B, "the watchlist's sentinel line is missing (truncated file)"),

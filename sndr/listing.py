@@ -11,6 +11,11 @@ A patch's verdict is its plan status (``applies``, ``applied``, ``merged``,
 verdict (``drifted``, ``ambiguous``, ``file_missing``, ...) and then keeps the
 patches with at least one edit that has it.
 
+With ``--profile FILE`` each row says whether that deployment profile gets
+the patch (``enabled``) or not (``gated``, with the reason: its ``when``, its
+version range, ...), by the same :func:`sndr.plan.resolve_gates` apply uses;
+without ``--tree`` the gates read the pinned vLLM version.
+
 The rows are a pure function (:func:`list_rows`) of the patch set and an
 optional plan; the CLI around it is thin.
 """
@@ -23,11 +28,12 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .errors import EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from .errors import EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Patch, Verdict
 
-PATCH_STATUSES = ("applies", "applied", "merged", "gated", "failed", "partial")
+PATCH_STATUSES = ("applies", "applied", "merged", "gated", "failed", "partial", "nothing_to_do", "left_out",
+                  "enabled")
 EDIT_VERDICTS = tuple(v.value for v in Verdict)
 VERDICTS = tuple(dict.fromkeys(PATCH_STATUSES + EDIT_VERDICTS))
 
@@ -43,12 +49,15 @@ class Row:
     lifecycle: str
     upstream: list[str]
     files: list[str]
-    verdict: str | None = None  # the patch's status on --tree
+    when: dict | None = None
+    verdict: str | None = None  # the patch's status on --tree (or enabled/gated for --profile)
     edit_verdicts: list[str] = field(default_factory=list)  # distinct edit verdicts on --tree
     reason: str = ""
 
     def to_json(self) -> dict:
         out = asdict(self)
+        if self.when is None:
+            out.pop("when")
         if self.verdict is None:
             for key in ("verdict", "edit_verdicts", "reason"):
                 out.pop(key)
@@ -64,18 +73,26 @@ def touched(p: Patch) -> list[str]:
     return out
 
 
-def list_rows(patch_set: PatchSet, plan=None, verdict: str | None = None) -> list[Row]:
-    """Rows in patch-set order; with a plan, each carries its verdict (and ``verdict`` filters)."""
+def list_rows(patch_set: PatchSet, plan=None, verdict: str | None = None, gates=None) -> list[Row]:
+    """Rows in patch-set order; with a plan, each carries its verdict (and ``verdict`` filters).
+
+    ``gates`` (id -> :class:`sndr.plan.Gate`, from ``resolve_gates``) without a
+    plan: each row says ``enabled`` or ``gated`` with the gate's reason.
+    """
     results = {r.id: r for r in plan.patches} if plan is not None else {}
     rows = []
     for p in patch_set.patches:
         row = Row(id=p.id, title=p.title, kind=p.kind, default=p.default, lifecycle=p.lifecycle,
-                  upstream=list(p.upstream), files=touched(p))
+                  upstream=list(p.upstream), files=touched(p), when=dict(p.when) if p.when else None)
         r = results.get(p.id)
         if plan is not None and r is not None:
             row.verdict = r.status
             row.edit_verdicts = sorted({e.verdict.value for e in r.edits})
             row.reason = r.reason
+        elif gates is not None and p.id in gates:
+            g = gates[p.id]
+            row.verdict = "enabled" if g.enabled else "gated"
+            row.reason = "" if g.enabled else f"{g.code}: {g.reason}"
         if verdict is not None and verdict != row.verdict and verdict not in row.edit_verdicts:
             continue
         rows.append(row)
@@ -90,6 +107,7 @@ def render_table(rows: list[Row], *, with_verdict: bool, title_width: int = 60) 
     """A plain-text table: one line per patch, files on continuation lines."""
     headers = ["ID", "KIND", "DEFAULT"] + (["VERDICT"] if with_verdict else []) + ["UPSTREAM", "TITLE"]
     table = []
+    reasons = {r.id: r.reason for r in rows if r.verdict in ("gated", "failed", "left_out", "nothing_to_do")}
     for r in rows:
         cells = [r.id, r.kind, "yes" if r.default else "no"]
         if with_verdict:
@@ -106,6 +124,8 @@ def render_table(rows: list[Row], *, with_verdict: bool, title_width: int = 60) 
     for cells, files in table:
         out.append(line(cells))
         out += [f"{indent}{f}" for f in files]
+        if with_verdict and reasons.get(cells[0]):
+            out.append(f"{indent}why: {reasons[cells[0]]}")
     return "\n".join(out)
 
 
@@ -134,43 +154,61 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--verdict", choices=VERDICTS, metavar="VERDICT",
                     help=f"with --tree: only patches with this status or edit verdict ({', '.join(VERDICTS)})")
     ap.add_argument("--kind", choices=("text", "runtime", "plugin"), help="only patches of this kind")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="a deployment profile (TOML/JSON, see python -m sndr schema profile): which patches it "
+                         "gets (enabled) and why the others are gated; default: $SNDR_PROFILE with --tree")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     return ap
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    try:
-        if args.verdict and not args.tree:
-            raise SndrError(Problem("usage", "--verdict needs --tree: a verdict is about one tree", key="--verdict",
-                                    hint="e.g. python -m sndr list --tree vllm==0.33.0 --verdict drifted"))
-        patch_set = load_patch_set(args.patches)
-        plan = None
-        version = None
-        if args.tree:
-            from .plan import build_plan
-            from .tree import open_tree
+    from .cli import run
 
-            tree = open_tree(args.tree)
-            version = tree.version
-            plan = build_plan(patch_set, tree.read_text, version, environ=os.environ, check_compile=False)
-        rows = list_rows(patch_set, plan, args.verdict)
-        if args.kind:
-            rows = [r for r in rows if r.kind == args.kind]
-    except SndrError as exc:
-        print(f"sndr list: error\n{exc.render()}", file=sys.stderr)
-        return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - the CLI reports, it does not crash
-        print(f"sndr list: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_INTERNAL
+    args = build_parser().parse_args(argv)
+    return run("sndr list", lambda: _cli_body(args), on_interrupt=lambda: "nothing was written; run it again")
+
+
+def _cli_body(args) -> int:
+    if args.verdict and not (args.tree or args.profile):
+        raise SndrError(Problem("usage", "--verdict needs --tree (or --profile): a verdict is about one tree",
+                                key="--verdict",
+                                hint="e.g. python -m sndr list --tree vllm==0.33.0 --verdict drifted"))
+    patch_set = load_patch_set(args.patches)
+    plan = None
+    version = None
+    gates = None
+    profile = None
+    if args.profile:
+        from .profile import load_profile
+
+        profile = load_profile(args.profile)
+    if args.tree:
+        from .plan import build_plan
+        from .tree import open_tree
+
+        tree = open_tree(args.tree)
+        version = tree.version
+        plan = build_plan(patch_set, tree.read_text, version, environ=os.environ, check_compile=False,
+                          profile=profile)
+    elif profile is not None:
+        from . import PIN_VERSION
+        from .plan import resolve_gates
+
+        version = PIN_VERSION
+        _, gates = resolve_gates(patch_set, version, os.environ, None, profile)
+    rows = list_rows(patch_set, plan, args.verdict, gates)
+    if args.kind:
+        rows = [r for r in rows if r.kind == args.kind]
     if args.json:
-        doc = {"tree": args.tree, "vllm_version": version, "patches": [r.to_json() for r in rows]}
+        doc = {"tree": args.tree, "vllm_version": version, "profile": args.profile,
+               "patches": [r.to_json() for r in rows]}
         print(json.dumps(doc, indent=2))
         return EXIT_OK
-    with_verdict = plan is not None
+    with_verdict = plan is not None or gates is not None
     if args.tree:
         print(f"tree: {args.tree} (vLLM {version})")
+    if args.profile:
+        print(f"profile: {args.profile}" + ("" if args.tree else f" (gates read vLLM {version}, the pin)"))
     if rows:
         print(render_table(rows, with_verdict=with_verdict))
     print(summary(rows, with_verdict))

@@ -200,26 +200,51 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     return PatchSet(patches=patches, directory=directory, sources=sources)
 
 
+def _source_line(source: str | None, key: str, value: str | None = None) -> int | None:
+    """Line of ``key = [...]`` (the one naming ``value`` when given) in a patch file; only read on errors."""
+    if not source or not source.endswith(".toml"):
+        return None
+    try:
+        lines = Path(source).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    start = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+    for n, line in enumerate(lines):
+        if start.match(line):
+            if value is None:
+                return n + 1
+            for m in range(n, min(n + 50, len(lines))):  # a multi-line array
+                if f'"{value}"' in lines[m] or f"'{value}'" in lines[m]:
+                    return m + 1
+                if "]" in lines[m]:
+                    break
+            return n + 1
+    return None
+
+
 def _cross_check(patches: list[Patch], sources: dict[str, str]) -> list[Problem]:
     ids = {p.id for p in patches}
     problems = []
     for p in patches:
-        for key in ("requires", "conflicts"):
+        for key in ("requires", "after", "conflicts"):
             for other in getattr(p, key):
                 if other not in ids:
+                    src = sources.get(p.id)
                     problems.append(Problem("unknown_id", f"{key} names unknown patch {other}",
-                                            file=sources.get(p.id), key=key, patch=p.id))
-    # requires cycles
-    graph = {p.id: [r for r in p.requires if r in ids] for p in patches}
+                                            file=src, line=_source_line(src, key, other), key=key, patch=p.id))
+    # Ordering cycles: requires and after both order, so a cycle through either is an error.
+    graph = {p.id: [(r, "requires") for r in p.requires if r in ids] + [(a, "after") for a in p.after if a in ids]
+             for p in patches}
     state: dict[str, int] = {}
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
-        for nxt in graph[node]:
+        for nxt, key in graph[node]:
             if state.get(nxt) == 1:
                 cyc = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
-                problems.append(Problem("requires_cycle", "requires cycle: " + " -> ".join(cyc),
-                                        file=sources.get(node), key="requires", patch=node))
+                src = sources.get(node)
+                problems.append(Problem("requires_cycle", f"ordering cycle through {key}: " + " -> ".join(cyc),
+                                        file=src, line=_source_line(src, key, nxt), key=key, patch=node))
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2

@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .commit import atomic_write
-from .errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, SndrError, bad_input
+from .errors import EXIT_FINDINGS, EXIT_OK, bad_input
 from .load import PatchSet, load_patch_set, shipped_anchors_dir
 from .model import Patch, Verdict
 from .tree import DirTree, Tree, open_tree
@@ -285,12 +285,43 @@ def _diff_patch(a: ManifestPatch, b: ManifestPatch) -> list[str]:
 # ----------------------------------------------------------------------------- I/O
 
 
-def write_manifest(manifest: Manifest, out_dir: Path) -> Path:
-    """Atomic write: a reader (or a CI check racing a rebuild) never sees half a file."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / manifest_name(manifest.vllm_version)
+def write_manifest(manifest: Manifest, out: Path) -> Path:
+    """Atomic write: a reader (or a CI check racing a rebuild) never sees half a file.
+
+    ``out`` is a directory (``vllm-<version>.json`` is written into it) or, when
+    it names a ``.json`` file, that file.
+    """
+    if out_is_file(out):
+        target = out
+        target.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / manifest_name(manifest.vllm_version)
     atomic_write(target, manifest.to_json().encode("utf-8"))
     return target
+
+
+def out_is_file(out: Path) -> bool:
+    """``--out``: True for a ``.json`` file name, False for a directory; anything else is refused.
+
+    A directory is an existing directory or a name without a suffix; a file is a
+    name ending in ``.json`` (that is not an existing directory). An existing
+    file, or a name with another suffix, is neither, and says so instead of
+    silently becoming a directory of that name.
+    """
+    if out.is_dir():
+        return False
+    if out.suffix == ".json":
+        return True
+    if out.exists():
+        raise bad_input("usage", f"--out {out} is an existing file that is not .json; --out wants a directory "
+                        "or a FILE.json", file=str(out), key="--out",
+                        hint=f"e.g. --out {out.parent / 'anchors'} or --out {out.with_suffix('.json')}")
+    if out.suffix:
+        raise bad_input("usage", f"--out {out} looks like a file name but not a .json one; --out wants a directory "
+                        "(vllm-<version>.json is written into it) or a FILE.json", key="--out",
+                        hint=f"e.g. --out {out.with_suffix('.json')} or --out {out.with_suffix('')}")
+    return False
 
 
 def committed_manifests(anchors: Path) -> list[Path]:
@@ -341,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="write anchors/vllm-<version>.json for a pristine tree")
     b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed manifest)")
     b.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
-    b.add_argument("--out", type=Path, help="output directory (default: the shipped anchors/)")
+    b.add_argument("--out", type=Path, help="output directory (vllm-<version>.json is written into it) or a "
+                                            "FILE.json (default: the shipped anchors/)")
     c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
     c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
     c.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
@@ -351,9 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _build_cmd(args) -> int:
     out = args.out or shipped_anchors_dir()
+    to_file = out_is_file(out)  # refuses an --out that is neither a directory nor a .json file, before any work
     spec = args.tree
     if spec is None:
-        pins = _pin_trees(out, None)
+        pins = _pin_trees(out.parent if to_file else out, None)
         if len(pins) != 1:
             raise bad_input("tree_required", f"--tree is required ({len(pins)} manifests in {out})", key="--tree",
                             hint="e.g. --tree vllm==0.32.0")
@@ -371,22 +404,19 @@ def _build_cmd(args) -> int:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.cmd == "build":
-            return _build_cmd(args)
-        code, lines = check(args.tree, args.patches, args.anchors or shipped_anchors_dir())
-        print("\n".join(lines), file=sys.stdout if code == EXIT_OK else sys.stderr)
-        return code
-    except SndrError as exc:
-        print(f"sndr manifest: error\n{exc.render()}", file=sys.stderr)
-        return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - last-resort boundary: exit 3
-        import traceback
+    from .cli import run
 
-        traceback.print_exc()
-        print(f"sndr manifest: internal error: {exc!r}", file=sys.stderr)
-        return EXIT_INTERNAL
+    args = build_parser().parse_args(argv)
+    return run("sndr manifest", lambda: _cli_body(args),
+               on_interrupt=lambda: "a manifest is written atomically: the old one or the new one is in place")
+
+
+def _cli_body(args) -> int:
+    if args.cmd == "build":
+        return _build_cmd(args)
+    code, lines = check(args.tree, args.patches, args.anchors or shipped_anchors_dir())
+    print("\n".join(lines), file=sys.stdout if code == EXIT_OK else sys.stderr)
+    return code
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The data model: patch files, verdicts, ledgers and reports (pydantic v2).
 
-The patch file format is a contract (DESIGN.md section 4): unknown keys are
+The patch file format is a contract (docs/format.md): unknown keys are
 errors, and every validation error names the file and the key.
 """
 
@@ -33,6 +33,7 @@ class Verdict(str, enum.Enum):
     OPTIONAL_ABSENT = "optional_absent"  # optional anchor not found
     FILE_MISSING = "file_missing"  # target file does not exist
     GATED = "gated"  # patch not enabled on this tree (reason says why)
+    CONFLICT = "conflict"  # an earlier patch of the set consumed the anchor (ordering, not drift)
 
     @property
     def ok(self) -> bool:
@@ -152,8 +153,17 @@ class Patch(Strict):
     default: StrictBool = True
     vllm: str = Field(default="", description="PEP 440 specifier the tree's vLLM version must satisfy; empty = any")
     upstream: list[str] = Field(default_factory=list)
-    requires: list[str] = Field(default_factory=list)
+    requires: list[str] = Field(default_factory=list, description="patches this one needs: applied first, and "
+                                "this one is gated requires_gated when one of them is not enabled")
+    after: list[str] = Field(default_factory=list, description="patches this one is applied after when both are "
+                             "enabled; never enables or disables anything")
     conflicts: list[str] = Field(default_factory=list)
+    on_failure: Literal["fail", "skip"] = Field(default="fail", description="fail: a failing edit refuses the whole "
+                                                "set; skip: the patch is left out whole and the rest applies (exit 1)")
+    when: dict[str, str | list[str]] | None = Field(default=None, description="applicability predicates "
+                                                    "(sndr.profile.KEYS): gated when_mismatch / when_unknown "
+                                                    "unless every key matches the deployment profile",
+                                                    json_schema_extra=lambda s: s.update(_when_schema()))
     merged_markers: list[str] = Field(default_factory=list)
     description: str = ""
     groups: dict[str, GroupMode] = Field(default_factory=dict)
@@ -173,13 +183,22 @@ class Patch(Strict):
             raise ValueError(f"not a PEP 440 specifier: {v!r} ({exc})") from None
         return v
 
-    @field_validator("requires", "conflicts")
+    @field_validator("requires", "after", "conflicts")
     @classmethod
     def _ids_ok(cls, v: list[str]) -> list[str]:
         for i in v:
             if not re.match(ID_PATTERN, i):
                 raise ValueError(f"{i!r} is not a patch id")
+        if len(set(v)) != len(v):
+            raise ValueError(f"{sorted({i for i in v if v.count(i) > 1})[0]!r} is listed twice")
         return v
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _when_ok(cls, v):
+        from .profile import check_when
+
+        return None if v is None else check_when(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Patch":
@@ -191,8 +210,11 @@ class Patch(Strict):
             raise ValueError("kind = 'runtime' needs at least one [[runtime]] entry")
         if self.kind == "plugin" and not self.module:
             raise ValueError("kind = 'plugin' needs 'module'")
-        if self.id in self.requires or self.id in self.conflicts:
-            raise ValueError(f"{self.id} cannot require or conflict with itself")
+        if self.id in self.requires or self.id in self.conflicts or self.id in self.after:
+            raise ValueError(f"{self.id} cannot require, follow or conflict with itself")
+        both = sorted(set(self.after) & set(self.requires))
+        if both:
+            raise ValueError(f"{both[0]} is in both requires and after; requires already orders it first")
         seen: set[str] = set()
         for name in [e.name for f in self.files for e in f.edits] + [r.name for r in self.runtime]:
             if name in seen:
@@ -223,6 +245,12 @@ class Patch(Strict):
         return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
 
 
+def _when_schema() -> dict:
+    from .profile import when_schema
+
+    return {"anyOf": [when_schema(), {"type": "null"}]}
+
+
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -251,16 +279,33 @@ class EditResult(BaseModel):
     qualname: str | None = None
     locations: list[Location] = Field(default_factory=list, description="every occurrence, for ambiguous anchors")
     chained_from: list[str] = Field(default_factory=list, description="patch ids whose replacement text this anchor lies in")
+    conflict_with: list[str] = Field(default_factory=list, description="conflict/overlap: the patches that changed "
+                                     "bytes of this anchor")
+    hint: str = ""
 
 
 class PatchResult(BaseModel):
     id: str
     title: str = ""
     kind: str = "text"
-    status: Literal["applies", "applied", "merged", "gated", "failed", "partial"] = "applies"
+    status: Literal["applies", "applied", "merged", "gated", "failed", "partial", "nothing_to_do",
+                    "left_out"] = "applies"
     reason: str = ""
     reason_code: str = ""
+    on_failure: Literal["fail", "skip"] = "fail"
     edits: list[EditResult] = Field(default_factory=list)
+
+
+class LeftOut(BaseModel):
+    """A patch left out whole (on_failure = "skip", --keep-going, or a patch it requires was left out)."""
+
+    id: str
+    reason: str
+    code: str = Field(description="the failure that left it out (edit_drifted, conflict, ..., or requires_left_out)")
+    by: Literal["on_failure", "keep_going", "requires"] = Field(
+        description="on_failure: its own policy allowed it; keep_going: --keep-going overrode on_failure = fail; "
+                    "requires: a patch it requires was left out")
+    on_failure: Literal["fail", "skip"] = "fail"
 
 
 class Pin(BaseModel):
@@ -284,6 +329,7 @@ class Ledger(BaseModel):
     files: dict[str, LedgerFile] = Field(default_factory=dict)
     results: dict[str, str] = Field(default_factory=dict, description="patch id -> status once the ledger was written")
     counts: dict[str, int] = Field(default_factory=dict, description="edit verdict counts once the ledger was written")
+    left_out: dict[str, LeftOut] = Field(default_factory=dict, description="enabled patches left out whole, and why")
     checksum: str = Field(default="", description="sha256 of the ledger without this field; catches hand edits")
 
     def compute_checksum(self) -> str:
@@ -307,5 +353,6 @@ class Report(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     patches: list[PatchResult] = Field(default_factory=list)
     files_written: list[str] = Field(default_factory=list)
+    left_out: list[LeftOut] = Field(default_factory=list, description="enabled patches left out whole, and why")
     problems: list[Problem] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)

@@ -1,10 +1,17 @@
 """The plan: a pure, sequential simulation of every enabled patch on in-memory texts.
 
 ``build_plan`` reads nothing but what ``read`` returns and writes nothing. It
-gates each patch, orders the set (``requires`` first), classifies every edit
-with :func:`sndr.classify.classify_edit` on the text as earlier patches left
-it, detects overlapping edits between unrelated patches, and compiles every
-changed ``.py`` file. Apply, dry-run, verify, manifest and preflight share it.
+gates each patch (:func:`resolve_gates`, the one home of gating: lifecycle,
+``SNDR_ENABLE_*``, ``vllm`` range, ``when`` predicates, ``requires``), orders
+the set (``requires`` and ``after`` first), classifies every edit with
+:func:`sndr.classify.classify_edit` on the text as earlier patches left it,
+checks that no edit rewrites bytes an *unordered* patch changed (the changed
+bytes of an edit are a diff of its anchor and replacement, not its whole
+replacement span), names the patch that consumed an anchor (``conflict``),
+leaves out whole the failing patches that ``on_failure = "skip"`` or
+``--keep-going`` allow (re-planning the rest), and compiles every changed
+``.py`` file. Apply, dry-run, verify, manifest, preflight and the startup hook
+share it. The format it implements is docs/format.md.
 """
 
 from __future__ import annotations
@@ -12,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from functools import lru_cache
+from os.path import commonprefix
 from typing import Callable
 
 from packaging.specifiers import SpecifierSet
@@ -23,19 +33,20 @@ from .classify import Finding, classify_create, classify_edit, markers_present, 
 from .errors import Problem, SndrError
 from .load import PatchSet
 from .locate import line_of, scopes
-from .model import EditResult, Location, Patch, PatchResult, Verdict
+from .model import EditResult, LeftOut, Location, Patch, PatchResult, Verdict
 
 Reader = Callable[[str], "str | None"]
 
-FAILING = (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING)
+FAILING = (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING, Verdict.CONFLICT)
 
 # Failures that are defects of the patch (or of the target's bytes), not drift:
-# they map to exit code 2 (bad input) rather than 1 (findings).
-BAD_INPUT_REASONS = {"anchor_ambiguous", "group_ambiguous", "overlap_conflict", "line_endings"}
+# they map to exit code 2 (bad input) rather than 1 (findings). An overlap or a
+# conflict between two patches that are each valid alone is a finding (exit 1).
+BAD_INPUT_REASONS = {"anchor_ambiguous", "group_ambiguous", "line_endings"}
 _HINTS = {
     "anchor_ambiguous": "widen the anchor with surrounding lines until it occurs exactly once",
     "group_ambiguous": "make the one_of variants mutually exclusive",
-    "overlap_conflict": "declare requires between the two patches, or re-anchor one of them",
+    "overlap_conflict": "order the two patches (after = [...] or requires = [...]), or re-anchor one of them",
     "line_endings": "the target uses CRLF; write the anchor with CRLF or normalise the target",
     "edit_drifted": "re-anchor the edit (python -m sndr preflight suggests where the code went)",
     "edit_file_missing": "the target file is gone; see the preflight's suggestions",
@@ -59,26 +70,39 @@ def parse_version(version: str) -> Version | None:
         return None
 
 
-def gate(patch: Patch, version: str, environ=None) -> Gate:
-    """Is ``patch`` enabled on a tree of this vLLM ``version``? Enforced, never advisory."""
+def gate(patch: Patch, version: str, environ=None, profile=None) -> Gate:
+    """Is ``patch`` enabled on a tree of this vLLM ``version`` (and deployment ``profile``)?
+
+    Enforced, never advisory. ``profile`` is a :class:`sndr.profile.Profile`
+    or a zero-argument callable returning one (evaluated only for a patch with
+    ``when``).
+    """
     if patch.lifecycle == "retired":
         return Gate(False, "lifecycle_retired", "lifecycle = retired")
+    var = envmod.enable_var(patch.id)
     override = envmod.enable_override(patch.id, environ)
     if override is False:
-        return Gate(False, "disabled_by_env", f"disabled by SNDR_ENABLE_{patch.id.upper()}=0")
+        return Gate(False, "disabled_by_env", f"disabled by {var}=0")
     if override is None and not patch.default:
-        return Gate(False, "disabled_by_default", f"default = false (enable with SNDR_ENABLE_{patch.id.upper()}=1)")
+        return Gate(False, "disabled_by_default", f"default = false (enable with {var}=1)")
     if patch.vllm:
         v = parse_version(version)
         if v is None:
             return Gate(False, "version_unknown", f"vllm {patch.vllm!r} required but the tree's version {version!r} is unknown")
         if not SpecifierSet(patch.vllm).contains(v, prereleases=True):
             return Gate(False, "version_mismatch", f"vllm {version} does not satisfy {patch.vllm!r}")
+    if patch.when:
+        from .profile import Profile, evaluate
+
+        prof = profile() if callable(profile) else profile
+        ok, code, reason = evaluate(patch.when, prof if prof is not None else Profile())
+        if not ok:
+            return Gate(False, code, reason)
     return Gate(True)
 
 
 def order_patches(patches: list[Patch]) -> list[Patch]:
-    """Topological order by ``requires``; ties keep the patch set's order."""
+    """Topological order by ``requires`` and ``after``; ties keep the patch set's order."""
     index = {p.id: i for i, p in enumerate(patches)}
     by_id = {p.id: p for p in patches}
     done: set[str] = set()
@@ -89,7 +113,7 @@ def order_patches(patches: list[Patch]) -> list[Patch]:
         if p.id in done or p.id in visiting:
             return
         visiting.add(p.id)
-        for r in sorted((r for r in p.requires if r in by_id), key=index.__getitem__):
+        for r in sorted((r for r in (*p.requires, *p.after) if r in by_id), key=index.__getitem__):
             visit(by_id[r])
         visiting.discard(p.id)
         done.add(p.id)
@@ -100,7 +124,75 @@ def order_patches(patches: list[Patch]) -> list[Patch]:
     return out
 
 
+# ----------------------------------------------------------------------------- changed bytes
+
+
+@lru_cache(maxsize=4096)
+def diff_spans(anchor: str, replacement: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]:
+    """What an edit changes: (changed spans in replacement coordinates, equal blocks (a0, r0, n)).
+
+    A common prefix and suffix are unchanged; the middle is compared line by
+    line, and each replaced block is trimmed of its own common prefix and
+    suffix. A zero-length changed span is a deletion point. Context the
+    replacement re-emits unchanged is never counted as changed.
+    """
+    a, b = anchor, replacement
+    p = len(commonprefix([a, b]))
+    s = 0
+    limit = min(len(a), len(b)) - p
+    while s < limit and a[-1 - s] == b[-1 - s]:
+        s += 1
+    equal: list[tuple[int, int, int]] = [(0, 0, p)] if p else []
+    changed: list[tuple[int, int]] = []
+    am, bm = a[p:len(a) - s], b[p:len(b) - s]
+    if am and bm and ("\n" in am or "\n" in bm):
+        al, bl = am.splitlines(True), bm.splitlines(True)
+        ao, bo = [0], [0]
+        for ln in al:
+            ao.append(ao[-1] + len(ln))
+        for ln in bl:
+            bo.append(bo[-1] + len(ln))
+        for tag, i1, i2, j1, j2 in SequenceMatcher(None, al, bl, autojunk=False).get_opcodes():
+            a0, a1, b0, b1 = p + ao[i1], p + ao[i2], p + bo[j1], p + bo[j2]
+            if tag == "equal":
+                equal.append((a0, b0, a1 - a0))
+                continue
+            q = len(commonprefix([a[a0:a1], b[b0:b1]]))
+            r = 0
+            lim = min(a1 - a0, b1 - b0) - q
+            while r < lim and a[a1 - 1 - r] == b[b1 - 1 - r]:
+                r += 1
+            if q:
+                equal.append((a0, b0, q))
+            changed.append((b0 + q, b1 - r))
+            if r:
+                equal.append((a1 - r, b1 - r, r))
+    else:
+        changed.append((p, len(b) - s))
+    if s:
+        equal.append((len(a) - s, len(b) - s, s))
+    return tuple(changed), tuple(equal)
+
+
+def _touches(r0: int, r1: int, a0: int, a1: int) -> bool:
+    """Does a changed span [r0, r1) (zero-length: a deletion point) lie in an anchor span [a0, a1)?"""
+    if r0 == r1:
+        return a0 < r0 < a1
+    return r0 < a1 and a0 < r1
+
+
 # ----------------------------------------------------------------------------- simulation state
+
+
+@dataclass
+class Change:
+    """Bytes one edit changed, in current coordinates, and where its anchor sat in the pristine file."""
+
+    start: int
+    end: int
+    patch: str
+    edit: str
+    lines: tuple[int, int]
 
 
 @dataclass
@@ -114,10 +206,13 @@ class FileState:
     # Replacement spans in current coordinates: [start, end, patch id].
     regions: list[list] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
+    # The changed bytes of every applied edit (diff of anchor vs replacement).
+    changes: list[Change] = field(default_factory=list)
 
     def copy(self) -> "FileState":
         return FileState(self.path, self.pristine, self.text, list(self.history),
-                         [list(r) for r in self.regions], list(self.patches))
+                         [list(r) for r in self.regions], list(self.patches),
+                         [Change(c.start, c.end, c.patch, c.edit, c.lines) for c in self.changes])
 
     def to_pristine(self, offset: int) -> int:
         for pos, old, new in reversed(self.history):
@@ -127,21 +222,54 @@ class FileState:
                 offset = pos
         return offset
 
-    def replace(self, offset: int, old_len: int, new: str, patch_id: str) -> None:
+    def from_pristine(self, offset: int, end: bool = False) -> int:
+        """A pristine offset in current coordinates (inside a replaced span: its start, or its end for ``end``)."""
+        for pos, old, new in self.history:
+            if offset >= pos + old and (offset > pos or end):
+                offset += new - old
+            elif offset > pos:
+                offset = pos + new if end else pos
+        return offset
+
+    def replace(self, offset: int, old_len: int, new: str, patch_id: str, edit: str = "",
+                anchor: str | None = None) -> None:
         assert self.text is not None
-        self.text = self.text[:offset] + new + self.text[offset + old_len:]
+        old_end = offset + old_len
+        self.text = self.text[:offset] + new + self.text[old_end:]
         delta = len(new) - old_len
         kept = []
         for s, e, pid in self.regions:
             if e <= offset:
                 kept.append([s, e, pid])
-            elif s >= offset + old_len:
+            elif s >= old_end:
                 kept.append([s + delta, e + delta, pid])
         kept.append([offset, offset + len(new), patch_id])
         self.regions = sorted(kept)
+        changed, equal = diff_spans(anchor, new) if anchor is not None else (((0, len(new)),), ())
+        moved: list[Change] = []
+        for c in self.changes:
+            if c.end < offset or (c.end == offset and c.start < c.end) or (c.start == c.end == offset):
+                moved.append(c)
+            elif c.start > old_end or (c.start == old_end and c.start < c.end) or (c.start == c.end == old_end):
+                moved.append(Change(c.start + delta, c.end + delta, c.patch, c.edit, c.lines))
+            else:
+                # Inside the rewritten span: what the new replacement re-emits unchanged keeps its author.
+                for a0, r0, n in equal:
+                    lo, hi = max(c.start - offset, a0), min(c.end - offset, a0 + n)
+                    if lo < hi or (c.start == c.end and a0 < c.start - offset < a0 + n):
+                        moved.append(Change(offset + r0 + (lo - a0), offset + r0 + (hi - a0), c.patch, c.edit, c.lines))
+        p0 = self.to_pristine(offset)
+        base = self.pristine or ""
+        lines = (line_of(base, p0), line_of(base, max(p0, self.to_pristine(old_end) - 1)))
+        for r0, r1 in changed:
+            moved.append(Change(offset + r0, offset + r1, patch_id, edit, lines))
+        self.changes = sorted(moved, key=lambda c: (c.start, c.end))
         self.history.append((offset, old_len, len(new)))
         if patch_id not in self.patches:
             self.patches.append(patch_id)
+
+    def changed_in(self, a0: int, a1: int) -> list[Change]:
+        return [c for c in self.changes if _touches(c.start, c.end, a0, a1)]
 
 
 @dataclass
@@ -160,14 +288,27 @@ class Plan:
     problems: list[Problem]
     enabled: list[str]
     digest: str
+    left_out: list[LeftOut] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def applied(self) -> list[str]:
+        """The enabled ids minus those left out: what the tree holds after an apply."""
+        out = {lo.id for lo in self.left_out}
+        return [i for i in self.enabled if i not in out]
+
+    @property
+    def not_selected(self) -> list[PatchResult]:
+        return [p for p in self.patches if p.reason_code == "not_selected"]
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for p in self.patches:
+            if p.reason_code == "not_selected":
+                continue  # --only: summarised in one line, not counted edit by edit
             for e in p.edits:
                 out[e.verdict.value] = out.get(e.verdict.value, 0) + 1
             if p.status == "gated" and not p.edits:
@@ -190,12 +331,29 @@ def _requires_closure(patch: Patch, by_id: dict[str, Patch]) -> set[str]:
     return seen
 
 
+def _order_closure(patch: Patch, by_id: dict[str, Patch]) -> set[str]:
+    """Every patch ordered before ``patch`` by ``requires`` or ``after`` (transitively)."""
+    seen: set[str] = set()
+    stack = [*patch.requires, *patch.after]
+    while stack:
+        r = stack.pop()
+        if r in seen or r not in by_id:
+            continue
+        seen.add(r)
+        stack.extend((*by_id[r].requires, *by_id[r].after))
+    return seen
+
+
 def resolve_gates(patch_set: PatchSet, version: str, environ=None,
-                  only: list[str] | None = None) -> tuple[list[Patch], dict[str, Gate]]:
+                  only: list[str] | None = None, profile=None) -> tuple[list[Patch], dict[str, Gate]]:
     """The apply order and every patch's gate, reading no target file.
 
     ``--only`` pulls in what the selected patches require; a patch whose
-    ``requires`` is not enabled is gated ``requires_gated``.
+    ``requires`` is not enabled is gated ``requires_gated``. ``when`` tables are
+    evaluated against ``profile`` (a :class:`sndr.profile.Profile`); without
+    one, against :func:`sndr.profile.active_profile` (the startup hook's
+    process profile, else ``$SNDR_PROFILE``, else no profile: every key
+    unknown), loaded only when a patch has a ``when``.
     """
     environ = os.environ if environ is None else environ
     by_id = patch_set.by_id
@@ -208,12 +366,24 @@ def resolve_gates(patch_set: PatchSet, version: str, environ=None,
         selected = set(only)
         for i in only:
             selected |= _requires_closure(by_id[i], by_id)
+    memo: list = []
+
+    def get_profile():
+        if not memo:
+            if profile is not None:
+                memo.append(profile)
+            else:
+                from .profile import active_profile
+
+                memo.append(active_profile(environ))
+        return memo[0]
+
     gates: dict[str, Gate] = {}
     for p in ordered:
         if selected is not None and p.id not in selected:
             gates[p.id] = Gate(False, "not_selected", "not selected by --only")
             continue
-        g = gate(p, version, environ)
+        g = gate(p, version, environ, get_profile)
         if g.enabled:
             missing = [r for r in p.requires if not gates.get(r, Gate(False)).enabled]
             if missing:
@@ -222,12 +392,87 @@ def resolve_gates(patch_set: PatchSet, version: str, environ=None,
     return ordered, gates
 
 
+def gate_reasons(patch_set: PatchSet, version: str, environ=None, profile=None) -> dict[str, str]:
+    """id -> "code: reason" of every gated patch (the startup hook attests them)."""
+    _, gates = resolve_gates(patch_set, version, environ, None, profile)
+    return {pid: f"{g.code}: {g.reason}" for pid, g in gates.items() if not g.enabled}
+
+
 def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
-               only: list[str] | None = None, check_compile: bool = True) -> Plan:
-    """Simulate the patch set on the texts ``read`` returns (the pristine tree)."""
+               only: list[str] | None = None, check_compile: bool = True, keep_going: bool = False,
+               profile=None) -> Plan:
+    """Simulate the patch set on the texts ``read`` returns (the pristine tree).
+
+    A failing patch whose ``on_failure`` is ``"skip"`` (every failing patch,
+    with ``keep_going``) is left out whole, with the patches that require it,
+    and the rest is planned again without them, until nothing fails or a
+    failure is not allowed to be skipped.
+    """
     environ = os.environ if environ is None else environ
     by_id = patch_set.by_id
-    ordered, gates = resolve_gates(patch_set, version, environ, only)
+    ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
+    texts: dict[str, object] = {}
+
+    def cached(rel: str) -> str | None:
+        if rel not in texts:
+            try:
+                texts[rel] = read(rel)
+            except SndrError as exc:
+                texts[rel] = exc
+        value = texts[rel]
+        if isinstance(value, SndrError):
+            raise value
+        return value  # type: ignore[return-value]
+
+    left: dict[str, LeftOut] = {}
+    attempts: dict[str, PatchResult] = {}
+    while True:
+        plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+        failed = [r for r in plan.patches if r.status == "failed"]
+        blamed = {pr.patch for pr in plan.problems if pr.code == "compile_error" and pr.patch in by_id}
+        failed += [r for r in plan.patches if r.id in blamed and r.status != "failed"]
+        if not failed:
+            return plan
+        newly: dict[str, LeftOut] = {}
+        for r in failed:
+            p = by_id[r.id]
+            if not (keep_going or p.on_failure == "skip"):
+                return plan  # a failure the set may not skip: refused as a whole
+            code = next((_problem_code(e) for e in r.edits if e.verdict in FAILING), "compile_error")
+            reason = r.reason or next((pr.message for pr in plan.problems if pr.patch == r.id), "failed")
+            newly[r.id] = LeftOut(id=r.id, reason=reason, code=code, on_failure=p.on_failure,
+                                  by="on_failure" if p.on_failure == "skip" else "keep_going")
+            attempts[r.id] = r
+        left.update(newly)
+        blocked: list[Problem] = []
+        for p in ordered:
+            if p.id in left or not gates[p.id].enabled:
+                continue
+            gone = sorted(_requires_closure(p, by_id) & set(left))
+            if gone:
+                left[p.id] = LeftOut(id=p.id, reason=f"requires {', '.join(gone)}, which was left out",
+                                     code="requires_left_out", by="requires", on_failure=p.on_failure)
+                if p.on_failure == "fail" and not keep_going:
+                    blocked.append(Problem("requires_left_out",
+                                           f"requires {', '.join(gone)}, which was left out "
+                                           f"({'; '.join(left[g].reason for g in gone)}), and its on_failure is "
+                                           "\"fail\"", file=patch_set.source_of(p.id), patch=p.id,
+                                           hint=f'set on_failure = "skip" in {p.id}, or run with --keep-going'))
+        if blocked:
+            plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+            plan.problems.extend(blocked)
+            return plan
+
+
+def _problem_code(e: EditResult) -> str:
+    if e.verdict == Verdict.CONFLICT:
+        return e.reason_code or "conflict"
+    return e.reason_code if e.reason_code in BAD_INPUT_REASONS else f"edit_{e.verdict.value}"
+
+
+def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Patch], gates: dict[str, Gate],
+               left: dict[str, LeftOut], attempts: dict[str, PatchResult], check_compile: bool) -> Plan:
+    by_id = patch_set.by_id
     problems: list[Problem] = []
     enabled = [p.id for p in ordered if gates[p.id].enabled]
     en = set(enabled)
@@ -239,7 +484,7 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
                 reported.add(pair)
                 problems.append(Problem("conflicts_enabled", f"{p.id} conflicts with {c} and both are enabled",
                                         file=patch_set.source_of(p.id), key="conflicts", patch=p.id,
-                                        hint=f"disable one of them, e.g. SNDR_ENABLE_{c.upper()}=0"))
+                                        hint=f"disable one of them, e.g. {envmod.enable_var(c)}=0"))
 
     files: dict[str, FileState] = {}
 
@@ -257,19 +502,27 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
     for p in ordered:
         g = gates[p.id]
         if not g.enabled:
+            edits = [] if g.code == "not_selected" else [
+                EditResult(patch=p.id, file=f.path, name=e.name, verdict=Verdict.GATED, required=e.required,
+                           group=e.group, reason=g.reason) for f, e in p.edits()]
             results.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status="gated", reason=g.reason,
-                                       reason_code=g.code,
-                                       edits=[EditResult(patch=p.id, file=f.path, name=e.name, verdict=Verdict.GATED,
-                                                         required=e.required, group=e.group, reason=g.reason)
-                                              for f, e in p.edits()]))
+                                       reason_code=g.code, on_failure=p.on_failure, edits=edits))
             continue
-        result, new_states = _simulate_patch(p, state, _requires_closure(p, by_id))
+        if p.id in left:
+            lo = left[p.id]
+            prior = attempts.get(p.id)
+            results.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status="left_out", reason=lo.reason,
+                                       reason_code=lo.code, on_failure=p.on_failure,
+                                       edits=list(prior.edits) if prior is not None else []))
+            continue
+        result, new_states = _simulate_patch(p, state, _order_closure(p, by_id), by_id)
+        result.on_failure = p.on_failure
         if result.status == "failed":
             for e in result.edits:
                 if e.verdict in FAILING and (e.required or e.group):
-                    code = e.reason_code if e.reason_code in BAD_INPUT_REASONS else f"edit_{e.verdict.value}"
+                    code = _problem_code(e)
                     problems.append(Problem(code, f"edit {e.name!r}: {e.reason or e.verdict.value}",
-                                            file=e.file, line=e.line, patch=p.id, hint=_HINTS.get(code)))
+                                            file=e.file, line=e.line, patch=p.id, hint=e.hint or _HINTS.get(code)))
         else:
             files.update(new_states)
         for r in p.runtime:
@@ -291,15 +544,17 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
     if check_compile:
         problems.extend(_compile_check(changes, files))
     digest = patch_set_digest(patch_set, enabled)
-    return Plan(version=version, patches=results, changes=changes, problems=problems, enabled=enabled, digest=digest)
+    left_out = [left[p.id] for p in ordered if p.id in left and gates[p.id].enabled]
+    return Plan(version=version, patches=results, changes=changes, problems=problems, enabled=enabled, digest=digest,
+                left_out=left_out)
 
 
 def patch_set_digest(patch_set: PatchSet, enabled: list[str]) -> str:
     return patch_set.digest(enabled)
 
 
-def _simulate_patch(p: Patch, state: Callable[[str], FileState],
-                    required_ids: set[str]) -> tuple[PatchResult, dict[str, FileState]]:
+def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: set[str],
+                    by_id: dict[str, Patch]) -> tuple[PatchResult, dict[str, FileState]]:
     """Classify and apply one patch on copies of the file states it touches."""
     local = {f.path: state(f.path).copy() for f in p.files}
     edits_out: list[EditResult] = []
@@ -316,6 +571,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState],
             if fd.verdict == Verdict.APPLIES:
                 st.text = f.create
                 st.regions = [[0, len(f.create), p.id]]
+                st.changes = [Change(0, len(f.create), p.id, "create", (1, 1))]
                 st.patches.append(p.id)
             edits_out.append(EditResult(patch=p.id, file=f.path, name="create", verdict=fd.verdict, reason=fd.reason,
                                         line=1 if fd.verdict != Verdict.DRIFTED else None, qualname=""))
@@ -338,20 +594,26 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState],
             else:
                 fd = classify_edit(e, st.text, st.pristine, f.merged_markers)
             er = _edit_result(p, f.path, e, fd, st)
+            if fd.verdict == Verdict.CONFLICT or (fd.code == "conflict" and fd.verdict == Verdict.OPTIONAL_ABSENT):
+                _explain_conflict(er, p, e, st, ordered_ids, by_id)
             if fd.verdict == Verdict.APPLIES:
                 a0, a1 = fd.offset, fd.offset + len(e.anchor)
-                overlap = [r for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]]
-                foreign = [r for r in overlap if r[2] not in required_ids]
+                hits = [c for c in st.changed_in(a0, a1) if c.patch != p.id]
+                foreign = [c for c in hits if c.patch not in ordered_ids]
                 if foreign:
-                    others = sorted({r[2] for r in foreign})
-                    fd = Finding(Verdict.AMBIGUOUS, offsets=[fd.offset],
-                                 reason=f"overlaps bytes already changed by {', '.join(others)} (conflict: declare requires or re-anchor)",
+                    others = sorted({c.patch for c in foreign})
+                    c = foreign[0]
+                    fd = Finding(Verdict.CONFLICT, offset=fd.offset, offsets=[fd.offset],
+                                 reason=(f"the anchor overlaps bytes that {c.patch}.{c.edit} (pristine lines "
+                                         f"{c.lines[0]}-{c.lines[1]}) changed, and the two patches are not ordered"),
                                  code="overlap_conflict")
                     er = _edit_result(p, f.path, e, fd, st)
-                    er.chained_from = others
+                    er.conflict_with = others
+                    er.hint = (f"if {p.id} is written on the text {c.patch} produces, declare after = [\"{c.patch}\"] "
+                               f"in {p.id}; otherwise re-anchor one of them")
                 else:
-                    er.chained_from = sorted({r[2] for r in overlap})
-                    st.replace(fd.offset, len(e.anchor), e.replacement, p.id)
+                    er.chained_from = sorted({r[2] for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]})
+                    st.replace(fd.offset, len(e.anchor), e.replacement, p.id, e.name, e.anchor)
             if fd.verdict in FAILING and (e.required or e.group is not None):
                 failed = True
             edits_out.append(er)
@@ -364,6 +626,8 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState],
         status = "applies"
     elif Verdict.AMBIGUOUS in verdicts:
         status = "partial"
+    elif edits_out and verdicts <= {Verdict.OPTIONAL_ABSENT, Verdict.FILE_MISSING}:
+        status = "nothing_to_do"
     else:
         status = "applied"
     reason = ""
@@ -372,7 +636,52 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState],
         reason = "; ".join(f"{e.name}: {e.verdict.value}" for e in bad)
     elif status == "merged":
         reason = "upstream carries this change (merged markers present)"
-    return PatchResult(id=p.id, title=p.title, kind=p.kind, status=status, reason=reason, edits=edits_out), local
+    elif status == "nothing_to_do":
+        reason = "every edit is optional and absent here (or its file is missing): the patch changes nothing"
+    return PatchResult(id=p.id, title=p.title, kind=p.kind, status=status, reason=reason,
+                       reason_code="nothing_to_do" if status == "nothing_to_do" else "", edits=edits_out), local
+
+
+def _explain_conflict(er: EditResult, p: Patch, e, st: FileState, ordered_ids: set[str],
+                      by_id: dict[str, Patch]) -> None:
+    """Name the edit that consumed ``e``'s anchor, both line spans, and whether the other order would work."""
+    base = st.pristine or ""
+    pa0 = base.find(e.anchor)
+    if pa0 < 0:
+        return
+    pa1 = pa0 + len(e.anchor)
+    mine = (line_of(base, pa0), line_of(base, pa1 - 1))
+    er.offset, er.line = pa0, mine[0]
+    er.qualname = scopes(base).qualname(mine[0])
+    hits = st.changed_in(st.from_pristine(pa0), st.from_pristine(pa1, end=True))
+    if not hits:
+        er.reason = f"anchor (pristine lines {mine[0]}-{mine[1]}) occurs once in the pristine file but not after the earlier patches"
+        return
+    c = hits[0]
+    others = sorted({h.patch for h in hits})
+    er.conflict_with = others
+    who = f"an earlier edit of this patch ({c.edit})" if c.patch == p.id else f"{c.patch}.{c.edit}"
+    er.reason = (f"anchor (pristine lines {mine[0]}-{mine[1]}) was changed by {who} (pristine lines "
+                 f"{c.lines[0]}-{c.lines[1]}), which applies earlier: an ordering conflict, not drift")
+    if c.patch == p.id:
+        er.hint = "two edits of this patch overlap: merge them into one edit"
+        return
+    other = by_id.get(c.patch)
+    oe = next((x for _, x in other.edits() if x.name == c.edit), None) if other is not None else None
+    reverse_works = False
+    if oe is not None:
+        swapped = base[:pa0] + e.replacement + base[pa1:]
+        reverse_works = classify_edit(oe, swapped).verdict in (Verdict.APPLIES, Verdict.APPLIED)
+    if c.patch in ordered_ids:
+        er.hint = (f"{p.id} is ordered after {c.patch}: re-anchor {p.id}.{e.name} on the text {c.patch} produces"
+                   + (f", or drop the ordering and add after = [\"{p.id}\"] to {c.patch}" if reverse_works else ""))
+    elif reverse_works:
+        er.hint = (f"add after = [\"{p.id}\"] to {c.patch}: the anchor is still found when {p.id} applies first "
+                   f"(or re-anchor {p.id}.{e.name} on the text {c.patch} produces and add after = [\"{c.patch}\"] "
+                   f"to {p.id})")
+    else:
+        er.hint = (f"{p.id} and {c.patch} change the same bytes in either order: merge them, or re-anchor "
+                   f"{p.id}.{e.name} on {c.patch}'s output and add after = [\"{c.patch}\"] to {p.id}")
 
 
 def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState) -> EditResult:
@@ -383,6 +692,8 @@ def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState) -> EditResu
         return er
     if fd.verdict == Verdict.MERGED:
         off = fd.offset if fd.offset is not None and fd.offset >= 0 else None
+    elif fd.verdict == Verdict.CONFLICT and fd.code == "conflict":
+        off = None  # _explain_conflict places it in the pristine file
     elif fd.offset is not None:
         off = st.to_pristine(fd.offset)
     else:

@@ -317,6 +317,9 @@ def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: "HookCache | N
     h = hashlib.sha256()
     h.update(repr((_py_tag(), _code_stamp(), tree_id)).encode())
     h.update(repr(sorted((k, v) for k, v in environ.items() if k.startswith(env.ENABLE_PREFIX))).encode())
+    from .. import profile as _profile  # `when` reads the deployment profile: it decides the set too
+
+    h.update(_profile.active_fingerprint(environ).encode())
     _dir_fingerprint(h, os.path.abspath(pdir))
     from .. import packs
 
@@ -369,8 +372,10 @@ def build_resolved(patch_set, version: str, environ) -> dict:
         for r in p.runtime:
             runtime.append(dict(r.model_dump(mode="json"), patch=pid, allowed=allowed))
     gated = sorted(p.id for p in patch_set.patches if p.id not in set(on))
+    from ..plan import gate_reasons  # why each is gated (when_unknown, ...): sndr status shows it
+
     return {"format": 1, "version": version, "enabled": on, "gated": gated, "digest": digest, "patches": patches,
-            "runtime": runtime}
+            "runtime": runtime, "gate_reasons": gate_reasons(patch_set, version, environ)}
 
 
 def resolve_set(version: str, tree_id: str, environ=None, cache: "HookCache | None" = None,

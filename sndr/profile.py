@@ -1,0 +1,504 @@
+"""Deployment profiles and ``when`` applicability predicates (standard library only).
+
+A patch's ``when = { ... }`` table says which deployments it is for; a
+*deployment profile* says what one deployment is. Both use the keys of
+:data:`KEYS`. ``plan.resolve_gates`` (the one home of gating) calls
+:func:`evaluate` for every enabled patch with a ``when``: a patch whose table
+does not match is gated ``when_mismatch``; one whose table names a key the
+profile does not know is gated ``when_unknown``. sndr never guesses a value.
+
+Where the profile comes from:
+
+* ``python -m sndr.apply --profile FILE`` / ``python -m sndr list --profile FILE``,
+  or ``$SNDR_PROFILE`` (a TOML or JSON file; schema:
+  ``python -m sndr schema profile``; format: ``docs/format.md``);
+* inside a vLLM process (the startup hook), :func:`process_profile`: the
+  declared profile (``$SNDR_PROFILE``) overlaid with what the process itself
+  knows, cheaply: the platform and GPU capability from torch when torch is
+  already imported (and CUDA already initialised, for the capability), and the
+  vLLM arguments from the process's own command line, parsed with vLLM's own
+  argument parser when vLLM is installed. The command line is only parsed when
+  a ``when`` asks for one of its keys.
+
+This module imports only the standard library and :mod:`sndr.errors`: the
+startup path uses it in every vLLM process.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import sys
+from typing import Callable, Iterable, Mapping
+
+from .errors import EXIT_BAD_INPUT, Problem, SndrError
+
+#: The predicate keys: key -> (kind, meaning). ``str`` keys match a value or a
+#: list of values (shell-style patterns such as ``"fp8*"`` allowed);
+#: ``capability`` keys match a PEP 440-style range such as ``">=8.9"``.
+KEYS: dict[str, tuple[str, str]] = {
+    "model_arch": ("str", "the model's architecture class, as in its config.json `architectures` "
+                          "(e.g. Qwen3NextForCausalLM)"),
+    "quantization": ("str", "vLLM --quantization (e.g. fp8, awq, gptq_marlin); \"none\" when unquantised"),
+    "kv_cache_dtype": ("str", "vLLM --kv-cache-dtype (e.g. auto, fp8, fp8_e4m3, turboquant_k8v4)"),
+    "spec_method": ("str", "speculative decoding method, vLLM --speculative-config's method "
+                           "(e.g. mtp, eagle, eagle3, ngram); \"none\" without speculative decoding"),
+    "platform": ("str", "cuda, rocm, cpu, xpu or tpu"),
+    "gpu_capability": ("capability", "GPU compute capability major.minor (e.g. 9.0); a when-range "
+                                     "such as \">=8.9\" or \">=8.0,<9.0\""),
+}
+
+#: Keys the startup hook reads from the vLLM command line.
+ARG_KEYS = ("model_arch", "quantization", "kv_cache_dtype", "spec_method")
+
+_PROFILE_META = ("name", "description")
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+)(?:\.(\d+))?\s*$")
+_CAPABILITY = re.compile(r"^\s*(\d+)\.(\d+)\s*$")
+
+NO_PROFILE = "no deployment profile (pass --profile FILE or set SNDR_PROFILE)"
+
+
+# ----------------------------------------------------------------------------- when tables
+
+
+def parse_capability(value: str) -> tuple[int, int]:
+    m = _CAPABILITY.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(f"gpu_capability {value!r} is not major.minor (e.g. \"9.0\")")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _parse_range(spec: str) -> list[tuple[str, tuple[int, int]]]:
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"gpu_capability range {spec!r} is empty; write e.g. \">=8.9\"")
+    out = []
+    for clause in spec.split(","):
+        m = _CLAUSE.match(clause)
+        if m is None:
+            raise ValueError(f"gpu_capability range {spec!r}: {clause.strip()!r} is not OP MAJOR[.MINOR] "
+                             "with OP one of >= <= == != > <")
+        out.append((m.group(1), (int(m.group(2)), int(m.group(3) or 0))))
+    return out
+
+
+def _in_range(cap: tuple[int, int], spec: str) -> bool:
+    ops = {">=": cap.__ge__, "<=": cap.__le__, "==": cap.__eq__, "!=": cap.__ne__, ">": cap.__gt__, "<": cap.__lt__}
+    return all(ops[op](bound) for op, bound in _parse_range(spec))
+
+
+def check_when(when: Mapping) -> dict:
+    """Validate a ``when`` table; raise ``ValueError`` naming the offending key. Returns it normalised."""
+    if not isinstance(when, Mapping):
+        raise ValueError("when must be a table, e.g. when = { kv_cache_dtype = \"fp8*\" }")
+    if not when:
+        raise ValueError("when is empty; leave it out for a patch that applies to every deployment")
+    out: dict = {}
+    for key, value in when.items():
+        if key not in KEYS:
+            raise ValueError(f"when: unknown key {key!r}; known keys: {', '.join(KEYS)}")
+        kind = KEYS[key][0]
+        if kind == "capability":
+            _parse_range(value)
+            out[key] = value
+            continue
+        values = [value] if isinstance(value, str) else value
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
+            raise ValueError(f"when.{key} must be a non-empty string or a non-empty list of strings")
+        out[key] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+class Profile:
+    """What one deployment is: key -> value, where each value came from, and why a key is unknown.
+
+    ``lazy`` maps a key to a function returning ``(value or None, source or
+    reason)``, evaluated on first use (the startup hook parses the command
+    line only when a ``when`` asks for one of its keys).
+    """
+
+    def __init__(self, facts: Mapping[str, str] | None = None, *, source: str = "", missing: str = NO_PROFILE,
+                 sources: Mapping[str, str] | None = None,
+                 lazy: Mapping[str, Callable[[], tuple[str | None, str]]] | None = None,
+                 fingerprint_parts: Iterable[str] = ()):
+        self.facts: dict[str, str] = dict(facts or {})
+        self.source = source
+        self.sources: dict[str, str] = dict(sources or {k: source for k in self.facts})
+        self.missing = missing  # why a key with no fact and no lazy provider is unknown
+        self.unknown: dict[str, str] = {}
+        self.conflicts: list[str] = []  # declared vs process facts that disagree
+        self._lazy = dict(lazy or {})
+        self._fp = list(fingerprint_parts)
+        # The inputs, as constructed: fingerprint() never changes as lazy keys resolve.
+        self._inputs = json.dumps([sorted(self.facts.items()), sorted(self._lazy), self._fp, self.missing])
+
+    def get(self, key: str) -> tuple[str | None, str]:
+        """(value, where it came from) or (None, why it is unknown)."""
+        if key in self._lazy:
+            value, why = self._lazy.pop(key)()
+            if value is not None:
+                declared = self.facts.get(key)
+                if declared is not None and declared != value:
+                    self.conflicts.append(f"{key}: the profile declares {declared!r} ({self.sources.get(key)}) "
+                                          f"but this process has {value!r} ({why}); using {value!r}")
+                self.facts[key], self.sources[key] = value, why
+            elif key not in self.facts:
+                self.unknown[key] = why
+        if key in self.facts:
+            return self.facts[key], self.sources.get(key, self.source)
+        return None, self.unknown.get(key, self.missing)
+
+    def fingerprint(self) -> str:
+        """sha256 of every input the facts derive from (never forces a lazy key)."""
+        return hashlib.sha256(self._inputs.encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "facts": dict(sorted(self.facts.items())),
+                "sources": dict(sorted(self.sources.items())), "unknown": dict(sorted(self.unknown.items())),
+                "conflicts": list(self.conflicts)}
+
+
+def _bad(message: str, path: str, line: int | None = None, key: str | None = None) -> SndrError:
+    return SndrError(Problem("bad_profile", message, file=path, line=line, key=key,
+                             hint="see docs/format.md (deployment profiles) or python -m sndr schema profile"),
+                     EXIT_BAD_INPUT)
+
+
+def _line_of_key(text: str, key: str) -> int | None:
+    pat = re.compile(r'^\s*"?' + re.escape(key) + r'"?\s*[=:]', re.M)
+    m = pat.search(text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
+
+
+def parse_profile(text: str, path: str) -> Profile:
+    """A profile from TOML (or JSON, for a ``.json`` path). Unknown keys and bad values are errors."""
+    if path.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise _bad(f"not valid JSON: {exc}", path, getattr(exc, "lineno", None)) from None
+    else:
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            m = re.search(r"at line (\d+)", str(exc))
+            raise _bad(f"malformed TOML: {exc}", path, int(m.group(1)) if m else None) from None
+    if not isinstance(data, dict):
+        raise _bad("a profile is a table of key = \"value\"", path)
+    facts: dict[str, str] = {}
+    for key, value in data.items():
+        line = _line_of_key(text, key)
+        if key in _PROFILE_META:
+            if not isinstance(value, str):
+                raise _bad(f"{key} must be a string", path, line, key)
+            continue
+        if key not in KEYS:
+            raise _bad(f"unknown key {key!r}; known keys: {', '.join(KEYS)}", path, line, key)
+        if not isinstance(value, str) or not value.strip():
+            raise _bad(f"{key} must be a non-empty string", path, line, key)
+        if KEYS[key][0] == "capability":
+            try:
+                parse_capability(value)
+            except ValueError as exc:
+                raise _bad(str(exc), path, line, key) from None
+        facts[key] = value
+    return Profile(facts, source=f"profile {path}",
+                   missing=f"the profile {path} does not set it",
+                   fingerprint_parts=[path, hashlib.sha256(text.encode()).hexdigest()])
+
+
+def load_profile(path: str | os.PathLike) -> Profile:
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(1 << 20)
+    except FileNotFoundError:
+        raise _bad("profile does not exist", path) from None
+    except OSError as exc:
+        raise _bad(f"cannot read the profile: {exc.strerror}", path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad("profile is not UTF-8", path) from None
+    return parse_profile(text, path)
+
+
+def profile_from_environ(environ=None) -> Profile:
+    """``$SNDR_PROFILE`` when set and non-empty, else the empty profile (every key unknown)."""
+    from .env import PROFILE
+
+    environ = os.environ if environ is None else environ
+    path = environ.get(PROFILE)
+    if path:
+        return load_profile(path)
+    return Profile()
+
+
+_PROCESS: list = []  # [(pid, Profile)]: the startup hook's profile of this process
+
+
+def use_process_profile(profile: Profile | None) -> None:
+    """The startup hook registers the profile of this vLLM process (None: forget it)."""
+    _PROCESS[:] = [] if profile is None else [(os.getpid(), profile)]
+
+
+def active_profile(environ=None) -> Profile:
+    """What ``when`` is evaluated against when no profile is passed explicitly.
+
+    In a vLLM process whose startup hook registered one: the process profile.
+    Elsewhere: ``$SNDR_PROFILE``, else the empty profile.
+    """
+    if _PROCESS and _PROCESS[0][0] == os.getpid():
+        return _PROCESS[0][1]
+    return profile_from_environ(environ)
+
+
+def active_fingerprint(environ=None) -> str:
+    """A digest of what :func:`active_profile` would read (for the startup hook's memo keys); "" without one."""
+    from .env import PROFILE
+
+    if _PROCESS and _PROCESS[0][0] == os.getpid():
+        return _PROCESS[0][1].fingerprint()
+    environ = os.environ if environ is None else environ
+    path = environ.get(PROFILE)
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(1 << 20)
+    except OSError as exc:
+        data = f"unreadable: {exc.errno}".encode()
+    return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _matches(value: str, want) -> bool:
+    return any(fnmatch.fnmatchcase(value, w) for w in ([want] if isinstance(want, str) else want))
+
+
+def evaluate(when: Mapping, profile: Profile) -> tuple[bool, str, str]:
+    """(applies, code, reason) of a ``when`` table on a profile. Codes: when_mismatch, when_unknown.
+
+    Every key must match; the first key that does not decides the reason. An
+    unknown key makes the patch not applicable (never a guess).
+    """
+    for key, want in when.items():
+        value, where = profile.get(key)
+        if value is None:
+            return False, "when_unknown", f"when.{key} = {want!r}, but {key} is unknown: {where}"
+        if KEYS[key][0] == "capability":
+            try:
+                ok = _in_range(parse_capability(value), want)
+            except ValueError as exc:
+                return False, "when_unknown", f"when.{key}: {exc} ({where})"
+        else:
+            ok = _matches(value, want)
+        if not ok:
+            return False, "when_mismatch", f"when.{key} = {want!r} does not match {value!r} ({where})"
+    return True, "", ""
+
+
+# ----------------------------------------------------------------------------- inside a vLLM process
+
+
+def _torch_facts() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Platform and GPU capability from torch, only if torch is already imported (never imports it)."""
+    facts, sources, unknown = {}, {}, {}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        unknown["platform"] = unknown["gpu_capability"] = "torch is not imported in this process yet"
+        return facts, sources, unknown
+    version = getattr(torch, "version", None)
+    if getattr(version, "hip", None):
+        facts["platform"] = "rocm"
+    elif getattr(version, "cuda", None):
+        facts["platform"] = "cuda"
+    else:
+        unknown["platform"] = "torch is neither a CUDA nor a ROCm build"
+    if "platform" in facts:
+        sources["platform"] = "torch.version"
+    cuda = getattr(torch, "cuda", None)
+    try:
+        initialised = bool(cuda is not None and cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a broken torch must not break startup
+        initialised = False
+    if initialised:
+        try:
+            major, minor = cuda.get_device_capability()
+            facts["gpu_capability"], sources["gpu_capability"] = f"{major}.{minor}", "torch.cuda"
+        except Exception as exc:  # noqa: BLE001
+            unknown["gpu_capability"] = f"torch.cuda.get_device_capability() failed: {type(exc).__name__}"
+    else:
+        unknown["gpu_capability"] = "CUDA is not initialised in this process (sndr never initialises it)"
+    return facts, sources, unknown
+
+
+def _vllm_parser():
+    """vLLM's own engine-argument parser, or raise (ImportError when vLLM is not installed)."""
+    from vllm.engine.arg_utils import EngineArgs  # noqa: PLC0415 - only when a when needs it
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # older vLLM
+        from vllm.utils import FlexibleArgumentParser
+    return EngineArgs.add_cli_args(FlexibleArgumentParser(add_help=False))
+
+
+def _engine_argv(argv: list[str]) -> tuple[list[str], str | None]:
+    """The engine arguments of a command line: ``vllm serve MODEL --x`` -> (--x..., MODEL)."""
+    args = list(argv[1:])
+    if args and args[0] == "serve":
+        args = args[1:]
+        if args and not args[0].startswith("-"):
+            return args[1:], args[0]
+    return args, None
+
+
+def _read_args(argv: list[str], parser_factory=None) -> tuple[dict | None, str]:
+    """The vLLM arguments (model, revision, quantization, kv_cache_dtype, speculative_config) or (None, why)."""
+    rest, positional = _engine_argv(argv)
+    factory = parser_factory or _vllm_parser
+    try:
+        parser = factory()
+    except ImportError:
+        return None, "vLLM is not installed here, so its argument parser is unavailable"
+    except Exception as exc:  # noqa: BLE001 - vLLM's own failure, reported, never guessed around
+        return None, f"vLLM's argument parser could not be built ({type(exc).__name__}: {exc})"
+    try:
+        ns, _unknown = parser.parse_known_args(rest)
+    except SystemExit:
+        return None, "vLLM's argument parser rejected this process's command line"
+    except Exception as exc:  # noqa: BLE001
+        return None, f"vLLM's argument parser failed on this command line ({type(exc).__name__}: {exc})"
+    out = vars(ns)
+    if positional is not None:
+        out["model"] = positional
+    return out, "the command line (vLLM's argument parser)"
+
+
+def _model_arch(model: str | None, revision: str | None, environ) -> tuple[str | None, str]:
+    """The architecture from the config.json vLLM would read: a local directory, or the HF cache's snapshot."""
+    if not model:
+        return None, "the command line names no model"
+    candidates = []
+    if os.path.isdir(model):
+        candidates.append(os.path.join(model, "config.json"))
+    else:
+        hub = environ.get("HF_HUB_CACHE") or os.path.join(
+            environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub")
+        repo = os.path.join(hub, "models--" + model.replace("/", "--"))
+        ref = os.path.join(repo, "refs", revision or "main")
+        try:
+            with open(ref) as fh:
+                commit = fh.read().strip()
+            candidates.append(os.path.join(repo, "snapshots", commit, "config.json"))
+        except OSError:
+            if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+                candidates.append(os.path.join(repo, "snapshots", revision, "config.json"))
+    for path in candidates:
+        try:
+            with open(path, "rb") as fh:
+                config = json.loads(fh.read(4 << 20))
+        except (OSError, ValueError):
+            continue
+        archs = config.get("architectures") if isinstance(config, dict) else None
+        if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str):
+            return archs[0], f"{path} (architectures)"
+        return None, f"{path} has no single entry in architectures ({archs!r})"
+    return None, f"no local config.json for model {model!r} (not a directory, not in the Hugging Face cache)"
+
+
+def process_profile(environ=None, argv: list[str] | None = None, parser_factory=None) -> Profile:
+    """The profile of this vLLM process: ``$SNDR_PROFILE`` overlaid with what the process knows.
+
+    torch facts are read now (cheap, never importing torch or initialising
+    CUDA); the vLLM arguments are parsed on first use only. A fact the process
+    knows wins over the declared one, and the disagreement is recorded in
+    ``profile.conflicts`` (the attestation carries it).
+    """
+    environ = os.environ if environ is None else environ
+    argv = list(sys.argv if argv is None else argv)
+    declared = profile_from_environ(environ)
+    facts, sources, unknown = _torch_facts()
+    parsed: dict = {}
+
+    def args() -> tuple[dict | None, str]:
+        if "result" not in parsed:
+            parsed["result"] = _read_args(argv, parser_factory)
+        return parsed["result"]
+
+    def from_args(key: str) -> Callable[[], tuple[str | None, str]]:
+        def get() -> tuple[str | None, str]:
+            ns, where = args()
+            if ns is None:
+                return None, where
+            if key == "model_arch":
+                return _model_arch(ns.get("model"), ns.get("revision"), environ)
+            if key == "quantization":
+                return (ns.get("quantization") or "none"), where
+            if key == "kv_cache_dtype":
+                return str(ns.get("kv_cache_dtype") or "auto"), where
+            spec = ns.get("speculative_config")
+            if isinstance(spec, str):
+                try:
+                    spec = json.loads(spec)
+                except ValueError:
+                    return None, "--speculative-config is not JSON"
+            if not spec:
+                return "none", where
+            method = spec.get("method") if isinstance(spec, dict) else None
+            return (str(method), where) if method else (None, "--speculative-config has no method")
+        return get
+
+    lazy = {k: from_args(k) for k in ARG_KEYS}
+    merged = Profile(declared.facts, source=declared.source or "this process", missing=declared.missing,
+                     sources=declared.sources, lazy=lazy,
+                     fingerprint_parts=declared._fp + ["argv", json.dumps(argv),
+                                                       json.dumps(sorted(facts.items()))])
+    for key, value in facts.items():
+        if key in merged.facts and merged.facts[key] != value:
+            merged.conflicts.append(f"{key}: the profile declares {merged.facts[key]!r} but this process has "
+                                    f"{value!r} ({sources[key]}); using {value!r}")
+        merged.facts[key], merged.sources[key] = value, sources[key]
+    for key, why in unknown.items():
+        if key not in merged.facts:
+            merged.unknown[key] = why
+    return merged
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def profile_schema() -> dict:
+    """JSON Schema of a deployment profile (``python -m sndr schema profile``)."""
+    props: dict = {k: {"type": "string", "description": d} for k, (_, d) in KEYS.items()}
+    props["gpu_capability"]["pattern"] = r"^\d+\.\d+$"
+    props["name"] = {"type": "string", "description": "a label for people"}
+    props["description"] = {"type": "string"}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Profile",
+            "description": "A deployment profile: what one vLLM deployment is. A key left out is unknown, and a "
+                           "patch whose `when` needs it is gated `when_unknown`. TOML or JSON; see docs/format.md.",
+            "type": "object", "additionalProperties": False, "properties": props}
+
+
+def when_schema() -> dict:
+    props: dict = {}
+    for k, (kind, d) in KEYS.items():
+        if kind == "capability":
+            props[k] = {"type": "string", "description": d}
+        else:
+            props[k] = {"description": d, "anyOf": [{"type": "string", "minLength": 1},
+                                                    {"type": "array", "items": {"type": "string", "minLength": 1},
+                                                     "minItems": 1}]}
+    return {"type": "object", "additionalProperties": False, "minProperties": 1, "properties": props}
