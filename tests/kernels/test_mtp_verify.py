@@ -1,0 +1,240 @@
+"""The TurboQuant k8v4 spec-verify decode (``mtp_verify``), on a machine without a GPU.
+
+* ``verify_k8v4.cu`` (with ``decode_k8v4.cu``, as ``mtp_verify`` builds it)
+  compiles with NVRTC for sm_90 for K in {0, 1, 3, 7} x G in {1, 4, 6, 8}
+  and other head dims, group sizes, pages and dtypes, with no local-memory
+  spills. The kernel uses TMA bulk copies: sm_89 is not a target; there the
+  call runs PK0001's decode on synthetic rows (checked below).
+* The kernel's algorithm (split boundaries, per-row causal limits, empty
+  rows, merge) emulated in float64 against the reference of K + 1 separate
+  decode calls; ragged contexts, pages ending mid-block, contexts <= K.
+* The fallback (B (K + 1) synthetic rows through PK0001's decode, here the
+  Triton kernel under the interpreter) against the same reference.
+* Launch planning and the call checks. Numerical tests of the CUDA kernel
+  itself: ``test_mtp_verify_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from sndr.kernels.turboquant_k8v4 import _cudart, mtp_verify as mv, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
+
+
+def _nvrtc_or_skip():
+    try:
+        return _cudart.nvrtc_version()
+    except _cudart.CudaUnavailable as exc:
+        pytest.skip(f"no NVRTC on this machine: {exc}")
+
+
+def _cuobjdump() -> str | None:
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if p.is_file():
+            return str(p)
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+def _usage(cubin: bytes, tmp_path: Path) -> list[str]:
+    tool = _cuobjdump()
+    if tool is None:
+        return []
+    f = tmp_path / "v.cubin"
+    f.write_bytes(cubin)
+    out = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout
+    lines = out.splitlines()
+    return [lines[i + 1] for i, ln in enumerate(lines[:-1]) if "tq_k8v4_verify_page" in ln or "tq_k8v4_merge" in ln]
+
+
+# (head dim, Hk, G, K, page, bf16)
+GRID = [(128, 8, g, k, 16, True) for k in (0, 1, 3, 7) for g in (1, 4, 6, 8)]
+OTHER = [(64, 4, 8, 3, 16, False), (256, 8, 4, 3, 16, True), (256, 4, 8, 1, 32, True), (128, 16, 2, 3, 64, True),
+         (128, 2, 16, 3, 16, False), (128, 1, 4, 15, 16, True)]
+
+
+@pytest.mark.parametrize("d,hk,g,k,page,bf16", GRID + OTHER)
+def test_verify_source_compiles_for_sm90_without_spills(d, hk, g, k, page, bf16, tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    sp = hk * Layout(d).slot_size_aligned
+    defs = mv.defines(hk * g, hk, d, page, sp, bf16, k + 1)
+    cubin = _cudart.compile_cubin(mv.source(), mv.KERNEL, "90", defs)
+    assert cubin[:4] == b"\x7fELF"
+    usage = _usage(cubin, tmp_path)
+    if _cuobjdump() is None:
+        return
+    assert len(usage) == 2, usage  # the verify kernel and the merge it launches
+    for line in usage:
+        assert "LOCAL:0" in line and "STACK:0" in line, f"G={g} K={k} D={d}: {line.strip()}"
+
+
+def test_compile_error_names_verify_file(tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    defs = mv.defines(32, 8, 128, 16, 8 * 196, True, 4)
+    defs["NCH"] = 3  # breaks the row-chunk static_assert
+    with pytest.raises(_cudart.CudaError, match=r"verify_k8v4\.cu\(\d+\): error"):
+        _cudart.compile_cubin(mv.source(), mv.KERNEL, "90", defs, cache=False)
+
+
+@pytest.mark.parametrize("ql,g,rc,nch", [(1, 8, 8, 1), (4, 4, 16, 1), (4, 8, 16, 2), (6, 4, 16, 2), (8, 8, 16, 4),
+                                         (2, 1, 2, 1), (8, 6, 16, 3), (16, 16, 16, 16)])
+def test_row_chunks(ql, g, rc, nch):
+    assert mv.row_chunks(ql, g) == (rc, nch)
+
+
+def test_defines_and_register_budget():
+    d = mv.defines(32, 8, 128, 16, 8 * 196, True, 4)
+    assert (d["G"], d["GQ"], d["QL"], d["RC"], d["NCH"], d["PAGE_CTA"]) == (16, 4, 4, 16, 1, 1)
+    assert d["MINB"] == 1  # 16 rows: two n-tiles of accumulators
+    assert mv.defines(8, 8, 128, 16, 8 * 196, True, 1)["MINB"] == 2
+    assert (d["ROWP"], d["ROWCOPY"]) == (1584, 1)
+
+
+def test_split_count_depends_on_shape_only():
+    for blocks in (8, 32, 64, 256, 512):
+        s = mv.num_splits(blocks, 1, 132, 128, 1)
+        assert 1 <= s <= 128
+        if 132 // blocks <= 128:
+            assert s == max(1, 132 // blocks)
+
+
+def _case(d, hk, g, k, page, lens, seed=0, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    b = len(lens)
+    per = max(1, -(-max(lens) // page))
+    nb = b * per + 2
+    cache = torch.zeros(nb, page, hk, Layout(d).slot_size_aligned, dtype=torch.uint8)
+    bt = torch.randperm(nb, generator=gen)[: b * per].to(torch.int32).reshape(b, per).contiguous()
+    for i, n in enumerate(lens):
+        if n == 0:
+            continue
+        pos = torch.arange(n)
+        slots = (bt[i, pos // page].long() * page + pos % page).to(torch.int32)
+        kk = torch.randn(n, hk, d, generator=gen) * 1.5
+        vv = torch.randn(n, hk, d, generator=gen) * 0.5 + 0.2
+        reference.store(kk, vv, cache, slots)
+    q = (torch.randn(b * (k + 1), hk * g, d, generator=gen)).to(dtype)
+    return q, cache, bt, torch.tensor(lens, dtype=torch.int32)
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 7])
+@pytest.mark.parametrize("g", [1, 4, 6, 8])
+def test_kernel_algorithm_matches_k_plus_1_decodes(k, g):
+    # ragged; 37, 70: pages end mid-block; 3: shorter than K + 1 for K = 3, 7; 0: padding
+    lens = [37, 70, 3, 0, 16 + k, 129]
+    q, cache, bt, sl = _case(64, 2, g, k, 16, lens, seed=k * 10 + g)
+    ref = mv.reference(q, cache, bt, sl, 0.125, k)
+    for splits in (1, 3, 16):
+        emu = mv.emulate(q, cache, bt, sl, 0.125, k, splits)
+        assert _rel(emu, ref) < 1e-12, (splits, _rel(emu, ref))
+    # rows that see no token are zeros, never NaN
+    assert torch.isfinite(ref).all()
+
+
+def test_reference_is_k_plus_1_separate_decodes():
+    q, cache, bt, sl = _case(64, 2, 4, 3, 16, [40, 21], seed=3)
+    ref = mv.reference(q, cache, bt, sl, 0.1, 3).view(2, 4, 8, 64)
+    for t in range(4):
+        one = reference.decode(q.view(2, 4, 8, 64)[:, t], cache, bt, sl - 3 + t, 0.1)
+        assert torch.equal(ref[:, t], one)
+
+
+@pytest.mark.parametrize("k,g", [(0, 8), (1, 4), (3, 4), (3, 6), (7, 1), (7, 8)])
+def test_fallback_synthetic_rows_match_reference(k, g, monkeypatch):
+    """B (K + 1) rows through PK0001's decode (Triton under the interpreter here)."""
+    from sndr.kernels.turboquant_k8v4 import kernels
+
+    if not kernels.interpreting() and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 (tests/kernels/conftest.py sets it without a GPU)")
+    if kernels.interpreting():
+        from sndr.kernels.turboquant_k8v4 import _interp
+
+        _interp.fix_scalar_index()
+    monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+    lens = [37, 5 + k, 50]
+    q, cache, bt, sl = _case(64, 2, g, k, 16, lens, seed=k + g)
+    out = mv.verify_attention(q, cache, bt, sl, 0.125, k, max_splits=4)
+    ref = mv.reference(q, cache, bt, sl, 0.125, k)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert _rel(out, ref) < 1e-2
+
+
+def test_shape_checks_name_what_they_refuse():
+    q, cache, bt, sl = _case(64, 2, 4, 3, 16, [20, 20])
+    assert mv.shape_problem(q, cache, bt, sl, 3) is None
+    assert "speculative tokens" in mv.shape_problem(q, cache, bt, sl, 16)
+    assert "multiple of 2" in mv.shape_problem(q[:7], cache, bt, sl, 1)
+    assert "query dtype" in mv.shape_problem(q.float(), cache, bt, sl, 3)
+    assert "block table" in mv.shape_problem(q, cache, bt.long(), sl, 3)
+    assert "seq_lens" in mv.shape_problem(q, cache, bt, sl.long(), 3)
+    assert "head dim 96" in mv.shape_problem(torch.zeros(8, 8, 96, dtype=torch.bfloat16), cache, bt, sl, 3)
+    assert "group size" in mv.shape_problem(torch.zeros(8, 6, 64, dtype=torch.bfloat16), torch.zeros(
+        4, 16, 4, Layout(64).slot_size_aligned, dtype=torch.uint8), bt, sl, 3)
+    assert mv.unsupported(q, cache, bt, sl, 3) == "not a CUDA device"
+
+
+def test_input_errors():
+    q, cache, bt, sl = _case(64, 2, 4, 3, 16, [20, 20])
+    with pytest.raises(ValueError, match="multiple of K"):
+        mv.verify_attention(q[:7], cache, bt, sl, 0.1, 3)
+    with pytest.raises(ValueError, match="3 requests"):
+        mv.verify_attention(torch.cat([q, q[:4]]), cache, bt, sl, 0.1, 3)
+
+
+def test_cuda_backend_env_refuses_what_it_cannot_run(monkeypatch):
+    q, cache, bt, sl = _case(64, 2, 4, 3, 16, [20, 20])
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        mv.verify_attention(q, cache, bt, sl, 0.1, 3)
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "fast")
+    with pytest.raises(ValueError, match="SNDR_TQ_BACKEND='fast'"):
+        mv.verify_attention(q, cache, bt, sl, 0.1, 3)
+
+
+def test_first_call_inside_a_capture_records_synthetic_rows(monkeypatch):
+    q, cache, bt, sl = _case(64, 2, 4, 3, 16, [20, 20])
+    monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+    monkeypatch.setattr(mv, "unsupported", lambda *a: None)
+    monkeypatch.setattr(mv, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mv, "_capturing", lambda: True)
+    monkeypatch.setattr(mv, "_build", lambda key: pytest.fail("built inside a capture"))
+    monkeypatch.setattr(mv, "synthetic_rows", lambda *a, **kw: "synthetic")
+    assert mv.verify_attention(q, cache, bt, sl, 0.1, 3) == "synthetic"
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
+    with pytest.raises(RuntimeError, match="prepare"):
+        mv.verify_attention(q, cache, bt, sl, 0.1, 3)
+
+
+def test_sm89_uses_synthetic_rows(monkeypatch):
+    q, cache, bt, sl = _case(64, 2, 4, 3, 16, [20, 20])
+    monkeypatch.setattr(mv, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mv, "_capability", lambda idx: (8, 9))
+    fake = type("Q", (), {"device": torch.device("cuda", 0)})()  # only the device is read before the check
+    monkeypatch.setattr(mv.torch.version, "hip", None)
+    assert "sm_90" in mv.unsupported(fake, cache, bt, sl, 3)
+
+
+def test_every_kernel_python_launches_is_defined_in_the_sources():
+    import re
+
+    text = mv.source()
+    defined = set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s+(\w+)\(', text))
+    assert {mv.KERNEL, mv.MERGE} <= defined
