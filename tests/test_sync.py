@@ -24,6 +24,7 @@ from sndr.upstream.sync import (
     advance,
     classify_hunk,
     cli_main,
+    cli_main as sync_cli,
     parse_hunks,
     patch_surface,
     pin_main,
@@ -329,7 +330,7 @@ def test_bad_ranges_are_bad_input(scripted):
     repo, tree, c = scripted
     with pytest.raises(SndrError) as exc:
         plan(repo.path, "main", "pin", SURFACE, _dir_tree(tree))
-    assert exc.value.problems[0].code == "not_ancestor" and exc.value.exit_code == 2
+    assert exc.value.problems[0].code == "backwards_range" and exc.value.exit_code == 2
     with pytest.raises(SndrError) as exc:
         plan(repo.path, "nope", "main", SURFACE, _dir_tree(tree))
     assert exc.value.problems[0].code == "unknown_rev"
@@ -459,17 +460,31 @@ def gates_ok(tmp_path, scripted):
     anchors = tmp_path / "anchors"
     anchors.mkdir()
     (anchors / "vllm-0.33.0.json").write_text(json.dumps({"vllm_version": "0.33.0", "patches": []}))
-    return pre, anchors, _queue(tmp_path, scripted, port_all=True)
+    q = _queue(tmp_path, scripted, port_all=True)
+    # the one conflict left is decided; the benchmark was re-measured after the preflight
+    decisions = tmp_path / "sync-decisions.yaml"
+    assert sync_cli(["decide", scripted[2]["conflict"], "--tier", "INVENTORY", "--resolution",
+                     "not-needed the local message wins", "--decisions", str(decisions)]) == 0
+    bench = tmp_path / "bench-0.33.0.json"
+    bench.write_text("{}")
+    os.utime(pre, (1_000_000, 1_000_000))
+    return pre, anchors, q
+
+
+def _kw(tmp_path: Path) -> dict:
+    return {"decisions": tmp_path / "sync-decisions.yaml", "benchmark": tmp_path / "bench-0.33.0.json"}
 
 
 def test_pin_advance_records_the_pin_when_every_gate_passes(tmp_path, gates_ok):
     pre, anchors, q = gates_ok
     pin_file = tmp_path / PIN_FILE_NAME
-    gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=pin_file)
-    assert [g.ok for g in gates] == [True, True, True], gates
-    assert rec == PinRecord(version="0.33.0", tree_digest="a" * 64)
+    gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=pin_file, **_kw(tmp_path))
+    assert [(g.name, g.ok) for g in gates] == [("preflight", True), ("manifest", True), ("queue", True),
+                                                ("deviations", True), ("benchmark", True)], gates
+    assert rec.version == "0.33.0" and rec.tree_digest == "a" * 64
+    assert rec.benchmark_ref == str(tmp_path / "bench-0.33.0.json") and len(rec.benchmark_sha256) == 64
     assert read_pin(pin_file) == rec
-    assert "1 conflict" in gates[2].reason
+    assert "every queued commit decided (1: 1 not-needed)" in gates[2].reason
 
 
 @pytest.mark.parametrize("gate", ["preflight", "manifest", "queue"])
@@ -486,7 +501,8 @@ def test_pin_advance_refuses_and_names_the_gate(tmp_path, gates_ok, scripted, ga
     pin_file = tmp_path / PIN_FILE_NAME
     rc = pin_main(["advance", "--to", "0.33.0", "--preflight", str(pre), "--queue", str(q),
                    "--manifest", str(anchors / "vllm-0.33.0.json"), "--patches", str(_empty_patches(tmp_path)),
-                   "--pin-file", str(pin_file)])
+                   "--pin-file", str(pin_file), "--decisions", str(tmp_path / "sync-decisions.yaml"),
+                   "--benchmark-ref", str(tmp_path / "bench-0.33.0.json")])
     out = capsys.readouterr()
     assert rc == 1
     assert f"failed gate(s): {gate}" in out.err
@@ -503,7 +519,8 @@ def _empty_patches(tmp_path: Path) -> Path:
 def test_pin_advance_refuses_a_preflight_for_another_candidate(tmp_path, gates_ok):
     pre, anchors, q = gates_ok
     pre.write_text(json.dumps({**GOOD_PREFLIGHT, "candidate": "0.34.0"}))
-    gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml")
+    gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml",
+                         **_kw(tmp_path))
     assert rec is None and not gates[0].ok and "0.34.0" in gates[0].reason
 
 
@@ -516,30 +533,30 @@ def test_pin_advance_refuses_a_stale_manifest(tmp_path, gates_ok):
     ps = load_patch_set(pdir)
     (anchors / "vllm-0.33.0.json").write_text(json.dumps({"patch_set_digest": "0" * 64}))
     gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, patch_set=ps,
-                         pin_path=tmp_path / "p.toml")
+                         pin_path=tmp_path / "p.toml", **_kw(tmp_path))
     assert rec is None and [g.name for g in gates if not g.ok] == ["manifest"]
     (anchors / "vllm-0.33.0.json").write_text(json.dumps({"patch_set_digest": ps.digest(), "tree_digest": "b" * 64}))
     gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, patch_set=ps,
-                         pin_path=tmp_path / "p.toml")
+                         pin_path=tmp_path / "p.toml", **_kw(tmp_path))
     assert rec is None and "built on tree bbbbbbbbbbbb" in gates[1].reason
     (anchors / "vllm-0.33.0.json").write_text(json.dumps({"patch_set_digest": ps.digest(), "tree_digest": "a" * 64}))
     gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, patch_set=ps,
-                         pin_path=tmp_path / "p.toml", dry_run=True)
+                         pin_path=tmp_path / "p.toml", dry_run=True, **_kw(tmp_path))
     assert rec is not None and not (tmp_path / "p.toml").exists()
 
 
 def test_pin_advance_to_a_sha_needs_a_version(tmp_path, gates_ok, scripted):
     pre, anchors, q = gates_ok
     repo, tree, c = scripted
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))  # gates_ok ported everything mechanical
     q.write_text(rep.model_dump_json())
     sha = rep.to_sha[:12]
     (anchors / f"vllm-{sha}.json").write_text("{}")
     pre.write_text(json.dumps({**GOOD_PREFLIGHT, "candidate": {"sha": rep.to_sha}}))
     with pytest.raises(SndrError) as exc:
-        advance(sha, preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml")
+        advance(sha, preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml", **_kw(tmp_path))
     assert exc.value.problems[0].code == "no_version"
     gates, rec = advance(sha, preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml",
-                         version="0.33.0rc1.dev5")
+                         version="0.33.0rc1.dev5", **_kw(tmp_path))
     assert rec.sha == sha and rec.version == "0.33.0rc1.dev5"
     assert pin_main(["show", "--pin-file", str(tmp_path / "p.toml")]) == 0

@@ -1,0 +1,337 @@
+"""Judging one upstream change on the current tree (simulated in memory).
+
+Every upstream change is read as an edit: the hunk's pre-image is the anchor
+and its post-image the replacement.
+
+- ``satisfied``: the post-image is already present;
+- ``applicable``: the pre-image is present (and, for a block that only adds
+  lines, its context is distinctive and it defines nothing the file already
+  defines);
+- ``review``: a human must look: the added block's context is too generic to
+  place it, or a definition it adds (``def``/``class`` name) already exists
+  in the file in another form;
+- ``conflict``: neither image is present (a port by hand).
+
+Images are tried with full context, then with one and zero context lines per
+end; a reduced image must be unique and carry at least ``FUZZ_MIN_CHARS`` of
+non-blank text to count as evidence.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from typing import Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from ..errors import SndrError
+from .diff import Hunk
+from .gitio import FileChange
+
+__all__ = ["FUZZ_MIN_CHARS", "MIN_DISTINCT_CONTEXT", "FileResult", "HunkResult", "Reader", "SimTree",
+           "aggregate", "classify_change", "classify_hunk", "commit_reason", "tree_reader"]
+
+FUZZ_MIN_CHARS = 12  # a reduced-context image must carry at least this much non-blank text
+#: Lines of distinctive context a block that only adds lines needs before it is judged applicable.
+MIN_DISTINCT_CONTEXT = 2
+Judgement = Literal["satisfied", "applicable", "review", "conflict"]
+_RANK = {"satisfied": 0, "applicable": 1, "review": 2, "conflict": 3}
+
+
+Reader = Callable[[str], "str | None"]
+
+
+class SimTree:
+    """An in-memory overlay on the current tree: ported changes live here, never on disk."""
+
+    def __init__(self, read: Reader, overlay: dict[str, str | None] | None = None):
+        self._read = read
+        self.overlay: dict[str, str | None] = dict(overlay or {})
+
+    def read(self, path: str) -> str | None:
+        if path in self.overlay:
+            return self.overlay[path]
+        return self._read(path)
+
+    def write(self, path: str, text: str | None) -> None:
+        self.overlay[path] = text
+
+    def fork(self) -> "SimTree":
+        return SimTree(self._read, self.overlay)
+
+
+def _line_starts_find(text: str, block: str) -> list[int]:
+    """Offsets where ``block`` occurs in ``text`` starting at a line start."""
+    hits, i = [], text.find(block)
+    whole = block.endswith("\n")
+    while i >= 0:
+        # a block without a final newline is the end of its file: it must end the text too
+        if (i == 0 or text[i - 1] == "\n") and (whole or i + len(block) == len(text)):
+            hits.append(i)
+        i = text.find(block, i + 1)
+    return hits
+
+
+def _offset_of_line(text: str, line: int) -> int:
+    pos = 0
+    for _ in range(max(0, line - 1)):
+        nl = text.find("\n", pos)
+        if nl < 0:
+            return len(text)
+        pos = nl + 1
+    return pos
+
+
+def _substantial(block: str) -> bool:
+    return len(re.sub(r"\s", "", block)) >= FUZZ_MIN_CHARS
+
+
+_GENERIC = frozenset(keyword.kwlist) | {"self", "cls", "None", "True", "False", "super", "args", "kwargs",
+                                         "int", "str", "bool", "float", "dict", "list", "tuple", "object"}
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
+_DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async[ \t]+def|def|class)[ \t]+(?P<name>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def distinctive(line: str) -> bool:
+    """A context line that can place a block: it names something other than keywords and ``self``."""
+    s = line.strip()
+    return len(s) >= 6 and any(w not in _GENERIC for w in _WORD.findall(s))
+
+
+def _defined(lines) -> dict[str, str]:
+    """``name -> indent`` of the functions, methods and classes the lines define."""
+    out = {}
+    for text in lines:
+        m = _DEF.match(text)
+        if m:
+            out.setdefault(m.group("name"), m.group("indent"))
+    return out
+
+
+def already_defined(text: str, hunk: Hunk) -> tuple[str, int] | None:
+    """A definition the hunk adds that ``text`` already has at the same indentation: (name, 1-based line)."""
+    added = _defined(t for tag, t in hunk.lines if tag == "+")
+    if not added:
+        return None
+    kept = _defined(t for tag, t in hunk.lines if tag != "+")
+    for name, indent in added.items():
+        if name in kept:
+            continue
+        m = re.search(rf"^{re.escape(indent)}(?:async[ \t]+def|def|class)[ \t]+{re.escape(name)}\b", text, re.M)
+        if m:
+            return name, text.count("\n", 0, m.start()) + 1
+    return None
+
+
+class HunkResult(BaseModel):
+    header: str
+    disposition: Judgement
+    fuzz: int | None = Field(default=None, description="context lines kept per end when full context did not match")
+    reason: str = ""
+
+
+def classify_hunk(text: str, hunk: Hunk) -> tuple[HunkResult, str | None]:
+    """Judge one hunk on one text; return the result and the text with the hunk applied when applicable."""
+    pure_add = hunk.pure_addition
+    generic: str | None = None  # why a pure addition's pre-image match did not count
+    for context in (None, 1, 0):
+        pre, post = hunk.image("pre", context), hunk.image("post", context)
+        if context is not None:
+            if pre == hunk.image("pre") and post == hunk.image("post"):
+                continue  # trimming changed nothing; this level was already tried
+            if not (_substantial(pre) if pre else True) or not (_substantial(post) if post else True):
+                continue
+        fuzz = None if context is None else context
+        pre_hits = _line_starts_find(text, pre) if pre else []
+        post_hits = _line_starts_find(text, post) if post else []
+        if context is not None:
+            # a reduced image must be unique to count as evidence
+            pre_hits = pre_hits if len(pre_hits) == 1 else []
+            post_hits = post_hits if len(post_hits) == 1 else []
+        if not pre and not post:
+            continue
+        if not pre:  # the file was empty before the hunk
+            if text == "":
+                return HunkResult(header=hunk.header, disposition="applicable", fuzz=fuzz,
+                                  reason="file is empty, as upstream's was"), post
+            if post_hits:
+                return HunkResult(header=hunk.header, disposition="satisfied", fuzz=fuzz), None
+            continue
+        # Earlier hunks of the same commit are already applied to ``text``, so
+        # the hunk's new-side line number is where it is expected.
+        want = _offset_of_line(text, hunk.new_start)
+        if pre_hits and post_hits:
+            if post in pre:  # a deletion: the post-image is a piece of the pre-image
+                post_hits = []
+            elif pre in post:  # an addition
+                pre_hits = []
+            elif min(abs(p - want) for p in post_hits) <= min(abs(p - want) for p in pre_hits):
+                # repeated code: the same change also appears elsewhere; the nearer image decides
+                pre_hits = []
+            else:
+                post_hits = []
+        if post_hits:
+            return HunkResult(header=hunk.header, disposition="satisfied", fuzz=fuzz,
+                              reason="" if fuzz is None else f"post-image found with {fuzz} context line(s)"), None
+        if pre_hits and pure_add:
+            n = sum(distinctive(ln) for ln in pre.splitlines())
+            if n < MIN_DISTINCT_CONTEXT or len(pre_hits) != 1:
+                generic = generic or (f"{n} distinctive context line(s)" if n < MIN_DISTINCT_CONTEXT
+                                      else f"its context occurs {len(pre_hits)} times")
+                continue
+        if pre_hits:
+            twin = already_defined(text, hunk)
+            if twin is not None:
+                return HunkResult(header=hunk.header, disposition="review", fuzz=fuzz,
+                                  reason=f"review: already present in another form: {twin[0]} is defined at "
+                                  f"line {twin[1]}"), None
+            pos = min(pre_hits, key=lambda p: abs(p - want))
+            return (HunkResult(header=hunk.header, disposition="applicable", fuzz=fuzz,
+                               reason="" if fuzz is None else f"pre-image found with {fuzz} context line(s)"),
+                    text[:pos] + post + text[pos + len(pre):])
+    if generic is not None:
+        twin = already_defined(text, hunk)
+        if twin is not None:
+            return HunkResult(header=hunk.header, disposition="review",
+                              reason=f"review: already present in another form: {twin[0]} is defined at "
+                              f"line {twin[1]}"), None
+        return HunkResult(header=hunk.header, disposition="review",
+                          reason=f"review: the added block's context is too generic to place it ({generic})"), None
+    return HunkResult(header=hunk.header, disposition="conflict",
+                      reason="neither the pre-image nor the post-image is present"), None
+
+
+class FileResult(BaseModel):
+    path: str
+    old_path: str | None = None
+    change: Literal["A", "M", "D", "R", "C", "T"]
+    disposition: Judgement
+    reason: str = ""
+    hunks: list[HunkResult] = Field(default_factory=list)
+
+
+def _hunks_on(text: str, hunks: list[Hunk]) -> tuple[list[HunkResult], str, str]:
+    results, cur = [], text
+    for h in hunks:
+        res, new = classify_hunk(cur, h)
+        results.append(res)
+        if new is not None:
+            cur = new
+    disp = aggregate([r.disposition for r in results]) if results else "satisfied"
+    return results, cur, disp
+
+
+def aggregate(disps: list[str]) -> str:
+    """The worst of several judgements: conflict > review > applicable > satisfied."""
+    return max(disps, key=_RANK.__getitem__) if disps else "satisfied"
+
+
+def _hunk_summary(results: list[HunkResult]) -> str:
+    n = len(results)
+    c = {d: sum(r.disposition == d for r in results) for d in ("satisfied", "applicable", "review", "conflict")}
+    parts = [f"{v} {k}" for k, v in c.items() if v]
+    return f"{n} hunk{'s' if n != 1 else ''}: " + ", ".join(parts) if n else "no hunks"
+
+
+def classify_change(sim: SimTree, ch: FileChange, blob: Callable[[str, str], bytes | None],
+                    sha: str, parent: str) -> FileResult:
+    """Judge one file change of a commit on ``sim`` and apply it there when it is applicable."""
+
+    def text_of(rev: str, path: str) -> str | None:
+        data = blob(rev, path)
+        return None if data is None else data.decode("utf-8", errors="surrogateescape")
+
+    if ch.binary:
+        new = text_of(sha, ch.path) if ch.kind != "D" else None
+        old = text_of(parent, ch.old_path or ch.path) if ch.kind != "A" else None
+        cur = sim.read(ch.path if ch.kind != "R" else ch.old_path)
+        if cur == new:
+            return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="satisfied",
+                              reason="binary file already matches upstream's")
+        if cur == old:
+            sim.write(ch.path, new)
+            if ch.kind == "R":
+                sim.write(ch.old_path, None)
+            return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="applicable",
+                              reason="binary file matches upstream's pre-image")
+        return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="conflict",
+                          reason="binary file matches neither side")
+    if ch.kind in ("A", "C"):
+        post = text_of(sha, ch.path)
+        cur = sim.read(ch.path)
+        if cur is None:
+            sim.write(ch.path, post)
+            return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="applicable",
+                              reason="new file")
+        if cur == post:
+            return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="satisfied",
+                              reason="file already present with upstream's content")
+        return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="conflict",
+                          reason="upstream adds this file, but the tree has a different one")
+    if ch.kind == "D":
+        pre = text_of(parent, ch.path)
+        cur = sim.read(ch.path)
+        if cur is None:
+            return FileResult(path=ch.path, change="D", disposition="satisfied", reason="file already gone")
+        if cur == pre:
+            sim.write(ch.path, None)
+            return FileResult(path=ch.path, change="D", disposition="applicable", reason="file deleted upstream")
+        return FileResult(path=ch.path, change="D", disposition="conflict",
+                          reason="upstream deletes this file, but the tree's copy differs from upstream's")
+    if ch.kind == "R":
+        cur_old, cur_new = sim.read(ch.old_path), sim.read(ch.path)
+        if cur_old is not None and cur_new is None:
+            results, text, disp = _hunks_on(cur_old, ch.hunks)
+            if disp in ("conflict", "review"):
+                return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition=disp,
+                                  reason=f"rename from {ch.old_path}; {_hunk_summary(results)}", hunks=results)
+            sim.write(ch.path, text)
+            sim.write(ch.old_path, None)
+            return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition="applicable",
+                              reason=f"rename from {ch.old_path}" + (f"; {_hunk_summary(results)}" if results else ""),
+                              hunks=results)
+        if cur_old is None and cur_new is not None:
+            results, text, disp = _hunks_on(cur_new, ch.hunks)
+            if disp == "applicable":
+                sim.write(ch.path, text)
+            return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition=disp,
+                              reason=f"already renamed from {ch.old_path}"
+                              + (f"; {_hunk_summary(results)}" if results else ""), hunks=results)
+        why = "both the old and the new path exist" if cur_old is not None else "neither the old nor the new path exists"
+        return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition="conflict",
+                          reason=f"rename from {ch.old_path}: {why} in the tree")
+    cur = sim.read(ch.path)
+    if cur is None:
+        return FileResult(path=ch.path, change=ch.kind, disposition="conflict", reason="file missing in the tree")
+    results, text, disp = _hunks_on(cur, ch.hunks)
+    if disp == "applicable":
+        sim.write(ch.path, text)
+    return FileResult(path=ch.path, change=ch.kind, disposition=disp, reason=_hunk_summary(results), hunks=results)
+
+
+def commit_reason(results: list[FileResult]) -> str:
+    parts = []
+    for r in results:
+        if r.disposition in ("conflict", "review"):
+            bad = [h for h in r.hunks if h.disposition == r.disposition]
+            where = "".join(f"; {h.header}: {h.reason}" for h in bad[:3])
+            parts.append(f"{r.path}: {r.reason}{where}")
+        else:
+            parts.append(f"{r.path}: {r.reason}")
+    return "; ".join(parts)
+
+
+def tree_reader(tree) -> Reader:
+    """A path -> text function over a tree view (anything with ``read_bytes`` or ``read_text``)."""
+
+    def read(path: str) -> str | None:
+        try:
+            if hasattr(tree, "read_bytes"):
+                data = tree.read_bytes(path)
+                return None if data is None else data.decode("utf-8", errors="surrogateescape")
+            return tree.read_text(path)
+        except (SndrError, FileNotFoundError, KeyError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    return read

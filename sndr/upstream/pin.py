@@ -1,0 +1,413 @@
+"""The pin and its gates: ``python -m sndr pin show|advance``.
+
+``pin advance --to TARGET`` records a new pin (``patches/_pin.toml``) only when
+every gate passes, and names each gate that fails:
+
+- **preflight**: a preflight report of the patch set on the target, with no
+  genuine anchor drift;
+- **manifest**: the target's manifest, built from this patch set on this tree;
+- **queue**: the ``sync plan --json`` queue of the range up to the target: no
+  queued commit (applicable, review or conflict) and no refused revert half is
+  left without a recorded decision (``sync decide``), and every ``ported-as``
+  names a patch of the set;
+- **deviations**: every deviation the range touches is reviewed for the
+  target (``sync deviation PATCH --reviewed TARGET``) or dropped;
+- **benchmark**: the denominator. A benchmark reference re-measured on the
+  target, a file the operator names (``--benchmark-ref``), newer than the
+  preflight. Required unless ``--no-benchmark-ref`` says why not; recorded in
+  the pin with its sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, bad_input
+from .decisions import DECISIONS_NAME, Decisions, load_decisions
+from .report import QUEUED, QueueReport
+
+__all__ = ["PIN_FILE_NAME", "Gate", "PinRecord", "advance", "default_pin_path", "gate_benchmark",
+           "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "pin_main", "read_pin"]
+
+PIN_FILE_NAME = "_pin.toml"  # '_' keeps load.patch_files() from reading it as a patch
+
+
+
+
+class PinRecord(BaseModel):
+    """``patches/_pin.toml``: the vLLM build the patch set is validated on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(min_length=1)
+    sha: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$")
+    tree_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    benchmark_ref: str | None = Field(default=None, description="the re-measured benchmark reference (path)")
+    benchmark_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    benchmark_waived: str | None = Field(default=None, description="why no benchmark reference was required")
+
+    def to_toml(self) -> str:
+        lines = ["# The pin: written by `python -m sndr pin advance` when every gate passes."]
+        for k, v in self.model_dump(exclude_none=True).items():
+            lines.append(f"{k} = {json.dumps(v)}")
+        return "\n".join(lines) + "\n"
+
+
+def default_pin_path() -> Path:
+    from ..env import patches_dir
+
+    return patches_dir() / PIN_FILE_NAME
+
+
+def read_pin(path: Path | str) -> PinRecord | None:
+    import tomllib
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return PinRecord.model_validate(data)
+    except tomllib.TOMLDecodeError as exc:
+        raise bad_input("toml_syntax", f"malformed TOML: {exc}", file=str(path)) from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise bad_input("bad_pin", err.get("msg", "invalid"), file=str(path),
+                        key=".".join(str(p) for p in err.get("loc", ())) or None) from None
+
+
+_SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def _norm_version(v: str) -> str:
+    v = v.strip()
+    v = v[len("vllm=="):] if v.startswith("vllm==") else v
+    return v[1:] if v[:1] == "v" and v[1:2].isdigit() else v
+
+
+@dataclass
+class Gate:
+    name: str
+    ok: bool
+    reason: str
+
+
+def _read_json(path: Path, what: str) -> Any:
+    from .watchlist import read_text_file  # strict UTF-8 through sndr.fsio, problems as bad input
+
+    text = read_text_file(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad_input("bad_json", f"malformed JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+
+
+def _target_matches(to: str, version: str | None, sha: str | None) -> bool | None:
+    """Whether a recorded target names ``to``; None when the record says nothing comparable."""
+    if _SHA_RE.match(to) and sha:
+        return sha.startswith(to) or to.startswith(sha)
+    if version:
+        return _norm_version(version) == _norm_version(to) or (sha is not None and sha.startswith(to))
+    return None
+
+
+def _manifest_name(version: str) -> str:
+    try:
+        from ..manifest import manifest_name
+    except ImportError:  # pragma: no cover
+        return f"vllm-{version}.json"
+    return manifest_name(version)
+
+
+def gate_preflight(path: Path | None, to: str) -> tuple[Gate, dict]:
+    if path is None:
+        return Gate("preflight", False, "no preflight report given (--preflight)"), {}
+    data = _read_json(path, "preflight report")
+    if not isinstance(data, dict) or "genuine_anchor_drift" not in data:
+        return Gate("preflight", False, f"{path} is not a preflight report (no genuine_anchor_drift)"), {}
+    cand = data.get("candidate")
+    cver = cand if isinstance(cand, str) else (cand.get("version") if isinstance(cand, dict) else None)
+    csha = cand.get("sha") if isinstance(cand, dict) else None
+    match = _target_matches(to, cver, csha)
+    if match is False:
+        return Gate("preflight", False, f"the preflight's candidate is {cver or csha}, not {to}"), data
+    drift = data.get("genuine_anchor_drift") or []
+    if drift:
+        names = []
+        for d in drift:
+            names.append(d if isinstance(d, str) else str(d.get("patch") or d.get("id") or d))
+        return Gate("preflight", False, f"genuine anchor drift in {len(drift)} edit(s): "
+                    f"{', '.join(sorted(set(names))[:8])}"), data
+    return Gate("preflight", True, "no genuine anchor drift"), data
+
+
+def _manifest_pairs(obj: Any) -> set[tuple[str, str]]:
+    pairs: set[tuple[str, str]] = set()
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, dict):
+            pid = cur.get("patch")
+            name = cur.get("name") or cur.get("edit")
+            if isinstance(pid, str) and isinstance(name, str):
+                pairs.add((pid, name))
+            stack.extend(cur.values())
+        elif isinstance(cur, list):
+            stack.extend(cur)
+    return pairs
+
+
+def gate_manifest(path: Path, to: str, patch_set, tree_digest: str | None = None) -> Gate:
+    if not path.exists():
+        return Gate("manifest", False, f"no manifest {path}: rebuild it for {to} (python -m sndr manifest)")
+    data = _read_json(path, "manifest")
+    if not isinstance(data, dict):
+        return Gate("manifest", False, f"{path} is not a manifest")
+    pin = data.get("pin")
+    version = data.get("vllm_version") or data.get("version") or (pin.get("version") if isinstance(pin, dict) else pin)
+    if isinstance(version, str) and _target_matches(to, version, None) is False and not _SHA_RE.match(to):
+        return Gate("manifest", False, f"{path} was built for {version}, not {to}")
+    built_on = data.get("tree_digest")
+    if tree_digest and isinstance(built_on, str) and built_on != tree_digest:
+        return Gate("manifest", False, f"{path} was built on tree {built_on[:12]}, but the preflight's candidate is "
+                    f"{tree_digest[:12]}; rebuild it on the target")
+    if patch_set is not None:
+        digest = data.get("patch_set_digest")
+        if isinstance(digest, str):
+            if digest != patch_set.digest():
+                return Gate("manifest", False, f"{path} was built from another patch set (digest "
+                            f"{digest[:12]}); rebuild it")
+            return Gate("manifest", True, f"{path} matches the patch set")
+        pairs = _manifest_pairs(data)
+        if pairs:
+            want = {(p.id, e.name) for p in patch_set.patches if p.lifecycle != "retired" for _, e in p.edits()}
+            missing = sorted(want - pairs)
+            if missing:
+                return Gate("manifest", False, f"{path} lacks {len(missing)} edit(s) of the patch set, e.g. "
+                            f"{missing[0][0]}/{missing[0][1]}; rebuild it")
+            return Gate("manifest", True, f"{path} covers every edit of the patch set")
+    return Gate("manifest", True, f"{path} present")
+
+
+def load_queue(path: Path) -> QueueReport:
+    data = _read_json(path, "queue report")
+    try:
+        return QueueReport.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise bad_input("bad_queue", f"not a queue report: {err.get('msg')}", file=str(path),
+                        key=".".join(str(p) for p in err.get("loc", ())) or None) from None
+
+
+def _shown(entries, limit: int = 5) -> str:
+    out = ", ".join(f"{c.sha[:10]} {c.subject!r}" for c in entries[:limit])
+    return out + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
+
+
+def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set=None) -> Gate:
+    """No queued commit (or refused revert half) without a recorded resolution."""
+    if rep is None:
+        return Gate("queue", False, "no queue report given (--queue, from `sync plan --json`)")
+    if _target_matches(to, rep.to_ref, rep.to_sha) is False:
+        return Gate("queue", False, f"the queue is for {rep.to_ref} ({rep.to_sha[:10]}), not {to}")
+    open_items = [c for c in rep.commits if c.status in QUEUED + ("refused",)]
+    undecided = [c for c in open_items if not ((d := decisions.for_sha(c.sha)) and d.decided)]
+    if undecided:
+        kinds: dict[str, list] = {}
+        for c in undecided:
+            kinds.setdefault("applicable" if c.disposition == "applicable" and c.status != "refused"
+                             else c.status if c.status == "refused" else c.disposition, []).append(c)
+        parts = [f"{len(v)} {k}: {_shown(v)}" for k, v in sorted(kinds.items())]
+        return Gate("queue", False, f"{len(undecided)} queued commit(s) without a decision ({'; '.join(parts)}); "
+                    "port them, or record one with `sync decide SHA --resolution ...`")
+    if patch_set is not None:
+        ids = {p.id for p in patch_set.patches}
+        bad = [(c, d.ported_as) for c in open_items if (d := decisions.for_sha(c.sha)) and d.ported_as
+               and d.ported_as not in ids]
+        if bad:
+            return Gate("queue", False, f"{len(bad)} decision(s) name a patch that is not in the patch set: "
+                        + ", ".join(f"{c.sha[:10]} ported-as {pid}" for c, pid in bad[:5]))
+    res: dict[str, int] = {}
+    for c in open_items:
+        key = decisions.for_sha(c.sha).resolution.split(" ", 1)[0]
+        res[key] = res.get(key, 0) + 1
+    detail = ", ".join(f"{n} {k}" for k, n in sorted(res.items()))
+    return Gate("queue", True, f"every queued commit decided ({len(open_items)}: {detail})" if open_items
+                else "no queued commit left")
+
+
+def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> Gate:
+    """Every deviation the range touches is reviewed for ``to`` or dropped."""
+    if rep is None:
+        return Gate("deviations", False, "no queue report given (--queue)")
+    stale = []
+    for hit in rep.deviations:
+        dev = decisions.deviation(hit.patch)
+        if dev is None:
+            continue  # dropped: discharged or no longer a deviation
+        if dev.reviewed and _target_matches(to, dev.reviewed, None) is not False \
+                and (_norm_version(dev.reviewed) == _norm_version(to) or to.startswith(dev.reviewed)
+                     or dev.reviewed.startswith(to)):
+            continue
+        dis = f"; its discharge {hit.discharge_in_range[:10]} is in range: drop it if it is discharged" \
+            if hit.discharge_in_range else ""
+        stale.append(f"{hit.patch}{' (' + hit.upstream + ')' if hit.upstream else ''} touched by "
+                     f"{len(hit.touched_by)} commit(s) ({', '.join(s[:10] for s in hit.touched_by[:5])}), reviewed for "
+                     f"{dev.reviewed or 'nothing'}{dis}")
+    if stale:
+        return Gate("deviations", False, f"{len(stale)} deviation(s) not updated for {to}: " + "; ".join(stale)
+                    + f" (run `sync deviation PATCH --reviewed {to}` after checking each)")
+    return Gate("deviations", True, f"{len(rep.deviations)} touched deviation(s), all reviewed for {to} or dropped"
+                if rep.deviations else "the range touches no deviation")
+
+
+def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None = None) -> Gate:
+    """The denominator: a benchmark reference re-measured on the target, newer than the preflight."""
+    if path is None:
+        if waived:
+            return Gate("benchmark", True, f"not required: {waived}")
+        return Gate("benchmark", False, "no benchmark reference given: re-measure the benchmark on the target and "
+                    "pass the file with --benchmark-ref (or --no-benchmark-ref REASON)")
+    if not path.is_file():
+        return Gate("benchmark", False, f"benchmark reference {path} does not exist: re-measure on the target")
+    if preflight is not None and preflight.is_file() and path.stat().st_mtime < preflight.stat().st_mtime:
+        return Gate("benchmark", False, f"benchmark reference {path} is older than the preflight {preflight}: "
+                    "re-measure on the target")
+    return Gate("benchmark", True, f"{path} re-measured after the preflight")
+
+
+def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Path | None = None,
+            anchors_dir: Path | None = None, patch_set=None, pin_path: Path | None = None,
+            version: str | None = None, tree_digest: str | None = None, dry_run: bool = False,
+            decisions: Path | Decisions | None = None, benchmark: Path | None = None,
+            benchmark_waived: str | None = None) -> tuple[list[Gate], PinRecord | None]:
+    """Check every gate; write the pin record when all pass (and not ``dry_run``)."""
+    to = to.strip()
+    if not to:
+        raise bad_input("bad_target", "--to is empty", key="to")
+    is_sha = bool(_SHA_RE.match(to))
+    if not is_sha:
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            Version(_norm_version(to))
+        except InvalidVersion:
+            raise bad_input("bad_target", f"--to {to!r} is neither a PEP 440 version nor a commit sha", key="to") from None
+    gates: list[Gate] = []
+    g, pre = gate_preflight(preflight, to)
+    gates.append(g)
+    cand = pre.get("candidate") if isinstance(pre, dict) else None
+    cand_digest = cand.get("tree_digest") if isinstance(cand, dict) else None
+    cand_digest = cand_digest if isinstance(cand_digest, str) and re.fullmatch(r"[0-9a-f]{64}", cand_digest) else None
+    if manifest is None:
+        if anchors_dir is None:
+            from ..load import shipped_anchors_dir
+
+            anchors_dir = shipped_anchors_dir()
+        manifest = Path(anchors_dir) / _manifest_name(_norm_version(to) if not is_sha else to)
+    gates.append(gate_manifest(Path(manifest), to, patch_set, cand_digest))
+    if not isinstance(decisions, Decisions):
+        decisions = load_decisions(decisions).model
+    rep = load_queue(Path(queue)) if queue is not None else None
+    gates.append(gate_queue(rep, to, decisions, patch_set))
+    gates.append(gate_deviations(rep, to, decisions))
+    gates.append(gate_benchmark(Path(benchmark) if benchmark is not None else None,
+                                Path(preflight) if preflight is not None else None, benchmark_waived))
+    if not all(g.ok for g in gates):
+        return gates, None
+    if version is None:
+        version = _norm_version(to) if not is_sha else (
+            cand if isinstance(cand, str) else (cand or {}).get("version") if isinstance(cand, dict) else None)
+    if not version:
+        raise bad_input("no_version", f"--to {to} is a commit; give --version for the pin record", key="version")
+    if tree_digest is None:
+        tree_digest = cand_digest
+    if tree_digest is None and Path(manifest).exists():
+        d = _read_json(Path(manifest), "manifest").get("tree_digest")
+        tree_digest = d if isinstance(d, str) and re.fullmatch(r"[0-9a-f]{64}", d) else None
+    bench_sha = hashlib.sha256(Path(benchmark).read_bytes()).hexdigest() if benchmark is not None else None
+    record = PinRecord(version=_norm_version(version), sha=to if is_sha else None, tree_digest=tree_digest,
+                       benchmark_ref=str(benchmark) if benchmark is not None else None, benchmark_sha256=bench_sha,
+                       benchmark_waived=benchmark_waived if benchmark is None else None)
+    if not dry_run:
+        from ..fsio import atomic_write
+
+        path = Path(pin_path) if pin_path is not None else default_pin_path()
+        atomic_write(path, record.to_toml().encode("utf-8"))
+    return gates, record
+
+
+def pin_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sndr pin", description="show or advance the pin")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sh = sub.add_parser("show", help="print the recorded pin")
+    sh.add_argument("--pin-file", metavar="PATH")
+    ad = sub.add_parser("advance", help="record a new pin when the preflight, manifest, queue, deviation and benchmark gates pass")
+    ad.add_argument("--to", required=True, metavar="VERSION|SHA")
+    ad.add_argument("--preflight", metavar="REPORT.json", help="preflight of the patch set on the target")
+    ad.add_argument("--queue", metavar="QUEUE.json", help="`sync plan --json` of the range up to the target")
+    ad.add_argument("--manifest", metavar="PATH", help="manifest of the target (default: anchors/<to>.json)")
+    ad.add_argument("--patches", metavar="DIR", help="patch set the manifest must match (default: shipped set)")
+    ad.add_argument("--pin-file", metavar="PATH", help=f"pin record to write (default: patches/{PIN_FILE_NAME})")
+    ad.add_argument("--version", help="vLLM version to record when --to is a commit")
+    ad.add_argument("--tree", help="target tree to take the digest from (any tree spec)")
+    ad.add_argument("--decisions", metavar="PATH", help="kept decisions and deviations (default: "
+                    "<patches>/sync-decisions.yaml)")
+    ad.add_argument("--benchmark-ref", metavar="FILE", help="benchmark reference re-measured on the target "
+                    "(required; must be newer than the preflight)")
+    ad.add_argument("--no-benchmark-ref", metavar="REASON", help="advance without a benchmark reference; the "
+                    "reason is recorded in the pin")
+    ad.add_argument("--dry-run", action="store_true", help="check the gates, write nothing")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_BAD_INPUT
+    from ..cli import run
+
+    return run("sndr pin", lambda: _pin(args), on_interrupt=lambda: "the pin file is unchanged (written atomically)")
+
+
+def _pin(args) -> int:
+    if args.cmd == "show":
+        path = Path(args.pin_file) if args.pin_file else default_pin_path()
+        rec = read_pin(path)
+        if rec is None:
+            print(f"{path}: no pin recorded")
+            return EXIT_FINDINGS
+        print(f"{path}: " + ", ".join(f"{k}={v}" for k, v in rec.model_dump(exclude_none=True).items()))
+        return EXIT_OK
+    digest = None
+    if args.tree:
+        from ..tree import open_tree
+
+        digest = open_tree(args.tree).digest
+    from ..load import load_patch_set
+
+    ps = load_patch_set(args.patches)
+    gates, record = advance(args.to, preflight=Path(args.preflight) if args.preflight else None,
+                            queue=Path(args.queue) if args.queue else None,
+                            manifest=Path(args.manifest) if args.manifest else None, patch_set=ps,
+                            pin_path=Path(args.pin_file) if args.pin_file else None, version=args.version,
+                            tree_digest=digest, dry_run=args.dry_run,
+                            decisions=Path(args.decisions) if args.decisions else (
+                                Path(args.patches) / DECISIONS_NAME if args.patches else None),
+                            benchmark=Path(args.benchmark_ref) if args.benchmark_ref else None,
+                            benchmark_waived=args.no_benchmark_ref)
+    for g in gates:
+        print(f"gate {g.name}: {'pass' if g.ok else 'FAIL'}: {g.reason}")
+    if record is None:
+        failed = [g.name for g in gates if not g.ok]
+        print(f"refused: pin not advanced to {args.to}; failed gate(s): {', '.join(failed)}", file=sys.stderr)
+        return EXIT_FINDINGS
+    where = "(dry run, nothing written)" if args.dry_run else str(args.pin_file or default_pin_path())
+    print(f"pin advanced to {record.version}{' @ ' + record.sha if record.sha else ''} {where}")
+    return EXIT_OK

@@ -1,0 +1,427 @@
+"""Planning the port queue of an upstream range: ``sync plan``.
+
+``plan(repo, FROM, TO, surface, tree)`` lists the commits of ``FROM..TO``
+(``git log`` semantics: reachable from TO and not from FROM, so a pin and a
+target on different release branches work; the merge-base is reported), keeps
+those that touch the mirrored surface, and re-derives what each one is for
+the current tree (:mod:`sndr.upstream.judge`).
+
+Commits are simulated in upstream order on an in-memory copy of the tree, so a
+commit that builds on an earlier applicable one is judged after it. Two passes
+keep that honest:
+
+1. **Upstream only.** Line ownership through the range gives the dependency
+   graph (:mod:`sndr.upstream.lines`). Revert pairs and chains inside the range
+   resolve to their net effect (:mod:`sndr.upstream.reverts`); lines added and
+   removed again inside the range are net-zero; a by-hand commit whose lines a
+   later commit rewrote is superseded. Commits with the patch-id of a commit on
+   the pin's side (a cherry-pick onto the pin's release branch) are satisfied.
+2. **Against the tree.** Each commit is classified on the simulated tree. The
+   halves of a cancelled pair, net-zero and cherry-picked commits are judged
+   but never applied, so the simulation never carries a change the port will
+   not make.
+
+The surface follows renames inside the range both ways: a file renamed onto
+the surface brings the commits to its old path with it, and a surface file
+renamed away keeps being mirrored under its new name.
+
+The queue is the applicable, review and conflicting commits, in waves: a
+commit sits one wave after the latest commit it depends on. Kept decisions
+(:mod:`sndr.upstream.decisions`) are attached by sha and shown apart.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import Problem, SndrError, bad_input
+from .decisions import Decisions, deviation_set
+from .diff import parse_hunks
+from .gitio import CommitInfo, Git
+from .judge import SimTree, aggregate, classify_change, commit_reason, tree_reader
+from .lines import LineTracker, net_zero, superseded
+from .report import QUEUED, CommitEntry, DeviationHit, QueueReport, SurfaceInfo, Wave
+from .reverts import pair_reverts
+
+__all__ = ["SYNC_CONFIG_NAME", "Surface", "load_sync_config", "patch_surface", "plan"]
+
+SYNC_CONFIG_NAME = "_sync.toml"
+
+
+def patch_surface(patches: Iterable) -> set[str]:
+    """Files the patch set touches: text edits' files and runtime targets' modules."""
+    out: set[str] = set()
+    for p in patches:
+        if getattr(p, "lifecycle", "active") == "retired":
+            continue
+        for f in getattr(p, "files", []) or []:
+            out.add(f.path)
+        for r in getattr(p, "runtime", []) or []:
+            mod = r.target.split(":", 1)[0].replace(".", "/")
+            out.update({f"{mod}.py", f"{mod}/__init__.py"})
+    return out
+
+
+@dataclass
+class Surface:
+    files: set[str] = field(default_factory=set)
+    globs: list[str] = field(default_factory=list)
+
+    def matches(self, path: str | None) -> bool:
+        if not path:
+            return False
+        return path in self.files or any(fnmatch.fnmatchcase(path, g) for g in self.globs)
+
+    def follow_rename(self, old: str, new: str) -> None:
+        if self.matches(old):
+            self.files.add(new)
+
+
+def _rename_closure(surface: Surface, changes: dict[str, list]) -> tuple[set[str], list[str]]:
+    """Paths connected to the surface by a rename inside the range, in either direction."""
+    parent: dict[str, str] = {}
+
+    def find(p: str) -> str:
+        while parent.get(p, p) != p:
+            parent[p] = parent.get(parent[p], parent[p])
+            p = parent[p]
+        return p
+
+    renames = []
+    for chs in changes.values():
+        for ch in chs:
+            if ch.kind == "R" and ch.old_path:
+                renames.append((ch.old_path, ch.path))
+                parent.setdefault(ch.old_path, ch.old_path)
+                parent.setdefault(ch.path, ch.path)
+                parent[find(ch.old_path)] = find(ch.path)
+    on = {find(p) for p in parent if surface.matches(p)}
+    extra = {p for p in parent if find(p) in on and not surface.matches(p)}
+    shown = sorted({f"{a} -> {b}" for a, b in renames if find(a) in on and not (surface.matches(a) and surface.matches(b))})
+    return extra, shown
+
+
+def load_sync_config(path: Path) -> list[str]:
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise bad_input("not_found", "sync config does not exist", file=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise bad_input("toml_syntax", f"malformed TOML: {exc}", file=str(path)) from None
+    unknown = sorted(set(data) - {"surface"})
+    if unknown:
+        raise bad_input("bad_sync_config", f"unknown key {unknown[0]!r}", file=str(path), key=unknown[0])
+    globs = data.get("surface", [])
+    if not isinstance(globs, list) or not all(isinstance(g, str) and g for g in globs):
+        raise bad_input("bad_sync_config", "'surface' must be a list of glob strings", file=str(path), key="surface")
+    return globs
+
+
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def _count_lines(data: bytes | None) -> int:
+    if not data:
+        return 0
+    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
+@dataclass
+class _Range:
+    base: str
+    tip: str
+    merge_base: str | None
+    from_is_ancestor: bool
+    commits: list[CommitInfo]
+    merges: list[str]
+    pin_side: list[CommitInfo] = field(default_factory=list)
+
+
+def _range(git: Git, from_ref: str, to_ref: str) -> _Range:
+    base = git.resolve(from_ref, "from")
+    tip = git.resolve(to_ref, "to")
+    mb = git.merge_base(base, tip)
+    if mb is None:
+        raise bad_input("no_merge_base", f"--from {from_ref} and --to {to_ref} share no history",
+                        hint="both must be commits of the same repository (fetch the release tags)")
+    if mb == tip and tip != base:
+        raise bad_input("backwards_range", f"--to {to_ref} is an ancestor of --from {from_ref}: the range is empty",
+                        hint="swap --from and --to: the range is the commits reachable from --to, not from --from")
+    all_commits = git.commits(base, tip)
+    ancestor = mb == base
+    pin_side = [] if ancestor else [c for c in git.commits(tip, base) if len(c.parents) <= 1]
+    return _Range(base, tip, mb, ancestor, [c for c in all_commits if len(c.parents) <= 1],
+                  [c.sha for c in all_commits if len(c.parents) > 1], pin_side)
+
+
+def plan(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, tree=None, *,
+         select: list[str] | None = None, tree_label: str | None = None, decisions: Decisions | None = None,
+         patch_files: dict[str, list[str]] | None = None, decisions_file: str | None = None) -> QueueReport:
+    """Plan the port queue of ``from_ref..to_ref`` against ``tree`` (default: the repo's working tree).
+
+    ``decisions``: kept decisions and deviations to attach; ``patch_files``:
+    patch id -> files, for deviations that do not list their paths.
+    """
+    git = Git(repo)
+    try:
+        return _plan(git, from_ref, to_ref, surface, tree, select, tree_label, decisions, patch_files or {},
+                     decisions_file)
+    finally:
+        git.close()
+
+
+def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label, decisions: Decisions | None,
+          patch_files: dict[str, list[str]], decisions_file: str | None) -> QueueReport:
+    rng = _range(git, from_ref, to_ref)
+    if tree is None:
+        from ..tree import DirTree
+
+        tree = DirTree(git.repo, spec=str(git.repo))
+    read = tree_reader(tree)
+    surface = Surface(set(surface.files), list(surface.globs))
+    initial_files = sorted(surface.files)
+    commits = rng.commits
+
+    changes = git.all_changes([c.sha for c in commits])
+    renamed_paths, renamed_shown = _rename_closure(surface, changes)
+
+    def mirrored_path(p: str | None) -> bool:
+        return bool(p) and (surface.matches(p) or p in renamed_paths)
+
+    # pass 1: upstream only
+    tracker = LineTracker(lambda rev, path: _count_lines(git.blob(rev, path)))
+    deps: dict[int, set[int]] = {}
+    for i, c in enumerate(commits):
+        chs = changes.get(c.sha, [])
+        mirrored = [ch for ch in chs if mirrored_path(ch.path) or mirrored_path(ch.old_path)]
+        c.other_files = len(chs) - len(mirrored)
+        if not mirrored:
+            continue
+        for ch in mirrored:
+            if ch.kind in ("M", "R", "T"):
+                paths = [ch.path] + ([ch.old_path] if ch.old_path else [])
+                ch.hunks, ch.binary = parse_hunks(git.diff(c.parent, c.sha, paths))
+            elif ch.kind in ("A", "C", "D"):
+                ch.binary = b"\0" in ((git.blob(c.sha if ch.kind != "D" else c.parent, ch.path)) or b"")[:8000]
+        c.changes = mirrored
+        deps[i] = tracker.commit(i, c.parent, mirrored, lambda p, sha=c.sha: _count_lines(git.blob(sha, p)))
+
+    # identity: cherry-picks onto the pin's side, duplicates inside the range, reverts
+    surface_shas = [commits[i].sha for i in sorted(deps)]
+    forward = git.patch_ids(surface_shas + [c.sha for c in rng.pin_side])
+    pin_ids = {forward[c.sha]: c.sha for c in rng.pin_side if c.sha in forward}
+    inverse = git.patch_ids(surface_shas, inverse=True)
+    rv = pair_reverts(commits, set(deps), forward, inverse)
+    partner = rv.partner
+    picked: dict[int, str] = {}
+    dup_of: dict[int, int] = {}
+    first_with: dict[str, int] = {}
+    for i in sorted(deps):
+        pid = forward.get(commits[i].sha)
+        if not pid:
+            continue
+        if pid in pin_ids:
+            picked[i] = pin_ids[pid]
+        elif pid in first_with and i not in rv.target and first_with[pid] not in partner:
+            dup_of[i] = first_with[pid]  # a revert of a revert re-applies, it does not duplicate
+        else:
+            first_with.setdefault(pid, i)
+    for i, what in list(rv.outside.items()):
+        if what.startswith('"'):  # a subject: find the reverted commit in the pin's history
+            sha = git.find_subject(rng.base, what[1:-1])
+            if sha:
+                rv.outside[i] = sha
+    for a in [a for a in partner if a in picked]:
+        # the pin carries a cherry-pick of the original: the revert inside the range is real work
+        b = partner.pop(a)
+        partner.pop(b, None)
+    zero, zero_flags = net_zero(tracker, deps.keys(), set(partner) | set(picked))
+    later = superseded(tracker, deps.keys())
+
+    # pass 2: against the tree
+    sim = SimTree(read)
+    entries: list[CommitEntry] = []
+    findings: list[Problem] = []
+    for i, c in enumerate(commits):
+        if i not in deps:
+            entries.append(CommitEntry(sha=c.sha, subject=c.subject, position=i + 1, disposition="outside",
+                                       status="skip", other_files=c.other_files,
+                                       reason=f"touches no mirrored file ({c.other_files} file"
+                                       f"{'s' if c.other_files != 1 else ''})"))
+            continue
+        work = sim.fork()
+        results = [classify_change(work, ch, git.blob, c.sha, c.parent) for ch in c.changes]
+        disp = aggregate([r.disposition for r in results])
+        entry = CommitEntry(sha=c.sha, subject=c.subject, position=i + 1, disposition=disp,
+                            status="skip" if disp == "satisfied" else ("port" if disp == "applicable" else "port-by-hand"),
+                            reason=commit_reason(results), files=results, other_files=c.other_files)
+        if i in rv.outside:
+            what = rv.outside[i]
+            entry.reverts = what
+            entry.flags.append(f"reverts {what if what.startswith(chr(34)) else what[:10]} (outside the range)")
+        if i in rv.target:
+            entry.reverts = commits[rv.target[i]].sha
+            entry.flags.append(f"reverts {commits[rv.target[i]].short} (paired by {rv.how[i]})")
+        if i in rv.again:
+            entry.flags.append(f"reverts {commits[rv.target[i]].short} again (already reverted by "
+                               f"{commits[rv.again[i]].short})")
+        if i in picked:
+            entry.cherry_pick_of = picked[i]
+            entry.disposition, entry.status = "satisfied", "skip"
+            entry.reason = f"cherry-picked onto the pin's side as {picked[i][:10]} (same patch-id)"
+        elif i in dup_of and entries[dup_of[i]].status not in ("outside",):
+            entry.cherry_pick_of = commits[dup_of[i]].sha
+            entry.flags.append(f"same patch-id as {commits[dup_of[i]].short} earlier in the range")
+            if entry.status in QUEUED and entries[dup_of[i]].status in QUEUED:
+                entry.status = "skip"
+                entry.reason = f"the same change as {commits[dup_of[i]].short} (same patch-id): port it once"
+        if disp == "applicable" and i not in partner and i not in zero and i not in picked:
+            sim = work
+        entries.append(entry)
+
+    # ordering rules: revert pairs and chains
+    for a, b in partner.items():
+        if a > b:
+            continue
+        ea, eb = entries[a], entries[b]
+        ea.pair, eb.pair = eb.sha, ea.sha
+        chain = rv.chain.get(a)
+        net = ""
+        if chain:
+            root = entries[chain[0]]
+            stands = len(chain) % 2 == 1
+            net = (f"; revert chain of {len(chain)} ({' -> '.join(entries[k].sha[:10] for k in chain)}) nets out to "
+                   + (f"{root.sha[:10]} standing" if stands else "nothing"))
+        if ea.disposition == "satisfied" and eb.disposition != "satisfied" and a not in picked:
+            for e, other in ((ea, eb), (eb, ea)):
+                e.status = "refused"
+                e.reason = (f"revert pair with {other.sha[:10]}: the tree already carries {ea.sha[:10]}, which "
+                            f"{eb.sha[:10]} reverts inside the range; porting one half alone is refused{net}")
+            findings.append(Problem("revert_pair_half_ported",
+                                    f"{eb.sha[:10]} reverts {ea.sha[:10]} inside the range, but the tree already "
+                                    f"carries {ea.sha[:10]}: decide by hand (drop it locally or keep it as a patch)"))
+        else:
+            for e, other in ((ea, eb), (eb, ea)):
+                if e.status == "skip" and e.cherry_pick_of:
+                    continue
+                e.status = "cancelled"
+                e.reason = f"revert pair with {other.sha[:10]} inside the range: they cancel out{net}"
+    for k, chain in rv.chain.items():
+        if k == chain[0] and len(chain) % 2 == 1 and entries[k].status not in ("cancelled", "refused"):
+            entries[k].flags.append(f"revert chain of {len(chain)} nets out to this commit standing")
+    for k in sorted(zero):
+        e = entries[k]
+        e.status = "net-zero"
+        e.flags.append("net-zero")
+        if k in zero_flags:
+            e.reason = ("add-then-remove: every line it adds is removed again by "
+                        + ", ".join(entries[r].sha[:10] for r in sorted(zero_flags[k])))
+        else:
+            adders = sorted({o for o in tracker.removed_origins.get(k, []) if o is not None})
+            e.reason = "add-then-remove: removes only lines added inside the range by " + \
+                ", ".join(entries[a].sha[:10] for a in adders)
+    for j in sorted(set(zero_flags) - zero):
+        entries[j].flags.append("net-zero lines: every line it adds is removed again by "
+                                + ", ".join(entries[r].sha[:10] for r in sorted(zero_flags[j])))
+    for j, by in sorted(later.items()):
+        e = entries[j]
+        if e.status == "port-by-hand" and by:
+            e.status = "superseded"
+            e.superseded_by = [entries[k].sha for k in by]
+            e.reason = (f"superseded by {', '.join(entries[k].sha[:10] for k in by)}: every line it adds is "
+                        f"rewritten later in the range; port the later commit instead ({e.reason})")
+
+    queued = {i for i, e in enumerate(entries) if e.status in QUEUED}
+    for i in queued:
+        entries[i].depends_on = [entries[j].sha for j in sorted(deps.get(i, ())) if j in queued]
+        blockers = [entries[j].sha[:10] for j in sorted(deps.get(i, ())) if j in queued
+                    and entries[j].disposition in ("conflict", "review")]
+        if blockers and entries[i].disposition in ("conflict", "review"):
+            entries[i].reason += f"; builds on {', '.join(blockers)} (by hand): port that first"
+    by_sha = {e.sha: i for i, e in enumerate(entries)}
+
+    selected_idx: set[int] | None = None
+    if select:
+        selected_idx = _select(entries, by_sha, select)
+        queued &= selected_idx
+
+    wave_of: dict[int, int] = {}
+    for i in sorted(queued):
+        wave_of[i] = 1 + max((wave_of[j] for j in deps.get(i, ()) if j in wave_of), default=0)
+        entries[i].wave = wave_of[i]
+    waves = [Wave(number=n, commits=[entries[i].sha for i in sorted(wave_of) if wave_of[i] == n])
+             for n in range(1, max(wave_of.values(), default=0) + 1)]
+
+    # kept decisions and deviations
+    stale: list[str] = []
+    hits: list[DeviationHit] = []
+    if decisions is not None:
+        for d in decisions.decisions:
+            matched = [e for e in entries if d.matches(e.sha)]
+            for e in matched:
+                e.decision = d
+            if not matched:
+                stale.append(d.sha)
+        for dev, paths in deviation_set(decisions, patch_files):
+            touched = [e for e, c in zip(entries, commits)
+                       if any(ch.path in paths or ch.old_path in paths for ch in changes.get(c.sha, []))]
+            discharge = next((c.sha for c in commits if dev.discharged_by(c.sha, c.subject)), None)
+            for e in touched:
+                e.deviations.append(dev.patch)
+                e.flags.append(f"touches deviation {dev.patch}" + (f" ({dev.upstream})" if dev.upstream else "")
+                               + (f"; discharged by {discharge[:10]}" if discharge else ""))
+            if touched or discharge:
+                hits.append(DeviationHit(patch=dev.patch, upstream=dev.upstream, why=dev.why, paths=paths,
+                                         touched_by=[e.sha for e in touched], discharge=dev.discharge,
+                                         discharge_in_range=discharge, reviewed=dev.reviewed))
+
+    counts: dict[str, int] = {"commits": len(commits), "mirrored": len(deps), "merges_skipped": len(rng.merges),
+                              "pin_side": len(rng.pin_side), "cherry_picked": len(picked),
+                              "reverts_paired": len(rv.target), "reverts_outside": len(rv.outside)}
+    for e in entries:
+        counts[e.disposition] = counts.get(e.disposition, 0) + 1
+        counts[f"status:{e.status}"] = counts.get(f"status:{e.status}", 0) + 1
+    counts["queued"] = len(queued)
+    counts["decided"] = sum(1 for i in queued if entries[i].decided)
+    counts["undecided"] = len(queued) - counts["decided"]
+    return QueueReport(repo=str(git.repo), from_ref=from_ref, from_sha=rng.base, to_ref=to_ref, to_sha=rng.tip,
+                       merge_base=rng.merge_base, from_is_ancestor=rng.from_is_ancestor,
+                       pin_side=[c.sha for c in rng.pin_side],
+                       tree=tree_label or getattr(tree, "spec", None) or str(tree),
+                       surface=SurfaceInfo(files=initial_files, globs=list(surface.globs), renamed=renamed_shown),
+                       decisions_file=decisions_file, counts=counts, waves=waves, commits=entries,
+                       merges_skipped=rng.merges,
+                       selected=sorted(entries[i].sha for i in selected_idx) if selected_idx is not None else None,
+                       deviations=hits, stale_decisions=stale, findings=[p.to_json() for p in findings])
+
+
+def _select(entries: list[CommitEntry], by_sha: dict[str, int], select: list[str]) -> set[int]:
+    chosen: set[int] = set()
+    for s in select:
+        hits = [e.sha for e in entries if e.sha.startswith(s.strip())]
+        if len(hits) != 1:
+            raise bad_input("bad_select", f"--select {s!r} names {'no' if not hits else 'more than one'} "
+                            "commit in the range", key="select")
+        chosen.add(by_sha[hits[0]])
+    refusals = []
+    for i in sorted(chosen):
+        e = entries[i]
+        if e.pair and by_sha[e.pair] not in chosen:
+            refusals.append(Problem("revert_pair_split", f"{e.sha[:10]} and {e.pair[:10]} are a revert pair "
+                                    "inside the range; porting one half alone is refused",
+                                    hint="select both (they cancel) or neither"))
+        missing = [d for d in e.depends_on if by_sha[d] not in chosen]
+        if missing:
+            refusals.append(Problem("series_split", f"{e.sha[:10]} builds on {', '.join(m[:10] for m in missing)}, "
+                                    "which is not selected; a series keeps upstream order",
+                                    hint="select the earlier commits too"))
+    if refusals:
+        raise SndrError(refusals)
+    return chosen
