@@ -203,6 +203,8 @@ class FileState:
     # (offset, old_len, new_len) of each replacement, in application order, for
     # mapping current offsets back to the pristine file.
     history: list[tuple[int, int, int]] = field(default_factory=list)
+    # The equal blocks (diff_spans) of each replacement, parallel to ``history``.
+    equal: list[tuple] = field(default_factory=list)
     # Replacement spans in current coordinates: [start, end, patch id].
     regions: list[list] = field(default_factory=list)
     patches: list[str] = field(default_factory=list)
@@ -210,7 +212,7 @@ class FileState:
     changes: list[Change] = field(default_factory=list)
 
     def copy(self) -> "FileState":
-        return FileState(self.path, self.pristine, self.text, list(self.history),
+        return FileState(self.path, self.pristine, self.text, list(self.history), list(self.equal),
                          [list(r) for r in self.regions], list(self.patches),
                          [Change(c.start, c.end, c.patch, c.edit, c.lines) for c in self.changes])
 
@@ -223,12 +225,23 @@ class FileState:
         return offset
 
     def from_pristine(self, offset: int, end: bool = False) -> int:
-        """A pristine offset in current coordinates (inside a replaced span: its start, or its end for ``end``)."""
-        for pos, old, new in self.history:
-            if offset >= pos + old and (offset > pos or end):
+        """A pristine offset in current coordinates.
+
+        Inside a replaced span, an offset in bytes the replacement re-emitted
+        unchanged follows them; any other lands on the span's start (or its end,
+        for ``end``).
+        """
+        for (pos, old, new), equal in zip(self.history, self.equal):
+            if offset >= pos + old:
                 offset += new - old
             elif offset > pos:
-                offset = pos + new if end else pos
+                rel = offset - pos
+                for a0, r0, n in equal:
+                    if (a0 < rel <= a0 + n) if end else (a0 <= rel < a0 + n):
+                        offset = pos + r0 + (rel - a0)
+                        break
+                else:
+                    offset = pos + new if end else pos
         return offset
 
     def replace(self, offset: int, old_len: int, new: str, patch_id: str, edit: str = "",
@@ -265,6 +278,7 @@ class FileState:
             moved.append(Change(offset + r0, offset + r1, patch_id, edit, lines))
         self.changes = sorted(moved, key=lambda c: (c.start, c.end))
         self.history.append((offset, old_len, len(new)))
+        self.equal.append(equal)
         if patch_id not in self.patches:
             self.patches.append(patch_id)
 
@@ -603,8 +617,11 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                 if foreign:
                     others = sorted({c.patch for c in foreign})
                     c = foreign[0]
+                    base = st.pristine or ""
+                    l0, l1 = line_of(base, st.to_pristine(a0)), line_of(base, max(st.to_pristine(a1) - 1, 0))
                     fd = Finding(Verdict.CONFLICT, offset=fd.offset, offsets=[fd.offset],
-                                 reason=(f"the anchor overlaps bytes that {c.patch}.{c.edit} (pristine lines "
+                                 reason=(f"the anchor (pristine lines {l0}-{l1}) overlaps bytes that "
+                                         f"{c.patch}.{c.edit} (pristine lines "
                                          f"{c.lines[0]}-{c.lines[1]}) changed, and the two patches are not ordered"),
                                  code="overlap_conflict")
                     er = _edit_result(p, f.path, e, fd, st)
@@ -715,15 +732,16 @@ def _edit_result(p: Patch, path: str, e, fd: Finding, st: FileState) -> EditResu
 
 def _compile_check(changes: dict[str, FileChange], files: dict[str, FileState]) -> list[Problem]:
     problems = []
+    memo = _COMPILE_MEMO
     for path, ch in sorted(changes.items()):
         if not path.endswith(".py"):
             continue
         key = _compiled_ok_key(ch.new)
-        if key is not None and key.exists():
+        if memo is not None and _compiled_ok(memo, key):
             continue
         try:
             compile(ch.new, path, "exec", dont_inherit=True)
-            _remember_compiled(key)
+            _remember_compiled(memo, key)
         except SyntaxError as exc:
             if ch.pristine is not None:
                 try:
@@ -740,28 +758,45 @@ def _compile_check(changes: dict[str, FileChange], files: dict[str, FileState]) 
     return problems
 
 
-def _compiled_ok_key(text: str):
-    """Marker file that records "this exact text compiled under this Python".
+#: The compile-ok memo, injected by the shell (:func:`sndr.caches.enable`); None: compile every
+#: changed file (the core never finds a cache directory by itself, and writes nothing).
+_COMPILE_MEMO = None
 
-    Content-addressed (sha256 of the text), so an entry can never vouch for
-    different bytes; only successes are recorded.
+
+def use_compile_memo(memo):
+    """Set the compile-ok memo (a :class:`sndr.fsio.PrivateDir`, or None); returns the previous one."""
+    global _COMPILE_MEMO
+    prev, _COMPILE_MEMO = _COMPILE_MEMO, memo
+    return prev
+
+
+def _compiled_ok_key(text: str) -> str:
+    """Name of the entry that records "this exact text compiled under this Python".
+
+    Content-addressed (sha256 of the text) and sealed with the cache's secret
+    (:meth:`sndr.fsio.PrivateDir.seal`): a planted or copied marker never
+    vouches for anything; only successes are recorded.
     """
+    return "ok-" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _compiled_ok(memo, key: str) -> bool:
+    from .fsio import FileProblem
+
     try:
-        import sys
-
-        d = envmod.cache_dir() / "compiled-ok" / f"py{sys.version_info[0]}{sys.version_info[1]}"
-        return d / hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
-    except OSError:
-        return None
+        return memo.get_sealed("compiled-ok", key, 64) == b""
+    except (OSError, FileProblem):  # an unusable memo only costs a compile
+        return False
 
 
-def _remember_compiled(key) -> None:
-    if key is None:
+def _remember_compiled(memo, key: str) -> None:
+    from .fsio import FileProblem
+
+    if memo is None:
         return
     try:
-        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key.touch()
-    except OSError:
+        memo.put_sealed("compiled-ok", key, b"")
+    except (OSError, FileProblem):
         pass
 
 
