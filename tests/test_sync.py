@@ -553,6 +553,7 @@ def test_pin_advance_to_a_sha_needs_a_version(tmp_path, gates_ok, scripted):
     sha = rep.to_sha[:12]
     (anchors / f"vllm-{sha}.json").write_text("{}")
     pre.write_text(json.dumps({**GOOD_PREFLIGHT, "candidate": {"sha": rep.to_sha}}))
+    os.utime(pre, (1_000_000, 1_000_000))
     with pytest.raises(SndrError) as exc:
         advance(sha, preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml", **_kw(tmp_path))
     assert exc.value.problems[0].code == "no_version"

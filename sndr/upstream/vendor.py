@@ -39,11 +39,12 @@ from typing import Callable, Iterable
 from pydantic import ValidationError
 
 from ..classify import classify_edit
-from ..commit import atomic_write
+from ..fsio import atomic_write
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
 from ..load import PatchSet
 from ..locate import scopes
 from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
+from .diff import DiffFile, Hunk, parse_diff_files
 
 Reader = Callable[[str], "str | None"]
 
@@ -117,6 +118,8 @@ def unified_diff(old: str | None, new: str | None, path: str, *, context: int = 
 
 @dataclass
 class DiffHunk:
+    """A hunk as vendoring reads it: pre- and post-image lines (built from :class:`sndr.upstream.diff.Hunk`)."""
+
     header: str
     src_start: int
     src_len: int
@@ -124,17 +127,9 @@ class DiffHunk:
     post: list[str]
     added: list[bool]  # per post line: a '+' line of the diff
 
-
-@dataclass
-class DiffFile:
-    source: str
-    target: str
-    status: str  # modified | added | deleted | renamed | binary
-    hunks: list[DiffHunk]
-
-    @property
-    def raw_path(self) -> str:
-        return self.source if self.status == "deleted" else self.target
+    @classmethod
+    def of(cls, h: Hunk) -> "DiffHunk":
+        return cls(h.header, h.old_start, h.old_count, h.pre_lines, h.post_lines, h.added_flags)
 
 
 _SUBJECT = re.compile(r"^Subject:[ \t]*(?P<s>.*(?:\n[ \t]+.*)*)", re.M)
@@ -142,56 +137,13 @@ _PR = re.compile(r"\(#(\d+)\)\s*$")
 
 
 def parse_diff(text: str) -> tuple[list[DiffFile], dict]:
-    """The files of a unified diff, and what its mail header says (``subject``, ``body``, ``pr``)."""
-    import unidiff
+    """The files of a unified diff, and what its mail header says (``subject``, ``body``, ``pr``).
 
-    if text and not text.endswith("\n"):
-        text += "\n"
-    try:
-        patch_set = unidiff.PatchSet(text)
-    except unidiff.UnidiffParseError as exc:
-        raise SndrError(Problem("bad_diff", f"not a unified diff: {exc}", key="--diff")) from None
-    files: list[DiffFile] = []
-    for pf in patch_set:
-        info = list(pf.patch_info or [])
-        # Only /dev/null or git's mode lines make a creation or a deletion:
-        # unidiff also guesses one from "@@ -0,0" hunks, which a diff -U0
-        # insertion at the top of a file has too.
-        if pf.is_binary_file:
-            status = "binary"
-        elif pf.source_file == "/dev/null" or any(line.startswith("new file mode") for line in info):
-            status = "added"
-        elif pf.target_file == "/dev/null" or any(line.startswith("deleted file mode") for line in info):
-            status = "deleted"
-        elif any(line.startswith(("rename from ", "copy from ")) for line in info):
-            # Only git says "renamed"; a plain diff -u of old/x.py against new/x.py is one file.
-            status = "renamed"
-        else:
-            status = "modified"
-        hunks = []
-        for h in pf:
-            pre: list[str] = []
-            post: list[str] = []
-            added: list[bool] = []
-            last = None
-            for ln in h:
-                t = ln.line_type
-                if t == "\\":
-                    # "\ No newline at end of file": the previous line has no newline.
-                    if last in (" ", "-") and pre:
-                        pre[-1] = pre[-1][:-1] if pre[-1].endswith("\n") else pre[-1]
-                    if last in (" ", "+") and post:
-                        post[-1] = post[-1][:-1] if post[-1].endswith("\n") else post[-1]
-                    continue
-                if t in (" ", "-"):
-                    pre.append(ln.value)
-                if t in (" ", "+"):
-                    post.append(ln.value)
-                    added.append(t == "+")
-                last = t
-            header = f"@@ -{h.source_start},{h.source_length} +{h.target_start},{h.target_length} @@"
-            hunks.append(DiffHunk(header, h.source_start, h.source_length, pre, post, added))
-        files.append(DiffFile(pf.source_file, pf.target_file, status, hunks))
+    The diff itself is read by :func:`sndr.upstream.diff.parse_diff_files`, the
+    parser ``sync`` uses too.
+    """
+    files = [DiffFile(f.source, f.target, f.status, [DiffHunk.of(h) for h in f.hunks])
+             for f in parse_diff_files(text)]
     meta: dict = {}
     head = text.split("\ndiff --git ", 1)[0]
     m = _SUBJECT.search(head)
@@ -1005,57 +957,55 @@ def _print_result(res: VendorResult, target: Path | None, quiet: bool) -> None:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from ..cli import run
+
     try:
-        from ..tree import open_tree
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_BAD_INPUT
+    return run("sndr vendor", lambda: _vendor(args),
+               on_interrupt=lambda: "no patch file was written (it is written atomically at the end)")
 
-        if args.diff == "-":
-            diff_text = sys.stdin.buffer.read().decode("utf-8")
-            source = "stdin"
-        else:
-            try:
-                diff_text = Path(args.diff).read_bytes().decode("utf-8")
-            except OSError as exc:
-                raise SndrError(Problem("diff_unreadable", f"cannot read the diff: {exc.strerror}", file=args.diff,
-                                        key="--diff")) from None
-            except UnicodeDecodeError as exc:
-                raise SndrError(Problem("not_utf8", f"the diff is not UTF-8 (byte {exc.start})", file=args.diff,
-                                        key="--diff")) from None
-            source = Path(args.diff).name
-        tree = open_tree(args.tree)
+
+def _vendor(args) -> int:
+    from ..tree import open_tree
+
+    if args.diff == "-":
+        diff_text = sys.stdin.buffer.read().decode("utf-8")
+        source = "stdin"
+    else:
         try:
-            version = tree.version
-        except SndrError:
-            version = ""
-        res = vendor_diff(diff_text, tree.read_text, patch_id=args.patch_id, title=args.title,
-                          upstream=args.upstream, markers=_parse_markers(args.marker), version=version,
-                          vllm_spec=args.vllm, max_context=args.max_context, fuzz=args.fuzz, strip=args.strip,
-                          include=args.include, exclude=args.exclude, source=source)
-        target = None
-        if res.ok and not args.stdout:
-            target = _target(args.out, args.patch_id, res.patch.title)
-            if target.exists() and not args.force:
-                raise SndrError(Problem("patch_exists", "patch file already exists", file=str(target),
-                                        hint="pass --force to overwrite it"))
-            if target.parent.is_dir():
-                same_id = [p for p in target.parent.glob(f"{args.patch_id}-*.toml") if p != target]
-                same_id += [p for p in [target.parent / f"{args.patch_id}.toml"] if p.exists() and p != target]
-                if same_id:
-                    raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
-                                            file=str(same_id[0]), key="--id"))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(target, res.text.encode("utf-8"))
-    except SndrError as exc:
-        print(f"sndr vendor: error\n{exc.render()}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # noqa: BLE001 - last-resort boundary: exit 3
-        import traceback
-
-        traceback.print_exc()
-        print(f"sndr vendor: internal error: {exc!r}", file=sys.stderr)
-        return EXIT_INTERNAL
+            diff_text = Path(args.diff).read_bytes().decode("utf-8")
+        except OSError as exc:
+            raise SndrError(Problem("diff_unreadable", f"cannot read the diff: {exc.strerror}", file=args.diff,
+                                    key="--diff")) from None
+        except UnicodeDecodeError as exc:
+            raise SndrError(Problem("not_utf8", f"the diff is not UTF-8 (byte {exc.start})", file=args.diff,
+                                    key="--diff")) from None
+        source = Path(args.diff).name
+    tree = open_tree(args.tree)
+    try:
+        version = tree.version
+    except SndrError:
+        version = ""
+    res = vendor_diff(diff_text, tree.read_text, patch_id=args.patch_id, title=args.title,
+                      upstream=args.upstream, markers=_parse_markers(args.marker), version=version,
+                      vllm_spec=args.vllm, max_context=args.max_context, fuzz=args.fuzz, strip=args.strip,
+                      include=args.include, exclude=args.exclude, source=source)
+    target = None
+    if res.ok and not args.stdout:
+        target = _target(args.out, args.patch_id, res.patch.title)
+        if target.exists() and not args.force:
+            raise SndrError(Problem("patch_exists", "patch file already exists", file=str(target),
+                                    hint="pass --force to overwrite it"))
+        if target.parent.is_dir():
+            same_id = [p for p in target.parent.glob(f"{args.patch_id}-*.toml") if p != target]
+            same_id += [p for p in [target.parent / f"{args.patch_id}.toml"] if p.exists() and p != target]
+            if same_id:
+                raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
+                                        file=str(same_id[0]), key="--id"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, res.text.encode("utf-8"))
     if args.stdout and res.ok:
         sys.stdout.write(res.text)
     _print_result(res, target, args.quiet)
@@ -1064,5 +1014,5 @@ def cli_main(argv: list[str] | None = None) -> int:
         if args.json == "-":
             sys.stdout.write(data)
         else:
-            Path(args.json).write_text(data)
+            atomic_write(args.json, data.encode("utf-8"), durable=False)
     return res.exit_code
