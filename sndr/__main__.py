@@ -31,7 +31,12 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None  # a process (python -m sndr, the console script), not a library call
     argv = list(sys.argv[1:] if argv is None else argv)
+    if process:  # Ctrl-C while the command imports: one line, exit 130
+        from .cli import catch_early_interrupt
+
+        catch_early_interrupt(f"sndr {argv[0]}" if argv else "sndr")
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if argv else 2
@@ -40,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sndr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
+    if process:
+        from .cli import _restore_interrupt
+
+        _restore_interrupt()  # the command's own boundary (cli.run) handles Ctrl-C from here on
     if name == "pin":
         return module.pin_main(rest)
     if name == "status":

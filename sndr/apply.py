@@ -6,16 +6,28 @@ pure planner, and hand the result to :mod:`sndr.commit`. The CLI is thin.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m sndr.apply`: a Ctrl-C during the imports below is one line, exit 130
+    import signal as _signal
+
+    def _early_interrupt(signum, frame):  # stdlib only: nothing is imported or written yet
+        import os as _os
+
+        _os.write(2, b"sndr apply: interrupted while starting; nothing was changed\n")
+        _os._exit(130)
+
+    _signal.signal(_signal.SIGINT, _early_interrupt)
+
 import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import PIN_VERSION
 from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, Report
 from .plan import Plan, build_plan, patch_set_digest, resolve_gates
@@ -142,15 +154,88 @@ def _reinstalled(tree: TreeRoot, rels: list[str]) -> list[str]:
     return out
 
 
+PROBE_PREFIX = ".sndr-probe-"
+
+
+def _target_paths(patch_set: PatchSet) -> set[str]:
+    return {f.path for p in patch_set.patches for f in p.files}
+
+
+def stale_probes(tree: TreeRoot, rels: set[str]) -> list[Path]:
+    """Writability probes (``.sndr-probe-<pid>``) whose process is gone, in the tree root, the state
+    directory and every directory holding ``rels``: what a Ctrl-C or a kill during a probe leaves."""
+    dirs = {tree.root, tree.state}
+    for rel in rels:
+        d = (tree.root / rel).parent
+        while d != tree.root and d not in dirs and tree.root in d.parents:
+            dirs.add(d)
+            d = d.parent
+    out = []
+    for d in sorted(dirs):
+        try:
+            names = [e.name for e in os.scandir(d) if e.name.startswith(PROBE_PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                pid = int(name[len(PROBE_PREFIX):])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not _alive(pid):
+                out.append(d / name)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def sweep_probes(tree: TreeRoot, rels: set[str]) -> list[str]:
+    """Remove :func:`stale_probes` (the caller holds the exclusive lock). Returns them, relative to the root."""
+    removed = []
+    for p in stale_probes(tree, rels):
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        removed.append(os.path.relpath(p, tree.root))
+    return removed
+
+
+@contextmanager
+def _no_interrupt():
+    """Defer SIGINT (Ctrl-C) across a short step that must not be cut in half; it is delivered after."""
+    import signal
+
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _drop_entries(ledger: Ledger, rels: set[str]) -> Ledger:
     """The ledger without ``rels``: the plan then reads their current bytes as pristine."""
     return ledger.model_copy(update={"files": {r: e for r, e in ledger.files.items() if r not in rels}})
 
 
 def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, force: bool = False,
-              only: list[str] | None = None, environ=None, keep_going: bool = False, profile=None) -> Report:
+              only: list[str] | None = None, environ=None, keep_going: bool = False, profile=None,
+              announce=None) -> Report:
     """``keep_going``: leave out whole every patch that cannot apply (exit 1, listed); ``profile``: the
-    deployment profile ``when`` tables are evaluated against (default: ``$SNDR_PROFILE``)."""
+    deployment profile ``when`` tables are evaluated against (default: ``$SNDR_PROFILE``).
+    ``announce(line)`` is called before the commit with what it will do that the caller may not
+    expect (files going back to pristine)."""
     environ = os.environ if environ is None else environ
     plan_kw = {"keep_going": keep_going, "profile": profile}
     tree = TreeRoot(root)
@@ -176,12 +261,16 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
-        probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
-                              for rel, ch in plan.changes.items()])
+        with _no_interrupt():  # a Ctrl-C here must not strand a probe file in the tree
+            probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
+                                  for rel, ch in plan.changes.items()])
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
         ledger = original = tree.read_ledger()
+        swept = sweep_probes(tree, _target_paths(patch_set) | set(ledger.files if ledger else ()))
+        if swept:
+            notes.append(f"removed {len(swept)} probe file(s) an interrupted sndr left: {', '.join(swept)}")
         on = enabled_ids(patch_set, version, environ, only, profile)
         digest = patch_set_digest(patch_set, on)
         if ledger is not None:
@@ -215,11 +304,8 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
                 notes.append(f"--force: took the current bytes of {len(foreign)} file(s) as pristine")
             elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
                 # Fast path: same set, and every file holds its patched bytes (checked above).
-                results = [PatchResult(id=i, title=patch_set.by_id[i].title if i in patch_set.by_id else "",
-                                       status="applied", reason="ledger matches; nothing to do")
-                           for i in ledger.patches]
-                for r in results:
-                    r.status = ledger.results.get(r.id, "applied")
+                results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, edits=True,
+                                          reason="ledger matches; nothing to do")
                 return _report("apply", tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
                                patches=results, counts=ledger.counts,
                                notes=notes + ["already applied with this patch set: nothing written"])
@@ -234,11 +320,65 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=notes + ["refused: nothing was written"])
         writes, new_ledger = _writes_for(tree, plan, ledger, patch_set)
+        dropped = _dropped_files(plan, ledger, writes)
+        if dropped:
+            gone = sorted({i for rel in dropped for i in ledger.files[rel].patches} - set(plan.enabled))
+            line = (f"this patch set no longer patches {len(dropped)} file(s) the ledger holds; they go back to "
+                    f"pristine: {', '.join(dropped)}" + (f" (patches no longer enabled: {', '.join(gone)})" if gone else ""))
+            notes.append(line)
+            if announce is not None:
+                announce(line)  # said before the commit does it
         if not writes and original is not None and original.checksum == new_ledger.sealed().checksum:
             return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK, notes=notes + ["nothing to write"])
         commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
         return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK,
                        files_written=[w.rel for w in writes], notes=notes)
+
+
+def _dropped_files(plan: Plan, ledger: Ledger | None, writes: list[FileWrite]) -> list[str]:
+    """Files the ledger holds that this plan no longer changes and the commit puts back to pristine."""
+    if ledger is None:
+        return []
+    written = {w.rel for w in writes}
+    return sorted(rel for rel in ledger.files if rel not in plan.changes and rel in written)
+
+
+def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version: str, environ, only, profile, *,
+                    edits: bool, reason: str) -> list[PatchResult]:
+    """Per-patch results of a tree the ledger describes, gated patches included (named, cheaply).
+
+    With ``edits``, every edit's verdict too: the plan of the set on the stored
+    pristine copies (no compile check), read as the tree is now ("applies" is
+    "applied"). That costs a plan (~0.1 s on the shipped set), so verify asks
+    for it only with -v or --json.
+    """
+    if edits:
+        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version, environ=environ,
+                          only=only, check_compile=False, profile=profile)
+        if plan.digest == ledger.patch_set_digest:
+            from .model import Verdict
+
+            for p in plan.patches:
+                if p.status == "applies":
+                    p.status = "applied"
+                for e in p.edits:
+                    if e.verdict == Verdict.APPLIES:
+                        e.verdict = Verdict.APPLIED
+            return plan.patches
+    ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
+    out = []
+    for p in ordered:
+        if p.id in ledger.patches:
+            out.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status=ledger.results.get(p.id, "applied"),
+                                   reason=reason))
+        elif not gates[p.id].enabled:
+            g = gates[p.id]
+            out.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status="gated", reason=g.reason,
+                                   reason_code=g.code))
+    known = {r.id for r in out}
+    out += [PatchResult(id=i, status=ledger.results.get(i, "applied"), reason=reason)
+            for i in ledger.patches if i not in known]
+    return out
 
 
 def _read_pristine_text(tree: TreeRoot, rel: str, ledger: Ledger | None) -> str | None:
@@ -303,6 +443,9 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
         ledger = tree.read_ledger()
+        swept = sweep_probes(tree, set(ledger.files) if ledger else set())
+        if swept:
+            notes.append(f"removed {len(swept)} probe file(s) an interrupted sndr left: {', '.join(swept)}")
         if ledger is None:
             return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK,
                            notes=notes + ["no ledger: the tree is pristine as far as sndr knows; nothing to revert"])
@@ -323,8 +466,11 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
 
 
 def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None = None, environ=None,
-               profile=None) -> Report:
-    """Is the tree patched with exactly this patch set? Read-only, except crash recovery."""
+               profile=None, edits: bool = False) -> Report:
+    """Is the tree patched with exactly this patch set? Read-only, except crash recovery.
+
+    ``edits``: also give every edit's verdict on a tree the ledger describes (costs a plan).
+    """
     environ = os.environ if environ is None else environ
     if profile is not None:
         environ = _WithProfile(environ, profile)
@@ -334,10 +480,10 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
         with tree.lock():
             recover(tree)
     untouched = not tree.state.exists()
-    report = _verify_locked(tree, version, patch_set, only, environ)
+    report = _verify_locked(tree, version, patch_set, only, environ, edits)
     if untouched and tree.state.exists():
         # A first apply started while we read without a lock: read again under it.
-        report = _verify_locked(tree, version, patch_set, only, environ)
+        report = _verify_locked(tree, version, patch_set, only, environ, edits)
     return report
 
 
@@ -349,7 +495,7 @@ class _WithProfile(dict):
         self.profile = profile
 
 
-def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ) -> Report:
+def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, edits: bool = False) -> Report:
     profile = getattr(environ, "profile", None)
     with tree.lock(shared=True):
         ledger = tree.read_ledger()
@@ -380,9 +526,11 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
             if now is None or sha256_bytes(now) != entry.patched_sha256:
                 problems.append(Problem("hash_mismatch", "file does not hold the patched bytes the ledger records",
                                         file=rel, patch=", ".join(entry.patches)))
-        results = [PatchResult(id=i, title=patch_set.by_id[i].title if i in patch_set.by_id else "",
-                               status=ledger.results.get(i, "applied"), reason="verified against the ledger")
-                   for i in ledger.patches]
+        results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile,
+                                  edits=edits and not problems, reason="verified against the ledger")
+        stale = [os.path.relpath(p, tree.root) for p in stale_probes(tree, set(ledger.files) | _target_paths(patch_set))]
+        vnotes = [f"{len(stale)} probe file(s) an interrupted sndr left: {', '.join(stale)}; the next apply or "
+                  f"revert removes them"] if stale else []
         for lo in ledger.left_out.values():
             results.append(PatchResult(id=lo.id, title=patch_set.by_id[lo.id].title if lo.id in patch_set.by_id else "",
                                        status="left_out", reason=lo.reason, reason_code=lo.code,
@@ -391,7 +539,7 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                                     hint="fix the patch (or its order) and apply again"))
         return _report("verify", tree, version, None, ok=not problems,
                        exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
-                       patches=results, counts=ledger.counts)
+                       patches=results, counts=ledger.counts, notes=vnotes)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -415,9 +563,12 @@ def _default_root() -> tuple[Path, bool]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sndr.apply",
                                  description="Apply the sndr patch set to a vLLM tree, transactionally.")
-    ap.add_argument("--tree", type=Path, help="directory containing vllm/, or installed[:PYTHON] for the vLLM that "
-                                              "interpreter imports (default: where `import vllm` finds it, without importing it)")
-    ap.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
+    ap.add_argument("--tree", metavar="TREE",
+                    help="the directory containing vllm/, or installed[:PYTHON] for the vLLM that interpreter imports "
+                         "(default: where `import vllm` finds it, without importing it); with --dry-run also "
+                         "vllm==X.Y.Z (sndr's cached copy). Apply writes, so it needs a directory: wheels and git: "
+                         "trees are for `python -m sndr list` and `python -m sndr preflight`")
+    ap.add_argument("--patches", type=Path, help="patch directory (default: $SNDR_PATCHES, else the shipped set)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="simulate only; never writes")
     mode.add_argument("--verify", action="store_true", help="check the tree holds exactly this patch set")
@@ -430,63 +581,121 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--profile", type=Path, metavar="FILE",
                     help="deployment profile for `when` predicates (TOML/JSON; default: $SNDR_PROFILE; "
                          "python -m sndr schema profile)")
-    ap.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON ('-' for stdout)")
+    ap.add_argument("--allow-empty", action="store_true",
+                    help="accept an empty patch set (applying it reverts every file the ledger holds)")
+    ap.add_argument("--json", type=Path, metavar="FILE",
+                    help="write the report as JSON ('-' for stdout; the human report then goes to stderr)")
     ap.add_argument("-q", "--quiet", action="store_true")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every edit")
     return ap
 
 
+_NEEDS_DIR = ("apply writes into the tree, so --tree needs the directory that contains vllm/ (or installed[:PYTHON]); "
+              "wheels and git: trees are read-only views: classify them with `python -m sndr list --tree T` or "
+              "`python -m sndr preflight`")
+
+
+def resolve_tree(spec: str, *, dry_run: bool) -> Path:
+    """``--tree`` -> the directory that contains ``vllm/``.
+
+    Takes a directory, ``installed[:PYTHON]`` and, for a dry-run, ``vllm==X``
+    (sndr's read-only cached copy); a wheel or a ``git:`` tree is refused with
+    words saying why, and a missing path says it does not exist.
+    """
+    from .tree import _VERSION_SPEC, open_tree
+
+    text = spec.strip()
+    if text == "installed" or text.startswith("installed:"):
+        return open_tree(text).root  # the directory holding vllm/
+    if _VERSION_SPEC.match(text):
+        if not dry_run:
+            raise SndrError(Problem("bad_tree_spec", f"{text!r} names sndr's read-only cached copy of a release; "
+                                    "apply, verify and revert write to or check an installed tree", key="--tree",
+                                    hint=f"simulate on it with --dry-run --tree {text}, or pass the directory "
+                                         "that contains vllm/"))
+        return open_tree(text).root
+    path = Path(text).expanduser()
+    if text.startswith("git:") or path.suffix == ".whl":
+        raise SndrError(Problem("bad_tree_spec", f"{text!r} is not a directory", key="--tree", hint=_NEEDS_DIR))
+    if not path.exists():
+        raise SndrError(Problem("tree_not_found", f"{text} does not exist", file=text, key="--tree",
+                                hint="pass the directory that contains vllm/ (site-packages or a checkout)"))
+    if not path.is_dir():
+        raise SndrError(Problem("bad_tree_spec", f"{text} is a file, not a directory", file=text, key="--tree",
+                                hint=_NEEDS_DIR))
+    if path.name == "vllm" and (path / "__init__.py").is_file() and not (path / "vllm").is_dir():
+        return path.parent
+    return path
+
+
+def _mode(args) -> str:
+    return "revert" if args.revert else "verify" if args.verify else "dry-run" if args.dry_run else "apply"
+
+
+def _interrupted(args) -> str:
+    """The line printed after Ctrl-C: what state the tree is in and what to run."""
+    if _mode(args) in ("dry-run", "verify"):
+        return "nothing was written; run the command again"
+    return ("the tree is whole: a commit that was in flight is rolled back (now, or by the next apply, verify or "
+            "revert from its journal); run `python -m sndr.apply --verify` to see which set it holds")
+
+
 def cli_main(argv: list[str] | None = None) -> int:
+    from .cli import run
+
     args = build_parser().parse_args(argv)
+    return run("sndr apply", lambda: _cli_body(args), on_interrupt=lambda: _interrupted(args))
+
+
+def _cli_body(args) -> int:
+    to_stdout = str(args.json) == "-" if args.json else False
     try:
-        root = args.tree
-        if root is not None and str(root).startswith("installed"):
-            from .tree import open_tree
-
-            root = open_tree(str(root)).root  # installed[:PYTHON] -> the dir holding vllm/
-        if root is None:
-            root, fallback = _default_root()
-            if fallback:
-                print(f"sndr: no vLLM is installed for this interpreter; dry-run of the patch set against the "
-                      f"pinned vLLM {PIN_VERSION} tree ({root})", file=sys.stderr)
-                args.dry_run = True
-                if args.verify or args.revert:
-                    raise SndrError(Problem("vllm_not_found", "no installed vLLM to verify or revert", key="--tree",
-                                            hint="pass --tree DIR (the directory containing vllm/)"))
-        if args.revert:
-            report = run_revert(root, force=args.force)
-        else:
-            patch_set = load_patch_set(args.patches)
-            from .profile import load_profile
-
-            profile = load_profile(args.profile) if args.profile else None
-            if args.verify:
-                report = run_verify(root, patch_set, only=args.only, profile=profile)
-            else:
-                report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
-                                   keep_going=args.keep_going, profile=profile)
+        report = _run_cli(args)
     except SndrError as exc:
-        print(f"sndr: error\n{exc.render()}", file=sys.stderr)
-        if args.json:
+        if args.json:  # the JSON reader still gets one document; the problems also go to stderr (cli.run)
             _write_json(args.json, {"ok": False, "exit_code": exc.exit_code,
                                     "problems": [p.to_json() for p in exc.problems]})
-        return exc.exit_code
-    except KeyboardInterrupt:
         raise
-    except Exception as exc:  # noqa: BLE001 - last-resort boundary: exit 3, never a bare traceback only
-        import traceback
-
-        traceback.print_exc()
-        print(f"sndr: internal error: {exc!r}", file=sys.stderr)
-        return EXIT_INTERNAL
     if args.json:
         _write_json(args.json, json.loads(report.model_dump_json()))
     if not args.quiet or report.exit_code:
         from .render import print_report
 
         # JSON on stdout means nothing else on stdout: the human report goes to stderr.
-        print_report(report, verbose=args.verbose, console=_console(to_stderr=str(args.json) == "-"))
+        print_report(report, verbose=args.verbose, console=_console(to_stderr=to_stdout))
     return report.exit_code
+
+
+def _run_cli(args) -> Report:
+    if args.tree is not None:
+        root = resolve_tree(args.tree, dry_run=args.dry_run)
+    else:
+        root, fallback = _default_root()
+        if fallback:
+            if args.verify or args.revert:
+                raise SndrError(Problem("vllm_not_found", "no installed vLLM to verify or revert", key="--tree",
+                                        hint="pass --tree DIR (the directory containing vllm/)"))
+            print(f"sndr apply: no vLLM is installed for this interpreter; dry-run of the patch set against the "
+                  f"pinned vLLM {PIN_VERSION} tree ({root})", file=sys.stderr)
+            args.dry_run = True
+    if args.revert:
+        return run_revert(root, force=args.force)
+    patch_set = load_patch_set(args.patches)
+    if not patch_set.patches and not args.allow_empty:
+        where = args.patches if args.patches is not None else "the patch directory in effect"
+        raise SndrError(Problem("empty_patch_set", f"the patch set is empty (no patch in {where}); applying it would "
+                                "revert every file sndr patched", key="--patches",
+                                hint="pass --allow-empty to do that on purpose (or --revert), or fix --patches / "
+                                     "$SNDR_PATCHES"))
+    from .profile import load_profile
+
+    profile = load_profile(args.profile) if args.profile else None
+    if args.verify:
+        return run_verify(root, patch_set, only=args.only, profile=profile,
+                          edits=args.verbose or args.json is not None)
+    announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
+    return run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
+                     keep_going=args.keep_going, profile=profile, announce=announce)
 
 
 def _console(to_stderr: bool):

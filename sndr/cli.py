@@ -26,6 +26,39 @@ from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
 EXIT_INTERRUPTED = 130
 
 
+def catch_early_interrupt(prog: str) -> None:
+    """Ctrl-C while a command is still importing: one line and exit 130, never an import traceback.
+
+    Called first thing by ``python -m sndr ...`` entry modules, before their heavy
+    imports; nothing has been written yet, so exiting at once is safe. :func:`run`
+    puts Python's own handler back, and the body's interrupt goes through it.
+    """
+    import signal
+
+    def early(signum, frame):  # noqa: ARG001 - signal handler signature
+        try:
+            os.write(2, f"{prog}: interrupted while starting; nothing was changed\n".encode())
+        finally:
+            os._exit(EXIT_INTERRUPTED)
+
+    try:
+        signal.signal(signal.SIGINT, early)
+    except (ValueError, OSError):  # not the main thread
+        pass
+
+
+def _restore_interrupt() -> None:
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
+            handler = signal.getsignal(signal.SIGINT)
+            if getattr(handler, "__name__", "") in ("early", "_early_interrupt"):
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, OSError):
+        pass
+
+
 def say(prog: str, message: str) -> None:
     """One line on stderr, prefixed with the command's name."""
     print(f"{prog}: {message}", file=sys.stderr)
@@ -41,6 +74,7 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
     from .fsio import FileProblem
 
     try:
+        _restore_interrupt()
         code = body()
         return EXIT_BAD_INPUT if code is None else int(code)
     except SndrError as exc:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import bad_input
 
-#: ``SNDR_ENABLE_<ID>=0|1`` overrides a patch's ``default``.
+#: ``SNDR_ENABLE_<ID>`` (a boolean: :data:`BOOL_WORDS`) overrides a patch's ``default``.
 ENABLE_PREFIX = "SNDR_ENABLE_"
 #: ``SNDR_STRICT=1``: a required patch that is not active aborts vLLM startup.
 STRICT = "SNDR_STRICT"

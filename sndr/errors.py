@@ -201,6 +201,8 @@ CODES: dict[str, Code] = {
     "repo_not_found": Code(_B, "the repository does not exist"),
     "unknown_rev": Code(_B, "a revision is not a commit in the repository"),
     "not_ancestor": Code(_B, "--from is not an ancestor of --to"),
+    "backwards_range": Code(_B, "sync plan: --to is an ancestor of --from, so the range FROM..TO is empty"),
+    "no_merge_base": Code(_B, "--from and --to share no history (not commits of one repository)"),
     "no_version": Code(_B, "the pin record needs a version"),
     "revert_pair_half_ported": Code(_F, "one half of an in-range revert pair is ported"),
     "revert_pair_split": Code(_F, "a revert pair inside the range is split across waves"),

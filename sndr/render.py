@@ -10,7 +10,8 @@ from rich.table import Table
 from .model import Report
 
 _STYLE = {"applies": "cyan", "applied": "green", "merged": "blue", "drifted": "red", "ambiguous": "red",
-          "optional_absent": "yellow", "file_missing": "red", "gated": "dim", "failed": "red", "partial": "yellow"}
+          "optional_absent": "yellow", "file_missing": "red", "gated": "dim", "failed": "red", "partial": "yellow",
+          "conflict": "red", "nothing_to_do": "yellow", "left_out": "red"}
 
 
 def print_report(report: Report, verbose: bool = False, console: Console | None = None) -> None:
@@ -20,11 +21,13 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         head += f" (vllm {report.vllm_version})"
     console.print(f"[bold]{head}[/bold]")
     if report.counts:
+        names = edit_names(report)
         t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         t.add_column("verdict")
         t.add_column("edits", justify="right")
+        t.add_column("which")
         for k, v in report.counts.items():
-            t.add_row(f"[{_STYLE.get(k, '')}]{k}[/]", str(v))
+            t.add_row(f"[{_STYLE.get(k, '')}]{k}[/]", str(v), _which(k, names.get(k, []), verbose))
         console.print(t)
     for p in report.patches:
         interesting = p.status not in ("applies", "applied") or verbose
@@ -34,7 +37,7 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         console.print(f"  [{style}]{p.id:<10} {p.status:<8}[/] {p.title}" + (f" - {p.reason}" if p.reason else ""),
                       markup=True)
         for e in p.edits:
-            if verbose or e.verdict.value in ("drifted", "ambiguous", "file_missing", "optional_absent"):
+            if verbose or e.verdict.value in ("drifted", "ambiguous", "file_missing", "optional_absent", "conflict"):
                 loc = f"{e.file}:{e.line}" if e.line else e.file
                 q = f" in {e.qualname}" if e.qualname else ""
                 console.print(f"      {e.name}: [{_STYLE.get(e.verdict.value, '')}]{e.verdict.value}[/] {loc}{q}"
@@ -55,4 +58,32 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
     for n in report.notes:
         console.print(f"note: {n}")
     status = "ok" if report.ok else f"FAILED (exit {report.exit_code})"
-    console.print(f"[bold]{status}[/bold]  patch set {report.patch_set_digest[:12]}")
+    # The digest of the *enabled* patches (what the ledger and every process attest), not of
+    # the whole set as the preflight and `sndr list` show it: named apart everywhere.
+    digest = f"  enabled set {report.patch_set_digest[:12]}" if report.patch_set_digest else ""
+    console.print(f"[bold]{status}[/bold]{digest}")
+
+
+#: Verdicts a count of which is named edit by edit (the ordinary outcomes are not).
+_ORDINARY = ("applies", "applied")
+
+
+def edit_names(report: Report) -> dict[str, list[str]]:
+    """verdict -> ``PATCH/edit`` names behind its count; a gated patch without edits is named by its id."""
+    out: dict[str, list[str]] = {}
+    for p in report.patches:
+        if p.status == "gated" and not p.edits:
+            out.setdefault("gated", []).append(p.id)
+        for e in p.edits:
+            out.setdefault(e.verdict.value, []).append(f"{e.patch}/{e.name}")
+    return out
+
+
+def _which(verdict: str, names: list[str], verbose: bool, limit: int = 6) -> str:
+    if verdict in _ORDINARY and not verbose:
+        return ""
+    if not names:
+        return "" if verdict in _ORDINARY else "(-v names them)"
+    if verbose or len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f" and {len(names) - limit} more (-v lists all)"

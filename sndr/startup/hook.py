@@ -50,7 +50,8 @@ def _strict(environ) -> bool:
     if val in ("0", "false", "no", "off", ""):
         return False
     # A typo in a safety switch must not turn it off silently.
-    log(f"SNDR_STRICT={raw!r} is not 0 or 1; treating it as 1 (strict)", once_key="strict-typo")
+    log(f"SNDR_STRICT={raw!r} is not a boolean ({envmod.BOOL_WORDS}); treating it as 1 (strict)",
+        once_key="strict-typo")
     return True
 
 
@@ -200,7 +201,7 @@ def register() -> None:
         missing = state.missing + state.runtime_missing()
         if missing and not state.failed_message:
             msg = (f"{len(missing)} required patch(es) NOT active in this process (pid {state.pid}, "
-                   f"{state.mode} mode):\n  " + "\n  ".join(missing))
+                   f"{state.mode} mode):\n  " + "\n  ".join(missing) + "\n  " + fix_hint(state.mode))
             if strict:
                 state.failed_message = "sndr: " + msg + "\nSNDR_STRICT=1: refusing to start vLLM"
             else:
@@ -211,6 +212,15 @@ def register() -> None:
             state.patcher.strict = strict  # deferred failures at import time now abort under strict
         if strict and state.failed_message:
             raise _strict_error(state.failed_message)
+
+
+def fix_hint(mode: str) -> str:
+    """The one line that says how to make missing text patches active again (the startup warning)."""
+    if mode == "disk":
+        return ("fix: run `python -m sndr.apply` (it patches again files a reinstall or a restore put back), "
+                "then restart vLLM")
+    return ("fix: run `python -m sndr.apply` to patch the tree on disk, or on a read-only image "
+            "`python -m sndr hook install` (the in-memory hook); then restart vLLM")
 
 
 def _strict_error(message: str):
@@ -374,6 +384,13 @@ def _apply_runtime(state: _Process, root: str, resolved: dict, cache, finder) ->
 
 
 def status_main(argv: list[str] | None = None) -> int:
+    from ..cli import run
+
+    return run("sndr status", lambda: _status_body(argv),
+               on_interrupt=lambda: "nothing was changed (status only reads attestation records)")
+
+
+def _status_body(argv: list[str] | None) -> int:
     import argparse
     import json
 
@@ -447,12 +464,26 @@ def status_main(argv: list[str] | None = None) -> int:
 
 
 def _status_line(r: dict) -> str:
-    counts = " ".join(f"{k}={v}" for k, v in sorted((r.get("counts") or {}).items()))
-    state = "ok" if not r.get("missing_required") else f"MISSING {len(r['missing_required'])}"
+    """One process: what is active in it, never the ledger's edit counts beside a MISSING patch."""
     alive = "running" if r.get("_alive") else "exited"
     return (f"  pid {r['pid']:>7}  ppid {r.get('ppid', '?'):>7}  {str(r.get('role') or '?'):<12} "
-            f"{r.get('mode', '?'):<6}  {(r.get('patch_set_digest') or '(none)')[:12]:<12}  {alive:<7}  "
-            f"{state}  {counts}")
+            f"{r.get('mode', '?'):<6}  enabled set {(r.get('patch_set_digest') or '(none)')[:12]:<12}  {alive:<7}  "
+            f"{active_summary(r)}")
+
+
+def active_summary(r: dict) -> str:
+    """``active 23/23 patches (applied=64 ...)`` when all is well; else which enabled patches are NOT active."""
+    enabled = list(r.get("enabled") or [])
+    missing = list(r.get("missing_required") or [])
+    named = {m.split(":", 1)[0].split("/", 1)[0] for m in missing}
+    inactive = [pid for pid in enabled if pid in named]
+    active = len(enabled) - len(inactive)
+    if not missing:
+        counts = " ".join(f"{k}={v}" for k, v in sorted((r.get("counts") or {}).items()))
+        return f"ok  active {active}/{len(enabled)} patches" + (f"  ({counts})" if counts else "")
+    other = len(missing) - sum(1 for m in missing if m.split(":", 1)[0].split("/", 1)[0] in inactive)
+    what = ", ".join(inactive) + (f" (+{other} other)" if other and inactive else f"{other} other" if other else "")
+    return f"MISSING {len(missing)}  active {active}/{len(enabled)} patches; NOT active: {what}"
 
 
 def _recheck_trees(records: list[dict]) -> list[str]:
@@ -480,6 +511,14 @@ def _recheck_trees(records: list[dict]) -> list[str]:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
+    from ..cli import run
+
+    return run("sndr hook", lambda: _hook_body(argv),
+               on_interrupt=lambda: "the .pth is either written whole or not at all; run `python -m sndr hook "
+                                    "install` or `uninstall` again")
+
+
+def _hook_body(argv: list[str] | None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m sndr hook",

@@ -1,0 +1,254 @@
+"""Issue 21 s.2: no silent or misleading outcome from the apply CLI, status and the startup warning.
+
+Real vLLM 0.32.0 files (the 5-file subtree of tests/core/test_apply.py), the
+real CLI as a process unless the test needs to inject an interrupt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hook_fixtures import box, out_of, replace_file  # noqa: F401 (box is a fixture)
+from sndr import apply as applymod
+from sndr.apply import run_apply, run_verify
+from sndr.env import BOOL_WORDS
+from sndr.load import load_patch_set
+from sndr.startup.hook import active_summary, status_main
+
+from .test_apply import DATA, FILES, sndr_apply, vllm_hash
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tree(pin_subtree) -> Path:
+    return pin_subtree(FILES)
+
+
+def _json(proc: subprocess.CompletedProcess) -> dict:
+    """The whole of stdout is one JSON document, or the test fails here."""
+    return json.loads(proc.stdout)
+
+
+# ----------------------------------------------------------------------------- empty patch sets
+
+
+def test_an_empty_patch_set_is_refused_unless_allow_empty(tree, tmp_path, vllm_pin_root):
+    assert sndr_apply("--tree", str(tree), "--patches", str(DATA), "-q").returncode == 0
+    patched = vllm_hash(tree)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = sndr_apply("--tree", str(tree), "--patches", str(empty))
+    assert r.returncode == 2
+    assert "empty_patch_set" in r.stderr and "--allow-empty" in r.stderr and r.stdout == ""
+    assert vllm_hash(tree) == patched
+    r = sndr_apply("--tree", str(tree), "--patches", str(empty), "--allow-empty", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    report = _json(r)
+    said = [n for n in report["notes"] if "go back to pristine" in n]
+    assert said and all(f in said[0] for f in FILES) and "T0001" in said[0]
+    # Said in words on stderr before the commit, and the files are pristine again.
+    assert "no longer patches 5 file(s)" in r.stderr.split("wrote 5 file(s)")[0]
+    assert all((tree / f).read_bytes() == (vllm_pin_root / f).read_bytes() for f in FILES)
+
+
+# ----------------------------------------------------------------------------- --json -
+
+
+def test_every_apply_mode_writes_pure_json_to_stdout(tree, tmp_path):
+    base = ("--tree", str(tree), "--patches", str(DATA), "--json", "-")
+    runs = {
+        "dry-run": (sndr_apply(*base, "--dry-run"), 0),
+        "verify-unpatched": (sndr_apply(*base, "--verify"), 1),
+        "verify-unpatched-q": (sndr_apply(*base, "--verify", "-q"), 1),
+        "apply": (sndr_apply(*base), 0),
+        "apply-again": (sndr_apply(*base, "-v"), 0),
+        "verify": (sndr_apply(*base, "--verify", "-v"), 0),
+        "revert": (sndr_apply("--tree", str(tree), "--revert", "--json", "-"), 0),
+        "revert-again": (sndr_apply("--tree", str(tree), "--revert", "--json", "-"), 0),
+        "bad-tree": (sndr_apply("--tree", str(tmp_path / "nope"), "--patches", str(DATA), "--json", "-"), 2),
+    }
+    for name, (proc, code) in runs.items():
+        assert proc.returncode == code, (name, proc.stderr)
+        doc = _json(proc)  # the whole stdout
+        assert doc["exit_code"] == code and doc["ok"] is (code == 0), name
+    # The human report still reaches the operator, on stderr.
+    assert "sndr apply:" in runs["apply"][0].stderr and "enabled set" in runs["apply"][0].stderr
+    assert "FAILED (exit 1)" in runs["verify-unpatched-q"][0].stderr
+    # --json gives the edits of a ledger-verified tree (named, verdict by verdict).
+    edits = {(e["patch"], e["name"]): e["verdict"] for p in _json(runs["verify"][0])["patches"] for e in p["edits"]}
+    assert edits[("T0001", "guard")] == "applied" and edits[("T0002", "never-there")] == "optional_absent"
+
+
+def test_other_commands_json_is_pure(tree, tmp_path):
+    procs = [
+        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "--patches", str(DATA)], capture_output=True,
+                       text=True),
+        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "--patches", str(DATA), "--tree", str(tree)],
+                       capture_output=True, text=True),
+        subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json"], capture_output=True, text=True),
+        subprocess.run([sys.executable, "-m", "sndr", "schema", "report"], capture_output=True, text=True),
+        subprocess.run([sys.executable, "-m", "sndr", "status", "--json", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True),
+    ]
+    for p in procs:
+        assert p.returncode in (0, 1), p.stderr
+        json.loads(p.stdout)
+
+
+# ----------------------------------------------------------------------------- names, digests
+
+
+def test_every_non_applies_count_names_its_edits(tree):
+    r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--dry-run")
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("optional_absent"))
+    assert row.split()[1] == "2" and "T0002/never-there" in row and "T0003/parent-old" in row
+    assert "enabled set " in r.stdout.splitlines()[-1] and "patch set" not in r.stdout.splitlines()[-1]
+
+
+def test_revert_of_an_unpatched_tree_prints_no_empty_digest(tree):
+    r = sndr_apply("--tree", str(tree), "--revert")
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[-1].strip() == "ok"
+
+
+# ----------------------------------------------------------------------------- --tree
+
+
+def test_tree_specs(tree, tmp_path):
+    missing = sndr_apply("--tree", str(tmp_path / "nope"), "--patches", str(DATA))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "tree_not_found" in missing.stderr
+    wheel = tmp_path / "vllm-0.32.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK")
+    r = sndr_apply("--tree", str(wheel), "--patches", str(DATA))
+    assert r.returncode == 2 and "is not a directory" in r.stderr and "apply writes into the tree" in r.stderr
+    r = sndr_apply("--tree", "vllm==0.32.0", "--patches", str(DATA))
+    assert r.returncode == 2 and "--dry-run --tree vllm==0.32.0" in r.stderr
+    r = sndr_apply("--tree", "vllm==0.32.0", "--patches", str(DATA), "--dry-run", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert _json(r)["vllm_version"] == "0.32.0"
+    r = sndr_apply("--tree", str(tree / "vllm"), "--patches", str(DATA), "--dry-run", "-q")  # vllm/ itself works too
+    assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------- SNDR_ENABLE_*
+
+
+def test_enable_values_code_docs_and_messages_agree(tree):
+    for word, enabled in (("yes", True), ("on", True), ("TRUE", True), ("1", True), ("off", False), ("0", False)):
+        r = run_apply(tree, load_patch_set(DATA, packs=False), dry_run=True, environ={"SNDR_ENABLE_T0006": word})
+        status = {p.id: p.status for p in r.patches}["T0006"]
+        assert (status != "gated") is enabled, word
+    bad = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--dry-run", env={"SNDR_ENABLE_T0006": "maybe"})
+    assert bad.returncode == 2 and BOOL_WORDS in bad.stderr
+    readme = (REPO / "README.md").read_text()
+    assert BOOL_WORDS in readme and "SNDR_ENABLE_<ID>=0|1` (any other" not in readme
+
+
+# ----------------------------------------------------------------------------- Ctrl-C and probes
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tree, monkeypatch, capsys):
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(applymod, "run_apply", interrupted)
+    assert applymod.cli_main(["--tree", str(tree), "--patches", str(DATA)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sndr apply: interrupted; the tree is whole")
+    assert "python -m sndr.apply --verify" in err[0]
+
+
+def _probes(root: Path) -> list[Path]:
+    return sorted(root.rglob(".sndr-probe-*"))
+
+
+@pytest.fixture(scope="module")
+def startup_s() -> float:
+    """How long this (possibly loaded) machine takes to start Python and import the ``sndr`` package:
+    before that no program can own its Ctrl-C, so the interrupts below come after it."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import sndr"], check=True)
+    return (time.perf_counter() - t0) * 1.5
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1, 0.3, 0.6, 1.0, 1.5])
+def test_real_sigint_leaves_a_whole_tree_no_traceback_no_probe(tree, delay, vllm_pin_root, startup_s):
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "sndr.apply", "--tree", str(tree), "--patches", str(DATA), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(startup_s + delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 130), err
+    assert "Traceback" not in err
+    if proc.returncode == 130:
+        assert len(err.strip().splitlines()) == 1 and "interrupted" in err
+    assert _probes(tree) == []
+    patched = run_verify(tree, load_patch_set(DATA, packs=False), environ={}).ok
+    pristine = all((tree / f).read_bytes() == (vllm_pin_root / f).read_bytes() for f in FILES)
+    assert patched or pristine
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_probes_are_noticed_by_verify_and_swept_by_apply_and_revert(tree):
+    ps = load_patch_set(DATA, packs=False)
+    assert run_apply(tree, ps, environ={}).ok
+    stale = tree / "vllm/v1/core/sched" / f".sndr-probe-{_dead_pid()}"
+    stale.write_bytes(b"")
+    ver = run_verify(tree, ps, environ={})
+    assert ver.ok and any("probe file(s) an interrupted sndr left" in n for n in ver.notes)
+    again = run_apply(tree, ps, environ={})
+    assert again.ok and not stale.exists() and any("removed 1 probe file" in n for n in again.notes)
+    stale.write_bytes(b"")
+    live = tree / "vllm/v1/core" / f".sndr-probe-{os.getpid()}"  # a live process's probe is not ours to remove
+    live.write_bytes(b"")
+    assert applymod.run_revert(tree).ok
+    assert not stale.exists() and live.exists()
+
+
+# ----------------------------------------------------------------------------- status and the startup warning
+
+
+def test_status_shows_what_is_active_never_counts_beside_missing():
+    ok = {"enabled": ["A1", "A2"], "missing_required": [], "counts": {"applied": 64}}
+    assert active_summary(ok) == "ok  active 2/2 patches  (applied=64)"
+    bad = {"enabled": ["A1", "A2"], "missing_required": ["A2: vllm/x.py changed since apply"],
+           "counts": {"applied": 64}}
+    line = active_summary(bad)
+    assert line == "MISSING 1  active 1/2 patches; NOT active: A2" and "applied=" not in line
+
+
+REGISTER = """
+    import json, vllm
+    import sndr.startup.hook as h
+    h.register()
+    print("OUT" + json.dumps({"missing": h._STATE.missing}))
+"""
+
+
+def test_startup_warning_names_the_fix_and_status_names_the_missing_patch(box, capsys):
+    box.apply()
+    eng = box.root / "vllm" / "engine.py"
+    replace_file(eng, eng.read_text() + "# restored by an image layer\n")
+    proc = box.py(REGISTER)
+    assert out_of(proc)["missing"] == ["F0001: vllm/engine.py changed since apply"]
+    assert "fix: run `python -m sndr.apply`" in proc.stderr
+    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if ln.startswith("  pid "))
+    assert "MISSING 1" in line and "NOT active: F0001" in line and "applied=" not in line
+    assert "enabled set " in line
