@@ -108,7 +108,10 @@ def uniform_verify(cam, ql: int) -> bool:
     lens = qsl[1: cam.num_reqs + 1] - qsl[: cam.num_reqs]
     if not bool(((lens == ql) | (lens == 0)).all()):
         return False
-    if int((lens == ql).sum()) * ql != cam.num_actual_tokens:
+    # num_actual_tokens may include CUDA-graph padding: the padding requests (length 0, at the
+    # end, seq_len 0) then own the rows past the real ones, ql each
+    real = int((lens == ql).sum()) * ql
+    if real == 0 or not real <= cam.num_actual_tokens <= cam.num_reqs * ql:
         return False
     # padding rows sit at the end of the batch (a later real request would be misplaced)
     nz = int((lens != 0).sum())

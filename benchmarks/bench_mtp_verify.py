@@ -1,0 +1,341 @@
+"""Speculative-verify attention on the TurboQuant k8v4 cache, one H200: sndr vs vLLM 0.32.0.
+
+    python3 benchmarks/bench_mtp_verify.py [--quick] [--check] [--probe] [--out DIR]
+
+A verify step scores K + 1 query tokens per request; token t sees seq_len - K + t
+cached tokens. Every variant runs in this one process, on the same caches:
+
+* (a) sndr: ``mtp_verify.verify_attention`` (the CUDA kernel of verify_k8v4.cu,
+  what patch PK0002 runs), captured in a CUDA graph and replayed;
+* (b) vLLM 0.32.0's path for the same batch: ``_prefill_attention``'s loop over
+  requests, each a call of vLLM's ``triton_turboquant_decode_attention`` on K + 1
+  synthetic single-token rows (lengths ``arange[cached+1 : seq_len+1]``, block
+  table row expanded), host lists from CPU tensors, eager (it cannot be captured);
+* (c) the same B (K + 1) synthetic rows in one call of PK0001's decode (the
+  vLLM-signature entry ``vllm_entry.decode``, vLLM-shaped workspace), captured;
+* (d) one plain decode step (K = 0) of PK0001, captured.
+
+Cells: B in {1, 8, 32, 64}, K in {1, 3, 5}, context 8K and 32K (every request at
+the full context, the K + 1 new tokens included), Hq/Hk 32/8 and 64/8, head dim
+128, page 16, block tables random permutations of pages. Times are medians of
+``triton.testing.do_bench`` (L2 flushed before each call) for (a), (c), (d) and of
+CUDA-event-timed eager calls for (b). GB/s = the cache bytes one step must read
+(B x context x Hk x 196 B, the same for all four variants) / time; %BW against
+the device-to-device copy bandwidth measured in the same run.
+
+vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
+wheel, never committed). ``--check`` first compares (a), (c), (d) against a
+float64 reference ("errors equal to (d)'s"). ``--probe`` times kernel variants
+(register budget, ring depth) on the B >= 8 cells before the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _tq_gpu  # noqa: E402
+
+from sndr.kernels.turboquant_k8v4 import _vllm_baseline, mtp_verify, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
+
+D = 128
+PAGE = 16
+HK = 8
+SLOT = Layout(D).slot_size_aligned
+VLLM_SPLITS = 32  # vLLM's attention_config.tq_max_kv_splits_for_cuda_graph default
+BS = (1, 8, 32, 64)
+KS = (1, 3, 5)
+CTXS = (8192, 32768)
+HQS = (32, 64)
+LAYERS = 40
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def dobench(fn, rep=100) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3
+
+
+def graph_us(fn, rep=100) -> float:
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    t = dobench(g.replay, rep)
+    del g
+    return t
+
+
+def eager_us(fn, n=5, warm=2) -> float:
+    """Median of n eager calls, CUDA events around each (launch gaps included), L2 flushed before each."""
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(n):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+class Pool:
+    """One cache for the largest batch and context; cells take the first B requests."""
+
+    def __init__(self, bmax: int, ctx: int, seed: int = 0):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        pages = ctx // PAGE
+        nb = bmax * pages
+        self.cache = _tq_gpu.synthetic_cache(nb, PAGE, HK, D, gen)
+        self.bt = torch.randperm(nb, generator=gen, device="cuda").to(torch.int32).reshape(bmax, pages).contiguous()
+        self.ctx = ctx
+
+
+class Cell:
+    def __init__(self, pool: Pool, b: int, k: int, hq: int, vl, seed: int = 1):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.b, self.k, self.hq, self.ctx = b, k, hq, pool.ctx
+        ql = k + 1
+        self.cache = pool.cache
+        self.bt = pool.bt[:b].contiguous()
+        self.sl = torch.full((b,), pool.ctx, dtype=torch.int32, device="cuda")
+        self.sl_cpu = self.sl.cpu()
+        self.q = (torch.randn(b * ql, hq, D, generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
+        self.scale = D ** -0.5
+        self.out = torch.empty_like(self.q)
+        self.vl = vl
+        # (b): vLLM's continuation loop state
+        self.qsl_cpu = torch.arange(0, b * ql + 1, ql, dtype=torch.int32)
+        self.arange = torch.arange(0, pool.ctx + 1, device="cuda", dtype=torch.int32)
+        self.eye = torch.eye(D, device="cuda")
+        self.centroids = torch.zeros(16, device="cuda")
+        # (c): synthetic rows, vLLM-shaped workspace for the vLLM-signature entry
+        self.syn_sl = mtp_verify.synthetic_lengths(self.sl, b, k)
+        self.syn_bt = self.bt.repeat_interleave(ql, 0).contiguous()
+        n = b * ql
+        self.mid_c = torch.empty(n, hq, VLLM_SPLITS, D + 1, dtype=torch.float32, device="cuda")
+        self.out_c = torch.empty(n, hq, D, dtype=torch.bfloat16, device="cuda")
+        self.lse_c = torch.empty(n, hq, dtype=torch.float32, device="cuda")
+        # (d): the plain decode step of the same batch
+        self.q_d = self.q.view(b, ql, hq, D)[:, -1].contiguous()
+        self.mid_d = torch.empty(b, hq, VLLM_SPLITS, D + 1, dtype=torch.float32, device="cuda")
+        self.out_d = torch.empty(b, hq, D, dtype=torch.bfloat16, device="cuda")
+        self.lse_d = torch.empty(b, hq, dtype=torch.float32, device="cuda")
+
+    @property
+    def bytes(self) -> int:
+        return self.b * self.ctx * HK * SLOT
+
+    def a(self):
+        return mtp_verify.verify_attention(self.q, self.cache, self.bt, self.sl, self.scale, self.k, out=self.out)
+
+    def b_vllm(self):
+        """vLLM 0.32.0 _prefill_attention, continuation branch (q_len <= 128), for this batch."""
+        ql = self.k + 1
+        n = self.q.shape[0]
+        output = torch.zeros(n, self.hq, D, device="cuda", dtype=self.q.dtype)
+        qsl = self.qsl_cpu.tolist()
+        seq_lens_list = self.sl_cpu.tolist()
+        for i in range(self.b):
+            q_start, q_end = qsl[i], qsl[i + 1]
+            q_len = q_end - q_start
+            seq_len = seq_lens_list[i]
+            cached_len = seq_len - q_len
+            synth_seq_lens = self.arange[cached_len + 1: seq_len + 1]
+            synth_bt = self.bt[i: i + 1].expand(q_len, -1)
+            out = self.vl.decode(
+                query=self.q[q_start:q_end], kv_cache=self.cache, block_table=synth_bt, seq_lens=synth_seq_lens,
+                Pi=self.eye, centroids=self.centroids, scale=self.scale, mse_bits=0, key_packed_size=D,
+                value_quant_bits=4, key_fp8=True, norm_correction=False, PiT=self.eye)
+            output[q_start:q_end] = out.to(self.q.dtype)
+        assert ql == q_len
+        return output
+
+    def c(self):
+        return vllm_entry.decode(
+            self.q, self.cache, self.syn_bt, self.syn_sl, self.eye, self.centroids, self.scale, 0, D, 4,
+            key_fp8=True, mid_o_buf=self.mid_c, output_buf=self.out_c, lse_buf=self.lse_c,
+            max_num_kv_splits=VLLM_SPLITS)
+
+    def d(self):
+        return vllm_entry.decode(
+            self.q_d, self.cache, self.bt, self.sl, self.eye, self.centroids, self.scale, 0, D, 4,
+            key_fp8=True, mid_o_buf=self.mid_d, output_buf=self.out_d, lse_buf=self.lse_d,
+            max_num_kv_splits=VLLM_SPLITS)
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def check(vl) -> list[dict]:
+    """(a), (b), (c), (d) against float64 on real (stored) data; ragged lengths."""
+    rows = []
+    for hq, k in ((32, 3), (64, 3), (32, 1), (64, 5)):
+        gen = torch.Generator(device="cuda").manual_seed(hq + k)
+        lens = [8192, 5000, 777]
+        ql = k + 1
+        pages = -(-max(lens) // PAGE)
+        nb = len(lens) * pages + 2
+        cache = torch.full((nb, PAGE, HK, SLOT), 0xFF, dtype=torch.uint8, device="cuda")
+        bt = torch.randperm(nb, generator=gen, device="cuda")[: len(lens) * pages].to(torch.int32).view(len(lens), pages)
+        from sndr.kernels.turboquant_k8v4 import kernels
+
+        for i, n in enumerate(lens):
+            pos = torch.arange(n, device="cuda")
+            slots = (bt[i, pos // PAGE].long() * PAGE + pos % PAGE).to(torch.int32)
+            kernels.store((torch.randn(n, HK, D, generator=gen, device="cuda") * 1.5).bfloat16(),
+                          (torch.randn(n, HK, D, generator=gen, device="cuda") * 0.5 + 0.2).bfloat16(), cache, slots)
+        sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        q = torch.randn(len(lens) * ql, hq, D, generator=gen, device="cuda").bfloat16()
+        ref = mtp_verify.reference(q, cache, bt, sl, D ** -0.5, k).cuda()
+        a = mtp_verify.verify_attention(q, cache, bt, sl, D ** -0.5, k, out=torch.empty(q.shape, device="cuda"))
+        syn_sl = mtp_verify.synthetic_lengths(sl, len(lens), k)
+        syn_bt = bt.repeat_interleave(ql, 0)
+        eye, cz = torch.eye(D, device="cuda"), torch.zeros(16, device="cuda")
+        c = vllm_entry.decode(q, cache, syn_bt, syn_sl, eye, cz, D ** -0.5, 0, D, 4, key_fp8=True)
+        bv = vl.decode(q, cache, syn_bt, syn_sl, eye, cz, D ** -0.5, 0, D, 4, key_fp8=True)
+        qd = q.view(len(lens), ql, hq, D)[:, -1].contiguous()
+        d = vllm_entry.decode(qd, cache, bt, sl, eye, cz, D ** -0.5, 0, D, 4, key_fp8=True)
+        ref_d = reference.decode(qd.cpu(), cache.cpu(), bt.cpu(), sl.cpu(), D ** -0.5).cuda()
+        torch.cuda.synchronize()
+        r = dict(hq=hq, k=k, err_a=rel(a, ref), err_b=rel(bv, ref), err_c=rel(c, ref), err_d=rel(d, ref_d),
+                 a_nan=bool(a.isnan().any()))
+        log(f"check Hq {hq} K {k}: rel err vs float64  (a) {r['err_a']:.2e}  (b) vLLM {r['err_b']:.2e}  "
+            f"(c) {r['err_c']:.2e}  (d) {r['err_d']:.2e}")
+        rows.append(r)
+    return rows
+
+
+def probe(vl, pools) -> None:
+    """Kernel variants on the B >= 8 cells (K = 3)."""
+    variants = {
+        "default": mtp_verify.VerifyConfig(),
+        "stages4": mtp_verify.VerifyConfig(stages=4),
+        "stages6": mtp_verify.VerifyConfig(stages=6),
+        "waves2": mtp_verify.VerifyConfig(waves=2),
+    }
+    for ctx in CTXS:
+        for b in (8, 32):
+            for hq in HQS:
+                cell = Cell(pools[ctx], b, 3, hq, vl)
+                ts = {}
+                for name, cfg in variants.items():
+                    ts[name] = graph_us(lambda cfg=cfg: mtp_verify.verify_attention(
+                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, 3, out=cell.out, config=cfg))
+                log(f"probe B {b} ctx {ctx} Hq {hq} K 3: " + "  ".join(f"{n} {t:.1f}" for n, t in ts.items()))
+
+
+def table(vl, pools, bw, quick=False) -> list[dict]:
+    rows = []
+    d_cache: dict = {}
+    for hq in HQS:
+        for ctx in CTXS:
+            for b in BS:
+                for k in KS:
+                    if quick and not (b in (8, 32) and k == 3):
+                        continue
+                    cell = Cell(pools[ctx], b, k, hq, vl)
+                    ta = graph_us(cell.a)
+                    tb = eager_us(cell.b_vllm, n=3 if b * ctx >= 32 * 32768 else 5)
+                    tc = graph_us(cell.c)
+                    key = (hq, ctx, b)
+                    if key not in d_cache:
+                        d_cache[key] = graph_us(cell.d)
+                    td = d_cache[key]
+                    gbs = cell.bytes / (ta * 1e-6) / 1e9
+                    r = dict(hq=hq, ctx=ctx, b=b, k=k, a=ta, b_vllm=tb, c=tc, d=td, gbs=gbs, pct=100 * gbs / bw,
+                             a_over_d=ta / td, c_over_a=tc / ta, b_over_a=tb / ta)
+                    rows.append(r)
+                    log(fmt(r))
+                    del cell
+                    torch.cuda.empty_cache()
+    return rows
+
+
+HEADER = ("| Hq/Hk | B | ctx | K | (a) sndr verify, graph us | GB/s | %BW | (b) vLLM path, eager us | "
+          "(c) synthetic rows PK0001, graph us | (d) PK0001 plain decode, graph us | a/d | c/a | b/a | targets |")
+
+
+def goals(r) -> str:
+    out = []
+    big = r["b"] >= 8 and r["ctx"] >= 8192
+    if big and r["k"] == 3:
+        out.append(f"<=1.3x d {'ok' if r['a_over_d'] <= 1.3 else 'MISS'}")
+    if big:
+        out.append(f">=2x vs c {'ok' if r['c_over_a'] >= 2 else 'MISS'}")
+    if r["b"] == 32 and r["ctx"] == 8192 and r["k"] == 3:
+        out.append(f">=30x vs b {'ok' if r['b_over_a'] >= 30 else 'MISS'}")
+    return ", ".join(out) or "-"
+
+
+def fmt(r) -> str:
+    return (f"| {r['hq']}/{HK} | {r['b']} | {r['ctx'] // 1024}K | {r['k']} | {r['a']:.1f} | {r['gbs']:.0f} | "
+            f"{r['pct']:.0f}% | {r['b_vllm']:.0f} | {r['c']:.1f} | {r['d']:.1f} | {r['a_over_d']:.2f} | "
+            f"{r['c_over_a']:.2f} | {r['b_over_a']:.1f} | {goals(r)} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="B 8 and 32, K 3 only")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / ".bench")))
+    args = ap.parse_args(argv)
+    src = _vllm_baseline.find_dir(ROOT)
+    if src is None:
+        log("vLLM 0.32.0's TurboQuant files not found (.baselines/vllm032_tq); copy them from the wheel")
+        return 2
+    vl = _vllm_baseline.load(src)
+    log("device:", _tq_gpu.device_line())
+    bw = _tq_gpu.copy_bandwidth()
+    log(f"copy bandwidth: {bw:.0f} GB/s (2 GiB device-to-device, read + write)")
+    out = {"device": _tq_gpu.device_line(), "copy_gbs": bw, "argv": sys.argv}
+    if args.check:
+        out["check"] = check(vl)
+    t0 = time.time()
+    pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}
+    if args.probe:
+        probe(vl, pools)
+    if not args.no_table:
+        log(HEADER)
+        log("|" + "---|" * 15)
+        rows = table(vl, pools, bw, args.quick)
+        out["table"] = rows
+        for hq in HQS:
+            for ctx in CTXS:
+                r = next((x for x in rows if x["hq"] == hq and x["ctx"] == ctx and x["b"] == 32 and x["k"] == 3), None)
+                if r:
+                    log(f"{LAYERS}-layer step, B=32 K=3 Hq {hq} ctx {ctx // 1024}K: upstream (b) "
+                        f"{LAYERS * r['b_vllm'] / 1e3:.1f} ms, sndr (a) {LAYERS * r['a'] / 1e3:.2f} ms "
+                        f"({r['b_over_a']:.0f}x), plain decode (d) {LAYERS * r['d'] / 1e3:.2f} ms")
+    log(f"table time {time.time() - t0:.0f} s")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "bench_mtp_verify.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The CUDA spec-verify kernel (``verify_k8v4.cu``) on a GPU, against float64.
+
+Skipped without CUDA sm_90. Run on the H200 through the device tool:
+
+    python3 -m pytest tests/kernels/test_mtp_verify_gpu.py -q
+
+Caches start filled with 0xFF bytes (NaN keys, NaN scales), so a read past a
+request's end or of a page it does not own shows up; outputs start as NaN, so
+an unwritten row shows up.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("needs a CUDA GPU with sm_90 (the verify kernel copies tiles with TMA)", allow_module_level=True)
+
+from sndr.kernels.turboquant_k8v4 import kernels, mtp_verify as mv, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _case(d, hk, g, k, page, lens, qdtype=torch.bfloat16, seed=0, extra_pages=3, max_len=None):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    b = len(lens)
+    per = max(1, -(-(max_len or max(lens)) // page))
+    nb = b * per + extra_pages
+    cache = torch.full((nb, page, hk, Layout(d).slot_size_aligned), 0xFF, dtype=torch.uint8, device=DEV)
+    bt = torch.randperm(nb, generator=gen, device=DEV)[: b * per].to(torch.int32).reshape(b, per).contiguous()
+    _fill(cache, bt, lens, gen)
+    q = torch.randn(b * (k + 1), hk * g, d, generator=gen, device=DEV).to(qdtype)
+    return q, cache, bt, torch.tensor(lens, dtype=torch.int32, device=DEV)
+
+
+def _fill(cache, bt, lens, gen, start=None):
+    page, hk, d = cache.shape[1], cache.shape[2], _head_dim(cache)
+    for i, n in enumerate(lens):
+        lo = 0 if start is None else start[i]
+        if n <= lo:
+            continue
+        pos = torch.arange(lo, n, device=DEV)
+        slots = (bt[i, pos // page].long() * page + pos % page).to(torch.int32)
+        k = torch.randn(n - lo, hk, d, generator=gen, device=DEV) * 1.5
+        v = torch.randn(n - lo, hk, d, generator=gen, device=DEV) * 0.5 + 0.2
+        kernels.store(k.to(torch.bfloat16), v.to(torch.bfloat16), cache, slots)
+
+
+def _head_dim(cache):
+    for d in (64, 128, 256):
+        if Layout(d).slot_size_aligned == cache.shape[3]:
+            return d
+    raise ValueError(cache.shape)
+
+
+def _ref(q, cache, bt, sl, scale, k):
+    """float64 on the GPU: K + 1 decode calls, call t with lengths seq_len - K + t."""
+    n, hq, d = q.shape
+    ql = k + 1
+    b = n // ql
+    page, hk = cache.shape[1], cache.shape[2]
+    out = torch.zeros(b, ql, hq, d, dtype=torch.float64, device=DEV)
+    qv = q.view(b, ql, hq, d)
+    for i in range(b):
+        full = int(sl[i])
+        pos = torch.arange(max(full, 0), device=DEV)
+        kk, vv = reference.unpack(cache[bt[i, pos // page].long(), pos % page], d)
+        kk = kk.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        vv = vv.double().transpose(0, 1).repeat_interleave(hq // hk, 0)
+        for t in range(ql):
+            m = full - k + t
+            if m <= 0:
+                continue
+            s = torch.einsum("hd,hld->hl", qv[i, t].double(), kk[:, :m]) * scale
+            out[i, t] = torch.einsum("hl,hld->hd", torch.softmax(s, -1), vv[:, :m])
+    return out.view(n, hq, d)
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _verify(q, cache, bt, sl, scale, k, out_dtype=None, **kw):
+    out = torch.full(q.shape, float("nan"), dtype=out_dtype or q.dtype, device=DEV)
+    mv.verify_attention(q, cache, bt, sl, scale, k, out=out, **kw)
+    torch.cuda.synchronize()
+    return out
+
+
+def _cuda_used(q, cache, k):
+    key = mv._key(q.device.index or 0, q.dtype, q.shape[1], cache.shape[2], q.shape[2], cache.shape[1],
+                  cache.stride(1), k + 1, mv.DEFAULT)
+    return key in mv._PLANS
+
+
+@pytest.fixture(autouse=True)
+def _cuda_backend(monkeypatch):
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")  # a kernel that cannot run fails the test, no fallback
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 7])
+@pytest.mark.parametrize("g", [1, 4, 6, 8])
+def test_verify_matches_float64(k, g):
+    # ragged, pages ending mid-block, one request shorter than K + 1, one of exactly K + 1
+    lens = [1000, 37, 4097, 5, k + 1, 300]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=10 * k + g)
+    out = _verify(q, cache, bt, sl, 0.088, k)
+    assert _cuda_used(q, cache, k)
+    ref = _ref(q, cache, bt, sl, 0.088, k)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("d,hk,g,k,page,qdtype", [
+    (64, 4, 8, 3, 16, torch.float16), (256, 8, 4, 3, 16, torch.bfloat16), (256, 4, 8, 1, 32, torch.bfloat16),
+    (128, 16, 2, 3, 64, torch.bfloat16), (128, 2, 16, 3, 16, torch.float16), (128, 1, 4, 15, 16, torch.bfloat16),
+])
+def test_verify_other_shapes(d, hk, g, k, page, qdtype):
+    lens = [700, 33, 2 * page + 5, 1]
+    q, cache, bt, sl = _case(d, hk, g, k, page, lens, qdtype=qdtype, seed=d + k)
+    out = _verify(q, cache, bt, sl, d ** -0.5, k, out_dtype=torch.float32)
+    ref = _ref(q, cache, bt, sl, d ** -0.5, k)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < 1e-2
+
+
+def test_errors_equal_to_plain_decode():
+    """The verify kernel's error against float64 is PK0001's (same tiles, same arithmetic)."""
+    lens = [8192, 5000, 777, 16384]
+    for g, k in ((4, 3), (8, 1), (8, 5)):
+        q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=g + k)
+        ref = _ref(q, cache, bt, sl, 0.088, k)
+        ours = _rel(_verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32), ref)
+        rows = mv.synthetic_rows(q, cache, bt, sl, 0.088, k, out=torch.empty(q.shape, dtype=torch.float32,
+                                                                               device=DEV))
+        theirs = _rel(rows, ref)
+        assert ours < 1.25 * theirs + 1e-4, (g, k, ours, theirs)
+
+
+def test_graph_capture_then_replay_with_new_lengths():
+    k, g = 3, 4
+    lens0 = [64, 64, 64, 64]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=5, max_len=9000)
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=DEV)
+    mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out)  # builds outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out)
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    for lens in ([8999, 17, 4, 3000], [1, 2000, 8192, 65], [0, 0, 100, 9000]):
+        _fill(cache, bt, lens, gen, start=lens0)
+        lens0 = [max(a, b) for a, b in zip(lens0, lens)]
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=gen, device=DEV).to(q.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = _ref(q, cache, bt, sl, 0.088, k)
+        assert not out.isnan().any()
+        assert _rel(out, ref) < 1e-2, lens
+
+
+def test_capture_without_prepare_records_synthetic_rows_and_prepare_avoids_it(monkeypatch):
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "auto")
+    k, g = 2, 4
+    q, cache, bt, sl = _case(128, 8, g, k, 32, [500, 90], seed=8)
+    monkeypatch.setattr(mv, "_PLANS", {})
+    out = torch.empty_like(q)
+    mv.synthetic_rows(q, cache, bt, sl, 0.088, k, out=out)  # PK0001's kernels for these rows, built eagerly
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out)
+    assert not mv._PLANS
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
+    assert mv.prepare(q.device, q.dtype, q.shape[1], 8, 128, 32, k)
+    assert _cuda_used(q, cache, k)
