@@ -11,6 +11,13 @@ as one unified diff, and times on fresh copies, in one run:
 - sndr verify (ledger hash check) in-process and as a CLI process;
 - sndr revert in-process.
 
+Then (issue 16) a patch *stack* of 250 patches / 500 edits / 100 files
+(``--stack-files 100``): per file two or three patches in a fixed ``after``
+order, the later ones anchoring on text the earlier ones produced, plus
+insertions at the edge of another patch's anchor. It reports dry-run, apply,
+verify and revert times in-process, per edit, against the same figures of the
+64-edit set measured in this run (target: within 2x per edit).
+
 Ratios are printed against the named baselines measured in the same run; on
 this shared 2-core machine absolute times mean little.
 """
@@ -80,6 +87,55 @@ def build(pin: Path, files: list[str], per_file: int, out: Path) -> tuple[Path, 
     return patches, diff, n_edits
 
 
+def build_stack(pin: Path, files: list[str], out: Path) -> tuple[Path, int, int]:
+    """250 patches / 500 edits over 100 files: stacked by ``after``, with edge insertions.
+
+    Files 0..49: A (2 edits), B after A (one edit on A's produced line, one on another
+    def), C (inserts before A's first anchor, unordered). Files 50..99: A (3 edits), B
+    after A (2 edits, one stacked on A's produced line).
+    """
+    patches = out / "stack"
+    patches.mkdir(parents=True)
+    n_patches = n_edits = 0
+    q = "'" * 3
+
+    def write(pid: str, title: str, rel: str, edits: list[tuple[str, str]], top: str = "") -> None:
+        nonlocal n_patches, n_edits
+        body = [f'id = "{pid}"', f'title = "{title}"'] + ([top] if top else []) + ["", "[[files]]", f'path = "{rel}"', ""]
+        for j, (a, r) in enumerate(edits):
+            body += ["[[files.edits]]", f'name = "e{j}"', f"anchor = {q}\n{a}{q}", f"replacement = {q}\n{r}{q}", ""]
+        (patches / f"{pid}.toml").write_text("\n".join(body))
+        n_patches += 1
+        n_edits += len(edits)
+
+    for i, rel in enumerate(files):
+        defs = _unique_defs((pin / rel).read_text())
+        ind = [d[: len(d) - len(d.lstrip())] for d in defs]
+        a_mark = f"{ind[0]}# stack A{i} marker\n"
+        if i < len(files) // 2:
+            write(f"A{i:03d}", f"A {rel}", rel, [(defs[0], defs[0] + a_mark), (defs[2], defs[2] + f"{ind[2]}# A{i}.1\n")])
+            write(f"B{i:03d}", f"B {rel}", rel, [(a_mark, a_mark + f"{ind[0]}# B{i} stacked on A{i}\n"),
+                                                  (defs[4], defs[4] + f"{ind[4]}# B{i}.1\n")], top=f'after = ["A{i:03d}"]')
+            write(f"C{i:03d}", f"C {rel}", rel, [(defs[0], f"{ind[0]}# C{i} at the edge of A{i}'s anchor\n" + defs[0])])
+        else:
+            write(f"A{i:03d}", f"A {rel}", rel, [(defs[0], defs[0] + a_mark), (defs[2], defs[2] + f"{ind[2]}# A{i}.1\n"),
+                                                  (defs[4], defs[4] + f"{ind[4]}# A{i}.2\n")])
+            write(f"B{i:03d}", f"B {rel}", rel, [(a_mark, a_mark + f"{ind[0]}# B{i} stacked on A{i}\n"),
+                                                  (defs[6], defs[6] + f"{ind[6]}# B{i}.1\n")], top=f'after = ["A{i:03d}"]')
+    return patches, n_patches, n_edits
+
+
+def pick_stack_files(pin: Path, n: int) -> list[str]:
+    out = []
+    for p in sorted((pin / "vllm").rglob("*.py")):
+        text = p.read_text()
+        if 5_000 < len(text) < 400_000 and len(_unique_defs(text)) >= 8:
+            out.append(str(p.relative_to(pin)))
+        if len(out) == n:
+            break
+    return out
+
+
 def copy(pin: Path, files: list[str], dst: Path) -> Path:
     for rel in files + ["vllm/__init__.py", "vllm/version.py", "vllm/_version.py"]:
         d = dst / rel
@@ -105,6 +161,8 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=16)
     ap.add_argument("--per-file", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--stack-files", type=int, default=100, help="files of the 250-patch stack (0: skip it)")
+    ap.add_argument("--stack-repeat", type=int, default=3)
     args = ap.parse_args()
     pin = fetch_version("0.32.0")
     work = Path(tempfile.mkdtemp(prefix="sndr-bench-apply-"))
@@ -151,8 +209,47 @@ def main() -> int:
     for name, t in results.items():
         print(f"  {name:<38} {t * 1000:8.1f} ms   {t / git:5.2f}x git apply")
     print(f"  verify in-process target < 20 ms: {'met' if results['sndr verify (in-process)'] < 0.020 else 'MISSED'}")
+    ok = same
+    if args.stack_files:
+        small = {"dry-run": timed(lambda d: run_apply(d, patch_set, dry_run=True), fresh, args.repeat),
+                 "apply": results["sndr apply (in-process)"], "verify": results["sndr verify (in-process)"],
+                 "revert": results["sndr revert (in-process)"]}
+        ok &= stack_rows(pin, work, args, small, n_edits)
     shutil.rmtree(work, ignore_errors=True)
-    return 0 if same else 1
+    return 0 if ok else 1
+
+
+def stack_rows(pin: Path, work: Path, args, small: dict[str, float], small_edits: int) -> bool:
+    files = pick_stack_files(pin, args.stack_files)
+    patches, n_patches, n_edits = build_stack(pin, files, work)
+    stack_set = load_patch_set(patches, packs=False)
+    counter = iter(range(10**6))
+
+    def fresh() -> Path:
+        return copy(pin, files, work / f"s{next(counter)}")
+
+    def patched() -> Path:
+        d = fresh()
+        r = run_apply(d, stack_set)
+        assert r.ok, [p.render() for p in r.problems]
+        return d
+
+    big = {"dry-run": timed(lambda d: run_apply(d, stack_set, dry_run=True), fresh, args.stack_repeat),
+           "apply": timed(lambda d: run_apply(d, stack_set), fresh, args.stack_repeat),
+           "verify": timed(lambda d: run_verify(d, stack_set), patched, args.stack_repeat),
+           "revert": timed(lambda d: run_revert(d), patched, args.stack_repeat)}
+    d = patched()
+    stacked = all(f"# B{i} stacked on A{i}" in (d / rel).read_text() for i, rel in enumerate(files))
+    print(f"stack: {n_patches} patches, {n_edits} edits, {len(files)} files (after-ordered, stacked, edge insertions); "
+          f"median of {args.stack_repeat}; every stacked edit present: {stacked}")
+    worst = 0.0
+    for k, t in big.items():
+        per, per_small = t / n_edits, small[k] / small_edits
+        worst = max(worst, per / per_small)
+        print(f"  {k:<8} {t * 1000:8.1f} ms  {per * 1e6:7.1f} us/edit   64-edit set {per_small * 1e6:7.1f} us/edit   "
+              f"{per / per_small:5.2f}x per edit")
+    print(f"  within 2x of the 64-edit figures per edit: {'met' if worst <= 2.0 else 'MISSED'} (worst {worst:.2f}x)")
+    return stacked
 
 
 if __name__ == "__main__":
