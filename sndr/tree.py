@@ -675,13 +675,60 @@ def _download_wheel(cache: Path, version: str) -> Path:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
                f"{_PKG}=={version}", "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        returncode, out, err = _pip_with_progress(cmd, version, cache)
         got = sorted(Path(tmp).glob(f"{_PKG}-*.whl"))
-        if proc.returncode != 0 or not got:
-            raise _pip_failure(version, proc.stderr + proc.stdout)
+        if returncode != 0 or not got:
+            raise _pip_failure(version, err + out)
         dest = wheels / got[0].name
         os.replace(got[0], dest)
     return dest
+
+
+def _pip_with_progress(cmd: list[str], version: str, cache: Path) -> tuple[int, str, str]:
+    """Run ``pip download`` showing on stderr what is fetched, its size and the bytes so far (rich).
+
+    pip names the file and its size on stdout (``Downloading vllm-...whl (312.4 MB)``);
+    the bytes so far are the size of the partial file in pip's download directory.
+    """
+    import re as _re
+    import threading
+
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    console = Console(file=sys.stderr)
+    console.print(f"sndr: fetching vllm=={version} from the package index into {cache} "
+                  f"(the wheel is ~300 MB; only its .py files are kept)")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_chunks: list[str] = []
+    reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    out_lines: list[str] = []
+    dest = Path(cmd[-1])
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(f"vllm=={version}", total=None)
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(0.5):
+                done = sum(p.stat().st_size for p in dest.glob("*") if p.is_file()) if dest.is_dir() else 0
+                progress.update(task, completed=done)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        for line in proc.stdout:
+            out_lines.append(line)
+            m = _re.search(r"Downloading (\S+) \(([\d.]+) ([kMG]B)\)", line)
+            if m:
+                scale = {"kB": 1e3, "MB": 1e6, "GB": 1e9}[m.group(3)]
+                progress.update(task, total=float(m.group(2)) * scale,
+                                description=f"{m.group(1).rsplit('/', 1)[-1]} ({m.group(2)} {m.group(3)})")
+                console.print(f"sndr: downloading {m.group(1).rsplit('/', 1)[-1]} ({m.group(2)} {m.group(3)})")
+        proc.wait()
+        stop.set()
+    reader.join(timeout=5)
+    return proc.returncode, "".join(out_lines), "".join(err_chunks)
 
 
 def _wanted_member(name: str) -> bool:
@@ -734,7 +781,13 @@ def fetch_version(version: str) -> Path:
         if hit is not None:
             return hit
         wheel = _cached_wheel(cache, want) or _download_wheel(cache, str(want))
-        return _extract(wheel, cache)
+        root = _extract(wheel, cache)
+        # Keep only the .py files (and the dist-info we read): a wheel is 300+ MB.
+        try:
+            wheel.unlink()
+        except OSError:
+            pass
+        return root
 
 
 # ----------------------------------------------------------------------------- open_tree

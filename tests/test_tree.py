@@ -275,6 +275,26 @@ def test_fetch_extracts_cached_wheel_offline(monkeypatch, tmp_path, vllm_root):
     assert open_tree(root).digest == open_tree(reference).digest
     assert (root / f"vllm-{version}.dist-info" / "entry_points.txt").is_file()
     assert fetch_version(version) == root
+    # Only the .py files stay in the cache: the wheel is gone once extracted (its source is untouched).
+    assert list((tmp_path / "wheels").iterdir()) == [] and wheel.is_file()
+
+
+def test_download_shows_what_it_fetches_and_its_size(tmp_path, capfd):
+    """pip names the wheel and its size; sndr repeats both on stderr while it downloads (rich progress)."""
+    from sndr.tree import _pip_with_progress
+
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    fake_pip = ("import sys, pathlib, time; "
+                "print('Collecting vllm==0.0.1'); "
+                "print('  Downloading https://files.example/vllm-0.0.1-py3-none-any.whl (312.4 MB)', flush=True); "
+                f"pathlib.Path({str(dest)!r}, 'vllm-0.0.1-py3-none-any.whl').write_bytes(b'x' * 1000); "
+                "time.sleep(0.6); print('Saved'); sys.stderr.write('pip warning\\n')")
+    code, out, err = _pip_with_progress([sys.executable, "-c", fake_pip, str(dest)], "0.0.1", tmp_path)
+    assert code == 0 and "Saved" in out and "pip warning" in err
+    shown = capfd.readouterr().err
+    assert "fetching vllm==0.0.1" in shown and "only its .py files are kept" in shown
+    assert "downloading vllm-0.0.1-py3-none-any.whl (312.4 MB)" in shown
 
 
 def test_parallel_fetches_extract_once(tmp_path, vllm_root):
@@ -356,11 +376,15 @@ def test_find_installed_root_missing(tmp_path):
     assert exc.value.problems[0].code == "python_not_found"
 
 
+_DEFAULT_VLLM_PYTHON = os.path.join(os.path.expanduser("~"), ".cache", "sndr", "vllm-0.32.0-venv", "bin", "python")
+
+
 @pytest.mark.vllm_install
-def test_real_vllm_install():
-    python = os.environ.get(env.TEST_VLLM_PYTHON, "/opt/vllm-venv/bin/python")
+def test_real_vllm_install(tmp_path):
+    python = os.environ.get(env.TEST_VLLM_PYTHON) or _DEFAULT_VLLM_PYTHON  # the venv .ci/run builds
     if not Path(python).exists():
-        pytest.skip(f"no vLLM install at {python} (set {env.TEST_VLLM_PYTHON})")
+        pytest.skip(f"no_vllm_install: no Python at {python} (set {env.TEST_VLLM_PYTHON}; .ci/run builds "
+                    f"{_DEFAULT_VLLM_PYTHON})")
     probe = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('vllm') is not None)"],
                            capture_output=True, text=True)
     if probe.stdout.strip() != "True":
@@ -371,5 +395,17 @@ def test_real_vllm_install():
     assert isinstance(tree, DirTree) and tree.kind == "installed"
     assert Version(tree.version).base_version == PIN
     assert SAMPLE in tree.files()
-    # Installed from the same release wheel: a fourth view with the same content digest.
-    assert tree.digest == open_tree(f"vllm=={PIN}").digest
+    # Installed from the same release wheel: a fourth view with the same content digest. The install
+    # may carry sndr patches (someone ran python -m sndr.apply on it): compare a reverted copy of its
+    # sources, never the install itself.
+    copy = tmp_path / "site"
+    shutil.copytree(root / "vllm", copy / "vllm", ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.so.*"),
+                    symlinks=True)
+    for info in root.glob("vllm-*.dist-info"):
+        shutil.copytree(info, copy / info.name)
+    if (root / ".sndr").is_dir():
+        from sndr.apply import run_revert
+
+        shutil.copytree(root / ".sndr", copy / ".sndr")
+        assert run_revert(copy).ok
+    assert open_tree(copy).digest == open_tree(f"vllm=={PIN}").digest
