@@ -228,14 +228,17 @@ def check(vl) -> list[dict]:
     return rows
 
 
+PROBE = {
+    "default": mtp_verify.VerifyConfig(),
+    "stages4": mtp_verify.VerifyConfig(stages=4),
+    "stages6": mtp_verify.VerifyConfig(stages=6),
+    "waves2": mtp_verify.VerifyConfig(waves=2),
+}
+
+
 def probe(vl, pools) -> None:
     """Kernel variants on the B >= 8 cells (K = 3)."""
-    variants = {
-        "default": mtp_verify.VerifyConfig(),
-        "stages4": mtp_verify.VerifyConfig(stages=4),
-        "stages6": mtp_verify.VerifyConfig(stages=6),
-        "waves2": mtp_verify.VerifyConfig(waves=2),
-    }
+    variants = PROBE
     for ctx in CTXS:
         for b in (8, 32):
             for hq in HQS:
@@ -316,6 +319,12 @@ def main(argv=None) -> int:
     if args.check:
         out["check"] = check(vl)
     t0 = time.time()
+    sp = HK * SLOT
+    shapes = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
+    if args.probe:
+        shapes += [(hq, HK, D, PAGE, sp, True, 4, cfg) for hq in HQS for cfg in PROBE.values()]
+    mtp_verify.precompile(shapes, workers=12)
+    log(f"compiled {len(shapes)} verify builds in {time.time() - t0:.0f} s")
     pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}
     if args.probe:
         probe(vl, pools)

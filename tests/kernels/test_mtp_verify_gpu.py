@@ -96,6 +96,17 @@ def _cuda_used(q, cache, k):
     return key in mv._PLANS
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _precompiled():
+    """Every shape below, compiled in parallel threads first (NVRTC, a few seconds each)."""
+    shapes = [(8 * g, 8, 128, 16, 8 * 196, True, k + 1) for k in (0, 1, 3, 7) for g in (1, 4, 6, 8)]
+    shapes += [(hk * g, hk, d, page, hk * Layout(d).slot_size_aligned, dt == torch.bfloat16, k + 1)
+               for d, hk, g, k, page, dt in OTHER]
+    shapes += [(32, 8, 128, 16, 8 * 196, True, 4), (64, 8, 128, 16, 8 * 196, True, 2),
+               (64, 8, 128, 16, 8 * 196, True, 6), (32, 8, 128, 32, 8 * 196, True, 3)]
+    mv.precompile(shapes, workers=12)
+
+
 @pytest.fixture(autouse=True)
 def _cuda_backend(monkeypatch):
     monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")  # a kernel that cannot run fails the test, no fallback
@@ -114,10 +125,13 @@ def test_verify_matches_float64(k, g):
     assert _rel(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("d,hk,g,k,page,qdtype", [
+OTHER = [
     (64, 4, 8, 3, 16, torch.float16), (256, 8, 4, 3, 16, torch.bfloat16), (256, 4, 8, 1, 32, torch.bfloat16),
     (128, 16, 2, 3, 64, torch.bfloat16), (128, 2, 16, 3, 16, torch.float16), (128, 1, 4, 15, 16, torch.bfloat16),
-])
+]
+
+
+@pytest.mark.parametrize("d,hk,g,k,page,qdtype", OTHER)
 def test_verify_other_shapes(d, hk, g, k, page, qdtype):
     lens = [700, 33, 2 * page + 5, 1]
     q, cache, bt, sl = _case(d, hk, g, k, page, lens, qdtype=qdtype, seed=d + k)

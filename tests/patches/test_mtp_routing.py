@@ -34,7 +34,6 @@ from types import SimpleNamespace
 import pytest
 
 from sndr.binding import find_binding
-from sndr.load import load_patch_set
 
 from .conftest import ok, run_cases
 
@@ -43,13 +42,26 @@ ATTN_DIR = REPO / ".baselines" / "vllm032_tq_attn"
 TQ_ATTN = "vllm/v1/attention/backends/turboquant_attn.py"
 
 
+PATCH_FILE = REPO / "patches" / "PK0002-turboquant-mtp-verify.toml"
+
+
+def load_patch_set(**kw):
+    from sndr.load import load_patch_set as load  # pydantic: not on the GPU host, where the harness runs
+
+    return load(**kw)
+
+
 def _patch():
     return next(p for p in load_patch_set(packs=False).patches if p.id == "PK0002")
 
 
 def _specs():
-    p = _patch()
-    return [dict(r.model_dump(mode="json"), patch=p.id, allowed=["sndr"]) for r in p.runtime]
+    """The runtime edits as the startup hook hands them to the RuntimePatcher (read with tomllib alone)."""
+    import tomllib
+
+    data = tomllib.loads(PATCH_FILE.read_text())
+    return [dict({"required": True, "chain": False, "wrap": False, "description": ""}, **r, patch=data["id"],
+                 allowed=["sndr"]) for r in data["runtime"]]
 
 
 # ----------------------------------------------------------------------------- the patch file

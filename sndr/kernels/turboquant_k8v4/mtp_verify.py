@@ -447,3 +447,22 @@ def emulate(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tens
         w = torch.exp2(lse - lse.amax(0, keepdim=True))
         out[i] = (w * torch.stack(o_parts)).sum(0) / w.sum(0)
     return out.view(n, hq, d)
+
+
+def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
+    """Compile the verify module for many shapes at once into the on-disk cubin cache (NVRTC runs
+    in threads; loading later takes the cached cubins). shapes: (hq, hk, d, page, sp, bf16, ql[, cfg])."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}{minor}"
+    jobs = []
+    for s in shapes:
+        hq, hk, d, page, sp, bf16, ql = s[:7]
+        cfg = s[7] if len(s) > 7 else DEFAULT
+        jobs.append(defines(hq, hk, d, page, sp, bf16, ql, cfg))
+    src = source()
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        list(ex.map(lambda defs: _cudart.compile_cubin(src, "verify_k8v4", arch, defs), jobs))
+    return len(jobs)
