@@ -76,6 +76,9 @@ class _Process:
         self.digest = ""
         self.ledger_digest: str | None = None
         self.enabled: list[str] = []
+        self.gated: list[str] = []
+        self.gate_reasons: dict[str, str] = {}
+        self.profile: dict = {}
         self.text_counts: dict[str, int] = {}
         self.text: dict = {}
         self.missing: list[str] = []
@@ -128,17 +131,23 @@ class _Process:
                 "argv": [str(a) for a in sys.argv[:4]], "python": sys.executable,
                 "mode": self.mode, "tree": self.root, "vllm_version": self.version,
                 "patch_set_digest": self.digest, "ledger_digest": self.ledger_digest, "enabled": self.enabled,
+                "gated": self.gated, "gate_reasons": self.gate_reasons, "profile": self.profile,
                 "counts": dict(sorted(counts.items())), "text": self.text, "runtime": runtime,
                 "missing_required": self.missing + self.runtime_missing(), "problems": self.problems,
                 "strict": self.strict, "register_ms": round(self.register_ms, 3)}
 
     def write(self) -> None:
-        if not self.ready or not self.record_path:
+        if not self.ready:
             return
         from .attest import write_record
+        from .metrics import publish
 
+        record = self.record()
+        publish(record)  # vLLM's /metrics; never raises, costs nothing without prometheus_client
+        if not self.record_path:
+            return
         try:
-            write_record(self.record_path, self.record())
+            write_record(self.record_path, record)
         except importer.UnsafeDirError as exc:
             log(f"attestation {exc}; this process is NOT attested", once_key="attest-unsafe")
         except OSError as exc:
@@ -274,6 +283,7 @@ def _startup(state: _Process, environ) -> None:
         state.missing.append("tree: vllm is not importable here; nothing can be verified")
         return
     cache = importer.open_cache(environ)
+    profile = _use_process_profile(state, environ)
     state.record_path = _record_path(state, root, environ)
     finder = importer.active_finder()
     ledger = _read_ledger(root, state)
@@ -310,8 +320,27 @@ def _startup(state: _Process, environ) -> None:
             why = f"{PTH_NAME} is installed but the hook is not active in this process (python -S? installed after start?)"
         state.missing.extend(f"{pid}: text patch not active ({why})" for pid in text_ids)
     state.enabled = list(resolved["enabled"])
+    state.gated = list(resolved.get("gated", []))
+    state.gate_reasons = dict(resolved.get("gate_reasons", {}))
+    state.profile = profile.to_json()  # after gating: the keys a `when` needed are resolved (or their reason)
+    state.problems.extend(f"deployment profile: {c}" for c in profile.conflicts)
     state.digest = resolved["digest"]
     _apply_runtime(state, root, resolved, cache, finder)
+
+
+def _use_process_profile(state: _Process, environ):
+    """What `when` tables are evaluated against in this process (sndr.profile.process_profile)."""
+    from .. import profile as profmod
+    from ..errors import SndrError
+
+    try:
+        prof = profmod.process_profile(environ)
+    except SndrError as exc:
+        why = "; ".join(p.render() for p in exc.problems)
+        state.problems.append(f"SNDR_PROFILE is unusable, every `when` key is unknown: {why}")
+        prof = profmod.Profile(missing=f"SNDR_PROFILE is unusable ({why})")
+    profmod.use_process_profile(prof)
+    return prof
 
 
 def _record_path(state: _Process, root: str, environ) -> str | None:
@@ -331,10 +360,16 @@ def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> Non
             state.problems.append(f"{rel}: does not hold the patched bytes the ledger records (changed since apply)")
     on_disk = set(ledger.get("patches", []))
     results = ledger.get("results", {})
+    left_out = ledger.get("left_out") or {}
     for pid in resolved["enabled"]:
         if not resolved["patches"][pid]["files"]:
             continue
-        if pid not in on_disk:
+        if pid not in on_disk and isinstance(left_out.get(pid), dict):
+            lo = left_out[pid]
+            line = f"{pid}: left out at apply ({lo.get('by')}): {lo.get('reason')}"
+            # on_failure = "skip": the patch may be absent; "fail" (left out by --keep-going): a required patch.
+            (state.problems if lo.get("on_failure") == "skip" else state.missing).append(line)
+        elif pid not in on_disk:
             state.missing.append(f"{pid}: enabled in this process but not applied to the tree "
                                  f"(ledger patch set {str(state.ledger_digest)[:12]})")
         elif results.get(pid) != "merged":
@@ -404,6 +439,9 @@ def _status_body(argv: list[str] | None) -> int:
     ap.add_argument("--live", action="store_true", help="only processes that are still running")
     ap.add_argument("--prune", action="store_true", help="delete the records of processes that have exited")
     ap.add_argument("--json", action="store_true", help="print the records and the verdict as JSON")
+    ap.add_argument("--prometheus", metavar="FILE",
+                    help="also write the live processes' patch-set gauges to FILE in the Prometheus text format, "
+                         "atomically (for node_exporter's textfile collector; see docs/deploy.md)")
     args = ap.parse_args(argv)
     try:
         if args.run_dir:
@@ -449,6 +487,17 @@ def _status_body(argv: list[str] | None) -> int:
         for m in r.get("missing_required") or []:
             findings.append(f"pid {r['pid']} ({r.get('role')}): missing {m}")
     findings.extend(_recheck_trees(records))
+    if args.prometheus:
+        from .metrics import write_textfile
+
+        try:
+            write_textfile(args.prometheus, [r for r in records if r["_alive"]], findings)
+        except ImportError:
+            print("sndr status: --prometheus needs prometheus_client (pip install prometheus-client)", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"sndr status: {args.prometheus}: {exc.strerror} (os_error)", file=sys.stderr)
+            return 2
     if args.json:
         out = {"run_dir": directory, "ok": not findings, "findings": findings,
                "processes": [{k: v for k, v in r.items() if k != "_path"} for r in records]}
@@ -457,6 +506,9 @@ def _status_body(argv: list[str] | None) -> int:
         print(f"sndr status: {directory}")
         for r in records:
             print(_status_line(r))
+            for pid, why in sorted((r.get("gate_reasons") or {}).items()):
+                if why.startswith("when_"):
+                    print(f"      {pid} gated: {why}")
         for f in findings:
             print(f"  FINDING {f}")
         print("ok" if not findings else f"FAILED: {len(findings)} finding(s)")
