@@ -179,7 +179,9 @@ class Git:
         """``git patch-id --stable`` of each commit's diff (``inverse``: of the diff that undoes it)."""
         if not shas:
             return {}
-        args = ["diff-tree", "--stdin", "--root", "-r", "-p", "--no-color", "--no-ext-diff", "--no-textconv"]
+        # --no-prefix: -R swaps the a/ b/ prefixes, and patch-id hashes the file header lines
+        args = ["diff-tree", "--stdin", "--root", "-r", "-p", "--no-prefix", "--no-color", "--no-ext-diff",
+                "--no-textconv"]
         if inverse:
             args.append("-R")
         diffs = self.run(*args, stdin=("\n".join(shas) + "\n").encode()).stdout

@@ -1,0 +1,421 @@
+"""Issue 17: the sync queue on vLLM's history shapes, one scripted git history per defect.
+
+Each test builds a real git repository (real vLLM 0.32.0 files, scripted commits
+in vLLM's squash-merge form) that reproduces the defect as it was found, and
+checks the fixed behaviour. The release-branch test at the end runs the CLI
+exactly as the README's pin-bump walk-through does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sndr.errors import SndrError
+from sndr.upstream.decisions import EMPTY, load_decisions, parse_decisions, set_deviation
+from sndr.upstream.diff import parse_hunks
+from sndr.upstream.judge import classify_hunk
+from sndr.upstream.pin import advance, gate_benchmark, gate_deviations, gate_queue, read_pin
+from sndr.upstream.reverts import revert_target_subject, strip_pr
+from sndr.upstream.sync import Surface, cli_main, pin_main, plan, render_markdown
+from test_sync import (  # noqa: F401 - scripted is a fixture
+    BLOCK_POOL,
+    COORD,
+    DEBUG_DUMP_NEW,
+    DEBUG_DUMP_OLD,
+    GOOD_PREFLIGHT,
+    LOCAL_NEW_BLOCKS,
+    METRICS,
+    NEW_BLOCKS_MSG,
+    NO_PREFIX,
+    PROBE_NEW,
+    PROBE_OLD,
+    SURFACE,
+    TOUCH_COMMENT,
+    TOUCH_INCREMENT,
+    USAGE,
+    Repo,
+    _dir_tree,
+    make_tree,
+    scripted,
+    source,
+    tree_edit,
+)
+
+
+def _git(repo: Repo, *args: str) -> str:
+    return repo.git(*args)
+
+
+# ----------------------------------------------------------------------------- 1. release branches
+
+
+@pytest.fixture
+def releases(tmp_path, source):
+    """main with a fix that is cherry-picked onto releases/v0.32 (tag v0.32.0), and releases/v0.33 cut
+    later with a cherry-pick of a main commit made after the cut (tag v0.33.0)."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD, METRICS])
+    c = {"base": repo.base}
+    c["fix"] = repo.edit(*USAGE, "[Bugfix] Return a float usage (#51001)")
+    c["main2"] = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#51002)")
+    repo.git("checkout", "-q", "-b", "releases/v0.32", "pin")
+    repo.git("cherry-pick", "-x", c["fix"])
+    c["fix_pick"] = repo.git("rev-parse", "HEAD")
+    repo.git("tag", "v0.32.0")
+    repo.git("checkout", "-q", "main")
+    c["main3"] = repo.edit(*TOUCH_COMMENT, "[Misc] Clarify touch() comment (#51003)")
+    repo.git("branch", "releases/v0.33")
+    c["late"] = repo.edit(*TOUCH_INCREMENT, "[Bugfix] Spell out the increment (#51004)")
+    repo.git("checkout", "-q", "releases/v0.33")
+    repo.git("cherry-pick", "-x", c["late"])
+    c["late_pick"] = repo.git("rev-parse", "HEAD")
+    repo.git("tag", "v0.33.0")
+    repo.git("checkout", "-q", "main")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD, METRICS])
+    tree_edit(tree, *USAGE)  # the tree is v0.32.0: it carries the cherry-picked fix
+    return repo, tree, c
+
+
+def test_release_tags_that_are_not_ancestors_plan_as_git_log_from_to(releases):
+    repo, tree, c = releases
+    ok = subprocess.run(["git", "-C", str(repo.path), "merge-base", "--is-ancestor", "v0.32.0", "v0.33.0"])
+    assert ok.returncode == 1  # the defect's shape: the old planner refused this range (not_ancestor)
+    rep = plan(repo.path, "v0.32.0", "v0.33.0", SURFACE, _dir_tree(tree))
+    assert rep.merge_base == c["base"] and rep.from_is_ancestor is False
+    assert rep.pin_side == [c["fix_pick"]]
+    # git log v0.32.0..v0.33.0: main since the merge-base, then the release branch's own commit
+    assert [e.sha for e in rep.commits] == [c["fix"], c["main2"], c["main3"], c["late_pick"]]
+    fix = rep.entry(c["fix"])
+    assert (fix.disposition, fix.status, fix.cherry_pick_of) == ("satisfied", "skip", c["fix_pick"])
+    assert f"cherry-picked onto the pin's side as {c['fix_pick'][:10]} (same patch-id)" == fix.reason
+    assert rep.counts["cherry_picked"] == 1
+    assert [w.commits for w in rep.waves] == [[c["main2"], c["main3"]], [c["late_pick"]]]
+    md = render_markdown(rep)
+    assert f"merge-base `{c['base'][:10]}`" in md and "not an ancestor of --to (release branches)" in md
+
+
+def test_backwards_range_is_refused(releases):
+    repo, tree, c = releases
+    with pytest.raises(SndrError) as exc:
+        plan(repo.path, "main", "pin", SURFACE, _dir_tree(tree))
+    assert exc.value.problems[0].code == "backwards_range"
+
+
+# ----------------------------------------------------------------------------- 2. reverts
+
+
+def _inverse(repo: Repo, rel: str, old: str, new: str, message: str, body: str = "") -> str:
+    p = repo.path / rel
+    text = p.read_text()
+    assert text.count(new) == 1
+    p.write_text(text.replace(new, old))
+    repo.git("add", "-A")
+    args = ["commit", "-q", "-m", message] + (["-m", body] if body else [])
+    repo.git(*args)
+    return repo.git("rev-parse", "HEAD")
+
+
+def test_revert_subject_parsing_in_squash_form():
+    subj = 'Revert "[Bugfix] Foo (#51234)" (#51300)'
+    assert revert_target_subject(subj) == "[Bugfix] Foo (#51234)"
+    assert strip_pr("[Bugfix] Foo (#51234)") == "[Bugfix] Foo"
+    chain = 'Revert "Revert "[Bugfix] Foo (#51234)" (#51300)" (#51301)'
+    assert revert_target_subject(chain) == 'Revert "[Bugfix] Foo (#51234)" (#51300)'
+    assert strip_pr(revert_target_subject(chain)) == strip_pr(subj)
+    assert revert_target_subject("[Bugfix] Revert to the old path (#5)") is None
+
+
+def test_reverts_pair_by_subject_body_and_patch_id_and_chains_net_out(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    p = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#50000)")
+    repo.git("tag", "-f", "pin")  # p is the pin's: its revert below is a revert of a commit outside the range
+    a = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, "[Bugfix] Add BlockPool.debug_dump (#51234)")
+    ra = _inverse(repo, BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW,
+                  'Revert "[Bugfix] Add BlockPool.debug_dump (#51234)" (#51300)')
+    b = repo.edit(*TOUCH_COMMENT, "[Misc] Clarify touch() comment (#51301)")
+    rb = _inverse(repo, *TOUCH_COMMENT, "[Misc] Back out the comment (#51302)", f"This reverts commit {b}.")
+    cc = repo.edit(COORD, PROBE_OLD, PROBE_NEW, "[Core] Add a manager probe (#51303)")
+    rc = _inverse(repo, COORD, PROBE_OLD, PROBE_NEW, "[Core] Simplify the coordinator (#51304)")  # silent
+    rp = _inverse(repo, *NO_PREFIX, 'Revert "[Core] Explain the no-prefix return (#50000)" (#51305)')
+    d = repo.edit(*USAGE, "[Perf] Float usage (#51306)")
+    rd = _inverse(repo, *USAGE, 'Revert "[Perf] Float usage (#51306)" (#51307)')
+    rrd = repo.edit(*USAGE, 'Revert "Revert "[Perf] Float usage (#51306)" (#51307)" (#51308)')
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    tree_edit(tree, *NO_PREFIX)  # the tree is the pin
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    e = {k: rep.entry(v) for k, v in dict(a=a, ra=ra, b=b, rb=rb, c=cc, rc=rc, rp=rp, d=d, rd=rd, rrd=rrd).items()}
+    for x, y, how in (("a", "ra", "subject"), ("b", "rb", "body"), ("c", "rc", "patch-id")):
+        assert e[x].status == e[y].status == "cancelled", (x, e[x].reason, e[y].reason)
+        assert e[x].pair == e[y].sha and e[y].reverts == e[x].sha
+        assert f"reverts {e[x].sha[:10]} (paired by {how})" in e[y].flags
+    # a revert of a commit before the range is reported as such, and is real work
+    assert e["rp"].reverts == p and f"reverts {p[:10]} (outside the range)" in e["rp"].flags
+    assert e["rp"].status == "port"
+    # a chain of three: d stands, its revert and the revert of the revert cancel
+    assert e["d"].status == "port" and "revert chain of 3 nets out to this commit standing" in e["d"].flags
+    assert e["rd"].status == e["rrd"].status == "cancelled"
+    assert "nets out to" in e["rd"].reason
+    assert rep.counts["reverts_paired"] == 5 and rep.counts["reverts_outside"] == 1
+
+
+# ----------------------------------------------------------------------------- 3. pure additions
+
+
+LOCAL_DEBUG_DUMP = '''    def debug_dump(self) -> dict[str, int]:
+        """Local variant: also counts cached blocks."""
+        return {"free": self.get_num_free_blocks(), "cached": len(self.cached_block_hash_to_block)}
+
+    def get_usage(self) -> float:
+'''
+
+
+def test_addition_already_present_in_another_form_is_review(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
+    add = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, "[Misc] Add BlockPool.debug_dump (#52001)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    assert rep.entry(add).disposition == "applicable"  # the plain tree: porting it is right
+    tree_edit(tree, BLOCK_POOL, "    def get_usage(self) -> float:\n", LOCAL_DEBUG_DUMP)
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    e = rep.entry(add)
+    assert (e.disposition, e.status) == ("review", "port-by-hand")
+    line = (tree / BLOCK_POOL).read_text().splitlines().index("    def debug_dump(self) -> dict[str, int]:") + 1
+    assert f"review: already present in another form: debug_dump is defined at line {line}" in e.reason
+    assert rep.counts["review"] == 1 and rep.waves[0].commits == [add]
+
+
+def test_addition_with_generic_context_is_not_applicable():
+    text = ("class Op:\n    def forward_cuda(self, x):\n        y = self.kernel(\n            x,\n        )\n"
+            "        return self\n\n")
+    diff = ("@@ -4,3 +4,6 @@\n             x,\n         )\n         return self\n"
+            "+\n+    def forward_xpu(self, x):\n+        return x\n")
+    res, new = classify_hunk(text, parse_hunks(diff)[0][0])
+    assert res.disposition == "review" and new is None
+    assert "context is too generic to place it (0 distinctive context line(s))" in res.reason
+    # the same block already defined in another form
+    twin = text + "    def forward_xpu(self, x, *, fast=True):\n        return x\n"
+    res, _ = classify_hunk(twin, parse_hunks(diff)[0][0])
+    assert res.disposition == "review" and "forward_xpu is defined at line 8" in res.reason
+    # with distinctive context the addition is applicable
+    diff2 = ("@@ -1,3 +1,4 @@\n class Op:\n     def forward_cuda(self, x):\n         y = self.kernel(\n"
+             "+        z = self.prepare(x)\n")
+    res, new = classify_hunk(text, parse_hunks(diff2)[0][0])
+    assert res.disposition == "applicable" and "z = self.prepare(x)" in new
+
+
+# ----------------------------------------------------------------------------- 4. conflicts gate; kept decisions
+
+
+def _pre(tmp_path: Path) -> Path:
+    pre = tmp_path / "pre.json"
+    pre.write_text(json.dumps(GOOD_PREFLIGHT))
+    os.utime(pre, (1_000_000, 1_000_000))
+    return pre
+
+
+def test_conflict_blocks_pin_advance_until_a_decision_is_recorded(scripted, tmp_path, capsys):
+    repo, tree, c = scripted
+    for edit in (TOUCH_COMMENT, TOUCH_INCREMENT, NO_PREFIX):
+        tree_edit(tree, *edit)
+    (tree / "vllm/v1/core/single_type_kv_cache_manager.py").rename(tree / "vllm/v1/core/single_type_manager.py")
+    tree_edit(tree, "vllm/v1/core/single_type_manager.py",
+              '        """Drain and return block IDs allocated since the last call."""\n',
+              '        """Drain and return the block IDs allocated since the last call."""\n')
+    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    assert [e.sha for e in rep.queued()] == [c["conflict"]]  # everything mechanical is ported
+    rep.to_ref = "v0.33.0"
+    q = tmp_path / "queue.json"
+    q.write_text(rep.model_dump_json())
+    empty = load_decisions(tmp_path / "none.yaml").model
+    g = gate_queue(rep, "0.33.0", empty)
+    assert not g.ok and "1 queued commit(s) without a decision (1 conflict:" in g.reason and c["conflict"][:10] in g.reason
+    dfile = tmp_path / "sync-decisions.yaml"
+    assert cli_main(["decide", c["conflict"][:10], "--queue", str(q), "--tier", "INVENTORY", "--decisions",
+                     str(dfile)]) == 0
+    assert not gate_queue(rep, "0.33.0", load_decisions(dfile).model).ok  # a tier alone decides nothing
+    assert cli_main(["decide", c["conflict"][:10], "--resolution", "deferred", "--note", "after 0.33",
+                     "--decisions", str(dfile)]) == 0
+    d = load_decisions(dfile).model.decisions
+    assert [(x.sha, x.subject, x.tier, x.resolution, x.note) for x in d] == [
+        (c["conflict"], "Say how many blocks are free", "INVENTORY", "deferred", "after 0.33")]
+    assert gate_queue(rep, "0.33.0", load_decisions(dfile).model).ok
+    capsys.readouterr()
+    rc = pin_main(["advance", "--to", "0.33.0", "--preflight", str(_pre(tmp_path)), "--queue", str(q),
+                   "--manifest", str(_manifest(tmp_path)), "--patches", str(_empty(tmp_path)),
+                   "--decisions", str(dfile), "--no-benchmark-ref", "CPU-only bump", "--pin-file",
+                   str(tmp_path / "_pin.toml")])
+    assert rc == 0, capsys.readouterr()
+    assert "gate queue: pass: every queued commit decided (1: 1 deferred)" in capsys.readouterr().out
+    assert read_pin(tmp_path / "_pin.toml").benchmark_waived == "CPU-only bump"
+
+
+def _manifest(tmp_path: Path) -> Path:
+    m = tmp_path / "vllm-0.33.0.json"
+    m.write_text(json.dumps({"vllm_version": "0.33.0", "patches": []}))
+    return m
+
+
+def _empty(tmp_path: Path) -> Path:
+    d = tmp_path / "empty_patches"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def test_decisions_are_kept_across_replans_and_shown_apart(scripted, tmp_path):
+    repo, tree, c = scripted
+    dfile = tmp_path / "sync-decisions.yaml"
+    dfile.write_text(EMPTY.replace("decisions: []", "# reviewed in the 0.33 bump meeting\ndecisions: []"))
+    assert cli_main(["decide", c["series1"], "--tier", "PORT-NOW", "--resolution", "ported-as PN0099",
+                     "--decisions", str(dfile)]) == 0
+    assert cli_main(["decide", c["conflict"], "--tier", "IGNORE", "--resolution",
+                     "not-needed the local message wins", "--decisions", str(dfile)]) == 0
+    before = dfile.read_text()
+    assert "# reviewed in the 0.33 bump meeting" in before
+    for _ in range(2):  # re-plan: the decisions stay attached, the file is not rewritten
+        rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree), decisions=load_decisions(dfile).model)
+        assert rep.entry(c["series1"]).decision.resolution == "ported-as PN0099"
+        assert rep.entry(c["conflict"]).decision.tier == "IGNORE"
+        assert rep.counts["decided"] == 2 and rep.counts["undecided"] == rep.counts["queued"] - 2
+        assert dfile.read_text() == before
+    md = render_markdown(rep)
+    undecided, decided = md.split("# Decided")[0], md.split("# Decided")[1].split("## Not queued")[0]
+    assert c["series1"][:10] in decided and c["conflict"][:10] in decided
+    assert f"`{c['series1'][:10]}`" not in undecided and f"`{c['series2'][:10]}`" in undecided
+    assert "ported-as PN0099" in decided
+    # a bad resolution is refused with the accepted forms, and the file is left alone
+    assert cli_main(["decide", c["series2"], "--resolution", "later", "--decisions", str(dfile)]) == 2
+    assert dfile.read_text() == before
+
+
+# ----------------------------------------------------------------------------- 5. renames into the surface
+
+
+def test_rename_into_the_surface_brings_earlier_commits_with_it(tmp_path, source):
+    new = "vllm/v1/core/metrics/kv_cache_metrics.py"
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, METRICS])
+    c1 = repo.edit(METRICS, "import random\n", "import random  # sampling\n", "[Misc] Comment the import (#53001)")
+    (repo.path / new).parent.mkdir(parents=True)
+    repo.git("mv", METRICS, new)
+    text = (repo.path / new).read_text().replace("import random  # sampling\n", "import random  # sampling rate\n")
+    (repo.path / new).write_text(text)
+    c2 = repo.commit("[Core] Move kv_cache_metrics into metrics/ (#53002)")
+    c3 = repo.edit(new, "import random  # sampling rate\n", "import random  # sampling rate (0..1)\n",
+                   "[Misc] Say the range (#53003)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, METRICS])
+    surface = Surface({BLOCK_POOL}, ["vllm/v1/core/metrics/*.py"])  # only the new home is mirrored
+    rep = plan(repo.path, "pin", "main", surface, _dir_tree(tree))
+    e1, e2, e3 = rep.entry(c1), rep.entry(c2), rep.entry(c3)
+    assert (e1.disposition, e1.status) == ("applicable", "port")  # was 'outside' before
+    assert (e2.disposition, e2.status) == ("applicable", "port") and e2.files[0].change == "R"
+    assert e2.depends_on == [c1] and e3.depends_on == [c2]
+    assert rep.surface.renamed == [f"{METRICS} -> {new}"]
+    assert [w.commits for w in rep.waves] == [[c1], [c2], [c3]]
+
+
+# ----------------------------------------------------------------------------- 6. superseded
+
+
+def test_a_conflict_rewritten_later_is_superseded(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
+    a = repo.edit(*NEW_BLOCKS_MSG, "[Misc] Say how many blocks are free (#54001)")
+    b = repo.edit(BLOCK_POOL, NEW_BLOCKS_MSG[2],
+                  "raise NoFreeBlocksError(num_blocks, self.get_num_free_blocks())",
+                  "[Core] A typed error for an exhausted pool (#54002)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
+    tree_edit(tree, BLOCK_POOL, *LOCAL_NEW_BLOCKS)  # a local patch on the same line: a is a conflict
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    ea, eb = rep.entry(a), rep.entry(b)
+    assert ea.disposition == "conflict" and ea.status == "superseded" and ea.superseded_by == [b]
+    assert ea.reason.startswith(f"superseded by {b[:10]}")
+    assert eb.status == "port-by-hand" and [w.commits for w in rep.waves] == [[b]]
+    # on a tree without the local patch, a is mechanical work and stays queued
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}),
+               _dir_tree(make_tree(tmp_path / "plain", source, [BLOCK_POOL])))
+    assert rep.entry(a).status == "port"
+
+
+# ----------------------------------------------------------------------------- deviations and the denominator
+
+
+def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    c1 = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#55001)")
+    c2 = repo.edit(*USAGE, "[Bugfix] Float usage (#55002)")
+    c3 = repo.edit(COORD, PROBE_OLD, PROBE_NEW, "[Core] Upstream's own probe (#55999)")
+    dfile = tmp_path / "sync-decisions.yaml"
+    assert cli_main(["deviation", "PN0005", "--upstream", "vllm#55999", "--why", "we probe differently",
+                     "--discharge", "vllm#55999", "--decisions", str(dfile)]) == 0
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+               decisions=load_decisions(dfile).model, patch_files={"PN0005": [COORD]})
+    [hit] = rep.deviations
+    assert (hit.patch, hit.paths, hit.touched_by, hit.discharge_in_range) == ("PN0005", [COORD], [c1, c3], c3)
+    assert "PN0005" in rep.entry(c1).deviations and rep.entry(c2).deviations == []
+    assert f"touches deviation PN0005 (vllm#55999); discharged by {c3[:10]}" in rep.entry(c1).flags
+    g = gate_deviations(rep, "0.33.0", load_decisions(dfile).model)
+    assert not g.ok and "PN0005 (vllm#55999) touched by 2 commit(s)" in g.reason
+    assert f"its discharge {c3[:10]} is in range" in g.reason
+    text = set_deviation(dfile.read_text(), "PN0005", str(dfile), reviewed="0.33.0")
+    assert gate_deviations(rep, "0.33.0", parse_decisions(text).model).ok
+    assert not gate_deviations(rep, "0.34.0", load_decisions(dfile).model).ok
+    assert cli_main(["deviation", "PN0005", "--drop", "--decisions", str(dfile)]) == 0
+    assert gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok
+    # explicit paths override the patch's files
+    assert cli_main(["deviation", "PN0006", "--why", "pool accounting", "--paths", BLOCK_POOL,
+                     "--decisions", str(dfile)]) == 0
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+               decisions=load_decisions(dfile).model)
+    assert [(h.patch, h.touched_by) for h in rep.deviations] == [("PN0006", [c2])]
+
+
+def test_benchmark_reference_gate(tmp_path):
+    pre = _pre(tmp_path)
+    g = gate_benchmark(None, pre)
+    assert not g.ok and "--benchmark-ref" in g.reason
+    bench = tmp_path / "bench.json"
+    g = gate_benchmark(bench, pre)
+    assert not g.ok and "does not exist" in g.reason
+    bench.write_text("{}")
+    os.utime(bench, (500_000, 500_000))
+    g = gate_benchmark(bench, pre)
+    assert not g.ok and "older than the preflight" in g.reason
+    os.utime(bench, (2_000_000, 2_000_000))
+    assert gate_benchmark(bench, pre).ok
+    assert gate_benchmark(None, pre, "no GPU in this bump").reason == "not required: no GPU in this bump"
+
+
+# ----------------------------------------------------------------------------- the README walk-through
+
+
+def test_readme_pin_bump_on_a_clone_with_release_branches(tmp_path, vllm_pin_root, vllm_candidate_root, capsys):
+    """``sync plan --from v0.32.0 --to v0.33.0`` on a clone whose tags hold the real 0.32.0 and 0.33.0 files."""
+    from sndr.load import load_patch_set
+    from sndr.upstream.queue import patch_surface
+    from upstream.history import git, release_history
+
+    files = sorted(patch_surface(load_patch_set(None).patches))
+    rh = release_history(vllm_pin_root, vllm_candidate_root, files)
+    rh.history.write(tmp_path / "vllm-upstream")
+    clone = tmp_path / "vllm"
+    subprocess.run(["git", "clone", "-q", str(tmp_path / "vllm-upstream"), str(clone)], check=True)
+    git(clone, "checkout", "-q", "v0.32.0")
+    for f in files:
+        if (vllm_candidate_root / f).is_file():
+            assert git(clone, "show", f"v0.33.0:{f}") == (vllm_candidate_root / f).read_text().rstrip("\n")
+    q = tmp_path / "queue.json"
+    rc = cli_main(["plan", "--repo", str(clone), "--from", "v0.32.0", "--to", "v0.33.0", "--json", str(q)])
+    out = capsys.readouterr()
+    assert rc == 1, out.err  # work is queued, nothing decided yet
+    rep = json.loads(q.read_text())
+    assert rep["from_is_ancestor"] is False and rep["merge_base"] == rh.history.commits[0].sha
+    by = {e["sha"]: e for e in rep["commits"]}
+    assert by[rh.fix.sha]["status"] == "skip" and by[rh.fix.sha]["cherry_pick_of"] == rh.fix_pick.sha
+    assert by[rh.probe.sha]["status"] == by[rh.probe_revert.sha]["status"] == "cancelled"
+    assert by[rh.late_pick.sha]["status"] == "port" and rh.late.sha not in by
+    assert {u.sha for u in rh.updates} <= {s for w in rep["waves"] for s in w["commits"]}
+    assert f"merge-base {rh.history.commits[0].sha[:10]}" in out.out
+    assert rep["counts"]["commits"] == len(rh.updates) + 4
