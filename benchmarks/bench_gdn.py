@@ -1,0 +1,374 @@
+"""GDN decode / spec-verify step on one GPU: sndr's fused kernel vs vLLM 0.32.0's two kernels vs FLA 0.6.0.
+
+    python benchmarks/bench_gdn.py [--sweep] [--out DIR]
+
+Qwen3.5/3.6 35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128,
+bf16 activations, fp32 state pool [slots, 32, 128, 128] (``--state-dtype``),
+states at random slots. Cells: batch {1, 8, 32, 64, 256} x T {1, 2, 4}.
+
+Kernels, each timed under CUDA-graph replay (launch cost excluded) and
+eagerly (a plain Python call per iteration, launch cost included):
+
+* ``sndr``: T = 1 through the drop-in for vLLM's packed decode, T > 1 through
+  the drop-in for ``fused_sigmoid_gating_delta_rule_update`` (cu_seqlens, a
+  [N, T] index of snapshot slots, random ``num_accepted_tokens`` in [1, T]);
+* ``vllm-packed``: vLLM 0.32.0's ``fused_recurrent_gated_delta_rule_packed_decode`` (T = 1);
+* ``vllm-sigmoid``: vLLM 0.32.0's ``fused_sigmoid_gating_delta_rule_update``,
+  same arguments as sndr's;
+* ``fla``: FLA 0.6.0's ``fused_recurrent_gated_delta_rule`` with the gate,
+  beta sigmoid and q/k L2 norm in the kernel, V-first state; it has no slot
+  index and no snapshots: it reads N contiguous states and writes N final
+  states to a new tensor.
+
+Bounds, from the device-to-device copy bandwidth measured in this run (bytes
+read + written): T = 1, one read and one write of every touched state; T > 1,
+one read plus T snapshot writes (what vLLM's spec path must write); FLA's own
+work is one read plus one write at every T, and its % column uses that.
+vLLM's kernels come from the 0.32.0 files copied into ``.baselines/vllm032_gdn``
+(``python -m sndr.kernels.gdn._vllm_baseline --from SITE_PACKAGES``), FLA
+from the ``fla-core`` wheel; each missing one is reported and skipped.
+
+``--sweep`` also times sndr's kernel for a grid of (BV, warps) launch shapes
+on a subset of cells (graph replay) and prints the best next to the shipped
+heuristic's choice. Timing: ``triton.testing.do_bench`` medians, L2 flushed
+before each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if "--cpu-smoke" in sys.argv:  # tiny shapes through Triton's interpreter, to test this script
+    os.environ["TRITON_INTERPRET"] = "1"
+DEV = "cpu" if "--cpu-smoke" in sys.argv else "cuda"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sndr.kernels.gdn import _vllm_baseline, kernels, vllm_entry  # noqa: E402
+
+H, HV, K, V = 16, 32, 128, 128
+BATCHES = (1, 8, 32, 64, 256)
+TS = (1, 2, 4)
+OUT = Path(os.environ.get("OUT", ROOT / ".bench"))
+SWEEP = [(8, 1), (8, 2), (8, 4), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8)]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(fn, graph: bool, rep: int = 100, warmup: int = 25) -> float:
+    """Median microseconds per call (L2 flushed before each)."""
+    if DEV == "cpu":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+    fn()
+    sync()
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        sync()
+        run = g.replay
+    else:
+        run = fn
+    return triton.testing.do_bench(run, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+def device_line() -> str:
+    if DEV == "cpu":
+        return f"cpu (Triton interpreter), torch {torch.__version__}, triton {triton.__version__}"
+    import _tq_gpu
+
+    return _tq_gpu.device_line()
+
+
+def copy_bandwidth() -> float:
+    if DEV == "cpu":
+        return 10.0
+    import _tq_gpu
+
+    return _tq_gpu.copy_bandwidth(rep=300)
+
+
+class Cell:
+    """One batch x T problem: a state pool with every sequence's T slots at random places."""
+
+    def __init__(self, n: int, t: int, state_dtype: torch.dtype, seed: int = 0):
+        self.n, self.t = n, t
+        h, hv, k, v = H, HV, K, V
+        self.h, self.hv, self.k, self.v = h, hv, k, v
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        dev = DEV
+        tok = n * t
+        slots = n * t + 1
+        self.state = (torch.randn(slots, hv, v, k, generator=g, device=dev) * 0.1).to(state_dtype)
+        perm = torch.randperm(slots - 1, generator=g, device=dev) + 1
+        self.idx2 = perm.reshape(n, t).to(torch.int32).contiguous()
+        self.idx1 = self.idx2[:, 0].contiguous()
+        self.num_acc = torch.randint(1, t + 1, (n,), generator=g, device=dev, dtype=torch.int32)
+        self.cu = torch.arange(0, tok + 1, t, device=dev, dtype=torch.int32)
+        bf = torch.bfloat16
+        self.mixed = torch.randn(tok, 2 * h * k + hv * v, generator=g, device=dev).to(bf)
+        self.q = torch.randn(1, tok, h, k, generator=g, device=dev).to(bf)
+        self.kk = torch.randn(1, tok, h, k, generator=g, device=dev).to(bf)
+        self.vv = torch.randn(1, tok, hv, v, generator=g, device=dev).to(bf)
+        self.a = torch.randn(tok, hv, generator=g, device=dev).to(bf)
+        self.b = torch.randn(tok, hv, generator=g, device=dev).to(bf)
+        self.A_log = torch.rand(hv, generator=g, device=dev) * 2 - 1
+        self.dt_bias = torch.rand(hv, generator=g, device=dev) * 2 - 1
+        self.out = torch.empty(tok, 1, hv, v, device=dev, dtype=bf)
+        self.scale = k**-0.5
+        self.fla_h0 = None
+
+    def state_bytes(self) -> int:
+        return self.n * self.hv * self.v * self.k * self.state.element_size()
+
+    # --- the kernels -------------------------------------------------------------------
+
+    def sndr_packed(self, config=None):
+        if config is None:
+            r = vllm_entry.try_packed_decode(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.scale,
+                                             self.state, self.out, self.idx1, True)
+            assert r is not None
+            return r
+        return kernels.gdn_step(self.mixed, None, None, self.a, self.b, self.A_log, self.dt_bias, self.state,
+                                self.idx1, self.out.view(self.n, self.hv, self.v), scale=self.scale,
+                                n_seqs=self.n, l2norm=True, config=config)
+
+    def _spec_args(self):
+        return dict(A_log=self.A_log, a=self.a, b=self.b, dt_bias=self.dt_bias, q=self.q, k=self.kk, v=self.vv,
+                    initial_state=self.state, inplace_final_state=True, cu_seqlens=self.cu,
+                    ssm_state_indices=self.idx2 if self.t > 1 else self.idx1,
+                    num_accepted_tokens=self.num_acc if self.t > 1 else None, use_qk_l2norm_in_kernel=True)
+
+    def sndr_spec(self, config=None):
+        if config is None:
+            r = vllm_entry.try_sigmoid_gating_update(**self._spec_args())
+            assert r is not None
+            return r
+        tok = self.n * self.t
+        o = self._o if hasattr(self, "_o") else torch.empty(tok, self.hv, self.v, device=DEV, dtype=torch.bfloat16)
+        self._o = o
+        return kernels.gdn_step(
+            self.q.view(tok, self.h, self.k), self.kk.view(tok, self.h, self.k), self.vv.view(tok, self.hv, self.v),
+            self.a, self.b, self.A_log, self.dt_bias, self.state, self.idx2 if self.t > 1 else self.idx1, o,
+            scale=self.scale, n_seqs=self.n, cu_seqlens=self.cu,
+            num_accepted_tokens=self.num_acc if self.t > 1 else None, l2norm=True, idx_tok_stride=1, config=config)
+
+    def sndr(self, config=None):
+        return self.sndr_packed(config) if self.t == 1 else self.sndr_spec(config)
+
+    def vllm_packed(self, vl):
+        return vl.packed_decode(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.scale, self.state,
+                                self.out, self.idx1, use_qk_l2norm_in_kernel=True)
+
+    def vllm_sigmoid(self, vl):
+        return vl.sigmoid_gating_update(**self._spec_args())
+
+    def fla(self, fla_fn):
+        if self.fla_h0 is None:
+            # contiguous states of the N sequences (FLA has no slot index)
+            self.fla_h0 = self.state[self.idx1.long()].float().contiguous()
+            tok = self.n * self.t
+            self.fla_q = self.q.view(self.n, self.t, self.h, self.k)
+            self.fla_k = self.kk.view(self.n, self.t, self.h, self.k)
+            self.fla_v = self.vv.view(self.n, self.t, self.hv, self.v)
+            self.fla_a = self.a.view(self.n, self.t, self.hv)
+            self.fla_b = self.b.view(self.n, self.t, self.hv)
+            assert tok == self.n * self.t
+        return fla_fn(q=self.fla_q, k=self.fla_k, v=self.fla_v, g=self.fla_a, beta=self.fla_b, scale=self.scale,
+                      initial_state=self.fla_h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      use_gate_in_kernel=True, A_log=self.A_log, dt_bias=self.dt_bias,
+                      use_beta_sigmoid_in_kernel=True, state_v_first=True)
+
+
+def load_vllm():
+    d = _vllm_baseline.find_dir(ROOT)
+    if d is None:
+        log("vLLM 0.32.0 baseline: not found (copy it with python -m sndr.kernels.gdn._vllm_baseline --from ...); skipped")
+        return None
+    log(f"vLLM 0.32.0 baseline: {d}; sha256 {_vllm_baseline.source_sha256(d)}")
+    return _vllm_baseline.load(d)
+
+
+def load_fla():
+    if DEV == "cpu":
+        return None, "not on the CPU smoke run"
+    try:
+        import fla
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001
+        log(f"FLA: not importable ({type(exc).__name__}: {exc}); skipped")
+        return None, None
+    ver = getattr(fla, "__version__", "?")
+    log(f"FLA {ver}: fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule")
+    return fused_recurrent_gated_delta_rule, ver
+
+
+def check(cell: Cell, vl) -> str:
+    """sndr vs vLLM on this cell's inputs (outputs and every written slot), from the same starting pool."""
+    if vl is None:
+        return "no vLLM baseline"
+    s0 = cell.state.clone()
+    if cell.t == 1:
+        o_ref = cell.vllm_packed(vl)[0].clone()
+    else:
+        o_ref = cell.vllm_sigmoid(vl)[0].clone()
+    st_ref = cell.state.clone()
+    cell.state.copy_(s0)
+    o = (cell.sndr_packed() if cell.t == 1 else cell.sndr_spec())[0]
+    st = cell.state.clone()
+    cell.state.copy_(s0)
+    eo = ((o.float() - o_ref.float()).norm() / o_ref.float().norm()).item()
+    es = ((st.float() - st_ref.float()).norm() / st_ref.float().norm()).item()
+    return f"rel err vs vLLM: out {eo:.1e}, states {es:.1e}"
+
+
+def run_table(args, bw, vl, fla_fn, state_dtype, rows, rep):
+    for n in args.batches:
+        for t in args.ts:
+            cell = Cell(n, t, state_dtype)
+            sb = cell.state_bytes()
+            bound_rw = 2 * sb / (bw * 1e9) * 1e6
+            bound_snap = (1 + t) * sb / (bw * 1e9) * 1e6
+            row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
+                   "bound_us": bound_rw if t == 1 else bound_snap, "bound_rw_us": bound_rw,
+                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV)))}
+            if args.check:
+                row["check"] = check(cell, vl)
+            for mode in ("graph", "eager"):
+                g = mode == "graph"
+                row[f"sndr_{mode}"] = bench(lambda: cell.sndr(), g, rep)
+                if vl is not None:
+                    if t == 1:
+                        row[f"vllm_packed_{mode}"] = bench(lambda: cell.vllm_packed(vl), g, rep)
+                    row[f"vllm_sigmoid_{mode}"] = bench(lambda: cell.vllm_sigmoid(vl), g, rep)
+                if fla_fn is not None and state_dtype == torch.float32:
+                    row[f"fla_{mode}"] = bench(lambda: cell.fla(fla_fn), g, rep)
+            rows.append(row)
+            log(json.dumps(row))
+            del cell
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+
+
+def pct(bound, t):
+    return f"{100 * bound / t:.0f}%" if t else "-"
+
+
+def fmt_table(rows, bw) -> str:
+    lines = []
+    for mode in ("graph", "eager"):
+        lines.append(f"\n### {mode} ({'CUDA-graph replay' if mode == 'graph' else 'eager Python call'}), "
+                     f"time in µs (% of the bound)\n")
+        lines.append("| state | batch | T | bound | sndr | vLLM packed | vLLM sigmoid-gating | FLA fused_recurrent |"
+                     " sndr vs best vLLM |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            b = r["bound_us"]
+            s = r.get(f"sndr_{mode}")
+            vp = r.get(f"vllm_packed_{mode}")
+            vs = r.get(f"vllm_sigmoid_{mode}")
+            fl = r.get(f"fla_{mode}")
+            best_v = min(x for x in (vp, vs) if x is not None) if (vp or vs) else None
+            cells = [r["state_dtype"], str(r["batch"]), str(r["T"]), f"{b:.1f}",
+                     f"{s:.1f} ({pct(b, s)})",
+                     f"{vp:.1f} ({pct(b, vp)})" if vp else "-",
+                     f"{vs:.1f} ({pct(b, vs)})" if vs else "-",
+                     f"{fl:.1f} ({pct(r['bound_rw_us'], fl)} of 1R+1W)" if fl else "-",
+                     f"{best_v / s:.2f}x" if best_v else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sweep(args, bw):
+    log("\n## launch-shape sweep (graph replay, µs); heuristic choice marked *")
+    res = []
+    for n in args.sweep_batches:
+        for t in (1, 4):
+            cell = Cell(n, t, torch.float32)
+            pick = kernels.pick_config(n, HV, V, K, torch.device(DEV))
+            times = {}
+            for bv, w in SWEEP:
+                cfg = kernels.StepConfig(bv, w)
+                times[(bv, w)] = bench(lambda: cell.sndr(cfg), True, rep=40, warmup=10)
+            best = min(times, key=times.get)
+            sb = cell.state_bytes()
+            bound = (1 + t) * sb / (bw * 1e9) * 1e6
+            line = " ".join(f"{bv}x{w}{'*' if (bv, w) == (pick.block_v, pick.num_warps) else ''}:{us:.1f}"
+                            for (bv, w), us in times.items())
+            log(f"batch {n:4d} T {t}: bound {bound:.1f}; best {best} {times[best]:.1f}; {line}")
+            res.append({"batch": n, "T": t, "times": {f"{bv}x{w}": us for (bv, w), us in times.items()},
+                        "pick": f"{pick.block_v}x{pick.num_warps}", "best": f"{best[0]}x{best[1]}"})
+            del cell
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--check", action="store_true", help="compare sndr with vLLM on every cell first")
+    ap.add_argument("--bf16-state", action="store_true", help="also time a bf16 state pool (sndr and vLLM)")
+    ap.add_argument("--cpu-smoke", action="store_true")
+    args = ap.parse_args()
+    global H, HV, K, V
+    if args.cpu_smoke:
+        H, HV, K, V = 2, 4, 16, 16
+        args.batches, args.ts, args.sweep_batches = (1, 2), (1, 2), (1,)
+        rep = 1
+    else:
+        args.batches, args.ts, args.sweep_batches = BATCHES, TS, (1, 8, 32, 256)
+        rep = 100
+    args.out.mkdir(parents=True, exist_ok=True)
+    dl = device_line()
+    log(f"device: {dl}")
+    bw = copy_bandwidth()
+    log(f"copy bandwidth (read + write): {bw:.0f} GB/s")
+    vl = load_vllm()
+    fla_fn, fla_ver = load_fla()
+    result = {"device": dl, "copy_GBps": bw, "fla": fla_ver, "cmd": " ".join(sys.argv)}
+    if args.sweep:
+        result["sweep"] = sweep(args, bw)
+    rows: list[dict] = []
+    if not args.no_table:
+        run_table(args, bw, vl, fla_fn, torch.float32, rows, rep)
+        if args.bf16_state:
+            run_table(args, bw, vl, None, torch.bfloat16, rows, rep)
+    result["rows"] = rows
+    (args.out / "bench_gdn.json").write_text(json.dumps(result, indent=1))
+    if rows:
+        table = fmt_table(rows, bw)
+        (args.out / "bench_gdn.md").write_text(f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\n{table}\n")
+        log(f"\ndevice: {dl}; copy bandwidth {bw:.0f} GB/s")
+        log(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
