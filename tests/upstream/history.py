@@ -318,11 +318,19 @@ def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: i
     picks32: list[Commit] = []
     picks33: list[Commit] = []
     i = 0
+    done: set[str] = set()
+
+    def once(name: str, cond: bool) -> bool:
+        if cond and name not in done:
+            done.add(name)
+            return True
+        return False
+
     while i < n_commits:
         i += 1
-        if i == cut32:
+        if once("cut32", i >= cut32):
             h.branch("releases/v0.32")
-        if i == cut33:
+        if once("cut33", i >= cut33):
             h.branch("releases/v0.33")
         roll = rnd.random()
         c = None
@@ -382,7 +390,7 @@ def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: i
             picks32.append(c)
         if cut33 <= i < int(n_commits * 0.85) and rnd.random() < 0.2:
             picks33.append(c)
-        if i == int(n_commits * 0.35):
+        if once("tag32", i >= int(n_commits * 0.35)):
             for p in picks32:
                 try:
                     h.cherry_pick("releases/v0.32", p)
@@ -390,7 +398,7 @@ def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: i
                 except (ValueError, KeyError):
                     pass
             h.tag("v0.32.0", h.commits[h.heads["releases/v0.32"] - 1])
-        if i == int(n_commits * 0.85):
+        if once("tag33", i >= int(n_commits * 0.85)):
             for p in picks33:
                 try:
                     h.cherry_pick("releases/v0.33", p)
