@@ -164,7 +164,7 @@ CASES = [
     Case("overlapping_patches", {"PB0001-x.toml": patch_text(),
                                  "PB0002-x.toml": patch_text(id="PB0002", anchor=REPL, replacement="        return 0\n")},
          ["PB0002", "overlaps bytes already changed by PB0001", "declare requires"]),
-    Case("bad_env_override", _good(), ["SNDR_ENABLE_PB0001", "0 or 1"], env={"SNDR_ENABLE_PB0001": "perhaps"}),
+    Case("bad_env_override", _good(), ["SNDR_ENABLE_PB0001", "1/0 (also true/false, yes/no, on/off)"], env={"SNDR_ENABLE_PB0001": "perhaps"}),
     Case("only_unknown_id", _good(), ["--only", "PB7777"], args=["--only", "PB7777"]),
     Case("undeclared_group", {"PB0001-x.toml": patch_text().replace('name = "clamp"', 'name = "clamp"\ngroup = "variants"')},
          ["group 'variants'", "not declared"]),
