@@ -11,8 +11,15 @@
   the shipped register-cap rule on the B >= 8, ctx >= 8K cells; ``--adopt-best``
   then runs the rest (``--check``, ``--table``) with the fastest as the default.
 * ``--table``: every cell of B x context x Hq/Hk, head_dim 128, page 16:
-  time eagerly and under CUDA-graph replay, GB/s of cache bytes read, and % of
-  the device-to-device copy bandwidth measured in the same run.
+  time eagerly and under CUDA-graph replay, host time per eager call (CPU
+  timer around the call: Python + launches, no synchronisation), GB/s of cache
+  bytes read, and % of the device-to-device copy bandwidth measured in the
+  same run. ``--before DIR`` adds the same columns for another copy of the
+  package (e.g. the previous commit's ``sndr/kernels/turboquant_k8v4``).
+* ``--merge-probe [--adopt-merge]``: eager and graph time of each merge mode
+  (``cuda_decode.MERGE_POLICY``: CUDA merge, PDL merge, merge folded into the
+  split kernel, Triton merge for graphs) on ``--probe-cells``; ``--adopt-merge``
+  then runs the rest with the modes that win without slowing any probed cell.
 
 vLLM's kernels come from the 0.32.0 source files copied into
 ``.baselines/vllm032_tq`` (never committed; carried to the GPU host). Timing:
@@ -45,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _tq_gpu  # noqa: E402
 
-from sndr.kernels.turboquant_k8v4 import _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import _vllm_baseline, cuda_decode, dispatch, kernels, reference, vllm_entry  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 D = 128
@@ -145,6 +152,13 @@ class Cell:
 
     def ours(self):
         return vllm_entry.decode(
+            self.query, self.kv_cache, self.block_table, self.seq_lens, self.eye, self.centroids,
+            self.scale, 0, D, 4, key_fp8=True, mid_o_buf=self.mid, output_buf=self.out,
+            lse_buf=self.lse, max_num_kv_splits=VLLM_SPLITS,
+        )
+
+    def ours_before(self):
+        return BEFORE[0].decode(
             self.query, self.kv_cache, self.block_table, self.seq_lens, self.eye, self.centroids,
             self.scale, 0, D, 4, key_fp8=True, mid_o_buf=self.mid, output_buf=self.out,
             lse_buf=self.lse, max_num_kv_splits=VLLM_SPLITS,
@@ -611,6 +625,100 @@ def cuda_sweep(cells, names) -> list:
     return rows
 
 
+# ----------------------------------------------------------------------------- host time, before, merge probe
+
+BEFORE: list = []
+
+
+def load_before(path: str):
+    """Import another copy of the turboquant_k8v4 package (e.g. the previous commit's) as
+    ``sndr.kernels.tq_before``; its ``vllm_entry`` times the "before" columns."""
+    import importlib.util
+
+    init = Path(path) / "__init__.py"
+    spec = importlib.util.spec_from_file_location("sndr.kernels.tq_before", init,
+                                                  submodule_search_locations=[str(Path(path))])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    import importlib as il
+
+    BEFORE.append(il.import_module("sndr.kernels.tq_before.vllm_entry"))
+    return BEFORE[0]
+
+
+def host_us(fn, n: int = 300, every: int = 10) -> float:
+    """Median CPU microseconds of one eager call (launch only: the GPU is synchronised
+    between batches of ``every`` calls, outside the timed region)."""
+    if DEV == "cpu":
+        return 0.0
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(n):
+        if i % every == 0:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    ts.sort()
+    return ts[len(ts) // 2] * 1e6
+
+
+GRAPH_MODES = ("triton", "cuda", "pdl", "fold")
+EAGER_MODES = ("cuda", "pdl", "fold")
+
+
+def set_merge(eager: str, graph: str) -> None:
+    cuda_decode.MERGE_POLICY.update(eager=eager, graph=graph)
+    dispatch.reset()
+
+
+def merge_probe(cells, adopt: bool) -> dict:
+    """Graph and eager time of each merge mode per cell; with ``adopt``, install the modes
+    with the lowest geometric mean whose every cell is within 2% of the baseline
+    (graph: Triton merge, eager: CUDA merge) or faster."""
+    shipped = dict(cuda_decode.MERGE_POLICY)
+    res = {"graph": {m: {} for m in GRAPH_MODES}, "eager": {m: {} for m in EAGER_MODES}}
+    for (b, ctx, hq) in cells:
+        c = Cell(b, ctx, hq, sdpa=False)
+        name = f"{hq}/{HK} B={b} {ctx // 1024}K"
+        ref = None
+        for m in GRAPH_MODES:
+            set_merge("cuda", m)
+            res["graph"][m][name] = bench(c.ours, graph=True, rep=80)
+            o = c.out.float().clone()
+            ref = o if ref is None else ref
+            err = ((o - ref).norm() / ref.norm()).item()
+            if not err < 1e-2:
+                log(f"merge-probe REJECT graph {m} {name}: differs from the Triton-merge output by {err:.2e}")
+                res["graph"][m][name] = float("inf")
+        for m in EAGER_MODES:
+            set_merge(m, "triton")
+            res["eager"][m][name] = bench(c.ours, graph=False, rep=80)
+        log(f"merge-probe {name} MB={c.tq_bytes / 1e6:.1f} graph " +
+            " ".join(f"{m}:{res['graph'][m][name]:.1f}us/{100 * c.tq_bytes / (res['graph'][m][name] * 1e-6) / 1e9 / BW[0]:.0f}%"
+                     for m in GRAPH_MODES) +
+            " | eager " + " ".join(f"{m}:{res['eager'][m][name]:.1f}us" for m in EAGER_MODES))
+        del c
+        torch.cuda.empty_cache()
+    pick = {}
+    for kind, base in (("graph", "triton"), ("eager", "cuda")):
+        ok = {m: t for m, t in res[kind].items() if all(t[k] <= 1.02 * res[kind][base][k] for k in t)}
+        geo = {m: math.exp(sum(math.log(x) for x in t.values()) / len(t)) for m, t in ok.items()}
+        pick[kind] = min(geo, key=geo.get) if geo else base
+        log(f"merge-probe {kind}: geo-means " + ", ".join(f"{m} {g:.1f}us" for m, g in sorted(geo.items(), key=lambda x: x[1]))
+            + f" -> {pick[kind]}")
+    set_merge(shipped["eager"], shipped["graph"])
+    if adopt:
+        set_merge(pick["eager"], pick["graph"])
+        log(f"ADOPTED merge policy {cuda_decode.MERGE_POLICY}")
+    (OUT / "merge_probe.json").write_text(json.dumps({"results": res, "pick": pick}, indent=1))
+    return {"results": res, "pick": pick}
+
+
 # ----------------------------------------------------------------------------- table
 
 
@@ -621,16 +729,18 @@ def table(vl, bw: float, bs=(1, 8, 32, 64), ctxs=(1024, 8192, 32768), hqs=(32, 6
             for b in bs:
                 cell = Cell(b, ctx, hq)
                 r = dict(b=b, ctx=ctx, hq=hq, hk=HK, tq_bytes=cell.tq_bytes, bf16_bytes=cell.bf16_bytes)
-                for name, fn, nbytes in (
-                    ("sndr", cell.ours, cell.tq_bytes),
-                    ("vllm", lambda: cell.vllm(vl), cell.tq_bytes),
-                    ("sdpa", cell.sdpa, cell.bf16_bytes),
-                ):
+                runs = [("sndr", cell.ours, cell.tq_bytes)]
+                if BEFORE:
+                    runs.append(("before", cell.ours_before, cell.tq_bytes))
+                runs += [("vllm", lambda: cell.vllm(vl), cell.tq_bytes), ("sdpa", cell.sdpa, cell.bf16_bytes)]
+                for name, fn, nbytes in runs:
                     for mode in ("eager", "graph"):
-                        t = bench(fn, graph=(mode == "graph"))
+                        t = bench(fn, graph=(mode == "graph"), rep=REP[0])
                         r[f"{name}_{mode}_us"] = t
                         r[f"{name}_{mode}_gbs"] = nbytes / (t * 1e-6) / 1e9
                         r[f"{name}_{mode}_pct"] = 100 * r[f"{name}_{mode}_gbs"] / bw
+                    if name != "sdpa":
+                        r[f"{name}_host_us"] = host_us(fn)
                 rows.append(r)
                 log(fmt_row(r))
                 append_jsonl("table.jsonl", r)
@@ -639,8 +749,11 @@ def table(vl, bw: float, bs=(1, 8, 32, 64), ctxs=(1024, 8192, 32768), hqs=(32, 6
     return rows
 
 
-HEADER = ("| Hq/Hk | B | ctx | sndr graph us | GB/s | %BW | sndr eager us | vLLM graph us | vLLM eager us | vLLM %BW "
-          "| SDPA graph us | SDPA eager us | x vs vLLM | x vs SDPA | goals |")
+HEADER = ("| Hq/Hk | B | ctx | sndr graph us | GB/s | %BW | sndr eager us | sndr host us | before graph us "
+          "| before eager us | before host us | vLLM graph us | vLLM eager us | vLLM host us | SDPA graph us "
+          "| SDPA eager us | x vs vLLM | x vs SDPA | goals |")
+NCOLS = 19
+REP = [200]
 
 
 def goals(r) -> str:
@@ -652,13 +765,19 @@ def goals(r) -> str:
         out.append("<SDPA ok" if t < r["sdpa_graph_us"] else "<SDPA MISS")
     if r["b"] == 1:
         out.append("<=2xSDPA ok" if t <= 2 * r["sdpa_graph_us"] else "<=2xSDPA MISS")
+    out.append("eager<=vLLM ok" if r["sndr_eager_us"] <= r["vllm_eager_us"] else "eager<=vLLM MISS")
+    out.append("host<=15us ok" if r.get("sndr_host_us", 0) <= 15 else "host<=15us MISS")
+    if "before_graph_us" in r:
+        out.append("graph<=before+3% ok" if t <= 1.03 * r["before_graph_us"] else "graph<=before+3% MISS")
     return ", ".join(out) or "-"
 
 
 def fmt_row(r) -> str:
+    g = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
     return (f"| {r['hq']}/{r['hk']} | {r['b']} | {r['ctx'] // 1024}K | {r['sndr_graph_us']:.1f} | {r['sndr_graph_gbs']:.0f} "
-            f"| {r['sndr_graph_pct']:.0f}% | {r['sndr_eager_us']:.1f} | {r['vllm_graph_us']:.1f} | {r['vllm_eager_us']:.1f} "
-            f"| {r['vllm_graph_pct']:.1f}% | {r['sdpa_graph_us']:.1f} | {r['sdpa_eager_us']:.1f} "
+            f"| {r['sndr_graph_pct']:.0f}% | {r['sndr_eager_us']:.1f} | {g('sndr_host_us')} | {g('before_graph_us')} "
+            f"| {g('before_eager_us')} | {g('before_host_us')} | {r['vllm_graph_us']:.1f} | {r['vllm_eager_us']:.1f} "
+            f"| {g('vllm_host_us')} | {r['sdpa_graph_us']:.1f} | {r['sdpa_eager_us']:.1f} "
             f"| {r['vllm_graph_us'] / r['sndr_graph_us']:.1f} | {r['sdpa_graph_us'] / r['sndr_graph_us']:.2f} | {goals(r)} |")
 
 
@@ -672,6 +791,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-cells", default="8:8192:32,32:8192:32,64:8192:32,8:32768:32,32:32768:32,64:32768:32,"
                     "8:8192:64,32:8192:64,64:8192:64,8:32768:64,32:32768:64,64:32768:64")
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--rep", type=int, default=200, help="do_bench window per timing, ms (--table)")
+    ap.add_argument("--before", default=None, help="another copy of sndr/kernels/turboquant_k8v4 to time as 'before'")
+    ap.add_argument("--merge-probe", action="store_true", help="time the merge modes (cuda_decode.MERGE_POLICY)")
+    ap.add_argument("--adopt-merge", action="store_true", help="after --merge-probe, run the rest with the winners")
+    ap.add_argument("--probe-cells", default="8:8192:32,8:8192:64,1:32768:32,1:1024:32,32:8192:32,64:1024:64,8:32768:64")
     ap.add_argument("--cuda-probe", action="store_true", help="fixed cost vs context of the CUDA path")
     ap.add_argument("--cuda-sweep", default="", help="CUDA kernel configs to time, e.g. s3w4b4,s2w1b16")
     ap.add_argument("--cuda-cells", default="1:8192:32,1:32768:32,8:8192:32,32:8192:32,64:8192:32,8:32768:32,"
@@ -715,6 +839,15 @@ def main(argv=None) -> int:
         if args.adopt_best:
             summary["adopted"] = adopt_best(rows)
         log(f"[{time.time() - t0:.0f}s] sweep done")
+    REP[0] = args.rep
+    if args.before:
+        load_before(args.before)
+        log(f"before: {args.before}")
+    if args.merge_probe:
+        summary["merge_probe"] = merge_probe([tuple(int(x) for x in c.split(":")) for c in args.probe_cells.split(",") if c],
+                                             args.adopt_merge)
+        log(f"[{time.time() - t0:.0f}s] merge probe done")
+    summary["merge_policy"] = dict(cuda_decode.MERGE_POLICY)
     if args.cuda_probe:
         cuda_probe()
         cuda_probe(b=32, ctxs=(1024, 4096, 8192))
@@ -746,7 +879,9 @@ def main(argv=None) -> int:
         ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
         rows = table(vl, bw, ints(args.bs), ints(args.ctxs), ints(args.hqs))
         summary["rows"] = rows
-        lines = [f"device: {device_line}", f"copy bandwidth: {bw:.0f} GB/s", "", HEADER, "|" + "---|" * 15]
+        lines = [f"device: {device_line}", f"copy bandwidth: {bw:.0f} GB/s",
+                 f"merge policy: {cuda_decode.MERGE_POLICY}", f"command: {' '.join(sys.argv)}", "", HEADER,
+                 "|" + "---|" * NCOLS]
         lines += [fmt_row(r) for r in rows]
         (OUT / "table.md").write_text("\n".join(lines) + "\n")
         log("\n".join(lines))

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from sndr.kernels.turboquant_k8v4 import _cudart, cuda_decode, kernels  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import _cudart, cuda_decode, dispatch, kernels  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 
@@ -217,8 +217,8 @@ def test_cuda_failure_falls_back_to_triton_once_and_loudly(monkeypatch, caplog):
 
     monkeypatch.setattr(cuda_decode, "decode_attention", boom)
     with caplog.at_level(logging.WARNING, logger="sndr.kernels"):
-        assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
-        assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+        assert dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+        assert dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
     assert cuda_decode._BROKEN == {7: "libnvrtc not found (tried: x)"}
     msgs = [r.getMessage() for r in caplog.records if "TurboQuant CUDA decode disabled" in r.getMessage()]
     assert len(msgs) == 1 and "cuda:7" in msgs[0]
@@ -226,14 +226,14 @@ def test_cuda_failure_falls_back_to_triton_once_and_loudly(monkeypatch, caplog):
     monkeypatch.setattr(cuda_decode, "_BROKEN", {})
     monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
     with pytest.raises(_cudart.CudaUnavailable):
-        kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32)
+        dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32)
 
 
 def test_triton_backend_env_skips_cuda(monkeypatch):
     q, cache, bt, sl = _cpu_call()
     monkeypatch.setenv("SNDR_TQ_BACKEND", "triton")
     monkeypatch.setattr(cuda_decode, "decode_attention", lambda *a, **k: pytest.fail("CUDA path taken"))
-    assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+    assert dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
 
 
 def test_every_kernel_python_launches_is_defined_in_the_source():
@@ -241,7 +241,7 @@ def test_every_kernel_python_launches_is_defined_in_the_source():
 
     text = cuda_decode.SOURCE_PATH.read_text()
     defined = set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s+(\w+)\(', text))
-    assert defined == set(cuda_decode.KERNELS.values()) | {cuda_decode.MERGE}
+    assert defined == set(cuda_decode.KERNELS.values()) | {cuda_decode.MERGE, cuda_decode.MERGED}
 
 
 def test_first_call_inside_a_graph_capture_records_triton(monkeypatch):
@@ -249,15 +249,63 @@ def test_first_call_inside_a_graph_capture_records_triton(monkeypatch):
     monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
     monkeypatch.setattr(cuda_decode, "unsupported", lambda *a: None)
     monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
-    monkeypatch.setattr(kernels, "_capturing", lambda: True)
+    monkeypatch.setattr(dispatch, "_capturing", lambda: True)
     monkeypatch.setattr(cuda_decode, "decode_attention", lambda *a, **k: pytest.fail("built inside a capture"))
     monkeypatch.setattr(cuda_decode, "_PLANS", {})
-    assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
+    assert dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) is None
     assert cuda_decode._BROKEN == {}  # not disabled: the next eager call builds it
     monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
     with pytest.raises(RuntimeError, match="run it once eagerly"):
-        kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32)
+        dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32)
     # once built (by an eager call), captures use it
     monkeypatch.setitem(cuda_decode._PLANS, cuda_decode._plan_key(q, cache, cuda_decode.DEFAULT), ("cfg", "k", 16))
     monkeypatch.setattr(cuda_decode, "decode_attention", lambda *a, **k: "cuda")
-    assert kernels._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) == "cuda"
+    assert dispatch._try_cuda(q, cache, bt, sl, 0.1, None, None, None, 32) == "cuda"
+
+
+def test_kernels_and_cuda_decode_do_not_import_each_other():
+    import ast
+
+    pkg = cuda_decode.SOURCE_PATH.parent
+
+    def imports(name):
+        tree = ast.parse((pkg / f"{name}.py").read_text())
+        top = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1 for a in n.names}
+        top |= {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+        return top
+
+    assert not {"cuda_decode", "dispatch"} & imports("kernels")
+    assert not {"kernels", "dispatch"} & imports("cuda_decode")
+    # the public names still resolve (kernels.decode_attention is dispatch's)
+    assert kernels.decode_attention is dispatch.decode_attention
+    from sndr.kernels import turboquant_k8v4 as tq
+
+    assert tq.decode_attention is dispatch.decode_attention
+
+
+class _FakeKernel:
+    name, smem = "k", 1234
+
+    class func:  # noqa: N801
+        value = 0xABC0
+
+
+def test_launch_packs_arguments_and_config_once():
+    import ctypes
+    import struct
+
+    values = [0x1000, 0x2000, 0.5, 7, -3, 1 << 40]
+    la = _cudart.Launch(_FakeKernel, 99, 256, "ppfiqq", values, pdl=True)
+    assert [la.offset(i) for i in range(6)] == [0, 8, 16, 20, 24, 32]  # natural alignment
+    ptrs = ctypes.cast(la.params, ctypes.POINTER(ctypes.c_void_p))
+    base = ptrs[0]
+    assert [ptrs[i] - base for i in range(6)] == [0, 8, 16, 20, 24, 32]
+    assert struct.unpack_from("<QQfiqq", la.args, 0) == tuple(values)
+    assert ctypes.string_at(base, 40) == bytes(la.args[:40])  # params point into the packed buffer
+    grid, gy, gz, blk, by, bz, smem, stream, attrs, nattr = struct.unpack_from("<7I4xQQI4x", la.cfg, 0)
+    assert (grid, gy, gz, blk, by, bz, smem, nattr) == (99, 1, 1, 256, 1, 1, 1234, 1)
+    assert struct.unpack_from("<I4xi", ctypes.string_at(attrs, 12)) == (6, 1)  # programmatic serialization
+    la.set(0, 0x3000)
+    assert struct.unpack_from("<Q", la.args, 0)[0] == 0x3000
+    plain = _cudart.Launch(_FakeKernel, 1, 32, "p", [0])
+    assert struct.unpack_from("<7I4xQQI4x", plain.cfg, 0)[-1] == 0  # no attributes

@@ -189,3 +189,75 @@ def test_tensors_on_another_device_than_the_current_one():
         torch.cuda.synchronize(q.device)
         assert out.device.index == 1 and _rel(out, ref) < 5e-4
     assert cuda_decode._BROKEN == {}
+
+
+@pytest.fixture
+def merge_policy():
+    """Set cuda_decode.MERGE_POLICY for one test; memoised plans are rebuilt around it."""
+    from sndr.kernels.turboquant_k8v4 import dispatch
+
+    old = dict(cuda_decode.MERGE_POLICY)
+
+    def set_(eager, graph):
+        cuda_decode.MERGE_POLICY.update(eager=eager, graph=graph)
+        dispatch.reset()
+
+    yield set_
+    cuda_decode.MERGE_POLICY.update(old)
+    dispatch.reset()
+
+
+@pytest.mark.parametrize("mode", ["cuda", "pdl", "fold"])
+@pytest.mark.parametrize("d,hk,g,page,qdtype", [
+    (128, 8, 4, 16, torch.bfloat16), (64, 2, 12, 32, torch.float16), (256, 8, 4, 16, torch.bfloat16),
+])
+def test_merge_modes_eager_and_graph(mode, d, hk, g, page, qdtype, merge_policy):
+    merge_policy(mode, mode)
+    lens = [0, 4096, 1, 17, 1000]
+    q, cache, bt, sl = _case(d, hk, g, page, lens, qdtype, seed=d + g + 21)
+    ref, ref_lse = _ref(q, cache, bt, sl, d**-0.5)
+    for _ in range(3):  # first call builds, the next ones reuse the counters / fast path
+        out, lse = _run(q, cache, bt, sl, d**-0.5)
+        assert _rel(out, ref) < 5e-4
+        assert out[0].abs().max().item() == 0 and torch.isinf(lse[0]).all()
+        assert (lse[1:].double() - ref_lse[1:]).abs().max().item() < 1e-4
+    # graph: captured with other lengths, replayed
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
+    keep = sl.clone()
+    sl.fill_(1)
+    kernels.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, max_splits=32)
+    g_ = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_):
+        kernels.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, max_splits=32)
+    sl.copy_(keep)
+    for _ in range(2):
+        g_.replay()
+        torch.cuda.synchronize()
+        assert _rel(out[1:], ref[1:]) < 4e-3 and out[0].abs().max().item() == 0
+
+
+def test_vllm_entry_fast_path_reuses_the_plan_and_stays_correct():
+    from sndr.kernels.turboquant_k8v4 import dispatch, vllm_entry
+
+    dispatch.reset()
+    d, hk, g = 128, 8, 4
+    q, cache, bt, sl = _case(d, hk, g, 16, [3000, 5, 800], seed=23)
+    b, hq = q.shape[:2]
+    mid = torch.empty(b, hq, 32, d + 1, dtype=torch.float32, device=DEV)
+    ob = torch.empty(b, hq, d, dtype=torch.bfloat16, device=DEV)
+    lb = torch.empty(b, hq, dtype=torch.float32, device=DEV)
+
+    def call(qq):
+        return vllm_entry.decode(qq, cache, bt, sl, torch.eye(d, device=DEV), torch.zeros(16, device=DEV), 0.09, 0,
+                                 d, 4, key_fp8=True, mid_o_buf=mid, output_buf=ob, lse_buf=lb, max_num_kv_splits=32)
+
+    for i in range(3):
+        qq = q * (1 + i)  # new data each call, same metadata
+        ob.fill_(float("nan"))
+        r = call(qq)
+        torch.cuda.synchronize()
+        assert r is ob
+        ref, ref_lse = _ref(qq, cache, bt, sl, 0.09)
+        assert _rel(ob, ref) < 4e-3 and (lb.double() - ref_lse).abs().max().item() < 1e-3
+        assert len(dispatch.ENTRY) == 1  # registered by the first call, hit by the others

@@ -20,14 +20,15 @@ import ctypes.util
 import glob
 import hashlib
 import os
+import struct
 import sys
 import threading
 from pathlib import Path
 
 from ... import env as sndr_env
 
-__all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "compile_cubin", "load_module", "load_kernel",
-           "nvrtc_version"]
+__all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "Launch", "compile_cubin", "load_module",
+           "load_kernel", "nvrtc_version"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -234,6 +235,74 @@ class Kernel:
 
 
 _LAUNCH: list = []
+_LAUNCH_EX: list = []
+
+# CUlaunchConfig (cuda.h): grid xyz, block xyz, shared bytes (u32 each), the
+# stream at 32, the attribute array at 40, their count at 48; 56 bytes.
+_CFG_FMT = "<7I4xQQI4x"
+_CFG_STREAM = 32
+# CUlaunchAttribute: id (u32), 4 bytes of padding, a 64-byte value union.
+_ATTR_SIZE = 72
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_ARG = {"p": ("Q", 8), "q": ("q", 8), "i": ("i", 4), "f": ("f", 4)}
+
+
+class Launch:
+    """One kernel launch whose argument buffer and launch config are packed once.
+
+    ``sig`` gives the kernel's parameters in order: ``p`` pointer, ``q`` int64,
+    ``i`` int32, ``f`` float32. The parameters live in one ``bytearray`` that
+    ``params`` points into, so a call changes only what differs (the data
+    pointers, the stream) with ``struct.pack_into`` at :meth:`offset` and
+    launches through ``cuLaunchKernelEx`` with no per-call ctypes objects.
+    ``pdl``: programmatic stream serialization (sm_90), i.e. the kernel may be
+    scheduled before the previous one on the stream ends and must wait for it
+    itself (``griddepcontrol.wait``).
+    """
+
+    def __init__(self, kernel: "Kernel", grid: int, block_threads: int, sig: str, values, *, pdl: bool = False):
+        if len(sig) != len(values):
+            raise ValueError(f"{kernel.name}: {len(sig)} parameters, {len(values)} values")
+        offs, pos = [], 0
+        for c in sig:
+            size = _ARG[c][1]
+            pos = -(-pos // size) * size
+            offs.append(pos)
+            pos += size
+        self.kernel, self.sig, self._offsets = kernel, sig, offs
+        self.args = bytearray(max(8, pos))
+        for c, o, v in zip(sig, offs, values):
+            struct.pack_into("<" + _ARG[c][0], self.args, o, v)
+        self._args_c = (ctypes.c_char * len(self.args)).from_buffer(self.args)  # pins the buffer
+        base = ctypes.addressof(self._args_c)
+        self._params = (ctypes.c_void_p * max(1, len(sig)))(*[base + o for o in offs])
+        self.params = ctypes.addressof(self._params)
+        nattr = 1 if pdl else 0
+        self._attrs = bytearray(_ATTR_SIZE * max(1, nattr))
+        if pdl:
+            struct.pack_into("<I4xi", self._attrs, 0, _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        self._attrs_c = (ctypes.c_char * len(self._attrs)).from_buffer(self._attrs)
+        self.cfg = bytearray(56)
+        struct.pack_into(_CFG_FMT, self.cfg, 0, grid, 1, 1, block_threads, 1, 1, kernel.smem, 0,
+                         ctypes.addressof(self._attrs_c), nattr)
+        self._cfg_c = (ctypes.c_char * len(self.cfg)).from_buffer(self.cfg)
+        self.cfg_addr = ctypes.addressof(self._cfg_c)
+        self.func = kernel.func.value
+        self.grid, self.block_threads, self.pdl = grid, block_threads, pdl
+
+    def offset(self, i: int) -> int:
+        """Byte offset of parameter ``i`` in :attr:`args`."""
+        return self._offsets[i]
+
+    def set(self, i: int, value) -> None:
+        struct.pack_into("<" + _ARG[self.sig[i]][0], self.args, self._offsets[i], value)
+
+    def launch(self, stream: int) -> None:
+        """Launch on ``stream`` (a raw ``CUstream`` handle) with the packed arguments."""
+        struct.pack_into("<Q", self.cfg, _CFG_STREAM, stream)
+        rc = _LAUNCH_EX[0](self.cfg_addr, self.func, self.params, None)
+        if rc:
+            _check(rc, f"cuLaunchKernelEx({self.kernel.name})")
 
 
 def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
@@ -247,8 +316,12 @@ def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
     drv.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     drv.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    drv.cuLaunchKernelEx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    drv.cuLaunchKernelEx.restype = ctypes.c_int
     if not _LAUNCH:
         _LAUNCH.append(drv.cuLaunchKernel)
+    if not _LAUNCH_EX:
+        _LAUNCH_EX.append(drv.cuLaunchKernelEx)
 
 
 _MODULES: dict[tuple, Module] = {}

@@ -19,6 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FP8_MAX = 448.0  # e4m3 (e4nv) largest finite value; casts saturate here
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+
+
+def workspace_numel(batch: int, num_heads: int, head_dim: int, num_splits: int) -> int:
+    """float32 elements of split-KV scratch: partial outputs [B, Hq, S, D] then their LSEs [B, Hq, S]."""
+    return batch * num_heads * num_splits * (head_dim + 1)
 
 
 @dataclass(frozen=True)

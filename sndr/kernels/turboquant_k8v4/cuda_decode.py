@@ -28,6 +28,7 @@ import functools
 import logging
 import math
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +37,12 @@ import triton
 
 from ... import env as sndr_env
 from . import _cudart
+from ._layout import LOG2E, workspace_numel
 
 SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
 KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
 MERGE = "tq_k8v4_merge"
+MERGED = "tq_k8v4_decode_page_merged"  # page kernel with the merge folded into each sequence's last block
 MAX_SPLITS = 128  # the merge kernel's shared weights array
 TILE = 16
 WARP_STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
@@ -113,19 +116,36 @@ def device_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
+def config_problem(head_dim: int, page: int, hq: int, hk: int, qdtype: torch.dtype,
+                   capability: tuple[int, int] | None = None, page_kernel_ok: bool = True) -> str | None:
+    """Why the CUDA kernels do not cover a model config (None: they do). Pure.
+
+    Covered: head dim 64 or 128 (256: the page kernel, so sm_90 and a cache TMA
+    can copy, ``page_kernel_ok``), a page of a multiple of 16 tokens, 1..16 query
+    heads per KV head, fp16/bf16 queries, sm_89+ (``capability`` None: not checked).
+    """
+    if capability is not None and capability < (8, 9):
+        return "needs sm_89+ (fp8 e4m3 conversions)"
+    if head_dim not in (64, 128, 256):
+        return f"head dim {head_dim} (64, 128 or 256 only)"
+    if hk <= 0 or hq % hk or not 1 <= hq // hk <= 16:
+        return f"group size Hq/Hk = {hq}/{hk}"
+    if page % TILE:
+        return f"page size {page} is not a multiple of {TILE}"
+    if qdtype not in (torch.float16, torch.bfloat16):
+        return f"query dtype {qdtype}"
+    if head_dim not in WARP_STAGE_BYTES and (not page_kernel_ok or (capability is not None and capability < (9, 0))):
+        return f"head dim {head_dim} needs the page kernel (sm_90, 16-byte aligned cache)"
+    return None
+
+
 def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor) -> str | None:
     """What in the call's shapes, dtypes or strides the CUDA kernels cannot take (None: nothing)."""
     bsz, hq, d = query.shape
-    hk = kv_cache.shape[2]
-    if d not in (64, 128, 256):
-        return f"head dim {d} (64, 128 or 256 only)"
-    if hk == 0 or hq % hk or not 1 <= hq // hk <= 16:
-        return f"group size Hq/Hk = {hq}/{hk}"
-    if kv_cache.shape[1] % TILE:
-        return f"page size {kv_cache.shape[1]} is not a multiple of {TILE}"
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        return f"query dtype {query.dtype}"
+    why = config_problem(d, kv_cache.shape[1], hq, kv_cache.shape[2], query.dtype)
+    if why is not None:
+        return why
     if query.stride(2) != 1 or query.stride(0) % 2 or query.stride(1) % 2 or query.data_ptr() % 4:
         return "query rows not 4-byte aligned"
     if kv_cache.dtype != torch.uint8 or kv_cache.stride(3) != 1 or kv_cache.data_ptr() % 4 \
@@ -257,45 +277,201 @@ def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, w
                key=lambda s: (batch_heads * s / (-(-batch_heads * s // slots) * slots), s))
 
 
+# How the splits are merged, for eager calls and inside a CUDA-graph capture:
+#   "cuda"   the CUDA merge kernel after the split kernel;
+#   "pdl"    the same, launched with programmatic dependent launch (sm_90 and a
+#            split grid of one wave; else "cuda"): its blocks are scheduled while
+#            the split kernel drains and wait for it in-kernel;
+#   "fold"   no merge kernel: the page kernel's last block per sequence merges
+#            (page kernel only; else "pdl");
+#   "triton" the Triton merge (graphs only: it costs ~30 us of CPU per launch).
+# Measured on an H200: docs/bench-tq-decode-h200.md.
+MERGE_POLICY = {"eager": "pdl", "graph": "pdl"}
+_OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_SPLIT_SIG = "ppppppfiiiiiqqqqq"
+_MERGE_SIG = "pppppiiiqqqii"
+_MERGED_SIG = _SPLIT_SIG + "pppqqqii"
+_PTRS6 = struct.Struct("<6Q")
+_PTRS5 = struct.Struct("<5Q")
+_PTRS3 = struct.Struct("<3Q")
+_F32 = struct.Struct("<f")
+_STREAM = struct.Struct("<Q")
+
+
+class LaunchPlan:
+    """Everything one call shape launches, built once: the split count, the
+    workspace layout and packed launches (``_cudart.Launch``) for the split
+    kernel, both merge launches and the folded kernel. A call patches the data
+    pointers and the stream and launches (:meth:`launch`).
+
+    The shape covers the query, cache, block-table strides, output / LSE
+    strides and dtype, and the split cap; ``dispatch`` memoises plans per call
+    metadata. Scratch the plan owns (when the caller's is too small) and the
+    folded kernel's arrival counters are kept per stream, never freed (a
+    captured graph may hold their addresses).
+    """
+
+    def __init__(self, query, kv_cache, block_table, out_dtype, out_strides, lse_stride0, max_splits: int,
+                 config: CudaConfig | None = None):
+        cfg, k, wps = plan(query, kv_cache, config or DEFAULT)
+        bsz, hq, d = query.shape
+        hk = kv_cache.shape[2]
+        idx = device_index(query)
+        self.cfg, self.kernel, self.device = cfg, k, idx
+        self.bsz, self.hq, self.d = bsz, hq, d
+        sms = _sm_count(idx)
+        self.splits = splits = num_splits(bsz * hk, wps, sms, min(MAX_SPLITS, max(max_splits, cfg.max_splits)), cfg.waves)
+        self.min_tiles = min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
+        self.need = workspace_numel(bsz, hq, d, splits)
+        self.ml_off = 4 * bsz * hq * splits * d  # bytes from mid_o to mid_l
+        self.scale = None
+        split_vals = [0] * 6 + [0.0, bsz, hk, hq, splits, min_tiles, query.stride(0), query.stride(1),
+                                block_table.stride(0), kv_cache.stride(0), kv_cache.stride(2)]
+        if cfg.kind == "page":
+            grid, block = bsz * splits, 32 * hk
+            one_wave = grid <= k.blocks_per_sm(block) * sms
+        else:
+            grid, block = triton.cdiv(bsz * hk * splits, cfg.warps), 32 * cfg.warps
+            one_wave = grid <= k.blocks_per_sm(block) * sms
+        self.split = _cudart.Launch(k, grid, block, _SPLIT_SIG, split_vals)
+        self.cuda_merge = out_dtype in _OUT_KIND and out_strides is not None
+        self.pdl_ok = one_wave and _capability(idx) >= (9, 0)
+        self.fold_ok = cfg.kind == "page" and self.cuda_merge
+        self.merge = self.merge_pdl = self.merged = None
+        self.write_lse = lse_stride0 is not None
+        if self.cuda_merge:
+            mk = k.module.kernel(MERGE)
+            o_sb, o_sh = out_strides
+            vals = [0] * 5 + [hq, splits, min_tiles, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype],
+                              int(self.write_lse)]
+            self.merge = _cudart.Launch(mk, bsz * hq, 256, _MERGE_SIG, vals)
+            if self.pdl_ok:
+                self.merge_pdl = _cudart.Launch(mk, bsz * hq, 256, _MERGE_SIG, vals, pdl=True)
+            if self.fold_ok:
+                fk = k.module.kernel(MERGED, k.smem)
+                self.merged = _cudart.Launch(fk, grid, block, _MERGED_SIG, split_vals + [
+                    0, 0, 0, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype], int(self.write_lse)])
+                self.cnt_off = self.merged.offset(len(_SPLIT_SIG))
+        self.own_ws: dict[int, torch.Tensor] = {}
+        self.counters: dict[int, torch.Tensor] = {}
+
+    def mode(self, capturing: bool) -> str:
+        """The merge this plan runs now ("cuda", "pdl", "fold" or "triton"), after MERGE_POLICY."""
+        want = MERGE_POLICY["graph" if capturing else "eager"]
+        if want == "triton" and not capturing:
+            want = "cuda"
+        if not self.cuda_merge:
+            return "triton"
+        if want == "fold" and not self.fold_ok:
+            want = "pdl"
+        if want == "pdl" and not self.pdl_ok:
+            want = "cuda"
+        return want
+
+    def workspace(self, stream: int) -> torch.Tensor:
+        """This plan's own scratch on ``stream`` (allocated once)."""
+        ws = self.own_ws.get(stream)
+        if ws is None:
+            ws = self.own_ws[stream] = torch.empty(self.need, dtype=torch.float32, device=f"cuda:{self.device}")
+        return ws
+
+    def counter(self, stream: int) -> int:
+        """Device address of the folded kernel's per-sequence arrival counters on ``stream``."""
+        c = self.counters.get(stream)
+        if c is None:
+            c = self.counters[stream] = torch.zeros(max(1, self.bsz), dtype=torch.int32, device=f"cuda:{self.device}")
+        return c.data_ptr()
+
+    def set_scale(self, scale: float) -> None:
+        self.scale = scale
+        _F32.pack_into(self.split.args, self.split.offset(6), scale * LOG2E)
+        if self.merged is not None:
+            _F32.pack_into(self.merged.args, self.merged.offset(6), scale * LOG2E)
+
+    def launch(self, q: int, kv: int, bt: int, sl: int, out: int, lse: int, mo: int, stream: int, scale: float,
+               mode: str) -> None:
+        """Launch on raw pointers: the split kernel and the merge of ``mode`` (not "triton")."""
+        if scale != self.scale:
+            self.set_scale(scale)
+        ml = mo + self.ml_off
+        run = _cudart._LAUNCH_EX[0]
+        if mode == "fold":
+            m = self.merged
+            _PTRS6.pack_into(m.args, 0, q, kv, bt, sl, mo, ml)
+            _PTRS3.pack_into(m.args, self.cnt_off, self.counter(stream), out, lse)
+            _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)
+            rc = run(m.cfg_addr, m.func, m.params, None)
+        else:
+            sp = self.split
+            _PTRS6.pack_into(sp.args, 0, q, kv, bt, sl, mo, ml)
+            _STREAM.pack_into(sp.cfg, _cudart._CFG_STREAM, stream)
+            rc = run(sp.cfg_addr, sp.func, sp.params, None)
+            if rc:
+                _cudart._check(rc, f"cuLaunchKernelEx({sp.kernel.name})")
+            m = self.merge_pdl if mode == "pdl" else self.merge
+            _PTRS5.pack_into(m.args, 0, mo, ml, sl, out, lse)
+            _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)
+            rc = run(m.cfg_addr, m.func, m.params, None)
+        if rc:
+            _cudart._check(rc, f"cuLaunchKernelEx({m.kernel.name})")
+
+
+_LAUNCH_PLANS: dict[tuple, LaunchPlan] = {}
+
+
+def launch_plan(query, kv_cache, block_table, out, lse, max_splits: int, config: CudaConfig | None = None) -> LaunchPlan:
+    """The memoised :class:`LaunchPlan` of a call (builds kernels on first use)."""
+    ok = out.dtype in _OUT_KIND and out.stride(2) == 1 and (lse is None or lse.stride(1) == 1)
+    key = (_plan_key(query, kv_cache, config or DEFAULT), query.shape[0], block_table.stride(0), out.dtype,
+           out.stride()[:2] if ok else None, None if lse is None else lse.stride(0), max_splits)
+    p = _LAUNCH_PLANS.get(key)
+    if p is None:
+        p = _LAUNCH_PLANS[key] = LaunchPlan(query, kv_cache, block_table, out.dtype, out.stride()[:2] if ok else None,
+                                            None if lse is None else lse.stride(0), max_splits, config)
+    return p
+
+
 def decode_attention(
     query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
     scale: float, *, out: torch.Tensor, lse: torch.Tensor | None, workspace: torch.Tensor | None,
     max_splits: int, config: CudaConfig | None = None,
 ) -> torch.Tensor:
-    """Split-KV decode on the CUDA kernel + the shared Triton merge. Returns ``out``."""
-    from . import kernels  # the merge kernel and the workspace layout
-
-    cfg, k, warps_per_sm = plan(query, kv_cache, config or DEFAULT)
-    bsz, hq, d = query.shape
-    hk = kv_cache.shape[2]
-    idx = device_index(query)
-    splits = num_splits(bsz * hk, warps_per_sm, _sm_count(idx),
-                        min(MAX_SPLITS, max(max_splits, cfg.max_splits)), cfg.waves)
-    min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
-    need = kernels.workspace_numel(bsz, hq, d, splits)
-    if workspace is None or workspace.numel() < need or workspace.dtype != torch.float32 or not workspace.is_contiguous():
-        workspace = torch.empty(need, dtype=torch.float32, device=query.device)
-    flat = workspace.view(-1)
-    mid_o = flat[: bsz * hq * splits * d]
-    mid_l = flat[bsz * hq * splits * d: need]
-    if bsz == 0:
+    """Split-KV decode on the CUDA kernels + a merge (``MERGE_POLICY``). Returns ``out``."""
+    if query.shape[0] == 0:
         return out
-    if mid_o.data_ptr() % 16:
-        mid_o = torch.empty(bsz * hq * splits * d, dtype=torch.float32, device=query.device)
+    idx = device_index(query)
     if idx != torch.cuda.current_device():  # the module lives in that device's context
         with torch.cuda.device(idx):
-            launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles)
-            launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k)
+            return decode_attention(query, kv_cache, block_table, seq_lens, scale, out=out, lse=lse,
+                                    workspace=workspace, max_splits=max_splits, config=config)
+    p = launch_plan(query, kv_cache, block_table, out, lse, max_splits, config)
+    stream = torch.cuda.current_stream(query.device).cuda_stream
+    ws = workspace_for(p, workspace, stream)
+    mode = p.mode(torch.cuda.is_current_stream_capturing())
+    if mode == "triton":
+        flat = ws.view(-1)
+        mid_o = flat[: p.bsz * p.hq * p.splits * p.d]
+        mid_l = flat[p.bsz * p.hq * p.splits * p.d: p.need]
+        launch_split(p.kernel, p.cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, p.splits,
+                     p.min_tiles)
+        launch_merge(query, seq_lens, mid_o, mid_l, out, lse, p.splits, p.min_tiles, p.kernel, cuda=False)
         return out
-    launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles)
-    launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k)
+    p.launch(query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr(), out.data_ptr(),
+             0 if lse is None else lse.data_ptr(), ws.data_ptr(), stream, scale, mode)
     return out
+
+
+def workspace_for(p: LaunchPlan, workspace: torch.Tensor | None, stream: int) -> torch.Tensor:
+    """The caller's workspace when it holds the plan's scratch (float32, contiguous,
+    16-byte aligned), else the plan's own on this stream."""
+    if workspace is not None and workspace.dtype == torch.float32 and workspace.is_contiguous() \
+            and workspace.numel() >= p.need and workspace.data_ptr() % 16 == 0:
+        return workspace
+    return p.workspace(stream)
 
 
 def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, splits, min_tiles) -> None:
     """The CUDA split kernel alone: partial outputs and LSEs into mid_o / mid_l."""
-    from .kernels import LOG2E
-
     bsz, hq, _ = query.shape
     hk = kv_cache.shape[2]
     args = [
@@ -312,18 +488,9 @@ def launch_split(k, cfg, query, kv_cache, block_table, seq_lens, mid_o, mid_l, s
         k.launch(triton.cdiv(bsz * hk * splits, cfg.warps), 32 * cfg.warps, stream, args)
 
 
-_OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
 def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k=None, cuda: bool | None = None) -> None:
-    """Merge the splits.
-
-    Two merge kernels, same result: the CUDA one of ``k``'s module launches
-    for ~5 us of CPU (eager calls), the Triton one costs ~30 us of CPU to launch
-    but 1-4 us less GPU time on an H200 (docs/bench-tq-decode-h200.md). So
-    by default a CUDA-graph capture records the Triton merge, an eager call
-    runs the CUDA merge; ``cuda`` forces one.
-    """
+    """Merge the splits with the CUDA merge of ``k``'s module or, with ``cuda=False``
+    (default: while a CUDA graph is being captured), the Triton one."""
     bsz, hq, d = query.shape
     if cuda is None:
         cuda = not torch.cuda.is_current_stream_capturing()
@@ -338,9 +505,9 @@ def launch_merge(query, seq_lens, mid_o, mid_l, out, lse, splits, min_tiles, k=N
         ]
         k.module.kernel(MERGE).launch(bsz * hq, 256, torch.cuda.current_stream(query.device).cuda_stream, args)
         return
-    from . import kernels
+    from .kernels import _merge_kernel  # the Triton merge (one-way import: kernels never imports this module)
 
-    kernels._merge_kernel[(bsz, hq)](
+    _merge_kernel[(bsz, hq)](
         mid_o, mid_l, seq_lens, out, lse if lse is not None else mid_l,
         splits, min_tiles,
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
@@ -354,4 +521,5 @@ def mark_broken(idx: int, why: str) -> None:
     """Turn the CUDA backend off on one device for this process (logged once)."""
     if idx not in _BROKEN:
         _BROKEN[idx] = why
+        _LAUNCH_PLANS.clear()
         LOG.warning("sndr: TurboQuant CUDA decode disabled on cuda:%d, using Triton: %s", idx, why)

@@ -63,6 +63,7 @@ typedef unsigned long long u64;
 #define STAGE_WORDS (16 * KROW + 16 * VROW + 16)
 #define NH ((G + 7) / 8)           // n-tiles of 8 query heads
 #define NT16 (D / 16)              // m-tiles of the P@V MMA (16 dims each)
+#define DPL (D / 32)               // merge: dims per lane
 
 static_assert(D == 64 || D == 128 || (D == 256 && PAGE_CTA), "head dim 64 or 128 (256: page kernel only)");
 static_assert(PAGE % 16 == 0, "page size: a multiple of 16 tokens");
@@ -115,6 +116,21 @@ static __device__ __forceinline__ float ex2(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
     return r;
+}
+
+// Programmatic dependent launch (sm_90): a split kernel lets the merge grid be
+// scheduled early; the merge waits for the split grid's completion and memory
+// before its first read. Both are no-ops when the merge is launched without the
+// programmatic-serialization attribute, and compiled out below sm_90.
+static __device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 static __device__ __forceinline__ void mma(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -490,6 +506,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split
     const int t_begin = s * tiles_per;
     const int t_end = min(t_begin + tiles_per, n_tiles);
     const int tail = seq_len & 15;  // valid rows of the sequence's last tile (0: full)
+    pdl_launch_dependents();
 
     const int g = lane >> 2, t4 = lane & 3;
 
@@ -578,20 +595,17 @@ static __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 b
 
 #define STAGE_BYTES (16 * ROWP)
 
-extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
+// The page kernel's work for block (b, s), s < split.n_act: partial output and
+// log2-sum-exp of every query head into MID_O / MID_L.
+static __device__ __forceinline__ void page_split(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    const int* __restrict__ BT, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int HQ, int S, int b, int s, int seq_len, const Split& split,
     long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
-    const int s = blockIdx.x % S, b = blockIdx.x / S;
-    const int seq_len = SL[b];
-    const Split split = split_of(seq_len, S, min_tiles);
     const int n_tiles = split.n_tiles, tiles_per = split.tiles_per;
-    if (s >= split.n_act) return;  // the whole block
     const int t_begin = s * tiles_per;
     const int t_end = min(t_begin + tiles_per, n_tiles);
     const int tail = seq_len & 15;
@@ -666,6 +680,130 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     }
     write_partials(st, MID_O, MID_L, b, hk, HQ, S, s, g, t4);
 }
+
+extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+{
+    const int s = blockIdx.x % S, b = blockIdx.x / S;
+    const int seq_len = SL[b];
+    const Split split = split_of(seq_len, S, min_tiles);
+    if (s >= split.n_act) return;  // the whole block
+    pdl_launch_dependents();
+    page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
+}
+
+// Output element d of a row, in the caller's dtype (0 float32, 1 float16, 2 bfloat16).
+static __device__ __forceinline__ void store_out(void* OUT, long long o, float r, int out_kind) {
+    if (out_kind == 0) {
+        reinterpret_cast<float*>(OUT)[o] = r;
+    } else {
+        unsigned short v;
+        if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        reinterpret_cast<unsigned short*>(OUT)[o] = v;
+    }
+}
+
+// The page kernel with the merge folded in: the last block of each sequence to
+// finish (a per-sequence arrival counter in CNT, zero between launches: the last
+// block resets it) merges the splits of all its query heads, warp hk the G heads
+// of KV head hk. CNT must not be shared by launches that can run concurrently.
+#define FW 8  // splits whose rows a lane has in flight at once
+extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_merged(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
+    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
+    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    __shared__ int last;
+    const int s = blockIdx.x % S, b = blockIdx.x / S;
+    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
+    const int seq_len = SL[b];
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int n_act = split.n_act;
+    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
+        if (s == 0) {
+            for (int j = 0; j < G; ++j) {
+                const int h = hk * G + j;
+                for (int d = lane; d < D; d += 32) store_out(OUT, b * o_sb + h * o_sh + d, 0.f, out_kind);
+                if (write_lse && lane == 0) LSE[b * lse_sb + h] = NEG_INF;
+            }
+        }
+        return;
+    }
+    if (s >= n_act) return;
+    page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int prev = atomicAdd(CNT + b, 1);
+        last = prev == n_act - 1;
+        if (last) CNT[b] = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int j = 0; j < G; ++j) {
+        const int h = hk * G + j;
+        const long long row0 = ((long long)b * HQ + h) * S;
+        float wt[4];  // split lane + 32 i (S <= 128)
+        float m = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int sp = lane + 32 * i;
+            wt[i] = sp < n_act ? __ldcg(MID_L + row0 + sp) : NEG_INF;
+            m = fmaxf(m, wt[i]);
+        }
+#pragma unroll
+        for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+        float den = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            wt[i] = lane + 32 * i < n_act ? ex2(wt[i] - m) : 0.f;
+            den += wt[i];
+        }
+#pragma unroll
+        for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
+        float acc[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
+        const float* base = MID_O + row0 * D + lane * DPL;
+#pragma unroll 1
+        for (int s0 = 0; s0 < n_act; s0 += FW) {
+            float v[FW][DPL];
+#pragma unroll
+            for (int u = 0; u < FW; ++u) {
+                const bool ok = s0 + u < n_act;
+#pragma unroll
+                for (int c = 0; c < DPL; c += 2) {
+                    float2 x = make_float2(0.f, 0.f);
+                    if (ok) x = __ldcg(reinterpret_cast<const float2*>(base + (long long)(s0 + u) * D + c));
+                    v[u][c] = x.x; v[u][c + 1] = x.y;
+                }
+            }
+            const int q = s0 >> 5;  // FW divides 32: one weight register for the chunk
+            const float wsrc = q == 0 ? wt[0] : q == 1 ? wt[1] : q == 2 ? wt[2] : wt[3];
+#pragma unroll
+            for (int u = 0; u < FW; ++u) {
+                const float ws = __shfl_sync(0xffffffffu, wsrc, (s0 & 31) + u);
+#pragma unroll
+                for (int c = 0; c < DPL; ++c) acc[c] += ws * v[u][c];
+            }
+        }
+        const float inv = 1.f / den;
+#pragma unroll
+        for (int c = 0; c < DPL; ++c) store_out(OUT, b * o_sb + h * o_sh + lane * DPL + c, acc[c] * inv, out_kind);
+        if (write_lse && lane == 0) LSE[b * lse_sb + h] = (m + __log2f(den)) * 0.6931471805599453f;
+    }
+}
 #endif  // PAGE_CTA
 
 // ---------------------------------------------------------------------------
@@ -678,7 +816,6 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
 // kernels do; a sequence with no tokens gets zeros and lse = -inf.
 // OUT_KIND: 0 float32, 1 float16, 2 bfloat16.
 #define MW 8                 // warps per merge block (MW * 16 >= 128 splits)
-#define DPL (D / 32)         // dims per lane
 
 static __device__ __forceinline__ float block_max(float v, float* red, int tid) {
 #pragma unroll
@@ -714,6 +851,7 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
     __shared__ __align__(16) float part[MW][D];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
+    pdl_wait();
     const int n_act = split_of(SL[b], S, min_tiles).n_act;
     const long long row0 = ((long long)b * HQ + h) * S;
 

@@ -1,5 +1,9 @@
 """Triton kernels for the TurboQuant k8v4 cache: store, split-KV decode, merge.
 
+This module is the Triton backend only (``triton_decode_attention``); the
+backend choice is ``dispatch.decode_attention``, still reachable here as
+``kernels.decode_attention``.
+
 Layout: see ``_layout``. Every slot starts at a multiple of 4 bytes (the slot
 size is D + D/2 + 4 with D a power of two), so the decode reads the cache as
 int32 words: 4 key bytes or 8 value codes per load, one scale|zero word.
@@ -47,10 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._layout import FP8_MAX, Layout
-
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
+from ._layout import FP8_MAX, LN2, LOG2E, Layout, workspace_numel  # noqa: F401  (re-exported)
 FP8_MAX_C = tl.constexpr(FP8_MAX)
 LN2_C = tl.constexpr(LN2)
 
@@ -578,12 +579,7 @@ def pick_num_splits(batch: int, num_kv_heads: int, device: torch.device, cfg: De
     return max(1, min(max_splits, math.ceil(cfg.ctas_per_sm * _sm_count(device) / bh)))
 
 
-def workspace_numel(batch: int, num_heads: int, head_dim: int, num_splits: int) -> int:
-    """float32 elements of scratch the decode needs: partial outputs + their LSEs."""
-    return batch * num_heads * num_splits * (head_dim + 1)
-
-
-def decode_attention(
+def triton_decode_attention(
     query: torch.Tensor,  # [B, Hq, D] fp16/bf16
     kv_cache: torch.Tensor,  # [blocks, page, Hk, slot] uint8
     block_table: torch.Tensor,  # [B, max_blocks] int32
@@ -596,20 +592,16 @@ def decode_attention(
     config: DecodeConfig | None = None,
     max_splits: int = 64,
 ) -> torch.Tensor:
-    """Paged decode attention over a k8v4 cache. Returns ``out``.
+    """Paged decode attention over a k8v4 cache on the Triton kernels. Returns ``out``.
 
-    With no ``config``, the CUDA kernel (``cuda_decode``) runs where it
-    supports the call and ``SNDR_TQ_BACKEND`` allows it; otherwise Triton.
+    The Triton backend alone; ``dispatch.decode_attention`` (also reachable as
+    ``kernels.decode_attention``) chooses between it and the CUDA kernels.
     """
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
     if hq % hk:
         raise ValueError(f"Hq={hq} is not a multiple of Hk={hk}")
     _check_cache(kv_cache, d, hk)
-    if config is None and not interpreting() and query.device.type == "cuda":
-        done = _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits)
-        if done is not None:
-            return done
     g = hq // hk
     cfg = config or default_config(d, g, bsz * hk)
     splits = pick_num_splits(bsz, hk, query.device, cfg, max_splits)
@@ -651,39 +643,12 @@ def decode_attention(
     return out
 
 
-def _capturing() -> bool:
-    try:
-        return torch.cuda.is_current_stream_capturing()
-    except (RuntimeError, AssertionError):  # CPU-only torch
-        return False
+def __getattr__(name: str):
+    """``decode_attention`` (and the old private hooks) moved to ``dispatch``, which
+    chooses the backend; this module holds the Triton kernels only and imports
+    neither ``dispatch`` nor ``cuda_decode`` at import time."""
+    if name in ("decode_attention", "_try_cuda", "_capturing"):
+        from . import dispatch
 
-
-def _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits):
-    """Run the CUDA backend if allowed and able; None: the caller runs Triton."""
-    from . import _cudart, cuda_decode
-
-    choice = cuda_decode.backend_choice()
-    if choice == "triton":
-        return None
-    why = cuda_decode.unsupported(query, kv_cache, block_table, seq_lens)
-    if why is not None:
-        if choice == "cuda":
-            raise ValueError(f"SNDR_TQ_BACKEND=cuda: {why}")
-        return None
-    if not cuda_decode.planned(query, kv_cache) and _capturing():
-        # building means NVRTC + module loading, which a CUDA-graph capture may refuse;
-        # this shape records the Triton kernels (warm up eagerly first to get CUDA)
-        if choice == "cuda":
-            raise RuntimeError("SNDR_TQ_BACKEND=cuda: first call of this shape inside a CUDA-graph capture; "
-                               "run it once eagerly before capturing")
-        return None
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    try:
-        return cuda_decode.decode_attention(query, kv_cache, block_table, seq_lens, scale,
-                                            out=out, lse=lse, workspace=workspace, max_splits=max_splits)
-    except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
-        if choice == "cuda":
-            raise
-        cuda_decode.mark_broken(cuda_decode.device_index(query), str(exc).splitlines()[0])
-        return None
+        return getattr(dispatch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
