@@ -7,8 +7,7 @@ Public surface:
 * ``decode_attention(query, kv_cache, block_table, seq_lens, scale, ...)``:
   GQA-grouped split-KV decode, CUDA-graph capturable: the CUDA kernels of
   ``decode_k8v4.cu`` (built by NVRTC, ``cuda_decode``) where they take the
-  call, else Triton (``SNDR_TQ_BACKEND``); the choice and the memoised eager
-  fast path live in ``dispatch``;
+  call, else Triton (``SNDR_TQ_BACKEND``);
 * ``decode(...)``: drop-in for vLLM 0.32.0's
   ``triton_turboquant_decode_attention`` (same signature); other presets and
   unsupported shapes go to vLLM's own function. Patch PK0001 installs it.
@@ -28,7 +27,7 @@ __all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode",
 
 _LAZY = {
     "store": ".kernels",
-    "decode_attention": ".dispatch",
+    "decode_attention": ".kernels",
     "DecodeConfig": ".kernels",
     "decode": ".vllm_entry",
     "reference": None,
