@@ -6,14 +6,15 @@ subjects ``[Tag] Title (#N)``, squash-form reverts (subject, ``Reverts
 vllm-project/vllm#N`` body, and silent ones), revert chains, pure additions,
 rewrites of recent lines, renames, and release branches ``releases/v0.32`` and
 ``releases/v0.33`` with cherry-picks from main, tagged ``v0.32.0`` and
-``v0.33.0`` (neither an ancestor of the other).
+``v0.33.0`` (neither an ancestor of the other). By default the branches are cut
+at 5% and 90% of main, so the range holds most of the history.
 
 The script plans ``v0.32.0..v0.33.0`` against the v0.32.0 tree with the
 shipped patch set's surface, and prints every count with what it counts and
 the wall time, next to the time ``git log -p v0.32.0..v0.33.0`` takes to
 merely print the range (the floor any planner reading the diffs pays).
 
-    python benchmarks/bench_sync.py [--commits 2400] [--others 300] [--keep DIR] [--json OUT]
+    python benchmarks/bench_sync.py [--commits 2600] [--others 300] [--cuts 0.05 0.90] [--keep DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from upstream.history import generate, git  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--commits", type=int, default=2400)
+    ap.add_argument("--commits", type=int, default=2600)
+    ap.add_argument("--cuts", type=float, nargs=2, default=(0.05, 0.90), metavar=("V032", "V033"),
+                    help="where on main the two release branches are cut (fractions)")
     ap.add_argument("--others", type=int, default=300, help="real files outside the surface")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--local", type=int, default=25, help="lines of the tree changed locally (as local patches "
@@ -61,7 +64,7 @@ def main() -> int:
         if d.exists():
             shutil.rmtree(d)
     t0 = time.perf_counter()
-    gen = generate(pin_root, surface, others, args.commits, seed=args.seed)
+    gen = generate(pin_root, surface, others, args.commits, seed=args.seed, cuts=tuple(args.cuts))
     gen.history.write(repo)
     t_build = time.perf_counter() - t0
     tree.mkdir(parents=True)

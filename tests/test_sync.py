@@ -19,7 +19,6 @@ from sndr.errors import SndrError
 from sndr.upstream.sync import (
     PIN_FILE_NAME,
     LineTracker,
-    PinRecord,
     Surface,
     advance,
     classify_hunk,
@@ -195,9 +194,9 @@ def test_every_disposition_and_order(scripted):
     assert "neither the pre-image nor the post-image" in e["conflict"].reason
     assert e["added"].status == e["reverted"].status == "cancelled"
     assert e["added"].pair == c["reverted"] and e["reverted"].pair == c["added"]
-    assert e["probe_add"].status == e["probe_remove"].status == "net-zero"
-    assert "net-zero" in e["probe_add"].flags
-    assert c["probe_remove"][:10] in e["probe_add"].reason
+    # the hand-written removal is the exact inverse of the addition: a silent revert, paired by patch-id
+    assert e["probe_add"].status == e["probe_remove"].status == "cancelled"
+    assert f"reverts {c['probe_add'][:10]} (paired by patch-id)" in e["probe_remove"].flags
     assert (e["rename"].disposition, e["rename"].status) == ("applicable", "port")
     assert e["rename"].files[0].change == "R" and e["rename"].files[0].old_path == STM
     assert (e["after_rename"].disposition, e["after_rename"].status) == ("applicable", "port")

@@ -19,10 +19,10 @@ from sndr.errors import SndrError
 from sndr.upstream.decisions import EMPTY, load_decisions, parse_decisions, set_deviation
 from sndr.upstream.diff import parse_hunks
 from sndr.upstream.judge import classify_hunk
-from sndr.upstream.pin import advance, gate_benchmark, gate_deviations, gate_queue, read_pin
+from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue, read_pin
 from sndr.upstream.reverts import revert_target_subject, strip_pr
 from sndr.upstream.sync import Surface, cli_main, pin_main, plan, render_markdown
-from test_sync import (  # noqa: F401 - scripted is a fixture
+from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     BLOCK_POOL,
     COORD,
     DEBUG_DUMP_NEW,
@@ -314,6 +314,21 @@ def test_rename_into_the_surface_brings_earlier_commits_with_it(tmp_path, source
     assert e2.depends_on == [c1] and e3.depends_on == [c2]
     assert rep.surface.renamed == [f"{METRICS} -> {new}"]
     assert [w.commits for w in rep.waves] == [[c1], [c2], [c3]]
+
+
+def test_add_then_remove_that_is_no_single_revert_is_net_zero(tmp_path, source):
+    """Two additions removed together by one commit: no revert pairs them, the line tracker does."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    a1 = repo.edit(COORD, PROBE_OLD, PROBE_NEW, "[Misc] Add a manager probe (#51401)")
+    a2 = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, "[Misc] Add BlockPool.debug_dump (#51402)")
+    for rel, old, new in ((COORD, PROBE_OLD, PROBE_NEW), (BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW)):
+        (repo.path / rel).write_text((repo.path / rel).read_text().replace(new, old))
+    rm = repo.commit("[Misc] Drop the debugging helpers (#51403)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    assert [rep.entry(x).status for x in (a1, a2, rm)] == ["net-zero"] * 3
+    assert rep.entry(a1).reason == f"add-then-remove: every line it adds is removed again by {rm[:10]}"
+    assert rep.waves == []
 
 
 # ----------------------------------------------------------------------------- 6. superseded

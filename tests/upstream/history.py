@@ -264,13 +264,14 @@ class Generated:
     counts: dict[str, int]
 
 
-def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: int, seed: int = 17) -> Generated:
+def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: int, seed: int = 17,
+             cuts: tuple[float, float] = (0.30, 0.80)) -> Generated:
     """About ``n_commits`` commits of vLLM's shape on real files: see the module docstring.
 
-    Main runs the whole way; ``releases/v0.32`` is cut at 30% and gets
-    cherry-picks of main commits from 30-35%, tagged ``v0.32.0``;
-    ``releases/v0.33`` is cut at 80% and gets cherry-picks from 80-85%, tagged
-    ``v0.33.0``. About 1 in 6 commits touches the surface; 1 in 60 is a revert
+    Main runs the whole way; ``releases/v0.32`` is cut at ``cuts[0]`` (30%) and
+    gets cherry-picks of the main commits of the next 5%, tagged ``v0.32.0``;
+    ``releases/v0.33`` is cut at ``cuts[1]`` (80%) and gets cherry-picks of the
+    next 5%, tagged ``v0.33.0``. About 1 in 6 commits touches the surface; 1 in 60 is a revert
     (subject, body and silent forms, some of them chains), 1 in 40 adds a
     function, 1 in 80 renames an outside file.
     """
@@ -314,7 +315,8 @@ def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: i
         name = f"sndr_helper_{pr[0]}"
         return (path, old, f"    def {name}(self) -> int:\n        return {pr[0]}\n\n" + old)
 
-    cut32, cut33 = int(n_commits * 0.30), int(n_commits * 0.80)
+    cut32, cut33 = int(n_commits * cuts[0]), int(n_commits * cuts[1])
+    end32, end33 = int(n_commits * (cuts[0] + 0.05)), int(n_commits * (cuts[1] + 0.05))
     picks32: list[Commit] = []
     picks33: list[Commit] = []
     i = 0
@@ -386,11 +388,11 @@ def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: i
             i -= 1  # nothing recorded: try again
             continue
         recent.append(c)
-        if cut32 <= i < int(n_commits * 0.35) and rnd.random() < 0.2:
+        if cut32 <= i < end32 and rnd.random() < 0.2:
             picks32.append(c)
-        if cut33 <= i < int(n_commits * 0.85) and rnd.random() < 0.2:
+        if cut33 <= i < end33 and rnd.random() < 0.2:
             picks33.append(c)
-        if once("tag32", i >= int(n_commits * 0.35)):
+        if once("tag32", i >= end32):
             for p in picks32:
                 try:
                     h.cherry_pick("releases/v0.32", p)
@@ -398,7 +400,7 @@ def generate(pin_root: Path, surface: list[str], others: list[str], n_commits: i
                 except (ValueError, KeyError):
                     pass
             h.tag("v0.32.0", h.commits[h.heads["releases/v0.32"] - 1])
-        if once("tag33", i >= int(n_commits * 0.85)):
+        if once("tag33", i >= end33):
             for p in picks33:
                 try:
                     h.cherry_pick("releases/v0.33", p)
