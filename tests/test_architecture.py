@@ -1,0 +1,319 @@
+"""The architecture, enforced: what each package may import, no import cycles, no module sprawl.
+
+Imports are read with :mod:`ast` from the source (function-level imports
+included), so a lazy import cannot hide from these rules. The rules:
+
+* **Core** = the top-level modules ``sndr/<name>.py``. **Startup** =
+  ``sndr/startup/*``, which runs in every vLLM process.
+* **Startup imports the stdlib and the core only.** Every import statement in
+  ``sndr/startup/*.py``, at module level or inside a function, names a stdlib
+  module, ``sndr``, a core module or another ``sndr.startup`` module. The one
+  third-party exception is listed in :data:`STARTUP_THIRD_PARTY` with its reason,
+  and must sit inside a function.
+* **The warm path is stdlib-only.** The closure of *module-level* imports from
+  the startup modules (following sndr modules' own module-level imports) holds
+  no third-party module; checked in a fresh interpreter too. So ``pydantic``
+  (via ``sndr.model``) is only ever reached by a function-level import, which
+  runs on the cold path only (a memo miss: ``importer.resolve_set`` loading the
+  patch set); ``tests/test_hook.py`` checks a warm start never runs it.
+* The core never imports ``sndr.kernels`` or ``sndr.runtime_patches`` at module level.
+* No import cycle among sndr modules through module-level imports.
+* The importer's code stamp names files that exist (a moved module would
+  otherwise silently stop invalidating the memo).
+* No module over :data:`MAX_LINES` lines unless it is on :data:`LARGE_MODULES`,
+  with the one cohesive thing it is.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "sndr"
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+MAX_LINES = 600
+
+#: Modules over MAX_LINES, each one cohesive thing (the reason is the comment).
+LARGE_MODULES = {
+    # the transaction: journal, locks, content-addressed objects, crash recovery; one invariant, one file
+    "sndr/commit.py",
+    # the planner: gates, after/requires order, stacked edits, conflict and on_failure re-planning
+    "sndr/plan.py",
+    # the apply/verify/revert shell and its CLI; the ledger checks share its helpers
+    "sndr/apply.py",
+    # tree views (directory, installed, wheel, git, cached release) and the PyPI fetch behind them
+    "sndr/tree.py",
+    # the sys.meta_path finder, its sealed caches and the memoised resolution: one object graph
+    "sndr/startup/importer.py",
+    # register(), per-process state, `sndr status` and `sndr hook`: what runs in each vLLM process
+    "sndr/startup/hook.py",
+    # diff -> patch TOML: placement, widening, markers, round-trip checks
+    "sndr/upstream/vendor.py",
+    # watchlist lint/set/check: one file format and its rules
+    "sndr/upstream/watchlist.py",
+    # config-drift analysis: one table-driven comparison of vLLM's config surfaces
+    "sndr/preflight/configdrift.py",
+    # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
+    "sndr/kernels/turboquant_k8v4/kernels.py",
+}
+
+#: Third-party imports allowed in sndr/startup, each inside a function only: (file, top-level module) -> why.
+STARTUP_THIRD_PARTY = {
+    ("sndr/startup/metrics.py", "prometheus_client"):
+        "vLLM's own metrics library: imported only when it is already loaded or PROMETHEUS_MULTIPROC_DIR is set",
+}
+
+
+# ----------------------------------------------------------------------------- import graph
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        if "_data" in p.parts:
+            continue
+        parts = list(p.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+CORE = {m for m, p in MODULES.items() if p.parent == PKG and p.name != "__init__.py"}
+
+
+def _targets(mod: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """Absolute module names an import statement imports (``from a import b``: ``a`` and, if a module, ``a.b``)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+    else:
+        prefix = node.module or ""
+    return [prefix] + [f"{prefix}.{a.name}" for a in node.names if f"{prefix}.{a.name}" in MODULES]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement of a file, with True when it runs at import time (module level)."""
+    out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def walk(nodes: list[ast.stmt], top: bool) -> None:
+        for n in nodes:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.append((n, top))
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(n.body, False)
+            elif isinstance(n, ast.If) and _is_type_checking(n.test):
+                walk(n.body, False)  # never runs
+                walk(n.orelse, top)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                    sub = getattr(n, field, None)
+                    if isinstance(sub, list):
+                        walk([s for s in sub if isinstance(s, ast.stmt)], top)
+                        for h in sub:
+                            if isinstance(h, (ast.ExceptHandler, ast.match_case)):
+                                walk(h.body, top)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body, True)
+    return out
+
+
+def _module_level_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for mod, path in MODULES.items():
+        deps = set()
+        for node, top in _imports(path):
+            if top:
+                deps.update(t for t in _targets(mod, path, node) if t in MODULES and t != mod)
+        graph[mod] = deps
+    return graph
+
+
+GRAPH = _module_level_graph()
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+STARTUP = sorted(m for m in MODULES if m == "sndr.startup" or m.startswith("sndr.startup."))
+
+
+@pytest.mark.parametrize("mod", STARTUP)
+def test_startup_imports_only_the_stdlib_and_the_core(mod):
+    path = MODULES[mod]
+    rel = path.relative_to(REPO).as_posix()
+    bad = []
+    for node, top in _imports(path):
+        for target in _targets(mod, path, node):  # the module it names, and the sndr modules it takes
+            head = target.split(".")[0]
+            if head in STDLIB:
+                continue
+            if head == "sndr":
+                ok = target == "sndr" or target.startswith("sndr.startup") or \
+                    ".".join(target.split(".")[:2]) in CORE
+                if not ok:
+                    bad.append(f"line {node.lineno}: {target} is neither the core nor sndr.startup")
+                continue
+            why = STARTUP_THIRD_PARTY.get((rel, head))
+            if why is None:
+                bad.append(f"line {node.lineno}: third-party {target}")
+            elif top:
+                bad.append(f"line {node.lineno}: {target} is allowed only inside a function ({why})")
+    assert not bad, f"{rel} runs in every vLLM process; it may import only the stdlib and the core:\n" + "\n".join(bad)
+
+
+def _closure(start: list[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(GRAPH.get(m, ()))
+    return seen
+
+
+def test_the_warm_startup_path_imports_no_third_party_module_at_module_level():
+    reached = _closure(STARTUP)
+    third = {}
+    for mod in sorted(reached):
+        path = MODULES[mod]
+        for node, top in _imports(path):
+            if not top:
+                continue
+            for target in _targets(mod, path, node):
+                head = target.split(".")[0]
+                if head not in STDLIB and head != "sndr":
+                    third.setdefault(mod, []).append(f"line {node.lineno}: {target}")
+    assert not third, ("the module-level imports of sndr.startup reach third-party modules (pydantic is for the "
+                       f"cold path, behind a function-level import): {json.dumps(third, indent=1)}")
+
+
+def test_importing_every_startup_module_loads_only_the_stdlib_and_sndr():
+    """The same rule measured: a fresh interpreter imports all of sndr.startup; what did it load?"""
+    code = ("import sys; before = set(sys.modules)\n"
+            f"for m in {STARTUP!r}: __import__(m)\n"
+            "import json; print(json.dumps(sorted(set(sys.modules) - before)))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    foreign = [m for m in loaded if m.split(".")[0] not in STDLIB and m.split(".")[0] != "sndr"]
+    assert not foreign, f"importing sndr.startup loaded {foreign}"
+    assert "sndr.model" not in loaded and "sndr.plan" not in loaded and "pydantic" not in loaded
+
+
+def test_the_core_never_imports_kernels_or_runtime_patches_at_module_level():
+    bad = {m: sorted(d for d in GRAPH[m] if d.startswith(("sndr.kernels", "sndr.runtime_patches")))
+           for m in sorted(CORE | {"sndr"})}
+    bad = {m: d for m, d in bad.items() if d}
+    assert not bad, f"core modules import kernels/runtime patches at module level: {bad}"
+
+
+def test_no_import_cycles_among_sndr_modules():
+    cycles = _cycles(GRAPH)
+    detail = []
+    for comp in cycles:
+        detail.append(" <-> ".join(comp) + ": " + "; ".join(
+            f"{m} imports {sorted(GRAPH[m] & set(comp))}" for m in comp))
+    assert not cycles, "module-level import cycles:\n" + "\n".join(detail)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The check above is only as good as the finder: a two-module and a three-module cycle, and a DAG."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_import_reader_sees_function_level_and_relative_imports():
+    src = PKG / "startup" / "importer.py"
+    found = {(t, top) for node, top in _imports(src) for t in _targets("sndr.startup.importer", src, node)[:1]}
+    assert ("sndr.load", False) in found  # `from ..load import load_patch_set` inside resolve_set
+    assert ("os", True) in found
+
+
+def test_the_code_stamp_names_modules_that_exist():
+    from sndr.startup import importer
+
+    root = Path(importer._package_root())
+    assert root == PKG
+    missing = [name for name in importer._STAMP_MODULES if not (root / name).is_file()]
+    assert not missing, f"importer._STAMP_MODULES names missing files {missing}: memo invalidation would be off"
+    # Every core module the resolution runs is stamped: a change to it must invalidate the memo.
+    stamped = set(importer._STAMP_MODULES)
+    for name in ("model.py", "load.py", "plan.py", "classify.py", "env.py", "packs.py"):
+        assert name in stamped
+
+
+def test_modules_over_the_size_limit_are_on_the_allow_list():
+    sizes = {p.relative_to(REPO).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+             for p in MODULES.values()}
+    over = sorted(rel for rel, n in sizes.items() if n > MAX_LINES)
+    unlisted = [f"{rel} ({sizes[rel]} lines)" for rel in over if rel not in LARGE_MODULES]
+    assert not unlisted, (f"modules over {MAX_LINES} lines: split them at their seams, or add them to "
+                          f"LARGE_MODULES with the one cohesive thing each is: {unlisted}")
+    gone = sorted(rel for rel in LARGE_MODULES if rel not in sizes)
+    assert not gone, f"LARGE_MODULES names modules that no longer exist: {gone}"
