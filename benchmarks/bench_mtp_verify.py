@@ -230,9 +230,9 @@ def check(vl) -> list[dict]:
 
 PROBE = {
     "default": mtp_verify.VerifyConfig(),
+    "q_in_regs": mtp_verify.VerifyConfig(qsmem=0),
     "stages4": mtp_verify.VerifyConfig(stages=4),
-    "stages6": mtp_verify.VerifyConfig(stages=6),
-    "waves2": mtp_verify.VerifyConfig(waves=2),
+    "stages2": mtp_verify.VerifyConfig(stages=2),
 }
 
 

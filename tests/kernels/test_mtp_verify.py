@@ -62,7 +62,7 @@ def _usage(cubin: bytes, tmp_path: Path) -> list[str]:
 # (head dim, Hk, G, K, page, bf16)
 GRID = [(128, 8, g, k, 16, True) for k in (0, 1, 3, 7) for g in (1, 4, 6, 8)]
 OTHER = [(64, 4, 8, 3, 16, False), (256, 8, 4, 3, 16, True), (256, 4, 8, 1, 32, True), (128, 16, 2, 3, 64, True),
-         (128, 2, 16, 3, 16, False), (128, 1, 4, 15, 16, True)]
+         (128, 2, 16, 3, 16, False), (128, 1, 4, 15, 16, True), (128, 8, 8, 5, 16, True)]
 
 
 @pytest.mark.parametrize("d,hk,g,k,page,bf16", GRID + OTHER)
@@ -99,8 +99,12 @@ def test_row_chunks(ql, g, rc, nch):
 def test_defines_and_register_budget():
     d = mv.defines(32, 8, 128, 16, 8 * 196, True, 4)
     assert (d["G"], d["GQ"], d["QL"], d["RC"], d["NCH"], d["PAGE_CTA"]) == (16, 4, 4, 16, 1, 1)
-    assert d["MINB"] == 1  # 16 rows: two n-tiles of accumulators
+    assert d["MINB"] == 2 and d["QSMEM"] == 1  # 16 rows: Q fragments in shared memory, two blocks per SM
+    regs = mv.defines(32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(qsmem=0))
+    assert (regs["MINB"], regs["QSMEM"]) == (1, 0)  # in registers: twice the accumulators, half the blocks
     assert mv.defines(8, 8, 128, 16, 8 * 196, True, 1)["MINB"] == 2
+    assert mv.defines(8, 8, 128, 16, 8 * 196, True, 1)["QSMEM"] == 0
+    assert mv.smem_bytes(mv.DEFAULT, 8 * 196, 8, 16, 128) == 3 * 16 * 1584 + 48 + 8 * 2 * 8 * 2 * 32 * 4
     assert (d["ROWP"], d["ROWCOPY"]) == (1584, 1)
 
 

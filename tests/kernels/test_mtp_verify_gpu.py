@@ -103,7 +103,8 @@ def _precompiled():
     shapes += [(hk * g, hk, d, page, hk * Layout(d).slot_size_aligned, dt == torch.bfloat16, k + 1)
                for d, hk, g, k, page, dt in OTHER]
     shapes += [(32, 8, 128, 16, 8 * 196, True, 4), (64, 8, 128, 16, 8 * 196, True, 2),
-               (64, 8, 128, 16, 8 * 196, True, 6), (32, 8, 128, 32, 8 * 196, True, 3)]
+               (64, 8, 128, 16, 8 * 196, True, 6), (32, 8, 128, 32, 8 * 196, True, 3),
+               (32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(qsmem=0))]
     mv.precompile(shapes, workers=12)
 
 
@@ -139,6 +140,15 @@ def test_verify_other_shapes(d, hk, g, k, page, qdtype):
     ref = _ref(q, cache, bt, sl, d ** -0.5, k)
     assert not out.isnan().any()
     assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("qsmem", [0, 1])
+def test_q_fragments_in_registers_or_shared_memory(qsmem):
+    lens = [3000, 45, 1]
+    q, cache, bt, sl = _case(128, 8, 4, 3, 16, lens, seed=31)
+    out = _verify(q, cache, bt, sl, 0.088, 3, config=mv.VerifyConfig(qsmem=qsmem))
+    assert not out.isnan().any()
+    assert _rel(out, _ref(q, cache, bt, sl, 0.088, 3)) < 1e-2
 
 
 def test_errors_equal_to_plain_decode():

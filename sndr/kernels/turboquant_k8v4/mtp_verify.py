@@ -65,6 +65,7 @@ class VerifyConfig:
     min_split_tokens: int = 32  # a request gets at most one split per this many tokens
     waves: int = 1  # the split count aims at this many full waves of blocks
     max_splits: int = 128  # may exceed the caller's cap
+    qsmem: int = -1  # Q fragments in shared memory: 1, 0, -1 = where a warp holds more than 8 rows
 
 
 DEFAULT = VerifyConfig()
@@ -106,15 +107,24 @@ def row_pitch(sp: int) -> tuple[int, int]:
     return p, 1
 
 
-def smem_bytes(cfg: VerifyConfig, sp: int) -> int:
-    return cfg.stages * 16 * row_pitch(sp)[0] + 16 * cfg.stages
+def q_in_smem(cfg: VerifyConfig, rc: int) -> bool:
+    return bool(cfg.qsmem) if cfg.qsmem >= 0 else rc > 8
+
+
+def smem_bytes(cfg: VerifyConfig, sp: int, hk: int = 0, rc: int = 0, d: int = 128) -> int:
+    ring = cfg.stages * 16 * row_pitch(sp)[0] + 16 * cfg.stages
+    if hk and q_in_smem(cfg, rc):
+        ring += hk * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
+    return ring
 
 
 def min_blocks(cfg: VerifyConfig, hk: int, rc: int, d: int) -> int:
+    """Blocks per SM asked of the register allocator: more than 8 rows per warp hold twice the
+    accumulators; with Q in shared memory they still fit two blocks of 8 warps (no spills)."""
     n = max(1, (cfg.min_blocks * 8) // hk)
     if d > 128:
         n = max(1, n // 2)
-    return n if rc <= 8 else max(1, n // 2)
+    return n if rc <= 8 or q_in_smem(cfg, rc) and d <= 128 else max(1, n // 2)
 
 
 def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
@@ -126,7 +136,7 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         "D": d, "SP": sp, "PAGE": page, "G": rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
         "MINB": min_blocks(cfg, hk, rc, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
-        "QL": ql, "GQ": g, "RC": rc, "NCH": nch,
+        "QL": ql, "GQ": g, "RC": rc, "NCH": nch, "QSMEM": int(q_in_smem(cfg, rc)),
     }
 
 
@@ -205,7 +215,8 @@ def _key(idx, dtype, hq, hk, d, page, sp, ql, cfg) -> tuple:
 def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, ql, cfg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg)
-    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem_bytes(cfg, sp), label="verify_k8v4")
+    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem_bytes(cfg, sp, hk, defs["RC"], d),
+                            label="verify_k8v4")
     merge = k.module.kernel(MERGE)
     blocks = max(1, k.blocks_per_sm(32 * hk))
     return k, merge, blocks, defs["NCH"]

@@ -47,6 +47,19 @@ static_assert(NCH * RC >= QL * GQ && (NCH - 1) * RC < QL * GQ, "row chunks cover
 static_assert(PAGE_CTA == 1, "built on the page kernel's TMA ring");
 
 #define VR (QL * GQ)              // query rows per KV head
+#ifndef QSMEM
+#define QSMEM 0                   // 1: Q fragments in shared memory (read per tile), not registers
+#endif
+
+// The B operand of the score MMA (Q^T, k-permuted as load_q_frags builds it):
+// in registers, or in shared memory as uint4 {k, k + 1} pairs of one lane
+// (index (nh * KSTEPS / 2 + k / 2) * 32 from the lane's first), which frees the
+// 16 * NH registers per thread that two blocks of 8 warps per SM need at 16 rows.
+#if QSMEM
+struct QOp { const uint4* p; };
+#else
+struct QOp { u32 r[NH][KSTEPS][2]; };
+#endif
 #define EMPTY_LSE (-1e30f)
 #define HQ_ (HK * GQ)             // query heads
 
@@ -77,7 +90,7 @@ static __device__ __forceinline__ void load_q_rows(
 // get scale = zero = 0 so nothing non-finite can reach the accumulators.
 template <bool MASKED>
 static __device__ __forceinline__ void attend_tile_causal(
-    State& st, const u32 (&qb)[NH][KSTEPS][2], const u32* stage, int g, int t4, int tok0,
+    State& st, const QOp& q, const u32* stage, int g, int t4, int tok0,
     int seq_len, const int (&lim)[NH][2], float qk_scale)
 {
     u32 kw[2][KSTEPS];
@@ -90,22 +103,36 @@ static __device__ __forceinline__ void attend_tile_causal(
     }
     const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
 
-    u32 ka[KSTEPS][4];
+    // ---- S^T, k-step by k-step: each key word converted right before its MMAs
+    float c[NH][4];
 #pragma unroll
-    for (int k = 0; k < KSTEPS; ++k) {
-        ka[k][0] = e4m3x2_to_f16x2(kw[0][k]);
-        ka[k][1] = e4m3x2_to_f16x2(kw[1][k]);
-        ka[k][2] = e4m3x2_to_f16x2(kw[0][k] >> 16);
-        ka[k][3] = e4m3x2_to_f16x2(kw[1][k] >> 16);
+    for (int nh = 0; nh < NH; ++nh) c[nh][0] = c[nh][1] = c[nh][2] = c[nh][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < KSTEPS; k += 2) {
+        u32 bq[NH][4];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#if QSMEM
+            const uint4 v = q.p[(nh * (KSTEPS / 2) + k / 2) * 32];
+            bq[nh][0] = v.x; bq[nh][1] = v.y; bq[nh][2] = v.z; bq[nh][3] = v.w;
+#else
+            bq[nh][0] = q.r[nh][k][0]; bq[nh][1] = q.r[nh][k][1];
+            bq[nh][2] = q.r[nh][k + 1][0]; bq[nh][3] = q.r[nh][k + 1][1];
+#endif
+        }
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            const u32 a0 = e4m3x2_to_f16x2(kw[0][k + kk]), a1 = e4m3x2_to_f16x2(kw[1][k + kk]);
+            const u32 a2 = e4m3x2_to_f16x2(kw[0][k + kk] >> 16), a3 = e4m3x2_to_f16x2(kw[1][k + kk] >> 16);
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) mma(c[nh], a0, a1, a2, a3, bq[nh][2 * kk], bq[nh][2 * kk + 1]);
+        }
     }
     float t[NH][4];  // [tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1]
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int k = 0; k < KSTEPS; ++k) mma(c, ka[k][0], ka[k][1], ka[k][2], ka[k][3], qb[nh][k][0], qb[nh][k][1]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) t[nh][i] = c[i] * qk_scale;
+        for (int i = 0; i < 4; ++i) t[nh][i] = c[nh][i] * qk_scale;
         if (MASKED) {
             const int p0 = tok0 + g, p1 = tok0 + g + 8;
             if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
@@ -290,8 +317,25 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
     int pg_next = 0;
     if (hk == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
 
-    u32 qb[NH][KSTEPS][2];
-    load_q_rows(qb, Q, b, hk, c, q_st, q_sh, g, t4);
+    QOp qop;
+#if QSMEM
+    {
+        uint4* qsm = reinterpret_cast<uint4*>(smem + STAGES * STAGE_BYTES + 16 * STAGES)
+                     + hk * (NH * (KSTEPS / 2) * 32) + lane;
+        u32 qb[NH][KSTEPS][2];
+        load_q_rows(qb, Q, b, hk, c, q_st, q_sh, g, t4);
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+            for (int k = 0; k < KSTEPS; k += 2)
+                qsm[(nh * (KSTEPS / 2) + k / 2) * 32] = make_uint4(qb[nh][k][0], qb[nh][k][1], qb[nh][k + 1][0],
+                                                                   qb[nh][k + 1][1]);
+        __syncwarp();
+        qop.p = qsm;
+    }
+#else
+    load_q_rows(qop.r, Q, b, hk, c, q_st, q_sh, g, t4);
+#endif
     State st;
     init_state(st);
     int lim[NH][2];
@@ -326,8 +370,8 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
         mbar_wait(bars + 8 * slot, (phase >> slot) & 1);
         phase ^= 1u << slot;
         const u32* stage = reinterpret_cast<const u32*>(my + slot * STAGE_BYTES);
-        if (T >= t_mask) attend_tile_causal<true>(st, qb, stage, g, t4, 16 * T, seq_len, lim, qk_scale);
-        else attend_tile_causal<false>(st, qb, stage, g, t4, 16 * T, seq_len, lim, qk_scale);
+        if (T >= t_mask) attend_tile_causal<true>(st, qop, stage, g, t4, 16 * T, seq_len, lim, qk_scale);
+        else attend_tile_causal<false>(st, qop, stage, g, t4, 16 * T, seq_len, lim, qk_scale);
         __syncwarp();
         if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
         slot = slot + 1 == STAGES ? 0 : slot + 1;
