@@ -202,6 +202,9 @@ def _cli_body(args) -> int:
     if args.json:
         doc = {"tree": args.tree, "vllm_version": version, "profile": args.profile,
                "patches": [r.to_json() for r in rows]}
+        if plan is not None:  # the digest apply would write into the ledger (and the hook attests)
+            doc["enabled"] = [p.id for p in plan.patches if p.status != "gated"]
+            doc["patch_set_digest"] = plan.digest
         print(json.dumps(doc, indent=2))
         return EXIT_OK
     with_verdict = plan is not None or gates is not None

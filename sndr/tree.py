@@ -195,11 +195,12 @@ class Tree(abc.ABC):
         data = self.read_bytes(rel)
         if data is None:
             return None
+        from . import fsio  # the strict-decode rule's one home
+
         try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data[: exc.start].count(b"\n") + 1
-            raise bad_input("not_utf8", f"not valid UTF-8 at byte {exc.start} ({exc.reason})", file=rel, line=line) from None
+            return fsio.decode_strict(data, rel, "file")
+        except fsio.FileProblem as exc:
+            raise bad_input(exc.code, f"not valid UTF-8: {exc.message}", file=rel, line=exc.line) from None
 
     def metadata(self) -> str | None:
         """Text of the distribution's METADATA when the view has one, else None."""
