@@ -285,8 +285,9 @@ def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, w
 #   "fold"   no merge kernel: the page kernel's last block per sequence merges
 #            (page kernel only; else "pdl");
 #   "triton" the Triton merge (graphs only: it costs ~30 us of CPU per launch).
-# Measured on an H200: docs/bench-tq-decode-h200.md.
-MERGE_POLICY = {"eager": "pdl", "graph": "pdl"}
+# Measured on an H200 (docs/bench-tq-decode-h200.md, --merge-probe): PDL and the
+# folded merge each slow some cell (fold: B=8 / 8K by 12-23 us), so neither ships.
+MERGE_POLICY = {"eager": "cuda", "graph": "triton"}
 _OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _SPLIT_SIG = "ppppppfiiiiiqqqqq"
 _MERGE_SIG = "pppppiiiqqqii"

@@ -114,7 +114,7 @@ def decode(
     if exact and not dispatch._capturing():
         dispatch.remember(dispatch.ENTRY, query, kv_cache, block_table, seq_lens, output_buf, lse_buf, mid_o_buf,
                           max_num_kv_splits, (key_packed_size, value_quant_bits, key_fp8))
-    return done
+    return output_buf if exact else done  # as the fast path returns it
 
 
 def _call_vllm(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
