@@ -352,7 +352,10 @@ def test_cli_clean_set_exits_zero_with_config(tmp_path, vllm_pin_root, vllm_cand
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert data["config"]["pin"] == "0.32.0" and "dependencies" in data["config"]
-    assert "re-anchor (0)" in proc.stdout
+    # Compact terminal layout: the plain-words verdict first, the kept patches named, no empty sections.
+    lines = proc.stdout.splitlines()
+    assert lines[1] == "Bump clear: keep 4" and "re-anchor" not in proc.stdout
+    assert "PF01, PF02, PF21, PF29" in proc.stdout and "nothing to report" in lines[-1]
     # --fail-on any: the candidate's config drift alone does not count; only watched items do (config).
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bump_preflight.py"), "--patches", str(ps_dir),
                            "--pin", str(vllm_pin_root), "--candidate", str(vllm_candidate_root), "-q",

@@ -1,0 +1,147 @@
+"""``python -m sndr preflight``: arguments, outputs, exit status (through :func:`sndr.cli.run`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..errors import EXIT_BAD_INPUT, EXIT_OK, bad_input
+from ..load import load_patch_set
+from .analysis import run_preflight
+from .annotations import github_annotations, render_sarif
+from .models import FAIL_ON_CHOICES
+from .render import render_markdown, render_terminal
+
+# ============================================================================ CLI
+
+
+def _parse_fail_on(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or ["drift"]:
+        for part in v.split(","):
+            part = part.strip().lower()
+            if not part:
+                continue
+            if part not in FAIL_ON_CHOICES:
+                raise bad_input("bad_fail_on", f"--fail-on {part!r}: choose from {', '.join(FAIL_ON_CHOICES)}",
+                                key="--fail-on")
+            out.append(part)
+    return out or ["drift"]
+
+
+def _write(dest: str, text: str) -> None:
+    if dest == "-":
+        sys.stdout.write(text)
+        return
+    p = Path(dest)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sndr preflight",
+                                 description="Classify the patch set on a pin and a candidate vLLM tree.")
+    ap.add_argument("--patches", metavar="DIR", help="patch directory (default: the shipped set)")
+    ap.add_argument("--pin", required=True, metavar="TREE", help="dir, wheel, vllm==X, git:REPO@REV or installed")
+    ap.add_argument("--candidate", required=True, metavar="TREE")
+    ap.add_argument("--json", metavar="OUT", help="write the JSON report ('-' for stdout)")
+    ap.add_argument("--markdown", metavar="OUT", help="write the Markdown report ('-' for stdout)")
+    ap.add_argument("--sarif", metavar="OUT", help="write SARIF 2.1.0 ('-' for stdout)")
+    ap.add_argument("--github", action="store_true", help="print GitHub workflow annotations")
+    ap.add_argument("--fail-on", action="append", metavar="CLASS",
+                    help="drift (default), ambiguous, any, config, none; repeat or comma-separate")
+    ap.add_argument("--watch", metavar="FILE", help="watch config for the configuration-drift section (default: sndr.toml/pyproject.toml found upward)")
+    ap.add_argument("--no-config", action="store_true", help="skip the configuration-drift section")
+    ap.add_argument("--no-suggestions", action="store_true", help="skip relocation suggestions")
+    ap.add_argument("--only", metavar="IDS", help="comma-separated patch ids (plus what they require)")
+    ap.add_argument("--enable-all", action="store_true", help="classify default-off patches too (SNDR_ENABLE_<ID>=1 for all)")
+    ap.add_argument("--check-compile", action="store_true", help="also compile every patched file of both plans")
+    ap.add_argument("--via", metavar="V1,V2|auto",
+                    help="follow drifted anchors release by release: the given releases (or tree specs) between pin "
+                         "and candidate, or 'auto' for the published releases in between (last patch of each minor)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    return ap
+
+
+def _stdout_outputs(args) -> list[str]:
+    named = [f"--{k} -" for k in ("json", "markdown", "sarif") if getattr(args, k) == "-"]
+    return named + (["--github"] if args.github else [])
+
+
+def _via(value: str | None) -> list[str] | str | None:
+    """``--via auto`` or ``--via 0.27.0,0.30.0`` (versions or any tree specs)."""
+    if value is None:
+        return None
+    if value.strip().lower() == "auto":
+        return "auto"
+    parts = [v.strip() for v in value.split(",") if v.strip()]
+    if not parts:
+        raise bad_input("bad_via", "--via needs 'auto' or a comma-separated list of releases", key="--via",
+                        hint="e.g. --via 0.27.0,0.30.0 or --via auto")
+    return parts
+
+
+def _enable_caches() -> None:
+    """The shell turns on the planner's disk caches (qualname spans, compile memo); the core never does."""
+    try:
+        from .. import caches
+    except ImportError:  # pragma: no cover - an older core without the cache module
+        return
+    caches.enable()
+
+
+def _main(argv: list[str]) -> int:
+    ap = build_parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_OK if exc.code == 0 else EXIT_BAD_INPUT
+    fail_on = _parse_fail_on(args.fail_on)
+    to_stdout = _stdout_outputs(args)
+    if len(to_stdout) > 1:
+        raise bad_input("stdout_conflict", f"{' and '.join(to_stdout)} would both write to stdout",
+                        hint="send all but one to a file")
+    via = _via(args.via)
+    _enable_caches()
+    patch_set = load_patch_set(args.patches)
+    only = [i.strip() for i in args.only.split(",") if i.strip()] if args.only else None
+    t0 = time.perf_counter()
+    report = run_preflight(patch_set, args.pin, args.candidate, only=only, suggestions=not args.no_suggestions,
+                           config=not args.no_config, watch=args.watch, check_compile=args.check_compile,
+                           enable_all=args.enable_all, fail_on=fail_on, via=via)
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        _write(args.json, report.model_dump_json(indent=2) + "\n")
+    if args.markdown:
+        _write(args.markdown, render_markdown(report, patch_set))
+    if args.sarif:
+        _write(args.sarif, json.dumps(render_sarif(report), indent=2) + "\n")
+    if args.github:
+        for line in github_annotations(report):
+            print(line)
+    if not args.quiet:
+        from rich.console import Console
+
+        # The terminal report goes to stdout unless a machine output owns it.
+        console = Console(highlight=False, soft_wrap=True, stderr=bool(to_stdout))
+        render_terminal(report, console, verbose=args.verbose)
+        if args.verbose:
+            console.print(f"({elapsed:.2f}s)")
+    return report.summary.exit_code
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from ..cli import run
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run("sndr preflight", lambda: _main(argv),
+               on_interrupt=lambda: "nothing was written to any tree; run the preflight again")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cli_main())
