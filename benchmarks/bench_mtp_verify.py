@@ -210,7 +210,7 @@ def check(vl) -> list[dict]:
         sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
         q = torch.randn(len(lens) * ql, hq, D, generator=gen, device="cuda").bfloat16()
         ref = mtp_verify.reference(q, cache, bt, sl, D ** -0.5, k).cuda()
-        a = mtp_verify.verify_attention(q, cache, bt, sl, D ** -0.5, k, out=torch.empty(q.shape, device="cuda"))
+        a = mtp_verify.verify_attention(q, cache, bt, sl, D ** -0.5, k)  # bf16 out, as (b), (c), (d)
         syn_sl = mtp_verify.synthetic_lengths(sl, len(lens), k)
         syn_bt = bt.repeat_interleave(ql, 0)
         eye, cz = torch.eye(D, device="cuda"), torch.zeros(16, device="cuda")
@@ -230,9 +230,9 @@ def check(vl) -> list[dict]:
 
 PROBE = {
     "default": mtp_verify.VerifyConfig(),
-    "q_in_regs": mtp_verify.VerifyConfig(qsmem=0),
+    "q_in_regs": mtp_verify.VerifyConfig(qsmem=0),  # the first version: 173 registers, one block per SM
     "stages4": mtp_verify.VerifyConfig(stages=4),
-    "stages2": mtp_verify.VerifyConfig(stages=2),
+    "splits<=16": mtp_verify.VerifyConfig(max_splits=16),  # less merge traffic at small B
 }
 
 
@@ -240,13 +240,15 @@ def probe(vl, pools) -> None:
     """Kernel variants on the B >= 8 cells (K = 3)."""
     variants = PROBE
     for ctx in CTXS:
-        for b in (8, 32):
+        for b in (1, 8, 32):
             for hq in HQS:
                 cell = Cell(pools[ctx], b, 3, hq, vl)
                 ts = {}
                 for name, cfg in variants.items():
-                    ts[name] = graph_us(lambda cfg=cfg: mtp_verify.verify_attention(
-                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, 3, out=cell.out, config=cfg))
+                    cap = cfg.max_splits
+                    ts[name] = graph_us(lambda cfg=cfg, cap=cap: mtp_verify.verify_attention(
+                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, 3, out=cell.out, config=cfg,
+                        max_splits=cap))
                 log(f"probe B {b} ctx {ctx} Hq {hq} K 3: " + "  ".join(f"{n} {t:.1f}" for n, t in ts.items()))
 
 
