@@ -98,6 +98,19 @@ def test_release_tags_that_are_not_ancestors_plan_as_git_log_from_to(releases):
     assert f"merge-base `{c['base'][:10]}`" in md and "not an ancestor of --to (release branches)" in md
 
 
+def test_plan_json_on_stdout_is_the_only_stdout(releases, capsys):
+    repo, tree, c = releases
+    pdir = tree.parent / "patches"
+    pdir.mkdir()
+    rc = cli_main(["plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
+                   "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-"])
+    out = capsys.readouterr()
+    assert rc == 1
+    data = json.loads(out.out)  # nothing but the JSON document
+    assert data["merge_base"] == c["base"] and data["counts"]["cherry_picked"] == 1
+    assert f"merge-base {c['base'][:10]}" in out.err and "3 queued" in out.err
+
+
 def test_backwards_range_is_refused(releases):
     repo, tree, c = releases
     with pytest.raises(SndrError) as exc:

@@ -17,19 +17,17 @@ import pytest
 from ruamel.yaml import YAML
 
 from sndr.errors import SndrError
+from sndr.upstream.triggers import PreflightFacts, check
 from sndr.upstream.watchlist import (
-    PreflightFacts,
-    Registry,
-    check,
     cli_main,
     find_row,
     json_schema,
-    lint,
     load_watchlist,
     parse_patch_ref,
     parse_watchlist,
     set_field,
 )
+from sndr.upstream.watchlist_lint import Registry, lint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream_watchlist.yaml"
 ROOT = Path(__file__).resolve().parent.parent

@@ -254,9 +254,9 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> G
         dev = decisions.deviation(hit.patch)
         if dev is None:
             continue  # dropped: discharged or no longer a deviation
-        if dev.reviewed and _target_matches(to, dev.reviewed, None) is not False \
-                and (_norm_version(dev.reviewed) == _norm_version(to) or to.startswith(dev.reviewed)
-                     or dev.reviewed.startswith(to)):
+        r = dev.reviewed
+        if r and (_norm_version(r) == _norm_version(to) or (_SHA_RE.match(r) and _SHA_RE.match(to)
+                                                            and (to.startswith(r) or r.startswith(to)))):
             continue
         dis = f"; its discharge {hit.discharge_in_range[:10]} is in range: drop it if it is discharged" \
             if hit.discharge_in_range else ""
