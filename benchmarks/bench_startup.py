@@ -41,8 +41,10 @@ import vllm_env  # noqa: E402
 MODULES = ["vllm.v1.core.sched.scheduler", "vllm.v1.worker.gpu_model_runner"]
 
 REGISTER = r"""
-import json, time
+import json, os, time
 import vllm.plugins  # vLLM itself is loaded before the plugins run: not our cost
+if os.environ.get("BENCH_PRELOAD_PROMETHEUS"):
+    import prometheus_client  # an API server has it loaded before plugins run: not our cost
 t0 = time.perf_counter()
 import sndr.startup.hook
 t1 = time.perf_counter()
@@ -72,7 +74,7 @@ def _timed(fn):
 importlib.machinery.SourceFileLoader.get_code = _timed(importlib.machinery.SourceFileLoader.get_code)
 act_ms = [0.0]
 try:
-    from sndr import importer
+    from sndr.startup import importer
     # get_code fetches (and verifies) the cached source itself: timing it alone avoids double counting.
     importer.PatchedLoader.get_code = _timed(importer.PatchedLoader.get_code)
     _act = importer.SndrFinder._activate
@@ -153,6 +155,19 @@ def _run(args, work: Path) -> int:
     print(f"register() on a patched tree: cold {r['cold_ms']:.1f} ms, warm median {r['warm_ms']:.1f} ms "
           f"(min {r['warm_min_ms']:.1f}) "
           f"(import {r['warm_import_ms']:.1f} + call {r['warm_register_ms']:.1f}; target < 20 ms)", flush=True)
+
+    # -- register() publishing metrics (issue 22) -------------------------------------
+    # Same warm register(), with the gauges published: sndr imports prometheus_client
+    # itself (PROMETHEUS_MULTIPROC_DIR set), or finds it already loaded (API server).
+    for label, extra in (("metrics_import", {}), ("metrics_preloaded", {"BENCH_PRELOAD_PROMETHEUS": "1"})):
+        prom = work / f"prom-{label}"
+        prom.mkdir(exist_ok=True)
+        runs = [_out(disk.run(REGISTER, PROMETHEUS_MULTIPROC_DIR=str(prom), **extra))
+                for _ in range(args.register_repeat)]
+        r[label + "_ms"] = _med([w["total_ms"] for w in runs])
+    print(f"register() publishing metrics: {r['metrics_import_ms']:.1f} ms when it imports prometheus_client, "
+          f"{r['metrics_preloaded_ms']:.1f} ms when vLLM already loaded it (no metrics: {r['warm_ms']:.1f} ms)",
+          flush=True)
 
     # -- imports -----------------------------------------------------------------
     for module in MODULES:
