@@ -974,14 +974,13 @@ def _vendor(args) -> int:
         diff_text = sys.stdin.buffer.read().decode("utf-8")
         source = "stdin"
     else:
+        from ..fsio import FileProblem, read_text_strict
+
         try:
-            diff_text = Path(args.diff).read_bytes().decode("utf-8")
-        except OSError as exc:
-            raise SndrError(Problem("diff_unreadable", f"cannot read the diff: {exc.strerror}", file=args.diff,
-                                    key="--diff")) from None
-        except UnicodeDecodeError as exc:
-            raise SndrError(Problem("not_utf8", f"the diff is not UTF-8 (byte {exc.start})", file=args.diff,
-                                    key="--diff")) from None
+            diff_text = read_text_strict(args.diff, what="the diff")
+        except FileProblem as exc:
+            code = "not_utf8" if exc.code == "not_utf8" else "diff_unreadable"
+            raise SndrError(Problem(code, exc.message, file=exc.path, line=exc.line, key="--diff")) from None
         source = Path(args.diff).name
     tree = open_tree(args.tree)
     try:
