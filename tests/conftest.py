@@ -19,7 +19,46 @@ def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False, help="run the long variants")
 
 
+#: Fixtures that need a fetched vLLM tree (PyPI wheels, cached under ~/.cache/sndr/trees), the CPU vLLM
+#: install or anything built from them. A test that uses one (directly or through another fixture) is
+#: marked ``needs_wheels``, so ``pytest -m "not slow and not needs_wheels"`` is hermetic.
+WHEEL_FIXTURES = frozenset({
+    "vllm_pin_root", "vllm_candidate_root", "vllm_root", "pin_tree", "pin_subtree",  # this file
+    "sndr_pin_tree", "sndr_patch_on_pin",  # sndr.testing
+    "patched_pin_root", "vllm_py",  # tests/patches
+    "vllm_install", "vllm_master", "make_vllm_env",  # tests/e2e
+    "scenario",  # tests/reliability (a copy of the pin tree)
+})
+#: Folders whose tests all need wheels: real vLLM installs (e2e), torch/triton and GPUs (kernels).
+WHEEL_DIRS = ("e2e", "kernels")
+#: Test modules that fetch a tree inline (``open_tree("vllm==X")``, ``fetch_version``), not through a fixture.
+WHEEL_MODULES = frozenset()
+
+
+pytest_plugins = ["sndr.testing"]  # assert_patch's fixtures (sndr_pin_tree, sndr_patch_on_pin)
+
+
+def _fast_tier(config) -> bool:
+    return "not needs_wheels" in (config.getoption("markexpr", "") or "")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In the fast tier, the wheel-only folders are not even imported (torch, triton, vLLM)."""
+    here = Path(__file__).resolve().parent
+    if _fast_tier(config) and collection_path.parent == here and collection_path.name in WHEEL_DIRS:
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    tests_dir = Path(__file__).resolve().parent
+    needs_wheels = pytest.mark.needs_wheels
+    for item in items:
+        path = Path(str(item.fspath))
+        rel = path.relative_to(tests_dir).parts if path.is_relative_to(tests_dir) else ()
+        if (WHEEL_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (rel and rel[0] in WHEEL_DIRS)
+                or path.name in WHEEL_MODULES or "vllm_install" in item.keywords or "gpu" in item.keywords):
+            item.add_marker(needs_wheels)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="long variant; run with --slow")
