@@ -457,3 +457,50 @@ name = "x"\nanchor = '''\n    x = 1\n'''\nreplacement = '''\n    x = 1  # local\
     assert report.pin.tree_digest == pristine_digest  # the ledger's pristine bytes, not the patched ones
     e = report.patches[0].edits[0]
     assert (e.pin_verdict, e.verdict) == (Verdict.APPLIES, Verdict.APPLIES)
+
+
+# ---------------------------------------------------------------------------- confidence and --via (issue 20)
+
+
+def test_confidence_class_in_every_output(bump):
+    ps, report, _, _ = bump
+    edits = _edits(report)
+    suggested = [e for e in edits.values() if e.confidence is not None]
+    assert suggested and all(s.confidence in ("high", "medium", "low") for e in suggested for s in e.suggestions)
+    # Moved verbatim with the same qualname: high. Deleted upstream: nothing reaches medium.
+    for key in [("PF03", "shortfall"), ("PF04", "fits"), ("PF15", "total")]:
+        assert edits[key].confidence == "high", key
+    for key in [("PF10", "mtp"), ("PF11", "partition")]:
+        assert edits[key].confidence == "low", key
+    md = render_markdown(report, ps)
+    assert "| confidence |" in md and "no confident match: the code was likely removed or rewritten" in md.lower()
+    assert md.splitlines()[2].startswith("**Bump blocked: ")
+    sarif = render_sarif(report)
+    props = [r["properties"]["confidence"] for r in sarif["runs"][0]["results"] if "properties" in r]
+    assert "high" in props and "low" in props
+    gh = "\n".join(github_annotations(report))
+    assert "confidence high" in gh and "no confident match" in gh
+    data = json.loads(report.model_dump_json())
+    assert data["summary"]["confidence"]["high"] >= 3
+
+
+def test_auto_releases_take_the_last_patch_of_each_minor_in_between():
+    from sndr.preflight.hops import auto_releases, resolve_via
+
+    # `pip index versions vllm` as of this writing (0.24.0 .. 0.33.0, trimmed).
+    published = ["0.33.0", "0.32.0", "0.31.0", "0.30.0", "0.29.0", "0.28.0", "0.27.1", "0.27.0", "0.26.0", "0.25.1",
+                 "0.25.0", "0.24.0", "0.23.0", "0.28.0rc1"]
+    assert auto_releases("0.24.0", "0.32.0", published) == ["0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0",
+                                                            "0.30.0", "0.31.0"]
+    assert auto_releases("0.32.0", "0.33.0", published) == []
+    assert resolve_via(["0.27.1", "0.30.0"], "0.24.0", "0.32.0") == ["vllm==0.27.1", "vllm==0.30.0"]
+    from sndr.errors import SndrError
+
+    with pytest.raises(SndrError) as exc:
+        resolve_via(["0.30.0", "0.27.1"], "0.24.0", "0.32.0")
+    assert exc.value.problems[0].code == "bad_via"
+
+
+def test_two_stdout_outputs_are_refused(capsys):
+    assert cli_main(["--pin", "vllm==0.32.0", "--candidate", "vllm==0.33.0", "--json", "-", "--github"]) == 2
+    assert "stdout_conflict" in capsys.readouterr().err
