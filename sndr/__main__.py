@@ -44,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"sndr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if name == "apply" and "--verify" in rest:  # the warm fast path: no pydantic, no planner
+        from .startup.verify import verify_main
+
+        if process:
+            from .cli import _restore_interrupt
+
+            _restore_interrupt()
+        return verify_main(rest, lambda argv: importlib.import_module("sndr.apply").cli_main(argv))
     module = importlib.import_module(COMMANDS[name][0])
     if process:
         from .cli import _restore_interrupt

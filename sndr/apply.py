@@ -17,6 +17,13 @@ if __name__ == "__main__":  # `python -m sndr.apply`: a Ctrl-C during the import
 
     _signal.signal(_signal.SIGINT, _early_interrupt)
 
+    import sys as _sys
+
+    if "--verify" in _sys.argv[1:]:  # the warm fast path first: no pydantic, no planner (sndr/startup/verify.py)
+        from sndr.startup.verify import verify_main as _verify_main
+
+        _sys.exit(_verify_main(_sys.argv[1:], lambda argv: __import__("sndr.apply").apply.cli_main(argv)))
+
 import argparse
 import json
 import os

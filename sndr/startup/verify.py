@@ -1,0 +1,255 @@
+"""``python -m sndr.apply --verify --tree DIR``: the warm fast path (no pydantic, no planner).
+
+A whole ``--verify`` process used to cost ~400 ms, nearly all of it importing
+pydantic through :mod:`sndr.model`, against ~4 ms of checking. When the tree is
+in the ordinary state this path answers from what the startup hook already
+keeps warm:
+
+* the tree's vLLM version, memoised under :func:`importer.tree_identity` by an
+  earlier full verify (the very ``open_tree(root).version`` it computed);
+* the resolved patch set: :func:`importer.resolve_set`'s memo, under the same
+  fingerprint every vLLM process uses (patch files, ``SNDR_ENABLE_*``, profile,
+  packs, sndr's own code), read without loading it;
+* the ledger, checked as the hook checks it: its checksum (so a hand edit is
+  caught as the full reader catches it), its digest against the resolved one,
+  every file's sha256 against ``patched_sha256``, under the shared lock.
+
+It prints the full report's first and last lines (``sndr verify: TREE (vllm V)``
+... ``ok  enabled set DIGEST``) and exits 0. Anything else falls back to the
+full verifier, which prints the detailed report: a cold memo, no ledger, a
+pending journal, probe files, ``left_out`` patches, any mismatch, and every
+option other than ``--tree DIR``, ``--patches DIR`` and ``-q`` (``--json``,
+``-v``, ``--only``, ``--profile``, no ``--tree``). After a fallback the memos
+are primed, so the next verify is fast. The fast path never says ok where the
+full verifier would not: ``tests/test_verify_fast.py`` runs both on the same
+trees.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import importer
+
+STATE_DIR = ".sndr"
+#: Writability probes an interrupted apply leaves (``sndr.apply.PROBE_PREFIX``); any present -> full verifier.
+PROBE_PREFIX = ".sndr-probe-"
+_LEDGER_KEYS = {"format", "patch_set_digest", "patches", "vllm_version", "files", "results", "counts", "left_out",
+                "checksum"}
+_FILE_KEYS = {"pristine_sha256", "patched_sha256", "patches", "created"}
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def canonical_json(obj: object) -> str:
+    """:func:`sndr.model.canonical_json` (tests/test_verify_fast.py checks they agree), without pydantic."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class Args:
+    __slots__ = ("tree", "patches", "quiet")
+
+    def __init__(self, tree: str, patches: str | None, quiet: bool):
+        self.tree, self.patches, self.quiet = tree, patches, quiet
+
+
+def parse(argv: list[str]) -> Args | None:
+    """The arguments when the fast path may answer: ``--verify --tree DIR [--patches DIR] [-q]``; else None."""
+    tree = patches = None
+    quiet = verify = False
+    it = iter(argv)
+    for a in it:
+        if a == "--verify":
+            verify = True
+        elif a in ("-q", "--quiet"):
+            quiet = True
+        elif a in ("--tree", "--patches") or a.startswith(("--tree=", "--patches=")):
+            name, _, value = a.partition("=")
+            if not value:
+                value = next(it, "")
+            if not value or value.startswith("-"):
+                return None
+            if name == "--tree":
+                tree = value
+            else:
+                patches = value
+        else:
+            return None
+    if not verify or tree is None:
+        return None
+    return Args(tree, patches, quiet)
+
+
+def _root(spec: str) -> str | None:
+    """A plain directory holding ``vllm/`` (``sndr.apply.resolve_tree``'s directory rules), else None."""
+    text = spec.strip()
+    if text.startswith(("installed", "git:")) or text.endswith(".whl") or "==" in text:
+        return None
+    from pathlib import Path  # str(Path(...)): the spelling the full report prints
+
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        return None
+    if path.name == "vllm" and (path / "__init__.py").is_file() and not (path / "vllm").is_dir():
+        path = path.parent
+    return str(path) if (path / "vllm").is_dir() else None
+
+
+def _version_key(root: str) -> str:
+    return "treever-" + importer._sha256(importer.tree_identity(root).encode())
+
+
+def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importer.HookCache, pdir: str) -> str:
+    # resolve_set's key, exactly (the memo every vLLM process reads and writes).
+    return "set-" + importer.set_fingerprint(pdir, importer.tree_identity(root) + "\0" + version, environ, cache)
+
+
+def _read_state(sfd: int, name: str) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=sfd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def _ledger_ok(raw: bytes) -> dict[str, Any] | None:
+    """The ledger when it is exactly what the full reader accepts (shape, types, checksum), else None."""
+    try:
+        led = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(led, dict) or set(led) != _LEDGER_KEYS or led["format"] != 1 or led["left_out"] != {}:
+        return None
+    if not (isinstance(led["patch_set_digest"], str) and isinstance(led["vllm_version"], str)
+            and isinstance(led["checksum"], str) and led["checksum"]
+            and isinstance(led["patches"], list) and all(isinstance(p, str) for p in led["patches"])
+            and isinstance(led["results"], dict) and all(isinstance(v, str) for v in led["results"].values())
+            and isinstance(led["counts"], dict)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in led["counts"].values())
+            and isinstance(led["files"], dict)):
+        return None
+    for entry in led["files"].values():
+        if not (isinstance(entry, dict) and set(entry) == _FILE_KEYS and isinstance(entry["patched_sha256"], str)
+                and isinstance(entry["pristine_sha256"], str) and isinstance(entry["created"], bool)
+                and isinstance(entry["patches"], list) and all(isinstance(p, str) for p in entry["patches"])):
+            return None
+    body = {k: v for k, v in led.items() if k != "checksum"}
+    if importer._sha256(canonical_json(body).encode()) != led["checksum"]:
+        return None
+    return led
+
+
+def _probes(root: str, rels: list[str]) -> bool:
+    dirs = {root, os.path.join(root, STATE_DIR)}
+    for rel in rels:
+        d = os.path.dirname(rel)
+        while d:
+            dirs.add(os.path.join(root, d))
+            d = os.path.dirname(d)
+    for d in dirs:
+        try:
+            if any(n.startswith(PROBE_PREFIX) for n in os.listdir(d)):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """(root, version, digest) when the tree verifies on the warm path; None: ask the full verifier."""
+    root = _root(args.tree)
+    if root is None:
+        return None
+    cache = importer.open_cache(environ)
+    if cache is None:
+        return None
+    memo = cache.load_memo(_version_key(root))
+    version = memo.get("version") if memo is not None else None
+    if not isinstance(version, str) or not version:
+        return None
+    pdir = os.path.abspath(args.patches) if args.patches else importer.patches_dir(environ)
+    resolved = cache.load_memo(_set_key(root, version, environ, cache, pdir))
+    if resolved is None or resolved.get("format") != 1 or not isinstance(resolved.get("digest"), str):
+        return None
+    state = os.path.join(root, STATE_DIR)
+    try:
+        sfd = os.open(state, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:  # the shared lock of sndr.commit.TreeRoot.lock: a verify never reads a commit half-way
+            lfd = os.open("lock", os.O_RDWR | _NOFOLLOW | _CLOEXEC, dir_fd=sfd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM):
+                return None
+            lfd = None
+        import fcntl
+
+        if lfd is not None:
+            fcntl.flock(lfd, fcntl.LOCK_SH)
+        try:
+            if _read_state(sfd, "journal.json") is not None:
+                return None  # an interrupted commit: the full verifier rolls it back
+            raw = _read_state(sfd, "ledger.json")
+            led = _ledger_ok(raw) if raw is not None else None
+            if led is None or led["vllm_version"] != version or led["patch_set_digest"] != resolved["digest"]:
+                return None
+            for rel, entry in led["files"].items():
+                data = importer._read(os.path.join(root, rel))
+                if data is None or importer._sha256(data) != entry["patched_sha256"]:
+                    return None
+            if _probes(root, list(led["files"])):
+                return None
+        finally:
+            if lfd is not None:
+                fcntl.flock(lfd, fcntl.LOCK_UN)
+                os.close(lfd)
+    finally:
+        os.close(sfd)
+    return root, version, resolved["digest"]
+
+
+def prime(args: Args, environ: Mapping[str, str]) -> None:
+    """After a full verify: memoise the tree's version and the resolved set (what the fast path reads)."""
+    root = _root(args.tree)
+    if root is None:
+        return
+    cache = importer.open_cache(environ)
+    if cache is None:
+        return
+    from ..errors import SndrError
+    from ..tree import open_tree
+
+    try:
+        version = open_tree(root).version
+        cache.store_memo(_version_key(root), {"version": version})
+        pdir = os.path.abspath(args.patches) if args.patches else importer.patches_dir(environ)
+        importer.resolve_set(version, importer.tree_identity(root), environ, cache, pdir)
+    except SndrError:
+        pass  # the full verifier has already reported what is wrong with this tree or set
+
+
+def verify_main(argv: list[str], full: Callable[[list[str]], int], environ: Mapping[str, str] | None = None) -> int:
+    """``--verify``: the warm answer when there is one, else ``full(argv)`` (the full verifier) and prime the memos."""
+    environ = os.environ if environ is None else environ
+    args = parse(argv)
+    if args is None:
+        return full(argv)
+    found = check(args, environ)
+    if found is None:
+        code = full(argv)
+        prime(args, environ)
+        return code
+    root, version, digest = found
+    if not args.quiet:
+        sys.stdout.write(f"sndr verify: {root} (vllm {version})\nok  enabled set {digest[:12]}\n")
+    return 0

@@ -1,0 +1,153 @@
+"""``apply --verify``'s warm fast path (sndr/startup/verify.py) never disagrees with the full verifier.
+
+Each scenario runs the full verifier (``sndr.apply.cli_main``) and the fast
+path's entry (``verify_main``) on the same tree and environment and compares
+exit status and verdict lines; the fast path must answer only the ordinary
+case and hand everything else to the full verifier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hook_fixtures import REPO, Box, replace_file
+from sndr.apply import cli_main as full_cli
+from sndr.startup import verify
+
+
+class Calls:
+    def __init__(self):
+        self.full = 0
+
+    def __call__(self, argv):
+        self.full += 1
+        return full_cli(argv)
+
+
+@pytest.fixture
+def applied(tmp_path, monkeypatch):
+    box = Box(tmp_path)
+    for k in [k for k in os.environ if k.startswith("SNDR_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(box.cache))
+    monkeypatch.setenv("SNDR_PATCHES", str(box.patches))
+    box.apply()
+    return box
+
+
+def run_both(box, capsys, *extra) -> tuple[tuple[int, list[str], int], tuple[int, list[str]]]:
+    """(fast entry: exit, stdout lines, full-verifier calls), (full verifier: exit, stdout lines)."""
+    argv = ["--verify", "--tree", str(box.root), *extra]
+    capsys.readouterr()
+    calls = Calls()
+    code = verify.verify_main(argv, calls)
+    fast_out = capsys.readouterr().out.splitlines()
+    full_code = full_cli(argv)
+    full_out = capsys.readouterr().out.splitlines()
+    return (code, fast_out, calls.full), (full_code, full_out)
+
+
+def test_cold_then_warm(applied, capsys):
+    (code, out, calls), (full_code, full_out) = run_both(applied, capsys)
+    assert calls == 1 and code == full_code == 0 and out == full_out  # cold memo: the full verifier answered
+    (code, out, calls), (full_code, full_out) = run_both(applied, capsys)
+    assert calls == 0 and code == full_code == 0  # warm: answered without the full verifier
+    assert out == [full_out[0], full_out[-1]]  # the full report's head and verdict lines, verbatim
+    assert out[-1].startswith("ok  enabled set ") and applied.ledger()["patch_set_digest"].startswith(out[-1][16:])
+    (code, out, calls), _ = run_both(applied, capsys, "-q")
+    assert (code, out, calls) == (0, [], 0)
+
+
+def _warm(box, capsys):
+    run_both(box, capsys)
+    (code, _, calls), _ = run_both(box, capsys)
+    assert (code, calls) == (0, 0)
+
+
+def _edit_ledger(box, **changes):
+    path = box.root / ".sndr" / "ledger.json"
+    led = json.loads(path.read_text())
+    led.update(changes)
+    replace_file(path, json.dumps(led))
+
+
+SCENARIOS = {
+    # name: (change the tree/env, exit status the full verifier gives)
+    "tampered_file": (lambda box, mp: replace_file(box.root / "vllm/engine.py",
+                                                   (box.root / "vllm/engine.py").read_text() + "#\n"), 1),
+    "deleted_file": (lambda box, mp: os.unlink(box.root / "vllm/engine.py"), 1),
+    "other_enable": (lambda box, mp: mp.setenv("SNDR_ENABLE_F0001", "0"), 1),
+    "other_patch_text": (lambda box, mp: (box.patches / "F0002-sub.toml").write_text(
+        (box.patches / "F0002-sub.toml").read_text().replace("A package __init__", "Retitled")), 1),
+    "ledger_hand_edit": (lambda box, mp: _edit_ledger(box, counts={"applied": 99}), 2),
+    "ledger_left_out": (lambda box, mp: _edit_ledger(box, left_out={"F0002": {
+        "id": "F0002", "reason": "x", "code": "edit_drifted", "by": "keep_going", "on_failure": "fail"}}), 2),
+    "new_vllm_version": (lambda box, mp: replace_file(box.root / "vllm/_version.py", '__version__ = "0.32.1"\n'), 1),
+    "pending_journal": (lambda box, mp: (box.root / ".sndr" / "journal.json").write_text("{}"), None),
+    "stale_probe": (lambda box, mp: (box.root / "vllm" / ".sndr-probe-999999").write_text(""), 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_anything_unusual_goes_to_the_full_verifier(applied, capsys, monkeypatch, name):
+    _warm(applied, capsys)
+    change, want = SCENARIOS[name]
+    change(applied, monkeypatch)
+    (code, out, calls), (full_code, full_out) = run_both(applied, capsys)
+    assert calls == 1, f"{name}: the fast path answered {out}"
+    if want is not None:
+        assert code == full_code == want, (code, full_code, out, full_out)
+    else:  # the first full run recovers the journal; both then agree with each other
+        assert code == full_code
+    (code, out, calls), (full_code, full_out) = run_both(applied, capsys)
+    assert code == full_code and (calls == 1 or code == 0)
+
+
+@pytest.mark.parametrize("extra", [["--json", "-"], ["-v"], ["--only", "F0001"], ["--profile", "x.toml"]])
+def test_options_other_than_tree_patches_quiet_go_to_the_full_verifier(applied, capsys, extra):
+    _warm(applied, capsys)
+    assert verify.parse(["--verify", "--tree", str(applied.root), *extra]) is None
+    assert verify.parse(["--verify"]) is None  # no --tree: the installed vLLM is found by the full CLI
+    args = verify.parse(["--verify", "--tree=" + str(applied.root), "--patches", str(applied.patches), "-q"])
+    assert args is not None and args.quiet and args.patches == str(applied.patches)
+
+
+def test_the_hook_and_the_fast_path_attest_the_same_digest(applied, capsys):
+    _warm(applied, capsys)
+    (_, out, _), _ = run_both(applied, capsys)
+    proc = applied.py("""
+        import json, vllm
+        import sndr.startup.hook as h
+        h.register()
+        print("OUT" + json.dumps(h._STATE.digest))
+    """)
+    digest = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")][-1][3:])
+    assert out[-1] == f"ok  enabled set {digest[:12]}"
+
+
+def test_canonical_json_and_checksum_are_the_models(applied):
+    from sndr.model import Ledger, canonical_json
+
+    raw = (applied.root / ".sndr" / "ledger.json").read_bytes()
+    led = Ledger.model_validate_json(raw)
+    sample = {"b": [1, "ü", {"z": None, "a": True}], "a": 1.5}
+    assert verify.canonical_json(sample) == canonical_json(sample)
+    assert verify._ledger_ok(raw) is not None and led.checksum == led.compute_checksum()
+
+
+def test_a_warm_verify_process_imports_no_pydantic(applied, capsys):
+    _warm(applied, capsys)
+    env = applied.environ()
+    for cmd in (["-m", "sndr.apply"], ["-m", "sndr", "apply"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", *cmd, "--verify", "--tree", str(applied.root)],
+                              capture_output=True, text=True, env=env, cwd=str(REPO), timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.splitlines()[-1].startswith("ok  enabled set ")
+        imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+        assert "pydantic" not in imported and "sndr.model" not in imported and "sndr.plan" not in imported
+        assert "rich" not in imported and "sndr.startup.verify" in imported
