@@ -11,6 +11,8 @@ Public surface:
 * ``decode(...)``: drop-in for vLLM 0.32.0's
   ``triton_turboquant_decode_attention`` (same signature); other presets and
   unsupported shapes go to vLLM's own function. Patch PK0001 installs it.
+* ``verify_attention(...)``: the multi-query (speculative verify) decode: each
+  KV tile read once for all (K+1)*G query rows (``mtp_verify``, patch PK0002);
 * ``reference``: pure-PyTorch pack/unpack/store/decode.
 
 torch and triton load on first attribute access, so importing this package
@@ -23,13 +25,15 @@ import importlib
 
 from ._layout import Layout, slot_size_aligned
 
-__all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode", "DecodeConfig", "reference"]
+__all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode", "DecodeConfig", "reference",
+           "verify_attention"]
 
 _LAZY = {
     "store": ".kernels",
     "decode_attention": ".kernels",
     "DecodeConfig": ".kernels",
     "decode": ".vllm_entry",
+    "verify_attention": ".mtp_verify",
     "reference": None,
 }
 
