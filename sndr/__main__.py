@@ -14,11 +14,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("sndr.schema", "print the JSON Schema of patch|report|preflight|ledger|manifest"),
     "list": ("sndr.listing", "list the patch set (id, title, kind, default, upstream, files)"),
     "manifest": ("sndr.manifest", "build or check anchors/<pin>.json"),
-    "preflight": ("sndr.preflight.report", "classify the patch set on a pin and a candidate tree"),
+    "preflight": ("sndr.preflight.cli", "classify the patch set on a pin and a candidate tree"),
     "vendor": ("sndr.upstream.vendor", "turn a unified diff into a patch file"),
     "watchlist": ("sndr.upstream.watchlist", "lint, edit and evaluate the upstream watchlist"),
     "sync": ("sndr.upstream.sync", "plan the port queue of an upstream range"),
-    "pin": ("sndr.upstream.sync", "advance the pin when every gate passes"),
+    "pin": ("sndr.upstream.pin", "advance the pin when every gate passes"),
     "status": ("sndr.startup.hook", "per-process attestations of the active patch set"),
     "hook": ("sndr.startup.hook", "install or remove the in-memory import hook (.pth)"),
 }

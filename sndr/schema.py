@@ -12,7 +12,7 @@ SCHEMAS = {
     "patch": ("sndr.model", "Patch"),
     "report": ("sndr.model", "Report"),
     "ledger": ("sndr.model", "Ledger"),
-    "preflight": ("sndr.preflight.report", "PreflightReport"),
+    "preflight": ("sndr.preflight.models", "PreflightReport"),
     "manifest": ("sndr.manifest", "Manifest"),
     "config": ("sndr.preflight.configdrift", "ConfigDrift"),
     "profile": ("sndr.profile", "Profile"),
