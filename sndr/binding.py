@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def find_binding(text: str, qualname: str, file: str = "") -> Binding | None:
         return None
     node: ast.AST = tree
     for part in qualname.split("."):
-        found = None
+        found: ast.AST | None = None
         for child in getattr(node, "body", []):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == part:
                 found = child
@@ -110,7 +110,7 @@ def find_binding(text: str, qualname: str, file: str = "") -> Binding | None:
         node = found
     seg = ast.get_source_segment(text, node) or ""
     sig = normalise_signature(node.args) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-    return Binding(file=file, line=node.lineno, qualname=qualname, signature=sig,
+    return Binding(file=file, line=getattr(node, "lineno", 0), qualname=qualname, signature=sig,
                    source_sha256=hashlib.sha256(seg.encode()).hexdigest())
 
 
@@ -141,13 +141,16 @@ def imported_from(text: str, name: str, module: str, is_package: bool) -> tuple[
 
 def _class_bases(text: str, qual: str) -> list[str]:
     """Names of the base classes of class ``qual`` in ``text`` (simple names and dotted tails)."""
-    node: ast.AST | None = _parse(text)
-    if node is None:
+    module: ast.AST | None = _parse(text)
+    if module is None:
         return []
+    node: ast.AST = module
     for part in qual.split("."):
-        node = next((c for c in getattr(node, "body", []) if isinstance(c, ast.ClassDef) and c.name == part), None)
-        if node is None:
+        found = next((c for c in getattr(node, "body", []) if isinstance(c, ast.ClassDef) and c.name == part), None)
+        if found is None:
             return []
+        node = found
+    assert isinstance(node, ast.ClassDef)
     out = []
     for b in node.bases:
         if isinstance(b, ast.Name):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
 
@@ -35,7 +35,7 @@ def catch_early_interrupt(prog: str) -> None:
     """
     import signal
 
-    def early(signum, frame):  # noqa: ARG001 - signal handler signature
+    def early(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
         try:
             os.write(2, f"{prog}: interrupted while starting; nothing was changed\n".encode())
         finally:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-
-from .errors import bad_input
 
 #: ``SNDR_ENABLE_<ID>`` (a boolean: :data:`BOOL_WORDS`) overrides a patch's ``default``.
 ENABLE_PREFIX = "SNDR_ENABLE_"
@@ -36,6 +35,14 @@ TQ_BACKEND = "SNDR_TQ_BACKEND"
 #: Path of the ``libnvrtc`` that compiles sndr's CUDA kernels (tried before the usual places).
 NVRTC = "SNDR_NVRTC"
 
+def bad_input(code: str, message: str, **where: object) -> Exception:
+    """:func:`sndr.errors.bad_input`, imported on first use: the warm startup path never needs it
+    (errors' dataclasses cost more to import than everything this module does)."""
+    from .errors import bad_input as make
+
+    return make(code, message, **where)
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 #: The words every boolean variable takes, as the messages print them.
@@ -51,7 +58,7 @@ def _bool(name: str, raw: str) -> bool | None:
     return None
 
 
-def env_flag(name: str, default: bool = False, environ=None) -> bool:
+def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
     """A boolean variable: ``1/true/yes/on`` or ``0/false/no/off`` (case-insensitive); unset -> ``default``."""
     environ = os.environ if environ is None else environ
     raw = environ.get(name)
@@ -69,7 +76,7 @@ def enable_var(patch_id: str) -> str:
     return ENABLE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", patch_id).upper()
 
 
-def enable_override(patch_id: str, environ=None) -> bool | None:
+def enable_override(patch_id: str, environ: Mapping[str, str] | None = None) -> bool | None:
     """Value of :func:`enable_var` for ``patch_id``, or None when it is unset."""
     environ = os.environ if environ is None else environ
     name = enable_var(patch_id)
@@ -107,7 +114,7 @@ def shipped_patches_dir() -> Path:
     return shipped_dir("patches")
 
 
-def patches_dir(environ=None) -> Path:
+def patches_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The patch set in effect: ``$SNDR_PATCHES`` when set and non-empty, else the shipped set.
 
     The CLI default, the loader, the startup hook, the watchlist and the pin
@@ -119,7 +126,7 @@ def patches_dir(environ=None) -> Path:
     return Path(override) if override else shipped_patches_dir()
 
 
-def cache_root(environ=None) -> Path:
+def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$SNDR_CACHE_DIR``, else ``$XDG_CACHE_HOME/sndr``, else ``~/.cache/sndr``."""
     environ = os.environ if environ is None else environ
     if environ.get(CACHE_DIR):
@@ -128,6 +135,6 @@ def cache_root(environ=None) -> Path:
     return Path(base) / "sndr"
 
 
-def cache_dir(environ=None) -> Path:
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Alias of :func:`cache_root` kept for callers of the 0.1 name."""
     return cache_root(environ)

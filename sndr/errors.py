@@ -8,8 +8,9 @@ Every problem sndr can report is a :class:`Problem`. Code that must stop raises
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -40,7 +41,7 @@ class Problem:
             text += f"\n    hint: {self.hint}"
         return text
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
@@ -60,7 +61,7 @@ class SndrError(Exception):
         return "\n".join(p.render() for p in self.problems)
 
 
-def bad_input(code: str, message: str, **where) -> SndrError:
+def bad_input(code: str, message: str, **where: Any) -> SndrError:
     return SndrError(Problem(code, message, **where), EXIT_BAD_INPUT)
 
 

@@ -59,7 +59,7 @@ def is_temp_name(name: str) -> bool:
     return TEMP_MARK in name
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
     try:
         os.fsync(fd)
@@ -67,7 +67,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def create_temp(path: str | os.PathLike, mode: int = 0o644, dir_fd: int | None = None) -> tuple[int, str]:
+def create_temp(path: str | os.PathLike[str], mode: int = 0o644, dir_fd: int | None = None) -> tuple[int, str]:
     """Create the temp file for an atomic replace of ``path``; returns ``(fd, temp_path)``.
 
     The temp file sits beside ``path`` (same filesystem, so the rename is
@@ -86,7 +86,7 @@ def create_temp(path: str | os.PathLike, mode: int = 0o644, dir_fd: int | None =
     raise FileExistsError(errno.EEXIST, "could not create a unique temp file", path)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, mode: int | None = None, *, durable: bool = True,
+def atomic_write(path: str | os.PathLike[str], data: bytes, mode: int | None = None, *, durable: bool = True,
                  dir_fd: int | None = None) -> None:
     """Replace ``path`` with ``data`` so that readers see the old bytes or the new, never a mix.
 
@@ -122,7 +122,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int | None = None, 
             fsync_dir(os.path.dirname(os.path.abspath(path)) or ".")
 
 
-def read_regular(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file", *,
+def read_regular(path: str | os.PathLike[str], max_bytes: int | None = None, what: str = "file", *,
                  dir_fd: int | None = None, follow_symlinks: bool = True) -> bytes:
     """The bytes of a regular file, refusing FIFOs, devices and directories without blocking.
 
@@ -162,7 +162,7 @@ def read_regular(path: str | os.PathLike, max_bytes: int | None = None, what: st
         os.close(fd)
 
 
-def decode_strict(raw: bytes, path: str | os.PathLike, what: str = "file") -> str:
+def decode_strict(raw: bytes, path: str | os.PathLike[str], what: str = "file") -> str:
     """``raw`` as strict UTF-8; a bad byte raises ``not_utf8`` with its line."""
     try:
         return raw.decode("utf-8")
@@ -171,7 +171,7 @@ def decode_strict(raw: bytes, path: str | os.PathLike, what: str = "file") -> st
         raise FileProblem("not_utf8", f"{what} is not UTF-8 (byte {exc.start})", os.fspath(path), line) from None
 
 
-def read_text_strict(path: str | os.PathLike, max_bytes: int | None = None, what: str = "file") -> str:
+def read_text_strict(path: str | os.PathLike[str], max_bytes: int | None = None, what: str = "file") -> str:
     """A regular file's text as strict UTF-8 (see :func:`read_regular` and :func:`decode_strict`)."""
     return decode_strict(read_regular(path, max_bytes, what), path, what)
 
@@ -239,7 +239,7 @@ class PrivateDir:
     # -- opening -------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike, what: str = "cache", create: bool = True) -> "PrivateDir":
+    def open(cls, path: str | os.PathLike[str], what: str = "cache", create: bool = True) -> PrivateDir:
         path = os.path.abspath(os.fspath(path))
         # Symlinks above the directory are resolved (the resolved path is then checked
         # strictly); the directory itself must not be one.
@@ -293,7 +293,7 @@ class PrivateDir:
         if st.st_mode & 0o077:
             os.fchmod(fd, 0o700)  # ours and not writable by others: tighten quietly
 
-    def sub(self, name: str, what: str = "cache") -> "PrivateDir":
+    def sub(self, name: str, what: str = "cache") -> PrivateDir:
         """The child directory ``name`` (created 0700), with the same checks, through our fd."""
         full = os.path.join(self.path, name)
         try:
@@ -318,7 +318,7 @@ class PrivateDir:
             os.close(self.fd)
             self.fd = -1
 
-    def __del__(self):  # noqa: D105 - caches live as long as the process; be tidy in tests
+    def __del__(self) -> None:  # noqa: D105 - caches live as long as the process; be tidy in tests
         try:
             self.close()
         except Exception:  # noqa: BLE001

@@ -28,7 +28,7 @@ from .load import PatchSet, load_patch_set, shipped_anchors_dir
 from .model import Patch, Verdict
 from .tree import DirTree, Tree, open_tree
 
-FORMAT = 1
+FORMAT: Literal[1] = 1
 
 
 # ----------------------------------------------------------------------------- model
@@ -118,7 +118,7 @@ def _refuse_patched(tree: Tree) -> None:
     """Positions must describe the pristine pin; a patched directory would record our own edits."""
     from .commit import STATE_DIR
 
-    if isinstance(tree, DirTree) and (tree.root / STATE_DIR / "ledger.json").exists():
+    if isinstance(tree, DirTree) and tree.root is not None and (tree.root / STATE_DIR / "ledger.json").exists():
         raise bad_input("tree_patched", f"{tree.root} is patched by sndr; a manifest needs a pristine tree",
                         file=str(tree.root), hint=f"build from the release instead: --tree vllm=={tree.version}")
 
@@ -148,7 +148,9 @@ def _manifest_edit(result, static: dict, text: str | None) -> ManifestEdit:
         name=result.name, file=result.file, required=result.required, group=result.group, verdict=result.verdict,
         offset=_byte_offset(text, result.offset), char_offset=result.offset, line=result.line,
         qualname=result.qualname, chained_from=list(result.chained_from),
-        locations=[ManifestLocation(offset=_byte_offset(text, loc.offset), line=loc.line, qualname=loc.qualname)
+        # a location is a match in the text, so the text was read
+        locations=[ManifestLocation(offset=len((text or "")[:loc.offset].encode("utf-8", "surrogateescape")),
+                                    line=loc.line, qualname=loc.qualname)
                    for loc in result.locations],
         **static,
     )

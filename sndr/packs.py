@@ -30,8 +30,8 @@ Rules, enforced here and in :mod:`sndr.load`:
   ``SNDR_ENABLE_<ID>``, ``vllm`` specifier).
 
 Discovery is memoised by the startup path (:func:`discover_cached`), keyed by
-the mtimes of the ``sys.path`` directories, so a warm vLLM start does not read
-every distribution's entry points.
+the names of the distributions on ``sys.path`` (:func:`discovery_key`), so a
+warm vLLM start does not read every distribution's entry points.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import os
 import re
 import sys
 from functools import lru_cache
+from typing import Any
 
 GROUP = "sndr.patches"
 PROJECT = "sndr"
@@ -116,9 +117,9 @@ def _top_module(value: str) -> str:
 
 @lru_cache(maxsize=1)
 def _discover() -> tuple[Pack, ...]:
-    from .errors import Problem, SndrError
-
     import pluggy
+
+    from .errors import Problem, SndrError
 
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(_spec_class())
@@ -144,7 +145,7 @@ def _discover() -> tuple[Pack, ...]:
             if hookimpl.plugin is not plugin:
                 continue
             try:
-                got = hookimpl.function()
+                got: Any = hookimpl.function()  # a pack's code: whatever it returns is checked below
             except Exception as exc:  # noqa: BLE001
                 problems.append(Problem("pack_hook_failed", f"pack {name}: sndr_patch_dirs() raised {exc!r}", key=GROUP))
                 continue
@@ -186,9 +187,10 @@ def pack_of_source(source: str, packs: list[Pack] | None = None) -> Pack | None:
 
 def load_pack_patches():
     """Yield ``(Patch, source)`` for every patch of every installed pack (used by :mod:`sndr.load`)."""
+    from pathlib import Path
+
     from .errors import Problem, SndrError
     from .load import load_patch_file, patch_files
-    from pathlib import Path
 
     problems = []
     out = []
@@ -237,9 +239,10 @@ def module_allowed(module: str, *extra: str) -> bool:
 def discovery_key() -> str:
     """Changes when a distribution is installed or removed on ``sys.path``.
 
-    The names of the ``*.dist-info``/``*.egg-info`` entries of every path
-    directory (not the directories' mtimes: a cwd such as /tmp changes all the
-    time), plus the mtime of each entry whose name says it is a pack we found.
+    The names of the ``*.dist-info``/``*.egg-info``/``*.egg-link`` entries of
+    every ``sys.path`` directory, in order. No mtimes: a cwd such as /tmp changes
+    all the time. (A pack upgraded in place under the same distribution name and
+    version keeps its key; its patch files are fingerprinted by content anyway.)
     """
     import hashlib
 

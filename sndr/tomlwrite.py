@@ -1,4 +1,4 @@
-"""Write a :class:`~sndr.model.Patch` as a readable patch file (DESIGN.md section 4).
+"""Write a :class:`~sndr.model.Patch` as a readable patch file (docs/format.md).
 
 Code (anchors, replacements, created files) goes into TOML multi-line literal
 strings (``'''``) so it reads exactly as it sits in the source file. TOML
@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import enum
 import re
-import sys
-from typing import Any, Iterable
+import tomllib
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel
 
 from .model import Edit, FileEdits, Patch, RuntimeEdit
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = ["dumps_patch", "toml_string", "toml_multiline"]
 
@@ -37,7 +33,7 @@ _ORDER: dict[type, list[str]] = {
                   "description"],
 }
 # Keys written even when they hold their default: the ones a reader of a patch
-# file expects to see (DESIGN.md section 4 shows them).
+# file expects to see (docs/format.md, "A patch", shows them).
 _ALWAYS: dict[type, set[str]] = {
     Patch: {"id", "title", "kind", "lifecycle", "default", "upstream"},
     FileEdits: {"path"},

@@ -34,6 +34,7 @@ import weakref
 import zipfile
 from functools import cached_property
 from pathlib import Path
+from typing import Self
 
 from packaging.version import InvalidVersion, Version
 
@@ -243,10 +244,10 @@ class Tree(abc.ABC):
             if data is not None:
                 yield rel, data
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default no-op: only views that hold handles override it
         """Release handles (zip file, git process). Views stay usable for cached values."""
 
-    def __enter__(self) -> "Tree":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -265,6 +266,8 @@ class DirTree(Tree):
     ``files()`` is not cached: commit writes into directory trees, and a
     listing taken before a created file would be wrong after it.
     """
+
+    root: Path  # a directory view always has one
 
     def __init__(self, root: Path, spec: str | None = None, kind: str = "dir", metadata: str | None = None):
         self.root = Path(root)
@@ -439,7 +442,7 @@ class GitTree(Tree):
         self.spec = spec if spec is not None else f"git:{repo}@{rev}"
         self.root = None
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         top = _run_git(self.repo, "rev-parse", "--show-toplevel", check=False)
         if top.returncode != 0:
             raise bad_input("not_git", f"{self.repo} is not a git checkout", file=str(self.repo))
@@ -474,7 +477,7 @@ class GitTree(Tree):
     def _object_name(self, rel: str) -> str:
         return self._blobs.get(rel) or f"{self.commit}:{self._prefix}{rel}"
 
-    def _batch(self) -> subprocess.Popen:
+    def _batch(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 ["git", "-C", str(self._toplevel), "cat-file", "--batch"],
@@ -487,6 +490,7 @@ class GitTree(Tree):
         name = self._object_name(_check_rel(rel))
         with self._lock:
             proc = self._batch()
+            assert proc.stdin is not None and proc.stdout is not None  # opened with PIPE
             proc.stdin.write(name.encode("utf-8", "surrogateescape") + b"\n")
             proc.stdin.flush()
             return _read_batch_entry(proc.stdout)
@@ -531,10 +535,11 @@ def _read_batch_entry(stream) -> bytes | None:
     return data if header[1] == b"blob" else None
 
 
-def _close_proc(proc: subprocess.Popen) -> None:
+def _close_proc(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         try:
-            proc.stdin.close()
+            if proc.stdin is not None:
+                proc.stdin.close()
             proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
@@ -570,7 +575,7 @@ def _resolve_python(python: str | None) -> str:
                 return str(cand)
     if not p.exists() and shutil.which(python) is None:
         raise bad_input("python_not_found", f"python interpreter {python!r} does not exist", file=python)
-    return str(p) if p.exists() else shutil.which(python)
+    return str(p) if p.exists() else str(shutil.which(python))
 
 
 def _probe_installed(python: str | None = None) -> tuple[Path, str | None]:
@@ -702,7 +707,9 @@ def _pip_with_progress(cmd: list[str], version: str, cache: Path) -> tuple[int, 
                   f"(the wheel is ~300 MB; only its .py files are kept)")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err_chunks: list[str] = []
-    reader = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)
+    assert proc.stdout is not None and proc.stderr is not None  # opened with PIPE
+    stderr = proc.stderr
+    reader = threading.Thread(target=lambda: err_chunks.append(stderr.read()), daemon=True)
     reader.start()
     out_lines: list[str] = []
     dest = Path(cmd[-1])
@@ -754,7 +761,9 @@ def _extract(wheel: Path, cache: Path) -> Path:
                 continue
             dest = tmp / _check_rel(name)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(view.read_bytes(name))
+            data = view.read_bytes(name)
+            assert data is not None, name  # a member of the listing just taken
+            dest.write_bytes(data)
     (tmp / ".complete").write_text(wheel.name + "\n")
     if final.exists():  # a tree without .complete that was not ours: replace it
         shutil.rmtree(final)
@@ -846,7 +855,7 @@ def _open_path(spec: str, path: Path) -> Tree:
                     hint="point at the directory that contains vllm/ (site-packages or a checkout)")
 
 
-def open_tree(spec: "str | Path | Tree") -> Tree:
+def open_tree(spec: str | Path | Tree) -> Tree:
     """Open a tree from what a user typed; every bad spec is a SndrError with exit code 2."""
     if isinstance(spec, Tree):
         return spec

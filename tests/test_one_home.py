@@ -276,7 +276,6 @@ DECODE_PENDING = {
     "sndr/load.py": "load_patch_file: should be fsio.read_text_strict (issue 23)",
     "sndr/profile.py": "load_profile: should be fsio.read_text_strict (issue 16)",
     "sndr/preflight/snapshot.py": "read_text: should be fsio.decode_strict (issue 20)",
-    "sndr/upstream/vendor.py": "--diff: should be fsio.read_text_strict (issue 17)",
 }
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from .importer import default_cache_root, open_private
 
@@ -25,7 +27,7 @@ def tree_key(root: str) -> str:
     return hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
 
 
-def run_dir(root: str | None, environ=None) -> str:
+def run_dir(root: str | None, environ: Mapping[str, str] | None = None) -> str:
     """``$SNDR_RUN_DIR`` or the default for ``root`` (the directory that contains ``vllm/``)."""
     from .. import env
 
@@ -39,10 +41,10 @@ def record_path(directory: str, pid: int, start_ns: int) -> str:
     return os.path.join(directory, f"{pid}-{start_ns}.json")
 
 
-_DIRS: dict = {}
+_DIRS: dict[str, Any] = {}
 
 
-def write_record(path: str, record: dict) -> None:
+def write_record(path: str, record: dict[str, Any]) -> None:
     """Write one record through the run directory's held fd (see :class:`sndr.fsio.PrivateDir`).
 
     The directory is walked and checked once per process; a swap of it or of
@@ -55,9 +57,10 @@ def write_record(path: str, record: dict) -> None:
     d.write(name, (json.dumps(record, sort_keys=True, indent=1) + "\n").encode(), mode=0o600)
 
 
-def read_records(directory: str) -> tuple[list[dict], list[str]]:
+def read_records(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
     """(records, problems). Records are sorted by start time; unreadable files become problems."""
-    records, problems = [], []
+    records: list[dict[str, Any]] = []
+    problems: list[str] = []
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
     except FileNotFoundError:
@@ -88,7 +91,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def process_role(argv=None) -> tuple[str, str]:
+def process_role(argv: list[str] | None = None) -> tuple[str, str]:
     """(role, raw process name). Roles: api_server, engine_core, worker, main, or the raw name.
 
     vLLM names its multiprocessing children (``EngineCore_DP0``, ``VllmWorker-0``,

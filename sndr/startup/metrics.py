@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 #: The metric names, one home.
 INFO = "sndr_patch_set_info"
@@ -68,7 +69,7 @@ def _missing_ids(entries: list[str]) -> set[str]:
     return {str(m).split(":", 1)[0] for m in entries}
 
 
-def facts_of_record(record: dict) -> Facts:
+def facts_of_record(record: dict[str, Any]) -> Facts:
     """The metric values of one attestation record (the dict ``register()`` writes)."""
     missing_entries = list(record.get("missing_required") or [])
     missing = _missing_ids(missing_entries)
@@ -89,8 +90,8 @@ def facts_of_record(record: dict) -> Facts:
 
 # ----------------------------------------------------------------------------- in vLLM's /metrics
 
-_GAUGES: dict | None = None
-_LAST_INFO: tuple | None = None
+_GAUGES: dict[str, Any] | None = None
+_LAST_INFO: tuple[str, ...] | None = None
 _WARNED = False
 
 
@@ -98,7 +99,7 @@ def _wanted() -> bool:
     return "prometheus_client" in sys.modules or bool(os.environ.get(MULTIPROC_ENV))
 
 
-def _gauges():
+def _gauges() -> dict[str, Any]:
     global _GAUGES, _WARNED
     if _GAUGES is not None:
         return _GAUGES
@@ -115,7 +116,7 @@ def _gauges():
 
         log(f"prometheus_client was imported before {MULTIPROC_ENV} was set: sndr's metrics stay in this "
             f"process's own registry", once_key="metrics-late-multiproc")
-    kw = {"multiprocess_mode": "liveall"} if multiproc else {}
+    kw: dict[str, Any] = {"multiprocess_mode": "liveall"} if multiproc else {}
     _GAUGES = {
         INFO: prometheus_client.Gauge(INFO, _DOC[INFO], ["digest", "pin", "mode", "role"], **kw),
         ACTIVE: prometheus_client.Gauge(ACTIVE, _DOC[ACTIVE], ["role"], **kw),
@@ -126,7 +127,7 @@ def _gauges():
     return _GAUGES
 
 
-def publish(record: dict) -> bool:
+def publish(record: dict[str, Any]) -> bool:
     """Set this process's gauges from its attestation record. Returns whether anything was published.
 
     Called by ``register()`` after the record is written, and again whenever the
@@ -166,7 +167,7 @@ def _reset_for_tests() -> None:
 # ----------------------------------------------------------------------------- node_exporter textfile
 
 
-def write_textfile(path: str, records: list[dict], findings: list[str]) -> None:
+def write_textfile(path: str, records: list[dict[str, Any]], findings: list[str]) -> None:
     """Write every record's gauges (``pid`` labelled) plus ``sndr_status_ok`` to ``path``, atomically.
 
     Uses ``prometheus_client``'s exposition writer on a private registry; the
