@@ -246,6 +246,14 @@ def check(cell: Cell, vl) -> str:
     return f"rel err vs vLLM: out {eo:.1e}, states {es:.1e}"
 
 
+def timed(row, key, fn, graph, rep):
+    try:
+        row[key] = bench(fn, graph, rep)
+    except Exception as exc:  # noqa: BLE001 - one failing baseline must not end the run
+        row[key + "_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        log(f"{key}: {row[key + '_error']}")
+
+
 def run_table(args, bw, vl, fla_fn, state_dtype, rows, rep):
     for n in args.batches:
         for t in args.ts:
@@ -257,19 +265,30 @@ def run_table(args, bw, vl, fla_fn, state_dtype, rows, rep):
                    "bound_us": bound_rw if t == 1 else bound_snap, "bound_rw_us": bound_rw,
                    "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV)))}
             if args.check:
-                row["check"] = check(cell, vl)
+                try:
+                    row["check"] = check(cell, vl)
+                except Exception as exc:  # noqa: BLE001
+                    row["check"] = f"check failed: {type(exc).__name__}: {exc}"[:300]
+            if t == 1 and DEV == "cuda":
+                # the practical floor: a device copy of the same bytes (read SB, write SB), graph-replayed
+                src = torch.empty(sb, dtype=torch.uint8, device=DEV).random_()
+                dst = torch.empty_like(src)
+                timed(row, "copy_graph", lambda: dst.copy_(src), True, rep)
+                del src, dst
             for mode in ("graph", "eager"):
                 g = mode == "graph"
-                row[f"sndr_{mode}"] = bench(lambda: cell.sndr(), g, rep)
+                timed(row, f"sndr_{mode}", lambda: cell.sndr(), g, rep)
                 if vl is not None:
                     if t == 1:
-                        row[f"vllm_packed_{mode}"] = bench(lambda: cell.vllm_packed(vl), g, rep)
-                    row[f"vllm_sigmoid_{mode}"] = bench(lambda: cell.vllm_sigmoid(vl), g, rep)
+                        timed(row, f"vllm_packed_{mode}", lambda: cell.vllm_packed(vl), g, rep)
+                    timed(row, f"vllm_sigmoid_{mode}", lambda: cell.vllm_sigmoid(vl), g, rep)
                 if fla_fn is not None and state_dtype == torch.float32:
-                    row[f"fla_{mode}"] = bench(lambda: cell.fla(fla_fn), g, rep)
+                    timed(row, f"fla_{mode}", lambda: cell.fla(fla_fn), g, rep)
+            kernels.FAST_LAUNCH = False  # sndr eager through Triton's own launch path, for comparison
+            timed(row, "sndr_eager_jit_launch", lambda: cell.sndr(), False, rep)
+            kernels.FAST_LAUNCH = True
             rows.append(row)
             log(json.dumps(row))
-            del cell
             if DEV == "cuda":
                 torch.cuda.empty_cache()
 
@@ -283,9 +302,9 @@ def fmt_table(rows, bw) -> str:
     for mode in ("graph", "eager"):
         lines.append(f"\n### {mode} ({'CUDA-graph replay' if mode == 'graph' else 'eager Python call'}), "
                      f"time in µs (% of the bound)\n")
-        lines.append("| state | batch | T | bound | sndr | vLLM packed | vLLM sigmoid-gating | FLA fused_recurrent |"
-                     " sndr vs best vLLM |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| state | batch | T | bound | copy of the same bytes | sndr | vLLM packed | vLLM sigmoid-gating |"
+                     " FLA fused_recurrent | sndr vs best vLLM |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             b = r["bound_us"]
             s = r.get(f"sndr_{mode}")
@@ -293,7 +312,9 @@ def fmt_table(rows, bw) -> str:
             vs = r.get(f"vllm_sigmoid_{mode}")
             fl = r.get(f"fla_{mode}")
             best_v = min(x for x in (vp, vs) if x is not None) if (vp or vs) else None
+            cp = r.get("copy_graph")
             cells = [r["state_dtype"], str(r["batch"]), str(r["T"]), f"{b:.1f}",
+                     f"{cp:.1f}" if cp and mode == "graph" else "-",
                      f"{s:.1f} ({pct(b, s)})",
                      f"{vp:.1f} ({pct(b, vp)})" if vp else "-",
                      f"{vs:.1f} ({pct(b, vs)})" if vs else "-",
@@ -322,7 +343,6 @@ def sweep(args, bw):
             log(f"batch {n:4d} T {t}: bound {bound:.1f}; best {best} {times[best]:.1f}; {line}")
             res.append({"batch": n, "T": t, "times": {f"{bv}x{w}": us for (bv, w), us in times.items()},
                         "pick": f"{pick.block_v}x{pick.num_warps}", "best": f"{best[0]}x{best[1]}"})
-            del cell
             if DEV == "cuda":
                 torch.cuda.empty_cache()
     return res
@@ -361,6 +381,8 @@ def main() -> int:
         if args.bf16_state:
             run_table(args, bw, vl, None, torch.bfloat16, rows, rep)
     result["rows"] = rows
+    result["launch_stats"] = dict(kernels.STATS)
+    log(f"sndr launches: {kernels.STATS}")
     (args.out / "bench_gdn.json").write_text(json.dumps(result, indent=1))
     if rows:
         table = fmt_table(rows, bw)

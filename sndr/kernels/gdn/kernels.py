@@ -7,8 +7,8 @@ computes ``g = -exp(A_log) * softplus(a + dt_bias)`` and
 ``beta = sigmoid(b)`` itself; ``q`` and ``k`` are L2-normalised in the
 kernel. Accumulation is float32; the state pool is float32 or bfloat16.
 
-Grid ``(N * HV, V / BV)``: one program per (sequence, value head, block of
-BV value rows). A program holds its ``[BV, K]`` slice of the state in
+Grid ``N * HV * V / BV`` (V blocks fastest): one program per (sequence,
+value head, block of BV value rows). A program holds its ``[BV, K]`` slice of the state in
 registers for all T tokens of the sequence, so the state is read once and
 written once per token (T = 1: once). Splitting V across programs is what
 fills the GPU at batch 1-32 (32 value heads x 1 sequence is 32 tiles, a
@@ -21,7 +21,8 @@ decayed-before state directly and run side by side::
     S  = decay * S + u k^T
 
 (equal to the textbook order in exact arithmetic; one pass over the tile
-for the reductions, one for the update).
+for the reductions, one for the update). Token t + 1's q, k, v, a, b are
+loaded before token t computes, so their latency hides behind its work.
 
 State addressing is vLLM 0.32.0's: the pool is ``[slots, HV, V, K]`` with
 any slot stride and contiguous ``[HV, V, K]`` rows; the initial state of
@@ -33,6 +34,9 @@ outputs are zero. With ``cu_seqlens`` each sequence has its own token count;
 without, every sequence has ``T``.
 
 The launch allocates nothing and never synchronises: CUDA-graph capturable.
+``make_plan`` fixes everything of a launch but the tensors; ``run_plan``
+launches it, directly through the compiled kernel once a plan has compiled
+(``FAST_LAUNCH``), which keeps an eager call's Python cost low.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@triton.jit(do_not_specialize=["T", "sp_beta", "sp_threshold", "scale"])
+@triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale"])
 def _gdn_step_kernel(
     q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens,
     scale, sp_beta, sp_threshold, T,
@@ -61,8 +65,11 @@ def _gdn_step_kernel(
     IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
     ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
 ):
-    i_nh = tl.program_id(0)
-    i_v = tl.program_id(1)
+    # 1-D grid, V blocks fastest: neighbouring programs stream neighbouring rows of one state
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0)
+    i_v = pid % NV
+    i_nh = pid // NV
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // (HV // H)
@@ -117,21 +124,39 @@ def _gdn_step_kernel(
     p_a = a + bos * s_a_tok + i_hv
     p_b = b + bos * s_b_tok + i_hv
 
-    for t in range(n_tok):
-        b_q = tl.load(p_q + t * s_q_tok, mask=mask_k, other=0).to(tl.float32)
-        if PACKED:
-            b_k = tl.load(p_k + t * s_q_tok, mask=mask_k, other=0).to(tl.float32)
-            b_v = tl.load(p_v + t * s_q_tok, mask=mask_v, other=0).to(tl.float32)
-        else:
-            b_k = tl.load(p_k + t * s_k_tok, mask=mask_k, other=0).to(tl.float32)
-            b_v = tl.load(p_v + t * s_v_tok, mask=mask_v, other=0).to(tl.float32)
-        x = tl.load(p_a + t * s_a_tok).to(tl.float32) + b_dt
-        bb = tl.load(p_b + t * s_b_tok).to(tl.float32)
+    # token 0's inputs; each iteration then loads the next token's before it computes
+    b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
+    if PACKED:
+        b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+    else:
+        b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+    b_x = tl.load(p_a).to(tl.float32)
+    b_b = tl.load(p_b).to(tl.float32)
 
+    for t in range(n_tok):
+        if IS_SPEC:
+            slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
+        else:  # column 0 is slot0, already loaded
+            slot_t = tl.where(t == 0, slot0, tl.load(p_idx + t * s_idx_tok, mask=t > 0, other=0).to(tl.int64))
+        nxt = t + 1
+        has_next = nxt < n_tok
+        n_q = tl.load(p_q + nxt * s_q_tok, mask=mask_k & has_next, other=0).to(tl.float32)
+        if PACKED:
+            n_k = tl.load(p_k + nxt * s_q_tok, mask=mask_k & has_next, other=0).to(tl.float32)
+            n_v = tl.load(p_v + nxt * s_q_tok, mask=mask_v & has_next, other=0).to(tl.float32)
+        else:
+            n_k = tl.load(p_k + nxt * s_k_tok, mask=mask_k & has_next, other=0).to(tl.float32)
+            n_v = tl.load(p_v + nxt * s_v_tok, mask=mask_v & has_next, other=0).to(tl.float32)
+        n_x = tl.load(p_a + nxt * s_a_tok, mask=has_next, other=0).to(tl.float32)
+        n_b = tl.load(p_b + nxt * s_b_tok, mask=has_next, other=0).to(tl.float32)
+
+        x = b_x + b_dt
         bx = sp_beta * x
         sp = tl.where(bx <= sp_threshold, tl.log(1.0 + tl.exp(bx)) / sp_beta, x)
         decay = tl.exp(neg_A * sp)
-        beta = tl.sigmoid(bb)
+        beta = tl.sigmoid(b_b)
         if L2NORM:
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
@@ -144,14 +169,14 @@ def _gdn_step_kernel(
         b_o = hq + u * kq
         b_h = b_h * decay + u[:, None] * b_k[None, :]
         tl.store(p_o + t * s_o_tok, b_o.to(o.dtype.element_ty), mask=mask_v)
-
-        slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
         if slot_t > 0:
             p_ht = state + slot_t * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
                 tl.store(p_ht, b_h.to(state.dtype.element_ty))
             else:
                 tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+
+        b_q, b_k, b_v, b_x, b_b = n_q, n_k, n_v, n_x, n_b
 
 
 @dataclass(frozen=True)
@@ -162,40 +187,145 @@ class StepConfig:
     num_warps: int
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
-
-
 def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> StepConfig:
     """BV and warps from the number of (sequence, value head) tiles.
 
-    Few tiles: small BV, so that N * HV * V / BV programs cover the
-    multiprocessors several times over; many tiles: BV = 32 x 4 warps (32
-    state values per thread at K = 128).
+    One warp per program throughout (on an H200 it beat 2-8 warps at every
+    batch; the per-row reductions then stay inside the warp). Few tiles:
+    BV = 8, so that N * HV * V / BV programs cover the multiprocessors
+    several times over (batch 1 at HV = 32: 512 programs); up to 4096 tiles
+    BV = 16; beyond, BV = 32 (fewer, longer programs; 128 state values per
+    thread at K = 128). Measured on an H200, fp32 state, K = V = 128:
+    docs/bench-gdn-h200.md (the --sweep table).
     """
     tiles = n_seqs * hv
-    sms = _sm_count(device)
     vp = triton.next_power_of_2(v)
     kp = triton.next_power_of_2(k)
-    if tiles >= 4 * sms:
-        bv, warps = 32, 4
-    elif tiles >= sms:
-        bv, warps = 16, 4
+    if tiles <= 64:
+        bv = 8
+    elif tiles < 4096:
+        bv = 16
     else:
-        bv, warps = 8, 2
+        bv = 32
     bv = min(bv, vp)
-    # keep per-thread state at <= 64 values for wide K
-    while bv > 1 and bv * kp > 64 * 32 * warps and warps < 8:
+    warps = 1
+    # at most 128 state values per thread for wide K
+    while bv * kp > 128 * 32 * warps and warps < 8:
         warps *= 2
     return StepConfig(bv, warps)
+
+
+_CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything of a launch but the tensors: fixed per (shapes, strides, dtypes, flags)."""
+
+    grid: tuple[int, int]
+    ints: tuple  # scale, sp_beta, sp_threshold, T, the 13 strides (signature order)
+    consts: tuple  # values of _CONST_NAMES
+    num_warps: int
+    packed: bool
+
+
+def make_plan(
+    q, k, v, a, b, out, state, ssm_state_indices, *, scale: float, n_seqs: int, tokens_per_seq: int = 1,
+    varlen: bool = False, spec: bool = False, l2norm: bool = True, sp_beta: float = 1.0,
+    sp_threshold: float = 20.0, zero_padded_out: bool = True, idx_tok_stride: int | None = None,
+    config: StepConfig | None = None,
+) -> Plan:
+    HV, V, K = state.shape[1], state.shape[2], state.shape[3]
+    packed = k is None
+    if packed:
+        H = (q.shape[1] - HV * V) // (2 * K)
+        sq = (q.stride(0), K)
+        sk = sv = sq
+    else:
+        H = k.shape[1]
+        sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
+    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
+    BK = triton.next_power_of_2(K)
+    BV = min(cfg.block_v, triton.next_power_of_2(V))
+    idx = ssm_state_indices
+    if idx_tok_stride is None:
+        idx_tok_stride = idx.stride(1) if idx.dim() == 2 else 1
+    ints = (float(scale), float(sp_beta), float(sp_threshold), int(tokens_per_seq),
+            sq[0], sq[1], sk[0], sk[1], sv[0], sv[1], a.stride(0), b.stride(0), out.stride(0), out.stride(1),
+            state.stride(0), idx.stride(0), idx_tok_stride)
+    consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed)
+    return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed)
+
+
+# Launches bypass JITFunction.run's binder once a plan has compiled: the
+# CompiledKernel Triton returned is kept per (plan, device, pointer
+# alignments) and launched directly (Triton 3.x CompiledKernel.run), which
+# cuts the Python cost of an eager call. The plan fixes every int argument,
+# so the only specialisation left is the 16-byte alignment of the pointers.
+FAST_LAUNCH = True
+_COMPILED: dict[tuple, object] = {}
+STATS = {"fast": 0, "jit": 0}
+
+
+def _no_hook(h) -> bool:
+    # Triton 3.6: an empty knobs.HookChain; older: None
+    return h is None or (isinstance(getattr(h, "calls", None), list) and not h.calls)
+
+
+_KNOBS: dict[str, object] = {}
+
+
+def _hooks_off() -> bool:
+    """No launch hooks installed (profilers add some): the direct launch may pass None for them."""
+    rt = _KNOBS.get("rt")
+    if rt is None:
+        try:
+            from triton import knobs
+
+            rt = _KNOBS["rt"] = knobs.runtime
+        except Exception:  # noqa: BLE001 - another Triton: no fast path
+            rt = _KNOBS["rt"] = False
+    return rt is not False and _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook)
+
+
+def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_accepted=None, cu_seqlens=None,
+             cache_key=None) -> None:
+    """Launch ``plan`` on these tensors (``cache_key``: a hashable plan identity enabling the fast path)."""
+    if plan.grid[0] == 0:
+        return
+    if plan.packed:
+        k = v = q
+    na = num_accepted if num_accepted is not None else idx
+    cu = cu_seqlens if cu_seqlens is not None else idx
+    tensors = (q, k, v, a, b, A_log, dt_bias, out, state, idx, na, cu)
+    fast = FAST_LAUNCH and cache_key is not None and state.device.type == "cuda"
+    if fast:
+        dev = _driver().get_current_device()
+        key = (cache_key, dev, tuple(t.data_ptr() % 16 == 0 for t in tensors))
+        ck = _COMPILED.get(key)
+        if ck is not None and _hooks_off():
+            stream = _driver().get_current_stream(dev)
+            ck.run(plan.grid[0], plan.grid[1], 1, stream, ck.function, ck.packed_metadata, None, None, None,
+                   *tensors, *plan.ints, *plan.consts)
+            STATS["fast"] += 1
+            return
+    compiled = _gdn_step_kernel[plan.grid](
+        *tensors, *plan.ints, **dict(zip(_CONST_NAMES, plan.consts)), num_warps=plan.num_warps, num_stages=1)
+    STATS["jit"] += 1
+    if fast and compiled is not None and hasattr(compiled, "packed_metadata") and _hooks_off():
+        _COMPILED[key] = compiled
+
+
+_DRIVER: dict[str, object] = {}
+
+
+def _driver():
+    d = _DRIVER.get("d")
+    if d is None:
+        from triton.runtime import driver
+
+        d = _DRIVER["d"] = driver.active
+    return d
 
 
 def gdn_step(
@@ -227,36 +357,10 @@ def gdn_step(
     Packed (``k is None``): ``q`` is [tokens, 2 H K + HV V] with its last dim
     contiguous; H, K, HV, V come from ``state`` and the packed width.
     """
-    HV, V, K = state.shape[1], state.shape[2], state.shape[3]
-    packed = k is None
-    if packed:
-        H = (q.shape[1] - HV * V) // (2 * K)
-        sq = (q.stride(0), K)
-        sk = sv = sq
-    else:
-        H = k.shape[1]
-        sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
-    if n_seqs == 0:
-        return out
-    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
-    BK = triton.next_power_of_2(K)
-    BV = min(cfg.block_v, triton.next_power_of_2(V))
-    idx = ssm_state_indices
-    s_idx_seq = idx.stride(0)
-    if idx_tok_stride is None:
-        idx_tok_stride = idx.stride(1) if idx.dim() == 2 else 1
-    grid = (n_seqs * HV, triton.cdiv(V, BV))
-    _gdn_step_kernel[grid](
-        q, q if packed else k, q if packed else v, a, b, A_log, dt_bias, out, state, idx,
-        num_accepted_tokens if num_accepted_tokens is not None else idx,
-        cu_seqlens if cu_seqlens is not None else idx,
-        float(scale), float(sp_beta), float(sp_threshold), int(tokens_per_seq),
-        sq[0], sq[1], sk[0], sk[1], sv[0], sv[1],
-        a.stride(0), b.stride(0), out.stride(0), out.stride(1),
-        state.stride(0), s_idx_seq, idx_tok_stride,
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-        IS_VARLEN=cu_seqlens is not None, IS_SPEC=num_accepted_tokens is not None,
-        L2NORM=bool(l2norm), ZERO_PADDED_OUT=bool(zero_padded_out), PACKED=packed,
-        num_warps=cfg.num_warps, num_stages=1,
-    )
+    plan = make_plan(q, k, v, a, b, out, state, ssm_state_indices, scale=scale, n_seqs=n_seqs,
+                     tokens_per_seq=tokens_per_seq, varlen=cu_seqlens is not None,
+                     spec=num_accepted_tokens is not None, l2norm=l2norm, sp_beta=sp_beta,
+                     sp_threshold=sp_threshold, zero_padded_out=zero_padded_out, idx_tok_stride=idx_tok_stride,
+                     config=config)
+    run_plan(plan, q, k, v, a, b, A_log, dt_bias, out, state, ssm_state_indices, num_accepted_tokens, cu_seqlens)
     return out

@@ -83,7 +83,7 @@ def step(
         T = n_tok // N
         bounds = [n * T for n in range(N + 1)]
     if out is None:
-        out = torch.zeros(n_tok, HV, V, dtype=dtype)
+        out = torch.zeros(n_tok, HV, V, dtype=dtype, device=v.device)
     flat = idx.reshape(-1)
     seq_stride = idx.stride(0)
     tok_stride = idx.stride(1) if idx.dim() == 2 else 1

@@ -40,7 +40,7 @@ def _refuse(fn: str, why: str) -> None:
     if key not in _LOGGED:
         _LOGGED.add(key)
         LOG.warning("sndr PK0003: %s falls through to vLLM's own kernel: %s (logged once)", fn, why)
-    return None
+    return False
 
 
 def _kernels():
@@ -87,6 +87,35 @@ def _state_ok(s: torch.Tensor) -> str | None:
     return None
 
 
+# Plans per call layout: a key of every shape, stride, dtype and device the
+# checks below read, so a hit skips them (an eager decode step calls these
+# once per GDN layer). False: refused (already logged); None: run, uncached.
+_PLANS: dict[tuple, object] = {}
+_MAX_PLANS = 4096
+
+
+def _remember(key, value):
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = value
+    return value
+
+
+class _Strided:
+    """Stands for a tensor not allocated yet where a plan only reads its strides."""
+
+    def __init__(self, strides):
+        self._s = strides
+
+    def stride(self, i=None):
+        return self._s if i is None else self._s[i]
+
+
+def _layout(t):
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
 def try_packed_decode(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -100,6 +129,24 @@ def try_packed_decode(
     use_qk_l2norm_in_kernel: bool = False,
 ):
     """``fused_recurrent_gated_delta_rule_packed_decode`` on sndr's kernel, or None."""
+    try:
+        key = ("packed", _layout(mixed_qkv), _layout(a), _layout(b), _layout(A_log), _layout(dt_bias),
+               _layout(initial_state), _layout(out), _layout(ssm_state_indices), scale, use_qk_l2norm_in_kernel)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _remember(key, _packed_plan(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                                           ssm_state_indices, use_qk_l2norm_in_kernel))
+    if plan is False:
+        return None
+    _kernels().run_plan(plan, mixed_qkv, None, None, a, b, A_log, dt_bias, out, initial_state, ssm_state_indices,
+                        cache_key=key)
+    return out, initial_state
+
+
+def _packed_plan(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                 use_qk_l2norm_in_kernel):
     fn = "fused_recurrent_gated_delta_rule_packed_decode"
     why = _state_ok(initial_state) or _device_ok(mixed_qkv)
     if why:
@@ -118,12 +165,12 @@ def try_packed_decode(
         return _refuse(fn, "argument shapes vLLM rejects")
     if mixed_qkv.dtype not in _IO_DTYPES or out.dtype not in _IO_DTYPES:
         return _refuse(fn, f"dtype {mixed_qkv.dtype} / {out.dtype}")
-    _kernels().gdn_step(
-        mixed_qkv, None, None, a, b, A_log, dt_bias, initial_state, ssm_state_indices,
-        out.view(n, hv, vd),
-        scale=scale, n_seqs=n, tokens_per_seq=1, l2norm=use_qk_l2norm_in_kernel,
-    )
-    return out, initial_state
+    dev = mixed_qkv.device
+    if any(t.device != dev for t in (a, b, A_log, dt_bias, initial_state, out, ssm_state_indices)):
+        return _refuse(fn, "tensors on different devices")
+    return _kernels().make_plan(
+        mixed_qkv, None, None, a, b, out.view(n, hv, vd), initial_state, ssm_state_indices,
+        scale=scale, n_seqs=n, tokens_per_seq=1, l2norm=use_qk_l2norm_in_kernel)
 
 
 def try_sigmoid_gating_update(
@@ -146,6 +193,42 @@ def try_sigmoid_gating_update(
     is_kda: bool = False,
 ):
     """``fused_sigmoid_gating_delta_rule_update`` on sndr's kernel, or None."""
+    try:
+        key = ("sigmoid", _layout(A_log), _layout(a), _layout(b), _layout(dt_bias), _layout(q), _layout(k),
+               _layout(v), beta, threshold, scale, _layout(initial_state), inplace_final_state,
+               None if cu_seqlens is None else _layout(cu_seqlens), _layout(ssm_state_indices),
+               None if num_accepted_tokens is None else _layout(num_accepted_tokens),
+               use_qk_l2norm_in_kernel, is_kda)
+    except (AttributeError, TypeError):  # a None where a tensor belongs: the checks decide
+        key = None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _sigmoid_plan(A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state,
+                             inplace_final_state, cu_seqlens, ssm_state_indices, num_accepted_tokens,
+                             use_qk_l2norm_in_kernel, is_kda)
+        if plan is not False and plan[1]:  # views only: safe to replay for this layout
+            _remember(key, plan)
+        elif plan is False:
+            _remember(key, False)
+    if plan is False:
+        return None
+    kplan, cacheable, shape = plan
+    o = q.new_empty(shape)
+    if cacheable:
+        _kernels().run_plan(kplan, q, k, v, a, b, A_log, dt_bias, o, initial_state, ssm_state_indices,
+                            num_accepted_tokens, cu_seqlens, cache_key=key)
+    else:
+        tokens, hk, hv = shape[0] * shape[1], q.shape[2], shape[2]
+        _kernels().run_plan(kplan, q.reshape(tokens, hk, -1).contiguous(), k.reshape(tokens, hk, -1).contiguous(),
+                            v.reshape(tokens, hv, -1).contiguous(), a.reshape(tokens, hv).contiguous(),
+                            b.reshape(tokens, hv).contiguous(), A_log, dt_bias, o, initial_state,
+                            ssm_state_indices, num_accepted_tokens, cu_seqlens)
+    return o, initial_state
+
+
+def _sigmoid_plan(A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state, inplace_final_state,
+                  cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, is_kda):
+    """(kernel plan, whether the tensors are used as they come, output shape), or False."""
     fn = "fused_sigmoid_gating_delta_rule_update"
     if is_kda:
         return _refuse(fn, "KDA gating")
@@ -176,34 +259,25 @@ def try_sigmoid_gating_update(
         return _refuse(fn, "a/b/A_log/dt_bias sizes")
     if A_log.stride(0) != 1 or dt_bias.stride(0) != 1:
         return _refuse(fn, "A_log/dt_bias not contiguous")
+    dev = q.device
+    extra = [t for t in (cu_seqlens, num_accepted_tokens) if t is not None]
+    if any(t.device != dev for t in (k, v, a, b, A_log, dt_bias, initial_state, ssm_state_indices, *extra)):
+        return _refuse(fn, "tensors on different devices")
     tokens = B * T
-    q3 = q.reshape(tokens, H, K)
-    k3 = k.reshape(tokens, H, K)
-    v3 = v.reshape(tokens, HV, V)
-    if q3.stride(2) != 1:
-        q3 = q3.contiguous()
-    if k3.stride(2) != 1:
-        k3 = k3.contiguous()
-    if v3.stride(2) != 1:
-        v3 = v3.contiguous()
-    a2 = a.reshape(tokens, HV)
-    b2 = b.reshape(tokens, HV)
-    if a2.stride(1) != 1:
-        a2 = a2.contiguous()
-    if b2.stride(1) != 1:
-        b2 = b2.contiguous()
-    o = q.new_empty(B, T, HV, V)
+    views = []
+    for t, shp in ((q, (tokens, H, K)), (k, (tokens, H, K)), (v, (tokens, HV, V)), (a, (tokens, HV)),
+                   (b, (tokens, HV))):
+        r = t.reshape(shp)
+        views.append(r if r.stride(-1) == 1 else r.contiguous())
+    cacheable = all(r.data_ptr() == t.data_ptr() for r, t in zip(views, (q, k, v, a, b)))
+    q3, k3, v3, a2, b2 = views
+    o = _Strided((HV * V, V, 1))  # the [B, T, HV, V] output, allocated per call
     if cu_seqlens is not None:
         n_seqs, t_fixed = cu_seqlens.shape[0] - 1, 0
     else:
         n_seqs, t_fixed = B, T
-    # vLLM addresses column t of the index row as ``row + t`` (token stride 1)
-    idx_tok = 1
-    _kernels().gdn_step(
-        q3, k3, v3, a2, b2, A_log, dt_bias, initial_state, ssm_state_indices,
-        o.view(tokens, HV, V),
-        scale=scale, n_seqs=n_seqs, tokens_per_seq=t_fixed, cu_seqlens=cu_seqlens,
-        num_accepted_tokens=num_accepted_tokens, l2norm=use_qk_l2norm_in_kernel,
-        sp_beta=beta, sp_threshold=threshold, idx_tok_stride=idx_tok,
-    )
-    return o, initial_state
+    kplan = _kernels().make_plan(
+        q3, k3, v3, a2, b2, o, initial_state, ssm_state_indices, scale=scale, n_seqs=n_seqs, tokens_per_seq=t_fixed,
+        varlen=cu_seqlens is not None, spec=num_accepted_tokens is not None, l2norm=use_qk_l2norm_in_kernel,
+        sp_beta=beta, sp_threshold=threshold, idx_tok_stride=1)  # vLLM reads column t of the index row at row + t
+    return kplan, cacheable, (B, T, HV, V)
