@@ -78,6 +78,9 @@ def _gdn_step_kernel(
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
         n_tok = eos - bos
+    elif PACKED:  # one token per sequence, known at compile time: the token loop unrolls
+        bos = i_n.to(tl.int64)
+        n_tok = 1
     else:
         bos = i_n.to(tl.int64) * T
         n_tok = T
@@ -190,23 +193,19 @@ class StepConfig:
 def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> StepConfig:
     """BV and warps from the number of (sequence, value head) tiles.
 
-    One warp per program throughout (on an H200 it beat 2-8 warps at every
-    batch; the per-row reductions then stay inside the warp). Few tiles:
-    BV = 8, so that N * HV * V / BV programs cover the multiprocessors
-    several times over (batch 1 at HV = 32: 512 programs); up to 4096 tiles
-    BV = 16; beyond, BV = 32 (fewer, longer programs; 128 state values per
-    thread at K = 128). Measured on an H200, fp32 state, K = V = 128:
-    docs/bench-gdn-h200.md (the --sweep table).
+    One warp per program (on an H200 it beat 2-8 warps in every swept cell;
+    the per-row reductions then stay inside the warp). Up to 64 tiles
+    (batch <= 2 at HV = 32) BV = 8, so that N * HV * V / BV programs cover
+    the multiprocessors several times over (batch 1: 512 programs); beyond,
+    BV = 16 (64 state values per thread at K = 128). Swept on an H200, fp32
+    state, K = V = 128, batch 1-256, T 1 and 4 (docs/bench-gdn-h200.md): the
+    best shape or within 2% of it except batch 1 / T = 1 (8x2 0.7 µs
+    faster).
     """
     tiles = n_seqs * hv
     vp = triton.next_power_of_2(v)
     kp = triton.next_power_of_2(k)
-    if tiles <= 64:
-        bv = 8
-    elif tiles < 4096:
-        bv = 16
-    else:
-        bv = 32
+    bv = 8 if tiles <= 64 else 16
     bv = min(bv, vp)
     warps = 1
     # at most 128 state values per thread for wide K
