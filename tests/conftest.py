@@ -31,8 +31,16 @@ WHEEL_FIXTURES = frozenset({
 })
 #: Folders whose tests all need wheels: real vLLM installs (e2e), torch/triton and GPUs (kernels).
 WHEEL_DIRS = ("e2e", "kernels")
-#: Test modules that fetch a tree inline (``open_tree("vllm==X")``, ``fetch_version``), not through a fixture.
-WHEEL_MODULES = frozenset()
+#: Fixtures of one test module that fetch a tree: (module file, fixture name).
+WHEEL_MODULE_FIXTURES = frozenset({("test_configdrift.py", "trees"), ("test_manifest.py", "pin"),
+                                   ("test_packaging.py", "wheel")})  # pip wheel: hatchling from PyPI
+#: Tests that fetch a tree inline (``open_tree("vllm==X")``, ``request.getfixturevalue``), by node id prefix.
+WHEEL_TESTS = (
+    "tests/test_generated_current.py::",
+    "tests/test_preflight.py::test_every_verdict",
+    "tests/test_preflight.py::test_top_suggestion_overlaps_the_true_location",
+    "tests/test_manifest.py::test_check_missing_manifest_for_tree",
+)
 
 
 pytest_plugins = ["sndr.testing"]  # assert_patch's fixtures (sndr_pin_tree, sndr_patch_on_pin)
@@ -56,8 +64,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath))
         rel = path.relative_to(tests_dir).parts if path.is_relative_to(tests_dir) else ()
-        if (WHEEL_FIXTURES.intersection(getattr(item, "fixturenames", ())) or (rel and rel[0] in WHEEL_DIRS)
-                or path.name in WHEEL_MODULES or "vllm_install" in item.keywords or "gpu" in item.keywords):
+        names = set(getattr(item, "fixturenames", ()))
+        if (WHEEL_FIXTURES & names or {(path.name, n) for n in names} & WHEEL_MODULE_FIXTURES
+                or (rel and rel[0] in WHEEL_DIRS) or item.nodeid.startswith(WHEEL_TESTS)
+                or "vllm_install" in item.keywords or "gpu" in item.keywords):
             item.add_marker(needs_wheels)
     if config.getoption("--slow"):
         return

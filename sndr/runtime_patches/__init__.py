@@ -14,7 +14,8 @@ tensors they are handed.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["argument", "wraps_original"]
 
@@ -37,8 +38,8 @@ def wraps_original(original: Callable) -> Callable[[Callable], Callable]:
     """
 
     def decorate(wrapper: Callable) -> Callable:
-        wrapper = functools.wraps(original)(wrapper)
-        wrapper.__sndr_wraps__ = original
-        return wrapper
+        wrapped: Any = functools.wraps(original)(wrapper)
+        wrapped.__sndr_wraps__ = original
+        return wrapped
 
     return decorate

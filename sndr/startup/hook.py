@@ -26,6 +26,7 @@ import _thread
 import os
 import sys
 import time
+from typing import Any
 
 from .. import env as envmod
 from . import importer
@@ -35,7 +36,7 @@ PTH_NAME = "_sndr_hook.pth"
 PTH_TEXT = ("# sndr in-memory import hook; `python -m sndr hook uninstall` removes this file.\n"
             "import sndr._boot\n")
 
-_STATE: "_Process | None" = None
+_STATE: _Process | None = None
 _LOCK = _thread.RLock()
 _AT_FORK = False
 
@@ -83,16 +84,16 @@ class _Process:
         self.text: dict = {}
         self.missing: list[str] = []
         self.problems: list[str] = []
-        self.patcher = None
+        self.patcher: Any = None  # a RuntimePatcher once register() ran
         self.record_path: str | None = None
         self.register_ms = 0.0
         self.role, self.process_name = "", ""
         self.forked_from: int | None = None
         self.ready = False
         self.failed_message = ""
-        self.finder = None
+        self.finder: Any = None  # the in-memory hook's SndrFinder, in memory mode
 
-    def forked(self) -> "_Process":
+    def forked(self) -> _Process:
         child = _Process.__new__(_Process)
         child.__dict__.update(self.__dict__)
         child.pid, child.ppid = os.getpid(), os.getppid()
@@ -112,7 +113,8 @@ class _Process:
     def record(self) -> dict:
         from .attest import FORMAT
 
-        runtime = [o.to_json() for o in self.patcher.outcomes.values()] if self.patcher is not None else []
+        runtime: list[dict[str, Any]] = ([o.to_json() for o in self.patcher.outcomes.values()]
+                                         if self.patcher is not None else [])
         rt_counts: dict[str, int] = {}
         for o in runtime:
             rt_counts[o["verdict"]] = rt_counts.get(o["verdict"], 0) + 1
@@ -302,8 +304,10 @@ def _startup(state: _Process, environ) -> None:
             state.mode = "memory"
             state.finder = finder
             finder.on_serve = _on_change
-            resolved = finder.plan["resolved"]
-            state.version = finder.plan["version"]
+            plan = finder.plan
+            assert plan is not None  # text_state() is active only with a plan
+            resolved = plan["resolved"]
+            state.version = plan["version"]
             _check_memory(state, finder, resolved)
     if resolved is None:
         from ..tree import open_tree

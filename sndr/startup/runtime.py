@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 from ..packs import module_allowed
 
@@ -254,7 +255,7 @@ class RuntimePatcher:
                                          f"{s['signature']} (replaced by another plugin?)")
                 return
         rmod, rattr = s["replacement"].split(":", 1)
-        replacement = importlib.import_module(rmod)
+        replacement: Any = importlib.import_module(rmod)
         for part in rattr.split("."):
             replacement = getattr(replacement, part)
         new = replacement(own if own is not _MISSING else current) if s.get("wrap") else replacement
@@ -317,7 +318,7 @@ def default_read_source(module_name: str, module=None) -> tuple[str | None, str]
     """
     if module is not None:
         loader = getattr(getattr(module, "__spec__", None), "loader", None)
-        if getattr(module, "__sndr_patched__", None) is not None and hasattr(loader, "get_source"):
+        if getattr(module, "__sndr_patched__", None) is not None and loader is not None and hasattr(loader, "get_source"):
             return loader.get_source(module_name), getattr(module, "__file__", "") or ""
         filename = getattr(module, "__file__", None)
     else:
