@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -126,8 +125,8 @@ def main(argv=None) -> int:
 
 def _run(args, work: Path) -> int:
     from sndr.apply import run_apply
-    from sndr.startup.hook import cli_main
     from sndr.load import load_patch_set
+    from sndr.startup.hook import cli_main
 
     install = vllm_env.probe(args.python)
     print(f"vLLM install: {install.vllm_dir} (python {install.pyver}); work dir {work}", flush=True)

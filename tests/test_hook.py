@@ -6,7 +6,6 @@ import json
 import os
 import stat
 
-
 from hook_fixtures import REPO, Box, box, out_of, replace_file  # noqa: F401 (box is a fixture)
 from sndr.startup.hook import PTH_NAME, PTH_TEXT, cli_main, status_main
 

@@ -278,9 +278,8 @@ def test_live_signature_check_catches_a_foreign_replacement(pkg):
 
 def test_runtime_and_preflight_verdicts_agree(tmp_path):
     """The planner (preflight/apply) and the runtime check share check_binding: same verdict, same reason."""
-    from sndr.load import parse_patch
+    from sndr.load import PatchSet, parse_patch
     from sndr.plan import build_plan
-    from sndr.load import PatchSet
 
     text = TARGET
     patch = parse_patch(textwrap.dedent('''

@@ -137,7 +137,7 @@ def test_version_unknown_is_a_clear_error(vllm_pin_root, tmp_path):
         shutil.rmtree(info)
     (site / "vllm" / "_version.py").unlink()
     with pytest.raises(SndrError) as exc:
-        open_tree(site).version
+        _ = open_tree(site).version  # reading it raises
     assert exc.value.problems[0].code == "version_unknown"
     assert exc.value.exit_code == 2
 

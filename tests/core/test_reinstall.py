@@ -13,13 +13,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import copy_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sndr.apply import run_apply, run_revert, run_verify
 from sndr.load import load_patch_set
 
-from conftest import copy_tree
 from .test_apply import DATA, FILES, vllm_hash
 
 

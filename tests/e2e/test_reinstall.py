@@ -8,7 +8,6 @@ The shipped patch set, the real CLI.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_env import HOOK_PATCHES
 from sndr.startup.hook import cli_main, status_main
+from vllm_env import HOOK_PATCHES
 
 pytestmark = pytest.mark.vllm_install
 

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +93,7 @@ def build_master(install: Install, dest: Path) -> Path:
     """A directory holding a copy of ``vllm/`` (.py + .pyc real, the rest symlinked) and its dist-info."""
     dest.mkdir(parents=True, exist_ok=True)
     src_root = install.vllm_dir
-    for dirpath, dirnames, filenames in os.walk(src_root):
+    for dirpath, _dirnames, filenames in os.walk(src_root):
         rel = Path(dirpath).relative_to(src_root.parent)
         (dest / rel).mkdir(parents=True, exist_ok=True)
         for name in filenames:
