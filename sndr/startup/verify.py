@@ -101,7 +101,15 @@ def _root(spec: str) -> str | None:
 
 
 def _version_key(root: str) -> str:
-    return "treever-" + importer._sha256(importer.tree_identity(root).encode())
+    # The tree's identity, and sndr's own code (the stamp, plus tree.py, where the version is read): an
+    # upgrade of sndr never reuses a version an older rule computed.
+    try:
+        st = os.stat(os.path.join(importer._package_root(), "tree.py"))
+        tree_py = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        tree_py = (0, 0)
+    key = repr((importer.tree_identity(root), importer._code_stamp(), tree_py))
+    return "treever-" + importer._sha256(key.encode())
 
 
 def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importer.HookCache, pdir: str) -> str:
