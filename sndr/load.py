@@ -112,8 +112,118 @@ def _loc_str(loc: tuple) -> str:
     return out
 
 
+# Bounds checked before a patch file is parsed (issue 23): the largest shipped patch
+# file is a few KiB, and nothing a patch needs nests or dots keys this deep.
+MAX_PATCH_BYTES = 1 << 20
+MAX_NESTING = 32
+MAX_KEY_PARTS = 64
+#: Text edits and ``create`` stay inside these top-level packages of the tree.
+PACKAGE_ROOTS = ("vllm",)
+
+
+_SHAPE_TOKEN = re.compile(r"""'''|\"\"\"|["'#\n\[\]{}.]""")
+
+
+def _close_quote(text: str, quote: str, start: int) -> int:
+    """Index just past the string that opens at ``start`` (``quote`` is its delimiter), or -1."""
+    k = start + len(quote)
+    while True:
+        j = text.find(quote, k)
+        if j < 0:
+            return -1
+        if len(quote) == 1 and "\n" in text[k:j]:
+            return -1  # unterminated one-line string: tomllib says where
+        if quote[0] == '"':
+            bs = 0
+            while text[j - 1 - bs] == "\\":
+                bs += 1
+            if bs % 2:
+                k = j + 1
+                continue
+        j += len(quote)
+        if len(quote) == 3:  # a closing run may be longer (quotes at the string's end)
+            while j < len(text) and text[j] == quote[0]:
+                j += 1
+        return j
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse nesting and dotted keys beyond the bounds before ``tomllib`` sees them.
+
+    A linear scan that skips strings and comments: it counts open ``[``/``{``
+    and the dots on one line, so a hostile file costs microseconds, never a
+    recursion error or a quadratic parse.
+    """
+    depth = dots = 0
+    line = 1
+    pos = 0
+    search = _SHAPE_TOKEN.search
+    while True:
+        m = search(text, pos)
+        if m is None:
+            return
+        t, i = m.group(), m.start()
+        pos = i + 1
+        if t == "\n":
+            line += 1
+            dots = 0
+        elif t == "#":
+            j = text.find("\n", i)
+            if j < 0:
+                return
+            pos = j
+        elif t[0] in "'\"":
+            j = _close_quote(text, t, i)
+            if j < 0:
+                return  # unterminated: tomllib reports it with its line
+            line += text.count("\n", i, j)
+            pos = j
+        elif t in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise SndrError(Problem("too_deep", f"arrays or tables nested more than {MAX_NESTING} deep",
+                                        file=source, line=line, hint="a patch file never needs this; check the file"))
+        elif t in "]}":
+            depth = max(0, depth - 1)
+        else:  # "."
+            dots += 1
+            if dots >= MAX_KEY_PARTS:
+                raise SndrError(Problem("too_deep", f"a key or line with more than {MAX_KEY_PARTS} dotted parts",
+                                        file=source, line=line, hint="a patch file never needs this; check the file"))
+
+
+def _confine(patch: Patch, text: str, source: str) -> None:
+    """Text edits and ``create`` stay inside the package: ``vllm/...`` only (see :data:`PACKAGE_ROOTS`).
+
+    For an installed vLLM the tree root is site-packages: a ``*.pth`` or
+    another package there runs at every interpreter start, and ``.sndr/`` is
+    sndr's own state. All are refused here, at load time, with the line.
+    """
+    roots = "/, ".join(PACKAGE_ROOTS) + "/"
+    problems = []
+    for i, f in enumerate(patch.files):
+        parts = f.path.split("/")
+        why = None
+        if parts[0] == ".sndr":
+            why = "is in sndr's own state directory"
+        elif parts[0] not in PACKAGE_ROOTS or len(parts) < 2:
+            why = f"is outside the {roots} package"
+        elif f.path.endswith(".pth"):
+            why = "is a .pth file, which Python runs at interpreter start"
+        if why:
+            problems.append(Problem("path_outside_package", f"path {f.path!r} {why}; patches change files inside "
+                                    f"{roots} only", file=source, line=_key_line(text, ("files", i, "path")),
+                                    key=f"files[{i}].path"))
+    if problems:
+        raise SndrError(problems)
+
+
 def parse_patch(text: str, source: str) -> Patch:
     """Parse and validate one patch file's text. ``source`` names it in errors."""
+    if len(text) > MAX_PATCH_BYTES:
+        raise SndrError(Problem("too_large", f"patch file is {len(text)} characters, over the {MAX_PATCH_BYTES} limit",
+                                file=source))
+    _check_shape(text, source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -121,8 +231,15 @@ def parse_patch(text: str, source: str) -> Patch:
         raise SndrError(Problem("toml_syntax", f"malformed TOML: {exc}", file=source,
                                 line=int(m.group(1)) if m else None,
                                 hint="patch files are TOML; use literal strings ('''...''') for code")) from None
+    except RecursionError:
+        raise SndrError(Problem("too_deep", "nested too deeply to parse", file=source)) from None
+    except ValueError as exc:  # an integer over Python's 4300-digit limit
+        raise SndrError(Problem("too_large", f"a value is too large: {exc}", file=source,
+                                hint="integers in patch files are small; check the file")) from None
     try:
-        return Patch.model_validate(data)
+        patch = Patch.model_validate(data)
+    except RecursionError:
+        raise SndrError(Problem("too_deep", "nested too deeply to validate", file=source)) from None
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -135,13 +252,18 @@ def parse_patch(text: str, source: str) -> Patch:
             problems.append(Problem("bad_patch", msg, file=source, line=_key_line(text, loc),
                                     key=_loc_str(loc) or None))
         raise SndrError(problems) from None
+    _confine(patch, text, source)
+    return patch
 
 
 def load_patch_file(path: Path) -> Patch:
+    from . import fsio
+
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SndrError(Problem("unreadable", f"cannot read patch file: {exc.strerror}", file=str(path))) from None
+        raw = fsio.read_regular(path, MAX_PATCH_BYTES, "patch file")
+    except fsio.FileProblem as exc:
+        code = "too_large" if exc.code == "file_too_large" else exc.code
+        raise SndrError(Problem(code, exc.message, file=str(path))) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -243,7 +365,7 @@ def _cross_check(patches: list[Patch], sources: dict[str, str]) -> list[Problem]
             if state.get(nxt) == 1:
                 cyc = stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
                 src = sources.get(node)
-                problems.append(Problem("requires_cycle", f"ordering cycle through {key}: " + " -> ".join(cyc),
+                problems.append(Problem("requires_cycle", ("requires cycle: " if key == "requires" else "ordering cycle (after): ") + " -> ".join(cyc),
                                         file=src, line=_source_line(src, key, nxt), key=key, patch=node))
             elif nxt not in state:
                 visit(nxt, stack + [nxt])

@@ -1,4 +1,7 @@
-"""Exact search and enclosing qualified names. Pure functions of text."""
+"""Exact search and enclosing qualified names. Pure functions of text.
+
+The one effect, a disk cache of parsed scopes, is off unless the shell injects one
+(:func:`use_disk_cache`, done by :func:`sndr.caches.enable`)."""
 
 from __future__ import annotations
 
@@ -7,9 +10,7 @@ import bisect
 import hashlib
 import json
 import os
-import sys
 from functools import lru_cache
-from pathlib import Path
 
 
 def find_all(text: str, needle: str) -> list[int]:
@@ -82,36 +83,55 @@ class Scopes:
         return None
 
 
-def _disk_cache() -> Path | None:
-    try:
-        from .env import cache_dir
+#: The on-disk scope cache, injected by the shell (:func:`sndr.caches.enable`); None: parse in
+#: memory only. The core never finds a cache directory by itself and writes nothing.
+_DISK = None
 
-        d = cache_dir() / "scopes" / f"py{sys.version_info[0]}{sys.version_info[1]}"
-        d.mkdir(parents=True, exist_ok=True)
-        return d
-    except OSError:
-        return None
+
+def use_disk_cache(cache):
+    """Set the scope cache (a :class:`sndr.fsio.PrivateDir`, or None); returns the previous one."""
+    global _DISK
+    prev, _DISK = _DISK, cache
+    _scopes_cached.cache_clear()
+    return prev
+
+
+def _disk_cache():
+    """The injected cache. A plain path (benchmarks point it at an empty directory) is opened as a
+    :class:`sndr.fsio.PrivateDir`, with the same checks."""
+    d = _DISK
+    if isinstance(d, (str, os.PathLike)):
+        from .fsio import PrivateDir
+
+        d = PrivateDir.open(d)
+    return d
 
 
 @lru_cache(maxsize=256)
 def _scopes_cached(digest: str, text: str) -> Scopes:
     # Content-addressed on disk too: a fleet applies the same pristine files
     # over and over, and parsing a 200 KB module costs tens of milliseconds.
-    # A damaged entry is ignored and rebuilt; it can only affect report labels.
-    cache = _disk_cache()
-    entry = cache / f"{digest}.json" if cache else None
-    if entry is not None:
+    # Entries are sealed with the cache's secret; a damaged or planted one is
+    # ignored and rebuilt (it could only affect report labels anyway).
+    from .fsio import FileProblem
+
+    name = f"scopes-{digest}.json"
+    try:
+        cache = _disk_cache()
+    except (OSError, FileProblem):
+        cache = None
+    if cache is not None:
         try:
-            return Scopes(text, [tuple(x) for x in json.loads(entry.read_text())])
-        except (OSError, ValueError, TypeError):
+            raw = cache.get_sealed("scopes", name)
+            if raw is not None:
+                return Scopes(text, [tuple(x) for x in json.loads(raw)])
+        except (OSError, FileProblem, ValueError, TypeError):
             pass
     sc = Scopes(text)
-    if entry is not None:
+    if cache is not None:
         try:
-            tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(sc.spans))
-            os.replace(tmp, entry)
-        except OSError:
+            cache.put_sealed("scopes", name, json.dumps(sc.spans).encode())
+        except (OSError, FileProblem):
             pass
     return sc
 
