@@ -298,7 +298,7 @@ def big_stack(runs: int, json_out: str | None) -> int:
 
     caches.enable()
     pin_v, cand_v = "0.24.0", "0.32.0"
-    patches = generate(texts(pin_v), texts(cand_v), 260, 11)
+    patches = generate(texts(pin_v), texts(cand_v), 260, 11, pin_version=pin_v)
     d = Path(tempfile.mkdtemp(prefix="sndr-big-")) / "stack"
     write(patches, d)
     via = auto_releases(pin_v, cand_v)

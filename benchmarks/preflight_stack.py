@@ -43,7 +43,7 @@ HOT = [
     ("vllm/engine/", 1), ("vllm/multimodal/", 1), ("vllm/lora/", 1), ("vllm/compilation/", 1),
 ]
 #: Intended mix of edits on the candidate (the rest survive).
-DRIFT_SHARE = 0.55
+DRIFT_SHARE = 0.62
 
 
 @lru_cache(maxsize=16)
@@ -70,9 +70,78 @@ def _note(anchor: str, name: str) -> str:
     return anchor + last[: len(last) - len(last.lstrip())] + f"# stack: {name}\n"
 
 
-def generate(pin: dict[str, str], cand: dict[str, str], n_patches: int = 260, seed: int = 11) -> list[Patch]:
-    """``n_patches`` patches of 1-3 real pin windows each; about DRIFT_SHARE of the edits drift or lose their file."""
+#: A distinctive line (for :func:`_unique_here`): long enough to say where code is.
+_KEY_LEN = 8
+
+
+@lru_cache(maxsize=4)
+def _line_files(version: str) -> dict[str, int]:
+    """Stripped line -> number of pin files holding it (the boilerplate test of :func:`_unique_here`)."""
+    from collections import Counter
+
+    got: Counter = Counter()
+    for text in texts(version).values():
+        got.update({s.strip() for s in text.split("\n")})
+    return dict(got)
+
+
+@lru_cache(maxsize=4)
+def _stripped(version: str) -> dict[str, str]:
+    return {rel: "\n".join(s.strip() for s in t.split("\n")) for rel, t in texts(version).items()}
+
+
+def _unique_here(win: list[str], rel: str, pin: dict[str, str], counts: dict[str, int], stripped: dict[str, str],
+                 cand_stripped: dict[str, str] | None = None) -> bool:
+    """The window has one true place on the pin tree, so its truth on a later release is one place too.
+
+    Boilerplate (a model's ``load_weights`` loop, an ``__init__`` copied
+    across dozens of model files) has no single destination: which copy is
+    "the" one is a coin toss for any oracle. Rejected:
+
+    * a window whose stripped text occurs in any other pin file (indentation ignored);
+    * a window where fewer than half of its distinctive lines are unique to its file;
+    * a window whose stripped text occurs in several files of the candidate
+      (a file vendored twice: the truth would be a pick among copies).
+    """
+    keys = [s.strip() for s in win if len(s.strip()) >= _KEY_LEN]
+    if not keys:
+        return False
+    if sum(1 for k in keys if counts.get(k, 0) <= 1) * 2 < len(keys):
+        return False
+    norm = "\n".join(s.strip() for s in win)
+    first = min(keys, key=lambda k: counts.get(k, 0))  # rarest line: only files holding it can hold the window
+    for other, text in stripped.items():
+        if other != rel and first in text and norm in text:
+            return False
+    if cand_stripped is not None:
+        holders = 0
+        for text in cand_stripped.values():
+            if first in text and norm in text:
+                holders += 1
+                if holders > 1:
+                    return False
+    return True
+
+
+def generate(pin: dict[str, str], cand: dict[str, str], n_patches: int = 260, seed: int = 11,
+             pin_version: str | None = None) -> list[Patch]:
+    """``n_patches`` patches of 1-3 real pin windows each; about DRIFT_SHARE of the edits drift or lose their file.
+
+    Every anchor is unique across the whole pin tree (:func:`_unique_here`),
+    so the labelled truth is one place, not a pick among sibling copies.
+    """
     rng = random.Random(seed)
+    cand_stripped = {rel: "\n".join(s.strip() for s in t.split("\n")) for rel, t in cand.items()}
+    if pin_version is not None:
+        counts, stripped = _line_files(pin_version), _stripped(pin_version)
+    else:
+        from collections import Counter
+
+        c: Counter = Counter()
+        for text in pin.values():
+            c.update({s.strip() for s in text.split("\n")})
+        counts = dict(c)
+        stripped = {rel: "\n".join(s.strip() for s in t.split("\n")) for rel, t in pin.items()}
     pools = []
     for prefix, weight in HOT:
         files = sorted(r for r in pin if r.startswith(prefix) and 150 < pin[r].count("\n") < 9000)
@@ -99,7 +168,7 @@ def generate(pin: dict[str, str], cand: dict[str, str], n_patches: int = 260, se
                 if any(i - 3 < b and a < i + n + 3 for a, b in used.get(rel, [])):
                     continue
                 anchor = "\n".join(win) + "\n"
-                if pin[rel].count(anchor) != 1:
+                if pin[rel].count(anchor) != 1 or not _unique_here(win, rel, pin, counts, stripped, cand_stripped):
                     continue
                 c = cand.get(rel)
                 drifts = c is None or anchor not in c
@@ -164,6 +233,30 @@ def hop_truth(anchor: str, file: str, versions: list[str]):
     return (last[1], last[2], last[2] + len(lines) - 1), path
 
 
+def label(anchor: str, file: str, versions: list[str]):
+    """The labelled truth of one case: ``(kind, (file, first, last) or None, path)``.
+
+    Both difflib oracles are asked, the direct one (pin -> candidate) and the
+    hop one (release by release). ``kind`` is:
+
+    * ``"found"``: at least one finds it and they do not disagree (the hop
+      oracle's place when it has one: it follows moves the direct one cannot
+      see; the direct one's when the hop oracle lost it on the way);
+    * ``"vanished"``: neither finds it (no cluster of its distinctive lines
+      survives verbatim);
+    * ``"ambiguous"``: they find different places; the case is left out of
+      the precision figures (and counted).
+    """
+    hop, path = hop_truth(anchor, file, versions)
+    direct = direct_truth(anchor, file, versions[0], versions[-1])
+    if hop is None and direct is None:
+        return "vanished", None, path
+    if hop is not None and direct is not None:
+        if hop[0] != direct[0] or hop[2] < direct[1] or direct[2] < hop[1]:
+            return "ambiguous", hop, path
+    return "found", hop or direct, path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -173,7 +266,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args(argv)
     pin, cand = texts(args.pin), texts(args.candidate)
-    patches = generate(pin, cand, args.patches, args.seed)
+    patches = generate(pin, cand, args.patches, args.seed, pin_version=args.pin)
     write(patches, Path(args.out))
     edits = [(p.files[0].path, e) for p in patches for e in p.files[0].edits]
     missing = sum(1 for rel, _ in edits if rel not in cand)

@@ -484,6 +484,27 @@ def test_confidence_class_in_every_output(bump):
     assert data["summary"]["confidence"]["high"] >= 3
 
 
+def test_no_confident_match_whenever_nothing_reaches_medium(bump):
+    """Every drifted edit whose best suggestion is low (or that has none) says so, in every output."""
+    from sndr.preflight.render import NO_CONFIDENT, render_terminal
+    from rich.console import Console
+
+    ps, report, _, _ = bump
+    weak = [e for p in report.patches for e in p.edits if e.kind == "text" and e.confidence == "low"]
+    assert weak
+    md = render_markdown(report, ps).lower()
+    assert md.count(NO_CONFIDENT) >= len(weak)
+    gh = "\n".join(github_annotations(report))
+    for e in weak:
+        line = next(x for x in gh.splitlines() if f"/{e.name}:" in x)
+        assert NO_CONFIDENT in line, line
+    console = Console(record=True, width=300)
+    render_terminal(report, console=console)
+    listed = {(r.patch, r.name) for r in [*report.genuine_anchor_drift, *report.file_missing]}
+    shown = [e for p in report.patches for e in p.edits if e in weak and (p.id, e.name) in listed]
+    assert shown and console.export_text().count(NO_CONFIDENT) >= len(shown)
+
+
 def test_auto_releases_take_the_last_patch_of_each_minor_in_between():
     from sndr.preflight.hops import auto_releases, resolve_via
 

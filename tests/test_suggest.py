@@ -70,3 +70,82 @@ def test_unchanged_files_are_not_searched():
     got = _relocator(pin, cand).suggest("    return very_specific_call(alpha, beta, gamma)\n", "vllm/a.py",
                                         qualname="f")
     assert all(s.file != "vllm/c.py" for s in got)
+
+
+# ---------------------------------------------------------------------------- ranking rules, cut from real trees
+#
+# Each case is a real drifted anchor of vLLM 0.24.0 (lines cut from the cached
+# release tree) bumped to 0.32.0, searched over the anchor's file and the real
+# file that competes for it. Each test checks the rule picks the true place
+# (found by difflib, tests/preflight_oracle.py, over the full trees) and that
+# with the rule's weight set to zero the competitor wins: the rule decides.
+
+import pytest  # noqa: E402
+
+from sndr import env  # noqa: E402
+from sndr.locate import scopes  # noqa: E402
+from sndr.preflight import suggest as S  # noqa: E402
+
+
+def _tree_text(version: str, rel: str) -> str:
+    path = env.cache_root() / "trees" / f"vllm-{version}" / rel
+    if not path.is_file():
+        pytest.skip(f"vllm {version} tree not cached ({path})")
+    return path.read_text(encoding="utf-8")
+
+
+def _real_case(files: list[str], anchor_file: str, first: int, n: int, pin_v="0.24.0", cand_v="0.32.0"):
+    pin = {rel: _tree_text(pin_v, rel) for rel in files}
+    cand = {rel: _tree_text(cand_v, rel) for rel in files}
+    anchor = "".join(pin[anchor_file].splitlines(keepends=True)[first - 1:first - 1 + n])
+    assert anchor not in cand[anchor_file]  # drifted
+    qualname = scopes(pin[anchor_file]).qualname(first)
+    return pin, cand, anchor, qualname
+
+
+def _top(pin, cand, anchor, file, qualname, line):
+    got = _relocator(pin, cand).suggest(anchor, file, qualname=qualname, pin_line=line)
+    assert got
+    return got[0]
+
+
+MLA = "vllm/v1/attention/backends/mla/flashattn_mla.py"
+MLA_SIBLING = "vllm/v1/attention/backends/mla/flashmla.py"
+
+
+def test_real_same_qualname_same_file_beats_same_name_elsewhere(monkeypatch):
+    """``FlashAttnMLAMetadataBuilder._build_decode``'s signature tail was edited at home (similarity 73);
+    ``flashmla.py`` holds a ``_build_decode`` with the old text almost verbatim (similarity 99)."""
+    pin, cand, anchor, q = _real_case([MLA, MLA_SIBLING], MLA, 205, 3)
+    assert q == "FlashAttnMLAMetadataBuilder._build_decode"
+    top = _top(pin, cand, anchor, MLA, q, 205)
+    assert (top.file, top.qualname) == (MLA, q) and 216 <= top.line <= 222  # truth: lines 218-222
+    assert top.reasons[:2] == ("same qualname", "same file")
+    monkeypatch.setattr(S, "BONUS_SAME_QUALNAME", 0)
+    monkeypatch.setattr(S, "BONUS_SAME_NAME", 0)
+    assert _top(pin, cand, anchor, MLA, q, 205).file == MLA_SIBLING  # the evidence decides, not the text
+
+
+def test_real_sibling_copy_penalty(monkeypatch):
+    """The same case from the other side: ``flashmla.py`` held these lines on the pin already, so it is a
+    sibling copy, not where the code went."""
+    pin, cand, anchor, q = _real_case([MLA, MLA_SIBLING], MLA, 205, 3)
+    got = _relocator(pin, cand).suggest(anchor, MLA, qualname=q, pin_line=205)
+    sibling = [s for s in got if s.file == MLA_SIBLING]
+    assert got[0].file == MLA
+    assert sibling and "a copy that was already there on the pin" in sibling[0].reasons
+    monkeypatch.setattr(S, "PENALTY_COPY", 0)
+    assert _top(pin, cand, anchor, MLA, q, 205).file == MLA_SIBLING
+
+
+def test_real_edited_import_block_stays_home(monkeypatch):
+    """ultravox.py's import block was edited; another model module (new in 0.32.0) has similar imports."""
+    home, other = "vllm/model_executor/models/ultravox.py", "vllm/model_executor/models/moss_transcribe_diarize.py"
+    pin = {home: _tree_text("0.24.0", home)}
+    cand = {home: _tree_text("0.32.0", home), other: _tree_text("0.32.0", other)}
+    anchor = "".join(pin[home].splitlines(keepends=True)[7:10])
+    assert anchor.startswith("from collections.abc import Iterable, Mapping, Sequence") and anchor not in cand[home]
+    top = _top(pin, cand, anchor, home, "", 8)
+    assert top.file == home and top.line <= 9 and top.end_line >= 8  # truth: lines 8-9
+    monkeypatch.setattr(S, "BONUS_SAME_FILE", 0)
+    assert _top(pin, cand, anchor, home, "", 8).file == other

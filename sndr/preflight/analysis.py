@@ -89,7 +89,7 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
 
     if suggestions:
         changed, _gone = changed_files(pin_s, cand_s)
-        ctx.relocator = Relocator(pin_s.text_or_none, cand_s.text_or_none, changed)
+        ctx.relocator = Relocator(pin_s.text_or_none, cand_s.text_or_none, changed, index=_line_index(cand_s, changed))
 
     report = PreflightReport(
         pin=pin_s.info(), candidate=cand_s.info(),
@@ -228,6 +228,13 @@ def _edit_entry(ctx: _Ctx, patch: Patch | None, pe: EditResult, ce: EditResult, 
     return ee
 
 
+def _line_index(snap: Snapshot, changed: list[str]):
+    """The candidate's on-disk line index, opened (or built) on the first lookup; in memory without a cache."""
+    from .lineindex import Lazy, MemoryIndex, for_snapshot
+
+    return Lazy(lambda: for_snapshot(snap) or MemoryIndex(changed, snap.text_or_none))
+
+
 def _models(found) -> list[SuggestionModel]:
     return [SuggestionModel(file=s.file, line=s.line, end_line=s.end_line, qualname=s.qualname, score=s.score,
                             similarity=s.similarity, reasons=list(s.reasons), text=s.text, confidence=s.confidence)
@@ -244,7 +251,7 @@ def _suggest_all(ctx: _Ctx, via) -> list[str]:
         chain = hops.Chain.build(ctx.pin, specs, ctx.cand)
         cand_state = chain.states[-1]  # the direct search shares the candidate's per-file views with the last hop
         ctx.relocator = Relocator(ctx.pin.text_or_none, ctx.cand.text_or_none, ctx.relocator.changed,
-                                  files=cand_state.files, linesets=cand_state.linesets)
+                                  files=cand_state.files, index=cand_state.index)
     reloc = ctx.relocator
     reloc.prefetch((anchor, file) for _, anchor, file, _, _ in ctx.pending)
     direct = [reloc.suggest(anchor, file, qualname=q, pin_line=line) for _, anchor, file, q, line in ctx.pending]

@@ -37,7 +37,7 @@ def _findings_for_annotation(report: PreflightReport):
                     f"confidence {sg.confidence}){via}")
         if e is not None and e.kind == "runtime" and e.line:
             return f"; the target is still at {e.file}:{e.line}"
-        return "; no relocation candidate found"
+        return "; no relocation candidate found (no confident match: the code was likely removed or rewritten)"
 
     for r in report.genuine_anchor_drift:
         e = entry(r)

@@ -11,11 +11,13 @@ qualname and line). A hop with no confident match ends the chain ("lost").
 The chain's result competes with the direct search (see
 :func:`pick`): the higher confidence class wins, the chain on a tie.
 
-Every hop's trees are opened once per process and their per-file views
-(token sets, line sets) are shared by the hops that touch them, so a second
-preflight in the same process, or one with another candidate, reuses them
-(:func:`tree_state`). The list of files that changed between two releases is
-also kept on disk, keyed by the two tree digests.
+Every hop's trees are opened once per process and their per-file views are
+shared by the hops that touch them (:func:`tree_state`). On disk, content-
+addressed under the cache root: each release's line index
+(:mod:`.lineindex`, keyed by its tree digest), its files' parsed scopes
+(:mod:`sndr.locate`, keyed by file content), and the list of files that
+changed between two releases (keyed by both digests). A second run, or a run
+with another candidate, reuses every hop's indexes.
 """
 
 from __future__ import annotations
@@ -130,7 +132,16 @@ def resolve_via(via, pin_version: str, cand_version: str) -> list[str]:
 class _TreeState:
     snapshot: Snapshot
     files: dict = field(default_factory=dict)  # rel -> suggest._File (token sets, windows)
-    linesets: dict = field(default_factory=dict)  # rel -> frozenset of stripped lines
+    _index: object = None
+
+    @property
+    def index(self):
+        """The tree's line index (on disk, content-addressed; None when no cache can hold it)."""
+        if self._index is None:
+            from .lineindex import for_snapshot
+
+            self._index = for_snapshot(self.snapshot) or False
+        return self._index or None
 
 
 _STATES: dict[str, _TreeState] = {}
@@ -225,7 +236,7 @@ class Chain:
         for a, b in zip(states, states[1:]):
             chain.relocators.append(Relocator(a.snapshot.text_or_none, b.snapshot.text_or_none,
                                               _changed(a.snapshot, b.snapshot), files=b.files,
-                                              linesets=b.linesets))
+                                              index=b.index))
         return chain
 
     @property
