@@ -37,7 +37,7 @@ from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, Report
-from .plan import Plan, build_plan, patch_set_digest, resolve_gates
+from .plan import Plan, build_plan, resolve_gates
 
 
 def tree_version(root: Path) -> str:
@@ -279,7 +279,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         if swept:
             notes.append(f"removed {len(swept)} probe file(s) an interrupted sndr left: {', '.join(swept)}")
         on = enabled_ids(patch_set, version, environ, only, profile)
-        digest = patch_set_digest(patch_set, on)
+        digest = patch_set.digest(on)
         if ledger is not None:
             # Re-check every file the ledger names, by hash: a reinstall or a
             # restore puts pristine bytes back under a ledger that says "patched".
@@ -507,7 +507,7 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
     with tree.lock(shared=True):
         ledger = tree.read_ledger()
         on = enabled_ids(patch_set, version, environ, only, profile)
-        digest = patch_set_digest(patch_set, on)
+        digest = patch_set.digest(on)
         if ledger is None:
             # No ledger (fresh or in-memory-patched tree): classify the current texts.
             plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False,

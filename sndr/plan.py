@@ -557,14 +557,10 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
             changes[path] = FileChange(path, st.pristine, st.text, list(st.patches))
     if check_compile:
         problems.extend(_compile_check(changes, files))
-    digest = patch_set_digest(patch_set, enabled)
+    digest = patch_set.digest(enabled)
     left_out = [left[p.id] for p in ordered if p.id in left and gates[p.id].enabled]
     return Plan(version=version, patches=results, changes=changes, problems=problems, enabled=enabled, digest=digest,
                 left_out=left_out)
-
-
-def patch_set_digest(patch_set: PatchSet, enabled: list[str]) -> str:
-    return patch_set.digest(enabled)
 
 
 def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: set[str],
@@ -811,7 +807,3 @@ def _blame(st: FileState, lineno: int | None) -> str | None:
     # Nearest preceding replacement: an unbalanced bracket surfaces later than its cause.
     before = [r for r in st.regions if r[0] <= off]
     return before[-1][2] if before else None
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()

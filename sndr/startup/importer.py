@@ -354,10 +354,9 @@ def build_resolved(patch_set, version: str, environ) -> dict:
     """
     from .. import packs
     from ..apply import enabled_ids
-    from ..plan import patch_set_digest
 
     on = enabled_ids(patch_set, version, environ)
-    digest = patch_set_digest(patch_set, on)
+    digest = patch_set.digest(on)
     found_packs = packs.discover()
     patches = {}
     runtime = []
