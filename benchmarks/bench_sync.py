@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from sndr.load import load_patch_set  # noqa: E402
 from sndr.tree import DirTree, fetch_version  # noqa: E402
-from sndr.upstream.queue import Surface, patch_surface, plan  # noqa: E402
+from sndr.upstream.queue import Surface, patch_surface, plan_queue  # noqa: E402
 from upstream.history import generate, git  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def main() -> int:
     subprocess.run(["git", "-C", str(repo), "log", "-p", "v0.32.0..v0.33.0"], check=True, stdout=subprocess.DEVNULL)
     t_log = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rep = plan(repo, "v0.32.0", "v0.33.0", Surface(set(gen.surface)), DirTree(tree))
+    rep = plan_queue(repo, "v0.32.0", "v0.33.0", Surface(set(gen.surface)), DirTree(tree))
     t_plan = time.perf_counter() - t0
 
     c = rep.counts

@@ -27,7 +27,7 @@ from sndr.upstream.sync import (
     parse_hunks,
     patch_surface,
     pin_main,
-    plan,
+    plan_queue,
     read_pin,
     render_markdown,
 )
@@ -180,7 +180,7 @@ def by_role(rep, c):
 
 def test_every_disposition_and_order(scripted):
     repo, tree, c = scripted
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     e = by_role(rep, c)
     assert rep.counts["commits"] == 12
     assert [x.sha for x in rep.commits] == [c[k] for k in c]  # upstream order
@@ -221,13 +221,13 @@ def _dir_tree(path: Path):
 def test_series_member_alone_matches_only_with_reduced_context(scripted):
     """Judged on the plain tree (its predecessor not carried), the series' second commit needs fuzz."""
     repo, tree, c = scripted
-    rep = plan(repo.path, c["series1"], "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, c["series1"], "main", SURFACE, _dir_tree(tree))
     e = rep.entry(c["series2"])
     assert e.disposition == "applicable" and e.depends_on == []
     assert [h.fuzz for h in e.files[0].hunks] == [1]
     assert "1 context line" in e.files[0].hunks[0].reason
     # on the full range it matches with full context, after its predecessor
-    full = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree)).entry(c["series2"])
+    full = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree)).entry(c["series2"])
     assert [h.fuzz for h in full.files[0].hunks] == [None]
 
 
@@ -235,7 +235,7 @@ def test_ported_commits_turn_satisfied(scripted, source):
     repo, tree, c = scripted
     for edit in (TOUCH_COMMENT, TOUCH_INCREMENT, NO_PREFIX):
         tree_edit(tree, *edit)
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     e = by_role(rep, c)
     assert e["series1"].disposition == e["series2"].disposition == e["independent"].disposition == "satisfied"
     assert [w.commits for w in rep.waves] == [[c["conflict"], c["rename"]], [c["after_rename"]]]
@@ -244,7 +244,7 @@ def test_ported_commits_turn_satisfied(scripted, source):
 def test_rename_already_ported(scripted):
     repo, tree, c = scripted
     (tree / STM).rename(tree / STM_NEW)
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     e = by_role(rep, c)
     assert e["rename"].disposition == "satisfied"
     assert "already renamed" in e["rename"].reason
@@ -255,7 +255,7 @@ def test_rename_already_ported(scripted):
 def test_half_ported_revert_pair_is_refused(scripted):
     repo, tree, c = scripted
     tree_edit(tree, BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW)  # the tree carries the reverted commit
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     e = by_role(rep, c)
     assert e["added"].disposition == "satisfied" and e["reverted"].disposition == "applicable"
     assert e["added"].status == e["reverted"].status == "refused"
@@ -267,13 +267,13 @@ def test_half_ported_revert_pair_is_refused(scripted):
 def test_select_refuses_half_a_revert_pair_and_a_broken_series(scripted):
     repo, tree, c = scripted
     with pytest.raises(SndrError) as exc:
-        plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree), select=[c["added"][:12]])
+        plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree), select=[c["added"][:12]])
     assert exc.value.problems[0].code == "revert_pair_split"
     with pytest.raises(SndrError) as exc:
-        plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree), select=[c["series2"]])
+        plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree), select=[c["series2"]])
     assert exc.value.problems[0].code == "series_split"
     assert c["series1"][:10] in exc.value.problems[0].message
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree),
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree),
                select=[c["series1"], c["series2"], c["added"], c["reverted"]])
     assert [w.commits for w in rep.waves] == [[c["series1"]], [c["series2"]]]
     assert rep.entry(c["independent"]).wave is None
@@ -287,7 +287,7 @@ def test_add_then_remove_with_extra_work_is_flagged_not_skipped(tmp_path, source
     (repo.path / COORD).write_text(text)
     rm = repo.commit("Drop the probe, explain the no-prefix return")
     tree = make_tree(tmp_path / "tree", source, [COORD])
-    rep = plan(repo.path, "pin", "main", Surface({COORD}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({COORD}), _dir_tree(tree))
     a, r = rep.entry(add), rep.entry(rm)
     assert a.status == "port" and any(f.startswith("net-zero lines") for f in a.flags)
     assert r.status == "port" and r.depends_on == [add]
@@ -300,7 +300,7 @@ def test_revert_of_revert_restores_the_original(tmp_path, source):
     r1 = repo.revert(add)
     r2 = repo.revert(r1)
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
     assert rep.entry(add).status == "port"
     assert rep.entry(r1).status == rep.entry(r2).status == "cancelled"
     assert rep.entry(r1).pair == r2
@@ -314,30 +314,30 @@ def test_new_and_deleted_files_on_a_glob_surface(tmp_path, source):
     rm = repo.commit("Delete kv_cache_metrics")
     follow = repo.edit("vllm/v1/core/block_stats.py", "return 0\n", "return 1\n", "stats: 1")
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, METRICS])
-    rep = plan(repo.path, "pin", "main", Surface(set(), ["vllm/v1/core/*.py"]), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface(set(), ["vllm/v1/core/*.py"]), _dir_tree(tree))
     assert rep.entry(add).disposition == "applicable" and rep.entry(add).files[0].change == "A"
     assert rep.entry(rm).disposition == "applicable" and rep.entry(rm).files[0].change == "D"
     assert rep.entry(follow).depends_on == [add]
     assert [w.commits for w in rep.waves] == [[add, rm], [follow]]
     # a locally modified file that upstream deletes is a conflict
     tree_edit(tree, METRICS, "import random\n", "import random  # local\n")
-    assert plan(repo.path, "pin", "main", Surface(set(), ["vllm/v1/core/*.py"]),
+    assert plan_queue(repo.path, "pin", "main", Surface(set(), ["vllm/v1/core/*.py"]),
                 _dir_tree(tree)).entry(rm).disposition == "conflict"
 
 
 def test_bad_ranges_are_bad_input(scripted):
     repo, tree, c = scripted
     with pytest.raises(SndrError) as exc:
-        plan(repo.path, "main", "pin", SURFACE, _dir_tree(tree))
+        plan_queue(repo.path, "main", "pin", SURFACE, _dir_tree(tree))
     assert exc.value.problems[0].code == "backwards_range" and exc.value.exit_code == 2
     with pytest.raises(SndrError) as exc:
-        plan(repo.path, "nope", "main", SURFACE, _dir_tree(tree))
+        plan_queue(repo.path, "nope", "main", SURFACE, _dir_tree(tree))
     assert exc.value.problems[0].code == "unknown_rev"
 
 
 def test_markdown_lists_waves_in_order(scripted):
     repo, tree, c = scripted
-    md = render_markdown(plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree)))
+    md = render_markdown(plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree)))
     assert md.index("## Wave 1") < md.index("## Wave 2") < md.index("## Not queued")
     assert md.index(c["series1"][:10]) < md.index(c["series2"][:10])
     assert "cancelled" in md and "net-zero" in md
@@ -366,14 +366,14 @@ def test_parse_hunks_no_newline_at_eof():
 
 def test_line_tracker_overlap():
     t = LineTracker(lambda rev, path: 20)
-    from sndr.upstream.sync import FileChange
+    from sndr.upstream.sync import GitFileChange
 
     h1 = parse_hunks("@@ -4,7 +4,7 @@\n l4\n l5\n l6\n-l7\n+L7\n l8\n l9\n l10\n")[0]
     h2 = parse_hunks("@@ -7,7 +7,7 @@\n L7\n l8\n l9\n-l10\n+L10\n l11\n l12\n l13\n")[0]
     h3 = parse_hunks("@@ -14,7 +14,7 @@\n l14\n l15\n l16\n-l17\n+L17\n l18\n l19\n l20\n")[0]
-    assert t.commit(0, "p", [FileChange("M", "f", hunks=h1)], lambda p: 0) == set()
-    assert t.commit(1, "p", [FileChange("M", "f", hunks=h2)], lambda p: 0) == {0}
-    assert t.commit(2, "p", [FileChange("M", "f", hunks=h3)], lambda p: 0) == set()
+    assert t.commit(0, "p", [GitFileChange("M", "f", hunks=h1)], lambda p: 0) == set()
+    assert t.commit(1, "p", [GitFileChange("M", "f", hunks=h2)], lambda p: 0) == {0}
+    assert t.commit(2, "p", [GitFileChange("M", "f", hunks=h3)], lambda p: 0) == set()
 
 
 def test_patch_surface_skips_retired_and_maps_runtime_targets():
@@ -445,7 +445,7 @@ def _queue(tmp_path, scripted, port_all: bool = False) -> Path:
             tree_edit(tree, *e)
         (tree / STM).rename(tree / STM_NEW)
         tree_edit(tree, *TAKE_IDS)
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     rep.to_ref = "v0.33.0"
     p = tmp_path / "queue.json"
     p.write_text(rep.model_dump_json())
@@ -547,7 +547,7 @@ def test_pin_advance_refuses_a_stale_manifest(tmp_path, gates_ok):
 def test_pin_advance_to_a_sha_needs_a_version(tmp_path, gates_ok, scripted):
     pre, anchors, q = gates_ok
     repo, tree, c = scripted
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))  # gates_ok ported everything mechanical
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))  # gates_ok ported everything mechanical
     q.write_text(rep.model_dump_json())
     sha = rep.to_sha[:12]
     (anchors / f"vllm-{sha}.json").write_text("{}")

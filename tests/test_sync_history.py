@@ -21,7 +21,7 @@ from sndr.upstream.diff import parse_hunks
 from sndr.upstream.judge import classify_hunk
 from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue, read_pin
 from sndr.upstream.reverts import revert_target_subject, strip_pr
-from sndr.upstream.sync import Surface, cli_main, pin_main, plan, render_markdown
+from sndr.upstream.sync import Surface, cli_main, pin_main, plan_queue, render_markdown
 from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     BLOCK_POOL,
     COORD,
@@ -84,7 +84,7 @@ def test_release_tags_that_are_not_ancestors_plan_as_git_log_from_to(releases):
     repo, tree, c = releases
     ok = subprocess.run(["git", "-C", str(repo.path), "merge-base", "--is-ancestor", "v0.32.0", "v0.33.0"])
     assert ok.returncode == 1  # the defect's shape: the old planner refused this range (not_ancestor)
-    rep = plan(repo.path, "v0.32.0", "v0.33.0", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "v0.32.0", "v0.33.0", SURFACE, _dir_tree(tree))
     assert rep.merge_base == c["base"] and rep.from_is_ancestor is False
     assert rep.pin_side == [c["fix_pick"]]
     # git log v0.32.0..v0.33.0: main since the merge-base, then the release branch's own commit
@@ -114,7 +114,7 @@ def test_plan_json_on_stdout_is_the_only_stdout(releases, capsys):
 def test_backwards_range_is_refused(releases):
     repo, tree, c = releases
     with pytest.raises(SndrError) as exc:
-        plan(repo.path, "main", "pin", SURFACE, _dir_tree(tree))
+        plan_queue(repo.path, "main", "pin", SURFACE, _dir_tree(tree))
     assert exc.value.problems[0].code == "backwards_range"
 
 
@@ -159,7 +159,7 @@ def test_reverts_pair_by_subject_body_and_patch_id_and_chains_net_out(tmp_path, 
     rrd = repo.edit(*USAGE, 'Revert "Revert "[Perf] Float usage (#51306)" (#51307)" (#51308)')
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
     tree_edit(tree, *NO_PREFIX)  # the tree is the pin
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
     e = {k: rep.entry(v) for k, v in dict(a=a, ra=ra, b=b, rb=rb, c=cc, rc=rc, rp=rp, d=d, rd=rd, rrd=rrd).items()}
     for x, y, how in (("a", "ra", "subject"), ("b", "rb", "body"), ("c", "rc", "patch-id")):
         assert e[x].status == e[y].status == "cancelled", (x, e[x].reason, e[y].reason)
@@ -190,10 +190,10 @@ def test_addition_already_present_in_another_form_is_review(tmp_path, source):
     repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
     add = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, "[Misc] Add BlockPool.debug_dump (#52001)")
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
     assert rep.entry(add).disposition == "applicable"  # the plain tree: porting it is right
     tree_edit(tree, BLOCK_POOL, "    def get_usage(self) -> float:\n", LOCAL_DEBUG_DUMP)
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
     e = rep.entry(add)
     assert (e.disposition, e.status) == ("review", "port-by-hand")
     line = (tree / BLOCK_POOL).read_text().splitlines().index("    def debug_dump(self) -> dict[str, int]:") + 1
@@ -238,7 +238,7 @@ def test_conflict_blocks_pin_advance_until_a_decision_is_recorded(scripted, tmp_
     tree_edit(tree, "vllm/v1/core/single_type_manager.py",
               '        """Drain and return block IDs allocated since the last call."""\n',
               '        """Drain and return the block IDs allocated since the last call."""\n')
-    rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     assert [e.sha for e in rep.queued()] == [c["conflict"]]  # everything mechanical is ported
     rep.to_ref = "v0.33.0"
     q = tmp_path / "queue.json"
@@ -289,7 +289,7 @@ def test_decisions_are_kept_across_replans_and_shown_apart(scripted, tmp_path):
     before = dfile.read_text()
     assert "# reviewed in the 0.33 bump meeting" in before
     for _ in range(2):  # re-plan: the decisions stay attached, the file is not rewritten
-        rep = plan(repo.path, "pin", "main", SURFACE, _dir_tree(tree), decisions=load_decisions(dfile).model)
+        rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree), decisions=load_decisions(dfile).model)
         assert rep.entry(c["series1"]).decision.resolution == "ported-as PN0099"
         assert rep.entry(c["conflict"]).decision.tier == "IGNORE"
         assert rep.counts["decided"] == 2 and rep.counts["undecided"] == rep.counts["queued"] - 2
@@ -320,7 +320,7 @@ def test_rename_into_the_surface_brings_earlier_commits_with_it(tmp_path, source
                    "[Misc] Say the range (#53003)")
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, METRICS])
     surface = Surface({BLOCK_POOL}, ["vllm/v1/core/metrics/*.py"])  # only the new home is mirrored
-    rep = plan(repo.path, "pin", "main", surface, _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", surface, _dir_tree(tree))
     e1, e2, e3 = rep.entry(c1), rep.entry(c2), rep.entry(c3)
     assert (e1.disposition, e1.status) == ("applicable", "port")  # was 'outside' before
     assert (e2.disposition, e2.status) == ("applicable", "port") and e2.files[0].change == "R"
@@ -338,7 +338,7 @@ def test_add_then_remove_that_is_no_single_revert_is_net_zero(tmp_path, source):
         (repo.path / rel).write_text((repo.path / rel).read_text().replace(new, old))
     rm = repo.commit("[Misc] Drop the debugging helpers (#51403)")
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
     assert [rep.entry(x).status for x in (a1, a2, rm)] == ["net-zero"] * 3
     assert rep.entry(a1).reason == f"add-then-remove: every line it adds is removed again by {rm[:10]}"
     assert rep.waves == []
@@ -355,13 +355,13 @@ def test_a_conflict_rewritten_later_is_superseded(tmp_path, source):
                   "[Core] A typed error for an exhausted pool (#54002)")
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
     tree_edit(tree, BLOCK_POOL, *LOCAL_NEW_BLOCKS)  # a local patch on the same line: a is a conflict
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
     ea, eb = rep.entry(a), rep.entry(b)
     assert ea.disposition == "conflict" and ea.status == "superseded" and ea.superseded_by == [b]
     assert ea.reason.startswith(f"superseded by {b[:10]}")
     assert eb.status == "port-by-hand" and [w.commits for w in rep.waves] == [[b]]
     # on a tree without the local patch, a is mechanical work and stays queued
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL}),
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}),
                _dir_tree(make_tree(tmp_path / "plain", source, [BLOCK_POOL])))
     assert rep.entry(a).status == "port"
 
@@ -378,7 +378,7 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     assert cli_main(["deviation", "PN0005", "--upstream", "vllm#55999", "--why", "we probe differently",
                      "--discharge", "vllm#55999", "--decisions", str(dfile)]) == 0
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
                decisions=load_decisions(dfile).model, patch_files={"PN0005": [COORD]})
     [hit] = rep.deviations
     assert (hit.patch, hit.paths, hit.touched_by, hit.discharge_in_range) == ("PN0005", [COORD], [c1, c3], c3)
@@ -395,7 +395,7 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     # explicit paths override the patch's files
     assert cli_main(["deviation", "PN0006", "--why", "pool accounting", "--paths", BLOCK_POOL,
                      "--decisions", str(dfile)]) == 0
-    rep = plan(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
                decisions=load_decisions(dfile).model)
     assert [(h.patch, h.touched_by) for h in rep.deviations] == [("PN0006", [c2])]
 

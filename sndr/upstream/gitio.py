@@ -23,14 +23,14 @@ from pathlib import Path
 from ..errors import bad_input
 from .diff import Hunk
 
-__all__ = ["EMPTY_TREE", "CommitInfo", "FileChange", "Git"]
+__all__ = ["EMPTY_TREE", "CommitInfo", "GitFileChange", "Git"]
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _SHA40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass
-class FileChange:
+class GitFileChange:
     kind: str  # A M D R C T
     path: str
     old_path: str | None = None
@@ -44,7 +44,7 @@ class CommitInfo:
     parents: list[str]
     subject: str
     body: str = ""
-    changes: list[FileChange] = field(default_factory=list)  # mirrored files only
+    changes: list[GitFileChange] = field(default_factory=list)  # mirrored files only
     other_files: int = 0
 
     @property
@@ -141,15 +141,15 @@ class Git:
 
     # -- changes
 
-    def all_changes(self, shas: list[str]) -> dict[str, list[FileChange]]:
+    def all_changes(self, shas: list[str]) -> dict[str, list[GitFileChange]]:
         """Every commit's file changes against its first parent (renames detected), in one call."""
         if not shas:
             return {}
         raw = self.run("diff-tree", "--stdin", "--root", "-r", "-M", "--name-status", "-z",
                        stdin=("\n".join(shas) + "\n").encode()).stdout
         parts = raw.decode("utf-8", errors="surrogateescape").split("\0")
-        out: dict[str, list[FileChange]] = {s: [] for s in shas}
-        cur: list[FileChange] | None = None
+        out: dict[str, list[GitFileChange]] = {s: [] for s in shas}
+        cur: list[GitFileChange] | None = None
         i = 0
         while i < len(parts):
             tok = parts[i].strip("\n")
@@ -165,10 +165,10 @@ class Git:
                 i += 1
                 continue
             if kind in "RC":
-                cur.append(FileChange(kind=kind, path=parts[i + 2], old_path=parts[i + 1]))
+                cur.append(GitFileChange(kind=kind, path=parts[i + 2], old_path=parts[i + 1]))
                 i += 3
             else:
-                cur.append(FileChange(kind=kind if kind in "AMDT" else "M", path=parts[i + 1]))
+                cur.append(GitFileChange(kind=kind if kind in "AMDT" else "M", path=parts[i + 1]))
                 i += 2
         return out
 

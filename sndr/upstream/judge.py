@@ -26,8 +26,9 @@ from typing import Callable, Literal
 from pydantic import BaseModel, Field
 
 from ..errors import SndrError
+from ..plan import Reader
 from .diff import Hunk
-from .gitio import FileChange
+from .gitio import GitFileChange
 
 __all__ = ["FUZZ_MIN_CHARS", "MIN_DISTINCT_CONTEXT", "FileResult", "HunkResult", "Reader", "SimTree",
            "aggregate", "classify_change", "classify_hunk", "commit_reason", "tree_reader"]
@@ -39,7 +40,6 @@ Judgement = Literal["satisfied", "applicable", "review", "conflict"]
 _RANK = {"satisfied": 0, "applicable": 1, "review": 2, "conflict": 3}
 
 
-Reader = Callable[[str], "str | None"]
 
 
 class SimTree:
@@ -234,7 +234,7 @@ def _hunk_summary(results: list[HunkResult]) -> str:
     return f"{n} hunk{'s' if n != 1 else ''}: " + ", ".join(parts) if n else "no hunks"
 
 
-def classify_change(sim: SimTree, ch: FileChange, blob: Callable[[str, str], bytes | None],
+def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], bytes | None],
                     sha: str, parent: str) -> FileResult:
     """Judge one file change of a commit on ``sim`` and apply it there when it is applicable."""
 

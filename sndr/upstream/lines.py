@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .diff import Hunk
-from .gitio import FileChange
+from .gitio import GitFileChange
 
 __all__ = ["LineTracker", "net_zero", "superseded"]
 
@@ -109,7 +109,7 @@ class LineTracker:
             lines[pos] = marked(lines[pos])
         return pos
 
-    def commit(self, i: int, parent: str, changes: list[FileChange], new_count: Callable[[str], int]) -> set[int]:
+    def commit(self, i: int, parent: str, changes: list[GitFileChange], new_count: Callable[[str], int]) -> set[int]:
         """Record commit ``i``; return the earlier commits it depends on."""
         deps: set[int] = set()
         self.added.setdefault(i, 0)

@@ -35,7 +35,7 @@ from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, bad_input
 from .decisions import DECISIONS_NAME, Decisions, load_decisions
 from .report import QUEUED, QueueReport
 
-__all__ = ["PIN_FILE_NAME", "Gate", "PinRecord", "advance", "default_pin_path", "gate_benchmark",
+__all__ = ["PIN_FILE_NAME", "PinGate", "PinRecord", "advance", "default_pin_path", "gate_benchmark",
            "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "pin_main", "read_pin"]
 
 PIN_FILE_NAME = "_pin.toml"  # '_' keeps load.patch_files() from reading it as a patch
@@ -95,7 +95,7 @@ def _norm_version(v: str) -> str:
 
 
 @dataclass
-class Gate:
+class PinGate:
     name: str
     ok: bool
     reason: str
@@ -128,26 +128,26 @@ def _manifest_name(version: str) -> str:
     return manifest_name(version)
 
 
-def gate_preflight(path: Path | None, to: str) -> tuple[Gate, dict]:
+def gate_preflight(path: Path | None, to: str) -> tuple[PinGate, dict]:
     if path is None:
-        return Gate("preflight", False, "no preflight report given (--preflight)"), {}
+        return PinGate("preflight", False, "no preflight report given (--preflight)"), {}
     data = _read_json(path, "preflight report")
     if not isinstance(data, dict) or "genuine_anchor_drift" not in data:
-        return Gate("preflight", False, f"{path} is not a preflight report (no genuine_anchor_drift)"), {}
+        return PinGate("preflight", False, f"{path} is not a preflight report (no genuine_anchor_drift)"), {}
     cand = data.get("candidate")
     cver = cand if isinstance(cand, str) else (cand.get("version") if isinstance(cand, dict) else None)
     csha = cand.get("sha") if isinstance(cand, dict) else None
     match = _target_matches(to, cver, csha)
     if match is False:
-        return Gate("preflight", False, f"the preflight's candidate is {cver or csha}, not {to}"), data
+        return PinGate("preflight", False, f"the preflight's candidate is {cver or csha}, not {to}"), data
     drift = data.get("genuine_anchor_drift") or []
     if drift:
         names = []
         for d in drift:
             names.append(d if isinstance(d, str) else str(d.get("patch") or d.get("id") or d))
-        return Gate("preflight", False, f"genuine anchor drift in {len(drift)} edit(s): "
+        return PinGate("preflight", False, f"genuine anchor drift in {len(drift)} edit(s): "
                     f"{', '.join(sorted(set(names))[:8])}"), data
-    return Gate("preflight", True, "no genuine anchor drift"), data
+    return PinGate("preflight", True, "no genuine anchor drift"), data
 
 
 def _manifest_pairs(obj: Any) -> set[tuple[str, str]]:
@@ -166,36 +166,36 @@ def _manifest_pairs(obj: Any) -> set[tuple[str, str]]:
     return pairs
 
 
-def gate_manifest(path: Path, to: str, patch_set, tree_digest: str | None = None) -> Gate:
+def gate_manifest(path: Path, to: str, patch_set, tree_digest: str | None = None) -> PinGate:
     if not path.exists():
-        return Gate("manifest", False, f"no manifest {path}: rebuild it for {to} (python -m sndr manifest)")
+        return PinGate("manifest", False, f"no manifest {path}: rebuild it for {to} (python -m sndr manifest)")
     data = _read_json(path, "manifest")
     if not isinstance(data, dict):
-        return Gate("manifest", False, f"{path} is not a manifest")
+        return PinGate("manifest", False, f"{path} is not a manifest")
     pin = data.get("pin")
     version = data.get("vllm_version") or data.get("version") or (pin.get("version") if isinstance(pin, dict) else pin)
     if isinstance(version, str) and _target_matches(to, version, None) is False and not _SHA_RE.match(to):
-        return Gate("manifest", False, f"{path} was built for {version}, not {to}")
+        return PinGate("manifest", False, f"{path} was built for {version}, not {to}")
     built_on = data.get("tree_digest")
     if tree_digest and isinstance(built_on, str) and built_on != tree_digest:
-        return Gate("manifest", False, f"{path} was built on tree {built_on[:12]}, but the preflight's candidate is "
+        return PinGate("manifest", False, f"{path} was built on tree {built_on[:12]}, but the preflight's candidate is "
                     f"{tree_digest[:12]}; rebuild it on the target")
     if patch_set is not None:
         digest = data.get("patch_set_digest")
         if isinstance(digest, str):
             if digest != patch_set.digest():
-                return Gate("manifest", False, f"{path} was built from another patch set (digest "
+                return PinGate("manifest", False, f"{path} was built from another patch set (digest "
                             f"{digest[:12]}); rebuild it")
-            return Gate("manifest", True, f"{path} matches the patch set")
+            return PinGate("manifest", True, f"{path} matches the patch set")
         pairs = _manifest_pairs(data)
         if pairs:
             want = {(p.id, e.name) for p in patch_set.patches if p.lifecycle != "retired" for _, e in p.edits()}
             missing = sorted(want - pairs)
             if missing:
-                return Gate("manifest", False, f"{path} lacks {len(missing)} edit(s) of the patch set, e.g. "
+                return PinGate("manifest", False, f"{path} lacks {len(missing)} edit(s) of the patch set, e.g. "
                             f"{missing[0][0]}/{missing[0][1]}; rebuild it")
-            return Gate("manifest", True, f"{path} covers every edit of the patch set")
-    return Gate("manifest", True, f"{path} present")
+            return PinGate("manifest", True, f"{path} covers every edit of the patch set")
+    return PinGate("manifest", True, f"{path} present")
 
 
 def load_queue(path: Path) -> QueueReport:
@@ -213,12 +213,12 @@ def _shown(entries, limit: int = 5) -> str:
     return out + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
 
 
-def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set=None) -> Gate:
+def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set=None) -> PinGate:
     """No queued commit (or refused revert half) without a recorded resolution."""
     if rep is None:
-        return Gate("queue", False, "no queue report given (--queue, from `sync plan --json`)")
+        return PinGate("queue", False, "no queue report given (--queue, from `sync plan --json`)")
     if _target_matches(to, rep.to_ref, rep.to_sha) is False:
-        return Gate("queue", False, f"the queue is for {rep.to_ref} ({rep.to_sha[:10]}), not {to}")
+        return PinGate("queue", False, f"the queue is for {rep.to_ref} ({rep.to_sha[:10]}), not {to}")
     open_items = [c for c in rep.commits if c.status in QUEUED + ("refused",)]
     undecided = [c for c in open_items if not ((d := decisions.for_sha(c.sha)) and d.decided)]
     if undecided:
@@ -227,28 +227,28 @@ def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set
             kinds.setdefault("applicable" if c.disposition == "applicable" and c.status != "refused"
                              else c.status if c.status == "refused" else c.disposition, []).append(c)
         parts = [f"{len(v)} {k}: {_shown(v)}" for k, v in sorted(kinds.items())]
-        return Gate("queue", False, f"{len(undecided)} queued commit(s) without a decision ({'; '.join(parts)}); "
+        return PinGate("queue", False, f"{len(undecided)} queued commit(s) without a decision ({'; '.join(parts)}); "
                     "port them, or record one with `sync decide SHA --resolution ...`")
     if patch_set is not None:
         ids = {p.id for p in patch_set.patches}
         bad = [(c, d.ported_as) for c in open_items if (d := decisions.for_sha(c.sha)) and d.ported_as
                and d.ported_as not in ids]
         if bad:
-            return Gate("queue", False, f"{len(bad)} decision(s) name a patch that is not in the patch set: "
+            return PinGate("queue", False, f"{len(bad)} decision(s) name a patch that is not in the patch set: "
                         + ", ".join(f"{c.sha[:10]} ported-as {pid}" for c, pid in bad[:5]))
     res: dict[str, int] = {}
     for c in open_items:
         key = decisions.for_sha(c.sha).resolution.split(" ", 1)[0]
         res[key] = res.get(key, 0) + 1
     detail = ", ".join(f"{n} {k}" for k, n in sorted(res.items()))
-    return Gate("queue", True, f"every queued commit decided ({len(open_items)}: {detail})" if open_items
+    return PinGate("queue", True, f"every queued commit decided ({len(open_items)}: {detail})" if open_items
                 else "no queued commit left")
 
 
-def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> Gate:
+def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> PinGate:
     """Every deviation the range touches is reviewed for ``to`` or dropped."""
     if rep is None:
-        return Gate("deviations", False, "no queue report given (--queue)")
+        return PinGate("deviations", False, "no queue report given (--queue)")
     stale = []
     for hit in rep.deviations:
         dev = decisions.deviation(hit.patch)
@@ -264,32 +264,32 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> G
                      f"{len(hit.touched_by)} commit(s) ({', '.join(s[:10] for s in hit.touched_by[:5])}), reviewed for "
                      f"{dev.reviewed or 'nothing'}{dis}")
     if stale:
-        return Gate("deviations", False, f"{len(stale)} deviation(s) not updated for {to}: " + "; ".join(stale)
+        return PinGate("deviations", False, f"{len(stale)} deviation(s) not updated for {to}: " + "; ".join(stale)
                     + f" (run `sync deviation PATCH --reviewed {to}` after checking each)")
-    return Gate("deviations", True, f"{len(rep.deviations)} touched deviation(s), all reviewed for {to} or dropped"
+    return PinGate("deviations", True, f"{len(rep.deviations)} touched deviation(s), all reviewed for {to} or dropped"
                 if rep.deviations else "the range touches no deviation")
 
 
-def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None = None) -> Gate:
+def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None = None) -> PinGate:
     """The denominator: a benchmark reference re-measured on the target, newer than the preflight."""
     if path is None:
         if waived:
-            return Gate("benchmark", True, f"not required: {waived}")
-        return Gate("benchmark", False, "no benchmark reference given: re-measure the benchmark on the target and "
+            return PinGate("benchmark", True, f"not required: {waived}")
+        return PinGate("benchmark", False, "no benchmark reference given: re-measure the benchmark on the target and "
                     "pass the file with --benchmark-ref (or --no-benchmark-ref REASON)")
     if not path.is_file():
-        return Gate("benchmark", False, f"benchmark reference {path} does not exist: re-measure on the target")
+        return PinGate("benchmark", False, f"benchmark reference {path} does not exist: re-measure on the target")
     if preflight is not None and preflight.is_file() and path.stat().st_mtime < preflight.stat().st_mtime:
-        return Gate("benchmark", False, f"benchmark reference {path} is older than the preflight {preflight}: "
+        return PinGate("benchmark", False, f"benchmark reference {path} is older than the preflight {preflight}: "
                     "re-measure on the target")
-    return Gate("benchmark", True, f"{path} re-measured after the preflight")
+    return PinGate("benchmark", True, f"{path} re-measured after the preflight")
 
 
 def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Path | None = None,
             anchors_dir: Path | None = None, patch_set=None, pin_path: Path | None = None,
             version: str | None = None, tree_digest: str | None = None, dry_run: bool = False,
             decisions: Path | Decisions | None = None, benchmark: Path | None = None,
-            benchmark_waived: str | None = None) -> tuple[list[Gate], PinRecord | None]:
+            benchmark_waived: str | None = None) -> tuple[list[PinGate], PinRecord | None]:
     """Check every gate; write the pin record when all pass (and not ``dry_run``)."""
     to = to.strip()
     if not to:
@@ -302,7 +302,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
             Version(_norm_version(to))
         except InvalidVersion:
             raise bad_input("bad_target", f"--to {to!r} is neither a PEP 440 version nor a commit sha", key="to") from None
-    gates: list[Gate] = []
+    gates: list[PinGate] = []
     g, pre = gate_preflight(preflight, to)
     gates.append(g)
     cand = pre.get("candidate") if isinstance(pre, dict) else None

@@ -1,6 +1,6 @@
 """Planning the port queue of an upstream range: ``sync plan``.
 
-``plan(repo, FROM, TO, surface, tree)`` lists the commits of ``FROM..TO``
+``plan_queue(repo, FROM, TO, surface, tree)`` lists the commits of ``FROM..TO``
 (``git log`` semantics: reachable from TO and not from FROM, so a pin and a
 target on different release branches work; the merge-base is reported), keeps
 those that touch the mirrored surface, and re-derives what each one is for
@@ -46,7 +46,7 @@ from .lines import LineTracker, net_zero, superseded
 from .report import QUEUED, CommitEntry, DeviationHit, QueueReport, SurfaceInfo, Wave
 from .reverts import pair_reverts
 
-__all__ = ["SYNC_CONFIG_NAME", "Surface", "load_sync_config", "patch_surface", "plan"]
+__all__ = ["SYNC_CONFIG_NAME", "Surface", "load_sync_config", "patch_surface", "plan_queue"]
 
 SYNC_CONFIG_NAME = "_sync.toml"
 
@@ -161,7 +161,7 @@ def _range(git: Git, from_ref: str, to_ref: str) -> _Range:
                   [c.sha for c in all_commits if len(c.parents) > 1], pin_side)
 
 
-def plan(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, tree=None, *,
+def plan_queue(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, tree=None, *,
          select: list[str] | None = None, tree_label: str | None = None, decisions: Decisions | None = None,
          patch_files: dict[str, list[str]] | None = None, decisions_file: str | None = None) -> QueueReport:
     """Plan the port queue of ``from_ref..to_ref`` against ``tree`` (default: the repo's working tree).

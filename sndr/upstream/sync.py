@@ -34,12 +34,12 @@ from .decisions import (
     set_deviation,
 )
 from .diff import Hunk, parse_hunks
-from .gitio import EMPTY_TREE, CommitInfo, FileChange, Git
+from .gitio import EMPTY_TREE, CommitInfo, GitFileChange, Git
 from .judge import FUZZ_MIN_CHARS, FileResult, HunkResult, SimTree, classify_change, classify_hunk
 from .lines import LineTracker, net_zero, superseded
 from .pin import (
     PIN_FILE_NAME,
-    Gate,
+    PinGate,
     PinRecord,
     advance,
     default_pin_path,
@@ -51,17 +51,17 @@ from .pin import (
     pin_main,
     read_pin,
 )
-from .queue import SYNC_CONFIG_NAME, Surface, load_sync_config, patch_surface, plan
+from .queue import SYNC_CONFIG_NAME, Surface, load_sync_config, patch_surface, plan_queue
 from .report import QUEUED, CommitEntry, Disposition, QueueReport, QueueStatus, Wave, render_markdown
 from .reverts import pair_reverts
 
 __all__ = [
     "DECISIONS_NAME", "EMPTY_TREE", "FUZZ_MIN_CHARS", "PIN_FILE_NAME", "QUEUED", "SYNC_CONFIG_NAME", "CommitEntry",
-    "CommitInfo", "Decision", "Decisions", "Deviation", "Disposition", "FileChange", "FileResult", "Gate", "Git",
+    "CommitInfo", "Decision", "Decisions", "Deviation", "Disposition", "GitFileChange", "FileResult", "PinGate", "Git",
     "Hunk", "HunkResult", "LineTracker", "PinRecord", "QueueReport", "QueueStatus", "SimTree", "Surface", "Wave",
     "advance", "classify_change", "classify_hunk", "cli_main", "default_decisions_path", "default_pin_path",
     "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "load_decisions",
-    "load_sync_config", "net_zero", "pair_reverts", "parse_hunks", "patch_surface", "pin_main", "plan", "read_pin",
+    "load_sync_config", "net_zero", "pair_reverts", "parse_hunks", "patch_surface", "pin_main", "plan_queue", "read_pin",
     "render_markdown", "superseded",
 ]
 
@@ -182,7 +182,7 @@ def _plan_cmd(args) -> int:
 
         tree = open_tree(args.tree)
     select = [s for s in args.select.split(",") if s.strip()] if args.select else None
-    rep = plan(args.repo, args.from_ref, args.to_ref, surface, tree, select=select, decisions=decisions,
+    rep = plan_queue(args.repo, args.from_ref, args.to_ref, surface, tree, select=select, decisions=decisions,
                patch_files=patch_files, decisions_file=str(dpath) if dpath.exists() else None)
     text_json = rep.model_dump_json(indent=2)
     text_md = render_markdown(rep)

@@ -40,7 +40,7 @@ def _ids_of(items: Any) -> set[str]:
 
 @dataclass
 class PreflightFacts:
-    """What trigger evaluation reads from a preflight report (DESIGN.md section 4)."""
+    """What trigger evaluation reads from a preflight report (docs/format.md)."""
 
     candidate: str
     merged: set[str]

@@ -44,9 +44,9 @@ from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Prob
 from ..load import PatchSet
 from ..locate import scopes
 from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
+from ..plan import Reader
 from .diff import DiffFile, Hunk, parse_diff_files
 
-Reader = Callable[[str], "str | None"]
 
 #: Lines of the pin's file an anchor may take on each side of a hunk's changed lines.
 DEFAULT_MAX_CONTEXT = 20
