@@ -34,6 +34,10 @@ HOOK = "SNDR_HOOK"
 TQ_BACKEND = "SNDR_TQ_BACKEND"
 #: Path of the ``libnvrtc`` that compiles sndr's CUDA kernels (tried before the usual places).
 NVRTC = "SNDR_NVRTC"
+#: Directory holding the copied vLLM 0.32.0 TurboQuant kernel sources the tests and benchmarks compare against.
+TQ_BASELINE = "SNDR_TQ_BASELINE"
+#: Directory holding the copied vLLM 0.32.0 GDN kernel sources the tests and benchmarks compare against.
+GDN_BASELINE = "SNDR_GDN_BASELINE"
 
 def bad_input(code: str, message: str, **where: object) -> Exception:
     """:func:`sndr.errors.bad_input`, imported on first use: the warm startup path never needs it

@@ -20,7 +20,7 @@ Where the profile comes from:
   argument parser when vLLM is installed. The command line is only parsed when
   a ``when`` asks for one of its keys.
 
-This module imports only the standard library and :mod:`sndr.errors`: the
+This module imports only the standard library, :mod:`sndr.errors` and :mod:`sndr.fsio`: the
 startup path uses it in every vLLM process.
 """
 
@@ -35,6 +35,7 @@ import sys
 from typing import Callable, Iterable, Mapping
 
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
+from .fsio import FileProblem, read_text_strict
 
 #: The predicate keys: key -> (kind, meaning). ``str`` keys match a value or a
 #: list of values (shell-style patterns such as ``"fp8*"`` allowed);
@@ -183,10 +184,8 @@ def parse_profile(text: str, path: str) -> Profile:
         except ValueError as exc:
             raise _bad(f"not valid JSON: {exc}", path, getattr(exc, "lineno", None)) from None
     else:
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib
+        import tomllib
+
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -219,16 +218,9 @@ def parse_profile(text: str, path: str) -> Profile:
 def load_profile(path: str | os.PathLike) -> Profile:
     path = os.fspath(path)
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(1 << 20)
-    except FileNotFoundError:
-        raise _bad("profile does not exist", path) from None
-    except OSError as exc:
-        raise _bad(f"cannot read the profile: {exc.strerror}", path) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _bad("profile is not UTF-8", path) from None
+        text = read_text_strict(path, max_bytes=1 << 20, what="profile")
+    except FileProblem as exc:
+        raise _bad(exc.message, path, exc.line) from None
     return parse_profile(text, path)
 
 

@@ -254,7 +254,6 @@ ENV_EXCEPTIONS = {
 }
 #: Waiting on another engineer's file (each must still be there: a fix removes its entry).
 ENV_PENDING = {
-    "sndr/kernels/turboquant_k8v4/_vllm_baseline.py": "SNDR_TQ_BASELINE is not in sndr/env.py (kernel engineers)",
     "sndr/kernels/gdn/_vllm_baseline.py": "SNDR_GDN_BASELINE is not in sndr/env.py (kernel engineers)",
     "sndr/preflight/analysis.py": "builds 'SNDR_ENABLE_' + id by hand instead of env.enable_var (issue 20)",
 }
@@ -269,15 +268,12 @@ REPLACE_PENDING = {
     "sndr/preflight/lineindex.py": "a sqlite index built in a mkstemp file, then os.replace'd (issue 20): sqlite "
                                    "writes the file itself, so move it to REPLACE_EXCEPTIONS with that reason, or "
                                    "take the temp from fsio.create_temp",
-    "sndr/kernels/turboquant_k8v4/_cudart.py": "cubin cache write: predictable tmp name + os.replace; "
-                                               "should be fsio.atomic_write(path, cubin, durable=False)",
 }
 
 #: Catching UnicodeDecodeError alone (a strict decode with its own error) outside sndr/fsio.py.
 DECODE_PENDING = {
     "sndr/commit.py": "decode(): should be fsio.decode_strict (issue 23)",
     "sndr/load.py": "load_patch_file: should be fsio.read_text_strict (issue 23)",
-    "sndr/profile.py": "load_profile: should be fsio.read_text_strict (issue 16)",
     "sndr/preflight/snapshot.py": "read_text: should be fsio.decode_strict (issue 20)",
 }
 

@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 
 from ... import env as sndr_env
+from ... import fsio
 
 __all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "Launch", "compile_cubin", "load_module",
            "load_kernel", "nvrtc_version"]
@@ -161,9 +162,7 @@ def compile_cubin(source: str, name: str, arch: str, defines: dict[str, int | st
     if cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(cubin)
-            os.replace(tmp, path)
+            fsio.atomic_write(path, cubin, durable=False)
         except OSError:  # a read-only cache costs a recompile, nothing more
             pass
     return cubin

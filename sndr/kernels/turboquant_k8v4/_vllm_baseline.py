@@ -20,6 +20,8 @@ import sys
 import types
 from pathlib import Path
 
+from ... import env as sndr_env
+
 FILES = ("triton_decode_attention.py", "triton_turboquant_decode.py", "triton_turboquant_store.py")
 _PKG = "vllm.v1.attention.ops"
 
@@ -27,8 +29,8 @@ _PKG = "vllm.v1.attention.ops"
 def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
     """Where the copied files may be: $SNDR_TQ_BASELINE, <repo>/.baselines/vllm032_tq, the sndr tree cache."""
     out = []
-    if os.environ.get("SNDR_TQ_BASELINE"):
-        out.append(Path(os.environ["SNDR_TQ_BASELINE"]))
+    if os.environ.get(sndr_env.TQ_BASELINE):
+        out.append(Path(os.environ[sndr_env.TQ_BASELINE]))
     root = repo_root or Path(__file__).resolve().parents[3]
     out.append(root / ".baselines" / "vllm032_tq")
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
