@@ -129,31 +129,24 @@ def _gdn_step_kernel(
 
     # token 0's inputs; each iteration then loads the next token's before it computes
     b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
-    if PACKED:
-        b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
-        b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
-    else:
-        b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
-        b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+    b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+    b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
     b_x = tl.load(p_a).to(tl.float32)
     b_b = tl.load(p_b).to(tl.float32)
 
     for t in range(n_tok):
-        if IS_SPEC:
-            slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
-        else:  # column 0 is slot0, already loaded
-            slot_t = tl.where(t == 0, slot0, tl.load(p_idx + t * s_idx_tok, mask=t > 0, other=0).to(tl.int64))
-        nxt = t + 1
-        has_next = nxt < n_tok
-        n_q = tl.load(p_q + nxt * s_q_tok, mask=mask_k & has_next, other=0).to(tl.float32)
-        if PACKED:
-            n_k = tl.load(p_k + nxt * s_q_tok, mask=mask_k & has_next, other=0).to(tl.float32)
-            n_v = tl.load(p_v + nxt * s_q_tok, mask=mask_v & has_next, other=0).to(tl.float32)
+        if PACKED:  # the one token's snapshot slot is slot0; there is no next token
+            slot_t = slot0
+            n_q, n_k, n_v, n_x, n_b = b_q, b_k, b_v, b_x, b_b
         else:
-            n_k = tl.load(p_k + nxt * s_k_tok, mask=mask_k & has_next, other=0).to(tl.float32)
-            n_v = tl.load(p_v + nxt * s_v_tok, mask=mask_v & has_next, other=0).to(tl.float32)
-        n_x = tl.load(p_a + nxt * s_a_tok, mask=has_next, other=0).to(tl.float32)
-        n_b = tl.load(p_b + nxt * s_b_tok, mask=has_next, other=0).to(tl.float32)
+            slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
+            # the next token's inputs (the last token re-reads its own: in bounds, unused)
+            nxt = tl.minimum(t + 1, n_tok - 1)
+            n_q = tl.load(p_q + nxt * s_q_tok, mask=mask_k, other=0).to(tl.float32)
+            n_k = tl.load(p_k + nxt * s_k_tok, mask=mask_k, other=0).to(tl.float32)
+            n_v = tl.load(p_v + nxt * s_v_tok, mask=mask_v, other=0).to(tl.float32)
+            n_x = tl.load(p_a + nxt * s_a_tok).to(tl.float32)
+            n_b = tl.load(p_b + nxt * s_b_tok).to(tl.float32)
 
         x = b_x + b_dt
         bx = sp_beta * x
