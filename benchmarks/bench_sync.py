@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from upstream.history import generate, git  # noqa: E402
+
 from sndr.load import load_patch_set  # noqa: E402
 from sndr.tree import DirTree, fetch_version  # noqa: E402
 from sndr.upstream.queue import Surface, patch_surface, plan_queue  # noqa: E402
-from upstream.history import generate, git  # noqa: E402
 
 
 def main() -> int:

@@ -278,7 +278,7 @@ def check(vl) -> dict:
         torch.cuda.synchronize()
         ref2 = torch_reference(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
         res[f"graph_replay_rel_err_hq{hq}"] = ((gout.double() - ref2).norm() / ref2.norm()).item()
-        del cell
+        cell = None  # frees its GPU buffers; closures above still name it, so no del
     # 4. other head sizes and group sizes through the default (GPU) path, pages 16 and 64
     worst = 0.0
     for d, g, page, qdt in ((64, 1, 16, torch.bfloat16), (64, 4, 64, torch.float16), (128, 6, 16, torch.bfloat16),
@@ -394,7 +394,7 @@ def tune(cells, budget_s: float = 1e9, only_g=(), final: bool = False) -> dict:
             if r is None:
                 continue
             results.append((r[0], cfg, r[1], err))
-            log(f"tune G={g} {ks} geo {r[0]:.1f}us {['%.1f' % t for t in r[1]]} err {err:.1e}")
+            log(f"tune G={g} {ks} geo {r[0]:.1f}us {[f'{t:.1f}' for t in r[1]]} err {err:.1e}")
         if not results:
             continue
         best = min(results, key=lambda x: x[0])
@@ -403,7 +403,7 @@ def tune(cells, budget_s: float = 1e9, only_g=(), final: bool = False) -> dict:
             r = score(cfg)
             if r is None:
                 continue
-            log(f"tune G={g} policy {pol} geo {r[0]:.1f}us {['%.1f' % t for t in r[1]]}")
+            log(f"tune G={g} policy {pol} geo {r[0]:.1f}us {[f'{t:.1f}' for t in r[1]]}")
             if r[0] < best[0]:
                 best = (r[0], cfg, r[1], best[3])
         log(f"tune PICK G={g}: {best[1]} geo {best[0]:.1f}us err {best[3]:.1e}")
@@ -412,7 +412,7 @@ def tune(cells, budget_s: float = 1e9, only_g=(), final: bool = False) -> dict:
         saved = json.loads(path.read_text()) if path.exists() else {}
         saved[str(g)] = best[1].__dict__
         path.write_text(json.dumps(saved, indent=1))
-        del mine
+        mine = None  # frees its GPU buffers; closures above still name it, so no del
         torch.cuda.empty_cache()
     return picked
 
@@ -554,7 +554,7 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
         pts.append((c.tq_bytes, split))
         log(f"cuda-probe hq={hq} B={b} ctx={ctx} splits={splits} MB={c.tq_bytes / 1e6:.1f} full {full:.1f}us "
             f"split {split:.1f}us merge {merge:.1f}us (Triton merge {merge_tri:.1f}us) triton {tri:.1f}us split-BW {c.tq_bytes / split / 1e3:.0f}GB/s")
-        del c
+        c = None  # frees its GPU buffers; closures above still name it, so no del
     n = len(pts)
     mx = sum(p[0] for p in pts) / n
     my = sum(p[1] for p in pts) / n
@@ -565,8 +565,9 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
 def parse_cuda_cfg(name: str):
     """'ps3w8b2' (page kernel) / 's3w4b4' (warp kernel) [+ 'v<waves>'] [+ 'm<max splits>'] [+ 't<min split tokens>']
     -> (CudaConfig, max_splits)."""
-    from sndr.kernels.turboquant_k8v4 import cuda_decode
     import re
+
+    from sndr.kernels.turboquant_k8v4 import cuda_decode
 
     m = re.fullmatch(r"(p|)s(\d+)w(\d+)b(\d+)(?:v(\d+))?(?:m(\d+))?(?:t(\d+))?", name)
     if not m:
@@ -744,7 +745,7 @@ def table(vl, bw: float, bs=(1, 8, 32, 64), ctxs=(1024, 8192, 32768), hqs=(32, 6
                 rows.append(r)
                 log(fmt_row(r))
                 append_jsonl("table.jsonl", r)
-                del cell
+                cell = None  # frees its GPU buffers; closures above still name it, so no del
                 torch.cuda.empty_cache()
     return rows
 
@@ -760,7 +761,7 @@ def goals(r) -> str:
     out = []
     t = r["sndr_graph_us"]
     if r["b"] >= 8 and r["ctx"] >= 8192:
-        out.append(("BW>=70% ok" if r["sndr_graph_pct"] >= 70 else "BW>=70% MISS"))
+        out.append("BW>=70% ok" if r["sndr_graph_pct"] >= 70 else "BW>=70% MISS")
     if r["ctx"] >= 8192:
         out.append("<SDPA ok" if t < r["sdpa_graph_us"] else "<SDPA MISS")
     if r["b"] == 1:

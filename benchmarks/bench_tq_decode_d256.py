@@ -59,7 +59,7 @@ def main() -> int:
             print(f"Hq/Hk {hq}/{HK} B={b} ctx={ctx // 1024}K: CUDA {t['cuda']:.1f} us {gbs['cuda']:.0f} GB/s "
                   f"({100 * gbs['cuda'] / bw:.0f}%) | Triton {t['triton']:.1f} us {gbs['triton']:.0f} GB/s "
                   f"({100 * gbs['triton'] / bw:.0f}%) | x{t['triton'] / t['cuda']:.2f}", flush=True)
-            del cache
+            cache = None  # frees its GPU buffers; closures above still name it, so no del
             torch.cuda.empty_cache()
     return 0
 

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                   f"({100 * nbytes / t[1] / 1e3 / bw:.0f}%) | {n_layers} layers per graph {per:.1f} us/layer "
                   f"({100 * nbytes / per / 1e3 / bw:.0f}%), x{t[1] / per:.2f} | marginal layer {marginal:.1f} us "
                   f"({nbytes / marginal / 1e3:.0f} GB/s, {100 * nbytes / marginal / 1e3 / bw:.0f}%)", flush=True)
-            del caches
+            caches = None  # frees its GPU buffers; closures above still name it, so no del
             torch.cuda.empty_cache()
     return 0
 

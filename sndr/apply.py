@@ -31,12 +31,13 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from . import PIN_VERSION
 from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
-from .model import Ledger, LedgerFile, PatchResult, Report
+from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
 from .plan import Plan, build_plan, resolve_gates
 
 
@@ -51,7 +52,7 @@ def enabled_ids(patch_set: PatchSet, version: str, environ, only=None, profile=N
     ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
     return [p.id for p in ordered if gates[p.id].enabled]
 
-def _report(mode: str, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
+def _report(mode: ReportMode, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
     problems = kw.pop("problems", None)
     if problems is None:
         problems = plan.problems if plan else []
@@ -307,7 +308,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
                 return _report("apply", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
                                digest=digest, notes=notes + ["refused: nothing was written"])
             if foreign and force:
-                ledger = _adopt_current(tree, ledger, {p.file for p in foreign})
+                ledger = _adopt_current(tree, ledger, {p.file for p in foreign if p.file is not None})
                 notes.append(f"--force: took the current bytes of {len(foreign)} file(s) as pristine")
             elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
                 # Fast path: same set, and every file holds its patched bytes (checked above).
@@ -329,6 +330,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         writes, new_ledger = _writes_for(tree, plan, ledger, patch_set)
         dropped = _dropped_files(plan, ledger, writes)
         if dropped:
+            assert ledger is not None  # only a ledger holds files to drop
             gone = sorted({i for rel in dropped for i in ledger.files[rel].patches} - set(plan.enabled))
             line = (f"this patch set no longer patches {len(dropped)} file(s) the ledger holds; they go back to "
                     f"pristine: {', '.join(dropped)}" + (f" (patches no longer enabled: {', '.join(gone)})" if gone else ""))
@@ -373,17 +375,21 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
                         e.verdict = Verdict.APPLIED
             return plan.patches
     ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
+    def status(pid: str) -> PatchStatus:
+        # the ledger's results are statuses _writes_for recorded from PatchResult.status
+        return cast(PatchStatus, ledger.results.get(pid, "applied"))
+
     out = []
-    for p in ordered:
-        if p.id in ledger.patches:
-            out.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status=ledger.results.get(p.id, "applied"),
+    for patch in ordered:
+        if patch.id in ledger.patches:
+            out.append(PatchResult(id=patch.id, title=patch.title, kind=patch.kind, status=status(patch.id),
                                    reason=reason))
-        elif not gates[p.id].enabled:
-            g = gates[p.id]
-            out.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status="gated", reason=g.reason,
+        elif not gates[patch.id].enabled:
+            g = gates[patch.id]
+            out.append(PatchResult(id=patch.id, title=patch.title, kind=patch.kind, status="gated", reason=g.reason,
                                    reason_code=g.code))
     known = {r.id for r in out}
-    out += [PatchResult(id=i, status=ledger.results.get(i, "applied"), reason=reason)
+    out += [PatchResult(id=i, status=status(i), reason=reason)
             for i in ledger.patches if i not in known]
     return out
 
@@ -412,16 +418,17 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
     to_store: list[bytes] = []
     for rel in sorted(touched):
         now = tree.read_bytes(rel)
+        after: bytes | None  # None: the file goes (a created file back to pristine)
         if rel in plan.changes:
             ch = plan.changes[rel]
-            after = ch.new.encode("utf-8")
+            after = patched = ch.new.encode("utf-8")
             if ch.pristine is None:
-                pristine_sha, created = sha256_bytes(after), True
+                pristine_sha, created = sha256_bytes(patched), True
             else:
                 pristine_bytes = ch.pristine.encode("utf-8")
                 pristine_sha, created = sha256_bytes(pristine_bytes), False
                 to_store.append(pristine_bytes)
-            files[rel] = LedgerFile(pristine_sha256=pristine_sha, patched_sha256=sha256_bytes(after),
+            files[rel] = LedgerFile(pristine_sha256=pristine_sha, patched_sha256=sha256_bytes(patched),
                                     patches=ch.patches, created=created)
         else:  # touched by an older patch set, untouched now: back to pristine
             after = tree.pristine_bytes(rel, ledger)
@@ -429,11 +436,11 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
             writes.append(FileWrite(rel, now, after))
     tree.put_objects(to_store)  # pristine copies, durable before the journal names them
     # The ledger describes the tree after the commit: what "applies" now is "applied".
-    after = {"applies": "applied"}
-    results = {p.id: after.get(p.status, p.status) for p in plan.patches if p.status != "gated"}
+    as_applied = {"applies": "applied"}
+    results = {p.id: as_applied.get(p.status, p.status) for p in plan.patches if p.status != "gated"}
     counts: dict[str, int] = {}
     for v, n in plan.counts().items():
-        counts[after.get(v, v)] = counts.get(after.get(v, v), 0) + n
+        counts[as_applied.get(v, v)] = counts.get(as_applied.get(v, v), 0) + n
     new = Ledger(patch_set_digest=plan.digest, patches=plan.applied, vllm_version=plan.version, files=files,
                  left_out={lo.id: lo for lo in plan.left_out},
                  results=results, counts=dict(sorted(counts.items())))
@@ -602,6 +609,11 @@ _NEEDS_DIR = ("apply writes into the tree, so --tree needs the directory that co
               "`python -m sndr preflight`")
 
 
+def _directory(root: Path | None) -> Path:
+    assert root is not None, "installed and cached release trees are directories"
+    return root
+
+
 def resolve_tree(spec: str, *, dry_run: bool) -> Path:
     """``--tree`` -> the directory that contains ``vllm/``.
 
@@ -613,14 +625,14 @@ def resolve_tree(spec: str, *, dry_run: bool) -> Path:
 
     text = spec.strip()
     if text == "installed" or text.startswith("installed:"):
-        return open_tree(text).root  # the directory holding vllm/
+        return _directory(open_tree(text).root)  # the directory holding vllm/
     if _VERSION_SPEC.match(text):
         if not dry_run:
             raise SndrError(Problem("bad_tree_spec", f"{text!r} names sndr's read-only cached copy of a release; "
                                     "apply, verify and revert write to or check an installed tree", key="--tree",
                                     hint=f"simulate on it with --dry-run --tree {text}, or pass the directory "
                                          "that contains vllm/"))
-        return open_tree(text).root
+        return _directory(open_tree(text).root)
     path = Path(text).expanduser()
     if text.startswith("git:") or path.suffix == ".whl":
         raise SndrError(Problem("bad_tree_spec", f"{text!r} is not a directory", key="--tree", hint=_NEEDS_DIR))

@@ -120,7 +120,7 @@ def resolve_group(mode: GroupMode, group: str, findings: dict[str, Finding]) -> 
                                  reason=f"one_of group {group!r}: members {', '.join(matched)} all match",
                                  code="group_ambiguous")
             return out
-    for n, f in findings.items():
+    for n in findings:
         if n not in matched:
             out[n] = Finding(Verdict.OPTIONAL_ABSENT, reason=f"{mode.value} group {group!r} satisfied by {', '.join(matched)}",
                              code="group_other_member")

@@ -22,7 +22,7 @@ ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 DOTTED_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 
 
-class Verdict(str, enum.Enum):
+class Verdict(str, enum.Enum):  # noqa: UP042 - StrEnum changes str(member) ("Verdict.X" -> "x"): a behaviour change
     """What one edit is on one tree. One classifier produces these everywhere."""
 
     APPLIES = "applies"  # anchor found exactly once: the edit can be applied
@@ -96,7 +96,7 @@ class Edit(Strict):
         return v
 
     @model_validator(mode="after")
-    def _anchor_differs(self) -> "Edit":
+    def _anchor_differs(self) -> Edit:
         if self.anchor == self.replacement:
             raise ValueError(f"edit {self.name!r}: anchor equals replacement; the edit would change nothing")
         return self
@@ -116,7 +116,7 @@ class FileEdits(Strict):
         return _check_relpath(v)
 
     @model_validator(mode="after")
-    def _edits_or_create(self) -> "FileEdits":
+    def _edits_or_create(self) -> FileEdits:
         if self.create is not None and self.edits:
             raise ValueError(f"{self.path}: 'create' and 'edits' are exclusive")
         if self.create is None and not self.edits:
@@ -140,7 +140,7 @@ class RuntimeEdit(Strict):
     description: str = ""
 
 
-class GroupMode(str, enum.Enum):
+class GroupMode(str, enum.Enum):  # noqa: UP042 - as Verdict: StrEnum would change str(member)
     ONE_OF = "one_of"  # exactly one member applies (anchor variants)
     ANY_OF = "any_of"  # at least one member applies
 
@@ -201,7 +201,7 @@ class Patch(Strict):
         return None if v is None else check_when(v)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Patch":
+    def _consistent(self) -> Patch:
         if not self.files and not self.runtime and not self.module:
             raise ValueError("a patch needs 'files' (text), 'runtime' or 'module' (plugin)")
         if self.kind == "text" and not self.files:
@@ -284,12 +284,17 @@ class EditResult(BaseModel):
     hint: str = ""
 
 
+#: A patch's outcome in a report.
+PatchStatus = Literal["applies", "applied", "merged", "gated", "failed", "partial", "nothing_to_do", "left_out"]
+#: What a report is of.
+ReportMode = Literal["apply", "dry-run", "verify", "revert"]
+
+
 class PatchResult(BaseModel):
     id: str
     title: str = ""
     kind: str = "text"
-    status: Literal["applies", "applied", "merged", "gated", "failed", "partial", "nothing_to_do",
-                    "left_out"] = "applies"
+    status: PatchStatus = "applies"
     reason: str = ""
     reason_code: str = ""
     on_failure: Literal["fail", "skip"] = "fail"
@@ -336,7 +341,7 @@ class Ledger(BaseModel):
         body = self.model_dump(mode="json", exclude={"checksum"})
         return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
-    def sealed(self) -> "Ledger":
+    def sealed(self) -> Ledger:
         return self.model_copy(update={"checksum": self.compute_checksum()})
 
 
@@ -344,7 +349,7 @@ class Report(BaseModel):
     """What ``python -m sndr.apply`` did (or would do) on one tree."""
 
     tool: str = "sndr"
-    mode: Literal["apply", "dry-run", "verify", "revert"]
+    mode: ReportMode
     tree: str
     vllm_version: str = ""
     patch_set_digest: str = ""

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from functools import lru_cache
 from os.path import commonprefix
-from typing import Callable
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -33,7 +33,7 @@ from .classify import Finding, classify_create, classify_edit, markers_present, 
 from .errors import Problem, SndrError
 from .load import PatchSet
 from .locate import line_of, scopes
-from .model import EditResult, LeftOut, Location, Patch, PatchResult, Verdict
+from .model import EditResult, LeftOut, Location, Patch, PatchResult, PatchStatus, Verdict
 
 Reader = Callable[[str], "str | None"]
 
@@ -211,7 +211,7 @@ class FileState:
     # The changed bytes of every applied edit (diff of anchor vs replacement).
     changes: list[Change] = field(default_factory=list)
 
-    def copy(self) -> "FileState":
+    def copy(self) -> FileState:
         return FileState(self.path, self.pristine, self.text, list(self.history), list(self.equal),
                          [list(r) for r in self.regions], list(self.patches),
                          [Change(c.start, c.end, c.patch, c.edit, c.lines) for c in self.changes])
@@ -607,7 +607,9 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
             if fd.verdict == Verdict.CONFLICT or (fd.code == "conflict" and fd.verdict == Verdict.OPTIONAL_ABSENT):
                 _explain_conflict(er, p, e, st, ordered_ids, by_id)
             if fd.verdict == Verdict.APPLIES:
-                a0, a1 = fd.offset, fd.offset + len(e.anchor)
+                at = fd.offset
+                assert at is not None, "an APPLIES finding always says where the anchor sits"
+                a0, a1 = at, at + len(e.anchor)
                 hits = [c for c in st.changed_in(a0, a1) if c.patch != p.id]
                 foreign = [c for c in hits if c.patch not in ordered_ids]
                 if foreign:
@@ -615,7 +617,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                     c = foreign[0]
                     base = st.pristine or ""
                     l0, l1 = line_of(base, st.to_pristine(a0)), line_of(base, max(st.to_pristine(a1) - 1, 0))
-                    fd = Finding(Verdict.CONFLICT, offset=fd.offset, offsets=[fd.offset],
+                    fd = Finding(Verdict.CONFLICT, offset=at, offsets=[at],
                                  reason=(f"the anchor (pristine lines {l0}-{l1}) overlaps bytes that "
                                          f"{c.patch}.{c.edit} (pristine lines "
                                          f"{c.lines[0]}-{c.lines[1]}) changed, and the two patches are not ordered"),
@@ -626,11 +628,12 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                                f"in {p.id}; otherwise re-anchor one of them")
                 else:
                     er.chained_from = sorted({r[2] for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]})
-                    st.replace(fd.offset, len(e.anchor), e.replacement, p.id, e.name, e.anchor)
+                    st.replace(at, len(e.anchor), e.replacement, p.id, e.name, e.anchor)
             if fd.verdict in FAILING and (e.required or e.group is not None):
                 failed = True
             edits_out.append(er)
     verdicts = {e.verdict for e in edits_out}
+    status: PatchStatus
     if failed:
         status = "failed"
     elif verdicts <= {Verdict.MERGED, Verdict.OPTIONAL_ABSENT} and Verdict.MERGED in verdicts:

@@ -32,7 +32,7 @@ import json
 import os
 import re
 import sys
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
 from .fsio import FileProblem, read_text_strict
@@ -306,7 +306,9 @@ def evaluate(when: Mapping, profile: Profile) -> tuple[bool, str, str]:
 
 def _torch_facts() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """Platform and GPU capability from torch, only if torch is already imported (never imports it)."""
-    facts, sources, unknown = {}, {}, {}
+    facts: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    unknown: dict[str, str] = {}
     torch = sys.modules.get("torch")
     if torch is None:
         unknown["platform"] = unknown["gpu_capability"] = "torch is not imported in this process yet"
@@ -325,7 +327,7 @@ def _torch_facts() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         initialised = bool(cuda is not None and cuda.is_initialized())
     except Exception:  # noqa: BLE001 - a broken torch must not break startup
         initialised = False
-    if initialised:
+    if initialised and cuda is not None:  # (initialised implies it)
         try:
             major, minor = cuda.get_device_capability()
             facts["gpu_capability"], sources["gpu_capability"] = f"{major}.{minor}", "torch.cuda"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sndr.errors import EXIT_BAD_INPUT, SndrError
+from sndr.model import Patch
 from sndr.preflight.configdrift import (
     ConfigDrift,
     WatchConfig,
@@ -25,8 +27,6 @@ from sndr.preflight.configdrift import (
     render_terminal,
     runtime_target_drift,
 )
-from sndr.errors import EXIT_BAD_INPUT, SndrError
-from sndr.model import Patch
 from sndr.tree import open_tree
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,13 +23,15 @@ from sndr.upstream.sync import (
     advance,
     classify_hunk,
     cli_main,
-    cli_main as sync_cli,
     parse_hunks,
     patch_surface,
     pin_main,
     plan_queue,
     read_pin,
     render_markdown,
+)
+from sndr.upstream.sync import (
+    cli_main as sync_cli,
 )
 
 BLOCK_POOL = "vllm/v1/core/block_pool.py"

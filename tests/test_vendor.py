@@ -14,6 +14,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -33,11 +34,6 @@ from sndr.upstream.vendor import (
     unified_diff,
     vendor_diff,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 SAMPLE_SIZE = 120
 SEED = 20240601

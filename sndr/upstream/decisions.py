@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
@@ -41,11 +41,13 @@ __all__ = ["DECISIONS_NAME", "Decision", "Decisions", "Deviation", "LoadedDecisi
            "parse_decisions", "set_decision", "set_deviation"]
 
 DECISIONS_NAME = "sync-decisions.yaml"
-TIERS = ("PORT-NOW", "INVENTORY", "IGNORE")
+Tier = Literal["PORT-NOW", "INVENTORY", "IGNORE"]
+TIERS: tuple[Tier, ...] = get_args(Tier)
 RESOLUTION_PATTERN = r"^(?:ported-as [A-Za-z][A-Za-z0-9_-]*|not-needed \S.*|deferred)$"
 SHA_PATTERN = r"^[0-9a-f]{7,40}$"
 _REF = r"^(?:[0-9a-f]{7,40}|(?:[A-Za-z0-9_.-]+/)?[A-Za-z0-9_.-]+#[1-9][0-9]*)$"
-SENTINEL_KEY, SENTINEL_VALUE = "__sentinel__", "complete"
+SENTINEL_KEY: Final = "__sentinel__"
+SENTINEL_VALUE: Final = "complete"
 
 Sha = Annotated[str, StringConstraints(pattern=SHA_PATTERN)]
 
@@ -55,7 +57,7 @@ class Decision(BaseModel):
 
     sha: Sha = Field(description="upstream commit (7 to 40 hex digits)")
     subject: str | None = None
-    tier: Literal[TIERS] | None = None
+    tier: Tier | None = None
     resolution: Annotated[str, StringConstraints(pattern=RESOLUTION_PATTERN)] | None = Field(
         default=None, description="ported-as <patch id> | not-needed <reason> | deferred")
     note: str | None = None
@@ -104,7 +106,7 @@ class Decisions(BaseModel):
 
     decisions: list[Decision] = Field(default_factory=list)
     deviations: list[Deviation] = Field(default_factory=list)
-    sentinel: Literal[SENTINEL_VALUE] = Field(alias=SENTINEL_KEY)
+    sentinel: Literal["complete"] = Field(alias=SENTINEL_KEY)  # SENTINEL_VALUE (a Literal takes no names)
 
     def to_data(self) -> dict:
         return self.model_dump(mode="python", by_alias=True, exclude_unset=True)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import keyword
 import re
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -57,7 +58,7 @@ class SimTree:
     def write(self, path: str, text: str | None) -> None:
         self.overlay[path] = text
 
-    def fork(self) -> "SimTree":
+    def fork(self) -> SimTree:
         return SimTree(self._read, self.overlay)
 
 

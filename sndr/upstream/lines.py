@@ -13,8 +13,8 @@ That gives
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from .diff import Hunk
 from .gitio import GitFileChange

@@ -33,9 +33,9 @@ commit sits one wave after the latest commit it depends on. Kept decisions
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import Problem, SndrError, bad_input
 from .decisions import Decisions, deviation_set

@@ -34,7 +34,7 @@ from .decisions import (
     set_deviation,
 )
 from .diff import Hunk, parse_hunks
-from .gitio import EMPTY_TREE, CommitInfo, GitFileChange, Git
+from .gitio import EMPTY_TREE, CommitInfo, Git, GitFileChange
 from .judge import FUZZ_MIN_CHARS, FileResult, HunkResult, SimTree, classify_change, classify_hunk
 from .lines import LineTracker, net_zero, superseded
 from .pin import (

@@ -9,14 +9,15 @@ naming both rows.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from ..errors import bad_input
-from .watchlist import TRIGGERS, LoadedWatchlist, Watchlist, read_text_file
+from .watchlist import LoadedWatchlist, Trigger, Watchlist, read_text_file
 
 __all__ = ["CheckReport", "Firing", "PreflightFacts", "check", "load_preflight"]
 
@@ -50,7 +51,7 @@ class PreflightFacts:
     partly_merged: set[str] = field(default_factory=set)
 
     @classmethod
-    def from_json(cls, data: Any, file: str = "<preflight>") -> "PreflightFacts":
+    def from_json(cls, data: Any, file: str = "<preflight>") -> PreflightFacts:
         if not isinstance(data, dict):
             raise bad_input("bad_preflight", "a preflight report is a JSON object", file=file)
         keys = ("patches", "genuine_anchor_drift", "retired_upstream", "newly_merged")
@@ -110,7 +111,7 @@ class Firing(BaseModel):
     index: int
     row: str
     line: int | None = None
-    trigger: Literal[TRIGGERS]
+    trigger: Trigger
     patches: list[str] = Field(default_factory=list, description="local patches that came out merged or drifted")
     markers: list[str] = Field(default_factory=list, description="row markers the candidate newly carries")
     reason: str

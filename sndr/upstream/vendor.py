@@ -32,21 +32,20 @@ import json
 import keyword
 import re
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from pydantic import ValidationError
 
 from ..classify import classify_edit
-from ..fsio import atomic_write
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from ..fsio import atomic_write
 from ..load import PatchSet
 from ..locate import scopes
 from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
 from ..plan import Reader
 from .diff import DiffFile, Hunk, parse_diff_files
-
 
 #: Lines of the pin's file an anchor may take on each side of a hunk's changed lines.
 DEFAULT_MAX_CONTEXT = 20
@@ -128,7 +127,7 @@ class DiffHunk:
     added: list[bool]  # per post line: a '+' line of the diff
 
     @classmethod
-    def of(cls, h: Hunk) -> "DiffHunk":
+    def of(cls, h: Hunk) -> DiffHunk:
         return cls(h.header, h.old_start, h.old_count, h.pre_lines, h.post_lines, h.added_flags)
 
 

@@ -26,9 +26,10 @@ import datetime as _dt
 import json
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
@@ -49,7 +50,8 @@ from .yamledit import (  # noqa: F401 - to_plain and the editor helpers are publ
 
 STATUSES = ("open", "closed", "merged")
 ACTIONS = ("watch", "drift-check", "a-b-test", "retire", "port", "cookbook")
-TRIGGERS = ("retire-on-merge", "reanchor-on-merge", "review-on-merge")
+Trigger = Literal["retire-on-merge", "reanchor-on-merge", "review-on-merge"]
+TRIGGERS: tuple[Trigger, ...] = get_args(Trigger)
 FIX_STATUSES = ("open", "closed", "merged", "merged-in-pin", "merged-NOT-in-pin", "open-NOT-in-pin")
 DETECTIONS = ("preflight", "manual", "test")
 SEVERITY_PRIORITIES = ("P0", "P1", "P2", "P3")
@@ -184,7 +186,7 @@ class SweepRow(_Row):
 
     pr: int = Field(gt=0)
     genesis_patch: str = Field(description="free text: 'PN340, PN341', 'watch-only', 'planned: PN-tbd (...)'")
-    trigger: Literal[TRIGGERS]
+    trigger: Trigger
     detection: Literal[DETECTIONS] | None = Field(
         default=None, description="how drift is caught when the preflight cannot (absent: preflight)"
     )

@@ -19,7 +19,7 @@ class Registry:
     lifecycles: dict[str, str]
 
     @classmethod
-    def from_patches(cls, patches) -> "Registry":
+    def from_patches(cls, patches) -> Registry:
         return cls({p.id: p.lifecycle for p in patches})
 
     def __contains__(self, pid: str) -> bool:

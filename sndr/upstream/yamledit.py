@@ -20,7 +20,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import EXIT_INTERNAL, Problem, SndrError
 

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
     pytest.skip("needs a CUDA GPU with sm_90 (the verify kernel copies tiles with TMA)", allow_module_level=True)
 
-from sndr.kernels.turboquant_k8v4 import kernels, mtp_verify as mv, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import kernels, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import mtp_verify as mv
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 pytestmark = pytest.mark.gpu

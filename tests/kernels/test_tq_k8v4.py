@@ -19,12 +19,8 @@ import hashlib
 import inspect
 import os
 import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 import pytest
 

@@ -575,7 +575,7 @@ def test_harness_uniform_verify_batch_matches_vllm(harness, hq, k, lens):
     upstream, md0 = _forward(harness, x, patched=False)
     ours, md1 = _forward(harness, x, patched=True)
     assert md0.is_prefill and md0.num_decodes == 0  # vLLM: a prefill batch, per-request loop
-    assert not md1.is_prefill and getattr(md1, "sndr_verify_len") == k + 1
+    assert not md1.is_prefill and md1.sndr_verify_len == k + 1
     assert not upstream.isnan().any() and not ours.isnan().any()
     rel = ((ours.double() - upstream.double()).norm() / upstream.double().norm()).item()
     assert rel < 1e-2, rel

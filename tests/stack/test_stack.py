@@ -22,9 +22,8 @@ from sndr.load import load_patch_set
 from sndr.model import Ledger, Verdict
 from sndr.plan import build_plan, resolve_gates
 from sndr.profile import load_profile, parse_profile
-
 from tests.conftest import copy_tree
-from tests.stack.stackgen import BLOCK_POOL, CACHE, PROFILE, stack_paths, write_stack
+from tests.stack.stackgen import BLOCK_POOL, PROFILE, stack_paths, write_stack
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -259,7 +259,7 @@ class Launch:
     itself (``griddepcontrol.wait``).
     """
 
-    def __init__(self, kernel: "Kernel", grid: int, block_threads: int, sig: str, values, *, pdl: bool = False):
+    def __init__(self, kernel: Kernel, grid: int, block_threads: int, sig: str, values, *, pdl: bool = False):
         if len(sig) != len(values):
             raise ValueError(f"{kernel.name}: {len(sig)} parameters, {len(values)} values")
         offs, pos = [], 0

@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from ._layout import FP8_MAX, LN2, LOG2E, Layout, workspace_numel  # noqa: F401  (re-exported)
+
 FP8_MAX_C = tl.constexpr(FP8_MAX)
 LN2_C = tl.constexpr(LN2)
 
