@@ -82,16 +82,24 @@ def test_unchanged_files_are_not_searched():
 
 import pytest  # noqa: E402
 
-from sndr import env  # noqa: E402
 from sndr.locate import scopes  # noqa: E402
 from sndr.preflight import suggest as S  # noqa: E402
 
 
+_ROOTS: dict[str, object] = {}
+
+
+@pytest.fixture(autouse=False)
+def real_trees(vllm_root):
+    """The fetched 0.24.0 and 0.32.0 trees (cached; marks the tests needs_wheels)."""
+    for v in ("0.24.0", "0.32.0"):
+        _ROOTS[v] = vllm_root(v)
+    yield
+    _ROOTS.clear()
+
+
 def _tree_text(version: str, rel: str) -> str:
-    path = env.cache_root() / "trees" / f"vllm-{version}" / rel
-    if not path.is_file():
-        pytest.skip(f"vllm {version} tree not cached ({path})")
-    return path.read_text(encoding="utf-8")
+    return (_ROOTS[version] / rel).read_text(encoding="utf-8")
 
 
 def _real_case(files: list[str], anchor_file: str, first: int, n: int, pin_v="0.24.0", cand_v="0.32.0"):
@@ -113,7 +121,7 @@ MLA = "vllm/v1/attention/backends/mla/flashattn_mla.py"
 MLA_SIBLING = "vllm/v1/attention/backends/mla/flashmla.py"
 
 
-def test_real_same_qualname_same_file_beats_same_name_elsewhere(monkeypatch):
+def test_real_same_qualname_same_file_beats_same_name_elsewhere(real_trees, monkeypatch):
     """``FlashAttnMLAMetadataBuilder._build_decode``'s signature tail was edited at home (similarity 73);
     ``flashmla.py`` holds a ``_build_decode`` with the old text almost verbatim (similarity 99)."""
     pin, cand, anchor, q = _real_case([MLA, MLA_SIBLING], MLA, 205, 3)
@@ -126,7 +134,7 @@ def test_real_same_qualname_same_file_beats_same_name_elsewhere(monkeypatch):
     assert _top(pin, cand, anchor, MLA, q, 205).file == MLA_SIBLING  # the evidence decides, not the text
 
 
-def test_real_sibling_copy_penalty(monkeypatch):
+def test_real_sibling_copy_penalty(real_trees, monkeypatch):
     """The same case from the other side: ``flashmla.py`` held these lines on the pin already, so it is a
     sibling copy, not where the code went."""
     pin, cand, anchor, q = _real_case([MLA, MLA_SIBLING], MLA, 205, 3)
@@ -138,7 +146,7 @@ def test_real_sibling_copy_penalty(monkeypatch):
     assert _top(pin, cand, anchor, MLA, q, 205).file == MLA_SIBLING
 
 
-def test_real_edited_import_block_stays_home(monkeypatch):
+def test_real_edited_import_block_stays_home(real_trees, monkeypatch):
     """ultravox.py's import block was edited; another model module (new in 0.32.0) has similar imports."""
     home, other = "vllm/model_executor/models/ultravox.py", "vllm/model_executor/models/moss_transcribe_diarize.py"
     pin = {home: _tree_text("0.24.0", home)}
