@@ -73,6 +73,18 @@ def test_processes_that_disagree_fail_status(box, capsys):
     assert "disagree" in text and text.count("pid ") >= 2
 
 
+def test_one_process_on_another_set_than_the_ledger_fails_status(box, capsys):
+    """Every process agrees with the others but not with the tree: verify fails, so status must too."""
+    box.apply()
+    out = out_of(box.py(REGISTER, SNDR_ENABLE_F0003="0"))
+    assert "this process enables patch set" in out["problems"][0]
+    assert len(box.records()) == 1
+    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    text = capsys.readouterr().out
+    assert f"enables patch set {out['digest'][:12]} but the tree was patched with " \
+           f"{box.ledger()['patch_set_digest'][:12]}" in text
+
+
 def test_unpatched_tree_reports_every_text_patch_missing(box):
     out = out_of(box.py(REGISTER))
     assert out["mode"] == "none"

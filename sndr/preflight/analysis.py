@@ -105,7 +105,7 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
     problems = _dedupe_problems([*pin_plan.problems, *cand_plan.problems])
     report.problems = list(problems)
     if config:
-        report.config = _config_section(pin_s, cand_s, watch, patch_set, report)
+        report.config = _config_section(pin_s, cand_s, watch, patch_set, report, cand_plan)
     _summarise(report, list(fail_on))
     return report
 
@@ -127,14 +127,24 @@ def _dedupe_problems(problems: list[Problem]) -> list[Problem]:
     return out
 
 
-def _config_section(pin: Snapshot, cand: Snapshot, watch, patch_set: PatchSet, report: PreflightReport):
-    """Configuration drift (sndr.preflight.configdrift) between the two pristine snapshots; None when it cannot be read."""
+def _config_section(pin: Snapshot, cand: Snapshot, watch, patch_set: PatchSet, report: PreflightReport,
+                    cand_plan=None):
+    """Configuration drift (sndr.preflight.configdrift) between the two pristine snapshots; None when it cannot be read.
+
+    Runtime targets are bound against the candidate as the plan's text patches
+    leave it, exactly as apply and the running process bind them.
+    """
     from . import configdrift
+
+    changes = getattr(cand_plan, "changes", None) or {}
+
+    def cand_read(rel: str):
+        return changes[rel].new if rel in changes else cand.read_text(rel)
 
     if watch is None or isinstance(watch, (str, Path)):
         watch = configdrift.load_watch_config(watch) if watch is not None else configdrift.load_watch_config()
     try:
-        drift = configdrift.compare_config(pin, cand, watch, patches=patch_set.patches)
+        drift = configdrift.compare_config(pin, cand, watch, patches=patch_set.patches, candidate_read=cand_read)
     except SndrError as exc:
         report.problems.extend(exc.problems)
         return None

@@ -1008,15 +1008,17 @@ def runtime_target_drift(patches: Iterable[Any], pin: TreeLike, candidate: TreeL
     return _runtime_targets(patches, _Source(pin), _Source(candidate))
 
 
-def _runtime_targets(patches: Iterable[Any], ps: _Source, cs: _Source) -> list[RuntimeTargetChange]:
+def _runtime_targets(patches: Iterable[Any], ps: _Source, cs: _Source,
+                     candidate_read: Any = None) -> list[RuntimeTargetChange]:
     out: list[RuntimeTargetChange] = []
     for patch in patches:
         for edit in getattr(patch, "runtime", None) or []:
-            out.append(_check_target(patch.id, edit, ps, cs))
+            out.append(_check_target(patch.id, edit, ps, cs, candidate_read))
     return out
 
 
-def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source) -> RuntimeTargetChange:
+def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source,
+                  candidate_read: Any = None) -> RuntimeTargetChange:
     target: str = edit.target
     base = dict(patch=patch_id, edit=edit.name, target=target, required=getattr(edit, "required", True),
                 declared_signature=getattr(edit, "signature", None))
@@ -1046,10 +1048,12 @@ def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source) -> Runtime
         status = "signature_changed"
         notes.append(f"changed from {pt.kind} to {ct.kind}")
     # The declared signature/source hash is judged by the one binding check
-    # that apply, the preflight and the running process share.
+    # that apply, the preflight and the running process share, on the text the
+    # process would run: the candidate as the plan's text patches leave it
+    # (``candidate_read``), never the pristine file when a text patch edits it.
     from ..binding import check_binding
 
-    verdict, reason, _ = check_binding(edit, cs.tree.read_text)
+    verdict, reason, _ = check_binding(edit, candidate_read or cs.tree.read_text)
     if verdict != "applies":
         status = "signature_changed"
         notes.append(f"binding check: {reason}")
@@ -1060,15 +1064,16 @@ def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source) -> Runtime
 
 
 def compare_config(pin: TreeLike, candidate: TreeLike, watch: WatchConfig | None = None,
-                   patches: Iterable[Any] | None = None) -> ConfigDrift:
+                   patches: Iterable[Any] | None = None, candidate_read: Any = None) -> ConfigDrift:
     """Dependency, env-default and engine-argument drift from ``pin`` to ``candidate``.
 
-    Pure in the sense of DESIGN.md: it reads the two tree views and returns a
-    value. ``patches`` (optional) adds the runtime-target check.
+    Pure (the contract of sndr/plan.py): it reads the two tree views and returns a
+    value. ``patches`` (optional) adds the runtime-target check; ``candidate_read``
+    reads the candidate as the text patches leave it (the binding check's input).
     """
     watch = watch or WatchConfig()
     ps, cs = _Source(pin), _Source(candidate)
-    runtime = _runtime_targets(patches, ps, cs) if patches is not None else []
+    runtime = _runtime_targets(patches, ps, cs, candidate_read) if patches is not None else []
     return ConfigDrift(
         pin=_version(pin),
         candidate=_version(candidate),

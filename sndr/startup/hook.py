@@ -490,6 +490,13 @@ def _status_body(argv: list[str] | None) -> int:
     for r in records:
         for m in r.get("missing_required") or []:
             findings.append(f"pid {r['pid']} ({r.get('role')}): missing {m}")
+        ledger, own = r.get("ledger_digest"), r.get("patch_set_digest")
+        if r.get("mode") == "disk" and ledger and own and ledger != own:
+            # The process resolved another enabled set (its SNDR_ENABLE_*/profile) than the one on disk:
+            # apply --verify fails on such a tree, so status must not say ok either.
+            findings.append(f"pid {r['pid']} ({r.get('role')}): enables patch set {own[:12]} but the tree was "
+                            f"patched with {ledger[:12]}; give the process the environment apply ran with, "
+                            f"or re-run python -m sndr.apply with the process's settings")
     findings.extend(_recheck_trees(records))
     if args.prometheus:
         from .metrics import write_textfile
