@@ -18,13 +18,14 @@ leaves to us is kept here, once:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from ..errors import Problem, SndrError
 
 __all__ = ["DiffFile", "Hunk", "parse_diff_files", "parse_hunks"]
 
 Tag = Literal[" ", "-", "+"]
+FileStatus = Literal["modified", "added", "deleted", "renamed", "binary"]
 
 
 @dataclass
@@ -69,19 +70,24 @@ class Hunk:
         return "+" in tags and "-" not in tags
 
 
+H = TypeVar("H")
+
+
 @dataclass
-class DiffFile:
+class DiffFile(Generic[H]):
+    """One file of a diff; ``H`` is its hunk type (:class:`Hunk` here, vendoring's own hunk in ``vendor``)."""
+
     source: str
     target: str
-    status: Literal["modified", "added", "deleted", "renamed", "binary"]
-    hunks: list[Hunk]
+    status: FileStatus
+    hunks: list[H]
 
     @property
     def raw_path(self) -> str:
         return self.source if self.status == "deleted" else self.target
 
 
-def _status(pf) -> str:
+def _status(pf) -> FileStatus:
     info = list(pf.patch_info or [])
     if pf.is_binary_file or any(line.startswith("GIT binary patch") for line in info):
         return "binary"
@@ -108,7 +114,7 @@ def _hunk(h) -> Hunk:
     return out
 
 
-def parse_diff_files(text: str, *, what: str = "--diff") -> list[DiffFile]:
+def parse_diff_files(text: str, *, what: str = "--diff") -> list[DiffFile[Hunk]]:
     """The files of a unified diff (git, ``diff -u`` or a bare hunk body)."""
     import unidiff
 

@@ -19,23 +19,32 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ..errors import bad_input
 from .diff import Hunk
 
-__all__ = ["EMPTY_TREE", "CommitInfo", "GitFileChange", "Git"]
+__all__ = ["EMPTY_TREE", "ChangeKind", "CommitInfo", "GitFileChange", "Git"]
 
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 _SHA40 = re.compile(r"^[0-9a-f]{40}$")
+#: ``git diff-tree --name-status`` letters kept (added, modified, deleted, renamed, copied, type changed).
+ChangeKind = Literal["A", "M", "D", "R", "C", "T"]
 
 
 @dataclass
 class GitFileChange:
-    kind: str  # A M D R C T
+    kind: ChangeKind
     path: str
     old_path: str | None = None
     hunks: list[Hunk] = field(default_factory=list)
     binary: bool = False
+
+    def renamed_from(self) -> str:
+        """A rename's or copy's old path (``git diff-tree`` always names it)."""
+        if self.old_path is None:
+            raise ValueError(f"{self.kind} {self.path}: the change names no old path")
+        return self.old_path
 
 
 @dataclass
@@ -61,7 +70,7 @@ class Git:
 
     def __init__(self, repo: Path | str):
         self.repo = Path(repo)
-        self._batch: subprocess.Popen | None = None
+        self._batch: subprocess.Popen[bytes] | None = None
         if not self.repo.is_dir():
             raise bad_input("repo_not_found", "repository does not exist", file=str(repo))
         if self.run("rev-parse", "--git-dir", check=False).returncode != 0:
@@ -90,7 +99,8 @@ class Git:
     def close(self) -> None:
         if self._batch is not None:
             try:
-                self._batch.stdin.close()
+                if self._batch.stdin is not None:  # opened as a pipe in blob()
+                    self._batch.stdin.close()
                 self._batch.wait(timeout=5)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 self._batch.kill()
@@ -164,11 +174,11 @@ class Git:
             if cur is None:  # pragma: no cover - diff-tree always names the commit first
                 i += 1
                 continue
-            if kind in "RC":
+            if kind in ("R", "C"):
                 cur.append(GitFileChange(kind=kind, path=parts[i + 2], old_path=parts[i + 1]))
                 i += 3
             else:
-                cur.append(GitFileChange(kind=kind if kind in "AMDT" else "M", path=parts[i + 1]))
+                cur.append(GitFileChange(kind=kind if kind in ("A", "M", "D", "T") else "M", path=parts[i + 1]))
                 i += 2
         return out
 
@@ -200,6 +210,7 @@ class Git:
             self._batch = subprocess.Popen(self._argv("cat-file", "--batch"), stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         b = self._batch
+        assert b.stdin is not None and b.stdout is not None  # both opened as pipes
         b.stdin.write(f"{rev}:{path}\n".encode("utf-8", errors="surrogateescape"))
         b.stdin.flush()
         header = b.stdout.readline().decode("utf-8", errors="surrogateescape").rstrip("\n")

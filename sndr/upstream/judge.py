@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -38,7 +38,7 @@ FUZZ_MIN_CHARS = 12  # a reduced-context image must carry at least this much non
 #: Lines of distinctive context a block that only adds lines needs before it is judged applicable.
 MIN_DISTINCT_CONTEXT = 2
 Judgement = Literal["satisfied", "applicable", "review", "conflict"]
-_RANK = {"satisfied": 0, "applicable": 1, "review": 2, "conflict": 3}
+_RANK: dict[Judgement, int] = {"satisfied": 0, "applicable": 1, "review": 2, "conflict": 3}
 
 
 
@@ -100,9 +100,9 @@ def distinctive(line: str) -> bool:
     return len(s) >= 6 and any(w not in _GENERIC for w in _WORD.findall(s))
 
 
-def _defined(lines) -> dict[str, str]:
+def _defined(lines: Iterable[str]) -> dict[str, str]:
     """``name -> indent`` of the functions, methods and classes the lines define."""
-    out = {}
+    out: dict[str, str] = {}
     for text in lines:
         m = _DEF.match(text)
         if m:
@@ -212,7 +212,7 @@ class FileResult(BaseModel):
     hunks: list[HunkResult] = Field(default_factory=list)
 
 
-def _hunks_on(text: str, hunks: list[Hunk]) -> tuple[list[HunkResult], str, str]:
+def _hunks_on(text: str, hunks: list[Hunk]) -> tuple[list[HunkResult], str, Judgement]:
     results, cur = [], text
     for h in hunks:
         res, new = classify_hunk(cur, h)
@@ -223,7 +223,7 @@ def _hunks_on(text: str, hunks: list[Hunk]) -> tuple[list[HunkResult], str, str]
     return results, cur, disp
 
 
-def aggregate(disps: list[str]) -> str:
+def aggregate(disps: list[Judgement]) -> Judgement:
     """The worst of several judgements: conflict > review > applicable > satisfied."""
     return max(disps, key=_RANK.__getitem__) if disps else "satisfied"
 
@@ -246,14 +246,14 @@ def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], 
     if ch.binary:
         new = text_of(sha, ch.path) if ch.kind != "D" else None
         old = text_of(parent, ch.old_path or ch.path) if ch.kind != "A" else None
-        cur = sim.read(ch.path if ch.kind != "R" else ch.old_path)
+        cur = sim.read(ch.path if ch.kind != "R" else ch.renamed_from())
         if cur == new:
             return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="satisfied",
                               reason="binary file already matches upstream's")
         if cur == old:
             sim.write(ch.path, new)
             if ch.kind == "R":
-                sim.write(ch.old_path, None)
+                sim.write(ch.renamed_from(), None)
             return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="applicable",
                               reason="binary file matches upstream's pre-image")
         return FileResult(path=ch.path, old_path=ch.old_path, change=ch.kind, disposition="conflict",
@@ -281,14 +281,15 @@ def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], 
         return FileResult(path=ch.path, change="D", disposition="conflict",
                           reason="upstream deletes this file, but the tree's copy differs from upstream's")
     if ch.kind == "R":
-        cur_old, cur_new = sim.read(ch.old_path), sim.read(ch.path)
+        old_path = ch.renamed_from()
+        cur_old, cur_new = sim.read(old_path), sim.read(ch.path)
         if cur_old is not None and cur_new is None:
             results, text, disp = _hunks_on(cur_old, ch.hunks)
             if disp in ("conflict", "review"):
                 return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition=disp,
                                   reason=f"rename from {ch.old_path}; {_hunk_summary(results)}", hunks=results)
             sim.write(ch.path, text)
-            sim.write(ch.old_path, None)
+            sim.write(old_path, None)
             return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition="applicable",
                               reason=f"rename from {ch.old_path}" + (f"; {_hunk_summary(results)}" if results else ""),
                               hunks=results)

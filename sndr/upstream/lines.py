@@ -72,8 +72,8 @@ class LineTracker:
                 return
             has_add = any(t == "+" for t, _ in block)
             has_del = any(t == "-" for t, _ in block)
-            for t, ln in block:
-                if t == "+":
+            for _t, ln in block:
+                if ln is None:  # an added line
                     out.append(_Line(frozenset({i}), i))
                 else:
                     self._gone(i, ln)
@@ -133,8 +133,9 @@ class LineTracker:
                 self.files.pop(ch.path, None)
                 continue
             if ch.kind == "R":
-                self.files[ch.path] = self._lines(ch.old_path, parent)
-                self.files.pop(ch.old_path, None)
+                old_path = ch.renamed_from()
+                self.files[ch.path] = self._lines(old_path, parent)
+                self.files.pop(old_path, None)
                 self.path_origin[ch.path] = i
             lines = self._lines(ch.path, parent)
             if ch.binary:

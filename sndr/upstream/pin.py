@@ -238,7 +238,9 @@ def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set
                         + ", ".join(f"{c.sha[:10]} ported-as {pid}" for c, pid in bad[:5]))
     res: dict[str, int] = {}
     for c in open_items:
-        key = decisions.for_sha(c.sha).resolution.split(" ", 1)[0]
+        d = decisions.for_sha(c.sha)
+        assert d is not None and d.resolution is not None  # no item is undecided (returned above)
+        key = d.resolution.split(" ", 1)[0]
         res[key] = res.get(key, 0) + 1
     detail = ", ".join(f"{n} {k}" for k, n in sorted(res.items()))
     return PinGate("queue", True, f"every queued commit decided ({len(open_items)}: {detail})" if open_items

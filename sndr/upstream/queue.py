@@ -211,7 +211,11 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             elif ch.kind in ("A", "C", "D"):
                 ch.binary = b"\0" in ((git.blob(c.sha if ch.kind != "D" else c.parent, ch.path)) or b"")[:8000]
         c.changes = mirrored
-        deps[i] = tracker.commit(i, c.parent, mirrored, lambda p, sha=c.sha: _count_lines(git.blob(sha, p)))
+
+        def new_count(p: str, sha: str = c.sha) -> int:
+            return _count_lines(git.blob(sha, p))
+
+        deps[i] = tracker.commit(i, c.parent, mirrored, new_count)
 
     # identity: cherry-picks onto the pin's side, duplicates inside the range, reverts
     surface_shas = [commits[i].sha for i in sorted(deps)]

@@ -174,12 +174,12 @@ def render_markdown(rep: QueueReport) -> str:
             out.append(f"| {e.position} | `{e.sha[:10]}` | {_md(e.subject)}{tier} | {e.disposition} | {after} | "
                        f"{_md(e.reason + flags)} |")
         out.append("")
-    decided = [e for e in rep.queued() if e.decided]
+    decided = [(e, dec) for e in rep.queued() if (dec := e.decision) is not None and dec.decided]
     if decided:
         out += ["# Decided", "", "| # | commit | subject | disposition | wave | decision |", "|---|---|---|---|---|---|"]
-        for e in decided:
+        for e, dec in decided:
             out.append(f"| {e.position} | `{e.sha[:10]}` | {_md(e.subject)} | {e.disposition} | {e.wave} | "
-                       f"{_md(e.decision.summary())} |")
+                       f"{_md(dec.summary())} |")
         out.append("")
     rest = [e for e in rep.commits if e.status not in QUEUED and e.disposition != "outside"]
     if rest:

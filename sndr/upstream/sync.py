@@ -158,6 +158,7 @@ def _run(args) -> int:
                         discharge=args.discharge, paths=paths, reviewed=args.reviewed)
     atomic_write(path, new.encode("utf-8"))
     dev = load_decisions(path).model.deviation(args.patch)
+    assert dev is not None  # set_deviation has just written it
     print(f"{path}: deviation {args.patch}: " + ", ".join(f"{k}={v}" for k, v in dev.model_dump(
         exclude_none=True, exclude_defaults=True).items() if k != "patch"))
     return EXIT_OK

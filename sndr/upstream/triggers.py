@@ -12,12 +12,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from ..errors import bad_input
-from .watchlist import LoadedWatchlist, Trigger, Watchlist, read_text_file
+from .watchlist import LoadedWatchlist, Section, Trigger, Watchlist, read_text_file
 
 __all__ = ["CheckReport", "Firing", "PreflightFacts", "check", "load_preflight"]
 
@@ -107,7 +107,7 @@ class PreflightFacts:
 
 
 class Firing(BaseModel):
-    section: Literal["watch", "sweep"]
+    section: Section
     index: int
     row: str
     line: int | None = None

@@ -135,7 +135,7 @@ _SUBJECT = re.compile(r"^Subject:[ \t]*(?P<s>.*(?:\n[ \t]+.*)*)", re.M)
 _PR = re.compile(r"\(#(\d+)\)\s*$")
 
 
-def parse_diff(text: str) -> tuple[list[DiffFile], dict]:
+def parse_diff(text: str) -> tuple[list[DiffFile[DiffHunk]], dict]:
     """The files of a unified diff, and what its mail header says (``subject``, ``body``, ``pr``).
 
     The diff itself is read by :func:`sndr.upstream.diff.parse_diff_files`, the
@@ -169,7 +169,7 @@ def _components(raw: str, strip: int | None) -> list[str]:
     return parts
 
 
-def resolve_path(df: DiffFile, exists: Callable[[str], bool], strip: int | None) -> str:
+def resolve_path(df: DiffFile[DiffHunk], exists: Callable[[str], bool], strip: int | None) -> str:
     """The tree-relative path a diff names: git's a/ b/ prefixes off, then the suffix from a ``vllm/`` component."""
     raw = df.raw_path
     if strip is None and df.source.startswith("a/") and df.target.startswith("b/"):
@@ -233,6 +233,12 @@ class VendorResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == EXIT_OK
+
+    def written(self) -> tuple[Patch, str]:
+        """The patch and its TOML text; only a result that is :attr:`ok` has them."""
+        if self.patch is None or self.text is None:
+            raise ValueError(f"a vendor result that failed (exit {self.exit_code}) has no patch")
+        return self.patch, self.text
 
     def to_json(self) -> dict:
         return {
@@ -600,7 +606,7 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
     # Group the diff by target file, keeping the order of first appearance; a
     # file named twice (a format-patch series) gets its hunks in rounds.
     order: list[str] = []
-    by_path: dict[str, list[tuple[int, DiffFile]]] = {}
+    by_path: dict[str, list[tuple[int, DiffFile[DiffHunk]]]] = {}
     for rnd, df in enumerate(files):
         path = resolve_path(df, lambda p: _safe_exists(pin, p), strip)
         if include and not _match(path, include):
@@ -860,8 +866,9 @@ def roundtrip_result(path: str, old: str | None, new: str, *, version: str = "",
     if not res.ok:
         return ("wrong" if res.exit_code == EXIT_INTERNAL else "refused",
                 "; ".join(f"{p.code}: {p.message}" for p in res.problems), res)
-    patch = parse_patch(res.text, "roundtrip.toml")
-    if patch != res.patch:
+    want, text = res.written()
+    patch = parse_patch(text, "roundtrip.toml")
+    if patch != want:
         return "wrong", "the written TOML loads back as a different patch", res
     ps = PatchSet(patches=[patch])
     plan = build_plan(ps, read, version, environ={}, check_compile=False)
@@ -933,10 +940,10 @@ def _print_result(res: VendorResult, target: Path | None, quiet: bool) -> None:
             if e.file != last:
                 print(f"  {e.file}", file=err)
                 last = e.file
-            widened = f"; widened {e.widened_before} before, {e.widened_after} after" if e.widened else ""
+            how = f"; widened {e.widened_before} before, {e.widened_after} after" if e.widened else ""
             marker = f"marker {e.marker!r}" if e.marker else "no marker"
             print(f"    hunk {e.hunk} {e.header} -> {e.name} (line {e.line}): anchor {e.anchor_lines} lines"
-                  f"{widened}; {marker}", file=err)
+                  f"{how}; {marker}", file=err)
         for c in res.created:
             print(f"  {c}: created (whole file)", file=err)
         for s in res.skipped:
@@ -992,7 +999,8 @@ def _vendor(args) -> int:
                       include=args.include, exclude=args.exclude, source=source)
     target = None
     if res.ok and not args.stdout:
-        target = _target(args.out, args.patch_id, res.patch.title)
+        patch, text = res.written()
+        target = _target(args.out, args.patch_id, patch.title)
         if target.exists() and not args.force:
             raise SndrError(Problem("patch_exists", "patch file already exists", file=str(target),
                                     hint="pass --force to overwrite it"))
@@ -1003,9 +1011,9 @@ def _vendor(args) -> int:
                 raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
                                         file=str(same_id[0]), key="--id"))
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, res.text.encode("utf-8"))
+        atomic_write(target, text.encode("utf-8"))
     if args.stdout and res.ok:
-        sys.stdout.write(res.text)
+        sys.stdout.write(res.written()[1])
     _print_result(res, target, args.quiet)
     if args.json:
         data = json.dumps(res.to_json(), indent=2) + "\n"

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
@@ -48,19 +48,24 @@ from .yamledit import (  # noqa: F401 - to_plain and the editor helpers are publ
 
 # ----------------------------------------------------------------------------- vocabulary
 
-STATUSES = ("open", "closed", "merged")
-ACTIONS = ("watch", "drift-check", "a-b-test", "retire", "port", "cookbook")
+Status = Literal["open", "closed", "merged"]
+STATUSES: tuple[Status, ...] = get_args(Status)
+Action = Literal["watch", "drift-check", "a-b-test", "retire", "port", "cookbook"]
+ACTIONS: tuple[Action, ...] = get_args(Action)
 Trigger = Literal["retire-on-merge", "reanchor-on-merge", "review-on-merge"]
 TRIGGERS: tuple[Trigger, ...] = get_args(Trigger)
-FIX_STATUSES = ("open", "closed", "merged", "merged-in-pin", "merged-NOT-in-pin", "open-NOT-in-pin")
-DETECTIONS = ("preflight", "manual", "test")
+FixStatus = Literal["open", "closed", "merged", "merged-in-pin", "merged-NOT-in-pin", "open-NOT-in-pin"]
+FIX_STATUSES: tuple[FixStatus, ...] = get_args(FixStatus)
+Detection = Literal["preflight", "manual", "test"]
+DETECTIONS: tuple[Detection, ...] = get_args(Detection)
+Section = Literal["watch", "sweep"]
 SEVERITY_PRIORITIES = ("P0", "P1", "P2", "P3")
 SEVERITY_CLASSES = ("correctness", "crash", "perf", "cleanup")
 
 #: What a watch row's ``action`` means as a trigger when the watchlist is
 #: checked against a preflight: retire and drift-check rows wait for the
 #: patch to come out merged or drifted; every other action is a review.
-ACTION_TRIGGER = {
+ACTION_TRIGGER: dict[Action, Trigger] = {
     "retire": "retire-on-merge",
     "drift-check": "reanchor-on-merge",
     "watch": "review-on-merge",
@@ -69,8 +74,8 @@ ACTION_TRIGGER = {
     "cookbook": "review-on-merge",
 }
 
-SENTINEL_KEY = "__sentinel__"
-SENTINEL_VALUE = "complete"
+SENTINEL_KEY: Final = "__sentinel__"
+SENTINEL_VALUE: Final = "complete"
 WATCHLIST_NAME = "watchlist.yaml"
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
@@ -105,19 +110,24 @@ class _Row(BaseModel):
     def _markers_ok(cls, v: list[str]) -> list[str]:
         return _nonblank(v, "markers")
 
+    @property
+    def key(self) -> str:
+        """The row's identity in its section: ``vllm#N`` (watch) or ``#N`` (sweep)."""
+        raise NotImplementedError
+
 
 class WatchRow(_Row):
     """One tracked upstream PR or issue."""
 
     upstream: UpstreamRef = Field(description="vllm#NNNNN or owner/repo#N")
-    status: Literal[STATUSES]
+    status: Status
     severity: str | None = Field(default=None, description="P0..P3 '-' correctness|crash|perf|cleanup")
     local_patches: list[PatchId] = Field(default_factory=list)
-    action: Literal[ACTIONS]
+    action: Action
     since: Since | None = None
     notes: str | None = None
     fix_upstream: UpstreamRef | None = None
-    fix_status: Literal[FIX_STATUSES] | None = None
+    fix_status: FixStatus | None = None
     affects_models: list[str] = Field(default_factory=list)
     markers: list[str] = Field(default_factory=list, description=_MARKERS_DOC)
 
@@ -144,7 +154,7 @@ class WatchRow(_Row):
         return self.upstream
 
     @property
-    def trigger(self) -> str:
+    def trigger(self) -> Trigger:
         return ACTION_TRIGGER[self.action]
 
     def patch_ids(self) -> list[str]:
@@ -187,7 +197,7 @@ class SweepRow(_Row):
     pr: int = Field(gt=0)
     genesis_patch: str = Field(description="free text: 'PN340, PN341', 'watch-only', 'planned: PN-tbd (...)'")
     trigger: Trigger
-    detection: Literal[DETECTIONS] | None = Field(
+    detection: Detection | None = Field(
         default=None, description="how drift is caught when the preflight cannot (absent: preflight)"
     )
     note: str | None = None
@@ -218,7 +228,7 @@ class Watchlist(BaseModel):
 
     watch: list[WatchRow] = Field(default_factory=list)
     sweep: list[SweepRow] = Field(default_factory=list)
-    sentinel: Literal[SENTINEL_VALUE] = Field(
+    sentinel: Literal["complete"] = Field(  # SENTINEL_VALUE (a Literal takes no names)
         alias=SENTINEL_KEY, description="must be the last key: a file cut short loses it and fails to load"
     )
 
@@ -226,14 +236,14 @@ class Watchlist(BaseModel):
         """The plain data this watchlist was loaded from (keys that were absent stay absent)."""
         return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
 
-    def rows(self) -> Iterable[tuple[str, int, WatchRow | SweepRow]]:
-        for i, r in enumerate(self.watch):
-            yield "watch", i, r
-        for i, r in enumerate(self.sweep):
-            yield "sweep", i, r
+    def rows(self) -> Iterable[tuple[Section, int, WatchRow | SweepRow]]:
+        for i, w in enumerate(self.watch):
+            yield "watch", i, w
+        for i, s in enumerate(self.sweep):
+            yield "sweep", i, s
 
 
-SECTIONS = {"watch": WatchRow, "sweep": SweepRow}
+SECTIONS: dict[str, type[WatchRow] | type[SweepRow]] = {"watch": WatchRow, "sweep": SweepRow}
 
 
 def json_schema() -> dict:
@@ -342,8 +352,10 @@ def _pydantic_problems(exc: ValidationError, file: str, label: str, raw_row: Any
 
 def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
     """Parse and validate watchlist text; every problem names the row and the key."""
+    from ruamel.yaml.comments import CommentedMap
+
     raw = load_rt(text, file)
-    if not isinstance(raw, dict):
+    if not isinstance(raw, CommentedMap):  # the round-trip loader gives every mapping as a CommentedMap
         raise bad_input("bad_watchlist", "a watchlist is a mapping with 'watch', 'sweep' and '__sentinel__'",
                         file=file, line=1)
     problems: list[Problem] = []
@@ -391,8 +403,8 @@ def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
     if problems:
         raise SndrError(problems)
     data = {k: sections[k] for k in ("watch", "sweep") if k in raw}
-    model = Watchlist.model_validate({**data, SENTINEL_KEY: SENTINEL_VALUE})
-    return LoadedWatchlist(model=model, text=text, file=file, raw=raw)
+    wl = Watchlist.model_validate({**data, SENTINEL_KEY: SENTINEL_VALUE})
+    return LoadedWatchlist(model=wl, text=text, file=file, raw=raw)
 
 
 def read_text_file(path: Path, what: str = "file") -> str:

@@ -128,18 +128,18 @@ def lint(loaded: LoadedWatchlist, registry: Registry | None) -> list[Problem]:
     # the same PR in both sections must agree on the trigger it carries
     watch_by_pr = {r.pr_number(): i for i, r in enumerate(wl.watch) if r.pr_number() is not None}
     for j, s in enumerate(wl.sweep):
-        i = watch_by_pr.get(s.pr)
-        if i is None:
+        wi = watch_by_pr.get(s.pr)
+        if wi is None:
             continue
-        w = wl.watch[i]
+        w = wl.watch[wi]
         if w.trigger != s.trigger and w.action in ("retire", "drift-check"):
             add("twin_rows_disagree", "sweep", j,
-                f"trigger {s.trigger!r} but watch[{i}] {w.upstream} has action {w.action!r} "
+                f"trigger {s.trigger!r} but watch[{wi}] {w.upstream} has action {w.action!r} "
                 f"({w.trigger})", key="trigger")
         wids, sids = set(w.local_patches), set(s.patch_ids())
         if s.patch_ref.kind == "ids" and wids and wids != sids:
             add("twin_rows_disagree", "sweep", j,
-                f"names {', '.join(sorted(sids))} but watch[{i}] {w.upstream} lists "
+                f"names {', '.join(sorted(sids))} but watch[{wi}] {w.upstream} lists "
                 f"{', '.join(sorted(wids))}", key="genesis_patch")
     out.sort(key=lambda p: (p.line or 0, p.code))
     return out
