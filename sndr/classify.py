@@ -1,14 +1,24 @@
 """The one verdict function. Apply, dry-run, verify, manifest and preflight all call it.
 
 ``classify_edit`` looks at one edit on one text and says what it is:
-``applies`` (anchor exactly once), ``applied`` (replacement present and every
-anchor occurrence lies inside a replacement occurrence, which is how an
-insertion is recognised after it was applied), ``merged`` (a merged marker is
+``applies`` (anchor exactly once), ``applied`` (see below), ``merged`` (a merged marker is
 in the pristine text), ``ambiguous``, ``conflict`` (the anchor occurs once in
 the pristine text but no longer in the text earlier patches of the set left:
 an ordering problem, not drift), ``drifted``, ``optional_absent`` or
 ``file_missing``. Group resolution (``one_of``/``any_of``) sits on top. The
 planner adds who consumed a conflicting anchor (:func:`sndr.plan._explain_conflict`).
+
+``applied`` is said only where the text shows it:
+
+* the anchor still occurs (an insertion: the anchor is part of its replacement):
+  every anchor occurrence lies inside a replacement occurrence;
+* the anchor is absent: the replacement occurs *at the anchor's alignment* (an
+  anchor that starts / ends a line only matches replacement occurrences that do
+  too; the alignment is read from the pristine file, else an anchor ending with a
+  newline is whole lines), and the replacement *adds* text (``plan.diff_spans``
+  has a non-empty changed span). A pure deletion leaves only bytes that were there
+  before, so it is never recognised as applied from the text: ``drifted``
+  (``deletion_unverifiable``; a merged marker recognises an upstream merge).
 """
 
 from __future__ import annotations
@@ -61,8 +71,17 @@ def classify_edit(edit: Edit, text: str | None, pristine: str | None = None, ext
         return any(r <= a and a + la <= r + lr for r in reps)
 
     uncovered = [a for a in occ if not covered(a)]
-    if reps and not uncovered:
+    if occ and reps and not uncovered:  # an insertion: the anchor survives inside its replacement
         return Finding(Verdict.APPLIED, offset=reps[0], reason="replacement present", code="applied")
+    deletion_note = ""
+    if not occ and reps:  # the anchor is gone and its replacement text occurs somewhere
+        aligned = _aligned(text, reps, lr, *_anchor_alignment(anchor, pristine))
+        if aligned and _adds_text(anchor, repl):
+            return Finding(Verdict.APPLIED, offset=aligned[0], reason="replacement present", code="applied")
+        if aligned:
+            deletion_note = (f"anchor not found; the edit only deletes text, and whether a deletion was applied "
+                             f"cannot be told from the file alone (its remaining text occurs {len(aligned)} time(s)); "
+                             "hint: a merged marker recognises an upstream merge")
     if len(uncovered) == 1:
         return Finding(Verdict.APPLIES, offset=uncovered[0], offsets=uncovered)
     if len(uncovered) > 1:
@@ -74,10 +93,51 @@ def classify_edit(edit: Edit, text: str | None, pristine: str | None = None, ext
         if edit.required:
             return Finding(Verdict.CONFLICT, reason=why, code="conflict")
         return Finding(Verdict.OPTIONAL_ABSENT, reason=why + " (optional edit: skipped)", code="conflict")
+    if deletion_note:
+        if edit.required:
+            return Finding(Verdict.DRIFTED, reason=deletion_note, code="deletion_unverifiable")
+        return Finding(Verdict.OPTIONAL_ABSENT, reason=deletion_note + " (optional edit: skipped)",
+                       code="deletion_unverifiable")
     reason, code = _absence_reason(anchor, text)
     if edit.required:
         return Finding(Verdict.DRIFTED, reason=reason, code=code)
     return Finding(Verdict.OPTIONAL_ABSENT, reason=reason, code=code)
+
+
+def _starts_line(text: str, at: int) -> bool:
+    return at == 0 or text[at - 1] == "\n"
+
+
+def _ends_line(text: str, end: int) -> bool:
+    return (end > 0 and text[end - 1] == "\n") or end == len(text) or text[end] == "\n"
+
+
+def _anchor_alignment(anchor: str, pristine: str) -> tuple[bool, bool]:
+    """(starts a line, ends a line) for ``anchor``: read from its occurrences in the pristine file
+    when it is there (every occurrence must be so), else from its shape: an anchor that ends with a
+    newline is taken to be whole lines (it starts a line too), which is how anchors are written."""
+    occ = find_all(pristine, anchor)
+    if occ:
+        return (all(_starts_line(pristine, a) for a in occ),
+                all(_ends_line(pristine, a + len(anchor)) for a in occ))
+    whole = anchor.endswith("\n")
+    return whole, whole
+
+
+def _aligned(text: str, reps: list[int], lr: int, starts: bool, ends: bool) -> list[int]:
+    """Replacement occurrences at the anchor's alignment: an anchor that starts (ends) a line only
+    matches replacement occurrences that do too (``x\\n`` is not the tail of ``curr_mm_idx\\n``)."""
+    return [r for r in reps if (not starts or _starts_line(text, r)) and (not ends or _ends_line(text, r + lr))]
+
+
+def _adds_text(anchor: str, replacement: str) -> bool:
+    """Does the replacement hold bytes the anchor did not (a non-empty changed span)?
+
+    A pure deletion leaves only text that was there before, so finding it proves nothing."""
+    from .plan import diff_spans  # plan imports this module
+
+    changed, _ = diff_spans(anchor, replacement)
+    return any(r1 > r0 for r0, r1 in changed)
 
 
 def _absence_reason(anchor: str, text: str) -> tuple[str, str]:

@@ -158,6 +158,7 @@ CODES: dict[str, Code] = {
     # -- verdicts of one edit (findings when they stop a command) -----------------------------
     "applies": Code(_F, "the edit's anchor is found exactly once: it applies"),
     "applied": Code(_F, "the edit's replacement is already in place"),
+    "deletion_unverifiable": Code(_F, "the anchor of a pure deletion is gone: whether it was applied cannot be told from the text"),
     "anchor_ambiguous": Code(_F, "the edit's anchor occurs more than once"),
     "file_missing": Code(_F, "the edit's target file does not exist"),
     "merged_marker": Code(_F, "the edit's merged marker is present: upstream merged it"),
@@ -205,6 +206,7 @@ CODES: dict[str, Code] = {
     "backwards_range": Code(_B, "sync plan: --to is an ancestor of --from, so the range FROM..TO is empty"),
     "no_merge_base": Code(_B, "--from and --to share no history (not commits of one repository)"),
     "no_version": Code(_B, "the pin record needs a version"),
+    "shipped_data_write": Code(_B, "a file to write defaults into an installed sndr's shipped data (pass --patches/--decisions)"),
     "revert_pair_half_ported": Code(_F, "one half of an in-range revert pair is ported"),
     "revert_pair_split": Code(_F, "a revert pair inside the range is split across waves"),
     "series_split": Code(_F, "a commit's in-range dependencies are not queued with it"),

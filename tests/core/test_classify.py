@@ -14,6 +14,10 @@ REL = "vllm/v1/core/block_pool.py"
 POP = "        ret: list[KVCacheBlock] = self.free_block_queue.popleft_n(num_blocks)\n"
 DEC = "            block.ref_cnt -= 1\n"  # occurs twice in the file
 INS = POP + "        # sndr: popped\n"
+POP_N = POP.replace("popleft_n(num_blocks)", "popleft_n(num_blocks, check=True)")
+MISS = '        logger.debug("cache miss for %s", block_hash)\n'  # never in the file
+RET = "        return None\n"  # occurs twice in the file
+RET0 = "\n        if self._reuse_watchers:\n"  # follows POP
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +56,34 @@ ROWS = [
     # Absent in the pristine file too: drift, not a conflict.
     ("drift_not_conflict", {}, lambda t: t.replace(POP, ""), lambda t: t.replace(POP, ""), Verdict.DRIFTED,
      "anchor_missing"),
+    # QA repro (a): a drop edit whose anchor never was in the file; its remaining text
+    # ("return None") occurs elsewhere. A pure deletion is never recognised as applied.
+    ("pure_deletion_never_applied", {"anchor": MISS + RET, "replacement": RET}, lambda t: t, None,
+     Verdict.DRIFTED, "deletion_unverifiable"),
+    ("pure_deletion_optional", {"anchor": MISS + RET, "replacement": RET, "required": False}, lambda t: t,
+     None, Verdict.OPTIONAL_ABSENT, "deletion_unverifiable"),
+    # ... even once it really was deleted: the text cannot tell (a merged marker can).
+    ("pure_deletion_applied_is_unverifiable", {"anchor": POP + RET0, "replacement": RET0},
+     lambda t: t.replace(POP + RET0, RET0), None, Verdict.DRIFTED, "deletion_unverifiable"),
+    ("pure_deletion_merged_marker", {"anchor": POP + RET0, "replacement": RET0,
+                                     "merged_markers": ["self._notify_reuse(ret)"]},
+     lambda t: t.replace(POP + RET0, RET0), None, Verdict.MERGED, "merged_marker"),
+    # QA repro (b): "x\n" is the tail of "curr_mm_idx\n" (line 329), not a line of its own.
+    ("replacement_mid_line_not_applied", {"anchor": "        y = 1\n", "replacement": "x\n"}, lambda t: t, None,
+     Verdict.DRIFTED, "anchor_missing"),
+    # Legitimate applied cases with the anchor gone: a replacement at the anchor's alignment.
+    ("applied_replacement", {"anchor": POP, "replacement": POP_N}, lambda t: t.replace(POP, POP_N), None,
+     Verdict.APPLIED, "applied"),
+    ("applied_replacement_alignment_from_pristine", {"anchor": POP, "replacement": POP_N},
+     lambda t: t.replace(POP, POP_N), lambda t: t, Verdict.APPLIED, "applied"),
+    ("applied_mid_line_anchor", {"anchor": "popleft_n(num_blocks)", "replacement": "popleft_n(n=num_blocks)"},
+     lambda t: t.replace("popleft_n(num_blocks)", "popleft_n(n=num_blocks)"), None, Verdict.APPLIED, "applied"),
+    ("applied_deletion_with_added_text", {"anchor": POP + RET0, "replacement": "        ret = []\n" + RET0},
+     lambda t: t.replace(POP + RET0, "        ret = []\n" + RET0), None, Verdict.APPLIED, "applied"),
+    # The anchor ended a line in the pristine file; the replacement occurs, but not ending a line.
+    ("replacement_off_alignment", {"anchor": "popleft_n(num_blocks)", "replacement": "popleft_n(n=num_blocks)"},
+     lambda t: t.replace("popleft_n(num_blocks)", "popleft_n(n=num_blocks) or []"), lambda t: t,
+     Verdict.CONFLICT, "conflict"),
 ]
 
 
