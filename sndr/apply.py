@@ -540,8 +540,12 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
             if now is None or sha256_bytes(now) != entry.patched_sha256:
                 problems.append(Problem("hash_mismatch", "file does not hold the patched bytes the ledger records",
                                         file=rel, patch=", ".join(entry.patches)))
+        bad = {pr.file for pr in problems if pr.code == "hash_mismatch" and pr.file}
         results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile,
-                                  edits=edits and not problems, reason="verified against the ledger")
+                                  edits=(edits and not problems) or bool(bad), reason="verified against the ledger")
+        counts = ledger.counts
+        if bad:  # the counts say what the tree holds, never "applied" for a file that is not
+            counts = _unpatched_files(tree, ledger, patch_set, results, bad)
         stale = [os.path.relpath(p, tree.root) for p in stale_probes(tree, set(ledger.files) | _target_paths(patch_set))]
         vnotes = [f"{len(stale)} probe file(s) an interrupted sndr left: {', '.join(stale)}; the next apply or "
                   f"revert removes them"] if stale else []
@@ -553,7 +557,78 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                                     hint="fix the patch (or its order) and apply again"))
         return _report("verify", tree, version, None, ok=not problems,
                        exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
-                       patches=results, counts=ledger.counts, notes=vnotes)
+                       patches=results, counts=counts, notes=vnotes)
+
+
+#: The count key of an edit in a file that fails its ledger hash (``render`` names them).
+NOT_APPLIED = "not_applied"
+
+
+def _unpatched_files(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, results: list[PatchResult],
+                     bad: set[str]) -> dict[str, int]:
+    """Re-read the edits of files that fail their ledger hash on the files as they are now.
+
+    Each such edit is classified on the current text (pristine after a reinstall or a
+    restore: ``applies``); one that no longer reads ``applied``/``merged`` is counted
+    ``not_applied`` (reason code ``hash_mismatch``) and its patch is ``failed``. Without
+    per-edit results (the set differs from the ledger's) the edits of the patches that
+    touch those files are moved from ``applied`` to ``not_applied`` by count.
+    """
+    from .classify import classify_edit
+    from .model import Verdict
+
+    texts: dict[str, str | None] = {}
+    pristine: dict[str, str | None] = {}
+    counts: dict[str, int] = {}
+    for p in results:
+        hit = [e for e in p.edits if e.file in bad and e.verdict == Verdict.APPLIED]  # what apply changed
+        patch = patch_set.by_id.get(p.id)
+        for e in hit:
+            if e.file not in texts:
+                try:
+                    texts[e.file] = tree.read_text(e.file)
+                except SndrError:  # not UTF-8 any more: no edit of ours reads applied there
+                    texts[e.file] = None
+                pristine[e.file] = _read_pristine_text(tree, e.file, ledger)
+            edit = next((ed for fe in (patch.files if patch else []) if fe.path == e.file
+                         for ed in fe.edits if ed.name == e.name), None)
+            if edit is None:
+                verdict = Verdict.FILE_MISSING if texts[e.file] is None else Verdict.APPLIES
+            else:
+                verdict = classify_edit(edit, texts[e.file], pristine[e.file]).verdict
+            if verdict in (Verdict.APPLIED, Verdict.MERGED):
+                continue
+            e.verdict = Verdict.DRIFTED if verdict == Verdict.CONFLICT else verdict
+            e.reason_code = "hash_mismatch"
+            e.reason = (f"not applied: {e.file} does not hold the patched bytes the ledger records "
+                        f"(as the file is now, the edit reads {e.verdict.value})")
+        if any(e.reason_code == "hash_mismatch" for e in hit) or (not p.edits and p.id in ledger.patches and any(
+                p.id in ledger.files[rel].patches for rel in bad if rel in ledger.files)):
+            files = sorted({rel for rel in bad if rel in ledger.files and p.id in ledger.files[rel].patches})
+            p.status = "failed"
+            p.reason = f"not applied in {', '.join(files)}: the file does not hold the patched bytes (hash_mismatch)"
+            p.reason_code = "hash_mismatch"
+        for e in p.edits:
+            key = NOT_APPLIED if e.reason_code == "hash_mismatch" else e.verdict.value
+            counts[key] = counts.get(key, 0) + 1
+        if p.status == "gated" and not p.edits:
+            counts["gated"] = counts.get("gated", 0) + 1
+    if any(p.edits for p in results):
+        return dict(sorted(counts.items()))
+    # No per-edit results (another set than the ledger's): move the edits of those files by count.
+    counts = dict(ledger.counts)
+    moved = 0
+    for rel in bad:
+        for pid in ledger.files[rel].patches if rel in ledger.files else []:
+            patch = patch_set.by_id.get(pid)
+            moved += sum(len(fe.edits) or 1 for fe in (patch.files if patch else []) if fe.path == rel)
+    moved = min(moved, counts.get("applied", 0))
+    if moved:
+        counts["applied"] -= moved
+        counts[NOT_APPLIED] = counts.get(NOT_APPLIED, 0) + moved
+        if not counts["applied"]:
+            del counts["applied"]
+    return dict(sorted(counts.items()))
 
 
 # ----------------------------------------------------------------------------- CLI

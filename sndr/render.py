@@ -11,7 +11,7 @@ from .model import Report
 
 _STYLE = {"applies": "cyan", "applied": "green", "merged": "blue", "drifted": "red", "ambiguous": "red",
           "optional_absent": "yellow", "file_missing": "red", "gated": "dim", "failed": "red", "partial": "yellow",
-          "conflict": "red", "nothing_to_do": "yellow", "left_out": "red"}
+          "conflict": "red", "nothing_to_do": "yellow", "left_out": "red", "not_applied": "red"}
 
 
 def print_report(report: Report, verbose: bool = False, console: Console | None = None) -> None:
@@ -74,8 +74,9 @@ def edit_names(report: Report) -> dict[str, list[str]]:
     for p in report.patches:
         if p.status == "gated" and not p.edits:
             out.setdefault("gated", []).append(p.id)
-        for e in p.edits:
-            out.setdefault(e.verdict.value, []).append(f"{e.patch}/{e.name}")
+        for e in p.edits:  # an edit in a file that fails its ledger hash is counted not_applied (verify)
+            key = "not_applied" if e.reason_code == "hash_mismatch" else e.verdict.value
+            out.setdefault(key, []).append(f"{e.patch}/{e.name}")
     return out
 
 

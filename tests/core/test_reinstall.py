@@ -160,3 +160,31 @@ def test_any_subset_restored_to_pristine_then_apply_then_verify_passes(restored,
         assert vllm_hash(root) == patched
     finally:
         shutil.rmtree(root.parent, ignore_errors=True)
+
+
+def test_verify_counts_say_what_the_tree_holds_after_a_restore(tree, patch_set, vllm_pin_root):
+    """QA: after a reinstall or one hand-restored file, verify printed ``applied N`` (every edit)
+    above its hash_mismatch errors. Edits in a file that fails its hash are counted not_applied,
+    named, and their patch reads failed; never ``applied`` for a file back to pristine."""
+    from sndr.render import edit_names
+
+    assert run_apply(tree, patch_set, environ={}).ok
+    before = run_verify(tree, patch_set, environ={})
+    assert before.ok and "not_applied" not in before.counts
+    _restore(tree, vllm_pin_root, [FILES[1]])
+    report = run_verify(tree, patch_set, environ={})
+    assert not report.ok and {p.code for p in report.problems} == {"hash_mismatch"}
+    in_file = [e for p in report.patches for e in p.edits if e.file == FILES[1] and e.reason_code == "hash_mismatch"]
+    assert [e.name for p in report.patches for e in p.edits if e.file == FILES[1] and e not in in_file] == [
+        "never-there"]  # optional and absent: it stays so
+    assert in_file and report.counts.get("not_applied") == len(in_file)
+    assert sum(report.counts.values()) == sum(before.counts.values())
+    assert report.counts.get("applied", 0) == before.counts["applied"] - len(in_file)
+    assert sorted(edit_names(report)["not_applied"]) == sorted(f"{e.patch}/{e.name}" for e in in_file)
+    assert all(e.verdict.value == "applies" for e in in_file)  # the file is pristine: they apply again
+    hit = {e.patch for e in in_file}
+    assert {p.id for p in report.patches if p.status == "failed"} == hit
+    # Every file restored (a reinstall): nothing reads applied.
+    _restore(tree, vllm_pin_root, FILES)
+    report = run_verify(tree, patch_set, environ={})
+    assert "applied" not in report.counts and report.counts["not_applied"] == before.counts["applied"]
