@@ -130,6 +130,41 @@ def patches_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(override) if override else shipped_patches_dir()
 
 
+def is_shipped_data(path: Path | str) -> bool:
+    """Whether ``path`` lies in an installed sndr's shipped data (``.../sndr/_data/...``).
+
+    The one rule for "never write here": a reinstall replaces that directory,
+    so decisions, deviations, a pin or a manifest written into it are lost.
+    A checkout's ``patches/`` (beside ``pyproject.toml``) is not shipped data.
+    """
+    p = Path(path).expanduser().resolve()
+    roots = [_package_dir() / "_data"]
+    for root in roots:
+        if p == root or root in p.parents:
+            return True
+    parts = p.parts
+    # another installed copy of sndr (another venv): site-packages/sndr/_data/...
+    return any(parts[i] == "sndr" and parts[i + 1] == "_data" and i > 0
+               and parts[i - 1] in ("site-packages", "dist-packages") for i in range(len(parts) - 1))
+
+
+def writable_patches_dir(explicit: Path | str | None = None, environ: Mapping[str, str] | None = None, *,
+                         flag: str = "--patches DIR") -> Path:
+    """The patch directory sndr may WRITE into: ``explicit``, else ``$SNDR_PATCHES``, else the shipped set;
+    refused (``shipped_data_write``, naming ``flag``) when it is an installed sndr's shipped data."""
+    path = Path(explicit) if explicit is not None else patches_dir(environ)
+    refuse_shipped_write(path, flag=flag)
+    return path
+
+
+def refuse_shipped_write(path: Path | str, *, flag: str) -> None:
+    """Raise ``shipped_data_write`` when ``path`` (a file or directory to write) is :func:`is_shipped_data`."""
+    if is_shipped_data(path):
+        raise bad_input("shipped_data_write", f"{path} is the shipped data of the installed sndr: a reinstall "
+                        f"would lose what is written there", file=str(path),
+                        hint=f"pass {flag} (or set {PATCHES}) to a directory you keep, e.g. your patch set's checkout")
+
+
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$SNDR_CACHE_DIR``, else ``$XDG_CACHE_HOME/sndr``, else ``~/.cache/sndr``."""
     environ = os.environ if environ is None else environ

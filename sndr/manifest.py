@@ -385,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _build_cmd(args) -> int:
     out = args.out or shipped_anchors_dir()
+    from .env import refuse_shipped_write
+
+    refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
     to_file = out_is_file(out)  # refuses an --out that is neither a directory nor a .json file, before any work
     spec = args.tree
     if spec is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sndr.errors import SndrError
+from sndr.load import PatchSet
 from sndr.upstream.sync import (
     PIN_FILE_NAME,
     LineTracker,
@@ -437,7 +438,9 @@ def test_cli_plan_on_an_empty_queue_exits_0(tmp_path, source, capsys):
 
 GOOD_PREFLIGHT = {"pin": "0.32.0", "candidate": {"version": "0.33.0", "tree_digest": "a" * 64}, "patches": [],
                   "summary": {}, "genuine_anchor_drift": [], "retired_upstream": [], "newly_merged": [],
-                  "newly_reverted": []}
+                  "newly_reverted": [], "patch_set": {"digest": PatchSet([]).digest()}}  # run on an empty set
+#: a benchmark reference: it records at least one measurement
+BENCH = '{"output_throughput_tok_s": 1234.5}'
 
 
 def _queue(tmp_path, scripted, port_all: bool = False) -> Path:
@@ -467,7 +470,7 @@ def gates_ok(tmp_path, scripted):
     assert sync_cli(["decide", scripted[2]["conflict"], "--tier", "INVENTORY", "--resolution",
                      "not-needed the local message wins", "--decisions", str(decisions)]) == 0
     bench = tmp_path / "bench-0.33.0.json"
-    bench.write_text("{}")
+    bench.write_text(BENCH)
     os.utime(pre, (1_000_000, 1_000_000))
     return pre, anchors, q
 
@@ -532,6 +535,8 @@ def test_pin_advance_refuses_a_stale_manifest(tmp_path, gates_ok):
     pdir = tmp_path / "patches"
     _write_patch(pdir, "PN1", BLOCK_POOL, "        return ret\n")
     ps = load_patch_set(pdir)
+    pre.write_text(json.dumps({**GOOD_PREFLIGHT, "patch_set": {"digest": ps.digest()}}))  # run on this set
+    os.utime(pre, (1_000_000, 1_000_000))
     (anchors / "vllm-0.33.0.json").write_text(json.dumps({"patch_set_digest": "0" * 64}))
     gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, patch_set=ps,
                          pin_path=tmp_path / "p.toml", **_kw(tmp_path))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
+    BENCH,
     BLOCK_POOL,
     COORD,
     DEBUG_DUMP_NEW,
@@ -283,7 +284,7 @@ def test_decisions_are_kept_across_replans_and_shown_apart(scripted, tmp_path):
     dfile = tmp_path / "sync-decisions.yaml"
     dfile.write_text(EMPTY.replace("decisions: []", "# reviewed in the 0.33 bump meeting\ndecisions: []"))
     assert cli_main(["decide", c["series1"], "--tier", "PORT-NOW", "--resolution", "ported-as PN0099",
-                     "--decisions", str(dfile)]) == 0
+                     "--decisions", str(dfile), "--allow-unknown"]) == 0  # the port is not written yet
     assert cli_main(["decide", c["conflict"], "--tier", "IGNORE", "--resolution",
                      "not-needed the local message wins", "--decisions", str(dfile)]) == 0
     before = dfile.read_text()
@@ -407,7 +408,7 @@ def test_benchmark_reference_gate(tmp_path):
     bench = tmp_path / "bench.json"
     g = gate_benchmark(bench, pre)
     assert not g.ok and "does not exist" in g.reason
-    bench.write_text("{}")
+    bench.write_text(BENCH)
     os.utime(bench, (500_000, 500_000))
     g = gate_benchmark(bench, pre)
     assert not g.ok and "older than the preflight" in g.reason

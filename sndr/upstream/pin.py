@@ -62,10 +62,23 @@ class PinRecord(BaseModel):
         return "\n".join(lines) + "\n"
 
 
-def default_pin_path() -> Path:
+def default_pin_path(patches: Path | str | None = None) -> Path:
+    """``<patch dir>/_pin.toml`` to READ (default dir: :func:`sndr.env.patches_dir`); writes go through
+    :func:`writable_pin_path`."""
     from ..env import patches_dir
 
-    return patches_dir() / PIN_FILE_NAME
+    return (Path(patches) if patches is not None else patches_dir()) / PIN_FILE_NAME
+
+
+def writable_pin_path(pin_file: Path | str | None = None, patches: Path | str | None = None) -> Path:
+    """The pin file to WRITE: ``pin_file``, else ``<patches>/_pin.toml`` (default dir: ``$SNDR_PATCHES``);
+    never an installed sndr's shipped data (``shipped_data_write``)."""
+    from ..env import refuse_shipped_write, writable_patches_dir
+
+    if pin_file is not None:
+        refuse_shipped_write(pin_file, flag="--pin-file PATH")
+        return Path(pin_file)
+    return writable_patches_dir(patches, flag="--patches DIR (or --pin-file PATH)") / PIN_FILE_NAME
 
 
 def read_pin(path: Path | str) -> PinRecord | None:
@@ -128,7 +141,25 @@ def _manifest_name(version: str) -> str:
     return manifest_name(version)
 
 
-def gate_preflight(path: Path | None, to: str) -> tuple[PinGate, dict]:
+def _preflight_set_problem(data: dict, path: Path, patch_set) -> str | None:
+    """Why the preflight's recorded patch set is not ``patch_set`` (None when it is)."""
+    want = patch_set.digest()
+    rec = data.get("patch_set")
+    rec = rec if isinstance(rec, dict) else {}
+    # the whole-set digest (PatchSetInfo.digest); an enabled-set digest, where a report records one, also counts
+    got = [d for d in (rec.get("digest"), rec.get("enabled_digest")) if isinstance(d, str) and d]
+    if not got:
+        return (f"{path} records no patch-set digest, so it cannot show it was run on this patch set (digest "
+                f"{want[:12]}); re-run the preflight with this --patches")
+    if want in got:
+        return None
+    where = f" ({rec['directory']})" if isinstance(rec.get("directory"), str) else ""
+    return (f"{path} was run on another patch set{where}: digest {got[0][:12]}, but the set being advanced"
+            f"{' (' + str(patch_set.directory) + ')' if getattr(patch_set, 'directory', None) else ''} has "
+            f"digest {want[:12]}; re-run the preflight with this --patches")
+
+
+def gate_preflight(path: Path | None, to: str, patch_set=None) -> tuple[PinGate, dict]:
     if path is None:
         return PinGate("preflight", False, "no preflight report given (--preflight)"), {}
     data = _read_json(path, "preflight report")
@@ -140,6 +171,8 @@ def gate_preflight(path: Path | None, to: str) -> tuple[PinGate, dict]:
     match = _target_matches(to, cver, csha)
     if match is False:
         return PinGate("preflight", False, f"the preflight's candidate is {cver or csha}, not {to}"), data
+    if patch_set is not None and (why := _preflight_set_problem(data, path, patch_set)):
+        return PinGate("preflight", False, why), data
     drift = data.get("genuine_anchor_drift") or []
     if drift:
         names = []
@@ -166,9 +199,38 @@ def _manifest_pairs(obj: Any) -> set[tuple[str, str]]:
     return pairs
 
 
+#: Edit verdicts that fail the manifest gate on an enabled patch (the ones `manifest build` reports).
+FAILING_VERDICTS = ("drifted", "ambiguous", "file_missing", "conflict")
+
+
+def rebuild_hint(path: Path, to: str, patch_set=None) -> str:
+    """The command that rebuilds the manifest ``path`` of ``to`` (``python -m sndr manifest build``)."""
+    tree = f"git:REPO@{to}" if _SHA_RE.match(to) else f"vllm=={_norm_version(to)}"
+    pdir = getattr(patch_set, "directory", None)
+    return (f"python -m sndr manifest build --tree {tree}{' --patches ' + str(pdir) if pdir else ''} "
+            f"--out {path}")
+
+
+def _manifest_failures(data: dict) -> list[str]:
+    """``PATCH.edit: verdict`` of every failing edit (or failed patch) of an enabled patch the manifest records."""
+    out: list[str] = []
+    for p in data.get("patches") or []:
+        if not isinstance(p, dict) or p.get("status") in ("gated", "left_out"):
+            continue
+        pid = str(p.get("id"))
+        bad = [f"{pid}.{e.get('name')}: {e.get('verdict')}" for e in p.get("edits") or []
+               if isinstance(e, dict) and e.get("verdict") in FAILING_VERDICTS
+               and (e.get("required", True) or e.get("group"))]
+        if not bad and p.get("status") == "failed":
+            bad = [f"{pid}: failed{' (' + str(p['reason_code']) + ')' if p.get('reason_code') else ''}"]
+        out += bad
+    return out
+
+
 def gate_manifest(path: Path, to: str, patch_set, tree_digest: str | None = None) -> PinGate:
     if not path.exists():
-        return PinGate("manifest", False, f"no manifest {path}: rebuild it for {to} (python -m sndr manifest)")
+        return PinGate("manifest", False, f"no manifest {path}: rebuild it for {to} "
+                       f"({rebuild_hint(path, to, patch_set)})")
     data = _read_json(path, "manifest")
     if not isinstance(data, dict):
         return PinGate("manifest", False, f"{path} is not a manifest")
@@ -180,6 +242,11 @@ def gate_manifest(path: Path, to: str, patch_set, tree_digest: str | None = None
     if tree_digest and isinstance(built_on, str) and built_on != tree_digest:
         return PinGate("manifest", False, f"{path} was built on tree {built_on[:12]}, but the preflight's candidate is "
                     f"{tree_digest[:12]}; rebuild it on the target")
+    failing = _manifest_failures(data)
+    if failing:
+        return PinGate("manifest", False, f"{path} records {len(failing)} failing edit(s) of enabled patches on "
+                       f"{to}: {', '.join(failing[:5])}{' ...' if len(failing) > 5 else ''}; port them and rebuild "
+                       f"it ({rebuild_hint(path, to, patch_set)})")
     if patch_set is not None:
         digest = data.get("patch_set_digest")
         if isinstance(digest, str):
@@ -219,6 +286,11 @@ def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set
         return PinGate("queue", False, "no queue report given (--queue, from `sync plan --json`)")
     if _target_matches(to, rep.to_ref, rep.to_sha) is False:
         return PinGate("queue", False, f"the queue is for {rep.to_ref} ({rep.to_sha[:10]}), not {to}")
+    if patch_set is not None and rep.patch_set_digest and rep.patch_set_digest != patch_set.digest():
+        return PinGate("queue", False, f"the queue was planned for another patch set ({rep.patches_dir or '?'}, "
+                       f"digest {rep.patch_set_digest[:12]}), not the one being advanced"
+                       f"{' (' + str(patch_set.directory) + ')' if getattr(patch_set, 'directory', None) else ''}"
+                       f", digest {patch_set.digest()[:12]}; re-plan it with this --patches")
     open_items = [c for c in rep.commits if c.status in QUEUED + ("refused",)]
     undecided = [c for c in open_items if not ((d := decisions.for_sha(c.sha)) and d.decided)]
     if undecided:
@@ -272,6 +344,50 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> P
                 if rep.deviations else "the range touches no deviation")
 
 
+def _has_number(obj: Any) -> bool:
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, (int, float)) and not isinstance(cur, bool):
+            return True
+        if isinstance(cur, dict):
+            stack.extend(cur.values())
+        elif isinstance(cur, list):
+            stack.extend(cur)
+    return False
+
+
+def benchmark_ref_problem(path: Path) -> str | None:
+    """Why ``path`` is no benchmark reference (None when it is one).
+
+    A reference records at least one measurement: it is non-empty (not only
+    whitespace); a ``.json`` one parses as JSON and holds at least one number
+    (``{}`` or ``[]`` measures nothing); any other text one (``.md``, ``.csv``,
+    ``.txt``...) holds at least one digit. A file that is not UTF-8 text (a
+    binary trace) only has to be non-empty.
+    """
+    data = path.read_bytes()
+    if not data.strip():
+        return f"benchmark reference {path} is empty: re-measure on the target and write the results into it"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        if path.suffix.lower() == ".json":
+            return f"benchmark reference {path} is not UTF-8 JSON"
+        return None
+    if path.suffix.lower() == ".json":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"benchmark reference {path} is not valid JSON ({exc.msg} at line {exc.lineno})"
+        if not _has_number(obj):
+            return f"benchmark reference {path} holds no measurement (a JSON reference needs at least one number)"
+        return None
+    if not re.search(r"[0-9]", text):
+        return f"benchmark reference {path} holds no measurement (no number in it)"
+    return None
+
+
 def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None = None) -> PinGate:
     """The denominator: a benchmark reference re-measured on the target, newer than the preflight."""
     if path is None:
@@ -281,6 +397,8 @@ def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None
                     "pass the file with --benchmark-ref (or --no-benchmark-ref REASON)")
     if not path.is_file():
         return PinGate("benchmark", False, f"benchmark reference {path} does not exist: re-measure on the target")
+    if (why := benchmark_ref_problem(path)) is not None:
+        return PinGate("benchmark", False, why)
     if preflight is not None and preflight.is_file() and path.stat().st_mtime < preflight.stat().st_mtime:
         return PinGate("benchmark", False, f"benchmark reference {path} is older than the preflight {preflight}: "
                     "re-measure on the target")
@@ -304,8 +422,9 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
             Version(_norm_version(to))
         except InvalidVersion:
             raise bad_input("bad_target", f"--to {to!r} is neither a PEP 440 version nor a commit sha", key="to") from None
+    target = None if dry_run else writable_pin_path(pin_path, getattr(patch_set, "directory", None))
     gates: list[PinGate] = []
-    g, pre = gate_preflight(preflight, to)
+    g, pre = gate_preflight(preflight, to, patch_set)
     gates.append(g)
     cand = pre.get("candidate") if isinstance(pre, dict) else None
     cand_digest = cand.get("tree_digest") if isinstance(cand, dict) else None
@@ -343,8 +462,8 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     if not dry_run:
         from ..fsio import atomic_write
 
-        path = Path(pin_path) if pin_path is not None else default_pin_path()
-        atomic_write(path, record.to_toml().encode("utf-8"))
+        assert target is not None  # resolved (and refused if shipped data) before the gates
+        atomic_write(target, record.to_toml().encode("utf-8"))
     return gates, record
 
 
@@ -353,13 +472,18 @@ def pin_main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sh = sub.add_parser("show", help="print the recorded pin")
     sh.add_argument("--pin-file", metavar="PATH")
+    sh.add_argument("--patches", metavar="DIR", help=f"patch set whose {PIN_FILE_NAME} to read (default: "
+                    "$SNDR_PATCHES, else the shipped set)")
     ad = sub.add_parser("advance", help="record a new pin when the preflight, manifest, queue, deviation and benchmark gates pass")
     ad.add_argument("--to", required=True, metavar="VERSION|SHA")
     ad.add_argument("--preflight", metavar="REPORT.json", help="preflight of the patch set on the target")
     ad.add_argument("--queue", metavar="QUEUE.json", help="`sync plan --json` of the range up to the target")
     ad.add_argument("--manifest", metavar="PATH", help="manifest of the target (default: anchors/<to>.json)")
-    ad.add_argument("--patches", metavar="DIR", help="patch set the manifest must match (default: shipped set)")
-    ad.add_argument("--pin-file", metavar="PATH", help=f"pin record to write (default: patches/{PIN_FILE_NAME})")
+    ad.add_argument("--patches", metavar="DIR", help="patch set being advanced: the preflight, manifest and queue "
+                    "must be of it (default: the queue's recorded patch dir, else $SNDR_PATCHES, else the shipped "
+                    "set)")
+    ad.add_argument("--pin-file", metavar="PATH", help=f"pin record to write (default: <patches>/{PIN_FILE_NAME}; "
+                    "never an installed sndr's shipped data)")
     ad.add_argument("--version", help="vLLM version to record when --to is a commit")
     ad.add_argument("--tree", help="target tree to take the digest from (any tree spec)")
     ad.add_argument("--decisions", metavar="PATH", help="kept decisions and deviations (default: "
@@ -380,7 +504,7 @@ def pin_main(argv: list[str] | None = None) -> int:
 
 def _pin(args) -> int:
     if args.cmd == "show":
-        path = Path(args.pin_file) if args.pin_file else default_pin_path()
+        path = Path(args.pin_file) if args.pin_file else default_pin_path(args.patches)
         rec = read_pin(path)
         if rec is None:
             print(f"{path}: no pin recorded")
@@ -392,16 +516,20 @@ def _pin(args) -> int:
         from ..tree import open_tree
 
         digest = open_tree(args.tree).digest
+    from ..env import patches_dir
     from ..load import load_patch_set
 
-    ps = load_patch_set(args.patches)
+    # the patch set being advanced: --patches, else the one the queue was planned for, else $SNDR_PATCHES/shipped
+    recorded = load_queue(Path(args.queue)).patches_dir if args.queue else None
+    pdir = Path(args.patches) if args.patches else Path(recorded) if recorded else patches_dir()
+    ps = load_patch_set(pdir)
+    pin_path = None if args.dry_run else writable_pin_path(args.pin_file, pdir)
     gates, record = advance(args.to, preflight=Path(args.preflight) if args.preflight else None,
                             queue=Path(args.queue) if args.queue else None,
                             manifest=Path(args.manifest) if args.manifest else None, patch_set=ps,
-                            pin_path=Path(args.pin_file) if args.pin_file else None, version=args.version,
+                            pin_path=pin_path, version=args.version,
                             tree_digest=digest, dry_run=args.dry_run,
-                            decisions=Path(args.decisions) if args.decisions else (
-                                Path(args.patches) / DECISIONS_NAME if args.patches else None),
+                            decisions=Path(args.decisions) if args.decisions else pdir / DECISIONS_NAME,
                             benchmark=Path(args.benchmark_ref) if args.benchmark_ref else None,
                             benchmark_waived=args.no_benchmark_ref)
     for g in gates:
@@ -410,6 +538,6 @@ def _pin(args) -> int:
         failed = [g.name for g in gates if not g.ok]
         print(f"refused: pin not advanced to {args.to}; failed gate(s): {', '.join(failed)}", file=sys.stderr)
         return EXIT_FINDINGS
-    where = "(dry run, nothing written)" if args.dry_run else str(args.pin_file or default_pin_path())
+    where = "(dry run, nothing written)" if args.dry_run else str(pin_path)
     print(f"pin advanced to {record.version}{' @ ' + record.sha if record.sha else ''} {where}")
     return EXIT_OK

@@ -88,6 +88,10 @@ class QueueReport(BaseModel):
     tree: str
     surface: SurfaceInfo
     decisions_file: str | None = None
+    patches_dir: str | None = Field(default=None, description="the patch directory the queue was planned for "
+                                    "(where `sync decide` and `pin advance` write by default)")
+    patch_set_digest: str | None = Field(default=None, description="digest of that patch set (PatchSet.digest())")
+    warnings: list[str] = Field(default_factory=list, description="e.g. a range that runs backwards")
     counts: dict[str, int] = Field(default_factory=dict)
     waves: list[Wave] = Field(default_factory=list)
     commits: list[CommitEntry] = Field(default_factory=list)
@@ -146,6 +150,8 @@ def render_markdown(rep: QueueReport) -> str:
         out.append(f"- {len(rep.merges_skipped)} merge commit(s) skipped: the planner reads each commit's diff "
                    "against its first parent")
     out.append("")
+    if rep.warnings:
+        out += ["## Warnings", ""] + [f"- {_md(w)}" for w in rep.warnings] + [""]
     if rep.findings:
         out += ["## Findings", ""] + [f"- **{f['code']}**: {f['message']}" for f in rep.findings] + [""]
     if rep.deviations:

@@ -94,8 +94,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="'ported-as PN0123', 'not-needed <reason>' or 'deferred'")
     de.add_argument("--note", metavar="TEXT")
     de.add_argument("--queue", metavar="QUEUE.json", help="resolve a short sha and take the subject from this "
-                    "`sync plan --json` report")
+                    "`sync plan --json` report; its recorded patch dir is the default --patches")
+    de.add_argument("--patches", metavar="DIR", help="patch set the decisions belong to (default: the queue's "
+                    "recorded patch dir, else $SNDR_PATCHES; never an installed sndr's shipped data)")
     de.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
+    de.add_argument("--allow-unknown", action="store_true", help="accept 'ported-as ID' for an id the patch set "
+                    "does not have yet (pin advance still refuses it until the patch exists)")
 
     dv = sub.add_parser("deviation", help="record, review or drop a deviation from upstream")
     dv.add_argument("patch", help="the patch id that carries the deviation")
@@ -105,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     dv.add_argument("--paths", metavar="FILE,...", help="files it lives in (default: the patch's files)")
     dv.add_argument("--reviewed", metavar="TARGET", help="the target it was reviewed for (gates pin advance)")
     dv.add_argument("--drop", action="store_true", help="remove it (discharged upstream)")
+    dv.add_argument("--patches", metavar="DIR", help="patch set the deviation belongs to (default: $SNDR_PATCHES; "
+                    "never an installed sndr's shipped data)")
     dv.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
     return p
 
@@ -124,18 +130,27 @@ def cli_main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     if args.cmd == "plan":
         return _plan_cmd(args)
-    path = Path(args.decisions) if args.decisions else default_decisions_path()
+    from ..env import patches_dir, refuse_shipped_write, writable_patches_dir
     from ..fsio import atomic_write
     from .decisions import EMPTY
     from .watchlist import read_text_file
 
+    rep = None
+    if args.cmd == "decide" and args.queue:
+        from .pin import load_queue
+
+        rep = load_queue(Path(args.queue))
+    # the patch dir: --patches, else the one the queue was planned for, else $SNDR_PATCHES (or the shipped set)
+    pdir = Path(args.patches) if args.patches else Path(rep.patches_dir) if rep and rep.patches_dir else None
+    if args.decisions:
+        path = Path(args.decisions)
+        refuse_shipped_write(path, flag="--decisions FILE")
+    else:
+        path = writable_patches_dir(pdir, flag="--decisions FILE or --patches DIR") / DECISIONS_NAME
     text = read_text_file(path, "decisions file") if path.exists() else EMPTY
     if args.cmd == "decide":
         sha, subject = args.sha.strip().lower(), None
-        if args.queue:
-            from .pin import load_queue
-
-            rep = load_queue(Path(args.queue))
+        if rep is not None:
             hits = [c for c in rep.commits if c.sha.startswith(sha)]
             if len(hits) != 1:
                 raise bad_input("bad_select", f"{args.sha!r} names {'no' if not hits else 'more than one'} commit "
@@ -143,6 +158,9 @@ def _run(args) -> int:
             sha, subject = hits[0].sha, hits[0].subject
         if not (args.tier or args.resolution or args.note):
             raise bad_input("usage", "say what to record: --tier, --resolution and/or --note")
+        ported = (args.resolution or "").strip()
+        if ported.startswith("ported-as ") and not args.allow_unknown:
+            _check_ported_as(ported.split(" ", 1)[1].strip(), pdir or patches_dir())
         new, d = set_decision(text, sha, str(path), subject=subject, tier=args.tier,
                               resolution=args.resolution, note=args.note)
         atomic_write(path, new.encode("utf-8"))
@@ -162,6 +180,48 @@ def _run(args) -> int:
     print(f"{path}: deviation {args.patch}: " + ", ".join(f"{k}={v}" for k, v in dev.model_dump(
         exclude_none=True, exclude_defaults=True).items() if k != "patch"))
     return EXIT_OK
+
+
+def _check_ported_as(pid: str, pdir: Path) -> None:
+    """``ported-as PID`` names a patch of the set in ``pdir`` (``unknown_id``, exit 2, otherwise)."""
+    from ..load import load_patch_set
+
+    ids = sorted(p.id for p in load_patch_set(pdir).patches)
+    if pid in ids:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(pid, ids, n=3)
+    raise bad_input("unknown_id", f"ported-as {pid}: no patch {pid} in {pdir}", key="resolution",
+                    hint=(f"did you mean {', '.join(close)}? " if close else "")
+                    + (f"known ids: {', '.join(ids[:12])}{' ...' if len(ids) > 12 else ''}; " if ids else "")
+                    + "pass --patches DIR for another set, or --allow-unknown if the port is not written yet")
+
+
+def _range_warnings(rep: QueueReport) -> list[str]:
+    """A range that runs backwards: --to's version sorts before --from's, or the range is mostly the pin's side."""
+    import re
+
+    from packaging.version import InvalidVersion, Version
+
+    def version(ref: str) -> Version | None:
+        m = re.search(r"v?(\d+(?:\.\d+)+[0-9A-Za-z.+-]*)$", ref)
+        try:
+            return Version(m.group(1)) if m else None
+        except InvalidVersion:
+            return None
+
+    out = []
+    vf, vt = version(rep.from_ref), version(rep.to_ref)
+    if vf is not None and vt is not None and vt < vf:
+        out.append(f"the range runs backwards: --to {rep.to_ref} ({vt}) sorts before --from {rep.from_ref} ({vf}); "
+                   f"did you mean --from {rep.to_ref} --to {rep.from_ref}?")
+    n = rep.counts.get("commits", len(rep.commits))
+    if not rep.from_is_ancestor and len(rep.pin_side) > n:
+        out.append(f"the range is mostly the pin's own side: {len(rep.pin_side)} commit(s) reachable from --from "
+                   f"{rep.from_ref} and not from --to {rep.to_ref}, against {n} in {rep.from_ref}..{rep.to_ref}; "
+                   "check that --from is the pin and --to the target")
+    return out
 
 
 def _plan_cmd(args) -> int:
@@ -185,6 +245,11 @@ def _plan_cmd(args) -> int:
     select = [s for s in args.select.split(",") if s.strip()] if args.select else None
     rep = plan_queue(args.repo, args.from_ref, args.to_ref, surface, tree, select=select, decisions=decisions,
                patch_files=patch_files, decisions_file=str(dpath) if dpath.exists() else None)
+    rep.patches_dir = str(Path(ps.directory).resolve()) if ps.directory else None
+    rep.patch_set_digest = ps.digest()
+    rep.warnings = _range_warnings(rep)
+    for w in rep.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     text_json = rep.model_dump_json(indent=2)
     text_md = render_markdown(rep)
     from ..fsio import atomic_write
