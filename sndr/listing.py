@@ -27,6 +27,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .errors import EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
@@ -175,6 +176,8 @@ def _cli_body(args) -> int:
                                 hint="e.g. python -m sndr list --tree vllm==0.33.0 --verdict drifted"))
     patch_set = load_patch_set(args.patches)
     plan = None
+    ledger = None
+    patched: set[str] = set()
     version = None
     gates = None
     profile = None
@@ -188,8 +191,11 @@ def _cli_body(args) -> int:
 
         tree = open_tree(args.tree)
         version = tree.version
-        plan = build_plan(patch_set, tree.read_text, version, environ=os.environ, check_compile=False,
+        reader, ledger, patched = _sndr_state(tree)
+        plan = build_plan(patch_set, reader, version, environ=os.environ, check_compile=False,
                           profile=profile)
+        if ledger is not None:
+            _as_held(plan, ledger, patched)
     elif profile is not None:
         from . import PIN_VERSION
         from .plan import resolve_gates
@@ -205,17 +211,75 @@ def _cli_body(args) -> int:
         if plan is not None:  # the digest apply would write into the ledger (and the hook attests)
             doc["enabled"] = [p.id for p in plan.patches if p.status != "gated"]
             doc["patch_set_digest"] = plan.digest
+        if ledger is not None:
+            doc["patched_by_sndr"] = {"enabled_set_digest": ledger.patch_set_digest, "patches": list(ledger.patches),
+                                      "files_not_holding_patched_bytes": sorted(set(ledger.files) - patched)}
         print(json.dumps(doc, indent=2))
         return EXIT_OK
     with_verdict = plan is not None or gates is not None
     if args.tree:
         print(f"tree: {args.tree} (vLLM {version})")
+        if ledger is not None:
+            print(_patched_line(ledger, patched, plan))
     if args.profile:
         print(f"profile: {args.profile}" + ("" if args.tree else f" (gates read vLLM {version}, the pin)"))
     if rows:
         print(render_table(rows, with_verdict=with_verdict))
     print(summary(rows, with_verdict))
     return EXIT_OK
+
+
+def _sndr_state(tree):
+    """(reader, ledger, files holding their patched bytes) of a tree; on a tree sndr patched the
+    reader gives the pristine copies in ``.sndr/objects`` (as apply and verify read them), so
+    sndr's own replacements and markers never read as an upstream merge."""
+    root = getattr(tree, "root", None)
+    if root is None or not (Path(root) / ".sndr").is_dir():
+        return tree.read_text, None, set()
+    from .apply import _read_pristine_text
+    from .commit import TreeRoot, sha256_bytes
+
+    troot = TreeRoot(root)
+    ledger = troot.read_ledger()
+    if ledger is None:
+        return tree.read_text, None, set()
+    patched = set()
+    for rel, entry in ledger.files.items():
+        now = troot.read_bytes(rel)
+        if now is not None and sha256_bytes(now) == entry.patched_sha256:
+            patched.add(rel)
+
+    def reader(rel: str) -> str | None:
+        # A file that no longer holds the patched bytes is read as it is now.
+        return _read_pristine_text(troot, rel, ledger) if rel in patched else tree.read_text(rel)
+
+    return reader, ledger, patched
+
+
+def _as_held(plan, ledger, patched: set[str]) -> None:
+    """A plan on the pristine copies, read as the tree holds it: an edit of a patch the ledger
+    records, in a file that holds its patched bytes, that ``applies`` is ``applied``."""
+    from .model import Verdict
+
+    for p in plan.patches:
+        if p.id not in ledger.patches:
+            continue
+        for e in p.edits:
+            if e.verdict == Verdict.APPLIES and e.file in patched:
+                e.verdict = Verdict.APPLIED
+        if p.status == "applies" and all(e.verdict != Verdict.APPLIES for e in p.edits):
+            p.status = "applied"
+
+
+def _patched_line(ledger, patched: set[str], plan) -> str:
+    line = (f"patched by sndr: enabled set {ledger.patch_set_digest[:12]} (ledger: {len(ledger.patches)} patch(es), "
+            f"{len(ledger.files)} file(s)); verdicts read on the pristine copies in .sndr/objects")
+    stale = sorted(set(ledger.files) - patched)
+    if stale:
+        line += f"; {len(stale)} file(s) no longer hold the patched bytes: {', '.join(stale)}"
+    if plan is not None and plan.digest != ledger.patch_set_digest:
+        line += f"; this patch set's enabled set is {plan.digest[:12]}, not the ledger's"
+    return line
 
 
 def main() -> None:

@@ -94,3 +94,27 @@ def test_module_entry_point():
                           cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "PR0001" in proc.stdout and "PN0001" not in proc.stdout
+
+
+def test_list_on_a_tree_sndr_patched_reads_its_pristine_copies(capsys, pin_tree, shipped):
+    """QA: on a tree sndr patched, list --tree said '10 applied, 3 gated, 22 merged' and called
+    sndr's own patches upstream merges. It reads the pristine copies in .sndr/objects (as apply
+    and verify do) and says the tree is patched by sndr, with the ledger's enabled-set digest."""
+    from sndr.apply import run_apply
+
+    tree = pin_tree
+    before_rc = cli_main(["--tree", str(tree), "--json"])
+    before = {r["id"]: r["verdict"] for r in json.loads(capsys.readouterr().out)["patches"]}
+    report = run_apply(tree, shipped, environ={})
+    assert report.ok, report.problems
+    assert cli_main(["--tree", str(tree), "--json"]) == before_rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    after = {r["id"]: r["verdict"] for r in doc["patches"]}
+    assert "merged" not in after.values()
+    assert after == {i: ("applied" if v == "applies" else v) for i, v in before.items()}
+    assert doc["patched_by_sndr"]["enabled_set_digest"] == report.patch_set_digest
+    assert doc["patched_by_sndr"]["files_not_holding_patched_bytes"] == []
+    cli_main(["--tree", str(tree)])
+    out = capsys.readouterr().out
+    assert f"patched by sndr: enabled set {report.patch_set_digest[:12]}" in out
+    assert "merged" not in out.splitlines()[-1]
