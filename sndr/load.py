@@ -64,42 +64,69 @@ class PatchSet:
 _TOML_LINE = re.compile(r"at line (\d+)", re.I)
 
 
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]")
+
+
+def _toml_lines(lines: list[str]) -> tuple[list[bool], list[tuple[int, str, bool]]]:
+    """(does line n start outside a multi-line string, [(line, table name, array?)] of the headers)."""
+    outside: list[bool] = []
+    headers: list[tuple[int, str, bool]] = []
+    quote: str | None = None
+    for n, ln in enumerate(lines):
+        outside.append(quote is None)
+        if quote is None:
+            m = _HEADER.match(ln)
+            if m:
+                headers.append((n, m.group(2).replace(" ", ""), m.group(1) == "[["))
+        pos = 0
+        while True:
+            if quote is None:
+                hits = [(i, q) for q in ("'''", '"""') if (i := ln.find(q, pos)) != -1]
+                if not hits:
+                    break
+                i, quote = min(hits)
+            else:
+                i = ln.find(quote, pos)
+                if i == -1:
+                    break
+                quote = None
+            pos = i + 3
+    return outside, headers
+
+
 def _key_line(text: str, loc: tuple) -> int | None:
     """Best-effort line of a pydantic error location inside the TOML text.
 
-    ``loc`` looks like ``('files', 0, 'edits', 2, 'anchor')``. We walk the
-    array-of-tables headers in order so the n-th ``[[files.edits]]`` is found.
+    ``loc`` looks like ``('files', 0, 'edits', 2, 'anchor')``: the n-th
+    ``[[files.edits]]`` *within* its ``[[files]]`` entry is found, then the key
+    among that table's own lines (before its next header; lines inside
+    multi-line strings never count). A key that is not there (a missing key)
+    points at its table's header line (line 1 for the top-level table).
     """
     lines = text.splitlines()
-    start = 0
+    outside, headers = _toml_lines(lines)
+    lo, hi, header = 0, len(lines), None  # the current table: its lines [lo, hi) and header line
     table = ""
-    i = 0
     parts = list(loc)
+    i = 0
     while i < len(parts):
         part = parts[i]
         if i + 1 < len(parts) and isinstance(parts[i + 1], int):
             table = f"{table}.{part}" if table else str(part)
-            idx = parts[i + 1]
-            header = re.compile(r"^\s*\[\[\s*" + re.escape(table) + r"\s*\]\]")
-            seen = -1
-            found = None
-            for n in range(start, len(lines)):
-                if header.match(lines[n]):
-                    seen += 1
-                    if seen == idx:
-                        found = n
-                        break
-            if found is None:
-                return start + 1 if start else None
-            start = found
+            hits = [n for n, name, arr in headers if arr and name == table and lo <= n < hi]
+            if parts[i + 1] >= len(hits):
+                return header + 1 if header is not None else None
+            header = lo = hits[parts[i + 1]]
+            hi = next((n for n, name, _ in headers if n > lo and not name.startswith(table + ".")), len(lines))
             i += 2
             continue
-        key = re.compile(r"^\s*" + re.escape(str(part)) + r"\s*=")
-        for n in range(start, len(lines)):
-            if key.match(lines[n]):
+        key = re.compile(r"^\s*[\"']?" + re.escape(str(part)) + r"[\"']?\s*=")
+        own_end = next((n for n, _, _ in headers if lo < n < hi or (header is None and n < hi)), hi)
+        for n in range(lo if header is None else lo + 1, own_end):
+            if outside[n] and key.match(lines[n]):
                 return n + 1
-        return start + 1 if start else None
-    return start + 1 if start else None
+        return header + 1 if header is not None else 1
+    return header + 1 if header is not None else None
 
 
 def _loc_str(loc: tuple) -> str:

@@ -117,3 +117,24 @@ def test_files_starting_with_underscore_are_not_patches(tmp_path):
     _write(tmp_path, "PN0007.toml", GOOD)
     _write(tmp_path, "_pin.toml", "version = '0.32.0'\n")
     assert [p.id for p in load_patch_set(tmp_path, packs=False).patches] == ["PN0007"]
+
+
+def test_a_missing_key_points_at_its_table_an_extra_key_at_its_own_line():
+    """QA: renaming ``name`` to ``nam`` on PN0005's first edit reported line 43 (edits[1].name)."""
+    from sndr.load import parse_patch, shipped_patches_dir
+
+    text = next(shipped_patches_dir().glob("PN0005-*.toml")).read_text()
+    lines = text.splitlines()
+    first = next(n for n, ln in enumerate(lines) if ln.startswith("name = ") and lines[n - 1] == "[[files.edits]]")
+    lines[first] = lines[first].replace("name =", "nam =")
+    with pytest.raises(SndrError) as exc:
+        parse_patch("\n".join(lines) + "\n", "PN0005.toml")
+    where = {p.key: p.line for p in exc.value.problems}
+    assert where == {"files[0].edits[0].name": first, "files[0].edits[0].nam": first + 1}  # header, own line
+    assert lines[first - 1] == "[[files.edits]]"
+    # A key of the second edit, and a key-like line inside a multi-line string, are never taken for it.
+    fake = 'id = "PX0001"\ntitle = "t"\n[[files]]\npath = "vllm/a.py"\n[[files.edits]]\nanchor = \'\'\'\nname = "x"\n\'\'\'\n' \
+           'replacement = "y"\n[[files.edits]]\nname = "b"\nanchor = "c"\nreplacement = "d"\n'
+    with pytest.raises(SndrError) as exc:
+        parse_patch(fake, "fake.toml")
+    assert {p.key: p.line for p in exc.value.problems}.get("files[0].edits[0].name") == 5
