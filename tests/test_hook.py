@@ -208,3 +208,21 @@ def test_main_dispatches_status_and_hook(tmp_path):
 
     assert main(["status", "--run-dir", str(tmp_path)]) == 1
     assert main(["hook", "install", "--site", str(tmp_path)]) == 0
+
+
+def test_fix_hint_tells_a_restored_file_from_a_tampered_one(box):
+    """QA: a file changed after apply got 'fix: run python -m sndr.apply (it patches again files a
+    reinstall or a restore put back)', and that apply refuses with modified_since_apply."""
+    eng = box.root / "vllm" / "engine.py"
+    pristine = eng.read_text()
+    box.apply()
+    replace_file(eng, pristine)  # a restore: back to pristine
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
+    assert "back to pristine" in proc.stderr
+    assert "fix: run `python -m sndr.apply` (it patches again" in proc.stderr and "--force" not in proc.stderr
+    replace_file(eng, pristine + "# tampered\n")  # changed by someone else
+    proc = box.py(REGISTER, check=False, SNDR_STRICT="1")
+    assert "changed by someone else since apply" in proc.stderr
+    assert "vllm/engine.py changed since apply by someone else: inspect the change" in proc.stderr
+    assert "`python -m sndr.apply --force`" in proc.stderr
+    assert "fix: run `python -m sndr.apply` (it patches again" not in proc.stderr

@@ -92,6 +92,7 @@ class _Process:
         self.ready = False
         self.failed_message = ""
         self.finder: Any = None  # the in-memory hook's SndrFinder, in memory mode
+        self.foreign: list[str] = []  # files changed since apply by someone else (not back to pristine)
 
     def forked(self) -> _Process:
         child = _Process.__new__(_Process)
@@ -212,7 +213,7 @@ def register() -> None:
         missing = state.missing + state.runtime_missing()
         if missing and not state.failed_message:
             msg = (f"{len(missing)} required patch(es) NOT active in this process (pid {state.pid}, "
-                   f"{state.mode} mode):\n  " + "\n  ".join(missing) + "\n  " + fix_hint(state.mode))
+                   f"{state.mode} mode):\n  " + "\n  ".join(missing) + "\n  " + fix_hint(state.mode, state.foreign))
             if strict:
                 state.failed_message = "sndr: " + msg + "\nSNDR_STRICT=1: refusing to start vLLM"
             else:
@@ -225,8 +226,15 @@ def register() -> None:
             raise _strict_error(state.failed_message)
 
 
-def fix_hint(mode: str) -> str:
-    """The one line that says how to make missing text patches active again (the startup warning)."""
+def fix_hint(mode: str, foreign: list[str] | tuple[str, ...] = ()) -> str:
+    """The one line that says how to make missing text patches active again (the startup warning).
+
+    ``foreign``: files changed since apply by someone else (not back to pristine); apply refuses
+    those (``modified_since_apply``), so the hint says to inspect them, then ``--force`` or revert."""
+    if mode == "disk" and foreign:
+        return (f"fix: {', '.join(foreign)} changed since apply by someone else: inspect the change, then run "
+                "`python -m sndr.apply --force` (it takes the current bytes as pristine and patches them) or "
+                "put the file back (reinstall vLLM or restore it) and run `python -m sndr.apply`; then restart vLLM")
     if mode == "disk":
         return ("fix: run `python -m sndr.apply` (it patches again files a reinstall or a restore put back), "
                 "then restart vLLM")
@@ -359,9 +367,16 @@ def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> Non
         state.problems.append("an interrupted commit is pending on this tree (journal.json); files may be torn")
     bad: dict[str, list[str]] = {}
     for rel, entry in sorted(ledger["files"].items()):
-        if _sha_file(os.path.join(root, rel)) != entry.get("patched_sha256"):
+        now = _sha_file(os.path.join(root, rel))
+        if now != entry.get("patched_sha256"):
             bad[rel] = list(entry.get("patches", []))
-            state.problems.append(f"{rel}: does not hold the patched bytes the ledger records (changed since apply)")
+            created = bool(entry.get("created"))
+            if (now is None and created) or (now is not None and not created and now == entry.get("pristine_sha256")):
+                why = "back to pristine: a reinstall or a restore put it back"
+            else:
+                why = "changed by someone else since apply"
+                state.foreign.append(rel)
+            state.problems.append(f"{rel}: does not hold the patched bytes the ledger records ({why})")
     on_disk = set(ledger.get("patches", []))
     results = ledger.get("results", {})
     left_out = ledger.get("left_out") or {}

@@ -246,7 +246,9 @@ def test_startup_warning_names_the_fix_and_status_names_the_missing_patch(box, c
     replace_file(eng, eng.read_text() + "# restored by an image layer\n")
     proc = box.py(REGISTER)
     assert out_of(proc)["missing"] == ["F0001: vllm/engine.py changed since apply"]
-    assert "fix: run `python -m sndr.apply`" in proc.stderr
+    # Changed by someone else: apply alone refuses (modified_since_apply), so the hint says --force.
+    assert "changed since apply by someone else: inspect the change" in proc.stderr
+    assert "`python -m sndr.apply --force`" in proc.stderr
     assert status_main(["--run-dir", str(box.run_dir)]) == 1
     text = capsys.readouterr().out
     line = next(ln for ln in text.splitlines() if ln.startswith("  pid "))
