@@ -366,15 +366,15 @@ def benchmark_ref_problem(path: Path) -> str | None:
     ``.txt``...) holds at least one digit. A file that is not UTF-8 text (a
     binary trace) only has to be non-empty.
     """
-    data = path.read_bytes()
+    from ..fsio import FileProblem, decode_strict, read_regular
+
+    data = read_regular(path, what="benchmark reference")
     if not data.strip():
         return f"benchmark reference {path} is empty: re-measure on the target and write the results into it"
     try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        if path.suffix.lower() == ".json":
-            return f"benchmark reference {path} is not UTF-8 JSON"
-        return None
+        text = decode_strict(data, path, "benchmark reference").removeprefix("\ufeff")
+    except FileProblem:  # not UTF-8: a binary trace passes on being non-empty; JSON must be text
+        return f"benchmark reference {path} is not UTF-8 JSON" if path.suffix.lower() == ".json" else None
     if path.suffix.lower() == ".json":
         try:
             obj = json.loads(text)
