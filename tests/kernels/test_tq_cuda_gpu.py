@@ -157,7 +157,7 @@ def test_cuda_graph_replay_with_new_lengths():
 
 def test_cuda_and_triton_merges_agree():
     q, cache, bt, sl = _case(128, 8, 4, 16, [5000, 0, 77, 4096], seed=13)
-    cfg, k, wps = cuda_decode.plan(q, cache, cuda_decode.DEFAULT)
+    cfg, k, wps = cuda_decode.kernel_plan(q, cache, cuda_decode.DEFAULT)
     splits = cuda_decode.num_splits(4 * 8, wps, torch.cuda.get_device_properties(0).multi_processor_count, 128, 1)
     mid_o = torch.empty(4 * 32 * splits * 128, device=DEV)
     mid_l = torch.empty(4 * 32 * splits, device=DEV)

@@ -21,5 +21,5 @@ def fix_scalar_index() -> None:
         orig(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
-    patched._sndr_scalar_index = True
+    patched._sndr_scalar_index = True  # type: ignore[attr-defined]  # a marker attribute on the function object
     interpreter._patch_lang_tensor = patched

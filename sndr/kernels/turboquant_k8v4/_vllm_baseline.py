@@ -74,10 +74,10 @@ def load(src: Path) -> types.SimpleNamespace:
         m.__path__ = []  # a package, so submodules resolve through sys.modules
         stubs[name] = m
     tu = types.ModuleType("vllm.triton_utils")
-    tu.tl, tu.triton = tl, triton
+    tu.__dict__.update(tl=tl, triton=triton)
     stubs["vllm.triton_utils"] = tu
     pl = types.ModuleType("vllm.platforms")
-    pl.current_platform = _Platform()
+    pl.__dict__.update(current_platform=_Platform())
     stubs["vllm.platforms"] = pl
 
     names = list(stubs) + [f"{_PKG}.{f[:-3]}" for f in FILES]
@@ -88,16 +88,18 @@ def load(src: Path) -> types.SimpleNamespace:
         for f in FILES:
             name = f"{_PKG}.{f[:-3]}"
             spec = importlib.util.spec_from_file_location(name, src / f)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {src / f} as a module")
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
             spec.loader.exec_module(mod)
             loaded[f[:-3]] = mod
     finally:
-        for n, m in saved.items():
-            if m is None:
+        for n, old in saved.items():
+            if old is None:
                 sys.modules.pop(n, None)
             else:
-                sys.modules[n] = m
+                sys.modules[n] = old
     return types.SimpleNamespace(
         store=loaded["triton_turboquant_store"].triton_turboquant_store,
         decode=loaded["triton_turboquant_decode"].triton_turboquant_decode_attention,

@@ -14,7 +14,7 @@ combines them, so the two backends are interchangeable call for call.
 
 All three come from one NVRTC build per model shape (head dim, page size, row
 stride, group size, query dtype, kernel kind), cached on disk and loaded once
-per device (``_cudart``); :func:`plan` memoises the choice per call shape.
+per device (``_cudart``); :func:`kernel_plan` memoises the choice per call shape.
 
 ``SNDR_TQ_BACKEND`` = ``auto`` (default: CUDA where :func:`unsupported` finds
 nothing against it, else Triton), ``cuda`` (raise instead of falling back) or
@@ -224,7 +224,7 @@ def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
     return cfg
 
 
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, tuple[CudaConfig, _cudart.Kernel, int]] = {}
 
 
 def _plan_key(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> tuple:
@@ -237,7 +237,7 @@ def planned(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig | None 
     return _plan_key(query, kv_cache, cfg or DEFAULT) in _PLANS
 
 
-def plan(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
+def kernel_plan(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> tuple[CudaConfig, _cudart.Kernel, int]:
     """(resolved config, compiled kernel, resident warps per SM) for this call's shape.
 
     Memoised on everything the build depends on, so a steady-state call costs a
@@ -252,7 +252,7 @@ def plan(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
     return hit
 
 
-def kernel_for(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig):
+def kernel_for(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> tuple[_cudart.Kernel, int]:
     """(compiled kernel, resident warps per SM) for this call's shape."""
     idx = device_index(query)
     defs = defines(query, kv_cache, cfg)
@@ -314,7 +314,7 @@ class LaunchPlan:
 
     def __init__(self, query, kv_cache, block_table, out_dtype, out_strides, lse_stride0, max_splits: int,
                  config: CudaConfig | None = None):
-        cfg, k, wps = plan(query, kv_cache, config or DEFAULT)
+        cfg, k, wps = kernel_plan(query, kv_cache, config or DEFAULT)
         bsz, hq, d = query.shape
         hk = kv_cache.shape[2]
         idx = device_index(query)
@@ -325,7 +325,7 @@ class LaunchPlan:
         self.min_tiles = min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
         self.need = workspace_numel(bsz, hq, d, splits)
         self.ml_off = 4 * bsz * hq * splits * d  # bytes from mid_o to mid_l
-        self.scale = None
+        self.scale: float | None = None
         split_vals = [0] * 6 + [0.0, bsz, hk, hq, splits, min_tiles, query.stride(0), query.stride(1),
                                 block_table.stride(0), kv_cache.stride(0), kv_cache.stride(2)]
         if cfg.kind == "page":
@@ -338,7 +338,9 @@ class LaunchPlan:
         self.cuda_merge = out_dtype in _OUT_KIND and out_strides is not None
         self.pdl_ok = one_wave and _capability(idx) >= (9, 0)
         self.fold_ok = cfg.kind == "page" and self.cuda_merge
-        self.merge = self.merge_pdl = self.merged = None
+        self.merge: _cudart.Launch | None = None
+        self.merge_pdl: _cudart.Launch | None = None
+        self.merged: _cudart.Launch | None = None
         self.write_lse = lse_stride0 is not None
         if self.cuda_merge:
             mk = k.module.kernel(MERGE)
@@ -398,6 +400,7 @@ class LaunchPlan:
         run = _cudart._LAUNCH_EX[0]
         if mode == "fold":
             m = self.merged
+            assert m is not None  # mode() gives "fold" only where it was built (fold_ok)
             _PTRS6.pack_into(m.args, 0, q, kv, bt, sl, mo, ml)
             _PTRS3.pack_into(m.args, self.cnt_off, self.counter(stream), out, lse)
             _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)
@@ -410,6 +413,7 @@ class LaunchPlan:
             if rc:
                 _cudart._check(rc, f"cuLaunchKernelEx({sp.kernel.name})")
             m = self.merge_pdl if mode == "pdl" else self.merge
+            assert m is not None  # mode() gives "pdl" / "cuda" only where they were built (pdl_ok, cuda_merge)
             _PTRS5.pack_into(m.args, 0, mo, ml, sl, out, lse)
             _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)
             rc = run(m.cfg_addr, m.func, m.params, None)

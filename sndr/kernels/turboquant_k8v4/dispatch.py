@@ -23,6 +23,8 @@ This module imports both backends; ``kernels`` (Triton) and ``cuda_decode``
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 
@@ -32,15 +34,23 @@ from . import _cudart, cuda_decode, kernels
 __all__ = ["decode_attention", "route", "gate", "fast", "remember", "reset"]
 
 _ENV_DATA = getattr(os.environ, "_data", None)  # the mapping os.environ writes through to (POSIX)
+_ENV_KEY: str | bytes | None  # os.environ's key as _data stores it (bytes on POSIX)
 try:
-    _ENV_KEY = os.environ.encodekey(sndr_env.TQ_BACKEND)  # type: ignore[attr-defined]
+    _ENV_KEY = os.environ.encodekey(sndr_env.TQ_BACKEND)
 except AttributeError:  # pragma: no cover (non-POSIX os.environ)
     _ENV_DATA = None
     _ENV_KEY = None
 
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+def _no_cuda(*_args: object) -> NoReturn:
+    """Stands in for torch's private CUDA calls on a torch built without them; :func:`fast` never gets
+    there (a memo entry needs a successful CUDA call first)."""
+    raise RuntimeError("this torch has no CUDA runtime calls")
+
+
+_get_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", None) or _no_cuda
+_raw_stream: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _no_cuda
+_is_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or _no_cuda
 
 API: dict[tuple, tuple] = {}  # decode_attention calls
 ENTRY: dict[tuple, tuple] = {}  # vllm_entry.decode calls

@@ -215,11 +215,12 @@ def _key(idx, dtype, hq, hk, d, page, sp, ql, cfg) -> tuple:
 def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, ql, cfg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg)
-    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem_bytes(cfg, sp, hk, defs["RC"], d),
-                            label="verify_k8v4")
+    rc, nch = defs["RC"], defs["NCH"]
+    assert isinstance(rc, int) and isinstance(nch, int)  # of the defines only TAU is a string
+    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem_bytes(cfg, sp, hk, rc, d), label="verify_k8v4")
     merge = k.module.kernel(MERGE)
     blocks = max(1, k.blocks_per_sm(32 * hk))
-    return k, merge, blocks, defs["NCH"]
+    return k, merge, blocks, nch
 
 
 def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,

@@ -111,10 +111,13 @@ def decode(
                           buf_holder, max_num_kv_splits)
     exact = (output_buf is not None and tuple(output_buf.shape) == (bsz, hq, d) and out.data_ptr() == output_buf.data_ptr()
              and (lse_buf is None or (lse is not None and tuple(lse_buf.shape) == (bsz, hq))))
-    if exact and not dispatch._capturing():
+    if not exact:
+        return done
+    assert output_buf is not None  # exact: out is output_buf
+    if not dispatch._capturing():
         dispatch.remember(dispatch.ENTRY, query, kv_cache, block_table, seq_lens, output_buf, lse_buf, mid_o_buf,
                           max_num_kv_splits, (key_packed_size, value_quant_bits, key_fp8))
-    return output_buf if exact else done  # as the fast path returns it
+    return output_buf  # as the fast path returns it
 
 
 def _call_vllm(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
