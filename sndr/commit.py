@@ -179,6 +179,10 @@ class TreeRoot:
         self.journal_path = self.state / "journal.json"
         self._state_fd: int | None = None
         self._objects_fd: int | None = None
+        # sha256 (None: missing) of the first bytes this TreeRoot read of each target: what every
+        # decision was made on. commit() refuses a write whose before-bytes differ from it, so a
+        # foreign write that lands between two reads of one command is never overwritten.
+        self._observed: dict[str, str | None] = {}
         self._check_state()
 
     def __del__(self):
@@ -308,6 +312,16 @@ class TreeRoot:
 
     def read_bytes(self, rel: str) -> bytes | None:
         """The bytes of target ``rel``, or None when it does not exist. Never blocks, never follows a link."""
+        data = self._read_bytes(rel)
+        if rel not in self._observed:
+            self._observed[rel] = sha256_bytes(data) if data is not None else None
+        return data
+
+    def observed(self, rel: str, data: bytes | None) -> None:
+        """Record that sndr itself made ``rel`` hold ``data`` (a commit or a rollback wrote it)."""
+        self._observed[rel] = sha256_bytes(data) if data is not None else None
+
+    def _read_bytes(self, rel: str) -> bytes | None:
         p = self.path(rel)
         try:
             return fsio.read_regular(p, MAX_TARGET_BYTES, "target", follow_symlinks=False)
@@ -583,7 +597,8 @@ def commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, diges
 def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, digest: str) -> None:
     for w in writes:  # the world may have moved since the plan was read
         now = tree.read_bytes(w.rel)
-        if now != w.before:
+        first = tree._observed.get(w.rel)
+        if now != w.before or first != (sha256_bytes(w.before) if w.before is not None else None):
             raise SndrError(Problem("changed_during_apply", "file changed or vanished between plan and commit",
                                     file=w.rel, hint="re-run; nothing was written"))
     probe_writable(tree, writes)
@@ -631,7 +646,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             if w.before is not None:
                 keep = _keep_old_inode(p)
                 if keep is None and tree.read_bytes(w.rel) != w.before:
-                    raise _ForeignWrite([(w.rel, None, p)])
+                    raise _ForeignWrite([(w.rel, None, p, w.after)])
                 kept.append((i, p, keep))
             if tmp is None:
                 with contextlib.suppress(FileNotFoundError):
@@ -643,7 +658,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
                     os.link(tmp, p, follow_symlinks=False)
                 except FileExistsError:
                     os.unlink(tmp)
-                    raise _ForeignWrite([(w.rel, None, p)], created=True) from None
+                    raise _ForeignWrite([(w.rel, None, p, w.after)], created=True) from None
                 os.unlink(tmp)
             else:
                 os.replace(tmp, p)
@@ -652,7 +667,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             drop_pyc(p)
         # The old inodes hold exactly the bytes we planned from, or a foreign
         # write landed on them before the swap: put such a file back and roll back.
-        lost = [(writes[i].rel, keep, p) for i, p, keep in kept
+        lost = [(writes[i].rel, keep, p, writes[i].after) for i, p, keep in kept
                 if keep is not None and _read_kept(keep) != writes[i].before]
         if lost:
             raise _ForeignWrite(lost)
@@ -701,6 +716,8 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
                                           f"next apply, verify or revert finishes the rollback ({again})") from None
             raise
         raise
+    for w in writes:
+        tree.observed(w.rel, w.after)
     tree.unlink_state("journal.json")
     try:
         os.fsync(tree.state_fd())
@@ -719,31 +736,52 @@ def _read_kept(keep: Path) -> bytes | None:
 
 
 class _ForeignWrite(Exception):
-    """Foreign writes detected during the commit: ``files`` is [(rel, kept old inode or None, path)]."""
+    """Foreign writes detected during the commit: ``files`` is [(rel, kept old inode or None, path, after)]."""
 
-    def __init__(self, files: list[tuple[str, Path | None, Path]], created: bool = False):
-        super().__init__(", ".join(rel for rel, _, _ in files))
+    def __init__(self, files: list[tuple[str, Path | None, Path, bytes | None]], created: bool = False):
+        super().__init__(", ".join(f[0] for f in files))
         self.files, self.created = files, created
+        self.aside: dict[str, Path] = {}
 
     def error(self) -> SndrError:
-        if self.created:
-            msg = "another process created this file while sndr was creating it; its file was kept"
-        else:
-            msg = ("another process wrote to this file while sndr was replacing it; its bytes were put back "
-                   "(the file's original inode, with the foreign change) and the whole set was rolled back")
-        code = "changed_during_apply" if self.created else "foreign_write_lost"
-        return SndrError([Problem(code, msg, file=rel, hint="find the writer that ignores sndr's lock, then re-run")
-                          for rel, _, _ in self.files], EXIT_FINDINGS)
+        problems = []
+        for rel, _, _, _ in self.files:
+            if self.created:
+                msg = "another process created this file while sndr was creating it; its file was kept"
+            else:
+                msg = ("another process wrote to this file while sndr was replacing it; its bytes were put back "
+                       "(the file's original inode, with the foreign change) and the whole set was rolled back")
+            if rel in self.aside:
+                msg += (f"; it also wrote to sndr's new copy, which is kept as {self.aside[rel].name} beside it "
+                        f"(merge it by hand)")
+            problems.append(Problem("changed_during_apply" if self.created else "foreign_write_lost", msg, file=rel,
+                                    hint="find the writer that ignores sndr's lock, then re-run"))
+        return SndrError(problems, EXIT_FINDINGS)
 
 
 def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
-    """Put each original inode (holding the foreign bytes) back, and drop those files from the journal."""
-    for _, keep, path in fw.files:
+    """Put each original inode (holding the foreign bytes) back, and drop those files from the journal.
+
+    sndr's new inode is linked aside first: a writer that reached it too keeps
+    its bytes there (named in the error); when it holds exactly sndr's bytes,
+    the aside link goes again.
+    """
+    for rel, keep, path, after in fw.files:
         if keep is not None:
+            aside = path.with_name(f".{path.name}.sndr-foreign-{os.urandom(4).hex()}")
+            try:
+                os.link(path, aside, follow_symlinks=False)
+            except OSError:
+                aside = None
             os.replace(keep, path)
             drop_pyc(path)
+            if aside is not None:
+                if _read_kept(aside) == after:
+                    os.unlink(aside)
+                else:
+                    fw.aside[rel] = aside
         _sweep_temps(path.parent, path.name)  # our staged temp file, if it never went in
-    rels = {rel for rel, _, _ in fw.files}
+    rels = {f[0] for f in fw.files}
     journal = json.loads(tree.read_state("journal.json"))
     journal["files"] = [e for e in journal["files"] if e.get("path") not in rels]
     tree.write_state("journal.json", json.dumps(journal, indent=1).encode())
@@ -843,6 +881,7 @@ def _recover(tree: TreeRoot) -> list[str]:
                 os.replace(tmp, p)
             drop_pyc(p)
             restored.append(rel)
+        tree.observed(rel, want)
         if want is None:
             for d in e.get("mkdirs", [])[::-1]:  # directories this commit created, now empty again
                 with contextlib.suppress(OSError):

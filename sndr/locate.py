@@ -97,14 +97,8 @@ def use_disk_cache(cache):
 
 
 def _disk_cache():
-    """The injected cache. A plain path (benchmarks point it at an empty directory) is opened as a
-    :class:`sndr.fsio.PrivateDir`, with the same checks."""
-    d = _DISK
-    if isinstance(d, (str, os.PathLike)):
-        from .fsio import PrivateDir
-
-        d = PrivateDir.open(d)
-    return d
+    """The injected cache, or None."""
+    return _DISK
 
 
 @lru_cache(maxsize=256)
@@ -118,6 +112,10 @@ def _scopes_cached(digest: str, text: str) -> Scopes:
     name = f"scopes-{digest}.json"
     try:
         cache = _disk_cache()
+        if isinstance(cache, (str, os.PathLike)):  # a plain directory (benchmarks): same checks
+            from .fsio import PrivateDir
+
+            cache = PrivateDir.open(cache)
     except (OSError, FileProblem):
         cache = None
     if cache is not None:
