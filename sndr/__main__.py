@@ -11,7 +11,7 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("sndr.apply", "apply, dry-run, verify or revert the patch set on a tree"),
-    "schema": ("sndr.schema", "print the JSON Schema of patch|report|preflight|ledger|manifest"),
+    "schema": ("sndr.schema", "print the JSON Schema of {schemas}"),  # names filled in from sndr.schema
     "list": ("sndr.listing", "list the patch set (id, title, kind, default, upstream, files)"),
     "manifest": ("sndr.manifest", "build or check anchors/<pin>.json"),
     "preflight": ("sndr.preflight.cli", "classify the patch set on a pin and a candidate tree"),
@@ -26,7 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     lines = ["usage: python -m sndr <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {doc}" for name, (_, doc) in COMMANDS.items()]
+    from .schema import schema_names  # a dict of names: no model is imported
+
+    names = "|".join(schema_names())
+    lines += [f"  {name:<10} {doc.replace('{schemas}', names)}" for name, (_, doc) in COMMANDS.items()]
     return "\n".join(lines)
 
 

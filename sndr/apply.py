@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from . import PIN_VERSION
+from . import PIN_VERSION, env
 from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
@@ -259,6 +259,17 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
                        if tree.read_bytes(rel) != ch.new.encode("utf-8"))
         if not plan.ok:
             wrote = []
+        if ledger is not None and ledger.patch_set_digest == plan.digest:
+            st = _ledger_state(tree, ledger)
+            if not st.pristine and not st.foreign:
+                notes.append(f"the tree already holds this enabled set (ledger {ledger.patch_set_digest[:12]}): "
+                             f"the verdicts above are read on the pristine copies; apply would write nothing")
+            else:
+                notes.append(f"the ledger records this enabled set ({ledger.patch_set_digest[:12]}), but "
+                             f"{len(st.pristine) + len(st.foreign)} file(s) no longer hold the patched bytes")
+        elif ledger is not None:
+            notes.append(f"the tree is patched by sndr with another enabled set (ledger "
+                         f"{ledger.patch_set_digest[:12]}); apply would re-plan from the pristine copies")
         return _report("dry-run", tree, version, plan, ok=plan.ok, exit_code=_plan_exit(plan),
                        files_written=wrote, notes=notes)
     first_plan = None
@@ -781,9 +792,12 @@ def _run_cli(args) -> Report:
                                 "revert every file sndr patched", key="--patches",
                                 hint="pass --allow-empty to do that on purpose (or --revert), or fix --patches / "
                                      "$SNDR_PATCHES"))
-    from .profile import load_profile
+    from .profile import load_profile, profile_from_environ
 
-    profile = load_profile(args.profile) if args.profile else None
+    # $SNDR_PROFILE is read now, as --profile is: a profile that cannot be read is an error
+    # (exit 2) even when no patch of the set uses `when`, never silently ignored.
+    profile = load_profile(args.profile) if args.profile else (
+        profile_from_environ(os.environ) if os.environ.get(env.PROFILE) else None)
     if args.verify:
         return run_verify(root, patch_set, only=args.only, profile=profile,
                           edits=args.verbose or args.json is not None)

@@ -61,6 +61,9 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
     # The digest of the *enabled* patches (what the ledger and every process attest), not of
     # the whole set as the preflight and `sndr list` show it: named apart everywhere.
     digest = f"  enabled set {report.patch_set_digest[:12]}" if report.patch_set_digest else ""
+    if report.mode == "revert" and report.patch_set_digest and report.ok:
+        digest = (f"  reverted enabled set {report.patch_set_digest[:12]}: "
+                  f"{len(report.files_written)} file(s) restored")
     console.print(f"[bold]{status}[/bold]{digest}")
 
 

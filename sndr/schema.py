@@ -51,8 +51,13 @@ def cli_main(argv: list[str] | None = None) -> int:
     return run("sndr schema", lambda: _cli_body(argv))
 
 
+def schema_names() -> list[str]:
+    """Every name ``python -m sndr schema`` takes: the model schemas, then ``codes``."""
+    return [*SCHEMAS, "codes"]
+
+
 def _cli_body(argv: list[str]) -> int:
-    names = [*SCHEMAS, "codes"]
+    names = schema_names()
     if argv[:1] == ["codes"] and argv[1:] in ([], ["--json"]):
         print(codes_table(as_json=argv[1:] == ["--json"]))
         return 0

@@ -254,3 +254,41 @@ def test_startup_warning_names_the_fix_and_status_names_the_missing_patch(box, c
     line = next(ln for ln in text.splitlines() if ln.startswith("  pid "))
     assert "MISSING 1" in line and "NOT active: F0001" in line and "applied=" not in line
     assert "enabled set " in line
+
+
+def test_an_unreadable_sndr_profile_is_the_same_error_as_profile(tree):
+    """QA: SNDR_PROFILE=/nonexistent was silently ignored when no patch uses `when`, while
+    --profile /nonexistent was an error. Both are bad input (exit 2), naming the path."""
+    from .test_apply import sndr_apply
+
+    flag = sndr_apply("--dry-run", "--patches", str(DATA), "--profile", "/nonexistent", "--tree", str(tree))
+    env = sndr_apply("--dry-run", "--patches", str(DATA), "--tree", str(tree), env={"SNDR_PROFILE": "/nonexistent"})
+    assert flag.returncode == env.returncode == 2, (flag.stderr, env.stderr)
+    assert "/nonexistent" in flag.stderr and "/nonexistent" in env.stderr
+    assert sndr_apply("--dry-run", "--patches", str(DATA), "--tree", str(tree), env={"SNDR_PROFILE": ""}).returncode == 0
+
+
+def test_dry_run_on_a_patched_tree_and_revert_say_what_the_tree_holds(tree):
+    """QA: --dry-run on a patched tree said 'applies N' with no note that the tree already holds
+    the set; --revert ended with 'ok  enabled set X', which reads as if it were still applied."""
+    from .test_apply import sndr_apply
+
+    assert sndr_apply("--patches", str(DATA), "--tree", str(tree)).returncode == 0
+    digest = run_verify(tree, load_patch_set(DATA, packs=False), environ={}).patch_set_digest
+    dry = sndr_apply("--dry-run", "--patches", str(DATA), "--tree", str(tree))
+    assert dry.returncode == 0
+    assert f"the tree already holds this enabled set (ledger {digest[:12]})" in dry.stdout
+    rev = sndr_apply("--revert", "--tree", str(tree))
+    assert rev.returncode == 0
+    last = rev.stdout.strip().splitlines()[-1]
+    assert last.startswith("ok") and f"reverted enabled set {digest[:12]}: " in last and "file(s) restored" in last
+
+
+def test_help_lists_every_schema_name():
+    """QA: --help listed patch|report|preflight|ledger|manifest by hand; it is generated."""
+    from sndr.schema import SCHEMAS
+
+    out = subprocess.run([sys.executable, "-m", "sndr", "--help"], capture_output=True, text=True).stdout
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("schema "))
+    assert line.rsplit(" ", 1)[-1].split("|") == [*SCHEMAS, "codes"]
+    assert {"config", "profile", "codes"} <= set(line.rsplit(" ", 1)[-1].split("|"))
