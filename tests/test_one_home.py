@@ -254,7 +254,6 @@ ENV_EXCEPTIONS = {
 }
 #: Waiting on another engineer's file (each must still be there: a fix removes its entry).
 ENV_PENDING = {
-    "sndr/kernels/gdn/_vllm_baseline.py": "SNDR_GDN_BASELINE is not in sndr/env.py (kernel engineers)",
     "sndr/preflight/analysis.py": "builds 'SNDR_ENABLE_' + id by hand instead of env.enable_var (issue 20)",
 }
 

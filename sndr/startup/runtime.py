@@ -393,8 +393,14 @@ def static_binding(s: dict, text: str, module_name: str, cache=None) -> tuple[st
                 return text
             # A re-export (``from x import y``) leads to another module of the
             # same tree: read it beside the top-level package, never import it.
-            top = sys.modules.get(module_name.split(".")[0])
-            base = getattr(top, "__file__", None)
+            top_name = module_name.split(".")[0]
+            base = getattr(sys.modules.get(top_name), "__file__", None)
+            if not base:
+                # Not imported yet (a patch bound before ``import vllm``): locate it, never import it.
+                from importlib.machinery import PathFinder
+
+                spec = PathFinder.find_spec(top_name)
+                base = spec.origin if spec is not None else None
             if not base:
                 return None
             path = os.path.join(os.path.dirname(os.path.dirname(base)), rel)

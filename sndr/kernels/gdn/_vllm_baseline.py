@@ -30,6 +30,8 @@ import types
 import zipfile
 from pathlib import Path
 
+from ... import env as sndr_env
+
 FILES = ("fused_recurrent.py", "fused_sigmoid_gating.py")
 _PKG = "vllm.third_party.flash_linear_attention.ops"
 _REL = "vllm/third_party/flash_linear_attention/ops"
@@ -42,8 +44,8 @@ FUNCTIONS = {
 def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
     """$SNDR_GDN_BASELINE, <repo>/.baselines/vllm032_gdn, sndr's cached 0.32.0 tree."""
     out = []
-    if os.environ.get("SNDR_GDN_BASELINE"):
-        out.append(Path(os.environ["SNDR_GDN_BASELINE"]))
+    if os.environ.get(sndr_env.GDN_BASELINE):
+        out.append(Path(os.environ[sndr_env.GDN_BASELINE]))
     root = repo_root or Path(__file__).resolve().parents[3]
     out.append(root / ".baselines" / "vllm032_gdn")
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
