@@ -17,7 +17,7 @@ until the first call, so installing the patch costs nothing.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from . import wraps_original
 

@@ -26,13 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tomllib
 import types
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 import pytest
 

@@ -23,12 +23,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 import pytest
 

@@ -38,9 +38,10 @@ _LAZY = {
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if _LAZY[name] is None:
+    home = _LAZY[name]
+    if home is None:
         value = importlib.import_module(f".{name}", __name__)
     else:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = getattr(importlib.import_module(home, __name__), name)
     globals()[name] = value
     return value

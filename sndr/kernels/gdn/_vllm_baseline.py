@@ -98,8 +98,10 @@ def load(src: Path) -> types.SimpleNamespace:
         m.__path__ = []  # a package, so submodules resolve through sys.modules
         stubs[name] = m
     tu = types.ModuleType("vllm.triton_utils")
-    tu.tl, tu.triton = tl, triton
-    tu.tldevice = getattr(tl.extra, "libdevice", None) if hasattr(tl, "extra") else None
+    tu.__dict__.update(
+        tl=tl, triton=triton,
+        tldevice=getattr(tl.extra, "libdevice", None) if hasattr(tl, "extra") else None,
+    )
     stubs["vllm.triton_utils"] = tu
     from . import _fla_op_stub
 
@@ -113,16 +115,18 @@ def load(src: Path) -> types.SimpleNamespace:
         for f in FILES:
             name = f"{_PKG}.{f[:-3]}"
             spec = importlib.util.spec_from_file_location(name, src / f)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {src / f}")
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
             spec.loader.exec_module(mod)
             loaded[f[:-3]] = mod
     finally:
-        for n, m in saved.items():
-            if m is None:
+        for n, prev in saved.items():
+            if prev is None:
                 sys.modules.pop(n, None)
             else:
-                sys.modules[n] = m
+                sys.modules[n] = prev
     return types.SimpleNamespace(
         packed_decode=loaded["fused_recurrent"].fused_recurrent_gated_delta_rule_packed_decode,
         sigmoid_gating_update=loaded["fused_sigmoid_gating"].fused_sigmoid_gating_delta_rule_update,

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -260,7 +261,8 @@ def make_plan(
 # cuts the Python cost of an eager call. The plan fixes every int argument,
 # so the only specialisation left is the 16-byte alignment of the pointers.
 FAST_LAUNCH = True
-_COMPILED: dict[tuple, object] = {}
+# Triton's CompiledKernel: its launcher attributes (run, function, packed_metadata) vary by version.
+_COMPILED: dict[tuple, Any] = {}
 STATS = {"fast": 0, "jit": 0}
 
 
@@ -269,12 +271,13 @@ def _no_hook(h) -> bool:
     return h is None or (isinstance(getattr(h, "calls", None), list) and not h.calls)
 
 
-_KNOBS: dict[str, object] = {}
+# "rt": triton.knobs.runtime (its type varies by Triton version), or False where there is none.
+_KNOBS: dict[str, Any] = {}
 
 
 def _hooks_off() -> bool:
     """No launch hooks installed (profilers add some): the direct launch may pass None for them."""
-    rt = _KNOBS.get("rt")
+    rt: Any = _KNOBS.get("rt")
     if rt is None:
         try:
             from triton import knobs

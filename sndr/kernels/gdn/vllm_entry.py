@@ -24,8 +24,12 @@ index tensor is read at ``row + t``.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypeVar, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from .kernels import Plan
 
 LOG = logging.getLogger("sndr.kernels")
 _LOGGED: set[str] = set()
@@ -35,7 +39,7 @@ _CAPABLE: dict[int, bool] = {}
 _K = {"kernels": None}
 
 
-def _refuse(fn: str, why: str) -> None:
+def _refuse(fn: str, why: str) -> Literal[False]:
     key = f"{fn}:{why}"
     if key not in _LOGGED:
         _LOGGED.add(key)
@@ -90,11 +94,15 @@ def _state_ok(s: torch.Tensor) -> str | None:
 # Plans per call layout: a key of every shape, stride, dtype and device the
 # checks below read, so a hit skips them (an eager decode step calls these
 # once per GDN layer). False: refused (already logged); None: run, uncached.
-_PLANS: dict[tuple, object] = {}
+# (kernel plan, whether the tensors are used as they come, output shape [B, T, HV, V])
+_SigmoidPlan: TypeAlias = "tuple[Plan, bool, tuple[int, int, int, int]]"
+_PlanEntry: TypeAlias = "Plan | _SigmoidPlan | Literal[False]"
+_PLANS: dict[tuple, _PlanEntry] = {}
 _MAX_PLANS = 4096
+_V = TypeVar("_V", bound=_PlanEntry)
 
 
-def _remember(key, value):
+def _remember(key: tuple | None, value: _V) -> _V:
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -140,13 +148,13 @@ def try_packed_decode(
                                            ssm_state_indices, use_qk_l2norm_in_kernel))
     if plan is False:
         return None
-    _kernels().run_plan(plan, mixed_qkv, None, None, a, b, A_log, dt_bias, out, initial_state, ssm_state_indices,
-                        cache_key=key)
+    _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, initial_state,
+                        ssm_state_indices, cache_key=key)  # a "packed" key holds only kernel plans
     return out, initial_state
 
 
 def _packed_plan(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                 use_qk_l2norm_in_kernel):
+                 use_qk_l2norm_in_kernel) -> Plan | Literal[False]:
     fn = "fused_recurrent_gated_delta_rule_packed_decode"
     why = _state_ok(initial_state) or _device_ok(mixed_qkv)
     if why:
@@ -183,8 +191,8 @@ def try_sigmoid_gating_update(
     v: torch.Tensor,
     beta: float = 1.0,
     threshold: float = 20.0,
-    scale: float = None,
-    initial_state: torch.Tensor = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
     inplace_final_state: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     ssm_state_indices: torch.Tensor | None = None,
@@ -212,7 +220,7 @@ def try_sigmoid_gating_update(
             _remember(key, False)
     if plan is False:
         return None
-    kplan, cacheable, shape = plan
+    kplan, cacheable, shape = cast(_SigmoidPlan, plan)  # a "sigmoid" key holds only these
     o = q.new_empty(shape)
     if cacheable:
         _kernels().run_plan(kplan, q, k, v, a, b, A_log, dt_bias, o, initial_state, ssm_state_indices,
@@ -227,7 +235,8 @@ def try_sigmoid_gating_update(
 
 
 def _sigmoid_plan(A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state, inplace_final_state,
-                  cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, is_kda):
+                  cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
+                  is_kda) -> _SigmoidPlan | Literal[False]:
     """(kernel plan, whether the tensors are used as they come, output shape), or False."""
     fn = "fused_sigmoid_gating_delta_rule_update"
     if is_kda:
