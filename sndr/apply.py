@@ -84,7 +84,9 @@ def _plan_exit(plan: Plan) -> int:
 
     bad_input = {"conflicts_enabled", "compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id",
                  "file_too_large", "unreadable"} | BAD_INPUT_REASONS
-    if any(p.code in bad_input for p in plan.problems):
+    from .errors import registered_exit
+
+    if any(p.code in bad_input or registered_exit(p.code, EXIT_FINDINGS) == EXIT_BAD_INPUT for p in plan.problems):
         return EXIT_BAD_INPUT
     return EXIT_FINDINGS
 
@@ -753,6 +755,9 @@ def cli_main(argv: list[str] | None = None) -> int:
 
 
 def _cli_body(args) -> int:
+    from . import caches
+
+    caches.enable()  # the shell hands the core its caches (compile-ok memo, scopes); the tree is never one
     to_stdout = str(args.json) == "-" if args.json else False
     try:
         report = _run_cli(args)

@@ -131,13 +131,23 @@ def _aligned(text: str, reps: list[int], lr: int, starts: bool, ends: bool) -> l
 
 
 def _adds_text(anchor: str, replacement: str) -> bool:
-    """Does the replacement hold bytes the anchor did not (a non-empty changed span)?
+    """Does the replacement show the edit: bytes the anchor did not hold, or a join?
 
-    A pure deletion leaves only text that was there before, so finding it proves nothing."""
+    A changed span that is not empty is new text. A deletion point is a *join* when
+    the replacement keeps at least one whole line before it and some text after it:
+    those two pieces were not adjacent before, so finding them together shows the
+    deletion. A deletion at the replacement's edge (``anchor = X + R``) leaves only
+    text that was there before, so finding it proves nothing.
+    """
     from .plan import diff_spans  # plan imports this module
 
     changed, _ = diff_spans(anchor, replacement)
-    return any(r1 > r0 for r0, r1 in changed)
+    for r0, r1 in changed:
+        if r1 > r0:
+            return True
+        if "\n" in replacement[:r0] and replacement[r0:].strip():
+            return True
+    return False
 
 
 def _absence_reason(anchor: str, text: str) -> tuple[str, str]:

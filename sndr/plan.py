@@ -501,6 +501,7 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
                                         hint=f"disable one of them, e.g. {envmod.enable_var(c)}=0"))
 
     files: dict[str, FileState] = {}
+    unreadable: set[str] = set()  # already reported by the reader: not also "does not exist"
 
     def state(path: str) -> FileState:
         if path not in files:
@@ -508,6 +509,7 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
                 text = read(path)
             except SndrError as exc:
                 problems.extend(exc.problems)
+                unreadable.add(path)
                 text = None
             files[path] = FileState(path, text, text)
         return files[path]
@@ -531,9 +533,15 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
             continue
         result, new_states = _simulate_patch(p, state, _order_closure(p, by_id), by_id)
         result.on_failure = p.on_failure
+        for e in result.edits:
+            if e.verdict == Verdict.FILE_MISSING and e.file in unreadable:
+                # The reader refused the target (too large, not regular, symlink): that error says
+                # why, once; the edit must not also claim the file does not exist.
+                e.reason = "target refused by the reader (see the error for this file); not judged"
         if result.status == "failed":
             for e in result.edits:
-                if e.verdict in FAILING and (e.required or e.group):
+                if e.verdict in FAILING and (e.required or e.group) \
+                        and not (e.verdict == Verdict.FILE_MISSING and e.file in unreadable):
                     code = _problem_code(e)
                     problems.append(Problem(code, f"edit {e.name!r}: {e.reason or e.verdict.value}",
                                             file=e.file, line=e.line, patch=p.id, hint=e.hint or _HINTS.get(code)))

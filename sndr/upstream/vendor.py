@@ -470,6 +470,10 @@ def _widen(pl: _Placed, name: str, markers: list[str], pin_text: str, post_text:
         offs.append(offs[-1] + len(ln))
     post_core = "".join(pl.core_post)
     worst = 0
+    # A deletion at a file boundary (or with no line on one side) can never read applied from the
+    # text (classify's rule); the smallest unique anchor is kept for it, and the byte-exact
+    # post-image check of the round trip is what proves it.
+    unverifiable: tuple[Edit, int, int] | None = None
     for b, a in _splits(pl.start, len(lines) - pl.end, limit):
         s, e = pl.start - b, pl.end + a
         anchor = text[offs[s]:offs[e]]
@@ -494,10 +498,14 @@ def _widen(pl: _Placed, name: str, markers: list[str], pin_text: str, post_text:
                 worst = max(worst, len(fd.offsets))
             continue
         bare = edit.model_copy(update={"merged_markers": []})
-        post = classify_edit(bare, post_text, post_text).verdict
-        if post != Verdict.APPLIED and (strict or not markers):
+        post_fd = classify_edit(bare, post_text, post_text)
+        if post_fd.verdict != Verdict.APPLIED and (strict or not markers):
+            if post_fd.code == "deletion_unverifiable" and unverifiable is None:
+                unverifiable = (edit, b, a)
             continue
         return edit, b, a
+    if unverifiable is not None:
+        return unverifiable
     return None, worst, limit
 
 
@@ -829,7 +837,11 @@ def verify(patch: Patch, pin: Reader, expected: dict[str, str], version: str, *,
     after = build_plan(ps, lambda rel: expected.get(rel, pin(rel)), version, environ={}, check_compile=False)
     for res in after.patches:
         for e in res.edits:
-            if e.verdict not in (Verdict.APPLIED, Verdict.MERGED):
+            # A pure deletion cannot read applied from the text alone (classify's rule); the byte-exact
+            # post-image check above is what proves it.
+            unverifiable = e.verdict in (Verdict.DRIFTED, Verdict.OPTIONAL_ABSENT) \
+                and e.reason_code == "deletion_unverifiable"
+            if e.verdict not in (Verdict.APPLIED, Verdict.MERGED) and not unverifiable:
                 problems.append(Problem("verify_not_applied", f"edit {e.name} reads {e.verdict.value} on the "
                                         f"post-image; it must read applied or merged ({e.reason})", file=e.file,
                                         line=e.line, hint="a bug in sndr vendor: please report"))
@@ -876,8 +888,10 @@ def roundtrip_result(path: str, old: str | None, new: str, *, version: str = "",
     if got is None or got.new != new:
         return "wrong", "planning the patch on the old text does not give the new text", res
     on_new = build_plan(ps, lambda rel: new if rel == path else None, version, environ={}, check_compile=False)
+    # A deletion that cannot show itself in the text (deletion_unverifiable) is proven by the
+    # byte-exact check above instead.
     bad = [f"{e.name}={e.verdict.value}" for r in on_new.patches for e in r.edits
-           if e.verdict not in (Verdict.APPLIED, Verdict.MERGED)]
+           if e.verdict not in (Verdict.APPLIED, Verdict.MERGED) and e.reason_code != "deletion_unverifiable"]
     if bad:
         return "wrong", "on the new text: " + ", ".join(bad), res
     return "ok", "", res

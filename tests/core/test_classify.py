@@ -18,6 +18,7 @@ POP_N = POP.replace("popleft_n(num_blocks)", "popleft_n(num_blocks, check=True)"
 MISS = '        logger.debug("cache miss for %s", block_hash)\n'  # never in the file
 RET = "        return None\n"  # occurs twice in the file
 RET0 = "\n        if self._reuse_watchers:\n"  # follows POP
+RAISE = '            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")\n'  # precedes POP, then a blank line
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,13 @@ ROWS = [
      lambda t: t.replace("popleft_n(num_blocks)", "popleft_n(n=num_blocks)"), None, Verdict.APPLIED, "applied"),
     ("applied_deletion_with_added_text", {"anchor": POP + RET0, "replacement": "        ret = []\n" + RET0},
      lambda t: t.replace(POP + RET0, "        ret = []\n" + RET0), None, Verdict.APPLIED, "applied"),
+    # A deletion with a whole line kept before it and text after it: the two were not adjacent
+    # before, so finding them together shows the deletion (a join).
+    ("applied_deletion_join", {"anchor": RAISE + "\n" + POP, "replacement": RAISE + POP},
+     lambda t: t.replace(RAISE + "\n" + POP, RAISE + POP), None, Verdict.APPLIED, "applied"),
+    # The same join text absent: drift, not a false applied.
+    ("deletion_join_absent", {"anchor": RAISE + "\n" + POP, "replacement": RAISE + POP},
+     lambda t: t.replace(RAISE, ""), None, Verdict.DRIFTED, "anchor_missing"),
     # The anchor ended a line in the pristine file; the replacement occurs, but not ending a line.
     ("replacement_off_alignment", {"anchor": "popleft_n(num_blocks)", "replacement": "popleft_n(n=num_blocks)"},
      lambda t: t.replace("popleft_n(num_blocks)", "popleft_n(n=num_blocks) or []"), lambda t: t,
