@@ -32,12 +32,12 @@ The script says whether the code's thresholds are the fitted ones.
 from __future__ import annotations
 
 import argparse
-from functools import lru_cache
-from itertools import product
+import hashlib
 import json
 import sys
 import tempfile
 import time
+from itertools import product
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +66,17 @@ def _overlap(sg, truth) -> bool:
     return sg["file"] == rel and sg["line"] <= hi and lo <= sg["end_line"]
 
 
-@lru_cache(maxsize=None)
+_LABELS: dict[str, list] = {}
+
+
 def _label(anchor: str, file: str, versions: tuple[str, ...]):
-    return label(anchor, file, list(versions))
+    """:func:`preflight_stack.label`, remembered (``--label-cache``): the oracles cost minutes per stack."""
+    key = hashlib.sha256(json.dumps([anchor, file, versions]).encode()).hexdigest()
+    if key not in _LABELS:
+        kind, truth, _ = label(anchor, file, list(versions))
+        _LABELS[key] = [kind, list(truth) if truth else None]
+    kind, truth = _LABELS[key]
+    return kind, tuple(truth) if truth else None, None
 
 
 def evaluate(report, patch_set, versions) -> list[dict]:
@@ -187,7 +195,7 @@ def _summary_row(name: str, tab: dict, dt: float | None) -> str:
     n, hit = tab["top1"]
     g, gh = tab["vanished"]
     return (f"| {name} | {hit}/{n} ({100 * hit / max(1, n):.0f}%) | {g} | {gh} ({100 * gh / max(1, g):.0f}%) | "
-            + (f"{dt:.1f} |" if dt is not None else "- |"))
+            f"{tab['ambiguous']} | " + (f"{dt:.1f} |" if dt is not None else "- |"))
 
 
 def main(argv=None) -> int:
@@ -197,7 +205,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "preflight-calibration.md"))
     ap.add_argument("--rows", metavar="DIR", help="also write every labelled row (JSON) here")
     ap.add_argument("--no-via", action="store_true", help="direct search only (no --via runs)")
+    ap.add_argument("--label-cache", metavar="FILE", help="remember the difflib labels here between runs")
     args = ap.parse_args(argv)
+    if args.label_cache and Path(args.label_cache).is_file():
+        _LABELS.update(json.loads(Path(args.label_cache).read_text()))
     caches.enable()
     via = auto_releases(PIN, CAND, published=[p.name[len("vllm-"):] for p in
                                               (Path.home() / ".cache" / "sndr" / "trees").glob("vllm-*")])
@@ -206,11 +217,19 @@ def main(argv=None) -> int:
     modes = ("direct",) if args.no_via else ("direct", "via")
     code_th = (S.HIGH_SIMILARITY, S.HIGH_SCORE, S.HIGH_HELD, S.MEDIUM_SIMILARITY, S.MEDIUM_SCORE, S.MEDIUM_HELD)
 
+    def save_labels():
+        if args.label_cache:
+            Path(args.label_cache).write_text(json.dumps(_LABELS))
+
     fit_runs = run_seed(args.fit, via, versions, modes, rows_dir)
+    save_labels()
     th, fit_tab = fit(fit_runs["direct"][0])
     print("fitted thresholds (high sim, high score, medium sim, medium score):", th, "code:", code_th, flush=True)
     holdouts = [int(s) for s in args.holdout.split(",") if s]
-    held = {seed: run_seed(seed, via, versions, modes, rows_dir) for seed in holdouts}
+    held = {}
+    for seed in holdouts:
+        held[seed] = run_seed(seed, via, versions, modes, rows_dir)
+        save_labels()
 
     fmt = lambda t: (f"high = similarity >= {t[0]}, score >= {t[1]} and at least {t[2]:.0%} of the anchor's "  # noqa: E731
                      f"distinctive lines held verbatim; medium = similarity >= {t[3]}, score >= {t[4]}, "
@@ -226,15 +245,18 @@ def main(argv=None) -> int:
         "unique across the whole pin tree: its stripped text occurs in no other file, and at least half of its "
         "distinctive lines occur in no other file (boilerplate copied across model files has no single true "
         "place and is left out).", "",
-        f"Truth: difflib only (`tests/preflight_oracle.py`), each anchor followed release by release through "
-        f"{', '.join(via)}; *vanished* = lost on some release. A suggestion is right when its window overlaps "
-        "the true lines in the true file; any suggestion for vanished code is wrong.", "",
+        f"Truth: difflib only (`tests/preflight_oracle.py`, never sndr), two oracles: the anchor followed release "
+        f"by release through {', '.join(via)}, and the direct comparison pin -> candidate "
+        "(`preflight_stack.label`). *Vanished* = neither finds a cluster holding half of the anchor's distinctive "
+        "lines verbatim; *ambiguous* = they find different places (left out of every figure, counted below). "
+        "A suggestion is right when its window overlaps the true lines in the true file; any suggestion for "
+        "vanished code is wrong.", "",
         "## Thresholds", "",
         f"Fitted on seed {args.fit} (direct search): {fmt(th)}; everything else is `low` "
         "(shown as a hint, never as a re-anchor target; the report says \"no confident match: the code was "
         "likely removed or rewritten\").", "",
         f"Rules of the fit: `high` keeps the most right answers with precision >= {HIGH_PRECISION:.0%} and at "
-        f"most {HIGH_VANISHED:.0%} of the vanished cases; `medium` keeps the most right answers below `high` "
+        f"most {HIGH_VANISHED:.1%} of the vanished cases; `medium` keeps the most right answers below `high` "
         f"with precision >= {MEDIUM_PRECISION:.0%}. Grid: similarity and score 50..100 in steps of 2, share of "
         f"the anchor's distinctive lines held verbatim in {', '.join(f'{h:.0%}' for h in HELD_GRID)}. "
         "The fit targets are stricter than the goals for held-out stacks (>= 90 % precision, <= 5 % of "
@@ -242,7 +264,7 @@ def main(argv=None) -> int:
         "Caveat: the held share and the oracle look at the same evidence (distinctive lines kept verbatim), so "
         "code that was rewritten beyond its verbatim lines is both labelled vanished and kept out of `high`; a "
         "rewritten region with a true new home gets at most `medium`.", "",
-        (f"The code (`sndr/preflight/suggest.py`) uses these thresholds." if same else
+        ("The code (`sndr/preflight/suggest.py`) uses these thresholds." if same else
          f"**The code uses {fmt(code_th)}, not the fitted ones.**"), "",
         f"## Fit: seed {args.fit}", "",
         "| search | class | cases | top-1 right | precision | truly vanished |", "|---|---|---:|---:|---:|---:|",
@@ -255,15 +277,26 @@ def main(argv=None) -> int:
     for seed, runs in held.items():
         for mode, (rows, _) in runs.items():
             lines += _class_rows(f"seed {seed}, {mode}", table(rows))
+    lines += ["", "Held-out stacks pooled:", ""]
+    for mode in modes:
+        tabs = [table(runs[mode][0]) for runs in held.values()]
+        n, right = sum(t["high"][0] for t in tabs), sum(t["high"][1] for t in tabs)
+        mn, mright = sum(t["medium"][0] for t in tabs), sum(t["medium"][1] for t in tabs)
+        g, gh = sum(t["vanished"][0] for t in tabs), sum(t["vanished"][1] for t in tabs)
+        lines.append(f"- {mode}: `high` {right}/{n} right ({100 * right / max(1, n):.1f}%), `medium` {mright}/{mn} "
+                     f"({100 * mright / max(1, mn):.1f}%); vanished code given `high` {gh}/{g} "
+                     f"({100 * gh / max(1, g):.1f}%)")
     lines += ["", "## Top-1 and vanished code", "",
-              "| stack, search | top-1 (cases with a true place) | vanished cases | vanished given `high` | seconds |",
-              "|---|---:|---:|---:|---:|"]
+              "| stack, search | top-1 (cases with a true place) | vanished cases | vanished given `high` "
+              "| ambiguous (left out) | seconds |",
+              "|---|---:|---:|---:|---:|---:|"]
     for seed, runs in [(args.fit, fit_runs), *held.items()]:
         for mode, (rows, dt) in runs.items():
             tag = " (fit)" if seed == args.fit else " (held out)"
             lines.append(_summary_row(f"seed {seed}{tag}, {mode}", table(rows), dt))
-    lines += ["", "Seconds: one preflight of the stack (cold `--via` trees on the first run), on a shared 2-core "
-              "machine; see `benchmarks/bench_preflight.py --big` for warm figures.", ""]
+    lines += ["", "Seconds: one preflight of the stack on a shared 2-core machine; the first `--via` run of the "
+              "process reads the eight trees, later ones reuse them in memory. `benchmarks/bench_preflight.py --big` "
+              "gives warm figures.", ""]
     Path(args.out).write_text("\n".join(lines))
     print(f"wrote {args.out}")
     return 0

@@ -85,7 +85,6 @@ import pytest  # noqa: E402
 from sndr.locate import scopes  # noqa: E402
 from sndr.preflight import suggest as S  # noqa: E402
 
-
 _ROOTS: dict[str, object] = {}
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from .. import env
 
@@ -44,7 +44,7 @@ def _lines_of(text: str) -> set[str]:
 class MemoryIndex:
     """stripped line -> files holding it, over ``files`` read through ``text_of``; built on first use."""
 
-    def __init__(self, files: Iterable[str], text_of: Callable[[str], "str | None"]):
+    def __init__(self, files: Iterable[str], text_of: Callable[[str], str | None]):
         self._files = list(files)
         self._text_of = text_of
         self._map: dict[str, list[str]] | None = None
@@ -93,7 +93,7 @@ class TreeIndex:
         self._db.close()
 
 
-def _build(path: Path, files: list[str], text_of: Callable[[str], "str | None"]) -> None:
+def _build(path: Path, files: list[str], text_of: Callable[[str], str | None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".lines-", suffix=".sqlite", dir=path.parent)
     os.close(fd)
@@ -104,7 +104,7 @@ def _build(path: Path, files: list[str], text_of: Callable[[str], "str | None"])
         db.execute("CREATE TABLE files (id INTEGER PRIMARY KEY, rel TEXT NOT NULL)")
         db.execute("CREATE TABLE lines (line TEXT PRIMARY KEY, ids TEXT NOT NULL) WITHOUT ROWID")
         ids: dict[str, list[str]] = {}
-        names = []
+        names: list[str] = []
         for rel in files:
             text = text_of(rel)
             if text is None:
@@ -130,14 +130,14 @@ def _build(path: Path, files: list[str], text_of: Callable[[str], "str | None"])
 _OPEN: dict[str, TreeIndex] = {}
 
 
-def tree_index(digest: str, files: Callable[[], list[str]], text_of: Callable[[str], "str | None"],
+def tree_index(digest: str, files: Callable[[], list[str]], text_of: Callable[[str], str | None],
                root: Path | None = None) -> TreeIndex | None:
     """The on-disk index of the tree with ``digest`` (built on first use); None when no cache can hold it."""
     if digest in _OPEN:
         return _OPEN[digest]
     base = (root or env.cache_root()) / "preflight"
     path = base / f"lines-{_VERSION}-{digest[:40]}.sqlite"
-    for attempt in (0, 1):
+    for _attempt in (0, 1):
         if not path.is_file():
             try:
                 _build(path, files(), text_of)
@@ -165,7 +165,7 @@ def for_snapshot(snap) -> TreeIndex | None:
 class Lazy:
     """An index made on its first lookup (a preflight with nothing drifted never opens one)."""
 
-    def __init__(self, make: Callable[[], "TreeIndex | MemoryIndex"]):
+    def __init__(self, make: Callable[[], TreeIndex | MemoryIndex]):
         self._make = make
         self._idx: TreeIndex | MemoryIndex | None = None
 

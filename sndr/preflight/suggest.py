@@ -13,13 +13,14 @@ Where candidates come from (no Python loop over the windows of a file):
 3. **seeded files**: changed (new or edited) files holding one of the
    anchor's distinctive lines exactly, or the ``def``/``class`` line of its
    enclosing scope on the pin. Code that moved has to land in text that
-   changed, so identical files are never searched. A batch index (stripped
-   line -> files, built by one C-level set intersection per changed file for
-   all anchors of a preflight) answers the lookups.
+   changed, so identical files are never searched. The candidate tree's line
+   index (:mod:`.lineindex`: stripped line -> files, on disk per tree digest;
+   in memory for small inputs) answers the lookups, batched per preflight.
 
 Inside each such file, only windows around *token hits* are scored: lines that
-hold one of the anchor's rarest identifiers (per-line token sets built once
-per file; the hit test is ``map(set.isdisjoint, ...)`` in C). Windows are
+hold one of the anchor's rarest identifiers (``str.count`` picks the rarest,
+``str.find`` locates their few occurrences: C-level scans of the file's
+stripped text, which is joined once, so every window is a slice). Windows are
 scored at the anchor's size with ``rapidfuzz.process.extract`` over stripped
 lines; only the global shortlist is then refined (grown, shrunk, shifted)
 with one more ``process.extract`` call per hit.
@@ -227,7 +228,8 @@ class _File:
     def token_lines(self, tokens: Iterable[str], cap: int) -> tuple[list[int], frozenset]:
         """Lines holding the anchor's rarest tokens (substring counts in C pick them), and those tokens."""
         counted = sorted((n, tok) for tok in tokens if (n := self.joined.count(tok)))
-        rare, total = [], 0
+        rare: list[str] = []
+        total = 0
         for n, tok in counted:
             if rare and total + n > cap:
                 break
@@ -442,11 +444,11 @@ class Relocator:
             return []
         where = self._files_with(wanted)
         key_set = set(keys)
-        weight: Counter = Counter()
+        weight: dict[str, float] = {}
         for k in wanted:
             for rel in where[k]:
                 if rel != file:
-                    weight[rel] += 1.0 if k in key_set else 0.5
+                    weight[rel] = weight.get(rel, 0.0) + (1.0 if k in key_set else 0.5)
         for rel in weight:
             if rel in heirs:
                 weight[rel] += 0.5
@@ -544,7 +546,7 @@ class Relocator:
             scored.append((raw, sim, Suggestion(file=h.file, line=h.start + 1, end_line=h.start + h.size,
                                                   qualname=q if q is not None else "\0", score=int(round(score)), similarity=int(round(sim)),
                                                   reasons=tuple(reasons), text=text,
-                                                  confidence=confidence(sim, score, held))))
+                                                  confidence=confidence(round(sim), round(score), held))))
         scored.sort(key=lambda t: (-t[0], -t[1], t[2].file, t[2].line))
         out: list[Suggestion] = []
         for _, _, sug in scored:
