@@ -52,6 +52,7 @@ import signal
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from pydantic import ValidationError
 
@@ -234,6 +235,12 @@ class TreeRoot:
             self._state_fd = self._open_dir(None, str(self.state), self.state, create)
         return self._state_fd
 
+    def open_state_fd(self) -> int:
+        """fd of ``.sndr`` where it must exist: a state file in it was just read or written (the fd is cached)."""
+        sfd = self.state_fd()
+        assert sfd is not None, "sndr's state directory is not open"
+        return sfd
+
     def objects_fd(self, create: bool = False) -> int | None:
         if self._objects_fd is None:
             sfd = self.state_fd(create)
@@ -382,6 +389,7 @@ class TreeRoot:
                 _fsync_all([fd for fd, _, _ in staged])
                 for _, tmp, sha in staged:
                     os.replace(tmp, sha, src_dir_fd=ofd, dst_dir_fd=ofd)
+                assert ofd is not None  # staged entries exist only once objects_fd(create=True) gave an fd
                 os.fsync(ofd)
         except BaseException:
             for _, tmp, _ in staged:
@@ -516,6 +524,16 @@ def read_only_error(path: Path, exc: OSError) -> SndrError:
 # ----------------------------------------------------------------------------- commit
 
 
+class _JournalEntry(TypedDict, total=False):
+    """One file of ``journal.json``, as :func:`_commit` writes it (``mkdirs``/``rmdirs`` only where they apply)."""
+
+    path: str
+    before: str | None
+    after: str | None
+    mkdirs: list[str]
+    rmdirs: list[str]
+
+
 @dataclass
 class FileWrite:
     rel: str
@@ -609,10 +627,10 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
                                + ([old_ledger] if old_ledger is not None else [])
                                + ([new_ledger] if new_ledger is not None else []))
     it = iter(befores)
-    entries = []
+    entries: list[_JournalEntry] = []
     for w in writes:
-        entry = {"path": w.rel, "before": next(it) if w.before is not None else None,
-                 "after": sha256_bytes(w.after) if w.after is not None else None}
+        entry: _JournalEntry = {"path": w.rel, "before": next(it) if w.before is not None else None,
+                                "after": sha256_bytes(w.after) if w.after is not None else None}
         if w.after is not None and w.before is None:
             entry["mkdirs"] = _missing_dirs(tree, w.rel)
         if w.after is None:  # a created file goes: so do the directories sndr created for it
@@ -667,8 +685,9 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             drop_pyc(p)
         # The old inodes hold exactly the bytes we planned from, or a foreign
         # write landed on them before the swap: put such a file back and roll back.
-        lost = [(writes[i].rel, keep, p, writes[i].after) for i, p, keep in kept
-                if keep is not None and _read_kept(keep) != writes[i].before]
+        lost: list[tuple[str, Path | None, Path, bytes | None]] = [
+            (writes[i].rel, keep, p, writes[i].after) for i, p, keep in kept
+            if keep is not None and _read_kept(keep) != writes[i].before]
         if lost:
             raise _ForeignWrite(lost)
         for _, _, keep in kept:
@@ -676,7 +695,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
                 with contextlib.suppress(OSError):
                     os.unlink(keep)
         removed_dirs = []
-        for w, entry in zip(writes, entries):
+        for entry in entries:
             for d in entry.get("rmdirs", []):
                 try:
                     os.rmdir(tree.root / d)
@@ -697,7 +716,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             tree.unlink_state("ledger.json")
         else:
             tree.write_state("ledger.json", new_ledger)
-        os.fsync(tree.state_fd())
+        os.fsync(tree.open_state_fd())
         _fault("after_ledger")
     except _ForeignWrite as fw:
         _undo_foreign(tree, fw)
@@ -720,7 +739,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
         tree.observed(w.rel, w.after)
     tree.unlink_state("journal.json")
     try:
-        os.fsync(tree.state_fd())
+        os.fsync(tree.open_state_fd())
     except OSError:
         # The set is complete and the ledger durable; only the journal's removal may not be.
         # If it comes back after a crash, the next command rolls the set back, consistently.
@@ -768,9 +787,10 @@ def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
     """
     for rel, keep, path, after in fw.files:
         if keep is not None:
-            aside = path.with_name(f".{path.name}.sndr-foreign-{os.urandom(4).hex()}")
+            candidate = path.with_name(f".{path.name}.sndr-foreign-{os.urandom(4).hex()}")
+            aside: Path | None = candidate
             try:
-                os.link(path, aside, follow_symlinks=False)
+                os.link(path, candidate, follow_symlinks=False)
             except OSError:
                 aside = None
             os.replace(keep, path)
@@ -782,7 +802,9 @@ def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
                     fw.aside[rel] = aside
         _sweep_temps(path.parent, path.name)  # our staged temp file, if it never went in
     rels = {f[0] for f in fw.files}
-    journal = json.loads(tree.read_state("journal.json"))
+    raw = tree.read_state("journal.json")
+    assert raw is not None  # written at the start of this commit, under the lock
+    journal = json.loads(raw)
     journal["files"] = [e for e in journal["files"] if e.get("path") not in rels]
     tree.write_state("journal.json", json.dumps(journal, indent=1).encode())
 
@@ -897,9 +919,9 @@ def _recover(tree: TreeRoot) -> list[str]:
         tree.unlink_state("ledger.json")
     else:
         tree.write_state("ledger.json", tree.get_object(lb))
-    os.fsync(tree.state_fd())
+    os.fsync(tree.open_state_fd())
     tree.unlink_state("journal.json")
-    os.fsync(tree.state_fd())
+    os.fsync(tree.open_state_fd())
     return restored
 
 
@@ -953,7 +975,7 @@ def salvage_ledger(root: Path | str) -> str | None:
         if best is None:
             return None
         tree.write_state("ledger.json", best[2])
-        os.fsync(tree.state_fd())
+        os.fsync(tree.open_state_fd())
         return best[1]
 
 

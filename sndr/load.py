@@ -7,7 +7,7 @@ executed or imported. Every error names the file, and the key or line.
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -17,11 +17,6 @@ from pydantic import ValidationError
 from . import env
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
 from .model import Patch, canonical_json
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 def shipped_patches_dir() -> Path:
@@ -330,19 +325,16 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
         sources[patch.id] = str(path)
         patches.append(patch)
     if packs:
-        try:
-            from .packs import load_pack_patches
-        except ImportError:
-            load_pack_patches = None
-        if load_pack_patches is not None:
-            for patch, source in load_pack_patches():
-                if patch.id in sources:
-                    problems.append(Problem("duplicate_id", f"plugin pack patch {patch.id} shadows {sources[patch.id]}",
-                                            file=source, key="id",
-                                            hint="pack patch ids must be namespaced (e.g. ACME_0001)"))
-                    continue
-                sources[patch.id] = source
-                patches.append(patch)
+        from .packs import load_pack_patches
+
+        for patch, source in load_pack_patches():
+            if patch.id in sources:
+                problems.append(Problem("duplicate_id", f"plugin pack patch {patch.id} shadows {sources[patch.id]}",
+                                        file=source, key="id",
+                                        hint="pack patch ids must be namespaced (e.g. ACME_0001)"))
+                continue
+            sources[patch.id] = source
+            patches.append(patch)
     problems.extend(_cross_check(patches, sources))
     if problems:
         raise SndrError(problems, EXIT_BAD_INPUT)

@@ -34,6 +34,10 @@ import os
 import sys
 from importlib.machinery import ModuleSpec
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: interpreter start does not import typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 # ----------------------------------------------------------------------------- logging
 
 _logged: set[str] = set()
@@ -277,9 +281,9 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _code_stamp() -> list:
+def _code_stamp() -> list[tuple[str, int | None, int | None]]:
     root = _package_root()
-    out = []
+    out: list[tuple[str, int | None, int | None]] = []
     for name in _STAMP_MODULES:
         try:
             st = os.stat(os.path.join(root, name))
@@ -302,7 +306,7 @@ def _dir_fingerprint(h, directory: str) -> None:
         h.update(data)
 
 
-def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: "HookCache | None" = None) -> str:
+def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: HookCache | None = None) -> str:
     """sha256 of every input that decides the resolved patch set.
 
     The patch files' bytes (built-in and plugin packs), ``SNDR_ENABLE_*``, the
@@ -377,7 +381,7 @@ def build_resolved(patch_set, version: str, environ) -> dict:
             "runtime": runtime, "gate_reasons": gate_reasons(patch_set, version, environ)}
 
 
-def resolve_set(version: str, tree_id: str, environ=None, cache: "HookCache | None" = None,
+def resolve_set(version: str, tree_id: str, environ=None, cache: HookCache | None = None,
                 pdir: str | None = None) -> dict:
     """The resolved patch set: from the memo when its fingerprint matches, else loaded (pydantic) and memoised."""
     environ = os.environ if environ is None else environ
@@ -391,7 +395,7 @@ def resolve_set(version: str, tree_id: str, environ=None, cache: "HookCache | No
     from ..load import load_patch_set
 
     resolved = build_resolved(load_patch_set(pdir), version, environ)
-    if cache is not None:
+    if cache is not None and key is not None:
         cache.store_memo(key, resolved)
     return resolved
 
@@ -408,7 +412,7 @@ def _module_of(rel: str) -> str | None:
     return mod
 
 
-def cold_memory_plan(root: str, environ, cache: "HookCache | None", pdir: str) -> dict:
+def cold_memory_plan(root: str, environ, cache: HookCache | None, pdir: str) -> dict:
     """Plan the patch set over the pristine on-disk texts: the same ``build_plan`` apply runs."""
     from ..commit import decode
     from ..load import load_patch_set
@@ -465,7 +469,7 @@ def cold_memory_plan(root: str, environ, cache: "HookCache | None", pdir: str) -
     return memo
 
 
-def memory_plan(root: str, environ=None, cache: "HookCache | None" = None) -> dict:
+def memory_plan(root: str, environ=None, cache: HookCache | None = None) -> dict:
     """Warm: the memo whose every read file still has its recorded hash. Cold: plan and memoise."""
     environ = os.environ if environ is None else environ
     pdir = patches_dir(environ)
@@ -478,7 +482,7 @@ def memory_plan(root: str, environ=None, cache: "HookCache | None" = None) -> di
                    for rel, sha in memo["reads"].items()):
                 return memo
     memo = cold_memory_plan(root, environ, cache, pdir)
-    if cache is not None:
+    if cache is not None and key is not None:
         stored = {k: v for k, v in memo.items() if k != "_compiled"}
         cache.store_memo(key, stored)
     return memo
@@ -504,7 +508,7 @@ def prime_linecache(filename: str, text: str) -> None:
 class PatchedLoader:
     """Serves one target module's patched source; compiled with the real filename. Never writes the tree."""
 
-    def __init__(self, finder: "SndrFinder", fullname: str, rel: str, origin: str, entry: dict, is_package: bool):
+    def __init__(self, finder: SndrFinder, fullname: str, rel: str, origin: str, entry: dict, is_package: bool):
         self.finder = finder
         self.name = fullname
         self.rel = rel
@@ -558,7 +562,7 @@ class PatchedLoader:
 class _PostImportLoader:
     """Wraps the real loader: executes the module, restores the real loader, runs the hooks."""
 
-    def __init__(self, loader, finder: "SndrFinder", fullname: str):
+    def __init__(self, loader, finder: SndrFinder, fullname: str):
         self._loader = loader
         self._finder = finder
         self._name = fullname
@@ -603,7 +607,8 @@ class SndrFinder:
         self.problems: list[str] = []
         self.cache: HookCache | None = None
         self._compiled: dict = {}
-        self.on_serve = None  # called after a module was served (register() refreshes the attestation)
+        # called after a module was served (register() refreshes the attestation)
+        self.on_serve: Callable[[], None] | None = None
 
     # -- post-import hooks ---------------------------------------------------
 
@@ -667,11 +672,13 @@ class SndrFinder:
 
     def _serve(self, fullname: str, spec: ModuleSpec | None) -> ModuleSpec | None:
         rel, entry = self.targets[fullname]
+        assert self.root is not None  # targets are set only after _activate_inner set the root
         origin = os.path.join(self.root, rel)
         if spec is None:
             is_pkg = rel.endswith("/__init__.py")
-            new = ModuleSpec(fullname, PatchedLoader(self, fullname, rel, origin, entry, is_pkg), origin=origin,
-                             is_package=is_pkg)
+            loader = PatchedLoader(self, fullname, rel, origin, entry, is_pkg)
+            # ModuleSpec takes any PEP 451 loader; typeshed wants the importlib.abc.Loader ABC
+            new = ModuleSpec(fullname, loader, origin=origin, is_package=is_pkg)  # type: ignore[arg-type]
             if is_pkg:
                 new.submodule_search_locations = [os.path.dirname(origin)]
             new.has_location = True
@@ -681,11 +688,12 @@ class SndrFinder:
             log(f"in-memory hook: {fullname} resolves to {spec.origin}, not the planned {origin}; "
                 f"it runs WITHOUT patches {', '.join(entry['patches'])}", once_key="moved:" + fullname)
             return None
-        is_pkg = spec.submodule_search_locations is not None
+        locations = spec.submodule_search_locations
+        is_pkg = locations is not None
         loader = PatchedLoader(self, fullname, rel, origin, entry, is_pkg)
-        new = ModuleSpec(fullname, loader, origin=origin, is_package=is_pkg)
-        if is_pkg:
-            new.submodule_search_locations = list(spec.submodule_search_locations)
+        new = ModuleSpec(fullname, loader, origin=origin, is_package=is_pkg)  # type: ignore[arg-type]  # as above
+        if locations is not None:
+            new.submodule_search_locations = list(locations)
         new.has_location = True
         return new
 
@@ -747,6 +755,7 @@ class SndrFinder:
 
     def _replan_source(self, rel: str) -> str:
         """The cached source went missing: plan again (pristine hashes were checked at activation)."""
+        assert self.root is not None and self.plan is not None  # serving happens only after activation planned
         memo = cold_memory_plan(self.root, self.environ, self.cache, patches_dir(self.environ))
         compiled = memo.pop("_compiled", {})
         if rel not in compiled or memo["served"].get(rel, {}).get("patched_sha256") != \
@@ -758,6 +767,7 @@ class SndrFinder:
     def patched_code(self, rel: str, entry: dict, source: str):
         if rel in self._compiled:
             return self._compiled[rel][0]
+        assert self.root is not None and self.plan is not None  # serving happens only after activation planned
         origin = os.path.join(self.root, rel)
         sha = _sha256(source.encode("utf-8"))
         if sha != entry["patched_sha256"]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import traceback
 
-
 from sndr.apply import run_apply, run_revert, run_verify
 from sndr.load import load_patch_set
 

@@ -16,7 +16,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -123,8 +122,8 @@ def test_cache_swap_attack_by_another_uid_never_runs_its_code(tmp_path):
 
     code = PrivateDir.open(forged / "hook" / "code")
     code._secret = PrivateDir.open(forged / "hook").secret()
-    from importlib.util import MAGIC_NUMBER
     import marshal
+    from importlib.util import MAGIC_NUMBER
 
     names = [n for n in os.listdir(code.fd) if not n.startswith(".")]
     assert names, "the hook wrote no code cache to forge"
@@ -207,7 +206,8 @@ def test_planted_compile_ok_marker_does_not_let_a_broken_patch_through(tmp_path,
     """Section 1: one planted empty marker file let a non-compiling patch apply with exit 0."""
     import hashlib
 
-    from sndr import caches, plan as plan_mod
+    from sndr import caches
+    from sndr import plan as plan_mod
 
     tree = pin_subtree(FILES)
     broken = patch_text(replacement="        return max(0, self.free_block_queue.num_free_blocks\n")
@@ -228,8 +228,8 @@ def test_planted_compile_ok_marker_does_not_let_a_broken_patch_through(tmp_path,
 
 def test_plan_on_a_read_only_filesystem_with_no_cache_dir_writes_nothing(tmp_path, pin_subtree, monkeypatch):
     """Issue 19 section 2: the core finds no cache by itself, whatever the environment says."""
-    from sndr.plan import build_plan
     from sndr.commit import TreeRoot
+    from sndr.plan import build_plan
 
     tree = pin_subtree(FILES)
     pdir = _patches(tmp_path, _two_files())
@@ -441,7 +441,7 @@ def test_racing_appender_never_loses_a_line(tmp_path, pin_subtree, op, runs):
             assert run_apply(tree, patch_set).ok
         delay = rng.uniform(0, span * 1.2)
 
-        def writer():
+        def writer(delay: float = delay, n: int = n) -> None:  # bound now: the thread runs within this iteration
             time.sleep(delay)
             for k in range(rng.randint(1, 3)):
                 line = f"# foreign {n}.{k}\n".encode()
