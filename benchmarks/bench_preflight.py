@@ -49,9 +49,9 @@ sys.path.insert(0, str(ROOT))
 from sndr.load import load_patch_set  # noqa: E402
 from sndr.model import Edit, FileEdits, Patch, RuntimeEdit  # noqa: E402
 from sndr.preflight.report import run_preflight  # noqa: E402
-from tests.preflight_oracle import true_location  # noqa: E402
 from sndr.tomlwrite import dumps_patch  # noqa: E402
 from sndr.tree import open_tree  # noqa: E402
+from tests.preflight_oracle import true_location  # noqa: E402
 
 PIN, CANDIDATE = "vllm==0.32.0", "vllm==0.33.0"
 KU = "vllm/v1/core/kv_cache_utils.py"
@@ -211,7 +211,7 @@ def write_set(patches: list[Patch], dest: Path) -> None:
 def floor(spec: str) -> float:
     t0 = time.perf_counter()
     tree = open_tree(spec)
-    for rel, data in tree._iter_contents():
+    for _rel, data in tree._iter_contents():
         hashlib.sha256(data).digest()
     return time.perf_counter() - t0
 
@@ -334,11 +334,8 @@ def big_stack(runs: int, json_out: str | None) -> int:
     # shared (on a loaded 2-core box the wall clock can be several times the CPU time).
     for mode in ("direct", "via"):
         once(mode)  # warm-up: OS cache, per-tree line indexes and scopes on disk
-        walls, cpus, report = [], [], None
-        for _ in range(max(1, runs)):
-            dt, ct, report = once(mode)
-            walls.append(dt)
-            cpus.append(ct)
+        samples = [once(mode) for _ in range(max(1, runs))]  # (wall, CPU, report) per run
+        walls, cpus, report = [s[0] for s in samples], [s[1] for s in samples], samples[-1][2]
         n_sug = sum(1 for p in report.patches for e in p.edits if e.confidence is not None)
         res[mode] = {"seconds": min(walls), "cpu_seconds": min(cpus), "suggested_edits": n_sug,
                      "confidence": report.summary.confidence}

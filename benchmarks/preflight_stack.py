@@ -170,9 +170,9 @@ def generate(pin: dict[str, str], cand: dict[str, str], n_patches: int = 260, se
                 anchor = "\n".join(win) + "\n"
                 if pin[rel].count(anchor) != 1 or not _unique_here(win, rel, pin, counts, stripped, cand_stripped):
                     continue
-                c = cand.get(rel)
-                drifts = c is None or anchor not in c
-                if c is not None and c.count(anchor) > 1:
+                ctext = cand.get(rel)
+                drifts = ctext is None or anchor not in ctext
+                if ctext is not None and ctext.count(anchor) > 1:
                     continue
                 # Keep the mix: drifted edits until the quota is met, survivors for the rest.
                 if drifts and n_drift >= want_drift:
@@ -214,7 +214,7 @@ def hop_truth(anchor: str, file: str, versions: list[str]):
     [(version, file, line), ...].
     """
     cur, rel = anchor, file
-    path = [(versions[0], file, None)]
+    path: list[tuple[str, str, int | None]] = [(versions[0], file, None)]  # the pin's line is not needed
     for a, b in zip(versions, versions[1:]):
         ta, tb = texts(a), texts(b)
         got = tb.get(rel)
@@ -229,8 +229,10 @@ def hop_truth(anchor: str, file: str, versions: list[str]):
         cur = "\n".join(tb[rel].split("\n")[lo - 1:hi]) + "\n"
         path.append((b, rel, lo))
     lines = cur.rstrip("\n").split("\n")
-    last = path[-1]
-    return (last[1], last[2], last[2] + len(lines) - 1), path
+    _, last_file, first = path[-1]
+    if first is None:  # only the pin's entry: no hop was made
+        raise ValueError(f"hop_truth needs two versions or more, got {versions}")
+    return (last_file, first, first + len(lines) - 1), path
 
 
 def label(anchor: str, file: str, versions: list[str]):

@@ -253,27 +253,23 @@ ENV_EXCEPTIONS = {
                      "and reads only the test fault switch SNDR_TEST_FAULT",
 }
 #: Waiting on another engineer's file (each must still be there: a fix removes its entry).
-ENV_PENDING = {
-    "sndr/preflight/analysis.py": "builds 'SNDR_ENABLE_' + id by hand instead of env.enable_var (issue 20)",
-}
+ENV_PENDING: dict[str, str] = {}
 
 #: ``os.replace``/``os.rename`` outside sndr/fsio.py and the transaction, justified.
 REPLACE_EXCEPTIONS = {
     "sndr/commit.py": "the transaction: journal, objects and the commit's own replace protocol",
     "sndr/tree.py": "publishes a whole fetched tree directory and moves a wheel pip downloaded into a temp dir: "
                     "directory and whole-download renames, not file writes (fsio.atomic_write writes bytes)",
+    "sndr/preflight/lineindex.py": "the line index is a sqlite database that sqlite writes itself into a temp "
+                                   "from fsio.create_temp, then os.replace'd into place (fsio.atomic_write "
+                                   "writes bytes it is given)",
 }
-REPLACE_PENDING = {
-    "sndr/preflight/lineindex.py": "a sqlite index built in a mkstemp file, then os.replace'd (issue 20): sqlite "
-                                   "writes the file itself, so move it to REPLACE_EXCEPTIONS with that reason, or "
-                                   "take the temp from fsio.create_temp",
-}
+REPLACE_PENDING: dict[str, str] = {}
 
 #: Catching UnicodeDecodeError alone (a strict decode with its own error) outside sndr/fsio.py.
 DECODE_PENDING = {
     "sndr/commit.py": "decode(): should be fsio.decode_strict (issue 23)",
     "sndr/load.py": "load_patch_file: should be fsio.read_text_strict (issue 23)",
-    "sndr/preflight/snapshot.py": "read_text: should be fsio.decode_strict (issue 20)",
 }
 
 

@@ -17,10 +17,17 @@ from pathlib import Path
 import pytest
 
 from sndr.load import load_patch_set
-from tests.preflight_oracle import true_location
 from sndr.model import Verdict
-from sndr.preflight.report import (PreflightReport, cli_main, exit_code, github_annotations, render_markdown,
-                            render_sarif, run_preflight)
+from sndr.preflight.report import (
+    PreflightReport,
+    cli_main,
+    exit_code,
+    github_annotations,
+    render_markdown,
+    render_sarif,
+    run_preflight,
+)
+from tests.preflight_oracle import true_location
 
 DATA = Path(__file__).parent / "data" / "preflight"
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +161,7 @@ def test_top_suggestion_overlaps_the_true_location(case, request):
     located = _located(case, request)
     assert located
     misses = []
-    for key, e, anchor, truth in located:
+    for key, e, _anchor, truth in located:
         assert truth is not None, f"{key}: the oracle lost the region; the test data is wrong"
         rel, lo, hi = truth
         top = e.suggestions[0] if e.suggestions else None
@@ -486,8 +493,9 @@ def test_confidence_class_in_every_output(bump):
 
 def test_no_confident_match_whenever_nothing_reaches_medium(bump):
     """Every drifted edit whose best suggestion is low (or that has none) says so, in every output."""
-    from sndr.preflight.render import NO_CONFIDENT, render_terminal
     from rich.console import Console
+
+    from sndr.preflight.render import NO_CONFIDENT, render_terminal
 
     ps, report, _, _ = bump
     weak = [e for p in report.patches for e in p.edits if e.kind == "text" and e.confidence == "low"]

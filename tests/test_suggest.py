@@ -80,12 +80,14 @@ def test_unchanged_files_are_not_searched():
 # (found by difflib, tests/preflight_oracle.py, over the full trees) and that
 # with the rule's weight set to zero the competitor wins: the rule decides.
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
 from sndr.locate import scopes  # noqa: E402
 from sndr.preflight import suggest as S  # noqa: E402
 
-_ROOTS: dict[str, object] = {}
+_ROOTS: dict[str, Path] = {}
 
 
 @pytest.fixture(autouse=False)

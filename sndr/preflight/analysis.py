@@ -10,17 +10,32 @@ two plans, names the transitions, asks :mod:`.suggest` (through
 from __future__ import annotations
 
 import os
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+from ..env import enable_var
 from ..errors import EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from ..load import PatchSet
 from ..model import EditResult, Patch, PatchResult, Verdict
 from ..plan import build_plan
-from .models import (_LEVEL, _NEEDS_SUGGESTIONS, _OK, Action, ChainBreak, EditEntry, EditRef, MarkerChange,
-                     PatchEntry, PatchSetInfo, PreflightReport, SuggestionModel)
+from .models import (
+    _LEVEL,
+    _NEEDS_SUGGESTIONS,
+    _OK,
+    Action,
+    ChainBreak,
+    EditEntry,
+    EditKind,
+    EditRef,
+    MarkerChange,
+    MarkerScope,
+    PatchEntry,
+    PatchSetInfo,
+    PreflightReport,
+    SuggestionModel,
+)
 from .snapshot import Snapshot, changed_files
 from .suggest import Relocator
 
@@ -43,7 +58,7 @@ class _Ctx:
 def _all_enabled(patch_set: PatchSet, environ) -> dict:
     env = dict(environ)
     for p in patch_set.patches:
-        env["SNDR_ENABLE_" + re.sub(r"[^A-Za-z0-9_]", "_", p.id).upper()] = "1"
+        env[enable_var(p.id)] = "1"
     return env
 
 
@@ -161,7 +176,7 @@ def _rel_source(path: str) -> str:
         return path
 
 
-def _edit_kind(p: Patch | None, name: str) -> str:
+def _edit_kind(p: Patch | None, name: str) -> EditKind:
     if p is None:
         return "text"
     if any(r.name == name for r in p.runtime):
@@ -487,7 +502,7 @@ def marker_changes(patch_set: PatchSet, pin: Snapshot, cand: Snapshot) -> tuple[
     merged: list[MarkerChange] = []
     reverted: list[MarkerChange] = []
     for p in patch_set.patches:
-        checks: list[tuple[str | None, str, str, str]] = []  # (edit, scope, file, marker)
+        checks: list[tuple[str | None, MarkerScope, str, str]] = []  # (edit, scope, file, marker)
         for f in p.files:
             for m in p.merged_markers:
                 checks.append((None, "patch", f.path, m))

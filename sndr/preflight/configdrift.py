@@ -25,9 +25,10 @@ import ast
 import fnmatch
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -69,7 +70,8 @@ _REQUIREMENT_FILES = (
 
 
 class TreeLike(Protocol):
-    version: Any
+    @property
+    def version(self) -> Any: ...  # read-only, so a Snapshot's property satisfies it
 
     def read_text(self, rel: str) -> str | None: ...
 
@@ -202,7 +204,7 @@ class ConfigDrift(_Model):
     has_attention: bool = Field(default=False, description="true when any watched item changed (--fail-on config)")
 
     @model_validator(mode="after")
-    def _count_attention(self) -> "ConfigDrift":
+    def _count_attention(self) -> ConfigDrift:
         n = sum(1 for item in self.items() if item.attention)
         # Derived, so it can never disagree with the lists it summarises.
         self.attention_count = n
@@ -345,6 +347,7 @@ class _Source:
         self.tree = tree
         self._parsed: dict[str, ast.Module | None] = {}
         self.errors: dict[str, str] = {}
+        self._files: set[str] | None
         try:
             self._files = set(tree.files())
         except Exception:  # a view without a listing still answers read_text
@@ -984,7 +987,11 @@ def _describe(found: _Found, in_class: bool) -> _Target:
     return _Target("attribute", None, None, loc)
 
 
-def _find_target(src: _Source, target: str) -> tuple[str, _Target | None]:
+#: What :func:`_find_target` can say; the target is not None exactly when it says "ok".
+_FindStatus = Literal["ok", "missing", "module_missing", "unparsable"]
+
+
+def _find_target(src: _Source, target: str) -> tuple[_FindStatus, _Target | None]:
     module, _, qual = target.partition(":")
     if src.module_file(module) is None:
         return "module_missing", None
@@ -1020,26 +1027,30 @@ def _runtime_targets(patches: Iterable[Any], ps: _Source, cs: _Source,
 def _check_target(patch_id: str, edit: Any, ps: _Source, cs: _Source,
                   candidate_read: Any = None) -> RuntimeTargetChange:
     target: str = edit.target
-    base = dict(patch=patch_id, edit=edit.name, target=target, required=getattr(edit, "required", True),
+    # Keyword arguments of RuntimeTargetChange, which validates them.
+    base: dict[str, Any] = dict(patch=patch_id, edit=edit.name, target=target, required=getattr(edit, "required", True),
                 declared_signature=getattr(edit, "signature", None))
     module = target.partition(":")[0]
     if module.split(".")[0] != "vllm":
         return RuntimeTargetChange(**base, status="unchecked", note="target is outside vllm; not in the trees")
     pst, pt = _find_target(ps, target)
     cst, ct = _find_target(cs, target)
-    fields = dict(pin_signature=pt.signature if pt else None, candidate_signature=ct.signature if ct else None,
-                  pin_location=pt.location if pt else None, candidate_location=ct.location if ct else None,
-                  kind=(ct or pt).kind if (ct or pt) else None)
-    if cst != "ok":
+    either = ct or pt  # the kind on the candidate, else on the pin
+    fields: dict[str, Any] = dict(pin_signature=pt.signature if pt else None,
+                                  candidate_signature=ct.signature if ct else None,
+                                  pin_location=pt.location if pt else None,
+                                  candidate_location=ct.location if ct else None,
+                                  kind=either.kind if either else None)
+    if ct is None:  # cst != "ok"
         note = {"module_missing": f"module {module} does not exist on the candidate",
                 "unparsable": f"module {module} cannot be parsed on the candidate",
                 "missing": f"{target.partition(':')[2]} not found in {module} on the candidate"}[cst]
-        if pst == "ok":
+        if pt is not None:  # pst == "ok"
             note += f" (it was at {pt.location} on the pin)"
         return RuntimeTargetChange(**base, **fields, status=cst, note=note)
     notes = []
     status: RuntimeStatus = "ok"
-    if pst != "ok":
+    if pt is None:  # pst != "ok"
         notes.append("not found on the pin; new on the candidate")
     elif pt.params is not None and ct.params is not None and pt.signature != ct.signature:
         status = "signature_changed"

@@ -33,7 +33,7 @@ from rapidfuzz import fuzz
 from .. import env
 from ..errors import bad_input
 from ..locate import scopes
-from .models import HopStep
+from .models import Confidence, HopStep
 from .snapshot import Snapshot, changed_files
 from .suggest import Relocator, Suggestion, anchor_lines
 
@@ -109,17 +109,19 @@ def resolve_via(via, pin_version: str, cand_version: str) -> list[str]:
 
     items = auto_releases(pin_version, cand_version) if via == "auto" else list(via)
     specs = []
-    prev = None
+    prev: Version | None = None
     for item in items:
         spec = f"vllm=={item}" if _VERSION.match(item) else item
         if _VERSION.match(item):
+            v: Version | None
             try:
                 v, lo, hi = Version(item), Version(pin_version), Version(cand_version)
             except InvalidVersion:
-                v = lo = hi = None
-            if v is not None and not (lo < v < hi and (prev is None or prev < v)):
-                raise bad_input("bad_via", f"--via {item}: not between {pin_version} and {cand_version} in order",
-                                key="--via")
+                v = None
+            else:
+                if not (lo < v < hi and (prev is None or prev < v)):
+                    raise bad_input("bad_via", f"--via {item}: not between {pin_version} and {cand_version} in order",
+                                    key="--via")
             prev = v
         specs.append(spec)
     return specs
@@ -216,7 +218,7 @@ class _State:
     qualname: str | None
     line: int | None
     scores: list[int] = field(default_factory=list)
-    classes: list[str] = field(default_factory=list)
+    classes: list[Confidence] = field(default_factory=list)
     last: list[Suggestion] = field(default_factory=list)
     path: list[HopStep] = field(default_factory=list)
     lost: bool = False
@@ -230,7 +232,7 @@ class Chain:
     relocators: list[Relocator] = field(default_factory=list)
 
     @classmethod
-    def build(cls, pin: Snapshot, via_specs: list[str], cand: Snapshot) -> "Chain":
+    def build(cls, pin: Snapshot, via_specs: list[str], cand: Snapshot) -> Chain:
         states = [tree_state(pin), *(tree_state(s) for s in via_specs), tree_state(cand)]
         chain = cls(states)
         for a, b in zip(states, states[1:]):
@@ -251,7 +253,7 @@ def _exact(text: str | None, anchor: str, near: int | None) -> int | None:
     pos = text.find(anchor)
     if pos < 0:
         return None
-    lines = []
+    lines: list[int] = []
     while pos >= 0 and len(lines) < 50:
         lines.append(text.count("\n", 0, pos) + 1)
         pos = text.find(anchor, pos + 1)

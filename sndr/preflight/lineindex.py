@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .. import env
+from .. import env, fsio
 
 __all__ = ["Lazy", "MemoryIndex", "TreeIndex", "tree_index", "for_snapshot", "MIN_LINE"]
 
@@ -95,7 +94,9 @@ class TreeIndex:
 
 def _build(path: Path, files: list[str], text_of: Callable[[str], str | None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".lines-", suffix=".sqlite", dir=path.parent)
+    # sqlite writes the file itself, so fsio.atomic_write (which writes bytes) cannot; the temp
+    # beside ``path`` still comes from fsio (random name, O_EXCL | O_NOFOLLOW, marked as sndr's).
+    fd, tmp = fsio.create_temp(path, 0o600)
     os.close(fd)
     try:
         db = sqlite3.connect(tmp)

@@ -50,6 +50,8 @@ class PatchSetInfo(_Model):
 
 
 Confidence = Literal["high", "medium", "low"]
+EditKind = Literal["text", "create", "runtime"]
+MarkerScope = Literal["patch", "file", "edit"]
 
 
 class SuggestionModel(_Model):
@@ -91,7 +93,7 @@ class ChainBreak(_Model):
 class EditEntry(_Model):
     file: str
     name: str
-    kind: Literal["text", "create", "runtime"] = "text"
+    kind: EditKind = "text"
     required: bool = True
     group: str | None = None
     verdict: Verdict = Field(description="on the candidate")
@@ -154,7 +156,7 @@ class EditRef(_Model):
 class MarkerChange(_Model):
     patch: str
     edit: str | None = Field(default=None, description="None for a patch- or file-level marker")
-    scope: Literal["patch", "file", "edit"]
+    scope: MarkerScope
     file: str
     marker: str
     pin_present: bool
@@ -179,7 +181,8 @@ class Summary(_Model):
 
 
 class PreflightReport(_Model):
-    """``python -m sndr preflight --json``: pin vs candidate, per DESIGN.md section 4."""
+    """``python -m sndr preflight --json``: every edit's verdict (docs/format.md, "Verdicts of one edit")
+    on the pin and on the candidate, paired."""
 
     tool: str = "sndr"
     format: int = FORMAT

@@ -247,7 +247,9 @@ def render_markdown(report: PreflightReport, patch_set: PatchSet | None = None) 
 
 
 def _md_edit_block(p: PatchEntry, e: EditEntry, anchor: str | None, level: str = "###") -> list[str]:
-    verdict = e.verdict.value if e.verdict != Verdict.GATED else f"gated (would be {e.verdict_if_enabled.value})"
+    verdict = e.verdict.value
+    if e.verdict == Verdict.GATED:
+        verdict = f"gated (would be {e.verdict_if_enabled.value})" if e.verdict_if_enabled else "gated"
     out = [f"{level} {p.id} `{e.name}`: {verdict} in `{e.file}`", ""]
     where = _loc(e.file, e.pin_line, e.pin_qualname)
     out += [f"{p.title} - on the pin at {_code(where)}. {_md_cell(e.reason, 300)}", ""]

@@ -17,8 +17,20 @@ from __future__ import annotations
 from .analysis import exit_code, marker_changes, run_preflight
 from .annotations import github_annotations, render_sarif
 from .cli import build_parser, cli_main
-from .models import (FAIL_ON_CHOICES, FORMAT, ChainBreak, EditEntry, EditRef, MarkerChange, PatchEntry, PatchSetInfo,
-                     PreflightReport, SuggestionModel, Summary, TreeInfo)
+from .models import (
+    FAIL_ON_CHOICES,
+    FORMAT,
+    ChainBreak,
+    EditEntry,
+    EditRef,
+    MarkerChange,
+    PatchEntry,
+    PatchSetInfo,
+    PreflightReport,
+    SuggestionModel,
+    Summary,
+    TreeInfo,
+)
 from .render import render_markdown, render_terminal, suggestion_diff
 from .snapshot import Snapshot, changed_files
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import SndrError, bad_input
+from ..fsio import FileProblem, decode_strict
 from .models import TreeInfo
 
 # ============================================================================ reading trees
@@ -81,11 +82,9 @@ class Snapshot:
                 self._text[rel] = None
             else:
                 try:
-                    self._text[rel] = data.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    line = data[: exc.start].count(b"\n") + 1
-                    raise bad_input("not_utf8", f"not valid UTF-8 at byte {exc.start} ({exc.reason})",
-                                    file=rel, line=line) from None
+                    self._text[rel] = decode_strict(data, rel, "file")  # the strict-decode rule's one home
+                except FileProblem as exc:
+                    raise bad_input(exc.code, f"not valid UTF-8: {exc.message}", file=rel, line=exc.line) from None
         return self._text[rel]
 
     def text_or_none(self, rel: str) -> str | None:

@@ -55,16 +55,20 @@ code that really vanished gets ``high``.
 from __future__ import annotations
 
 import re
-from collections import Counter
-from dataclasses import dataclass, field, replace
 from bisect import bisect_right
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from rapidfuzz import fuzz, process
 
 from ..locate import Scopes, scopes
 from .lineindex import MemoryIndex
+
+if TYPE_CHECKING:  # the Literal's home; not imported at run time (models pulls in pydantic)
+    from .models import Confidence
 
 __all__ = ["Suggestion", "Relocator", "anchor_lines", "key_lines", "confidence", "held_share", "CONFIDENCE_CLASSES"]
 
@@ -116,7 +120,7 @@ MAX_TOKEN_HITS = 64
 SHORTLIST = 8
 
 # -- confidence classes (calibrated: benchmarks/calibrate_preflight.py, docs/preflight-calibration.md) ---
-CONFIDENCE_CLASSES = ("high", "medium", "low")
+CONFIDENCE_CLASSES: tuple[Confidence, ...] = ("high", "medium", "low")
 #: ``high``: at least this similar, this score, and holding at least this share of the anchor's
 #: distinctive lines verbatim (fitted on seed 11, validated on held-out stacks).
 HIGH_SIMILARITY = 84
@@ -129,7 +133,7 @@ MEDIUM_SCORE = 82
 MEDIUM_HELD = 0.34
 
 
-def confidence(similarity: float, score: float, held: float = 1.0) -> str:
+def confidence(similarity: float, score: float, held: float = 1.0) -> Confidence:
     """``high``, ``medium`` or ``low`` for a suggestion (thresholds above, calibrated on real trees).
 
     ``held`` is the share of the anchor's distinctive lines (:func:`key_lines`)
@@ -161,7 +165,7 @@ class Suggestion:
     similarity: int  # 0-100: rapidfuzz ratio of stripped lines
     reasons: tuple[str, ...] = ()
     text: str = ""
-    confidence: str = "low"
+    confidence: Confidence = "low"
 
 
 def anchor_lines(anchor: str) -> list[str]:
@@ -287,7 +291,7 @@ class Relocator:
     hops), so a tree's per-file views are built once.
     """
 
-    def __init__(self, pin_text: Callable[[str], "str | None"], cand_text: Callable[[str], "str | None"],
+    def __init__(self, pin_text: Callable[[str], str | None], cand_text: Callable[[str], str | None],
                  changed: Iterable[str], scopes_of: Callable[[str], Scopes] = scopes,
                  files: dict | None = None, index=None):
         self._scopes = scopes_of
