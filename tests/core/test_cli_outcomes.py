@@ -188,13 +188,19 @@ def test_real_sigint_leaves_a_whole_tree_no_traceback_no_probe(tree, delay, vllm
     time.sleep(startup_s + delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode in (0, 130), err
-    assert "Traceback" not in err
-    if proc.returncode == 130:
-        assert len(err.strip().splitlines()) == 1 and "interrupted" in err
-    assert _probes(tree) == []
     patched = run_verify(tree, load_patch_set(DATA, packs=False), environ={}).ok
     pristine = all((tree / f).read_bytes() == (vllm_pin_root / f).read_bytes() for f in FILES)
+    if proc.returncode == -signal.SIGINT:
+        # The signal landed outside sndr's code: while the interpreter was still starting, or after
+        # the command finished, during interpreter shutdown (CPython then dies by SIGINT). No
+        # traceback either way, and the tree must still be whole (checked below).
+        assert "Traceback" not in err, err
+    else:
+        assert proc.returncode in (0, 130), err
+        assert "Traceback" not in err
+        if proc.returncode == 130:
+            assert len(err.strip().splitlines()) == 1 and "interrupted" in err
+    assert _probes(tree) == []
     assert patched or pristine
 
 
