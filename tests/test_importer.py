@@ -293,3 +293,35 @@ def test_created_modules_and_package_resources_are_served(box):
     """)
     assert "OUT created by sndr resource" in proc.stdout
     assert not (box.root / "vllm" / "sub" / "extra.py").exists()
+
+
+def test_memo_key_ignores_the_process_argv_unless_a_patch_has_when(box, tmp_path):
+    """Spawned vLLM workers have argv naming fresh pipe fds: a set without `when` must still hit the warm memo."""
+    from sndr import profile as profmod
+
+    env = {"SNDR_CACHE_DIR": str(tmp_path / "cache")}
+    cache = importer.open_cache(env)
+    tid = importer.tree_identity(str(box.root)) + "\0" + "0.32.0"
+    pdir = str(box.patches)
+
+    def resolve_as(argv):
+        profmod.use_process_profile(profmod.process_profile(env, argv=argv))
+        try:
+            resolved = importer.resolve_set("0.32.0", importer.tree_identity(str(box.root)), env, cache, pdir)
+            return importer.memo_key("set-", pdir, tid, env, cache)[0], resolved
+        finally:
+            profmod.use_process_profile(None)
+
+    k1, r1 = resolve_as(["-c", "from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=11)"])
+    k2, r2 = resolve_as(["-c", "from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=17)"])
+    assert not r1["needs_profile"] and k1 == k2 and r1["digest"] == r2["digest"]
+    assert cache.load_memo(k1)["digest"] == r1["digest"]  # stored where the next process looks
+
+    # A set with a `when` table: the profile decides it, so the key follows the process's argv.
+    when = box.patches / "F0009-when.toml"
+    when.write_text('id = "F0009"\ntitle = "when"\nkind = "text"\nwhen = { quantization = "fp8" }\n'
+                    '[[files]]\npath = "vllm/engine.py"\n[[files.edits]]\nname = "w"\n'
+                    'anchor = "def answer():\\n"\nreplacement = "def answer():  # w\\n"\n')
+    k3, r3 = resolve_as(["vllm", "serve", "m", "--quantization", "fp8"])
+    k4, _ = resolve_as(["vllm", "serve", "m"])
+    assert r3["needs_profile"] and k3 != k4 and k3.startswith("set-p-")

@@ -306,7 +306,8 @@ def _dir_fingerprint(h, directory: str) -> None:
         h.update(data)
 
 
-def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: HookCache | None = None) -> str:
+def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: HookCache | None = None,
+                    profile: bool = True) -> str:
     """sha256 of every input that decides the resolved patch set.
 
     The patch files' bytes (built-in and plugin packs), ``SNDR_ENABLE_*``, the
@@ -321,9 +322,10 @@ def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: HookCache | No
     h = hashlib.sha256()
     h.update(repr((_py_tag(), _code_stamp(), tree_id)).encode())
     h.update(repr(sorted((k, v) for k, v in environ.items() if k.startswith(env.ENABLE_PREFIX))).encode())
-    from .. import profile as _profile  # `when` reads the deployment profile: it decides the set too
+    if profile:  # only for a set with `when` tables (see memo_key): the profile decides it then
+        from .. import profile as _profile
 
-    h.update(_profile.active_fingerprint(environ).encode())
+        h.update(_profile.active_fingerprint(environ).encode())
     _dir_fingerprint(h, os.path.abspath(pdir))
     from .. import packs
 
@@ -377,8 +379,37 @@ def build_resolved(patch_set, version: str, environ) -> dict:
     gated = sorted(p.id for p in patch_set.patches if p.id not in set(on))
     from ..plan import gate_reasons  # why each is gated (when_unknown, ...): sndr status shows it
 
+    needs_profile = any(p.when for p in patch_set.patches)
     return {"format": 1, "version": version, "enabled": on, "gated": gated, "digest": digest, "patches": patches,
+            "needs_profile": needs_profile,
             "runtime": runtime, "gate_reasons": gate_reasons(patch_set, version, environ)}
+
+
+def memo_key(prefix: str, pdir: str, tree_id: str, environ, cache: HookCache) -> tuple[str, str]:
+    """(key to read, key without the profile) of a memo of the resolved set.
+
+    The deployment profile (``SNDR_PROFILE`` and, in a vLLM process, its own
+    command line) decides a set only when a patch has a ``when`` table. So the
+    memo is keyed without it, and a set with ``when`` leaves a marker there
+    (``needs_profile``) that sends readers to a key with the profile. Keying
+    every set on the process's argv would send each spawned worker (its argv
+    names fresh pipe fds) down the cold path.
+    """
+    base = prefix + set_fingerprint(pdir, tree_id, environ, cache, profile=False)
+    marker = cache.load_memo(base)
+    if marker is not None and marker.get("needs_profile"):
+        return prefix + "p-" + set_fingerprint(pdir, tree_id, environ, cache, profile=True), base
+    return base, base
+
+
+def store_keyed(cache: HookCache, prefix: str, base: str, pdir: str, tree_id: str, environ, obj: dict,
+                needs_profile: bool) -> None:
+    """Store ``obj`` where :func:`memo_key` will find it."""
+    if not needs_profile:
+        cache.store_memo(base, obj)
+        return
+    cache.store_memo(base, {"format": 1, "needs_profile": True})
+    cache.store_memo(prefix + "p-" + set_fingerprint(pdir, tree_id, environ, cache, profile=True), obj)
 
 
 def resolve_set(version: str, tree_id: str, environ=None, cache: HookCache | None = None,
@@ -386,17 +417,18 @@ def resolve_set(version: str, tree_id: str, environ=None, cache: HookCache | Non
     """The resolved patch set: from the memo when its fingerprint matches, else loaded (pydantic) and memoised."""
     environ = os.environ if environ is None else environ
     pdir = pdir or patches_dir(environ)
-    key = None
+    tid = tree_id + "\0" + version
+    base = None
     if cache is not None:
-        key = "set-" + set_fingerprint(pdir, tree_id + "\0" + version, environ, cache)
+        key, base = memo_key("set-", pdir, tid, environ, cache)
         hit = cache.load_memo(key)
-        if hit is not None and hit.get("format") == 1:
+        if hit is not None and hit.get("format") == 1 and not hit.get("needs_profile"):
             return hit
     from ..load import load_patch_set
 
     resolved = build_resolved(load_patch_set(pdir), version, environ)
-    if cache is not None and key is not None:
-        cache.store_memo(key, resolved)
+    if cache is not None and base is not None:
+        store_keyed(cache, "set-", base, pdir, tid, environ, resolved, bool(resolved.get("needs_profile")))
     return resolved
 
 
@@ -473,18 +505,20 @@ def memory_plan(root: str, environ=None, cache: HookCache | None = None) -> dict
     """Warm: the memo whose every read file still has its recorded hash. Cold: plan and memoise."""
     environ = os.environ if environ is None else environ
     pdir = patches_dir(environ)
-    key = None
+    base = None
+    tid = tree_identity(root)
     if cache is not None:
-        key = "mem-" + set_fingerprint(pdir, tree_identity(root), environ, cache)
+        key, base = memo_key("mem-", pdir, tid, environ, cache)
         memo = cache.load_memo(key)
         if memo is not None and memo.get("format") == 1 and memo.get("root") == os.path.abspath(root):
             if all((None if (d := _read(os.path.join(root, rel))) is None else _sha256(d)) == sha
                    for rel, sha in memo["reads"].items()):
                 return memo
     memo = cold_memory_plan(root, environ, cache, pdir)
-    if cache is not None and key is not None:
+    if cache is not None and base is not None:
         stored = {k: v for k, v in memo.items() if k != "_compiled"}
-        cache.store_memo(key, stored)
+        needs = bool((memo.get("resolved") or {}).get("needs_profile"))
+        store_keyed(cache, "mem-", base, pdir, tid, environ, stored, needs)
     return memo
 
 

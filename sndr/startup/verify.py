@@ -114,7 +114,7 @@ def _version_key(root: str) -> str:
 
 def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importer.HookCache, pdir: str) -> str:
     # resolve_set's key, exactly (the memo every vLLM process reads and writes).
-    return "set-" + importer.set_fingerprint(pdir, importer.tree_identity(root) + "\0" + version, environ, cache)
+    return importer.memo_key("set-", pdir, importer.tree_identity(root) + "\0" + version, environ, cache)[0]
 
 
 def _read_state(sfd: int, name: str) -> bytes | None:
