@@ -22,15 +22,14 @@ check does, so a test can prove the copies are the pinned code.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
-import sys
 import types
 import zipfile
 from pathlib import Path
 
 from ... import env as sndr_env
+from .._baseline import load_with_stubs
 
 FILES = ("fused_recurrent.py", "fused_sigmoid_gating.py")
 _PKG = "vllm.third_party.flash_linear_attention.ops"
@@ -107,26 +106,7 @@ def load(src: Path) -> types.SimpleNamespace:
 
     stubs[f"{_PKG}.op"] = _fla_op_stub
 
-    names = list(stubs) + [f"{_PKG}.{f[:-3]}" for f in FILES]
-    saved = {n: sys.modules.get(n) for n in names}
-    loaded = {}
-    try:
-        sys.modules.update(stubs)
-        for f in FILES:
-            name = f"{_PKG}.{f[:-3]}"
-            spec = importlib.util.spec_from_file_location(name, src / f)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {src / f}")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            loaded[f[:-3]] = mod
-    finally:
-        for n, prev in saved.items():
-            if prev is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = prev
+    loaded = load_with_stubs(_PKG, src, FILES, stubs)
     return types.SimpleNamespace(
         packed_decode=loaded["fused_recurrent"].fused_recurrent_gated_delta_rule_packed_decode,
         sigmoid_gating_update=loaded["fused_sigmoid_gating"].fused_sigmoid_gating_delta_rule_update,

@@ -14,13 +14,12 @@ in the same process is left alone.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import types
 from pathlib import Path
 
 from ... import env as sndr_env
+from .._baseline import load_with_stubs
 
 FILES = ("triton_decode_attention.py", "triton_turboquant_decode.py", "triton_turboquant_store.py")
 _PKG = "vllm.v1.attention.ops"
@@ -80,26 +79,7 @@ def load(src: Path) -> types.SimpleNamespace:
     pl.__dict__.update(current_platform=_Platform())
     stubs["vllm.platforms"] = pl
 
-    names = list(stubs) + [f"{_PKG}.{f[:-3]}" for f in FILES]
-    saved = {n: sys.modules.get(n) for n in names}
-    loaded = {}
-    try:
-        sys.modules.update(stubs)
-        for f in FILES:
-            name = f"{_PKG}.{f[:-3]}"
-            spec = importlib.util.spec_from_file_location(name, src / f)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {src / f} as a module")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            spec.loader.exec_module(mod)
-            loaded[f[:-3]] = mod
-    finally:
-        for n, old in saved.items():
-            if old is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = old
+    loaded = load_with_stubs(_PKG, src, FILES, stubs)
     return types.SimpleNamespace(
         store=loaded["triton_turboquant_store"].triton_turboquant_store,
         decode=loaded["triton_turboquant_decode"].triton_turboquant_decode_attention,
