@@ -403,9 +403,34 @@ def _build_cmd(args) -> int:
     failing = [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
                if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
     print(f"wrote {path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, tree {manifest.tree_digest[:12]})")
+    pin = _pin_version(patch_set)
+    on = "on the pin" if _same_release(manifest.vllm_version, pin) else \
+        f"on vllm {manifest.vllm_version} (a target tree, not the pin {pin})"
     for pid, name, verdict in failing:
-        print(f"  {pid}.{name}: {verdict} on the pin", file=sys.stderr)
+        print(f"  {pid}.{name}: {verdict} {on}", file=sys.stderr)
     return EXIT_FINDINGS if failing else EXIT_OK
+
+
+def _pin_version(patch_set: PatchSet) -> str:
+    """The pin the patch set is validated on: its pin record's version, else sndr's pinned vLLM."""
+    from . import PIN_VERSION
+
+    if patch_set.directory:
+        from .upstream.pin import default_pin_path, read_pin
+
+        rec = read_pin(default_pin_path(patch_set.directory))
+        if rec is not None:
+            return rec.version
+    return PIN_VERSION
+
+
+def _same_release(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a).public == Version(b).public
+    except InvalidVersion:
+        return a == b
 
 
 def cli_main(argv: list[str] | None = None) -> int:

@@ -198,7 +198,7 @@ def test_addition_already_present_in_another_form_is_review(tmp_path, source):
     e = rep.entry(add)
     assert (e.disposition, e.status) == ("review", "port-by-hand")
     line = (tree / BLOCK_POOL).read_text().splitlines().index("    def debug_dump(self) -> dict[str, int]:") + 1
-    assert f"review: already present in another form: debug_dump is defined at line {line}" in e.reason
+    assert f"review: already present in another form: BlockPool.debug_dump is defined at line {line}" in e.reason
     assert rep.counts["review"] == 1 and rep.waves[0].commits == [add]
 
 

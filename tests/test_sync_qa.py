@@ -249,7 +249,9 @@ def test_sync_plan_warns_when_the_range_runs_backwards(releases, tmp_path, capsy
     err = capsys.readouterr().err
     assert "warning: the range runs backwards: --to v0.32.0" in err and "mostly the pin's own side" in err, err
     warnings = json.loads(q.read_text())["warnings"]
-    assert len(warnings) == 2 and "## Warnings" in md.read_text()
+    # the third: the tree (v0.32.0's content) looks like --to, not like --from, the pin the command names
+    assert len(warnings) == 3 and "## Warnings" in md.read_text()
+    assert "looks like --to v0.32.0, not the pin" in warnings[0]
     cli_main(["plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
               "--patches", str(pdir), "--json", str(q)])
     assert "warning" not in capsys.readouterr().err and json.loads(q.read_text())["warnings"] == []

@@ -140,14 +140,22 @@ class Git:
             commits.append(CommitInfo(sha=sha, parents=parents.split(), subject=subject, body=body))
         return commits
 
-    def find_subject(self, rev: str, subject: str, limit: int = 20) -> str | None:
-        """The newest commit reachable from ``rev`` whose subject is exactly ``subject``."""
-        out = self.text("log", f"-n{limit}", "-F", f"--grep={subject}", "--format=%H%x1f%s", rev)
+    def find_subject(self, rev: str, subject: str, limit: int = 50) -> str | None:
+        """The newest commit reachable from ``rev`` that ``subject`` names: PR suffixes stripped on both sides
+        (a squash commit and its cherry-pick carry different ones), a truncated title by its kept start; the
+        one with the same PR number first."""
+        from .reverts import pr_numbers, strip_pr, subject_matches, truncated_prefix
+
+        needle = truncated_prefix(subject) or strip_pr(subject)
+        out = self.text("log", f"-n{limit}", "-F", f"--grep={needle}", "--format=%H%x1f%s", rev)
+        hits = []
         for line in out.splitlines():
             sha, _, subj = line.partition("\x1f")
-            if subj == subject:
-                return sha
-        return None
+            if subject_matches(subject, subj):
+                hits.append((sha, subj))
+        nums = pr_numbers(subject)[-1:]
+        exact = [sha for sha, subj in hits if nums and nums[0] in pr_numbers(subj)]
+        return (exact or [sha for sha, _ in hits] or [None])[0]
 
     # -- changes
 

@@ -19,8 +19,10 @@ non-blank text to count as evidence.
 
 from __future__ import annotations
 
+import ast
 import keyword
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -31,8 +33,9 @@ from ..plan import Reader
 from .diff import Hunk
 from .gitio import GitFileChange
 
-__all__ = ["FUZZ_MIN_CHARS", "MIN_DISTINCT_CONTEXT", "FileResult", "HunkResult", "Reader", "SimTree",
-           "aggregate", "classify_change", "classify_hunk", "commit_reason", "tree_reader"]
+__all__ = ["FUZZ_MIN_CHARS", "MIN_DISTINCT_CONTEXT", "FileResult", "HunkResult", "LocalMarks", "Reader", "SimTree",
+           "aggregate", "classify_change", "classify_hunk", "commit_reason", "def_table", "local_marks",
+           "local_patches_near", "tree_reader"]
 
 FUZZ_MIN_CHARS = 12  # a reduced-context image must carry at least this much non-blank text
 #: Lines of distinctive context a block that only adds lines needs before it is judged applicable.
@@ -111,7 +114,11 @@ def _defined(lines: Iterable[str]) -> dict[str, str]:
 
 
 def already_defined(text: str, hunk: Hunk) -> tuple[str, int] | None:
-    """A definition the hunk adds that ``text`` already has at the same indentation: (name, 1-based line)."""
+    """A definition the hunk adds that ``text`` already has at the same indentation: (name, 1-based line).
+
+    The fallback of :func:`classify_hunk` when the commit's own images are not known; the planner passes
+    the twins of the whole commit instead (:func:`commit_twins`).
+    """
     added = _defined(t for tag, t in hunk.lines if tag == "+")
     if not added:
         return None
@@ -125,15 +132,156 @@ def already_defined(text: str, hunk: Hunk) -> tuple[str, int] | None:
     return None
 
 
+def _def_table_by_indent(text: str) -> list[tuple[int, str, str]]:
+    """:func:`def_table` for text that does not parse: the enclosing definitions by indentation."""
+    out: list[tuple[int, str, str]] = []
+    stack: list[tuple[int, str]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith(("#", ")", "]", "}")):
+            continue
+        width = len(line.expandtabs()) - len(line.expandtabs().lstrip())
+        while stack and stack[-1][0] >= width:
+            stack.pop()
+        m = _DEF.match(line)
+        if m:
+            out.append((n, ".".join(name for _, name in stack), m.group("name")))
+            stack.append((width, m.group("name")))
+    return out
+
+
+def def_table(text: str | None) -> list[tuple[int, str, str]]:
+    """Every ``def``/``class`` of a Python text: ``(1-based line, enclosing qualname ('' at top level), name)``.
+
+    The enclosing class decides what "the same definition" is: ``forward`` of one
+    class is not ``forward`` of another. Read with :mod:`ast`; by indentation when
+    the text does not parse.
+    """
+    if not text:
+        return []
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return _def_table_by_indent(text)
+    out: list[tuple[int, str, str]] = []
+
+    def walk(node: ast.AST, owner: str) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.append((ch.lineno, owner, ch.name))
+                walk(ch, f"{owner}.{ch.name}" if owner else ch.name)
+            else:
+                walk(ch, owner)
+
+    walk(tree, "")
+    return sorted(out)
+
+
+#: upstream post-image line of a ``def``/``class`` a commit adds -> (qualified name, line of the tree's own one)
+Twins = dict[int, tuple[str, int]]
+
+
+def commit_twins(cur: str, up_pre: str | None, up_post: str | None, hunks: list[Hunk]) -> Twins:
+    """Definitions the whole commit adds that the tree already carries in another form.
+
+    Decided on the post-image of the whole commit and by the enclosing class:
+    a definition counts as added when upstream's post-image has more of
+    ``(enclosing class, name)`` than its pre-image (so a method moved within
+    its file, whose old copy a later hunk removes, adds nothing), and as
+    present in another form when the tree has more of that pair than
+    upstream's pre-image had (a local one). A base method and its override
+    in a subclass, or ``__init__`` of another class, are different pairs.
+    """
+    if not any(tag == "+" and _DEF.match(t) for h in hunks for tag, t in h.lines):
+        return {}
+    post = def_table(up_post)
+    pre = Counter((o, n) for _, o, n in def_table(up_pre))
+    here = def_table(cur)
+    have = Counter((o, n) for _, o, n in here)
+    added = Counter((o, n) for _, o, n in post) - pre
+    out: Twins = {}
+    for line, o, n in post:
+        key = (o, n)
+        if added[key] > 0 and have[key] > pre[key]:
+            local = next(ln for ln, o2, n2 in here if (o2, n2) == key)
+            out[line] = (f"{o}.{n}" if o else n, local)
+    return out
+
+
+def _twin_of(text: str, hunk: Hunk, twins: Twins | None) -> tuple[str, int] | None:
+    if twins is None:
+        return already_defined(text, hunk)
+    line = hunk.new_start
+    for tag, t in hunk.lines:
+        if tag == "-":
+            continue
+        if tag == "+" and line in twins and _DEF.match(t):
+            return twins[line]
+        line += 1
+    return None
+
+
+# ----------------------------------------------------------------------------- the local patches of the tree
+
+#: path -> [(patch id, the distinctive lines the patch writes into that file)]
+LocalMarks = dict[str, list[tuple[str, frozenset[str]]]]
+
+
+def local_marks(patches: Iterable) -> LocalMarks:
+    """What each text patch writes into each file: the distinctive lines of its replacements (or created file)
+    that its anchors do not have. They name the local patch next to a hunk (:func:`local_patches_near`)."""
+    out: LocalMarks = {}
+    for p in patches:
+        if getattr(p, "lifecycle", "active") == "retired":
+            continue
+        for f in getattr(p, "files", []) or []:
+            lines: set[str] = set()
+            for e in getattr(f, "edits", []) or []:
+                anchor = {ln.strip() for ln in e.anchor.splitlines()}
+                lines |= {s for ln in e.replacement.splitlines() if (s := ln.strip()) not in anchor and distinctive(s)}
+            if getattr(f, "create", None):
+                lines |= {s for ln in f.create.splitlines() if distinctive(s := ln.strip())}
+            if lines:
+                out.setdefault(f.path, []).append((p.id, frozenset(lines)))
+    return out
+
+
+def local_patches_near(text: str | None, hunk: Hunk, marks: list[tuple[str, frozenset[str]]], window: int = 3,
+                       ) -> list[str]:
+    """The local patches whose lines sit within ``window`` lines of where ``hunk`` lands in ``text``.
+
+    Where it lands: the tree lines equal to a distinctive line of the hunk's
+    pre-image that occurs once in the tree (no guessing between copies).
+    """
+    if not text or not marks:
+        return []
+    lines = [ln.strip() for ln in text.splitlines()]
+    where: dict[str, list[int]] = {}
+    for i, s in enumerate(lines):
+        where.setdefault(s, []).append(i)
+    at = {where[s][0] for t in hunk.pre_lines if distinctive(s := t.strip()) and len(where.get(s, [])) == 1}
+    if not at:
+        return []
+    near = {lines[j] for i in at for j in range(max(0, i - window), min(len(lines), i + window + 1))}
+    return [pid for pid, mine in marks if near & mine]
+
+
 class HunkResult(BaseModel):
     header: str
     disposition: Judgement
     fuzz: int | None = Field(default=None, description="context lines kept per end when full context did not match")
     reason: str = ""
+    local_patches: list[str] = Field(default_factory=list, description="local patches whose lines sit next to "
+                                     "where the hunk lands in the tree")
 
 
-def classify_hunk(text: str, hunk: Hunk) -> tuple[HunkResult, str | None]:
-    """Judge one hunk on one text; return the result and the text with the hunk applied when applicable."""
+def classify_hunk(text: str, hunk: Hunk, twins: Twins | None = None) -> tuple[HunkResult, str | None]:
+    """Judge one hunk on one text; return the result and the text with the hunk applied when applicable.
+
+    ``twins``: the definitions the whole commit adds that the tree has in another
+    form (:func:`commit_twins`); without it, a name the hunk adds at the same
+    indentation as one of ``text`` counts.
+    """
     pure_add = hunk.pure_addition
     generic: str | None = None  # why a pure addition's pre-image match did not count
     for context in (None, 1, 0):
@@ -182,7 +330,7 @@ def classify_hunk(text: str, hunk: Hunk) -> tuple[HunkResult, str | None]:
                                       else f"its context occurs {len(pre_hits)} times")
                 continue
         if pre_hits:
-            twin = already_defined(text, hunk)
+            twin = _twin_of(text, hunk, twins)
             if twin is not None:
                 return HunkResult(header=hunk.header, disposition="review", fuzz=fuzz,
                                   reason=f"review: already present in another form: {twin[0]} is defined at "
@@ -192,7 +340,7 @@ def classify_hunk(text: str, hunk: Hunk) -> tuple[HunkResult, str | None]:
                                reason="" if fuzz is None else f"pre-image found with {fuzz} context line(s)"),
                     text[:pos] + post + text[pos + len(pre):])
     if generic is not None:
-        twin = already_defined(text, hunk)
+        twin = _twin_of(text, hunk, twins)
         if twin is not None:
             return HunkResult(header=hunk.header, disposition="review",
                               reason=f"review: already present in another form: {twin[0]} is defined at "
@@ -212,10 +360,16 @@ class FileResult(BaseModel):
     hunks: list[HunkResult] = Field(default_factory=list)
 
 
-def _hunks_on(text: str, hunks: list[Hunk]) -> tuple[list[HunkResult], str, Judgement]:
+def _hunks_on(text: str, hunks: list[Hunk], twins: Twins | None = None,
+              marks: list[tuple[str, frozenset[str]]] | None = None) -> tuple[list[HunkResult], str, Judgement]:
     results, cur = [], text
     for h in hunks:
-        res, new = classify_hunk(cur, h)
+        res, new = classify_hunk(cur, h, twins)
+        if marks and (res.fuzz is not None or res.disposition in ("review", "conflict")):
+            res.local_patches = local_patches_near(cur, h, marks)
+            if res.local_patches:
+                res.reason = (res.reason + "; " if res.reason else "") + "next to local patch " + ", ".join(
+                    res.local_patches)
         results.append(res)
         if new is not None:
             cur = new
@@ -232,16 +386,33 @@ def _hunk_summary(results: list[HunkResult]) -> str:
     n = len(results)
     c = {d: sum(r.disposition == d for r in results) for d in ("satisfied", "applicable", "review", "conflict")}
     parts = [f"{v} {k}" for k, v in c.items() if v]
+    fuzzy = [r for r in results if r.fuzz is not None and r.disposition == "applicable"]
+    if fuzzy:
+        near = sorted({p for r in fuzzy for p in r.local_patches})
+        parts[parts.index(f"{c['applicable']} applicable")] += (
+            f" ({len(fuzzy)} with fuzz" + (f", next to local patch {', '.join(near)}" if near else "") + ")")
     return f"{n} hunk{'s' if n != 1 else ''}: " + ", ".join(parts) if n else "no hunks"
 
 
 def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], bytes | None],
-                    sha: str, parent: str) -> FileResult:
-    """Judge one file change of a commit on ``sim`` and apply it there when it is applicable."""
+                    sha: str, parent: str, marks: LocalMarks | None = None) -> FileResult:
+    """Judge one file change of a commit on ``sim`` and apply it there when it is applicable.
+
+    ``marks``: the local patches' lines per file (:func:`local_marks`), to name the
+    local patch next to a hunk that needs fuzz, review or a port by hand.
+    """
 
     def text_of(rev: str, path: str) -> str | None:
         data = blob(rev, path)
         return None if data is None else data.decode("utf-8", errors="surrogateescape")
+
+    def twins_on(cur: str) -> Twins:
+        if not any(tag == "+" and _DEF.match(t) for h in ch.hunks for tag, t in h.lines):
+            return {}
+        return commit_twins(cur, text_of(parent, ch.old_path or ch.path), text_of(sha, ch.path), ch.hunks)
+
+    def mine(path: str) -> list[tuple[str, frozenset[str]]]:
+        return (marks or {}).get(path, [])
 
     if ch.binary:
         new = text_of(sha, ch.path) if ch.kind != "D" else None
@@ -284,7 +455,7 @@ def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], 
         old_path = ch.renamed_from()
         cur_old, cur_new = sim.read(old_path), sim.read(ch.path)
         if cur_old is not None and cur_new is None:
-            results, text, disp = _hunks_on(cur_old, ch.hunks)
+            results, text, disp = _hunks_on(cur_old, ch.hunks, twins_on(cur_old), mine(old_path))
             if disp in ("conflict", "review"):
                 return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition=disp,
                                   reason=f"rename from {ch.old_path}; {_hunk_summary(results)}", hunks=results)
@@ -294,7 +465,7 @@ def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], 
                               reason=f"rename from {ch.old_path}" + (f"; {_hunk_summary(results)}" if results else ""),
                               hunks=results)
         if cur_old is None and cur_new is not None:
-            results, text, disp = _hunks_on(cur_new, ch.hunks)
+            results, text, disp = _hunks_on(cur_new, ch.hunks, twins_on(cur_new), mine(ch.path))
             if disp == "applicable":
                 sim.write(ch.path, text)
             return FileResult(path=ch.path, old_path=ch.old_path, change="R", disposition=disp,
@@ -306,7 +477,7 @@ def classify_change(sim: SimTree, ch: GitFileChange, blob: Callable[[str, str], 
     cur = sim.read(ch.path)
     if cur is None:
         return FileResult(path=ch.path, change=ch.kind, disposition="conflict", reason="file missing in the tree")
-    results, text, disp = _hunks_on(cur, ch.hunks)
+    results, text, disp = _hunks_on(cur, ch.hunks, twins_on(cur), mine(ch.path))
     if disp == "applicable":
         sim.write(ch.path, text)
     return FileResult(path=ch.path, change=ch.kind, disposition=disp, reason=_hunk_summary(results), hunks=results)
@@ -320,7 +491,9 @@ def commit_reason(results: list[FileResult]) -> str:
             where = "".join(f"; {h.header}: {h.reason}" for h in bad[:3])
             parts.append(f"{r.path}: {r.reason}{where}")
         else:
-            parts.append(f"{r.path}: {r.reason}")
+            fuzzy = [h for h in r.hunks if h.fuzz is not None and h.disposition == "applicable"]
+            where = "".join(f"; {h.header}: {h.reason}" for h in fuzzy[:3])
+            parts.append(f"{r.path}: {r.reason}{where}")
     return "; ".join(parts)
 
 

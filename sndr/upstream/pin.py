@@ -297,7 +297,9 @@ def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set
         kinds: dict[str, list] = {}
         for c in undecided:
             kinds.setdefault("applicable" if c.disposition == "applicable" and c.status != "refused"
-                             else c.status if c.status == "refused" else c.disposition, []).append(c)
+                             else c.status if c.status == "refused"
+                             else f"blocked by {', '.join(s[:10] for s in c.blocked_by)}" if c.blocked_by
+                             else c.disposition, []).append(c)
         parts = [f"{len(v)} {k}: {_shown(v)}" for k, v in sorted(kinds.items())]
         return PinGate("queue", False, f"{len(undecided)} queued commit(s) without a decision ({'; '.join(parts)}); "
                     "port them, or record one with `sync decide SHA --resolution ...`")
@@ -488,9 +490,10 @@ def pin_main(argv: list[str] | None = None) -> int:
     ad.add_argument("--tree", help="target tree to take the digest from (any tree spec)")
     ad.add_argument("--decisions", metavar="PATH", help="kept decisions and deviations (default: "
                     "<patches>/sync-decisions.yaml)")
-    ad.add_argument("--benchmark-ref", metavar="FILE", help="benchmark reference re-measured on the target "
+    bench = ad.add_mutually_exclusive_group()  # a reference and a waiver of it cannot both hold
+    bench.add_argument("--benchmark-ref", metavar="FILE", help="benchmark reference re-measured on the target "
                     "(required; must be newer than the preflight)")
-    ad.add_argument("--no-benchmark-ref", metavar="REASON", help="advance without a benchmark reference; the "
+    bench.add_argument("--no-benchmark-ref", metavar="REASON", help="advance without a benchmark reference; the "
                     "reason is recorded in the pin")
     ad.add_argument("--dry-run", action="store_true", help="check the gates, write nothing")
     try:

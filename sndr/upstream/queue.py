@@ -41,10 +41,10 @@ from ..errors import Problem, SndrError, bad_input
 from .decisions import Decisions, deviation_set
 from .diff import parse_hunks
 from .gitio import CommitInfo, Git
-from .judge import SimTree, aggregate, classify_change, commit_reason, tree_reader
+from .judge import LocalMarks, SimTree, aggregate, classify_change, commit_reason, distinctive, tree_reader
 from .lines import LineTracker, net_zero, superseded
 from .report import QUEUED, CommitEntry, DeviationHit, QueueReport, SurfaceInfo, Wave
-from .reverts import pair_reverts
+from .reverts import pair_reverts, pr_numbers, strip_pr
 
 __all__ = ["SYNC_CONFIG_NAME", "Surface", "load_sync_config", "patch_surface", "plan_queue"]
 
@@ -163,28 +163,158 @@ def _range(git: Git, from_ref: str, to_ref: str) -> _Range:
 
 def plan_queue(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, tree=None, *,
          select: list[str] | None = None, tree_label: str | None = None, decisions: Decisions | None = None,
-         patch_files: dict[str, list[str]] | None = None, decisions_file: str | None = None) -> QueueReport:
+         patch_files: dict[str, list[str]] | None = None, decisions_file: str | None = None,
+         local: LocalMarks | None = None, pin_version: str | None = None,
+         pin_digest: str | None = None) -> QueueReport:
     """Plan the port queue of ``from_ref..to_ref`` against ``tree`` (default: the repo's working tree).
 
     ``decisions``: kept decisions and deviations to attach; ``patch_files``:
-    patch id -> files, for deviations that do not list their paths.
+    patch id -> files, for deviations that do not list their paths; ``local``:
+    the local patches' lines per file (:func:`sndr.upstream.judge.local_marks`),
+    to name the patch next to a hunk; ``pin_version``/``pin_digest``: the pin
+    record's, to check that the tree is the pin (:func:`check_tree`).
     """
     git = Git(repo)
     try:
         return _plan(git, from_ref, to_ref, surface, tree, select, tree_label, decisions, patch_files or {},
-                     decisions_file)
+                     decisions_file, local or {}, pin_version, pin_digest)
     finally:
         git.close()
 
 
+def _version_of_ref(git: Git, ref: str, sha: str) -> str | None:
+    """The vLLM version a ref names: ``v0.32.0`` itself, else a release tag on that exact commit."""
+    import re
+
+    from packaging.version import InvalidVersion, Version
+
+    names = [ref]
+    proc = git.run("tag", "--points-at", sha, "--list", "v[0-9]*", check=False)
+    names += proc.stdout.decode().split() if proc.returncode == 0 else []
+    for name in names:
+        m = re.fullmatch(r"(?:vllm==|v)?(\d+\.\d+(?:\.\d+)*(?:(?:rc|a|b|\.post|\.dev)\d+)?)", name.strip())
+        if m:
+            try:
+                return str(Version(m.group(1)))
+            except InvalidVersion:
+                continue
+    return None
+
+
+def _same_version(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a).public == Version(b).public
+    except InvalidVersion:
+        return a.strip() == b.strip()
+
+
+def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: list[str],
+               pin_version: str | None = None, pin_digest: str | None = None) -> list[str]:
+    """Refuse a tree that is not the pin; return warnings where it cannot be told for sure.
+
+    - its vLLM version against the pin's (``--from``'s version or release tag,
+      else the pin record's): another version is refused (``tree_not_pin``);
+    - none of the mirrored files ``--from`` has is in the tree: refused
+      (``tree_empty``; a bare clone's or a wrong directory's symptom);
+    - its version unknown: its digest against the pin record's, and its
+      mirrored files against both ends of the range (a tree that holds
+      ``--to``'s content is the target's) give warnings.
+    """
+    spec = getattr(tree, "spec", None) or str(tree)
+    want = _version_of_ref(git, from_ref, rng.base) or pin_version
+    src = f"--from {from_ref}" if _version_of_ref(git, from_ref, rng.base) else "the pin record"
+    try:
+        have: str | None = tree.version
+    except (SndrError, AttributeError, OSError):
+        have = None
+    if want and have and not _same_version(want, have):
+        raise bad_input("tree_not_pin", f"the tree {spec} is vLLM {have}, but the pin ({src}) is {want}: every "
+                        "commit is judged against the pin's tree plus the local patches", key="tree",
+                        hint=f"pass the pin's tree: --tree vllm=={want} (or the installed, patched pin)")
+    read = tree_reader(tree)
+    at_pin = [f for f in files if git.blob(rng.base, f) is not None]
+    texts = {f: read(f) for f in at_pin}
+    if at_pin and all(t is None for t in texts.values()):
+        raise bad_input("tree_empty", f"none of the {len(at_pin)} mirrored file(s) that --from {from_ref} has is "
+                        f"in the tree {spec} (e.g. {at_pin[0]}): every commit would read as a conflict",
+                        key="tree", hint="pass --tree with the pin's tree (a directory holding vllm/, vllm==X, a "
+                        "wheel or the installed tree)")
+    out: list[str] = []
+    if have is None and pin_digest:
+        try:
+            digest = tree.digest
+        except (SndrError, AttributeError, OSError):
+            digest = None
+        if digest and digest != pin_digest:
+            out.append(f"cannot tell the vLLM version of the tree {spec}, and its digest {digest[:12]} is not the "
+                       f"pin record's {pin_digest[:12]}: check that --tree is the pin (a patched tree differs too)")
+    like_to = like_from = 0
+    for f, text in texts.items():
+        pre, post = git.blob(rng.base, f), git.blob(rng.tip, f)
+        if text is None or pre == post:
+            continue
+        data = text.encode("utf-8", errors="surrogateescape")
+        like_to += data == post
+        like_from += data == pre
+    if like_to and like_to >= like_from:
+        out.append(f"the tree {spec} looks like --to {to_ref}, not the pin: {like_to} mirrored file(s) hold "
+                   f"--to's content and {like_from} --from's" + (f" (vLLM {have})" if have else "")
+                   + "; pass the pin's tree with --tree")
+    return out
+
+
+def _three_way_picks(commits: list[CommitInfo], cands: Iterable[int], pin_side: list[CommitInfo],
+                     picked: dict[int, str]) -> dict[int, tuple[str, str]]:
+    """Commits of the range carried on the pin's side under another patch-id (a 3-way cherry-pick):
+    index -> (pin-side sha, how it was found): ``cherry picked from commit`` in the pick's body, the same
+    PR number, or the same subject with PR suffixes stripped."""
+    import re
+
+    by_origin: dict[str, str] = {}
+    by_pr: dict[int, str] = {}
+    by_subject: dict[str, str] = {}
+    taken = set(picked.values())
+    for p in pin_side:
+        if p.sha in taken:
+            continue
+        for m in re.finditer(r"cherry picked from commit ([0-9a-f]{7,40})", p.body):
+            by_origin.setdefault(m.group(1), p.sha)
+        for n in pr_numbers(p.subject)[-1:]:
+            by_pr.setdefault(n, p.sha)
+        by_subject.setdefault(strip_pr(p.subject), p.sha)
+    out: dict[int, tuple[str, str]] = {}
+    for i in cands:
+        if i in picked:
+            continue
+        c = commits[i]
+        hit = next((sha for pref, sha in by_origin.items() if c.sha.startswith(pref)), None)
+        how = "its body names this commit"
+        if hit is None and (nums := pr_numbers(c.subject)[-1:]) and nums[0] in by_pr:
+            hit, how = by_pr[nums[0]], f"the same PR #{nums[0]}"
+        if hit is None and strip_pr(c.subject) in by_subject and not c.subject.startswith("Revert"):
+            hit, how = by_subject[strip_pr(c.subject)], "the same subject"
+        if hit is not None:
+            out[i] = (hit, how)
+    return out
+
+
 def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label, decisions: Decisions | None,
-          patch_files: dict[str, list[str]], decisions_file: str | None) -> QueueReport:
+          patch_files: dict[str, list[str]], decisions_file: str | None, local: LocalMarks,
+          pin_version: str | None, pin_digest: str | None) -> QueueReport:
+    if tree is None and git.text("rev-parse", "--is-bare-repository").strip() == "true":
+        raise bad_input("bare_repo", f"{git.repo} is a bare repository: it has no work tree to judge the commits "
+                        "on, so every commit would read as 'file missing in the tree'", file=str(git.repo),
+                        key="tree", hint="pass --tree with the pin's tree (e.g. --tree vllm==X, or the installed, "
+                        "patched pin)")
     rng = _range(git, from_ref, to_ref)
     if tree is None:
         from ..tree import DirTree
 
         tree = DirTree(git.repo, spec=str(git.repo))
     read = tree_reader(tree)
+    warnings = check_tree(git, rng, from_ref, to_ref, tree, sorted(surface.files), pin_version, pin_digest)
     surface = Surface(set(surface.files), list(surface.globs))
     initial_files = sorted(surface.files)
     commits = rng.commits
@@ -242,11 +372,18 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             sha = git.find_subject(rng.base, what[1:-1])
             if sha:
                 rv.outside[i] = sha
-    for a in [a for a in partner if a in picked]:
+            elif i in rv.unquoted:  # ``Revert X`` that names nothing: a subject that starts with the word
+                del rv.outside[i]
+        elif len(what) < 40:  # ``This reverts commit <prefix>``: the full sha of the pin's side
+            proc = git.run("rev-parse", "--verify", "--quiet", f"{what}^{{commit}}", check=False)
+            if proc.returncode == 0:
+                rv.outside[i] = proc.stdout.decode().strip()
+    picked3 = _three_way_picks(commits, sorted(deps), rng.pin_side, picked)
+    for a in [a for a in partner if a in picked or a in picked3]:
         # the pin carries a cherry-pick of the original: the revert inside the range is real work
         b = partner.pop(a)
         partner.pop(b, None)
-    zero, zero_flags = net_zero(tracker, deps.keys(), set(partner) | set(picked))
+    zero, zero_flags = net_zero(tracker, deps.keys(), set(partner) | set(picked) | set(picked3))
     later = superseded(tracker, deps.keys())
 
     # pass 2: against the tree
@@ -261,7 +398,7 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                                        f"{'s' if c.other_files != 1 else ''})"))
             continue
         work = sim.fork()
-        results = [classify_change(work, ch, git.blob, c.sha, c.parent) for ch in c.changes]
+        results = [classify_change(work, ch, git.blob, c.sha, c.parent, local) for ch in c.changes]
         disp = aggregate([r.disposition for r in results])
         entry = CommitEntry(sha=c.sha, subject=c.subject, position=i + 1, disposition=disp,
                             status="skip" if disp == "satisfied" else ("port" if disp == "applicable" else "port-by-hand"),
@@ -276,10 +413,22 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
         if i in rv.again:
             entry.flags.append(f"reverts {commits[rv.target[i]].short} again (already reverted by "
                                f"{commits[rv.again[i]].short})")
+        near = sorted({p for r in results for h in r.hunks for p in h.local_patches})
+        if near:
+            entry.flags.append(f"next to local patch {', '.join(near)}")
         if i in picked:
             entry.cherry_pick_of = picked[i]
             entry.disposition, entry.status = "satisfied", "skip"
             entry.reason = f"cherry-picked onto the pin's side as {picked[i][:10]} (same patch-id)"
+        elif i in picked3:
+            sha3, how3 = picked3[i]
+            entry.cherry_pick_of = sha3
+            if disp == "satisfied":
+                entry.reason = (f"cherry-picked onto the pin's side as {sha3[:10]} (a 3-way pick: another patch-id, "
+                                f"{how3}); its content is in the tree")
+            else:
+                entry.flags.append(f"cherry-picked onto the pin's side as {sha3[:10]} (a 3-way pick: another "
+                                   f"patch-id, {how3}), but the tree differs from it here")
         elif i in dup_of and entries[dup_of[i]].status not in ("outside",):
             entry.cherry_pick_of = commits[dup_of[i]].sha
             entry.flags.append(f"same patch-id as {commits[dup_of[i]].short} earlier in the range")
@@ -303,7 +452,7 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             stands = len(chain) % 2 == 1
             net = (f"; revert chain of {len(chain)} ({' -> '.join(entries[k].sha[:10] for k in chain)}) nets out to "
                    + (f"{root.sha[:10]} standing" if stands else "nothing"))
-        if ea.disposition == "satisfied" and eb.disposition != "satisfied" and a not in picked:
+        if ea.disposition == "satisfied" and eb.disposition != "satisfied" and a not in picked and a not in picked3:
             for e, other in ((ea, eb), (eb, ea)):
                 e.status = "refused"
                 e.reason = (f"revert pair with {other.sha[:10]}: the tree already carries {ea.sha[:10]}, which "
@@ -343,17 +492,26 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                         f"rewritten later in the range; port the later commit instead ({e.reason})")
 
     queued = {i for i, e in enumerate(entries) if e.status in QUEUED}
-    for i in queued:
+    for i in sorted(queued):
         entries[i].depends_on = [entries[j].sha for j in sorted(deps.get(i, ())) if j in queued]
-        blockers = [entries[j].sha[:10] for j in sorted(deps.get(i, ())) if j in queued
+        blockers = [j for j in sorted(deps.get(i, ())) if j in queued
                     and entries[j].disposition in ("conflict", "review")]
         if blockers and entries[i].disposition in ("conflict", "review"):
-            entries[i].reason += f"; builds on {', '.join(blockers)} (by hand): port that first"
+            by = _blocked_by(commits[i], entries[i], [commits[j] for j in blockers])
+            if by:
+                entries[i].blocked_by = by
+                entries[i].reason = (f"blocked by {', '.join(s[:10] for s in by)} (by hand): every hunk that does "
+                                     f"not apply stands on lines it adds; port it first ({entries[i].reason})")
+            else:
+                entries[i].reason += (f"; builds on {', '.join(entries[j].sha[:10] for j in blockers)} (by hand): "
+                                      "port that first")
     by_sha = {e.sha: i for i, e in enumerate(entries)}
 
     selected_idx: set[int] | None = None
     if select:
         selected_idx = _select(entries, by_sha, select)
+        warnings += [f"--select {entries[i].sha[:10]} ({entries[i].subject!r}) queues nothing: it is "
+                     f"{entries[i].status} ({entries[i].reason})" for i in sorted(selected_idx - queued)]
         queued &= selected_idx
 
     wave_of: dict[int, int] = {}
@@ -387,11 +545,13 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                                          discharge_in_range=discharge, reviewed=dev.reviewed))
 
     counts: dict[str, int] = {"commits": len(commits), "mirrored": len(deps), "merges_skipped": len(rng.merges),
-                              "pin_side": len(rng.pin_side), "cherry_picked": len(picked),
+                              "pin_side": len(rng.pin_side), "cherry_picked": len(picked) + len(picked3),
+                              "cherry_picked_3way": len(picked3),
                               "reverts_paired": len(rv.target), "reverts_outside": len(rv.outside)}
     for e in entries:
         counts[e.disposition] = counts.get(e.disposition, 0) + 1
         counts[f"status:{e.status}"] = counts.get(f"status:{e.status}", 0) + 1
+    counts["blocked"] = sum(1 for i in queued if entries[i].blocked_by)
     counts["queued"] = len(queued)
     counts["decided"] = sum(1 for i in queued if entries[i].decided)
     counts["undecided"] = len(queued) - counts["decided"]
@@ -403,7 +563,30 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                        decisions_file=decisions_file, counts=counts, waves=waves, commits=entries,
                        merges_skipped=rng.merges,
                        selected=sorted(entries[i].sha for i in selected_idx) if selected_idx is not None else None,
-                       deviations=hits, stale_decisions=stale, findings=[p.to_json() for p in findings])
+                       deviations=hits, stale_decisions=stale, findings=[p.to_json() for p in findings],
+                       warnings=warnings)
+
+
+def _blocked_by(c: CommitInfo, e: CommitEntry, blockers: list[CommitInfo]) -> list[str]:
+    """The by-hand commits whose added lines every failing hunk of ``c`` stands on (empty when some failing
+    hunk does not): ``c`` applies once they are ported."""
+    added = {b.sha: {s for ch in b.changes for h in ch.hunks for tag, t in h.lines
+                     if tag == "+" and distinctive(s := t.strip())} for b in blockers}
+    by: list[str] = []
+    failing = 0
+    for ch, fr in zip(c.changes, e.files):
+        if fr.disposition in ("conflict", "review") and not fr.hunks:
+            return []  # a whole-file conflict (missing, added twice, a binary): no line to stand on
+        for h, hr in zip(ch.hunks, fr.hunks):
+            if hr.disposition not in ("conflict", "review"):
+                continue
+            failing += 1
+            pre = {s for t in h.pre_lines if distinctive(s := t.strip())}
+            on = [sha for sha, lines in added.items() if pre & lines]
+            if not on:
+                return []
+            by += [sha for sha in on if sha not in by]
+    return by if failing else []
 
 
 def _select(entries: list[CommitEntry], by_sha: dict[str, int], select: list[str]) -> set[int]:
@@ -413,6 +596,11 @@ def _select(entries: list[CommitEntry], by_sha: dict[str, int], select: list[str
         if len(hits) != 1:
             raise bad_input("bad_select", f"--select {s!r} names {'no' if not hits else 'more than one'} "
                             "commit in the range", key="select")
+        e = entries[by_sha[hits[0]]]
+        if e.disposition == "outside":
+            raise bad_input("bad_select", f"--select {s.strip()!r} names {e.sha[:10]} ({e.subject!r}), which is "
+                            f"outside the mirrored surface: it {e.reason}", key="select",
+                            hint="add its files with --surface GLOB, or select a commit the queue lists")
         chosen.add(by_sha[hits[0]])
     refusals = []
     for i in sorted(chosen):

@@ -35,7 +35,9 @@ class CommitEntry(BaseModel):
     reverts: str | None = Field(default=None, description="the commit (or quoted subject) this one reverts")
     superseded_by: list[str] = Field(default_factory=list)
     cherry_pick_of: str | None = Field(default=None, description="the commit with the same patch-id already on "
-                                       "the pin's side, or earlier in the range")
+                                       "the pin's side (or a 3-way pick of it there), or earlier in the range")
+    blocked_by: list[str] = Field(default_factory=list, description="queued by-hand commits whose added lines "
+                                  "every failing hunk of this one stands on: it applies once they are ported")
     deviations: list[str] = Field(default_factory=list, description="patch ids of deviations this commit touches")
     decision: Decision | None = None
     flags: list[str] = Field(default_factory=list)
@@ -124,6 +126,19 @@ def _names(entries: list[CommitEntry], limit: int = 12) -> str:
     return shown + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
 
 
+def _label(e: CommitEntry) -> str:
+    """The disposition as the queue shows it: ``blocked by <sha>`` for a commit that waits on a by-hand one,
+    ``applicable (fuzz N)`` for one that needed reduced context."""
+    if e.blocked_by:
+        return "blocked by " + ", ".join(f"`{s[:10]}`" for s in e.blocked_by)
+    if e.disposition == "applicable":
+        fz = sorted({h.fuzz for f in e.files for h in f.hunks if h.fuzz is not None})
+        if fz:
+            near = sorted({p for f in e.files for h in f.hunks for p in h.local_patches})
+            return f"applicable (fuzz {min(fz)}" + (f", next to {', '.join(near)}" if near else "") + ")"
+    return e.disposition
+
+
 def render_markdown(rep: QueueReport) -> str:
     c = rep.counts
     out = [f"# Sync queue: {rep.from_ref} ({rep.from_sha[:10]}) .. {rep.to_ref} ({rep.to_sha[:10]})", ""]
@@ -139,13 +154,23 @@ def render_markdown(rep: QueueReport) -> str:
                + (f" + globs {', '.join('`' + g + '`' for g in rep.surface.globs)}" if rep.surface.globs else "")
                + (f"; followed through renames: {', '.join('`' + r + '`' for r in rep.surface.renamed)}"
                   if rep.surface.renamed else ""))
+    blocked = [e for e in rep.commits if e.blocked_by]
+    nb = {d: sum(1 for e in blocked if e.disposition == d) for d in ("review", "conflict")}
+    by = sorted({s[:10] for e in blocked for s in e.blocked_by})
+    fuzz = sum(1 for e in rep.commits if e.disposition == "applicable"
+               and any(h.fuzz is not None for f in e.files for h in f.hunks))
     out.append(f"- {c.get('commits', 0)} commits in range, {c.get('mirrored', 0)} touch the surface: "
-               f"{c.get('satisfied', 0)} satisfied, {c.get('applicable', 0)} applicable, {c.get('review', 0)} "
-               f"review, {c.get('conflict', 0)} conflict, {c.get('outside', 0)} outside")
+               f"{c.get('satisfied', 0)} satisfied, {c.get('applicable', 0)} applicable"
+               + (f" ({fuzz} with fuzz)" if fuzz else "")
+               + f", {c.get('review', 0) - nb['review']} review, {c.get('conflict', 0) - nb['conflict']} conflict, "
+               + (f"{len(blocked)} blocked by {', '.join('`' + s + '`' for s in by)} (they apply once it is ported), "
+                  if blocked else "")
+               + f"{c.get('outside', 0)} outside")
     out.append(f"- queue: {c.get('queued', 0)} commits in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided "
                f"and {c.get('undecided', 0)} undecided; {c.get('status:cancelled', 0)} cancelled by revert pairs, "
                f"{c.get('status:net-zero', 0)} net-zero, {c.get('status:superseded', 0)} superseded, "
-               f"{c.get('status:refused', 0)} refused, {c.get('cherry_picked', 0)} cherry-picked")
+               f"{c.get('status:refused', 0)} refused, {c.get('cherry_picked', 0)} cherry-picked"
+               + (f" ({c['cherry_picked_3way']} by a 3-way pick)" if c.get("cherry_picked_3way") else ""))
     if rep.merges_skipped:
         out.append(f"- {len(rep.merges_skipped)} merge commit(s) skipped: the planner reads each commit's diff "
                    "against its first parent")
@@ -169,22 +194,22 @@ def render_markdown(rep: QueueReport) -> str:
         if rows:
             undecided_waves.append((w.number, rows))
     if undecided_waves:
-        out += ["# Undecided", ""]
+        out += ["## Undecided", ""]
     for number, rows in undecided_waves:
-        out += [f"## Wave {number}", "", "| # | commit | subject | disposition | after | reason |",
+        out += [f"### Wave {number}", "", "| # | commit | subject | disposition | after | reason |",
                 "|---|---|---|---|---|---|"]
         for e in rows:
             after = ", ".join(d[:10] for d in e.depends_on) or "-"
             flags = f" ({'; '.join(e.flags)})" if e.flags else ""
             tier = f" [{e.decision.tier}]" if e.decision and e.decision.tier else ""
-            out.append(f"| {e.position} | `{e.sha[:10]}` | {_md(e.subject)}{tier} | {e.disposition} | {after} | "
+            out.append(f"| {e.position} | `{e.sha[:10]}` | {_md(e.subject)}{tier} | {_label(e)} | {after} | "
                        f"{_md(e.reason + flags)} |")
         out.append("")
     decided = [(e, dec) for e in rep.queued() if (dec := e.decision) is not None and dec.decided]
     if decided:
-        out += ["# Decided", "", "| # | commit | subject | disposition | wave | decision |", "|---|---|---|---|---|---|"]
+        out += ["## Decided", "", "| # | commit | subject | disposition | wave | decision |", "|---|---|---|---|---|---|"]
         for e, dec in decided:
-            out.append(f"| {e.position} | `{e.sha[:10]}` | {_md(e.subject)} | {e.disposition} | {e.wave} | "
+            out.append(f"| {e.position} | `{e.sha[:10]}` | {_md(e.subject)} | {_label(e)} | {e.wave} | "
                        f"{_md(dec.summary())} |")
         out.append("")
     rest = [e for e in rep.commits if e.status not in QUEUED and e.disposition != "outside"]

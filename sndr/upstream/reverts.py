@@ -9,10 +9,18 @@ it undoes by the first of these that finds one:
    ``Reverts owner/repo#N`` (GitHub's revert button) naming a PR of the range;
 2. the subject: ``Revert "X"`` with every ``(#N)`` suffix stripped on both
    sides, the PR number of the inner subject preferred when several match;
-3. the patch-id of the revert's diff equals the patch-id of the inverse diff
-   of an earlier commit (a revert that does not say so).
+   GitHub's truncated titles (``Revert "[Bugfix] A long ti…" (#M)``, the
+   closing quote cut off too) match by prefix, and the unquoted form
+   (``Revert [Bugfix] Foo (#N)``) is read as well;
+3. the PR number of the inner subject, when its text matches nothing (the
+   original's title was edited before the merge);
+4. the patch-id of the revert's diff equals the patch-id of the inverse diff
+   of an earlier commit (a revert that does not say so, or whose subject
+   names nothing of the range).
 
-A revert whose target is not in the range is reported as such. Chains
+A revert whose target is not in the range is reported as such (the planner
+then resolves it to the commit on the pin's side, comparing PR-stripped
+subjects on both sides). Chains
 (a revert of a revert of ...) resolve to their net effect: the members pair
 off from the newest, so an even number of reverts leaves the original
 standing and an odd number cancels everything.
@@ -25,11 +33,15 @@ from dataclasses import dataclass, field
 
 from .gitio import CommitInfo
 
-__all__ = ["RevertInfo", "pair_reverts", "pr_numbers", "revert_target_subject", "strip_pr"]
+__all__ = ["RevertInfo", "pair_reverts", "parse_revert", "pr_numbers", "revert_target_subject", "strip_pr",
+           "subject_matches", "truncated_prefix"]
 
 _PR_SUFFIX = re.compile(r"(?:\s*\(#\d+\))+\s*$")
 _PR_NUM = re.compile(r"\(#(\d+)\)")
-_REVERT = re.compile(r'^Revert\s+"(?P<inner>.*)"$', re.S)
+_REVERT = re.compile(r'^Revert\s+"(?P<inner>.*?)"?$', re.S)
+_REVERT_BARE = re.compile(r"^Revert\s+(?P<inner>[^\s\"].*)$", re.S)
+#: GitHub cuts a long title and ends it with an ellipsis (U+2026, or three dots)
+_TRUNCATED = re.compile(r"(?:\u2026|\.\.\.)\s*$")
 _BODY_SHA = re.compile(r"This reverts commit ([0-9a-f]{7,40})")
 _BODY_PR = re.compile(r"^Reverts\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\s*$", re.M)
 
@@ -43,20 +55,63 @@ def pr_numbers(subject: str) -> list[int]:
     return [int(n) for n in _PR_NUM.findall(subject)]
 
 
+def parse_revert(subject: str) -> tuple[str, bool, list[int]] | None:
+    """A revert subject read: (the subject it names, whether it was quoted, the PR numbers that may be the
+    original's), or None when ``subject`` is no revert.
+
+    ``Revert "X (#N)" (#M)`` gives ``X (#N)``, quoted, ``[N]``; GitHub's
+    truncated title keeps its ellipsis (:func:`truncated_prefix`); the
+    unquoted ``Revert X (#N) (#M)`` gives ``X``, unquoted, ``[N]`` (or
+    ``[M]`` when it carries one number: it may be either PR's).
+    """
+    s = strip_pr(subject)
+    m = _REVERT.match(s) if s.startswith('Revert "') else None
+    if m is None and s.startswith("Revert \u201c"):
+        m = re.match(r"^Revert\s+\u201c(?P<inner>.*?)\u201d?$", s, re.S)
+    if m is not None:
+        inner = m.group("inner")
+        return inner, True, pr_numbers(inner)[-1:]
+    m = _REVERT_BARE.match(s)
+    if m is None:
+        return None
+    nums = pr_numbers(subject)
+    return m.group("inner").strip(), False, nums[-2:-1] or nums[-1:]
+
+
 def revert_target_subject(subject: str) -> str | None:
     """The subject a ``Revert "..."`` subject names (its own PR suffix stripped), or None."""
-    m = _REVERT.match(strip_pr(subject))
-    return m.group("inner") if m else None
+    r = parse_revert(subject)
+    return r[0] if r else None
+
+
+def truncated_prefix(inner: str) -> str | None:
+    """The kept start of a title GitHub truncated (``...`` or an ellipsis at its end), or None."""
+    if not _TRUNCATED.search(inner):
+        return None
+    kept = _TRUNCATED.sub("", inner).rstrip()
+    return kept if len(kept) >= 8 else None
+
+
+def subject_matches(inner: str, subject: str) -> bool:
+    """Whether ``subject`` is the one a revert's inner subject names (PR suffixes stripped on both sides;
+    a truncated inner subject by prefix)."""
+    a, b = strip_pr(inner), strip_pr(subject)
+    if a == b:
+        return True
+    kept = truncated_prefix(inner)
+    return kept is not None and b.startswith(kept)
 
 
 @dataclass
 class RevertInfo:
     #: revert index -> the in-range commit it undoes
     target: dict[int, int] = field(default_factory=dict)
-    #: revert index -> how it was paired: 'body', 'subject' or 'patch-id'
+    #: revert index -> how it was paired: 'body', 'subject', 'PR number' or 'patch-id'
     how: dict[int, str] = field(default_factory=dict)
     #: revert index -> what it names outside the range (a sha, or the quoted subject)
     outside: dict[int, str] = field(default_factory=dict)
+    #: outside reverts read from an unquoted ``Revert X``: a claim only when X is found before the pin
+    unquoted: set[int] = field(default_factory=set)
     #: in-range pairs that cancel: index -> partner
     partner: dict[int, int] = field(default_factory=dict)
     #: index -> the whole chain it belongs to (oldest first), for chains of three or more
@@ -106,25 +161,31 @@ def pair_reverts(commits: list[CommitInfo], candidates: set[int] | None = None,
             if m:
                 target = latest_before(by_pr.get(int(m.group(1)), []), i)
                 how = "body"
-        if target is None:
-            inner = revert_target_subject(c.subject)
-            if inner is not None:
-                hits = [j for j in by_subject.get(strip_pr(inner), []) if j < i]
-                nums = pr_numbers(inner)
-                if nums:
-                    exact = [j for j in hits if nums[-1] in pr_numbers(commits[j].subject)]
-                    hits = exact or hits
-                if hits:
-                    target, how = hits[-1], "subject"
-                else:
-                    info.outside[i] = f'"{inner}"'
-                    continue
+        parsed = parse_revert(c.subject) if target is None else None
+        if parsed is not None:
+            inner, quoted, nums = parsed
+            hits = [j for j in by_subject.get(strip_pr(inner), []) if j < i]
+            kept = truncated_prefix(inner)
+            if not hits and kept is not None:
+                hits = [j for j in sorted(cands) if j < i and subject_matches(inner, commits[j].subject)]
+            if nums:
+                exact = [j for j in hits if nums[-1] in pr_numbers(commits[j].subject)]
+                hits = exact or hits
+            if hits:
+                target, how = hits[-1], "subject"
+            elif nums and (t := latest_before(by_pr.get(nums[-1], []), i)) is not None:
+                target, how = t, "PR number"  # the title was edited, the PR is the same
         if target is None and inverse_ids:
             iid = inverse_ids.get(c.sha)
             if iid:
                 t = latest_before(by_fwd.get(iid, []), i)
                 if t is not None:
                     target, how = t, "patch-id"
+        if target is None and parsed is not None:
+            info.outside[i] = f'"{parsed[0]}"'
+            if not parsed[1]:
+                info.unquoted.add(i)
+            continue
         if target is None or target not in cands:
             continue
         info.target[i] = target

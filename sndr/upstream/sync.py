@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--from", dest="from_ref", required=True, metavar="PIN",
                     help="the pin (tag or sha); the range is FROM..TO, as git log reads it")
     pl.add_argument("--to", dest="to_ref", required=True, metavar="TARGET")
-    pl.add_argument("--tree", help="tree the commits are judged against (default: the repo's working tree)")
+    pl.add_argument("--tree", help="the pin's tree the commits are judged against (default: the repo's working "
+                    "tree; required for a bare repository); a tree of another version than the pin is refused")
     pl.add_argument("--patches", metavar="DIR", help="patch set whose files are mirrored (default: shipped set)")
     pl.add_argument("--surface", action="append", default=[], metavar="GLOB",
                     help="extra mirrored files (fnmatch; '*' crosses '/'); repeatable")
@@ -88,7 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--md", metavar="PATH", help="write the Markdown report here ('-' for stdout)")
 
     de = sub.add_parser("decide", help="record the decision on one queued commit (kept across re-plans)")
-    de.add_argument("sha", help="the upstream commit (7 to 40 hex digits)")
+    de.add_argument("sha", nargs="?", help="the upstream commit (7 to 40 hex digits)")
+    de.add_argument("--from-file", metavar="FILE", help="record many decisions at once: a YAML list of rows with "
+                    "the decisions file's keys (sha, tier, resolution, note), checked first, written once")
+    de.add_argument("--repo", metavar="REPO", help="without --queue: the vLLM git checkout that resolves the sha "
+                    "(refused when it names no commit there)")
     de.add_argument("--tier", choices=("PORT-NOW", "INVENTORY", "IGNORE"))
     de.add_argument("--resolution", metavar="TEXT",
                     help="'ported-as PN0123', 'not-needed <reason>' or 'deferred'")
@@ -111,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     dv.add_argument("--drop", action="store_true", help="remove it (discharged upstream)")
     dv.add_argument("--patches", metavar="DIR", help="patch set the deviation belongs to (default: $SNDR_PATCHES; "
                     "never an installed sndr's shipped data)")
+    dv.add_argument("--allow-unknown", action="store_true", help="accept a patch id the patch set does not have "
+                    "(yet); give --paths, or the deviation lives in no file")
     dv.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
     return p
 
@@ -132,7 +139,7 @@ def _run(args) -> int:
         return _plan_cmd(args)
     from ..env import patches_dir, refuse_shipped_write, writable_patches_dir
     from ..fsio import atomic_write
-    from .decisions import EMPTY
+    from .decisions import EMPTY, parse_decisions
     from .watchlist import read_text_file
 
     rep = None
@@ -149,13 +156,11 @@ def _run(args) -> int:
         path = writable_patches_dir(pdir, flag="--decisions FILE or --patches DIR") / DECISIONS_NAME
     text = read_text_file(path, "decisions file") if path.exists() else EMPTY
     if args.cmd == "decide":
-        sha, subject = args.sha.strip().lower(), None
-        if rep is not None:
-            hits = [c for c in rep.commits if c.sha.startswith(sha)]
-            if len(hits) != 1:
-                raise bad_input("bad_select", f"{args.sha!r} names {'no' if not hits else 'more than one'} commit "
-                                f"of {args.queue}", key="sha")
-            sha, subject = hits[0].sha, hits[0].subject
+        if args.from_file:
+            return _decide_batch(args, rep, path, text, pdir)
+        if args.sha is None:
+            raise bad_input("usage", "name the commit (SHA), or pass --from-file FILE")
+        sha, subject = _resolve_sha(args.sha, rep, args.queue, args.repo, text)
         if not (args.tier or args.resolution or args.note):
             raise bad_input("usage", "say what to record: --tier, --resolution and/or --note")
         ported = (args.resolution or "").strip()
@@ -172,6 +177,13 @@ def _run(args) -> int:
         print(f"{path}: deviation {args.patch} dropped")
         return EXIT_OK
     paths = [p.strip() for p in args.paths.split(",") if p.strip()] if args.paths else None
+    if not args.allow_unknown:
+        _check_patch_id(args.patch, pdir or patches_dir(), "deviation", key="patch",
+                        escape="--allow-unknown (with --paths) for a patch not written yet")
+    elif not paths and not ((old := parse_decisions(text, str(path)).model.deviation(args.patch)) and old.paths):
+        raise bad_input("usage", f"deviation {args.patch}: --allow-unknown needs --paths FILE,...: without the "
+                        "patch's files the deviation lives in no file, and no report or gate would show it",
+                        key="paths")
     new = set_deviation(text, args.patch, str(path), upstream=args.upstream, why=args.why,
                         discharge=args.discharge, paths=paths, reviewed=args.reviewed)
     atomic_write(path, new.encode("utf-8"))
@@ -184,6 +196,12 @@ def _run(args) -> int:
 
 def _check_ported_as(pid: str, pdir: Path) -> None:
     """``ported-as PID`` names a patch of the set in ``pdir`` (``unknown_id``, exit 2, otherwise)."""
+    _check_patch_id(pid, pdir, "ported-as", key="resolution",
+                    escape="--allow-unknown if the port is not written yet")
+
+
+def _check_patch_id(pid: str, pdir: Path, what: str, *, key: str, escape: str) -> None:
+    """``pid`` names a patch of the set in ``pdir`` (``unknown_id``, exit 2, otherwise)."""
     from ..load import load_patch_set
 
     ids = sorted(p.id for p in load_patch_set(pdir).patches)
@@ -192,10 +210,99 @@ def _check_ported_as(pid: str, pdir: Path) -> None:
     import difflib
 
     close = difflib.get_close_matches(pid, ids, n=3)
-    raise bad_input("unknown_id", f"ported-as {pid}: no patch {pid} in {pdir}", key="resolution",
+    raise bad_input("unknown_id", f"{what} {pid}: no patch {pid} in {pdir}", key=key,
                     hint=(f"did you mean {', '.join(close)}? " if close else "")
                     + (f"known ids: {', '.join(ids[:12])}{' ...' if len(ids) > 12 else ''}; " if ids else "")
-                    + "pass --patches DIR for another set, or --allow-unknown if the port is not written yet")
+                    + f"pass --patches DIR for another set, or {escape}")
+
+
+def _resolve_sha(raw: str, rep, queue: str | None, repo: str | None, text: str) -> tuple[str, str | None]:
+    """The full sha (and subject) ``raw`` names: in the queue report, else in ``repo``, else a decision the file
+    already has; refused (exit 2) when it is not hex, too short, or names no commit or several."""
+    import re
+
+    from .decisions import SHA_PATTERN, parse_decisions
+
+    sha = raw.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]+", sha):
+        raise bad_input("bad_select", f"{raw!r} is not a commit sha (hex digits)", key="sha")
+    if not re.fullmatch(SHA_PATTERN, sha):
+        raise bad_input("bad_select", f"{raw!r} is too short to name a commit: give 7 to 40 hex digits"
+                        if len(sha) < 7 else f"{raw!r} is longer than a sha (40 hex digits)", key="sha")
+    if rep is not None:
+        hits = [c for c in rep.commits if c.sha.startswith(sha)]
+        if len(hits) != 1:
+            raise bad_input("bad_select", f"{raw!r} names {'no' if not hits else 'more than one'} commit "
+                            f"of {queue}", key="sha")
+        return hits[0].sha, hits[0].subject
+    if repo is not None:
+        from .gitio import Git
+
+        git = Git(repo)
+        try:
+            proc = git.run("rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}", check=False)
+            if proc.returncode != 0:
+                many = git.run("rev-parse", "--disambiguate=" + sha, check=False).stdout.split()
+                raise bad_input("bad_select", f"{raw!r} names {'more than one' if len(many) > 1 else 'no'} commit "
+                                f"in {repo}", key="sha")
+            full = proc.stdout.decode().strip()
+            return full, git.text("log", "-1", "--format=%s", full).strip() or None
+        finally:
+            git.close()
+    known = [d.sha for d in parse_decisions(text).model.decisions if d.sha.startswith(sha) or sha.startswith(d.sha)]
+    if len(known) == 1 or len(sha) == 40:
+        return (sha if len(sha) >= len(known[0] if known else "") else known[0]), None
+    raise bad_input("bad_select", f"{raw!r} names {'more than one' if known else 'no'} commit of the decisions file, "
+                    "and there is nothing to check a new one against", key="sha",
+                    hint="pass --queue QUEUE.json (from `sync plan --json`) or --repo REPO, or the full 40-digit sha")
+
+
+def _decide_batch(args, rep, path: Path, text: str, pdir: Path | None) -> int:
+    """``decide --from-file FILE``: every row checked before any is written; the decisions file written once."""
+    from ..env import patches_dir
+    from ..fsio import atomic_write
+    from ..errors import Problem, SndrError
+    from .watchlist import read_text_file
+    from .yamledit import load_rt, to_plain
+
+    if args.sha or args.tier or args.resolution or args.note:
+        raise bad_input("usage", "--from-file takes the rows from the file: no SHA, --tier, --resolution or --note")
+    src = str(args.from_file)
+    raw = load_rt(read_text_file(Path(args.from_file), "decisions batch"), src)
+    rows = to_plain(raw)
+    if not isinstance(rows, list) or not rows:
+        raise bad_input("bad_decisions", "a decisions batch is a non-empty YAML list of rows "
+                        "(- sha: ..., tier: ..., resolution: ..., note: ...)", file=src, line=1)
+    problems: list[Problem] = []
+    new = text
+    done = []
+    for k, row in enumerate(rows):
+        line = raw.lc.item(k)[0] + 1 if hasattr(raw, "lc") else None
+        try:
+            if not isinstance(row, dict) or set(row) - {"sha", "subject", "tier", "resolution", "note"} \
+                    or "sha" not in row:
+                raise bad_input("bad_decisions", "a row is a mapping with sha and tier, resolution and/or note "
+                                f"(got {row!r})")
+            sha, subject = _resolve_sha(str(row["sha"]), rep, args.queue, args.repo, new)
+            ported = str(row.get("resolution") or "").strip()
+            if ported.startswith("ported-as ") and not args.allow_unknown:
+                _check_ported_as(ported.split(" ", 1)[1].strip(), pdir or patches_dir())
+            if not any(row.get(key) for key in ("tier", "resolution", "note")):
+                raise bad_input("usage", "say what to record: tier, resolution and/or note")
+            new, d = set_decision(new, sha, str(path), subject=subject or row.get("subject"), tier=row.get("tier"),
+                                  resolution=row.get("resolution"), note=row.get("note"))
+            done.append(d)
+        except SndrError as exc:
+            for p in exc.problems:
+                problems.append(Problem(p.code, f"row {k + 1}: {p.message}", file=src, line=line, key=p.key,
+                                        hint=p.hint))
+    if problems:
+        raise SndrError(problems)
+    atomic_write(path, new.encode("utf-8"))
+    for d in done:
+        print(f"{path}: {d.sha[:10]}: {d.summary() or 'recorded'}")
+    print(f"{path}: {len(done)} decision(s) recorded from {src}")
+    return EXIT_OK
 
 
 def _range_warnings(rep: QueueReport) -> list[str]:
@@ -242,12 +349,17 @@ def _plan_cmd(args) -> int:
         from ..tree import open_tree
 
         tree = open_tree(args.tree)
+    from .judge import local_marks
+
+    pin = read_pin(default_pin_path(ps.directory)) if ps.directory else None
     select = [s for s in args.select.split(",") if s.strip()] if args.select else None
     rep = plan_queue(args.repo, args.from_ref, args.to_ref, surface, tree, select=select, decisions=decisions,
-               patch_files=patch_files, decisions_file=str(dpath) if dpath.exists() else None)
+               patch_files=patch_files, decisions_file=str(dpath) if dpath.exists() else None,
+               local=local_marks(ps.patches), pin_version=pin.version if pin else None,
+               pin_digest=pin.tree_digest if pin else None)
     rep.patches_dir = str(Path(ps.directory).resolve()) if ps.directory else None
     rep.patch_set_digest = ps.digest()
-    rep.warnings = _range_warnings(rep)
+    rep.warnings += _range_warnings(rep)
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     text_json = rep.model_dump_json(indent=2)
