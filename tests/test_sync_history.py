@@ -27,12 +27,14 @@ from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     NO_PREFIX,
     PROBE_NEW,
     PROBE_OLD,
+    STM,
     SURFACE,
     TOUCH_COMMENT,
     TOUCH_INCREMENT,
     USAGE,
     Repo,
     _dir_tree,
+    _write_patch,
     make_tree,
     scripted,
     source,
@@ -449,3 +451,206 @@ def test_readme_pin_bump_on_a_clone_with_release_branches(tmp_path, vllm_pin_roo
     assert {u.sha for u in rh.updates} <= {s for w in rep["waves"] for s in w["commits"]}
     assert f"merge-base {rh.history.commits[0].sha[:10]}" in out.out
     assert rep["counts"]["commits"] == len(rh.updates) + 4
+
+
+# ============================================================================= issue 30: the second round
+# Each test scripts the shape real vLLM history showed (squash subjects `Title (#N)`, reverts
+# `Revert "Title (#N)" (#M)`, release branches) on the real 0.32.0 files.
+
+
+def _plan_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli_main(["plan", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _version_file(tree: Path, version: str) -> None:
+    (tree / "vllm").mkdir(parents=True, exist_ok=True)
+    (tree / "vllm" / "version.py").write_text(f'__version__ = "{version}"\n')
+
+
+# ----------------------------------------------------------------------------- 1. the tree is the pin
+
+
+def test_a_bare_clone_without_tree_is_refused_naming_the_repo(releases, tmp_path, capsys):
+    repo, tree, c = releases
+    bare = tmp_path / "vllm.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo.path), str(bare)], check=True)
+    pdir = _empty(tmp_path)
+    rc, out, err = _plan_cli(capsys, "--repo", str(bare), "--from", "v0.32.0", "--to", "v0.33.0",
+                             "--patches", str(pdir), "--surface", "vllm/v1/core/*.py")
+    assert rc == 2 and "bare_repo" in err and str(bare) in err and "--tree" in err, err
+    assert out == ""  # no queue of 'conflict: file missing in the tree'
+    # with --tree the same bare clone plans as the checkout does
+    rc, out, err = _plan_cli(capsys, "--repo", str(bare), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(tree), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-")
+    data = json.loads(out)
+    assert rc == 1 and data["counts"]["cherry_picked"] == 1 and data["counts"].get("conflict", 0) == 0
+
+
+def test_a_tree_of_another_version_than_the_pin_is_refused(releases, tmp_path, capsys):
+    repo, tree, c = releases
+    pdir = _empty(tmp_path)
+    args = ["--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
+            "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-"]
+    _version_file(tree, "0.33.0")  # the target's tree given as --tree
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 2 and "tree_not_pin" in err and "is vLLM 0.33.0, but the pin (--from v0.32.0) is 0.32.0" in err
+    assert "--tree vllm==0.32.0" in err and out == ""
+    _version_file(tree, "0.32.0+cpu")  # a local build of the pin is the pin
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 1 and json.loads(out)["warnings"] == [], err
+    # --from a sha: the version comes from the release tag on it, else from the pin record
+    _version_file(tree, "0.33.0")
+    args[args.index("v0.32.0")] = c["fix_pick"]
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 2 and f"the pin (--from {c['fix_pick']}) is 0.32.0" in err, err
+    repo.git("tag", "-d", "v0.32.0")
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 1, err  # nothing says what the pin is: nothing to refuse
+    (pdir / "_pin.toml").write_text('version = "0.32.0"\n')
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 2 and "but the pin (the pin record) is 0.32.0" in err, err
+
+
+def test_a_tree_without_version_that_holds_the_target_is_warned_about(releases, tmp_path, capsys):
+    repo, tree, c = releases
+    pdir = _empty(tmp_path)
+    target = make_tree(tmp_path / "target", tree, [BLOCK_POOL, COORD, METRICS])
+    for edit in (TOUCH_COMMENT, TOUCH_INCREMENT, NO_PREFIX):  # v0.33.0's content
+        tree_edit(target, *edit)
+    rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(target), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-")
+    data = json.loads(out)
+    assert f"warning: the tree {target} looks like --to v0.33.0, not the pin: 2 mirrored file(s) hold --to's " \
+           "content and 0 --from's" in err, err
+    assert any("looks like --to v0.33.0" in w for w in data["warnings"])
+    # a tree that holds none of the mirrored files (a wrong directory) is refused
+    wrong = tmp_path / "wrong"
+    (wrong / "vllm").mkdir(parents=True)
+    (wrong / "vllm" / "__init__.py").write_text("")
+    rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(wrong), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py")
+    assert rc == 2 and "tree_empty" in err and "none of the" in err, err
+
+
+def test_manifest_build_on_a_target_tree_does_not_say_on_the_pin(tmp_path, source, capsys):
+    from sndr.manifest import cli_main as manifest_main
+
+    pdir = tmp_path / "patches"
+    _write_patch(pdir, "PX0001", BLOCK_POOL, "        this anchor is nowhere\n")
+    tree = make_tree(tmp_path / "t", source, [BLOCK_POOL])
+    out = tmp_path / "anchors"
+    out.mkdir()
+    _version_file(tree, "0.33.0")
+    assert manifest_main(["build", "--tree", str(tree), "--patches", str(pdir), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "PX0001.e: drifted on vllm 0.33.0 (a target tree, not the pin 0.32.0)" in err, err
+    _version_file(tree, "0.32.0")
+    assert manifest_main(["build", "--tree", str(tree), "--patches", str(pdir), "--out", str(out)]) == 1
+    assert "PX0001.e: drifted on the pin" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 2. 'already present in another form'
+
+#: The 7 manager subclasses that get an override, each with the class that follows it in the file.
+STM_SUBCLASSES = [("FullAttentionManager", "RSWAManager"), ("SlidingWindowManager", "CircularBufferManager"),
+                  ("CircularBufferManager", "ChunkedLocalAttentionManager"),
+                  ("ChunkedLocalAttentionManager", "MambaManager"), ("MambaManager", "CrossAttentionManager"),
+                  ("CrossAttentionManager", "SinkFullAttentionManager"),
+                  ("SinkFullAttentionManager", "HiSparseSourceManager")]
+
+
+def _method_before(next_class: str, name: str, value: str) -> tuple[str, str]:
+    """(old, new): a method appended to the class that ends where ``next_class`` starts."""
+    old = f"\n\n\nclass {next_class}("
+    return old, f"\n\n    def {name}(self) -> int:\n        return {value}\n\n\nclass {next_class}("
+
+
+def _multi_edit(repo: Repo, rel: str, edits: list[tuple[str, str]], message: str) -> str:
+    p = repo.path / rel
+    text = p.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    p.write_text(text)
+    return repo.commit(message)
+
+
+TAKE_IDS_METHOD = '''    def take_new_block_ids(self) -> list[int]:
+        """Drain and return block IDs allocated since the last call."""
+        ids = self.new_block_ids
+        self.new_block_ids = []
+        return ids
+
+'''
+STABLE_END = '''        window, as long as the cursor's positional history remains valid.
+        """
+        return True
+
+'''
+CROSS_HEAD = '''class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Manager for cross-attention KV cache in encoder-decoder models."""
+
+'''
+
+
+def test_base_method_with_overrides_a_move_and_a_same_named_method_are_not_twins(tmp_path, source):
+    """The shape of 4b364f810e: a base method of SingleTypeKVCacheManager and its override in 7 manager
+    subclasses in one commit, in vllm/v1/core/single_type_kv_cache_manager.py; then a move of a method
+    within the file (the old copy removed by a later hunk) and an __init__ added to a class that has none."""
+    repo = Repo(tmp_path / "up", source, [STM])
+    edits = [_method_before("FullAttentionManager", "num_reserved_blocks", "0")]
+    edits += [_method_before(nxt, "num_reserved_blocks", str(k + 1)) for k, (_cls, nxt) in enumerate(STM_SUBCLASSES)]
+    overrides = _multi_edit(repo, STM, edits, "[Core] Reserve blocks per manager type (#45120)")
+    move = _multi_edit(repo, STM, [(TAKE_IDS_METHOD, ""), (STABLE_END, STABLE_END + TAKE_IDS_METHOD)],
+                       "[Misc] Keep the block-id accessors together (#45121)")
+    init = repo.edit(STM, CROSS_HEAD, CROSS_HEAD + "    def __init__(self, kv_cache_spec, **kwargs) -> None:\n"
+                     "        super().__init__(kv_cache_spec, **kwargs)\n        self.cross_only = True\n\n",
+                     "[Model] Mark cross-attention managers (#45122)")
+    tree = make_tree(tmp_path / "tree", source, [STM])
+    rep = plan_queue(repo.path, "pin", "main", Surface({STM}), _dir_tree(tree))
+    for sha in (overrides, move, init):
+        e = rep.entry(sha)
+        assert (e.disposition, e.status) == ("applicable", "port"), e.reason
+        assert "already present in another form" not in e.reason
+    assert len(rep.entry(overrides).files[0].hunks) == 8  # the base method and 7 overrides
+    assert len(rep.entry(move).files[0].hunks) == 2  # added near the top, removed below
+    assert rep.counts.get("review", 0) == 0 and rep.counts["queued"] == 3
+
+
+LOCAL_TWIN = '''    def num_reserved_blocks(self) -> int:
+        """Local: the sliding window keeps one spare block."""
+        return 1
+
+'''
+
+
+def test_a_real_twin_in_the_same_class_is_review_naming_the_class_and_the_local_patch(tmp_path, source):
+    from sndr.load import load_patch_set
+    from sndr.upstream.judge import local_marks
+
+    repo = Repo(tmp_path / "up", source, [STM])
+    edits = [_method_before("FullAttentionManager", "num_reserved_blocks", "0")]
+    edits += [_method_before(nxt, "num_reserved_blocks", str(k + 1)) for k, (_cls, nxt) in enumerate(STM_SUBCLASSES)]
+    overrides = _multi_edit(repo, STM, edits, "[Core] Reserve blocks per manager type (#45120)")
+    # the local patch PX0030 already gives SlidingWindowManager its own num_reserved_blocks
+    anchor = "class SlidingWindowManager(SingleTypeKVCacheManager):\n"
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    (pdir / "PX0030.toml").write_text(
+        'id = "PX0030"\ntitle = "spare block"\n\n[[files]]\npath = "' + STM + '"\n\n[[files.edits]]\nname = "e"\n'
+        f"anchor = '''\n{anchor}'''\nreplacement = '''\n{anchor}{LOCAL_TWIN}'''\n")
+    tree = make_tree(tmp_path / "tree", source, [STM])
+    tree_edit(tree, STM, anchor, anchor + LOCAL_TWIN)
+    rep = plan_queue(repo.path, "pin", "main", Surface({STM}), _dir_tree(tree),
+                     local=local_marks(load_patch_set(pdir).patches))
+    e = rep.entry(overrides)
+    assert (e.disposition, e.status) == ("review", "port-by-hand")
+    line = (tree / STM).read_text().splitlines().index("    def num_reserved_blocks(self) -> int:") + 1
+    bad = [h for h in e.files[0].hunks if h.disposition == "review"]
+    assert len(bad) == 1  # only SlidingWindowManager's override; the base and the 6 others apply
+    assert (f"review: already present in another form: SlidingWindowManager.num_reserved_blocks is defined at "
+            f"line {line}; next to local patch PX0030") == bad[0].reason
+    assert bad[0].local_patches == ["PX0030"] and "next to local patch PX0030" in e.flags
+    assert "PX0030" in render_markdown(rep)

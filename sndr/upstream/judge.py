@@ -246,6 +246,12 @@ def local_marks(patches: Iterable) -> LocalMarks:
     return out
 
 
+def local_patches_at(text: str, line: int, marks: list[tuple[str, frozenset[str]]], span: int = 3) -> list[str]:
+    """The local patches that wrote the tree's lines ``line`` .. ``line + span`` (a definition and its start)."""
+    lines = {s.strip() for s in text.splitlines()[max(0, line - 1):line + span]}
+    return [pid for pid, mine in marks if lines & mine]
+
+
 def local_patches_near(text: str | None, hunk: Hunk, marks: list[tuple[str, frozenset[str]]], window: int = 3,
                        ) -> list[str]:
     """The local patches whose lines sit within ``window`` lines of where ``hunk`` lands in ``text``.
@@ -272,7 +278,8 @@ class HunkResult(BaseModel):
     fuzz: int | None = Field(default=None, description="context lines kept per end when full context did not match")
     reason: str = ""
     local_patches: list[str] = Field(default_factory=list, description="local patches whose lines sit next to "
-                                     "where the hunk lands in the tree")
+                                     "where the hunk lands in the tree (or make the definition a review names)")
+    tree_line: int | None = Field(default=None, description="the tree's line a review names (its own definition)")
 
 
 def classify_hunk(text: str, hunk: Hunk, twins: Twins | None = None) -> tuple[HunkResult, str | None]:
@@ -332,7 +339,7 @@ def classify_hunk(text: str, hunk: Hunk, twins: Twins | None = None) -> tuple[Hu
         if pre_hits:
             twin = _twin_of(text, hunk, twins)
             if twin is not None:
-                return HunkResult(header=hunk.header, disposition="review", fuzz=fuzz,
+                return HunkResult(header=hunk.header, disposition="review", fuzz=fuzz, tree_line=twin[1],
                                   reason=f"review: already present in another form: {twin[0]} is defined at "
                                   f"line {twin[1]}"), None
             pos = min(pre_hits, key=lambda p: abs(p - want))
@@ -342,7 +349,7 @@ def classify_hunk(text: str, hunk: Hunk, twins: Twins | None = None) -> tuple[Hu
     if generic is not None:
         twin = _twin_of(text, hunk, twins)
         if twin is not None:
-            return HunkResult(header=hunk.header, disposition="review",
+            return HunkResult(header=hunk.header, disposition="review", tree_line=twin[1],
                               reason=f"review: already present in another form: {twin[0]} is defined at "
                               f"line {twin[1]}"), None
         return HunkResult(header=hunk.header, disposition="review",
@@ -366,7 +373,9 @@ def _hunks_on(text: str, hunks: list[Hunk], twins: Twins | None = None,
     for h in hunks:
         res, new = classify_hunk(cur, h, twins)
         if marks and (res.fuzz is not None or res.disposition in ("review", "conflict")):
-            res.local_patches = local_patches_near(cur, h, marks)
+            # a twin's line is the tree's own (before this commit); the fallback's is in the current text
+            res.local_patches = (local_patches_at(text if twins is not None else cur, res.tree_line, marks)
+                                 if res.tree_line else local_patches_near(cur, h, marks))
             if res.local_patches:
                 res.reason = (res.reason + "; " if res.reason else "") + "next to local patch " + ", ".join(
                     res.local_patches)

@@ -314,7 +314,9 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
 
         tree = DirTree(git.repo, spec=str(git.repo))
     read = tree_reader(tree)
-    warnings = check_tree(git, rng, from_ref, to_ref, tree, sorted(surface.files), pin_version, pin_digest)
+    listed = {f for rev in (rng.base, rng.tip) for f in git.text("ls-tree", "-r", "--name-only", rev).splitlines()}
+    warnings = check_tree(git, rng, from_ref, to_ref, tree, sorted(set(surface.files) | {
+        f for f in listed if surface.matches(f)}), pin_version, pin_digest)
     surface = Surface(set(surface.files), list(surface.globs))
     initial_files = sorted(surface.files)
     commits = rng.commits
