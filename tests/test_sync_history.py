@@ -654,3 +654,151 @@ def test_a_real_twin_in_the_same_class_is_review_naming_the_class_and_the_local_
             f"line {line}; next to local patch PX0030") == bad[0].reason
     assert bad[0].local_patches == ["PX0030"] and "next to local patch PX0030" in e.flags
     assert "PX0030" in render_markdown(rep)
+
+
+# ----------------------------------------------------------------------------- 3. revert matching
+
+LONG_TITLE = "[Bugfix] Make the block pool say how many blocks are free when it runs out of blocks (#45600)"
+
+
+def test_reverts_pair_by_pr_number_patch_id_truncated_and_unquoted_subjects(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    pre = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#44000)")
+    repo.git("tag", "-f", "pin")  # before the pin: reverting it inside the range is real work
+    # 1797576237 / 2a47a9ff0f: the revert names the PR's title as it was edited, not the squash subject
+    a = repo.edit(COORD, PROBE_OLD, PROBE_NEW, "[Core] Add a manager probe (#45309)")
+    ra = _inverse(repo, COORD, PROBE_OLD, PROBE_NEW, 'Revert "[Core] Add the manager probe for debugging (#45309)" '
+                  "(#45400)")
+    # a subject that names nothing of the range, with the inverse patch-id of an earlier commit
+    b = repo.edit(*USAGE, "[Perf] Float usage (#45500)")
+    rb = _inverse(repo, *USAGE, 'Revert "Something else entirely" (#45501)')
+    # GitHub's truncated title: the ellipsis, no PR number, no closing quote
+    d = repo.edit(*NEW_BLOCKS_MSG, LONG_TITLE)
+    rd = _inverse(repo, *NEW_BLOCKS_MSG, 'Revert "[Bugfix] Make the block pool say how many blocks are free '
+                  'when it runs o\u2026 (#45601)')
+    # unquoted
+    e = repo.edit(*TOUCH_COMMENT, "[Misc] Clarify touch() comment (#45700)")
+    re_ = _inverse(repo, *TOUCH_COMMENT, "Revert [Misc] Clarify touch() comment (#45700) (#45701)")
+    # the GitHub revert button quotes the PR title, which has no (#N): the pre-pin commit's subject has one
+    rp = _inverse(repo, *NO_PREFIX, 'Revert "[Core] Explain the no-prefix return" (#45800)')
+    # a subject that starts with "Revert" but reverts nothing
+    other = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, "Revert to the older debug output (#45900)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    tree_edit(tree, *NO_PREFIX)  # the tree is the pin
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    for x, y, how in ((a, ra, "PR number"), (b, rb, "patch-id"), (d, rd, "subject"), (e, re_, "subject")):
+        ex, ey = rep.entry(x), rep.entry(y)
+        assert ex.status == ey.status == "cancelled", (how, ex.reason, ey.reason, ey.flags)
+        assert ey.reverts == x and f"reverts {x[:10]} (paired by {how})" in ey.flags
+        assert not any("outside the range" in f for f in ey.flags)
+    erp = rep.entry(rp)  # resolved to the pin-side sha, PR suffixes stripped on both sides
+    assert erp.reverts == pre and f"reverts {pre[:10]} (outside the range)" in erp.flags and erp.status == "port"
+    assert rep.entry(other).reverts is None and not any("reverts" in f for f in rep.entry(other).flags)
+    assert rep.counts["reverts_paired"] == 4 and rep.counts["reverts_outside"] == 1
+
+
+def test_revert_subject_forms():
+    from sndr.upstream.reverts import parse_revert, subject_matches
+
+    assert parse_revert('Revert "[Core] Foo (#1)" (#2)') == ("[Core] Foo (#1)", True, [1])
+    assert parse_revert('Revert "[Core] A long ti\u2026 (#2)') == ("[Core] A long ti\u2026", True, [])
+    assert parse_revert("Revert [Core] Foo (#1) (#2)") == ("[Core] Foo", False, [1])
+    assert parse_revert("[Core] Foo (#1)") is None
+    assert subject_matches("[Core] A long ti\u2026", "[Core] A long title that went on (#7)")
+    assert subject_matches("[Core] A long ti...", "[Core] A long title that went on (#7)")
+    assert subject_matches("[Core] Foo", "[Core] Foo (#1) (#9)") and not subject_matches("[Core] Foo", "[Core] Foo2")
+
+
+# ----------------------------------------------------------------------------- 6. labels
+
+CLAMP = ("        total_gpu_blocks = self.num_gpu_blocks - 1\n",
+         "        total_gpu_blocks = self.num_gpu_blocks - 1\n"
+         "        total_gpu_blocks = max(total_gpu_blocks, 0)  # sndr PX0050: never negative\n")
+
+
+def test_a_hunk_applied_with_fuzz_names_the_local_patch_next_to_it(tmp_path, source):
+    from sndr.load import load_patch_set
+    from sndr.upstream.judge import local_marks
+
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
+    usage = repo.edit(*USAGE, "[Bugfix] Return a float usage (#46001)")
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    (pdir / "PX0050.toml").write_text(
+        'id = "PX0050"\ntitle = "clamp"\n\n[[files]]\npath = "' + BLOCK_POOL + '"\n\n[[files.edits]]\nname = "e"\n'
+        f"anchor = '''\n{CLAMP[0]}'''\nreplacement = '''\n{CLAMP[1]}'''\n")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
+    tree_edit(tree, BLOCK_POOL, *CLAMP)  # the local patch sits between the hunk's context lines
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree),
+                     local=local_marks(load_patch_set(pdir).patches))
+    e = rep.entry(usage)
+    [h] = e.files[0].hunks
+    assert (e.disposition, e.status, h.fuzz, h.local_patches) == ("applicable", "port", 1, ["PX0050"])
+    assert "1 hunk: 1 applicable (1 with fuzz, next to local patch PX0050)" in e.reason
+    assert "pre-image found with 1 context line(s); next to local patch PX0050" in e.reason
+    assert "next to local patch PX0050" in e.flags
+    md = render_markdown(rep)
+    assert "| applicable (fuzz 1, next to PX0050) |" in md and "1 applicable (1 with fuzz)" in md
+    # without the local patch in the tree the same commit applies with full context and names nothing
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}),
+                     _dir_tree(make_tree(tmp_path / "plain", source, [BLOCK_POOL])),
+                     local=local_marks(load_patch_set(pdir).patches))
+    assert rep.entry(usage).files[0].hunks[0].fuzz is None and rep.entry(usage).flags == []
+
+
+def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
+    a = repo.edit(*NEW_BLOCKS_MSG, "[Misc] Say how many blocks are free (#47001)")
+    b = repo.edit(BLOCK_POOL, '                f"({self.get_num_free_blocks()} free)"\n',
+                  '                f"({self.get_num_free_blocks()} free of {self.num_gpu_blocks})"\n',
+                  "[Misc] Say of how many (#47002)")
+    cc = repo.edit(BLOCK_POOL, "            raise ValueError(\n",
+                   "            # the pool is exhausted: say so with numbers\n            raise ValueError(\n",
+                   "[Doc] Comment the exhausted pool (#47003)")
+    d = repo.edit(BLOCK_POOL, '                f"Cannot get {num_blocks} free blocks from the pool "\n',
+                  '                f"Cannot get {num_blocks} free blocks from the KV cache pool "\n',
+                  "[Misc] Name the KV cache pool (#47004)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
+    tree_edit(tree, BLOCK_POOL, *LOCAL_NEW_BLOCKS)  # a local patch on a's line: a is a port by hand
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    assert rep.entry(a).disposition == "conflict" and rep.entry(a).blocked_by == []
+    for x in (b, cc, d):
+        e = rep.entry(x)
+        assert (e.disposition, e.status, e.blocked_by) == ("conflict", "port-by-hand", [a]), e.reason
+        assert e.reason.startswith(f"blocked by {a[:10]} (by hand): every hunk that does not apply stands on")
+    assert rep.counts["blocked"] == 3 and rep.counts["conflict"] == 4
+    md = render_markdown(rep)
+    assert f"1 conflict, 3 blocked by `{a[:10]}` (they apply once it is ported)" in md
+    assert md.count(f"| blocked by `{a[:10]}` |") == 3
+    g = gate_queue(rep, "main", load_decisions(tmp_path / "none.yaml").model)
+    assert f"3 blocked by {a[:10]}: " in g.reason and "1 conflict: " in g.reason
+    # on a tree without the local patch nothing is by hand, so nothing is blocked
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}),
+                     _dir_tree(make_tree(tmp_path / "plain", source, [BLOCK_POOL])))
+    assert rep.counts["blocked"] == 0 and {rep.entry(x).status for x in (a, b, cc, d)} == {"port"}
+
+
+def test_a_three_way_cherry_pick_on_the_pin_side_counts_as_cherry_picked(tmp_path, source):
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    fix = repo.edit(*USAGE, "[Bugfix] Return a float usage (#48001)")
+    repo.git("checkout", "-q", "-b", "releases/v0.32", "pin")
+    # the release branch got it by a 3-way pick whose resolution kept a line of the branch: another patch-id
+    for rel, old, new in (USAGE, TOUCH_COMMENT):
+        p = repo.path / rel
+        p.write_text(p.read_text().replace(old, new))
+    pick = repo.commit(f"[Bugfix] Return a float usage (#48001)\n\n(cherry picked from commit {fix})")
+    repo.git("tag", "v0.32.0")
+    repo.git("checkout", "-q", "main")
+    other = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#48002)")
+    repo.git("tag", "v0.33.0")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    for edit in (USAGE, TOUCH_COMMENT):
+        tree_edit(tree, *edit)  # the tree is v0.32.0
+    rep = plan_queue(repo.path, "v0.32.0", "v0.33.0", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    e = rep.entry(fix)
+    assert (e.disposition, e.status, e.cherry_pick_of) == ("satisfied", "skip", pick)
+    assert e.reason == (f"cherry-picked onto the pin's side as {pick[:10]} (a 3-way pick: another patch-id, its "
+                        "body names this commit); its content is in the tree")
+    assert rep.counts["cherry_picked"] == 1 and rep.counts["cherry_picked_3way"] == 1
+    assert "1 cherry-picked (1 by a 3-way pick)" in render_markdown(rep)
+    assert rep.entry(other).status == "port"

@@ -494,12 +494,15 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                         f"rewritten later in the range; port the later commit instead ({e.reason})")
 
     queued = {i for i, e in enumerate(entries) if e.status in QUEUED}
+    by_sha_all = {e.sha: i for i, e in enumerate(entries)}
     for i in sorted(queued):
         entries[i].depends_on = [entries[j].sha for j in sorted(deps.get(i, ())) if j in queued]
         blockers = [j for j in sorted(deps.get(i, ())) if j in queued
                     and entries[j].disposition in ("conflict", "review")]
         if blockers and entries[i].disposition in ("conflict", "review"):
             by = _blocked_by(commits[i], entries[i], [commits[j] for j in blockers])
+            # a blocker that is itself blocked passes on its own: name the commits to port by hand first
+            by = list(dict.fromkeys(r for s in by for r in (entries[by_sha_all[s]].blocked_by or [s])))
             if by:
                 entries[i].blocked_by = by
                 entries[i].reason = (f"blocked by {', '.join(s[:10] for s in by)} (by hand): every hunk that does "
