@@ -802,3 +802,109 @@ def test_a_three_way_cherry_pick_on_the_pin_side_counts_as_cherry_picked(tmp_pat
     assert rep.counts["cherry_picked"] == 1 and rep.counts["cherry_picked_3way"] == 1
     assert "1 cherry-picked (1 by a 3-way pick)" in render_markdown(rep)
     assert rep.entry(other).status == "port"
+
+
+# ----------------------------------------------------------------------------- 5. deviation ids; 7. smaller
+
+
+def test_deviation_refuses_an_unknown_patch_id(tmp_path, capsys):
+    pdir = tmp_path / "patches"
+    _write_patch(pdir, "PX0060", BLOCK_POOL, "        return ret\n")
+    dfile = tmp_path / "d.yaml"
+    base = ["deviation", "--why", "we do it differently", "--patches", str(pdir), "--decisions", str(dfile)]
+    assert cli_main([*base, "PX0061"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown_id" in err and "deviation PX0061: no patch PX0061" in err and "PX0060" in err, err
+    assert not dfile.exists()
+    assert cli_main([*base, "PX0061", "--allow-unknown"]) == 2  # it would live in no file
+    assert "--allow-unknown needs --paths" in capsys.readouterr().err and not dfile.exists()
+    assert cli_main([*base, "PX0061", "--allow-unknown", "--paths", BLOCK_POOL]) == 0
+    assert cli_main([*base, "PX0060"]) == 0
+    assert [d.patch for d in load_decisions(dfile).model.deviations] == ["PX0061", "PX0060"]
+
+
+def test_select_of_a_commit_outside_the_surface_is_named(scripted, capsys):
+    repo, tree, c = scripted
+    with pytest.raises(SndrError) as exc:
+        plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree), select=[c["outside"][:10]])
+    p = exc.value.problems[0]
+    assert p.code == "bad_select" and c["outside"][:10] in p.message and "'metrics: comment'" in p.message
+    assert "outside the mirrored surface" in p.message and "--surface" in p.hint
+    # a commit on the surface that the queue does not hold is queued nothing, and said so
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree),
+                     select=[c["satisfied"], c["series1"]])
+    assert [w.commits for w in rep.waves] == [[c["series1"]]]
+    assert any(w.startswith(f"--select {c['satisfied'][:10]} ('Return a float usage') queues nothing: it is skip")
+               for w in rep.warnings), rep.warnings
+
+
+def test_decide_checks_the_sha_without_a_queue(scripted, tmp_path, capsys):
+    repo, tree, c = scripted
+    dfile = tmp_path / "d.yaml"
+    common = ["--tier", "INVENTORY", "--decisions", str(dfile)]
+    assert cli_main(["decide", "12", *common]) == 2
+    assert "'12' is too short to name a commit: give 7 to 40 hex digits" in capsys.readouterr().err
+    assert cli_main(["decide", "xyz1234", *common]) == 2
+    assert "is not a commit sha" in capsys.readouterr().err
+    assert cli_main(["decide", "1234567", *common]) == 2  # any hex prefix: nothing to check it against
+    err = capsys.readouterr().err
+    assert "names no commit of the decisions file" in err and "--queue" in err and "--repo" in err, err
+    assert cli_main(["decide", "1234567", "--repo", str(repo.path), *common]) == 2
+    assert f"'1234567' names no commit in {repo.path}" in capsys.readouterr().err
+    assert not dfile.exists()
+    assert cli_main(["decide", c["conflict"][:9], "--repo", str(repo.path), *common]) == 0
+    [d] = load_decisions(dfile).model.decisions
+    assert (d.sha, d.subject) == (c["conflict"], "Say how many blocks are free")  # resolved, subject taken
+    # a prefix of a decision the file already has names it
+    assert cli_main(["decide", c["conflict"][:8], "--resolution", "deferred", "--decisions", str(dfile)]) == 0
+    assert load_decisions(dfile).model.decisions[0].resolution == "deferred"
+    # with --queue, a short prefix says too short, not 'more than one'
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    q = tmp_path / "q.json"
+    q.write_text(rep.model_dump_json())
+    assert cli_main(["decide", c["conflict"][:4], "--queue", str(q), *common]) == 2
+    assert "too short" in capsys.readouterr().err
+
+
+def test_decide_from_file_records_a_batch_at_once(scripted, tmp_path, capsys):
+    repo, tree, c = scripted
+    rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
+    q = tmp_path / "q.json"
+    q.write_text(rep.model_dump_json())
+    dfile = tmp_path / "d.yaml"
+    batch = tmp_path / "batch.yaml"
+    batch.write_text(f"# the 0.33 bump meeting\n- sha: {c['series1'][:10]}\n  tier: PORT-NOW\n  resolution: deferred\n"
+                     f"- sha: {c['series2'][:10]}\n  resolution: not-needed covered by series1\n"
+                     f"- sha: {c['conflict'][:10]}\n  tier: IGNORE\n  resolution: later\n")
+    assert cli_main(["decide", "--from-file", str(batch), "--queue", str(q), "--decisions", str(dfile)]) == 2
+    err = capsys.readouterr().err
+    assert f"{batch}:9 [resolution]: row 3:" in err and "resolution" in err, err  # the file and the line
+    assert not dfile.exists()  # nothing written while one row is bad
+    batch.write_text(batch.read_text().replace("resolution: later", "resolution: not-needed local message wins"))
+    assert cli_main(["decide", "--from-file", str(batch), "--queue", str(q), "--decisions", str(dfile)]) == 0
+    assert "3 decision(s) recorded" in capsys.readouterr().out
+    got = {d.sha: (d.subject, d.tier, d.resolution) for d in load_decisions(dfile).model.decisions}
+    assert got == {c["series1"]: ("Clarify touch() comment", "PORT-NOW", "deferred"),
+                   c["series2"]: ("touch(): spell out the increment", None, "not-needed covered by series1"),
+                   c["conflict"]: ("Say how many blocks are free", "IGNORE", "not-needed local message wins")}
+    assert cli_main(["decide", c["series1"], "--from-file", str(batch), "--decisions", str(dfile)]) == 2
+
+
+def test_benchmark_ref_and_its_waiver_are_exclusive(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(BENCH)
+    assert pin_main(["advance", "--to", "0.33.0", "--benchmark-ref", str(bench), "--no-benchmark-ref", "CPU only",
+                     "--dry-run"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_markdown_sections_sit_under_the_title(scripted, tmp_path):
+    repo, tree, c = scripted
+    dfile = tmp_path / "d.yaml"
+    assert cli_main(["decide", c["conflict"], "--resolution", "deferred", "--decisions", str(dfile)]) == 0
+    md = render_markdown(plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree),
+                                    decisions=load_decisions(dfile).model))
+    heads = [ln for ln in md.splitlines() if ln.startswith("#")]
+    assert heads[0].startswith("# Sync queue: ") and all(not h.startswith("# ") for h in heads[1:]), heads
+    assert heads.index("## Undecided") < heads.index("### Wave 1") < heads.index("## Decided") \
+        < heads.index("## Not queued")

@@ -155,7 +155,8 @@ class Git:
                 hits.append((sha, subj))
         nums = pr_numbers(subject)[-1:]
         exact = [sha for sha, subj in hits if nums and nums[0] in pr_numbers(subj)]
-        return (exact or [sha for sha, _ in hits] or [None])[0]
+        ranked = exact or [sha for sha, _ in hits]
+        return ranked[0] if ranked else None
 
     # -- changes
 

@@ -500,13 +500,13 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
         blockers = [j for j in sorted(deps.get(i, ())) if j in queued
                     and entries[j].disposition in ("conflict", "review")]
         if blockers and entries[i].disposition in ("conflict", "review"):
-            by = _blocked_by(commits[i], entries[i], [commits[j] for j in blockers])
+            direct = _blocked_by(commits[i], entries[i], [commits[j] for j in blockers])
             # a blocker that is itself blocked passes on its own: name the commits to port by hand first
-            by = list(dict.fromkeys(r for s in by for r in (entries[by_sha_all[s]].blocked_by or [s])))
-            if by:
-                entries[i].blocked_by = by
-                entries[i].reason = (f"blocked by {', '.join(s[:10] for s in by)} (by hand): every hunk that does "
-                                     f"not apply stands on lines it adds; port it first ({entries[i].reason})")
+            roots = list(dict.fromkeys(r for s in direct for r in (entries[by_sha_all[s]].blocked_by or [s])))
+            if roots:
+                entries[i].blocked_by = roots
+                entries[i].reason = (f"blocked by {', '.join(s[:10] for s in roots)} (by hand): every hunk that "
+                                     f"does not apply stands on lines it adds; port it first ({entries[i].reason})")
             else:
                 entries[i].reason += (f"; builds on {', '.join(entries[j].sha[:10] for j in blockers)} (by hand): "
                                       "port that first")

@@ -260,8 +260,8 @@ def _resolve_sha(raw: str, rep, queue: str | None, repo: str | None, text: str) 
 def _decide_batch(args, rep, path: Path, text: str, pdir: Path | None) -> int:
     """``decide --from-file FILE``: every row checked before any is written; the decisions file written once."""
     from ..env import patches_dir
-    from ..fsio import atomic_write
     from ..errors import Problem, SndrError
+    from ..fsio import atomic_write
     from .watchlist import read_text_file
     from .yamledit import load_rt, to_plain
 
@@ -294,7 +294,12 @@ def _decide_batch(args, rep, path: Path, text: str, pdir: Path | None) -> int:
             done.append(d)
         except SndrError as exc:
             for p in exc.problems:
-                problems.append(Problem(p.code, f"row {k + 1}: {p.message}", file=src, line=line, key=p.key,
+                at = line
+                try:  # the line of the key the problem names, when the row has it
+                    at = raw[k].lc.key(p.key)[0] + 1 if p.key and p.key in raw[k] else line
+                except (AttributeError, KeyError, TypeError, IndexError):
+                    pass
+                problems.append(Problem(p.code, f"row {k + 1}: {p.message}", file=src, line=at, key=p.key,
                                         hint=p.hint))
     if problems:
         raise SndrError(problems)
