@@ -150,7 +150,7 @@ CODES: dict[str, Code] = {
     "compile_error": Code(_F, "a patched file does not compile"),
     "conflicts_enabled": Code(_F, "two patches declared as conflicting are both enabled"),
     "overlap_conflict": Code(_F, "two unordered patches change the same bytes"),
-    "left_out": Code(_F, "a patch was left out whole under on_failure=skip or --keep-going"),
+    "left_out": Code(_F, "a patch whose on_failure is fail was left out whole by --keep-going"),
     "requires_left_out": Code(_F, "a patch requires a patch that was left out, and its own on_failure is fail"),
     "nothing_to_do": Code(_F, "every edit of a patch is optional and absent (or its file is missing): it changes nothing"),
     "when_mismatch": Code(_F, "a patch's when table does not match the deployment profile (the patch is gated)"),
