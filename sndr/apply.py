@@ -93,7 +93,7 @@ def _plan_exit(plan: Plan) -> int:
         return EXIT_OK
     from .plan import BAD_INPUT_REASONS
 
-    bad_input = {"conflicts_enabled", "compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id",
+    bad_input = {"compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id",
                  "file_too_large", "unreadable"} | BAD_INPUT_REASONS
     from .errors import registered_exit
 

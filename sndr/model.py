@@ -320,7 +320,7 @@ class LeftOut(BaseModel):
         return self.on_failure == "skip"
 
     def describe(self) -> str:
-        return f"{self.id} [{self.code}] ({self.by}: {self.reason})"
+        return f"{self.id} ({self.code}, {self.by}: {self.reason})"
 
 
 class Pin(BaseModel):

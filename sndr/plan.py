@@ -459,8 +459,13 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
             raise value
         return value  # type: ignore[return-value]
 
-    left: dict[str, LeftOut] = {}
+    left: dict[str, LeftOut] = _settle_conflicts(ordered, gates, by_id, keep_going)
     attempts: dict[str, PatchResult] = {}
+    blocked = _leave_out_dependents(patch_set, ordered, gates, left, keep_going)
+    if blocked:
+        plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+        plan.problems.extend(blocked)
+        return plan
     while True:
         plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
         failed = [r for r in plan.patches if r.status == "failed"]
@@ -479,24 +484,62 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
                                   by="on_failure" if p.on_failure == "skip" else "keep_going")
             attempts[r.id] = r
         left.update(newly)
-        blocked: list[Problem] = []
-        for p in ordered:
-            if p.id in left or not gates[p.id].enabled:
-                continue
-            gone = sorted(_requires_closure(p, by_id) & set(left))
-            if gone:
-                left[p.id] = LeftOut(id=p.id, reason=f"requires {', '.join(gone)}, which was left out",
-                                     code="requires_left_out", by="requires", on_failure=p.on_failure)
-                if p.on_failure == "fail" and not keep_going:
-                    blocked.append(Problem("requires_left_out",
-                                           f"requires {', '.join(gone)}, which was left out "
-                                           f"({'; '.join(left[g].reason for g in gone)}), and its on_failure is "
-                                           "\"fail\"", file=patch_set.source_of(p.id), patch=p.id,
-                                           hint=f'set on_failure = "skip" in {p.id}, or run with --keep-going'))
+        blocked = _leave_out_dependents(patch_set, ordered, gates, left, keep_going)
         if blocked:
             plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
             plan.problems.extend(blocked)
             return plan
+
+
+def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: dict[str, Gate],
+                          left: dict[str, LeftOut], keep_going: bool) -> list[Problem]:
+    """Leave out (in ``left``) every enabled patch that requires a left-out one; the problems of those whose
+    ``on_failure`` is "fail" (without ``keep_going``): they refuse the set."""
+    by_id = patch_set.by_id
+    blocked: list[Problem] = []
+    for p in ordered:
+        if p.id in left or not gates[p.id].enabled:
+            continue
+        gone = sorted(_requires_closure(p, by_id) & set(left))
+        if gone:
+            left[p.id] = LeftOut(id=p.id, reason=f"requires {', '.join(gone)}, which was left out",
+                                 code="requires_left_out", by="requires", on_failure=p.on_failure)
+            if p.on_failure == "fail" and not keep_going:
+                blocked.append(Problem("requires_left_out",
+                                       f"requires {', '.join(gone)}, which was left out "
+                                       f"({'; '.join(left[g].reason for g in gone)}), and its on_failure is "
+                                       "\"fail\"", file=patch_set.source_of(p.id), patch=p.id,
+                                       hint=f'set on_failure = "skip" in {p.id}, or run with --keep-going'))
+    return blocked
+
+
+def _settle_conflicts(ordered: list[Patch], gates: dict[str, Gate], by_id: dict[str, Patch],
+                      keep_going: bool) -> dict[str, LeftOut]:
+    """Declared ``conflicts`` between two enabled patches that the failure policy lets sndr settle.
+
+    Of each pair, the patch applied later is left out when ``keep_going`` or its own ``on_failure =
+    "skip"`` allows; else the earlier one when its own ``skip`` allows. A pair nothing settles stays a
+    ``conflicts_enabled`` finding (:func:`_plan_once`). Pairs are taken in apply order, and a pair one of
+    whose patches is already left out is settled.
+    """
+    pos = {p.id: i for i, p in enumerate(ordered)}
+    on = {p.id for p in ordered if gates[p.id].enabled}
+    pairs = {tuple(sorted((p.id, c), key=pos.__getitem__)) for p in ordered for c in p.conflicts
+             if p.id in on and c in on}
+    out: dict[str, LeftOut] = {}
+    for first, later in sorted(pairs, key=lambda t: (pos[t[1]], pos[t[0]])):
+        if first in out or later in out:
+            continue
+        declared = " and ".join(f"{a}.conflicts names {b}" for a, b in ((first, later), (later, first))
+                                if b in by_id[a].conflicts)
+        for victim, other, when in ((later, first, "which applies first"), (first, later, "which applies later")):
+            v = by_id[victim]
+            if v.on_failure == "skip" or (keep_going and victim == later):
+                out[victim] = LeftOut(id=victim, code="conflicts_enabled", on_failure=v.on_failure,
+                                      by="on_failure" if v.on_failure == "skip" else "keep_going",
+                                      reason=f"conflicts with {other} ({declared}), {when} and is enabled too")
+                break
+    return out
 
 
 def _problem_code(e: EditResult) -> str:
@@ -515,7 +558,7 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
     for p in ordered:
         for c in p.conflicts:
             pair = frozenset((p.id, c))
-            if p.id in en and c in en and pair not in reported:
+            if p.id in en and c in en and pair not in reported and p.id not in left and c not in left:
                 reported.add(pair)
                 problems.append(Problem("conflicts_enabled", f"{p.id} conflicts with {c} and both are enabled",
                                         file=patch_set.source_of(p.id), key="conflicts", patch=p.id,

@@ -195,7 +195,7 @@ def test_skip_leaves_out_whole_with_dependents_and_records_it(stack, tree):
     # K2 (on_failure = fail) left out by --keep-going is a finding; K1 (skip) is listed, as its policy allows.
     assert v.exit_code == 1 and {p.patch for p in v.problems if p.code == "left_out"} == {"K2"}
     assert [(p.id, p.status) for p in v.patches if p.id in lo] == [("K1", "left_out"), ("K2", "left_out")]
-    assert any(n.startswith("skipped 1 patch(es) whole") and "K1 [edit_drifted]" in n for n in v.notes)
+    assert any(n.startswith("skipped 1 patch(es) whole") and "K1 (edit_drifted, on_failure: " in n for n in v.notes)
     # Re-running without --keep-going is refused again (never the fast path over a left-out set).
     assert run_apply(tree, ps, environ=_env(K1=1, K2=1), profile=prof).exit_code == 1
     assert run_revert(tree).exit_code == 0 and _hashes(tree) == before
@@ -211,13 +211,13 @@ def test_a_skip_patch_left_out_is_a_warning_and_the_run_is_green(stack, tree):
     assert r.exit_code == 0 and r.ok and r.files_written, [p.render() for p in r.problems]
     assert [(x.id, x.by, x.code) for x in r.left_out] == [("K1", "on_failure", "edit_drifted")]
     assert _status(r)["K1"] == "left_out"
-    assert any(n.startswith('skipped 1 patch(es) whole, as their on_failure = "skip" allows: K1 [edit_drifted]')
+    assert any(n.startswith('skipped 1 patch(es) whole, as their on_failure = "skip" allows: K1 (edit_drifted, on_failure: ')
                for n in r.notes)
     ledger = Ledger.model_validate_json((tree / ".sndr" / "ledger.json").read_text())
     assert set(ledger.left_out) == {"K1"} and ledger.left_out["K1"].allowed
     v = run_verify(tree, ps, environ=_env(K1=1), profile=prof)
     assert v.exit_code == 0 and not v.problems and _status(v)["K1"] == "left_out"
-    assert any("K1 [edit_drifted]" in n for n in v.notes)
+    assert any("K1 (edit_drifted, on_failure: " in n for n in v.notes)
     for extra in ([], ["-v"]):
         c = _cli("--tree", str(tree), "--patches", str(d / "patches"), "--profile", str(d / "prod.toml"), "--verify",
                  "--json", "-", *extra, env=_env(K1=1))
