@@ -155,6 +155,8 @@ CODES: dict[str, Code] = {
     "nothing_to_do": Code(_F, "every edit of a patch is optional and absent (or its file is missing): it changes nothing"),
     "when_mismatch": Code(_F, "a patch's when table does not match the deployment profile (the patch is gated)"),
     "when_unknown": Code(_F, "a patch's when table needs a key the deployment profile does not know (gated)"),
+    "when_forced": Code(_F, "a patch's when table needs a key the profile does not know, and the profile's force "
+                            "list enables it anyway (a note: the patch applies)"),
     # -- verdicts of one edit (findings when they stop a command) -----------------------------
     "applies": Code(_F, "the edit's anchor is found exactly once: it applies"),
     "applied": Code(_F, "the edit's replacement is already in place"),

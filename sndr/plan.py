@@ -101,9 +101,8 @@ def gate(patch: Patch, version: str, environ=None, profile=None) -> Gate:
         from .profile import Profile, evaluate
 
         prof = profile() if callable(profile) else profile
-        ok, code, reason = evaluate(patch.when, prof if prof is not None else Profile())
-        if not ok:
-            return Gate(False, code, reason)
+        ok, code, reason = evaluate(patch.when, prof if prof is not None else Profile(), patch.id)
+        return Gate(ok, code, reason)
     return Gate(True)
 
 
@@ -597,6 +596,8 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
             continue
         result, new_states = _simulate_patch(p, state, _order_closure(p, by_id), by_id)
         result.on_failure = p.on_failure
+        if g.code and not result.reason_code:  # enabled with a note (when_forced): said, never silent
+            result.reason_code, result.reason = g.code, "; ".join(x for x in (result.reason, g.reason) if x)
         for e in result.edits:
             if e.verdict == Verdict.FILE_MISSING and e.file in unreadable:
                 # The reader refused the target (too large, not regular, symlink): that error says
