@@ -325,3 +325,32 @@ def test_diff_spans_aligns_insertions_on_lines(anchor, replacement, changed):
     assert list(got) == changed
     for a0, r0, n in equal:
         assert anchor[a0:a0 + n] == replacement[r0:r0 + n]
+
+
+# ----------------------------------------------------------------------------- variants (docs/format.md)
+
+
+def _doc_variant_patch() -> Patch:
+    import tomllib
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
+    section = doc[doc.index("## Variants of one site"):]
+    block = section[section.index("```toml\n") + len("```toml\n"):]
+    return Patch.model_validate(tomllib.loads(block[:block.index("```\n")]))
+
+
+@pytest.mark.parametrize("line, verdicts", [
+    ("                num_new_tokens = num_new_tokens // block_size * block_size\n",
+     {"split_dev134": Verdict.APPLIES, "split_dev212": Verdict.OPTIONAL_ABSENT}),
+    ("                num_new_tokens = round_down(num_new_tokens, block_size)\n",
+     {"split_dev134": Verdict.OPTIONAL_ABSENT, "split_dev212": Verdict.APPLIES}),
+])
+def test_the_documented_one_of_variants_apply_on_either_version(line, verdicts):
+    p = _doc_variant_patch()
+    text = SCHED_TEXT.replace(PN388_PRISTINE.splitlines(True)[1], line)
+    plan = build_plan(PatchSet(patches=[p]), {SCHED: text}.get, "0.24.0", environ={})
+    assert plan.ok and {e.name: e.verdict for e in plan.patches[0].edits} == verdicts
+    assert "_align_split(num_new_tokens, block_size)" in plan.changes[SCHED].new
+    # Neither variant: drifted, not a silent nothing_to_do.
+    plan = build_plan(PatchSet(patches=[p]), {SCHED: SCHED_TEXT.replace(PN388_PRISTINE, "")}.get, "0.24.0", environ={})
+    assert plan.patches[0].status == "failed" and {e.reason_code for e in plan.patches[0].edits} == {"group_unmatched"}
