@@ -66,15 +66,26 @@ def _report(mode: ReportMode, tree: TreeRoot, version: str, plan: Plan | None, *
                 + list(kw.get("notes", []))
         if plan.left_out:
             kw["left_out"] = list(plan.left_out)
-            if kw.get("exit_code") == EXIT_OK:
+            kw["notes"] = list(kw.get("notes", [])) + _left_out_notes(plan.left_out)
+            if kw.get("exit_code") == EXIT_OK and not all(lo.allowed for lo in plan.left_out):
                 kw["exit_code"], kw["ok"] = EXIT_FINDINGS, False
-            kw["notes"] = list(kw.get("notes", [])) + [
-                f"left out {len(plan.left_out)} patch(es) whole: "
-                + "; ".join(f"{lo.id} ({lo.by}: {lo.reason})" for lo in plan.left_out)]
     return Report(mode=mode, tree=str(tree.root), vllm_version=version,
                   patch_set_digest=plan.digest if plan else kw.pop("digest", ""),
                   counts=plan.counts() if plan else kw.pop("counts", {}),
                   patches=patches, problems=list(problems), **kw)
+
+
+def _left_out_notes(left_out) -> list[str]:
+    """One line for the patches skipped as their on_failure = "skip" allows (a warning), one for the rest."""
+    skipped = [lo for lo in left_out if lo.allowed]
+    failed = [lo for lo in left_out if not lo.allowed]
+    out = []
+    if failed:
+        out.append(f"left out {len(failed)} patch(es) whole: " + "; ".join(lo.describe() for lo in failed))
+    if skipped:
+        out.append(f"skipped {len(skipped)} patch(es) whole, as their on_failure = \"skip\" allows: "
+                   + "; ".join(lo.describe() for lo in skipped))
+    return out
 
 
 def _plan_exit(plan: Plan) -> int:
@@ -82,7 +93,7 @@ def _plan_exit(plan: Plan) -> int:
         return EXIT_OK
     from .plan import BAD_INPUT_REASONS
 
-    bad_input = {"conflicts_enabled", "compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id",
+    bad_input = {"compile_error", "not_utf8", "path_escape", "not_a_file", "unknown_id",
                  "file_too_large", "unreadable"} | BAD_INPUT_REASONS
     from .errors import registered_exit
 
@@ -562,12 +573,17 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
         stale = [os.path.relpath(p, tree.root) for p in stale_probes(tree, set(ledger.files) | _target_paths(patch_set))]
         vnotes = [f"{len(stale)} probe file(s) an interrupted sndr left: {', '.join(stale)}; the next apply or "
                   f"revert removes them"] if stale else []
+        # One row per patch: a left-out patch is `left_out` (with the plan's edit verdicts, when it has them).
+        prior = {r.id: r for r in results if r.id in ledger.left_out}
+        results = [r for r in results if r.id not in ledger.left_out]
         for lo in ledger.left_out.values():
             results.append(PatchResult(id=lo.id, title=patch_set.by_id[lo.id].title if lo.id in patch_set.by_id else "",
                                        status="left_out", reason=lo.reason, reason_code=lo.code,
-                                       on_failure=lo.on_failure))
-            problems.append(Problem("left_out", f"left out at apply ({lo.by}): {lo.reason}", patch=lo.id,
-                                    hint="fix the patch (or its order) and apply again"))
+                                       on_failure=lo.on_failure, edits=prior[lo.id].edits if lo.id in prior else []))
+            if not lo.allowed:
+                problems.append(Problem("left_out", f"left out at apply ({lo.by}): {lo.reason}", patch=lo.id,
+                                        hint="fix the patch (or its order) and apply again"))
+        vnotes += _left_out_notes([lo for lo in ledger.left_out.values() if lo.allowed])
         return _report("verify", tree, version, None, ok=not problems,
                        exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
                        patches=results, counts=counts, notes=vnotes)
@@ -679,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--force", action="store_true", help="proceed over files changed by someone else")
     ap.add_argument("--keep-going", action="store_true",
                     help="leave out whole every patch that cannot apply (and what requires it), apply the rest, "
-                         "exit 1 listing what was left out and why")
+                         "listing what was left out and why; exit 1 when one has on_failure = fail")
     ap.add_argument("--profile", type=Path, metavar="FILE",
                     help="deployment profile for `when` predicates (TOML/JSON; default: $SNDR_PROFILE; "
                          "python -m sndr schema profile)")

@@ -150,11 +150,13 @@ CODES: dict[str, Code] = {
     "compile_error": Code(_F, "a patched file does not compile"),
     "conflicts_enabled": Code(_F, "two patches declared as conflicting are both enabled"),
     "overlap_conflict": Code(_F, "two unordered patches change the same bytes"),
-    "left_out": Code(_F, "a patch was left out whole under on_failure=skip or --keep-going"),
+    "left_out": Code(_F, "a patch whose on_failure is fail was left out whole by --keep-going"),
     "requires_left_out": Code(_F, "a patch requires a patch that was left out, and its own on_failure is fail"),
     "nothing_to_do": Code(_F, "every edit of a patch is optional and absent (or its file is missing): it changes nothing"),
     "when_mismatch": Code(_F, "a patch's when table does not match the deployment profile (the patch is gated)"),
     "when_unknown": Code(_F, "a patch's when table needs a key the deployment profile does not know (gated)"),
+    "when_forced": Code(_F, "a patch's when table needs a key the profile does not know, and the profile's force "
+                            "list enables it anyway (a note: the patch applies)"),
     # -- verdicts of one edit (findings when they stop a command) -----------------------------
     "applies": Code(_F, "the edit's anchor is found exactly once: it applies"),
     "applied": Code(_F, "the edit's replacement is already in place"),

@@ -93,7 +93,7 @@ def list_rows(patch_set: PatchSet, plan=None, verdict: str | None = None, gates=
         elif gates is not None and p.id in gates:
             g = gates[p.id]
             row.verdict = "enabled" if g.enabled else "gated"
-            row.reason = "" if g.enabled else f"{g.code}: {g.reason}"
+            row.reason = f"{g.code}: {g.reason}" if g.code else ""  # enabled with a note too (when_forced)
         if verdict is not None and verdict != row.verdict and verdict not in row.edit_verdicts:
             continue
         rows.append(row)

@@ -159,7 +159,8 @@ class Patch(Strict):
                              "enabled; never enables or disables anything")
     conflicts: list[str] = Field(default_factory=list)
     on_failure: Literal["fail", "skip"] = Field(default="fail", description="fail: a failing edit refuses the whole "
-                                                "set; skip: the patch is left out whole and the rest applies (exit 1)")
+                                                "set; skip: the patch is left out whole, listed, and the rest applies "
+                                                "(a warning: exit 0 when every failure is a declared skip)")
     when: dict[str, str | list[str]] | None = Field(default=None, description="applicability predicates "
                                                     "(sndr.profile.KEYS): gated when_mismatch / when_unknown "
                                                     "unless every key matches the deployment profile",
@@ -311,6 +312,15 @@ class LeftOut(BaseModel):
         description="on_failure: its own policy allowed it; keep_going: --keep-going overrode on_failure = fail; "
                     "requires: a patch it requires was left out")
     on_failure: Literal["fail", "skip"] = "fail"
+
+    @property
+    def allowed(self) -> bool:
+        """Left out as the patch's own ``on_failure = "skip"`` allows: a warning (listed, exit 0), not a finding.
+        A patch left out against ``on_failure = "fail"`` (by ``--keep-going``) is a finding (exit 1)."""
+        return self.on_failure == "skip"
+
+    def describe(self) -> str:
+        return f"{self.id} ({self.code}, {self.by}: {self.reason})"
 
 
 class Pin(BaseModel):

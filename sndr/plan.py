@@ -39,6 +39,12 @@ Reader = Callable[[str], "str | None"]
 
 FAILING = (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING, Verdict.CONFLICT)
 
+
+def blocks(e: EditResult) -> bool:
+    """Does this edit's verdict fail its patch? A required edit or a group member that fails, and any
+    edit sndr refused (``conflict``): an optional edit may be absent only because its anchor is."""
+    return e.verdict in FAILING and (e.required or e.group is not None or e.verdict == Verdict.CONFLICT)
+
 # Failures that are defects of the patch (or of the target's bytes), not drift:
 # they map to exit code 2 (bad input) rather than 1 (findings). An overlap or a
 # conflict between two patches that are each valid alone is a finding (exit 1).
@@ -95,9 +101,8 @@ def gate(patch: Patch, version: str, environ=None, profile=None) -> Gate:
         from .profile import Profile, evaluate
 
         prof = profile() if callable(profile) else profile
-        ok, code, reason = evaluate(patch.when, prof if prof is not None else Profile())
-        if not ok:
-            return Gate(False, code, reason)
+        ok, code, reason = evaluate(patch.when, prof if prof is not None else Profile(), patch.id)
+        return Gate(ok, code, reason)
     return Gate(True)
 
 
@@ -131,47 +136,59 @@ def order_patches(patches: list[Patch]) -> list[Patch]:
 def diff_spans(anchor: str, replacement: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]:
     """What an edit changes: (changed spans in replacement coordinates, equal blocks (a0, r0, n)).
 
-    A common prefix and suffix are unchanged; the middle is compared line by
-    line, and each replaced block is trimmed of its own common prefix and
-    suffix. A zero-length changed span is a deletion point. Context the
-    replacement re-emits unchanged is never counted as changed.
+    Line by line first: lines the replacement re-emits unchanged are equal, and
+    whole lines it inserts are one changed span of whole lines (never a span
+    that starts on the indentation the inserted lines share with the anchor's
+    first line). Each replaced block of lines is then trimmed of its own common
+    prefix and suffix. A zero-length changed span is a deletion point. Context
+    the replacement re-emits unchanged is never counted as changed. The planner
+    widens the spans to whole lines of the file (:func:`_snap_lines`): overlaps
+    are judged by lines.
     """
     a, b = anchor, replacement
-    p = len(commonprefix([a, b]))
-    s = 0
-    limit = min(len(a), len(b)) - p
-    while s < limit and a[-1 - s] == b[-1 - s]:
-        s += 1
-    equal: list[tuple[int, int, int]] = [(0, 0, p)] if p else []
+    al, bl = a.splitlines(True), b.splitlines(True)
+    ao, bo = [0], [0]
+    for ln in al:
+        ao.append(ao[-1] + len(ln))
+    for ln in bl:
+        bo.append(bo[-1] + len(ln))
+    equal: list[tuple[int, int, int]] = []
     changed: list[tuple[int, int]] = []
-    am, bm = a[p:len(a) - s], b[p:len(b) - s]
-    if am and bm and ("\n" in am or "\n" in bm):
-        al, bl = am.splitlines(True), bm.splitlines(True)
-        ao, bo = [0], [0]
-        for ln in al:
-            ao.append(ao[-1] + len(ln))
-        for ln in bl:
-            bo.append(bo[-1] + len(ln))
-        for tag, i1, i2, j1, j2 in SequenceMatcher(None, al, bl, autojunk=False).get_opcodes():
-            a0, a1, b0, b1 = p + ao[i1], p + ao[i2], p + bo[j1], p + bo[j2]
-            if tag == "equal":
-                equal.append((a0, b0, a1 - a0))
-                continue
-            q = len(commonprefix([a[a0:a1], b[b0:b1]]))
-            r = 0
-            lim = min(a1 - a0, b1 - b0) - q
-            while r < lim and a[a1 - 1 - r] == b[b1 - 1 - r]:
-                r += 1
-            if q:
-                equal.append((a0, b0, q))
-            changed.append((b0 + q, b1 - r))
-            if r:
-                equal.append((a1 - r, b1 - r, r))
-    else:
-        changed.append((p, len(b) - s))
-    if s:
-        equal.append((len(a) - s, len(b) - s, s))
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, al, bl, autojunk=False).get_opcodes():
+        a0, a1, b0, b1 = ao[i1], ao[i2], bo[j1], bo[j2]
+        if tag == "equal":
+            equal.append((a0, b0, a1 - a0))
+            continue
+        q = len(commonprefix([a[a0:a1], b[b0:b1]]))
+        r = 0
+        lim = min(a1 - a0, b1 - b0) - q
+        while r < lim and a[a1 - 1 - r] == b[b1 - 1 - r]:
+            r += 1
+        if q:
+            equal.append((a0, b0, q))
+        changed.append((b0 + q, b1 - r))
+        if r:
+            equal.append((a1 - r, b1 - r, r))
     return tuple(changed), tuple(equal)
+
+
+def _snap_lines(text: str, start: int, end: int) -> tuple[int, int]:
+    """``[start, end)`` widened to whole lines of ``text``. A zero-length point at a line boundary stays a
+    point (whole lines were deleted there); one inside a line becomes that line (the line was changed)."""
+    s = text.rfind("\n", 0, start) + 1
+    if start == end and s == start:
+        return start, end
+    e = end
+    if e > 0 and text[e - 1] != "\n":
+        nl = text.find("\n", e)
+        e = len(text) if nl < 0 else nl + 1
+    return s, e
+
+
+def _line_span(base: str, p0: int, p1: int) -> tuple[int, int]:
+    """First and last pristine line of ``[p0, p1)`` (a span inside inserted text maps to one line)."""
+    first = line_of(base, p0)
+    return first, max(first, line_of(base, max(p1 - 1, 0)))
 
 
 def _touches(r0: int, r1: int, a0: int, a1: int) -> bool:
@@ -266,16 +283,19 @@ class FileState:
             elif c.start > old_end or (c.start == old_end and c.start < c.end) or (c.start == c.end == old_end):
                 moved.append(Change(c.start + delta, c.end + delta, c.patch, c.edit, c.lines))
             else:
-                # Inside the rewritten span: what the new replacement re-emits unchanged keeps its author.
+                # Lines are judged whole, so a change may straddle the rewritten span: its parts outside
+                # stay; inside, what the new replacement re-emits unchanged keeps its author.
+                if c.start < offset:
+                    moved.append(Change(c.start, offset, c.patch, c.edit, c.lines))
+                if c.end > old_end:
+                    moved.append(Change(old_end + delta, c.end + delta, c.patch, c.edit, c.lines))
                 for a0, r0, n in equal:
                     lo, hi = max(c.start - offset, a0), min(c.end - offset, a0 + n)
                     if lo < hi or (c.start == c.end and a0 < c.start - offset < a0 + n):
                         moved.append(Change(offset + r0 + (lo - a0), offset + r0 + (hi - a0), c.patch, c.edit, c.lines))
-        p0 = self.to_pristine(offset)
-        base = self.pristine or ""
-        lines = (line_of(base, p0), line_of(base, max(p0, self.to_pristine(old_end) - 1)))
+        lines = _line_span(self.pristine or "", self.to_pristine(offset), self.to_pristine(old_end))
         for r0, r1 in changed:
-            moved.append(Change(offset + r0, offset + r1, patch_id, edit, lines))
+            moved.append(Change(*_snap_lines(self.text, offset + r0, offset + r1), patch_id, edit, lines))
         self.changes = sorted(moved, key=lambda c: (c.start, c.end))
         self.history.append((offset, old_len, len(new)))
         self.equal.append(equal)
@@ -438,8 +458,13 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
             raise value
         return value  # type: ignore[return-value]
 
-    left: dict[str, LeftOut] = {}
+    left: dict[str, LeftOut] = _settle_conflicts(ordered, gates, by_id, keep_going)
     attempts: dict[str, PatchResult] = {}
+    blocked = _leave_out_dependents(patch_set, ordered, gates, left, keep_going)
+    if blocked:
+        plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+        plan.problems.extend(blocked)
+        return plan
     while True:
         plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
         failed = [r for r in plan.patches if r.status == "failed"]
@@ -458,24 +483,62 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
                                   by="on_failure" if p.on_failure == "skip" else "keep_going")
             attempts[r.id] = r
         left.update(newly)
-        blocked: list[Problem] = []
-        for p in ordered:
-            if p.id in left or not gates[p.id].enabled:
-                continue
-            gone = sorted(_requires_closure(p, by_id) & set(left))
-            if gone:
-                left[p.id] = LeftOut(id=p.id, reason=f"requires {', '.join(gone)}, which was left out",
-                                     code="requires_left_out", by="requires", on_failure=p.on_failure)
-                if p.on_failure == "fail" and not keep_going:
-                    blocked.append(Problem("requires_left_out",
-                                           f"requires {', '.join(gone)}, which was left out "
-                                           f"({'; '.join(left[g].reason for g in gone)}), and its on_failure is "
-                                           "\"fail\"", file=patch_set.source_of(p.id), patch=p.id,
-                                           hint=f'set on_failure = "skip" in {p.id}, or run with --keep-going'))
+        blocked = _leave_out_dependents(patch_set, ordered, gates, left, keep_going)
         if blocked:
             plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
             plan.problems.extend(blocked)
             return plan
+
+
+def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: dict[str, Gate],
+                          left: dict[str, LeftOut], keep_going: bool) -> list[Problem]:
+    """Leave out (in ``left``) every enabled patch that requires a left-out one; the problems of those whose
+    ``on_failure`` is "fail" (without ``keep_going``): they refuse the set."""
+    by_id = patch_set.by_id
+    blocked: list[Problem] = []
+    for p in ordered:
+        if p.id in left or not gates[p.id].enabled:
+            continue
+        gone = sorted(_requires_closure(p, by_id) & set(left))
+        if gone:
+            left[p.id] = LeftOut(id=p.id, reason=f"requires {', '.join(gone)}, which was left out",
+                                 code="requires_left_out", by="requires", on_failure=p.on_failure)
+            if p.on_failure == "fail" and not keep_going:
+                blocked.append(Problem("requires_left_out",
+                                       f"requires {', '.join(gone)}, which was left out "
+                                       f"({'; '.join(left[g].reason for g in gone)}), and its on_failure is "
+                                       "\"fail\"", file=patch_set.source_of(p.id), patch=p.id,
+                                       hint=f'set on_failure = "skip" in {p.id}, or run with --keep-going'))
+    return blocked
+
+
+def _settle_conflicts(ordered: list[Patch], gates: dict[str, Gate], by_id: dict[str, Patch],
+                      keep_going: bool) -> dict[str, LeftOut]:
+    """Declared ``conflicts`` between two enabled patches that the failure policy lets sndr settle.
+
+    Of each pair, the patch applied later is left out when ``keep_going`` or its own ``on_failure =
+    "skip"`` allows; else the earlier one when its own ``skip`` allows. A pair nothing settles stays a
+    ``conflicts_enabled`` finding (:func:`_plan_once`). Pairs are taken in apply order, and a pair one of
+    whose patches is already left out is settled.
+    """
+    pos = {p.id: i for i, p in enumerate(ordered)}
+    on = {p.id for p in ordered if gates[p.id].enabled}
+    pairs = {tuple(sorted((p.id, c), key=pos.__getitem__)) for p in ordered for c in p.conflicts
+             if p.id in on and c in on}
+    out: dict[str, LeftOut] = {}
+    for first, later in sorted(pairs, key=lambda t: (pos[t[1]], pos[t[0]])):
+        if first in out or later in out:
+            continue
+        declared = " and ".join(f"{a}.conflicts names {b}" for a, b in ((first, later), (later, first))
+                                if b in by_id[a].conflicts)
+        for victim, other, when in ((later, first, "which applies first"), (first, later, "which applies later")):
+            v = by_id[victim]
+            if v.on_failure == "skip" or (keep_going and victim == later):
+                out[victim] = LeftOut(id=victim, code="conflicts_enabled", on_failure=v.on_failure,
+                                      by="on_failure" if v.on_failure == "skip" else "keep_going",
+                                      reason=f"conflicts with {other} ({declared}), {when} and is enabled too")
+                break
+    return out
 
 
 def _problem_code(e: EditResult) -> str:
@@ -494,7 +557,7 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
     for p in ordered:
         for c in p.conflicts:
             pair = frozenset((p.id, c))
-            if p.id in en and c in en and pair not in reported:
+            if p.id in en and c in en and pair not in reported and p.id not in left and c not in left:
                 reported.add(pair)
                 problems.append(Problem("conflicts_enabled", f"{p.id} conflicts with {c} and both are enabled",
                                         file=patch_set.source_of(p.id), key="conflicts", patch=p.id,
@@ -533,6 +596,8 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
             continue
         result, new_states = _simulate_patch(p, state, _order_closure(p, by_id), by_id)
         result.on_failure = p.on_failure
+        if g.code and not result.reason_code:  # enabled with a note (when_forced): said, never silent
+            result.reason_code, result.reason = g.code, "; ".join(x for x in (result.reason, g.reason) if x)
         for e in result.edits:
             if e.verdict == Verdict.FILE_MISSING and e.file in unreadable:
                 # The reader refused the target (too large, not regular, symlink): that error says
@@ -540,8 +605,7 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
                 e.reason = "target refused by the reader (see the error for this file); not judged"
         if result.status == "failed":
             for e in result.edits:
-                if e.verdict in FAILING and (e.required or e.group) \
-                        and not (e.verdict == Verdict.FILE_MISSING and e.file in unreadable):
+                if blocks(e) and not (e.verdict == Verdict.FILE_MISSING and e.file in unreadable):
                     code = _problem_code(e)
                     problems.append(Problem(code, f"edit {e.name!r}: {e.reason or e.verdict.value}",
                                             file=e.file, line=e.line, patch=p.id, hint=e.hint or _HINTS.get(code)))
@@ -614,6 +678,11 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
             er = _edit_result(p, f.path, e, fd, st)
             if fd.verdict == Verdict.CONFLICT or (fd.code == "conflict" and fd.verdict == Verdict.OPTIONAL_ABSENT):
                 _explain_conflict(er, p, e, st, ordered_ids, by_id)
+                if er.verdict == Verdict.OPTIONAL_ABSENT and set(er.conflict_with) - ordered_ids - {p.id}:
+                    # An unordered patch consumed this optional anchor: sndr refuses the edit, which is a
+                    # finding, never an absence (the other order would have applied it).
+                    er.verdict = Verdict.CONFLICT
+                    er.reason += "; the edit is optional, but an edit refused is never skipped"
             if fd.verdict == Verdict.APPLIES:
                 at = fd.offset
                 assert at is not None, "an APPLIES finding always says where the anchor sits"
@@ -624,7 +693,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                     others = sorted({c.patch for c in foreign})
                     c = foreign[0]
                     base = st.pristine or ""
-                    l0, l1 = line_of(base, st.to_pristine(a0)), line_of(base, max(st.to_pristine(a1) - 1, 0))
+                    l0, l1 = _line_span(base, st.to_pristine(a0), st.to_pristine(a1))
                     fd = Finding(Verdict.CONFLICT, offset=at, offsets=[at],
                                  reason=(f"the anchor (pristine lines {l0}-{l1}) overlaps bytes that "
                                          f"{c.patch}.{c.edit} (pristine lines "
@@ -637,7 +706,7 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                 else:
                     er.chained_from = sorted({r[2] for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]})
                     st.replace(at, len(e.anchor), e.replacement, p.id, e.name, e.anchor)
-            if fd.verdict in FAILING and (e.required or e.group is not None):
+            if blocks(er):
                 failed = True
             edits_out.append(er)
     verdicts = {e.verdict for e in edits_out}

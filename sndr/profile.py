@@ -50,10 +50,26 @@ KEYS: dict[str, tuple[str, str]] = {
     "platform": ("str", "cuda, rocm, cpu, xpu or tpu"),
     "gpu_capability": ("capability", "GPU compute capability major.minor (e.g. 9.0); a when-range "
                                      "such as \">=8.9\" or \">=8.0,<9.0\""),
+    "model_class": ("str", "the model family, as the `model_type` of its config.json (e.g. qwen3_next, qwen3_5, "
+                           "llama)"),
+    "is_hybrid": ("bool", "true when the model mixes attention with Mamba or linear-attention layers (config.json "
+                          "`layer_types`, `layers_block_type` or `hybrid_override_pattern`), else false"),
+    "quant_format": ("str", "the checkpoint's quantization format, config.json `quantization_config.quant_method` "
+                            "lower-cased with '-' as '_' (e.g. fp8, compressed_tensors, auto_round, awq, gptq); "
+                            "\"none\" without one"),
+    "tool_call_parser": ("str", "vLLM serve --tool-call-parser (e.g. qwen3_coder, qwen3_xml, hermes); \"none\" "
+                                "without one"),
 }
 
-#: Keys the startup hook reads from the vLLM command line.
-ARG_KEYS = ("model_arch", "quantization", "kv_cache_dtype", "spec_method")
+#: Keys the startup hook reads from the vLLM command line (and the model's config.json it names).
+ARG_KEYS = ("model_arch", "quantization", "kv_cache_dtype", "spec_method", "model_class", "is_hybrid",
+            "quant_format", "tool_call_parser")
+
+#: A ``when`` entry that matches any value of its key, an unknown one included.
+ANY = "*"
+
+#: Keys read from the model's config.json (through the model the command line names).
+_CONFIG_KEYS = ("model_arch", "model_class", "is_hybrid", "quant_format")
 
 _PROFILE_META = ("name", "description")
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+)(?:\.(\d+))?\s*$")
@@ -101,15 +117,31 @@ def check_when(when: Mapping) -> dict:
         if key not in KEYS:
             raise ValueError(f"when: unknown key {key!r}; known keys: {', '.join(KEYS)}")
         kind = KEYS[key][0]
+        if value == ANY or (isinstance(value, list) and ANY in value):
+            out[key] = value  # any value, an unknown one included
+            continue
         if kind == "capability":
             _parse_range(value)
             out[key] = value
+            continue
+        if kind == "bool":
+            out[key] = [_bool_when(key, v) for v in value] if isinstance(value, list) and value \
+                else _bool_when(key, value)
             continue
         values = [value] if isinstance(value, str) else value
         if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
             raise ValueError(f"when.{key} must be a non-empty string or a non-empty list of strings")
         out[key] = value
     return out
+
+
+def _bool_when(key: str, value) -> str:
+    """A boolean key's value, as the string "true" or "false" (TOML true/false or those strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower()
+    raise ValueError(f"when.{key} must be true or false (got {value!r})")
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -126,8 +158,10 @@ class Profile:
     def __init__(self, facts: Mapping[str, str] | None = None, *, source: str = "", missing: str = NO_PROFILE,
                  sources: Mapping[str, str] | None = None,
                  lazy: Mapping[str, Callable[[], tuple[str | None, str]]] | None = None,
-                 fingerprint_parts: Iterable[str] = ()):
+                 fingerprint_parts: Iterable[str] = (), force: Iterable[str] = ()):
         self.facts: dict[str, str] = dict(facts or {})
+        #: Patch ids the operator enables even where their ``when`` needs a key this profile does not know.
+        self.force: frozenset[str] = frozenset(force)
         self.source = source
         self.sources: dict[str, str] = dict(sources or {k: source for k in self.facts})
         self.missing = missing  # why a key with no fact and no lazy provider is unknown
@@ -136,7 +170,8 @@ class Profile:
         self._lazy = dict(lazy or {})
         self._fp = list(fingerprint_parts)
         # The inputs, as constructed: fingerprint() never changes as lazy keys resolve.
-        self._inputs = json.dumps([sorted(self.facts.items()), sorted(self._lazy), self._fp, self.missing])
+        self._inputs = json.dumps([sorted(self.facts.items()), sorted(self._lazy), self._fp, self.missing,
+                                   sorted(self.force)])
 
     def get(self, key: str) -> tuple[str | None, str]:
         """(value, where it came from) or (None, why it is unknown)."""
@@ -159,7 +194,7 @@ class Profile:
         return hashlib.sha256(self._inputs.encode()).hexdigest()
 
     def to_json(self) -> dict:
-        return {"source": self.source, "facts": dict(sorted(self.facts.items())),
+        return {"source": self.source, "facts": dict(sorted(self.facts.items())), "force": sorted(self.force),
                 "sources": dict(sorted(self.sources.items())), "unknown": dict(sorted(self.unknown.items())),
                 "conflicts": list(self.conflicts)}
 
@@ -194,14 +229,27 @@ def parse_profile(text: str, path: str) -> Profile:
     if not isinstance(data, dict):
         raise _bad("a profile is a table of key = \"value\"", path)
     facts: dict[str, str] = {}
+    force: list[str] = []
     for key, value in data.items():
         line = _line_of_key(text, key)
+        if key == "force":
+            if not isinstance(value, list) or not all(isinstance(v, str) and re.match(r"^[A-Za-z][A-Za-z0-9_-]*$", v)
+                                                      for v in value):
+                raise _bad("force must be a list of patch ids, e.g. force = [\"PN0007\"]", path, line, key)
+            force = list(value)
+            continue
         if key in _PROFILE_META:
             if not isinstance(value, str):
                 raise _bad(f"{key} must be a string", path, line, key)
             continue
         if key not in KEYS:
             raise _bad(f"unknown key {key!r}; known keys: {', '.join(KEYS)}", path, line, key)
+        if KEYS[key][0] == "bool":
+            try:
+                facts[key] = _bool_when(key, value)
+            except ValueError:
+                raise _bad(f"{key} must be true or false", path, line, key) from None
+            continue
         if not isinstance(value, str) or not value.strip():
             raise _bad(f"{key} must be a non-empty string", path, line, key)
         if KEYS[key][0] == "capability":
@@ -212,7 +260,7 @@ def parse_profile(text: str, path: str) -> Profile:
         facts[key] = value
     return Profile(facts, source=f"profile {path}",
                    missing=f"the profile {path} does not set it",
-                   fingerprint_parts=[path, hashlib.sha256(text.encode()).hexdigest()])
+                   fingerprint_parts=[path, hashlib.sha256(text.encode()).hexdigest()], force=force)
 
 
 def load_profile(path: str | os.PathLike) -> Profile:
@@ -279,15 +327,24 @@ def _matches(value: str, want) -> bool:
     return any(fnmatch.fnmatchcase(value, w) for w in ([want] if isinstance(want, str) else want))
 
 
-def evaluate(when: Mapping, profile: Profile) -> tuple[bool, str, str]:
-    """(applies, code, reason) of a ``when`` table on a profile. Codes: when_mismatch, when_unknown.
+def evaluate(when: Mapping, profile: Profile, patch_id: str | None = None) -> tuple[bool, str, str]:
+    """(applies, code, reason) of a ``when`` table on a profile. Codes: when_mismatch, when_unknown, and
+    when_forced (applies: the operator forced ``patch_id`` on despite unknown keys).
 
     Every key must match; the first key that does not decides the reason. An
-    unknown key makes the patch not applicable (never a guess).
+    unknown key makes the patch not applicable (never a guess), unless the entry
+    is ``"*"`` (any value, an unknown one included) or the profile's ``force``
+    names the patch. A key that is known and does not match always gates.
     """
+    forced: list[str] = []
     for key, want in when.items():
+        if want == ANY or (isinstance(want, list) and ANY in want):
+            continue
         value, where = profile.get(key)
         if value is None:
+            if patch_id is not None and patch_id in profile.force:
+                forced.append(f"when.{key} = {want!r} with {key} unknown ({where})")
+                continue
             return False, "when_unknown", f"when.{key} = {want!r}, but {key} is unknown: {where}"
         if KEYS[key][0] == "capability":
             try:
@@ -298,6 +355,8 @@ def evaluate(when: Mapping, profile: Profile) -> tuple[bool, str, str]:
             ok = _matches(value, want)
         if not ok:
             return False, "when_mismatch", f"when.{key} = {want!r} does not match {value!r} ({where})"
+    if forced:
+        return True, "when_forced", f"forced on by the profile's force list: {'; '.join(forced)}"
     return True, "", ""
 
 
@@ -381,8 +440,9 @@ def _read_args(argv: list[str], parser_factory=None) -> tuple[dict | None, str]:
     return out, "the command line (vLLM's argument parser)"
 
 
-def _model_arch(model: str | None, revision: str | None, environ) -> tuple[str | None, str]:
-    """The architecture from the config.json vLLM would read: a local directory, or the HF cache's snapshot."""
+def _model_config(model: str | None, revision: str | None, environ) -> tuple[dict | None, str]:
+    """The config.json vLLM would read (a local directory, or the HF cache's snapshot): (config, path) or
+    (None, why)."""
     if not model:
         return None, "the command line names no model"
     candidates = []
@@ -406,11 +466,63 @@ def _model_arch(model: str | None, revision: str | None, environ) -> tuple[str |
                 config = json.loads(fh.read(4 << 20))
         except (OSError, ValueError):
             continue
-        archs = config.get("architectures") if isinstance(config, dict) else None
+        if isinstance(config, dict):
+            return config, path
+        return None, f"{path} is not a JSON object"
+    return None, f"no local config.json for model {model!r} (not a directory, not in the Hugging Face cache)"
+
+
+#: Layer kinds of config.json ``layer_types`` / ``layers_block_type`` that are attention (anything else:
+#: Mamba, linear attention, ... makes the model hybrid).
+_ATTENTION_LAYERS = {"attention", "full_attention", "sliding_attention", "global_attention", "local_attention",
+                     "chunked_attention", "hybrid_attention"}
+
+
+def _from_config(key: str, config: dict, path: str) -> tuple[str | None, str]:
+    """One config-derived key (``_CONFIG_KEYS``) from a model's config.json, or (None, why): never a guess."""
+    if key == "model_arch":
+        archs = config.get("architectures")
         if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str):
             return archs[0], f"{path} (architectures)"
         return None, f"{path} has no single entry in architectures ({archs!r})"
-    return None, f"no local config.json for model {model!r} (not a directory, not in the Hugging Face cache)"
+    if key == "model_class":
+        mt = config.get("model_type")
+        return (mt, f"{path} (model_type)") if isinstance(mt, str) and mt else (None, f"{path} has no model_type")
+    if key == "quant_format":
+        q = config.get("quantization_config")
+        if q is None:
+            return "none", f"{path} (no quantization_config)"
+        method = q.get("quant_method") if isinstance(q, dict) else None
+        if isinstance(method, str) and method:
+            return method.lower().replace("-", "_"), f"{path} (quantization_config.quant_method)"
+        return None, f"{path} has a quantization_config without quant_method"
+    # is_hybrid: what the config says about its layers, in it or its text_config.
+    for cfg in (config, config.get("text_config")):
+        if not isinstance(cfg, dict):
+            continue
+        pattern = cfg.get("hybrid_override_pattern")
+        if isinstance(pattern, str) and pattern:
+            return ("true" if "M" in pattern else "false"), f"{path} (hybrid_override_pattern)"
+        for field in ("layer_types", "layers_block_type"):
+            kinds = cfg.get(field)
+            if isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds):
+                hybrid = any(k.lower() not in _ATTENTION_LAYERS for k in kinds)
+                return ("true" if hybrid else "false"), f"{path} ({field})"
+    return None, (f"{path} names no layer kinds (layer_types, layers_block_type, hybrid_override_pattern); "
+                  "declare is_hybrid in the profile")
+
+
+def _tool_call_parser(argv: list[str]) -> tuple[str | None, str]:
+    """vLLM serve's --tool-call-parser from the command line ("none" without one: vLLM's default)."""
+    for i, arg in enumerate(argv):
+        for flag in ("--tool-call-parser", "--tool_call_parser"):
+            if arg == flag:
+                if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                    return argv[i + 1], "the command line"
+                return None, f"{flag} has no value on the command line"
+            if arg.startswith(flag + "="):
+                return arg[len(flag) + 1:], "the command line"
+    return "none", "the command line (no --tool-call-parser)"
 
 
 def process_profile(environ=None, argv: list[str] | None = None, parser_factory=None) -> Profile:
@@ -434,11 +546,16 @@ def process_profile(environ=None, argv: list[str] | None = None, parser_factory=
 
     def from_args(key: str) -> Callable[[], tuple[str | None, str]]:
         def get() -> tuple[str | None, str]:
+            if key == "tool_call_parser":  # a serve (frontend) argument: not one of the engine's
+                return _tool_call_parser(argv)
             ns, where = args()
             if ns is None:
                 return None, where
-            if key == "model_arch":
-                return _model_arch(ns.get("model"), ns.get("revision"), environ)
+            if key in _CONFIG_KEYS:
+                if "config" not in parsed:
+                    parsed["config"] = _model_config(ns.get("model"), ns.get("revision"), environ)
+                config, path = parsed["config"]
+                return _from_config(key, config, path) if config is not None else (None, path)
             if key == "quantization":
                 return (ns.get("quantization") or "none"), where
             if key == "kv_cache_dtype":
@@ -457,7 +574,7 @@ def process_profile(environ=None, argv: list[str] | None = None, parser_factory=
 
     lazy = {k: from_args(k) for k in ARG_KEYS}
     merged = Profile(declared.facts, source=declared.source or "this process", missing=declared.missing,
-                     sources=declared.sources, lazy=lazy,
+                     sources=declared.sources, lazy=lazy, force=declared.force,
                      fingerprint_parts=declared._fp + ["argv", json.dumps(argv),
                                                        json.dumps(sorted(facts.items()))])
     for key, value in facts.items():
@@ -478,6 +595,12 @@ def profile_schema() -> dict:
     """JSON Schema of a deployment profile (``python -m sndr schema profile``)."""
     props: dict = {k: {"type": "string", "description": d} for k, (_, d) in KEYS.items()}
     props["gpu_capability"]["pattern"] = r"^\d+\.\d+$"
+    for k, (kind, d) in KEYS.items():
+        if kind == "bool":
+            props[k] = {"description": d, "anyOf": [{"type": "boolean"}, {"enum": ["true", "false"]}]}
+    props["force"] = {"type": "array", "items": {"type": "string", "pattern": r"^[A-Za-z][A-Za-z0-9_-]*$"},
+                      "description": "patch ids enabled even where their `when` needs a key this profile does not "
+                                     "know (when_forced); a key that is known and does not match still gates"}
     props["name"] = {"type": "string", "description": "a label for people"}
     props["description"] = {"type": "string"}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Profile",
@@ -491,6 +614,9 @@ def when_schema() -> dict:
     for k, (kind, d) in KEYS.items():
         if kind == "capability":
             props[k] = {"type": "string", "description": d}
+        elif kind == "bool":
+            one = {"anyOf": [{"type": "boolean"}, {"enum": ["true", "false", ANY]}]}
+            props[k] = {"description": d, "anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
         else:
             props[k] = {"description": d, "anyOf": [{"type": "string", "minLength": 1},
                                                     {"type": "array", "items": {"type": "string", "minLength": 1},

@@ -94,6 +94,35 @@ def test_plan_table(read, row):
         assert next(p for p in plan.patches if p.id == pid).edits[0].verdict == v
 
 
+@pytest.mark.parametrize("a_kw, b_kw, keep_going, left", [
+    ({}, {}, True, [("B", "keep_going", "fail")]),                     # --keep-going: the later patch goes
+    ({}, {"on_failure": "skip"}, False, [("B", "on_failure", "skip")]),  # the later one's own policy allows it
+    ({"on_failure": "skip"}, {}, False, [("A", "on_failure", "skip")]),  # only the earlier one may go
+    ({"on_failure": "skip"}, {}, True, [("B", "keep_going", "fail")]),   # --keep-going still takes the later
+])
+def test_declared_conflict_settled_by_the_failure_policy(read, a_kw, b_kw, keep_going, left):
+    """Issue 31: `conflicts` under --keep-going or skip leaves out one patch of the pair, named, code conflicts_enabled."""
+    patches = [P("A", POP, POP + "        # A\n", conflicts=["B"], **a_kw), P("B", WATCH, "        # B\n" + WATCH, **b_kw)]
+    plan = plan_of(read, patches, keep_going=keep_going)
+    assert plan.ok, [p.render() for p in plan.problems]
+    assert [(lo.id, lo.by, lo.on_failure) for lo in plan.left_out] == left
+    lo = plan.left_out[0]
+    other = "A" if lo.id == "B" else "B"
+    assert lo.code == "conflicts_enabled" and f"conflicts with {other}" in lo.reason and "A.conflicts names B" in lo.reason
+    assert {p.id: p.status for p in plan.patches} == {lo.id: "left_out", other: "applies"}
+
+
+def test_declared_conflicts_chain_and_dependents_under_keep_going(read):
+    patches = [P("A", POP, POP + "        # A\n", conflicts=["B"]), P("B", WATCH, "        # B\n" + WATCH, conflicts=["C"]),
+               P("C", NEXT, "                # C\n" + NEXT), P("D", "    def __len__(self) -> int:\n", "    def __len__(self) -> int:  # D\n", requires=["B"])]
+    plan = plan_of(read, patches, keep_going=True)
+    assert plan.ok and plan.applied == ["A", "C"]  # B goes for A; B gone settles B-C; D requires B
+    assert [(lo.id, lo.code) for lo in plan.left_out] == [("B", "conflicts_enabled"), ("D", "requires_left_out")]
+    # Without --keep-going and with fail policies, the pair is a finding, and nothing is left out.
+    plan = plan_of(read, patches)
+    assert [p.code for p in plan.problems] == ["conflicts_enabled", "conflicts_enabled"] and not plan.left_out
+
+
 def test_keep_going_overrides_fail_policy(read):
     patches = [P("A", "        no_such_line = 1\n", "        no_such_line = 2  # sndr\n"), P("C", POP, POP + "        # C\n")]
     plan = plan_of(read, patches, keep_going=True)

@@ -140,11 +140,6 @@ CASES = [
                                                         anchor="            curr_hit_length = hit_length\n",
                                                         replacement="            curr_hit_length = int(hit_length)\n")},
          ["requires cycle", "PB0001 -> PB0002 -> PB0001"]),
-    Case("conflicts_both_enabled", {"PB0001-x.toml": patch_text(top='conflicts = ["PB0002"]'),
-                                    "PB0002-x.toml": patch_text(id="PB0002", path="vllm/v1/core/kv_cache_coordinator.py",
-                                                                anchor="            curr_hit_length = hit_length\n",
-                                                                replacement="            curr_hit_length = int(hit_length)\n")},
-         ["PB0001 conflicts with PB0002", "SNDR_ENABLE_PB0002=0"]),
     Case("dotdot_path", {"PB0001-x.toml": patch_text(path="vllm/../../etc/passwd")}, ["[files[0].path]", "'..'"]),
     Case("absolute_path", {"PB0001-x.toml": patch_text(path="/etc/passwd")}, ["[files[0].path]", "absolute"]),
     Case("symlink_file_outside", {"PB0001-x.toml": patch_text(path="vllm/v1/core/evil.py")}, ["vllm/v1/core/evil.py", "outside the tree"],
@@ -258,3 +253,29 @@ def test_overlapping_patches_are_a_finding_not_bad_input(pin_subtree, tmp_path, 
     assert "PB0001" in text and "PB0002" in text and "Traceback" not in text, text
     assert "after = " in text or "requires" in text, text  # the fix is ordering, and the message says so
     assert snapshot(tree) == before
+
+
+def test_declared_conflicts_both_enabled_are_a_finding_as_in_the_preflight(pin_subtree, tmp_path, capsys):
+    """Issue 31: apply and preflight give `conflicts_enabled` one meaning, a finding (exit 1), tree untouched;
+    --keep-going leaves out the later patch of the pair, named, and applies the rest (exit 1: its on_failure is fail)."""
+    tree = pin_subtree(FILES)
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    (pdir / "PB0001-x.toml").write_text(patch_text(top='conflicts = ["PB0002"]'))
+    (pdir / "PB0002-x.toml").write_text(patch_text(id="PB0002", path="vllm/v1/core/kv_cache_coordinator.py",
+                                                   anchor="            curr_hit_length = hit_length\n",
+                                                   replacement="            curr_hit_length = int(hit_length)\n"))
+    before = snapshot(tree)
+    capsys.readouterr()
+    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert rc == 1, f"exit {rc}\n{text}"
+    assert "PB0001 conflicts with PB0002" in text and "SNDR_ENABLE_PB0002=0" in text
+    assert snapshot(tree) == before
+    rc = cli_main(["--tree", str(tree), "--patches", str(pdir), "--keep-going"])
+    text = capsys.readouterr().out
+    assert rc == 1 and "left out 1 patch(es) whole: PB0002 (conflicts_enabled, keep_going: " in text, text
+    after = snapshot(tree)
+    assert after[FILE] != before[FILE] and after["vllm/v1/core/kv_cache_coordinator.py"] == before[
+        "vllm/v1/core/kv_cache_coordinator.py"]

@@ -192,10 +192,47 @@ def test_skip_leaves_out_whole_with_dependents_and_records_it(stack, tree):
     ledger = Ledger.model_validate_json((tree / ".sndr" / "ledger.json").read_text())
     assert set(ledger.left_out) == {"K1", "K2"} and "K1" not in ledger.patches
     v = run_verify(tree, ps, environ=_env(K1=1, K2=1), profile=prof)
-    assert v.exit_code == 1 and {p.patch for p in v.problems if p.code == "left_out"} == {"K1", "K2"}
+    # K2 (on_failure = fail) left out by --keep-going is a finding; K1 (skip) is listed, as its policy allows.
+    assert v.exit_code == 1 and {p.patch for p in v.problems if p.code == "left_out"} == {"K2"}
+    assert [(p.id, p.status) for p in v.patches if p.id in lo] == [("K1", "left_out"), ("K2", "left_out")]
+    assert any(n.startswith("skipped 1 patch(es) whole") and "K1 (edit_drifted, on_failure: " in n for n in v.notes)
     # Re-running without --keep-going is refused again (never the fast path over a left-out set).
     assert run_apply(tree, ps, environ=_env(K1=1, K2=1), profile=prof).exit_code == 1
     assert run_revert(tree).exit_code == 0 and _hashes(tree) == before
+
+
+def test_a_skip_patch_left_out_is_a_warning_and_the_run_is_green(stack, tree):
+    """Issue 31 defect 3: a patch whose own on_failure = "skip" allows its absence is listed, recorded, exit 0;
+    defect 4: verify lists each patch once."""
+    d, _ = stack
+    ps = load_patch_set(d / "patches", packs=False)
+    prof = load_profile(d / "prod.toml")
+    r = run_apply(tree, ps, environ=_env(K1=1), profile=prof)
+    assert r.exit_code == 0 and r.ok and r.files_written, [p.render() for p in r.problems]
+    assert [(x.id, x.by, x.code) for x in r.left_out] == [("K1", "on_failure", "edit_drifted")]
+    assert _status(r)["K1"] == "left_out"
+    assert any(n.startswith('skipped 1 patch(es) whole, as their on_failure = "skip" allows: K1 (edit_drifted, on_failure: ')
+               for n in r.notes)
+    ledger = Ledger.model_validate_json((tree / ".sndr" / "ledger.json").read_text())
+    assert set(ledger.left_out) == {"K1"} and ledger.left_out["K1"].allowed
+    v = run_verify(tree, ps, environ=_env(K1=1), profile=prof)
+    assert v.exit_code == 0 and not v.problems and _status(v)["K1"] == "left_out"
+    assert any("K1 (edit_drifted, on_failure: " in n for n in v.notes)
+    for extra in ([], ["-v"]):
+        c = _cli("--tree", str(tree), "--patches", str(d / "patches"), "--profile", str(d / "prod.toml"), "--verify",
+                 "--json", "-", *extra, env=_env(K1=1))
+        assert c.returncode == 0, c.stderr
+        ids = [p["id"] for p in json.loads(c.stdout)["patches"]]
+        assert len(ids) == len(set(ids)) and "K1" in ids
+    # --keep-going over a fail patch is still a finding, and verify still lists each patch once.
+    r = run_apply(tree, ps, environ=_env(K1=1, K3=1), profile=prof, keep_going=True)
+    assert r.exit_code == 1 and {x.id: x.allowed for x in r.left_out} == {"K1": True, "K3": False}
+    c = _cli("--tree", str(tree), "--patches", str(d / "patches"), "--profile", str(d / "prod.toml"), "--verify",
+             "--json", "-", env=_env(K1=1, K3=1))
+    assert c.returncode == 1
+    doc = json.loads(c.stdout)
+    ids = [p["id"] for p in doc["patches"]]
+    assert len(ids) == len(set(ids)) and [p["patch"] for p in doc["problems"] if p["code"] == "left_out"] == ["K3"]
 
 
 def test_keep_going_cli_lists_what_was_left_out(stack, tree):
