@@ -336,7 +336,9 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
                                       reason="ledger matches; nothing to do")
             return _report(mode, tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
                            patches=results, counts=ledger.counts,
-                           notes=notes + [f"already applied with this patch set: {nothing}"])
+                           notes=notes + [f"already applied with this patch set: {nothing}" + (
+                               f" (the tree already holds this enabled set, ledger {digest[:12]})"
+                               if dry_run else "")])
     if first_plan is not None:
         # Still no ledger: nobody wrote since our lock-free plan. commit()
         # re-checks every before-hash, so a concurrent change still aborts.
