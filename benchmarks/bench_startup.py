@@ -15,7 +15,7 @@ Measures, each in fresh interpreters (medians over ``--repeat`` interleaved runs
 
 Usage::
 
-    python benchmarks/bench_startup.py [--python /opt/vllm-venv/bin/python] [--repeat 3] [--json out.json]
+    python benchmarks/bench_startup.py [--python ~/.cache/sndr/vllm-0.32.0-venv/bin/python] [--repeat 3] [--json out.json]
 
 The patch set is ``tests/data/hook`` (two text patches on the two modules, one
 runtime patch on the scheduler) unless ``--patches`` names another directory.

@@ -256,40 +256,27 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     """``keep_going``: leave out whole every patch that cannot apply (exit 1, listed); ``profile``: the
     deployment profile ``when`` tables are evaluated against (default: ``$SNDR_PROFILE``).
     ``announce(line)`` is called before the commit with what it will do that the caller may not
-    expect (files going back to pristine)."""
+    expect (files going back to pristine).
+
+    ``dry_run`` takes exactly the apply's decisions (stale-ledger detection, reinstall detection,
+    refusals, the fast path, the plan and the writes) on the tree as it is, writes aside: no lock,
+    no recovery, no probe, no stored object, no commit. Its verdicts, files and exit status are the
+    apply's."""
     environ = os.environ if environ is None else environ
-    plan_kw = {"keep_going": keep_going, "profile": profile}
     tree = TreeRoot(root)
     version = tree_version(tree.root)
     if dry_run:
-        # Pure: no lock, no recovery, no writes. Reads pristine copies through the ledger.
-        ledger = tree.read_ledger()
-        notes = ["an interrupted commit is pending; the next apply/verify/revert will roll it back"] \
-            if tree.journal_path.exists() else []
-        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
-                          environ=environ, only=only, **plan_kw)
-        wrote = sorted(rel for rel, ch in plan.changes.items()
-                       if tree.read_bytes(rel) != ch.new.encode("utf-8"))
-        if not plan.ok:
-            wrote = []
-        if ledger is not None and ledger.patch_set_digest == plan.digest:
-            st = _ledger_state(tree, ledger)
-            if not st.pristine and not st.foreign:
-                notes.append(f"the tree already holds this enabled set (ledger {ledger.patch_set_digest[:12]}): "
-                             f"the verdicts above are read on the pristine copies; apply would write nothing")
-            else:
-                notes.append(f"the ledger records this enabled set ({ledger.patch_set_digest[:12]}), but "
-                             f"{len(st.pristine) + len(st.foreign)} file(s) no longer hold the patched bytes")
-        elif ledger is not None:
-            notes.append(f"the tree is patched by sndr with another enabled set (ledger "
-                         f"{ledger.patch_set_digest[:12]}); apply would re-plan from the pristine copies")
-        return _report("dry-run", tree, version, plan, ok=plan.ok, exit_code=_plan_exit(plan),
-                       files_written=wrote, notes=notes)
+        # Pure: no lock, no recovery, no writes.
+        notes = ["an interrupted commit is pending; the next apply/verify/revert will roll it back first, so "
+                 "apply would plan on the rolled-back files"] if tree.journal_path.exists() else []
+        return _apply_decide(tree, version, patch_set, tree.read_ledger(), notes, dry_run=True, force=force,
+                             only=only, environ=environ, keep_going=keep_going, profile=profile)
     first_plan = None
     if not tree.state.exists():
         # First contact with this tree: check everything before creating any
         # state (even the lock file), so a refused apply leaves no trace.
-        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, **plan_kw)
+        plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only,
+                                       keep_going=keep_going, profile=profile)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
@@ -299,73 +286,102 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     with tree.lock():
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
-        ledger = original = tree.read_ledger()
+        ledger = tree.read_ledger()
         swept = sweep_probes(tree, _target_paths(patch_set) | set(ledger.files if ledger else ()))
         if swept:
             notes.append(f"removed {len(swept)} probe file(s) an interrupted sndr left: {', '.join(swept)}")
-        on = enabled_ids(patch_set, version, environ, only, profile)
-        digest = patch_set.digest(on)
-        if ledger is not None:
-            # Re-check every file the ledger names, by hash: a reinstall or a
-            # restore puts pristine bytes back under a ledger that says "patched".
-            st = _ledger_state(tree, ledger)
-            if ledger.vllm_version and ledger.vllm_version != version:
-                # Another vLLM is installed now: the ledger's pristine copies are
-                # another version's. Plan from the tree as it is; files that still
-                # hold the old patched bytes read as their stored pristine.
-                notes.append(f"ledger_stale: the ledger was written for vLLM {ledger.vllm_version}, the tree now "
-                             f"holds vLLM {version}: planning again from the tree as it is")
-                ledger = _drop_entries(ledger, set(st.pristine) | set(st.foreign))
-                st = _LedgerState(patched=st.patched)
-            reinstalled = _reinstalled(tree, st.foreign)
-            if reinstalled:
-                notes.append(f"ledger_stale: {len(reinstalled)} file(s) hold the bytes vLLM's installer recorded "
-                             f"(dist-info RECORD), not the ledger's pristine: vLLM was reinstalled from another "
-                             f"build; planning them again from the tree as it is")
-                ledger = _drop_entries(ledger, set(reinstalled))
-                st.foreign = [r for r in st.foreign if r not in reinstalled]
-            if st.pristine:
-                notes.append(f"{len(st.pristine)} file(s) were back to pristine (vLLM reinstalled or files "
-                             f"restored): patching them again")
-            foreign = _foreign_problems(tree, st.foreign)
-            if foreign and not force:
-                return _report("apply", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
-                               digest=digest, notes=notes + ["refused: nothing was written"])
-            if foreign and force:
-                ledger = _adopt_current(tree, ledger, {p.file for p in foreign if p.file is not None})
-                notes.append(f"--force: took the current bytes of {len(foreign)} file(s) as pristine")
-            elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
-                # Fast path: same set, and every file holds its patched bytes (checked above).
-                results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, edits=True,
-                                          reason="ledger matches; nothing to do")
-                return _report("apply", tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
-                               patches=results, counts=ledger.counts,
-                               notes=notes + ["already applied with this patch set: nothing written"])
-        if ledger is None and first_plan is not None and not restored:
-            # Still no ledger: nobody wrote since our lock-free plan. commit()
-            # re-checks every before-hash, so a concurrent change still aborts.
-            plan = first_plan
-        else:
-            plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
-                              environ=environ, only=only, **plan_kw)
-        if not plan.ok:
-            return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
-                           notes=notes + ["refused: nothing was written"])
-        writes, new_ledger = _writes_for(tree, plan, ledger, patch_set)
-        dropped = _dropped_files(plan, ledger, writes)
-        if dropped:
-            assert ledger is not None  # only a ledger holds files to drop
-            gone = sorted({i for rel in dropped for i in ledger.files[rel].patches} - set(plan.enabled))
-            line = (f"this patch set no longer patches {len(dropped)} file(s) the ledger holds; they go back to "
-                    f"pristine: {', '.join(dropped)}" + (f" (patches no longer enabled: {', '.join(gone)})" if gone else ""))
-            notes.append(line)
-            if announce is not None:
-                announce(line)  # said before the commit does it
-        if not writes and original is not None and original.checksum == new_ledger.sealed().checksum:
-            return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK, notes=notes + ["nothing to write"])
-        commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
-        return _report("apply", tree, version, plan, ok=True, exit_code=EXIT_OK,
+        return _apply_decide(tree, version, patch_set, ledger, notes, dry_run=False, force=force, only=only,
+                             environ=environ, keep_going=keep_going, profile=profile, announce=announce,
+                             first_plan=first_plan if ledger is None and not restored else None)
+
+
+def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Ledger | None, notes: list[str], *,
+                  dry_run: bool, force: bool, only, environ, keep_going: bool, profile, announce=None,
+                  first_plan: Plan | None = None) -> Report:
+    """Everything apply decides, from the ledger it read to the commit; ``dry_run`` stops short of
+    every write (objects, ledger, files) and reports what the apply would do, on the same path."""
+    mode: ReportMode = "dry-run" if dry_run else "apply"
+    nothing = "apply would write nothing" if dry_run else "nothing was written"
+    original = ledger
+    on = enabled_ids(patch_set, version, environ, only, profile)
+    digest = patch_set.digest(on)
+    if ledger is not None:
+        # Re-check every file the ledger names, by hash: a reinstall or a
+        # restore puts pristine bytes back under a ledger that says "patched".
+        st = _ledger_state(tree, ledger)
+        if ledger.vllm_version and ledger.vllm_version != version:
+            # Another vLLM is installed now: the ledger's pristine copies are
+            # another version's. Plan from the tree as it is; files that still
+            # hold the old patched bytes read as their stored pristine, unless the
+            # new version's installer recorded exactly those bytes (upstream merged
+            # the change): those are the new version's pristine.
+            upstream = _reinstalled(tree, st.patched)
+            notes.append(f"ledger_stale: the ledger was written for vLLM {ledger.vllm_version}, the tree now "
+                         f"holds vLLM {version}: planning again from the tree as it is")
+            ledger = _drop_entries(ledger, set(st.pristine) | set(st.foreign) | set(upstream))
+            st = _LedgerState(patched=[r for r in st.patched if r not in upstream])
+        reinstalled = _reinstalled(tree, st.foreign)
+        if reinstalled:
+            notes.append(f"ledger_stale: {len(reinstalled)} file(s) hold the bytes vLLM's installer recorded "
+                         f"(dist-info RECORD), not the ledger's pristine: vLLM was reinstalled from another "
+                         f"build; planning them again from the tree as it is")
+            ledger = _drop_entries(ledger, set(reinstalled))
+            st.foreign = [r for r in st.foreign if r not in reinstalled]
+        if st.pristine:
+            notes.append(f"{len(st.pristine)} file(s) were back to pristine (vLLM reinstalled or files "
+                         f"restored): patching them again")
+        foreign = _foreign_problems(tree, st.foreign)
+        if foreign and not force:
+            return _report(mode, tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
+                           digest=digest, notes=notes + [f"refused: {nothing}"])
+        if foreign and force:
+            rels = {p.file for p in foreign if p.file is not None}
+            # The dry-run stores no object: without their entries the plan reads the current bytes as
+            # pristine too, which is what adopting them means.
+            ledger = _drop_entries(ledger, rels) if dry_run else _adopt_current(tree, ledger, rels)
+            notes.append(f"--force: {'would take' if dry_run else 'took'} the current bytes of {len(foreign)} "
+                         f"file(s) as pristine")
+        elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
+            # Fast path: same set, and every file holds its patched bytes (checked above).
+            results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, edits=True,
+                                      reason="ledger matches; nothing to do")
+            return _report(mode, tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
+                           patches=results, counts=ledger.counts,
+                           notes=notes + [f"already applied with this patch set: {nothing}" + (
+                               f" (the tree already holds this enabled set, ledger {digest[:12]})"
+                               if dry_run else "")])
+    if first_plan is not None:
+        # Still no ledger: nobody wrote since our lock-free plan. commit()
+        # re-checks every before-hash, so a concurrent change still aborts.
+        plan = first_plan
+    else:
+        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
+                          environ=environ, only=only, keep_going=keep_going, profile=profile)
+    if not plan.ok:
+        return _report(mode, tree, version, plan, ok=False, exit_code=_plan_exit(plan),
+                       notes=notes + [f"refused: {nothing}"])
+    writes, new_ledger = _writes_for(tree, plan, ledger, patch_set, store=not dry_run)
+    dropped = _dropped_files(plan, ledger, writes)
+    if dropped:
+        assert ledger is not None  # only a ledger holds files to drop
+        gone = sorted({i for rel in dropped for i in ledger.files[rel].patches} - set(plan.enabled))
+        line = (f"this patch set no longer patches {len(dropped)} file(s) the ledger holds; they "
+                f"{'would go' if dry_run else 'go'} back to pristine: {', '.join(dropped)}"
+                + (f" (patches no longer enabled: {', '.join(gone)})" if gone else ""))
+        notes.append(line)
+        if announce is not None and not dry_run:
+            announce(line)  # said before the commit does it
+    if not writes and original is not None and original.checksum == new_ledger.sealed().checksum:
+        return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
+                       notes=notes + ["nothing to write"])
+    if dry_run:
+        if not writes:
+            notes.append("no file would change; apply would only record the ledger")
+        return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
                        files_written=[w.rel for w in writes], notes=notes)
+    commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
+    return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
+                   files_written=[w.rel for w in writes], notes=notes)
 
 
 def _dropped_files(plan: Plan, ledger: Ledger | None, writes: list[FileWrite]) -> list[str]:
@@ -435,7 +451,10 @@ def _adopt_current(tree: TreeRoot, ledger: Ledger, rels: set[str]) -> Ledger:
     return ledger.model_copy(update={"files": files})
 
 
-def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: PatchSet) -> tuple[list[FileWrite], Ledger]:
+def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: PatchSet, *,
+                store: bool = True) -> tuple[list[FileWrite], Ledger]:
+    """The writes and the new ledger of ``plan``; ``store``: put the pristine copies into the object
+    store (a dry-run does not)."""
     writes: list[FileWrite] = []
     files: dict[str, LedgerFile] = {}
     touched = set(plan.changes) | set(ledger.files if ledger else {})
@@ -458,7 +477,8 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
             after = tree.pristine_bytes(rel, ledger)
         if now != after:
             writes.append(FileWrite(rel, now, after))
-    tree.put_objects(to_store)  # pristine copies, durable before the journal names them
+    if store:
+        tree.put_objects(to_store)  # pristine copies, durable before the journal names them
     # The ledger describes the tree after the commit: what "applies" now is "applied".
     as_applied = {"applies": "applied"}
     results = {p.id: as_applied.get(p.status, p.status) for p in plan.patches if p.status != "gated"}

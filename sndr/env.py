@@ -25,8 +25,15 @@ TREE = "SNDR_TREE"
 FAULT = "SNDR_TEST_FAULT"
 #: ``SNDR_OFFLINE=1``: ``vllm==X`` trees must come from the cache; never run pip.
 OFFLINE = "SNDR_OFFLINE"
-#: Test-only: interpreter of a real vLLM install (default /opt/vllm-venv/bin/python).
+#: Test-only: interpreter of a real vLLM install (default :data:`DEFAULT_TEST_VLLM_PYTHON`; see
+#: :func:`vllm_test_python`, the one place every ``vllm_install`` test and fixture reads it).
 TEST_VLLM_PYTHON = "SNDR_TEST_VLLM_PYTHON"
+#: The venv the README (and ``.ci/run``) builds: ``vllm==0.32.0 torch==2.13.0`` on CPU.
+DEFAULT_TEST_VLLM_PYTHON = os.path.join(os.path.expanduser("~"), ".cache", "sndr", "vllm-0.32.0-venv", "bin", "python")
+#: The one line that builds it (README "Tests").
+TEST_VLLM_BUILD = ("python3 -m venv ~/.cache/sndr/vllm-0.32.0-venv && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip install "
+                   "vllm==0.32.0 torch==2.13.0 && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip uninstall -y torchvision "
+                   "torchaudio torchcodec")
 #: ``SNDR_HOOK=0``: the in-memory import hook stays inert in this process (its .pth still loads).
 HOOK = "SNDR_HOOK"
 #: TurboQuant k8v4 decode backend: ``auto`` (CUDA where it supports the call, else Triton),
@@ -177,3 +184,11 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Alias of :func:`cache_root` kept for callers of the 0.1 name."""
     return cache_root(environ)
+
+
+def vllm_test_python(environ: Mapping[str, str] | None = None) -> str:
+    """Test-only: the interpreter of the real vLLM install the ``vllm_install`` tests use:
+    ``$SNDR_TEST_VLLM_PYTHON``, else :data:`DEFAULT_TEST_VLLM_PYTHON` (it may not exist: callers skip,
+    naming it and :data:`TEST_VLLM_BUILD`)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(TEST_VLLM_PYTHON) or DEFAULT_TEST_VLLM_PYTHON

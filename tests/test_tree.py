@@ -376,15 +376,12 @@ def test_find_installed_root_missing(tmp_path):
     assert exc.value.problems[0].code == "python_not_found"
 
 
-_DEFAULT_VLLM_PYTHON = os.path.join(os.path.expanduser("~"), ".cache", "sndr", "vllm-0.32.0-venv", "bin", "python")
-
-
 @pytest.mark.vllm_install
 def test_real_vllm_install(tmp_path):
-    python = os.environ.get(env.TEST_VLLM_PYTHON) or _DEFAULT_VLLM_PYTHON  # the venv .ci/run builds
+    python = env.vllm_test_python()  # the venv .ci/run builds
     if not Path(python).exists():
         pytest.skip(f"no_vllm_install: no Python at {python} (set {env.TEST_VLLM_PYTHON}; .ci/run builds "
-                    f"{_DEFAULT_VLLM_PYTHON})")
+                    f"{env.DEFAULT_TEST_VLLM_PYTHON}: {env.TEST_VLLM_BUILD})")
     probe = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('vllm') is not None)"],
                            capture_output=True, text=True)
     if probe.stdout.strip() != "True":

@@ -6,10 +6,18 @@ so a recycled pid never overwrites an older record. ``python -m sndr status``
 reads them. The directory is created 0700 and refused when another user
 could change it or any directory on its path (a forged record would hide an
 unpatched worker); records are written through its held fd.
+
+A record says which enabled set the process resolved (``patch_set_digest``), which
+ledger the tree held when it registered (``ledger_digest``) and the sha256 of every
+file that ledger names as the process saw it (``files``): ``sndr status`` compares
+those with the tree as it is now, so a re-apply under a live process is a finding.
+Records are read bounded and never through a FIFO, device or symlink, and their
+shape is validated (:func:`validate_record`) before any field is trusted.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -18,7 +26,11 @@ from typing import Any
 
 from .importer import default_cache_root, open_private
 
-FORMAT = 1
+#: 2: ``files`` (per-file sha256 the process verified) added; a format-1 record is an older sndr's.
+FORMAT = 2
+#: A record is a few KB (its runtime outcomes, its problems); anything past this is not one of ours.
+MAX_RECORD_BYTES = 1 << 20
+MODES = ("disk", "memory", "none")
 
 
 def tree_key(root: str) -> str:
@@ -58,27 +70,103 @@ def write_record(path: str, record: dict[str, Any]) -> None:
 
 
 def read_records(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """(records, problems). Records are sorted by start time; unreadable files become problems."""
+    """(records, problems). Records are sorted by start time.
+
+    Every ``*.json`` is read bounded (:data:`MAX_RECORD_BYTES`), never through a
+    symlink, a FIFO or a device (those are refused without blocking), and its shape
+    is validated (:func:`validate_record`); a file that is not a valid record
+    becomes a problem naming it, never a record.
+    """
+    from ..fsio import FileProblem, read_regular
+
     records: list[dict[str, Any]] = []
     problems: list[str] = []
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
     except FileNotFoundError:
         return [], []
+    except OSError as exc:
+        return [], [f"{directory}: cannot list the attestation directory ({exc.strerror})"]
     for n in names:
         p = os.path.join(directory, n)
         try:
-            with open(p, "rb") as fh:
-                rec = json.loads(fh.read())
-            if not isinstance(rec, dict) or rec.get("format") != FORMAT or "pid" not in rec:
-                raise ValueError("not an sndr attestation record")
-        except (OSError, ValueError) as exc:
-            problems.append(f"{p}: unreadable attestation ({exc})")
+            raw = read_regular(p, MAX_RECORD_BYTES, "attestation record", follow_symlinks=False)
+            rec = json.loads(raw)
+        except FileProblem as exc:
+            problems.append(f"{p}: unreadable attestation ({exc.message}, {exc.code})")
+            continue
+        except (ValueError, RecursionError) as exc:
+            problems.append(f"{p}: unreadable attestation (not JSON: {exc})")
+            continue
+        why = validate_record(rec, n)
+        if why is not None:
+            problems.append(f"{p}: not a valid attestation record ({why}); no process is attested by it")
             continue
         rec["_path"] = p
         records.append(rec)
-    records.sort(key=lambda r: (r.get("start", 0), r.get("pid", 0)))
+    records.sort(key=lambda r: (r["start"], r["pid"]))
     return records, problems
+
+
+def validate_record(rec: object, name: str | None = None) -> str | None:
+    """None when ``rec`` has the shape :meth:`sndr.startup.hook._Process.record` writes; else why not.
+
+    Checked with pydantic in strict mode (no coercion: a pid ``"12"`` or ``true`` is not
+    an int), plus what a type cannot say: the pid is a real process id (> 0; ``-1`` would
+    make ``kill(pid, 0)`` probe every process) and matches the file name
+    ``<pid>-<start>.json``.
+    """
+    from pydantic import ValidationError
+
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    if rec.get("format") != FORMAT:
+        return (f"format {rec.get('format')!r}, this sndr reads format {FORMAT}: written by another sndr version; "
+                f"restart the process so it attests again")
+    try:
+        _record_model().model_validate(rec, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "record"
+        return f"{where}: {err['msg']}" + (f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    if name is not None and not name.startswith(f"{rec['pid']}-"):
+        return f"its pid {rec['pid']} is not the one its file name {name} says"
+    return None
+
+
+@functools.cache
+def _record_model():
+    """The record's shape, built on first use: ``register()`` never imports pydantic."""
+    from typing import Literal
+
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Record(BaseModel):
+        model_config = ConfigDict(extra="allow", strict=True)
+
+        format: Literal[2]
+        pid: int = Field(gt=0)
+        ppid: int = Field(ge=0)
+        start: float = Field(gt=0)
+        updated: float = Field(gt=0)
+        role: str
+        process_name: str
+        forked_from: int | None
+        mode: Literal["disk", "memory", "none"]
+        tree: str | None
+        vllm_version: str
+        patch_set_digest: str
+        ledger_digest: str | None
+        enabled: list[str]
+        gated: list[str]
+        gate_reasons: dict[str, str]
+        counts: dict[str, int]
+        files: dict[str, str | None]
+        missing_required: list[str]
+        problems: list[str]
+
+    assert FORMAT == 2, "update Record.format with FORMAT"
+    return Record
 
 
 def pid_alive(pid: int) -> bool:

@@ -93,6 +93,9 @@ class _Process:
         self.failed_message = ""
         self.finder: Any = None  # the in-memory hook's SndrFinder, in memory mode
         self.foreign: list[str] = []  # files changed since apply by someone else (not back to pristine)
+        # disk mode: sha256 (None: missing) of every file the ledger names, as this process saw it at
+        # register(); `sndr status` compares them with the tree as it is now (a re-apply under a live process)
+        self.files: dict[str, str | None] = {}
 
     def forked(self) -> _Process:
         child = _Process.__new__(_Process)
@@ -135,7 +138,7 @@ class _Process:
                 "mode": self.mode, "tree": self.root, "vllm_version": self.version,
                 "patch_set_digest": self.digest, "ledger_digest": self.ledger_digest, "enabled": self.enabled,
                 "gated": self.gated, "gate_reasons": self.gate_reasons, "profile": self.profile,
-                "counts": dict(sorted(counts.items())), "text": self.text, "runtime": runtime,
+                "counts": dict(sorted(counts.items())), "text": self.text, "files": self.files, "runtime": runtime,
                 "missing_required": self.missing + self.runtime_missing(), "problems": self.problems,
                 "strict": self.strict, "register_ms": round(self.register_ms, 3)}
 
@@ -368,6 +371,7 @@ def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> Non
     bad: dict[str, list[str]] = {}
     for rel, entry in sorted(ledger["files"].items()):
         now = _sha_file(os.path.join(root, rel))
+        state.files[rel] = now
         if now != entry.get("patched_sha256"):
             bad[rel] = list(entry.get("patches", []))
             created = bool(entry.get("created"))
@@ -452,7 +456,10 @@ def _status_body(argv: list[str] | None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m sndr status",
                                  description="One line per vLLM process: the patch set it attested. "
-                                             "Exit 1 if processes disagree or one misses a required patch.")
+                                             "Exit 1 if processes disagree, one misses a required patch, a record "
+                                             "is not valid, or the tree no longer holds the set and the file "
+                                             "hashes a live process attested (re-applied, reverted or changed "
+                                             "under it).")
     ap.add_argument("--run-dir", help="attestation directory (default: $SNDR_RUN_DIR, or the default for --tree)")
     ap.add_argument("--tree", help="directory containing vllm/ (default: where `import vllm` finds it)")
     ap.add_argument("--live", action="store_true", help="only processes that are still running")
@@ -483,9 +490,9 @@ def _status_body(argv: list[str] | None) -> int:
         except importer.UnsafeDirError as exc:
             print(f"sndr status: {exc}; its records cannot be trusted", file=sys.stderr)
             return 2
-    records, bad = read_records(directory)
+    records, bad = read_records(directory)  # every record is validated: its pid is a positive int
     for r in records:
-        r["_alive"] = pid_alive(int(r["pid"]))
+        r["_alive"] = pid_alive(r["pid"])
     if args.prune:
         for r in records:
             if not r["_alive"]:
@@ -513,6 +520,7 @@ def _status_body(argv: list[str] | None) -> int:
                             f"patched with {ledger[:12]}; give the process the environment apply ran with, "
                             f"or re-run python -m sndr.apply with the process's settings")
     findings.extend(_recheck_trees(records))
+    findings.extend(_attested_vs_tree([r for r in records if r["_alive"]]))
     if args.prometheus:
         from .metrics import write_textfile
 
@@ -564,24 +572,117 @@ def active_summary(r: dict) -> str:
     return f"MISSING {len(missing)}  active {active}/{len(enabled)} patches; NOT active: {what}"
 
 
-def _recheck_trees(records: list[dict]) -> list[str]:
-    """Files can change after a process attested: hash every on-disk tree's ledger files again."""
+#: A ledger names every patched file with two hashes; far below this even for thousands of files.
+_MAX_LEDGER_BYTES = 64 << 20
+
+
+class _Unreadable(Exception):
+    """A tree file status cannot read as a regular file (a FIFO, a device, a symlink, a permission)."""
+
+
+def _tree_sha(path: str) -> str | None:
+    """sha256 of a regular file now (None: it does not exist); never blocks, never follows a link."""
+    from ..fsio import FileProblem, read_regular
+
+    try:
+        return importer._sha256(read_regular(path, None, "file", follow_symlinks=False))
+    except FileProblem as exc:
+        if exc.code == "not_found":
+            return None
+        raise _Unreadable(f"{exc.message} ({exc.code})") from None
+
+
+def _tree_ledger(root: str) -> tuple[dict | None, str | None]:
+    """(ledger, problem) of ``root`` now: (None, None) when there is no ledger."""
     import json
 
+    from ..fsio import FileProblem, read_regular
+
+    path = os.path.join(root, ".sndr", "ledger.json")
+    try:
+        data = read_regular(path, _MAX_LEDGER_BYTES, "ledger", follow_symlinks=False)
+    except FileProblem as exc:
+        return (None, None) if exc.code == "not_found" else (None, f"{path}: {exc.message} ({exc.code})")
+    try:
+        ledger = json.loads(data)
+        if not (isinstance(ledger, dict) and isinstance(ledger.get("files"), dict)
+                and all(isinstance(e, dict) for e in ledger["files"].values())):
+            raise ValueError("not an sndr ledger")
+    except (ValueError, RecursionError):
+        return None, f"{path}: the ledger is corrupt"
+    return ledger, None
+
+
+def _recheck_trees(records: list[dict]) -> list[str]:
+    """Files can change after a process attested: hash every on-disk tree's ledger files again."""
     out = []
     for root in sorted({r["tree"] for r in records if r.get("mode") == "disk" and r.get("tree")}):
-        data = importer._read(os.path.join(root, ".sndr", "ledger.json"))
-        if data is None:
+        ledger, problem = _tree_ledger(root)
+        if problem is not None:
+            out.append(problem)
+            continue
+        if ledger is None:
             out.append(f"{root}: the ledger is gone (reverted?) since processes attested")
             continue
-        try:
-            files = json.loads(data)["files"]
-        except (ValueError, KeyError, TypeError):
-            out.append(f"{root}: the ledger is corrupt")
-            continue
-        for rel, entry in sorted(files.items()):
-            if _sha_file(os.path.join(root, rel)) != entry.get("patched_sha256"):
+        for rel, entry in sorted(ledger["files"].items()):
+            try:
+                now = _tree_sha(os.path.join(root, rel))
+            except _Unreadable as exc:
+                out.append(f"{root}/{rel}: cannot be re-hashed: {exc}")
+                continue
+            if now != entry.get("patched_sha256"):
                 out.append(f"{root}/{rel}: changed since it was patched (tree no longer matches the ledger)")
+    return out
+
+
+def _attested_vs_tree(live: list[dict]) -> list[str]:
+    """Each live on-disk process against the tree as it is now: the enabled set it attested (its
+    digest) and the sha256 of every file it verified at startup.
+
+    A re-apply with another set under a running process leaves a tree that matches its
+    *new* ledger, so re-hashing against the ledger says nothing; but every module that
+    process imports from now on is not what it attested. Only a restart makes it right.
+    """
+    out = []
+    ledgers: dict[str, tuple[dict | None, str | None]] = {}
+    shas: dict[str, str | None | _Unreadable] = {}
+    for r in live:
+        root = r.get("tree")
+        if r.get("mode") != "disk" or not root:
+            continue
+        who = f"pid {r['pid']} ({r.get('role')})"
+        if root not in ledgers:
+            ledgers[root] = _tree_ledger(root)
+        ledger, problem = ledgers[root]
+        if problem is not None:
+            continue  # _recheck_trees names it
+        own = r.get("patch_set_digest") or ""
+        now_digest = (ledger or {}).get("patch_set_digest")
+        why = []
+        if ledger is None:
+            why.append("the tree has no ledger any more (reverted?)")
+        elif now_digest != r.get("ledger_digest"):
+            # (the same ledger as at startup but another set than its own is status_body's finding)
+            why.append(f"the tree was re-applied since it attested: it runs enabled set {own[:12]}, the tree "
+                       f"held ledger {str(r.get('ledger_digest'))[:12]} then and holds {str(now_digest)[:12]} now")
+        attested = r["files"]
+        differ = []
+        for rel in sorted(set(attested) | set((ledger or {}).get("files", {}))):
+            path = os.path.join(root, rel)
+            if path not in shas:
+                try:
+                    shas[path] = _tree_sha(path)
+                except _Unreadable as exc:
+                    shas[path] = exc
+            now = shas[path]
+            if rel not in attested or isinstance(now, _Unreadable) or now != attested[rel]:
+                differ.append(rel)
+        if differ:
+            shown = ", ".join(differ[:5]) + (f" (+{len(differ) - 5} more)" if len(differ) > 5 else "")
+            why.append(f"{len(differ)} file(s) do not hold the bytes it attested: {shown}")
+        if why:
+            out.append(f"{who}: the tree no longer holds the patch set this process attested: " + "; ".join(why)
+                       + "; modules it imports from now on are not the ones it attested: restart it")
     return out
 
 

@@ -284,7 +284,7 @@ def test_dry_run_on_a_patched_tree_and_revert_say_what_the_tree_holds(tree):
     digest = run_verify(tree, load_patch_set(DATA, packs=False), environ={}).patch_set_digest
     dry = sndr_apply("--dry-run", "--patches", str(DATA), "--tree", str(tree))
     assert dry.returncode == 0
-    assert f"the tree already holds this enabled set (ledger {digest[:12]})" in dry.stdout
+    assert f"the tree already holds this enabled set, ledger {digest[:12]}" in dry.stdout
     rev = sndr_apply("--revert", "--tree", str(tree))
     assert rev.returncode == 0
     last = rev.stdout.strip().splitlines()[-1]

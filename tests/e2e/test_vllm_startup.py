@@ -4,7 +4,10 @@ Each test gets a fresh venv over a private copy of the real tree (see
 ``vllm_env.py``), so applying, tampering and installing the ``.pth`` never
 touch the install itself. Run with::
 
-    SNDR_TEST_VLLM_PYTHON=/opt/vllm-venv/bin/python python -m pytest -m vllm_install tests/e2e
+    python -m pytest -m vllm_install tests/e2e
+
+(``$SNDR_TEST_VLLM_PYTHON`` names another install; the default is ``sndr.env.DEFAULT_TEST_VLLM_PYTHON``,
+``~/.cache/sndr/vllm-0.32.0-venv/bin/python``.)
 """
 
 from __future__ import annotations

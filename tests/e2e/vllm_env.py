@@ -31,14 +31,15 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sndr import env as sndr_env
+
 REPO = Path(__file__).resolve().parents[2]
 HOOK_PATCHES = REPO / "tests" / "data" / "hook"  # the small real patch set the e2e tests and the benchmark use
 #: The venv ``.ci/run`` builds (``$SNDR_TEST_VLLM_VENV`` there); one line builds it by hand, see BUILD_HINT.
-DEFAULT_PYTHON = os.path.join(os.path.expanduser("~"), ".cache", "sndr", "vllm-0.32.0-venv", "bin", "python")
-BUILD_HINT = ("python3 -m venv ~/.cache/sndr/vllm-0.32.0-venv && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip install "
-              "vllm==0.32.0 torch==2.13.0 && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip uninstall -y torchvision "
-              "torchaudio torchcodec")
-ENV_VAR = "SNDR_TEST_VLLM_PYTHON"
+#: Both live in sndr/env.py, the one home of the default every ``vllm_install`` test uses.
+DEFAULT_PYTHON = sndr_env.DEFAULT_TEST_VLLM_PYTHON
+BUILD_HINT = sndr_env.TEST_VLLM_BUILD
+ENV_VAR = sndr_env.TEST_VLLM_PYTHON
 SNDR_DEPS = ("pydantic", "packaging", "pluggy")
 
 _PROBE = r"""
@@ -54,8 +55,8 @@ print(json.dumps(out))
 
 def vllm_python() -> str | None:
     """The interpreter of the real vLLM install, or None when there is none."""
-    python = os.environ.get(ENV_VAR) or (DEFAULT_PYTHON if os.path.exists(DEFAULT_PYTHON) else None)
-    if python and os.path.exists(python):
+    python = sndr_env.vllm_test_python()
+    if os.path.exists(python):
         return python
     return None
 
@@ -63,7 +64,7 @@ def vllm_python() -> str | None:
 def skip_reason() -> str | None:
     python = vllm_python()
     if python is None:
-        where = os.environ.get(ENV_VAR) or DEFAULT_PYTHON
+        where = sndr_env.vllm_test_python()
         return (f"no_vllm_install: no Python at {where} ({ENV_VAR}, default {DEFAULT_PYTHON}, the venv .ci/run "
                 f"builds); build it with: {BUILD_HINT}")
     return None

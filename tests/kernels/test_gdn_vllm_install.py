@@ -1,6 +1,7 @@
 """PK0003 installed the way the startup hook installs it, in a real vLLM 0.32.0 (CPU) install.
 
-A child process of ``$SNDR_TEST_VLLM_PYTHON`` (default ``/opt/vllm-venv/bin/python``;
+A child process of ``$SNDR_TEST_VLLM_PYTHON`` (default ``~/.cache/sndr/vllm-0.32.0-venv/bin/python``,
+``sndr.env.vllm_test_python``;
 skipped when absent) applies PK0003's runtime edits with sndr's
 RuntimePatcher before vLLM is imported, imports the Qwen GDN layer module and
 checks: both edits are ``applied``; the layer module's two names carry the
@@ -24,10 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from sndr import env as sndr_env
+
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PYTHON = "/opt/vllm-venv/bin/python"
-CANDIDATES = [os.environ.get("SNDR_TEST_VLLM_PYTHON") or DEFAULT_PYTHON,
-              str(Path.home() / ".cache" / "sndr" / "vllm-0.32.0-venv" / "bin" / "python")]
 
 SCRIPT = r'''
 import json, os, sys
@@ -123,10 +123,11 @@ print("SNDR_RESULT " + json.dumps(out, default=repr))
 
 @pytest.fixture(scope="module")
 def child():
-    python = next((p for p in CANDIDATES if p and os.path.exists(p)), None)
-    if python is None:
-        pytest.skip("needs the CPU install of vLLM 0.32.0: set SNDR_TEST_VLLM_PYTHON to its python "
-                    f"(default {DEFAULT_PYTHON}, not found)")
+    python = sndr_env.vllm_test_python()
+    if not os.path.exists(python):
+        pytest.skip(f"no_vllm_install: needs the CPU install of vLLM 0.32.0 at {python} (not found; set "
+                    f"{sndr_env.TEST_VLLM_PYTHON}, default {sndr_env.DEFAULT_TEST_VLLM_PYTHON}); build it with: "
+                    f"{sndr_env.TEST_VLLM_BUILD}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SNDR_", "VIRTUAL_ENV"))}
     env.update(PYTHONPATH=str(REPO), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     proc = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd="/", env=env, timeout=900)

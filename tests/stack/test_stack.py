@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sndr import env as sndr_env
 from sndr.apply import run_apply, run_revert, run_verify
 from sndr.errors import SndrError
 from sndr.load import load_patch_set
@@ -387,12 +388,13 @@ def test_process_profile_reads_only_what_the_process_knows(tmp_path, monkeypatch
     assert (ok, code) == (False, "when_unknown") and "vLLM is not installed" in reason
 
 
-@pytest.mark.skipif(not (Path.home() / ".cache/sndr/vllm-0.32.0-venv/bin/python").exists(),
-                    reason="no CPU vLLM 0.32.0 venv at ~/.cache/sndr/vllm-0.32.0-venv")
+@pytest.mark.skipif(not Path(sndr_env.vllm_test_python()).exists(),
+                    reason=f"no_vllm_install: no CPU vLLM 0.32.0 venv at {sndr_env.vllm_test_python()} "
+                           f"(set {sndr_env.TEST_VLLM_PYTHON}); build it with: {sndr_env.TEST_VLLM_BUILD}")
 @pytest.mark.slow
 def test_process_profile_parses_argv_with_vllms_own_parser(tmp_path):
     """In the real vLLM 0.32.0 venv: the engine arguments come from vLLM's parser (or its failure is the reason)."""
-    py = Path.home() / ".cache/sndr/vllm-0.32.0-venv/bin/python"
+    py = sndr_env.vllm_test_python()
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3NextForCausalLM"]}))

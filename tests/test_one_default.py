@@ -1,0 +1,53 @@
+"""One default for the test suite's vLLM interpreter, in one place (issue 32 MEDIUM 5).
+
+83 ``vllm_install`` tests defaulted to ``/opt/vllm-venv/bin/python`` while 11 tests and the README used
+``~/.cache/sndr/vllm-0.32.0-venv/bin/python``: a user who built the venv as the README says got 83
+skips. The default now lives in ``sndr/env.py`` (``DEFAULT_TEST_VLLM_PYTHON``, read through
+``vllm_test_python()``); code elsewhere may name it only in prose (docstrings, comments, the README).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from sndr import env
+
+REPO = Path(__file__).resolve().parents[1]
+HOME = REPO / "sndr" / "env.py"
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """String constants of ``path`` that are not docstrings (what code can use as a path)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_the_readme_default_is_the_one_default():
+    assert env.DEFAULT_TEST_VLLM_PYTHON == str(Path.home() / ".cache/sndr/vllm-0.32.0-venv/bin/python")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "`~/.cache/sndr/vllm-0.32.0-venv/bin/python`" in readme and env.TEST_VLLM_BUILD in readme
+    assert env.vllm_test_python({}) == env.DEFAULT_TEST_VLLM_PYTHON
+    assert env.vllm_test_python({env.TEST_VLLM_PYTHON: "/x/python"}) == "/x/python"
+
+
+def test_no_other_default_and_no_copy_of_it_in_code():
+    offenders = []
+    for path in sorted([*REPO.glob("sndr/**/*.py"), *REPO.glob("tests/**/*.py"), *REPO.glob("benchmarks/**/*.py")]):
+        if path == Path(__file__).resolve():
+            continue
+        if "/opt/" + "vllm-venv" in path.read_text(encoding="utf-8"):
+            offenders.append(f"{path.relative_to(REPO)}: names the old default /opt/vllm-venv")
+        if path == HOME:
+            continue
+        for line, value in _code_strings(path):
+            if "vllm-0.32.0-venv" in value or value == env.TEST_VLLM_PYTHON:
+                offenders.append(f"{path.relative_to(REPO)}:{line}: its own copy {value[:60]!r}")
+    assert offenders == []
