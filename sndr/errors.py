@@ -125,6 +125,7 @@ CODES: dict[str, Code] = {
     "version_not_found": Code(_B, "a vLLM version is not published on the package index"),
     "fetch_failed": Code(_B, "pip could not download a vLLM wheel"),
     "offline": Code(_B, "a tree is not cached and SNDR_OFFLINE=1 forbids fetching it"),
+    "cache_unsafe": Code(_B, "sndr's cache root (or a directory on its path) could be changed by another user: refused"),
     "bad_wheel": Code(_B, "a wheel file cannot be read"),
     "python_not_found": Code(_B, "the interpreter named by installed:PYTHON does not exist"),
     "python_failed": Code(_B, "the interpreter named by installed:PYTHON could not locate vLLM"),

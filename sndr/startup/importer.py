@@ -142,14 +142,17 @@ class HookCache:
         memo/<name>.json     hmac(32) + resolved patch sets, memory plans, bindings, pack discovery
 
     The directories are reached by a walk from ``/`` that refuses symlinks and
-    any directory another uid could change (:class:`sndr.fsio.PrivateDir`), and
+    any directory another uid could change (the cache-root rule,
+    :func:`sndr.caches.require_dir`, over :class:`sndr.fsio.PrivateDir`), and
     every read and write goes through their held fds. So an entry is used only
     when this uid wrote it, for exactly this name: a code object is only ever
     the one compiled from the patched source whose sha256 this process computed.
     """
 
     def __init__(self, root: str):
-        hook = open_private(os.path.join(root, "hook"), "code cache")
+        from ..caches import require_dir  # the cache-root rule (one decision for every cache)
+
+        hook = require_dir("hook", "code cache", root=root)
         self._hook = hook
         self._code = hook.sub("code", "code cache")
         self._src = hook.sub("src", "code cache")
