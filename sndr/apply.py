@@ -757,6 +757,10 @@ def cli_main(argv: list[str] | None = None) -> int:
 def _cli_body(args) -> int:
     from . import caches
 
+    if args.json:
+        from .cli import check_output
+
+        check_output(args.json, "--json")  # before any work: a refused output path changes nothing
     caches.enable()  # the shell hands the core its caches (compile-ok memo, scopes); the tree is never one
     to_stdout = str(args.json) == "-" if args.json else False
     try:
@@ -818,11 +822,9 @@ def _console(to_stderr: bool):
 
 
 def _write_json(target: Path, data: dict) -> None:
-    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-    if str(target) == "-":
-        sys.stdout.write(text)
-    else:
-        target.write_text(text)
+    from .cli import write_output
+
+    write_output(target, json.dumps(data, indent=2, sort_keys=False) + "\n", "--json")
 
 
 def main() -> None:

@@ -266,3 +266,145 @@ def test_every_cache_under_a_refused_root_is_refused(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     for what in ("code cache", "plan cache", "cubin cache", "preflight cache"):
         assert f"the {what} is disabled" in err or f"{what} is disabled" in err.lower(), (what, err)
+
+
+# ----------------------------------------------------------------------------- 5. one output writer
+
+
+def _chardev(path: Path) -> Path:
+    """A /dev/null-like character device (1, 3) of our own: the real /dev/null is never put at risk."""
+    os.mknod(path, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+def _kind(path: Path) -> str:
+    import stat
+
+    st = path.lstat()
+    return ("fifo" if stat.S_ISFIFO(st.st_mode) else "chr" if stat.S_ISCHR(st.st_mode)
+            else "link" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode) else "reg")
+
+
+def test_write_output_replaces_a_regular_file_of_ours_atomically(tmp_path, capsys):
+    from sndr.cli import write_output
+
+    out = tmp_path / "r.json"
+    out.write_text("old\n")
+    os.chmod(out, 0o640)
+    before = out.stat().st_ino
+    write_output(out, "new\n")
+    assert out.read_text() == "new\n" and out.stat().st_ino != before  # a new inode: replaced, not rewritten
+    assert out.stat().st_mode & 0o777 == 0o640  # its mode kept
+    assert not [p for p in tmp_path.iterdir() if fsio.is_temp_name(p.name)]
+    write_output(tmp_path / "sub" / "new.json", "x")  # a new path (its directory created)
+    assert (tmp_path / "sub" / "new.json").read_text() == "x"
+    write_output("-", "to stdout\n")
+    assert capsys.readouterr().out == "to stdout\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chr", "dir", "symlink"])
+def test_write_output_refuses_what_is_not_a_regular_file_of_ours(tmp_path, kind):
+    from sndr.cli import write_output
+    from sndr.errors import SndrError
+
+    target = tmp_path / "out"
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "chr":
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a character device needs root")
+        _chardev(target)
+    elif kind == "dir":
+        target.mkdir()
+    else:
+        target.symlink_to(victim)
+    before = _kind(target)
+    with pytest.raises(SndrError) as info:
+        write_output(target, "report\n", "--json")
+    p = info.value.problems[0]
+    assert p.code == "output_refused" and p.file == str(target) and info.value.exit_code == 2, p
+    assert _kind(target) == before and victim.read_text() == "secret\n"
+
+
+@ROOT_ONLY
+def test_symlink_of_another_uid_to_a_root_only_file_is_never_written(world):
+    """Issue 33 MEDIUM 7: ``apply --json FILE --dry-run`` followed uid 65534's symlink and overwrote a
+    root-only 0600 file with the report."""
+    secret = world / "shadow"
+    secret.write_text("root only\n")
+    os.chmod(secret, 0o600)
+    drop = world / "drop"
+    drop.mkdir()
+    os.chmod(drop, 0o1777)  # a /tmp-like directory the attacker can write
+    link = drop / "report.json"
+    _as_nobody(lambda: os.symlink(secret, link))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "sndr", "apply", "--dry-run", "--tree", str(world / "none"),
+                           "--json", str(link)], capture_output=True, text=True, timeout=120, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "output_refused" in out and str(link) in out, out
+    assert secret.read_text() == "root only\n" and _kind(link) == "link"
+    own = world / "own"
+    own.write_text("x")
+    os.chown(own, NOBODY, NOBODY)
+    from sndr.cli import write_output
+    from sndr.errors import SndrError
+
+    with pytest.raises(SndrError, match=f"owned by uid {NOBODY}"):
+        write_output(own, "report")
+    assert own.read_text() == "x"
+
+
+def _run_sndr(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "sndr", *argv], capture_output=True, text=True, timeout=timeout,
+                          env=env, stdin=subprocess.DEVNULL)
+
+
+OUTPUT_COMMANDS = {
+    "apply --json": ["apply", "--dry-run", "--tree", "/nonexistent-tree", "--json", "{out}"],
+    "sync plan --json": ["sync", "plan", "--repo", "/nonexistent", "--from", "a", "--to", "b", "--json", "{out}"],
+    "sync plan --md": ["sync", "plan", "--repo", "/nonexistent", "--from", "a", "--to", "b", "--md", "{out}"],
+    "vendor --json": ["vendor", "--diff", "/nonexistent.diff", "--id", "PN0001", "--tree", "/nonexistent",
+                      "--json", "{out}"],
+    "preflight --json": ["preflight", "--pin", "/nonexistent", "--candidate", "/nonexistent", "--json", "{out}"],
+    "preflight --markdown": ["preflight", "--pin", "/x", "--candidate", "/y", "--markdown", "{out}"],
+    "preflight --sarif": ["preflight", "--pin", "/x", "--candidate", "/y", "--sarif", "{out}"],
+    "manifest build --out": ["manifest", "build", "--tree", "/nonexistent", "--out", "{out}"],
+}
+
+
+@pytest.mark.parametrize("target", ["fifo", "chr"])
+@pytest.mark.parametrize("name", sorted(OUTPUT_COMMANDS))
+def test_every_command_refuses_a_fifo_or_device_output_without_hanging(tmp_path, name, target):
+    """Issue 33 MEDIUM 7 / issue 30 item 4: ``sync plan --json /dev/null`` made /dev/null a regular file; a
+    FIFO became a 350 KB file. Every command refuses both, before any work, with exit 2 and no hang."""
+    out = tmp_path / "out.json"
+    if target == "fifo":
+        os.mkfifo(out)
+    elif os.geteuid() != 0:
+        pytest.skip("mknod of a character device needs root")
+    else:
+        _chardev(out)
+    proc = _run_sndr(*[a.format(out=out) for a in OUTPUT_COMMANDS[name]])
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "output_refused" in text and str(out) in text, text
+    assert "Traceback" not in text
+    assert _kind(out) == target
+
+
+def test_prometheus_textfile_refuses_a_fifo_and_replaces_a_file(tmp_path):
+    pytest.importorskip("prometheus_client")
+    from sndr.errors import SndrError
+    from sndr.startup.metrics import write_textfile
+
+    fifo = tmp_path / "sndr.prom"
+    os.mkfifo(fifo)
+    with pytest.raises(SndrError, match="FIFO"):
+        write_textfile(str(fifo), [], ["a finding"])
+    assert _kind(fifo) == "fifo"
+    good = tmp_path / "ok.prom"
+    write_textfile(str(good), [], [])
+    assert "sndr_status_ok 1.0" in good.read_text()
