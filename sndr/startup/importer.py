@@ -63,10 +63,12 @@ def _sha256(data: bytes) -> str:
 
 
 def _read(path: str) -> bytes | None:
+    """A regular file's bytes, or None when it is missing or cannot be one: a FIFO, device or directory
+    (refused without blocking: :func:`sndr.fsio.read_regular`), a symlink loop, a name too long, a NUL."""
+    fsio = _fsio()
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return fsio.read_regular(path)
+    except (fsio.FileProblem, ValueError):
         return None
 
 

@@ -408,3 +408,107 @@ def test_prometheus_textfile_refuses_a_fifo_and_replaces_a_file(tmp_path):
     good = tmp_path / "ok.prom"
     write_textfile(str(good), [], [])
     assert "sndr_status_ok 1.0" in good.read_text()
+
+
+# ----------------------------------------------------------------------------- 3. FIFOs in side paths
+
+
+def _fifo_at(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _verify(box, timeout: float = 60, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sndr", "apply", "--verify", "--tree", str(box.root)],
+                          capture_output=True, text=True, timeout=timeout, env=box.environ(**env),
+                          stdin=subprocess.DEVNULL, cwd=str(box.tmp))
+
+
+@pytest.fixture
+def applied_box(tmp_path, monkeypatch):
+    from tests.hook_fixtures import Box
+
+    box = Box(tmp_path)
+    for k in [k for k in os.environ if k.startswith("SNDR_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(box.cache))
+    monkeypatch.setenv("SNDR_PATCHES", str(box.patches))
+    return box
+
+
+def _warm_fast_path(box, **env) -> None:
+    for _ in range(2):
+        proc = _verify(box, **env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    from sndr.startup import verify
+
+    args = verify.parse(["--verify", "--tree", str(box.root)])
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    try:
+        assert verify.check(args, os.environ) is not None  # the next verify is answered by the fast path
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.mark.parametrize("where", [".sndr/journal.json", ".sndr/ledger.json", "vllm/engine.py"])
+def test_verify_fast_path_never_hangs_on_a_fifo(applied_box, where):
+    """Issue 33 MEDIUM 4: the ``--verify --tree T`` fast path opened these with a plain open() and blocked."""
+    box = applied_box
+    box.apply()
+    _warm_fast_path(box)
+    path = box.root / where
+    if where.endswith("journal.json"):
+        os.mkfifo(path)
+    else:
+        _fifo_at(path)
+    proc = _verify(box)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode in (1, 2) and "Traceback" not in out, out
+    assert "ok  enabled set" not in proc.stdout, out
+    assert _kind(path) == "fifo"
+
+
+def test_verify_fast_path_never_hangs_on_a_fifo_profile(applied_box):
+    """The same with SNDR_PROFILE a FIFO and a set that uses ``when`` (the profile is in the memo key)."""
+    box = applied_box
+    sub = box.patches / "F0002-sub.toml"
+    sub.write_text(sub.read_text().replace('title = "A package __init__"\n',
+                                           'title = "A package __init__"\nwhen = { quantization = "fp8" }\n'))
+    profile = box.tmp / "profile.toml"
+    profile.write_text('quantization = "fp8"\n')
+    box.apply(SNDR_PROFILE=str(profile))
+    _warm_fast_path(box, SNDR_PROFILE=profile)
+    _fifo_at(profile)
+    proc = _verify(box, SNDR_PROFILE=profile)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out and str(profile) in out and "not a regular file" in out, out
+
+
+@pytest.mark.parametrize("strict", ["0", "1"])
+def test_register_never_hangs_on_a_fifo_ledger(applied_box, strict):
+    """``register()`` runs in every vLLM process: a FIFO ledger is a problem it names, never a hang; under
+    SNDR_STRICT=1 it aborts startup."""
+    from tests.hook_fixtures import out_of
+
+    box = applied_box
+    box.apply()
+    _fifo_at(box.root / ".sndr" / "ledger.json")
+    code = """
+        import json
+        import sndr.startup.hook as h
+        try:
+            h.register()
+            print("OUT" + json.dumps({"missing": h._STATE.missing, "problems": h._STATE.problems}))
+        except Exception as exc:
+            print("OUT" + json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
+    """
+    proc = subprocess.run([sys.executable, "-c", __import__("textwrap").dedent(code)], capture_output=True, text=True,
+                          timeout=60, env=box.environ(SNDR_STRICT=strict), cwd=str(box.tmp))
+    out = out_of(proc)
+    if strict == "1":
+        assert out["raised"] == "StrictError" and "ledger" in out["message"], out
+    else:
+        assert any("not a regular file" in p for p in out["problems"]), out
+        assert any(m.startswith("ledger:") for m in out["missing"]), out
