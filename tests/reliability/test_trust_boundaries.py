@@ -512,3 +512,129 @@ def test_register_never_hangs_on_a_fifo_ledger(applied_box, strict):
     else:
         assert any("not a regular file" in p for p in out["problems"]), out
         assert any(m.startswith("ledger:") for m in out["missing"]), out
+
+
+# ----------------------------------------------------------------------------- 4. tracebacks and exit 3
+
+
+def _reseal_ledger(box, mutate: Callable[[dict], None]) -> Path:
+    import hashlib
+    import json
+
+    from sndr.startup.verify import canonical_json
+    from tests.hook_fixtures import replace_file
+
+    path = box.root / ".sndr" / "ledger.json"
+    led = json.loads(path.read_text())
+    mutate(led)
+    body = {k: v for k, v in led.items() if k != "checksum"}
+    led["checksum"] = hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    replace_file(path, json.dumps(led))
+    return path
+
+
+def _one_clean_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code and "Traceback" not in out, out
+    for n in needles:
+        assert n in out, (n, out)
+    return out
+
+
+@pytest.mark.parametrize("rel", ["vllm/a\x00b.py", "vllm/" + "a" * 300 + ".py"])
+def test_ledger_naming_a_nul_or_overlong_path_is_bad_input_not_a_traceback(applied_box, rel):
+    """A ledger with a valid checksum that names a path with a NUL byte, or a 300-character name: the warm
+    fast path and the full verifier answer with one line naming the ledger (exit 2), never a traceback."""
+    box = applied_box
+    box.apply()
+    _warm_fast_path(box)
+    entry = {"pristine_sha256": "0" * 64, "patched_sha256": "1" * 64, "patches": ["F0001"], "created": False}
+    ledger = _reseal_ledger(box, lambda led: led["files"].__setitem__(rel, entry))
+    proc = _verify(box)
+    if "\x00" in rel:
+        _one_clean_line(proc, 2, str(ledger), "ledger_corrupt", "NUL")
+    else:
+        _one_clean_line(proc, 2, "a" * 40)
+
+
+def test_journal_naming_a_nul_path_is_bad_input(applied_box):
+    import json
+
+    box = applied_box
+    box.apply()
+    journal = box.root / ".sndr" / "journal.json"
+    journal.write_text(json.dumps({"files": [{"path": "vllm/a\x00b.py", "before": None, "after": None}]}))
+    _one_clean_line(_verify(box), 2, str(journal), "journal_corrupt")
+
+
+def test_verify_fast_path_on_a_symlink_loop_target_is_not_a_traceback(applied_box):
+    box = applied_box
+    box.apply()
+    _warm_fast_path(box)
+    target = box.root / "vllm" / "engine.py"
+    target.unlink()
+    target.symlink_to(target.name)  # a loop: open() raises ELOOP
+    out = _one_clean_line(_verify(box), 2, "vllm/engine.py")
+    assert "ok  enabled set" not in out
+
+
+def test_big_integers_in_json_inputs_are_bad_input(tmp_path):
+    """``sync decide --queue`` and ``pin advance --preflight`` on a 5,000-digit integer: Python's int
+    max-str-digits ValueError was a traceback and exit 3."""
+    big = tmp_path / "big.json"
+    big.write_text('{"format": ' + "9" * 5000 + "}")
+    _one_clean_line(_run_sndr("sync", "decide", "abcdef1", "--queue", str(big), "--tier", "IGNORE"), 2,
+                    str(big), "bad_json", "4300 digits")
+    from sndr.errors import SndrError
+    from sndr.upstream.triggers import load_preflight
+
+    with pytest.raises(SndrError) as info:
+        load_preflight(big)
+    assert info.value.problems[0].code == "bad_json" and info.value.problems[0].file == str(big)
+    from sndr.upstream.pin import load_queue
+
+    with pytest.raises(SndrError, match="bad_json"):
+        load_queue(big)
+
+
+def test_a_created_file_of_200000_unary_minus_signs_is_a_compile_error(tmp_path, pin_subtree):
+    from .test_bad_input import FILES
+
+    tree = pin_subtree(FILES)
+    pdir = tmp_path / "p"
+    pdir.mkdir()
+    (pdir / "PB0001-x.toml").write_text('id = "PB0001"\ntitle = "minus"\n\n[[files]]\npath = "vllm/minus.py"\n'
+                                        "create = '''\nx = " + "-" * 200_000 + "1\n'''\n")
+    proc = _run_sndr("apply", "--dry-run", "--tree", str(tree), "--patches", str(pdir), timeout=120)
+    _one_clean_line(proc, 2, "vllm/minus.py", "compile_error", "nested too deeply")
+
+
+def test_a_damaged_line_index_is_rebuilt_not_an_index_error(tmp_path, capsys):
+    import sqlite3
+
+    from sndr.preflight import lineindex
+
+    texts = {"a.py": "import os\nvalue = compute_the_thing()\n", "b.py": "import os\n"}
+    monkey_open = dict(lineindex._OPEN)
+    lineindex._OPEN.clear()
+    try:
+        idx = lineindex.tree_index("e" * 64, lambda: sorted(texts), texts.get, root=tmp_path)
+        assert idx is not None and idx.lookup(["value = compute_the_thing()"]) == {
+            "value = compute_the_thing()": ["a.py"]}
+        idx.close()
+        lineindex._OPEN.clear()
+        db = sqlite3.connect(idx.path)  # damaged but valid SQLite: an id past the file list
+        db.execute("UPDATE lines SET ids = '7' WHERE line = 'value = compute_the_thing()'")
+        db.commit()
+        db.close()
+        idx = lineindex.tree_index("e" * 64, lambda: sorted(texts), texts.get, root=tmp_path)
+        assert idx is not None
+        assert idx.lookup(["value = compute_the_thing()"]) == {"value = compute_the_thing()": []}
+        assert "the line index is damaged" in capsys.readouterr().err and not idx.path.exists()
+        lineindex._OPEN.clear()
+        idx = lineindex.tree_index("e" * 64, lambda: sorted(texts), texts.get, root=tmp_path)  # rebuilt
+        assert idx is not None and idx.lookup(["value = compute_the_thing()"])["value = compute_the_thing()"] == [
+            "a.py"]
+    finally:
+        lineindex._OPEN.clear()
+        lineindex._OPEN.update(monkey_open)
