@@ -103,6 +103,7 @@ CODES: dict[str, Code] = {
     "pack_dir_missing": Code(_B, "a plugin pack names a patch directory that does not exist"),
     "pack_id_namespace": Code(_B, "a plugin pack's patch id is not in the pack's namespace"),
     "pack_module_outside": Code(_B, "a plugin pack's runtime module lies outside the pack"),
+    "module_outside": Code(_B, "a patch's runtime module lies outside sndr (and its plugin pack)"),
     # -- trees and files --------------------------------------------------------------------
     "not_a_tree": Code(_B, "the directory does not contain a vllm/ package"),
     "no_vllm": Code(_B, "the path does not contain a vllm/ package"),

@@ -638,3 +638,31 @@ def test_a_damaged_line_index_is_rebuilt_not_an_index_error(tmp_path, capsys):
     finally:
         lineindex._OPEN.clear()
         lineindex._OPEN.update(monkey_open)
+
+
+# ----------------------------------------------------------------------------- LOW: load time, usage errors
+
+
+def test_runtime_patch_with_a_module_outside_sndr_is_refused_at_load_time(tmp_path, pin_subtree):
+    """apply and --verify said ok for a runtime patch whose code lies outside sndr; only startup refused it."""
+    from .test_bad_input import FILES
+
+    tree = pin_subtree(FILES)
+    pdir = tmp_path / "p"
+    pdir.mkdir()
+    (pdir / "PR0001-evil.toml").write_text('id = "PR0001"\ntitle = "outside"\nkind = "runtime"\n\n[[runtime]]\n'
+                                           'name = "r"\ntarget = "vllm.v1.core.block_pool:BlockPool.get_num_free_blocks"\n'
+                                           'replacement = "os:getcwd"\n')
+    for extra in (["--dry-run"], ["--verify"]):
+        proc = _run_sndr("apply", "--tree", str(tree), "--patches", str(pdir), *extra)
+        _one_clean_line(proc, 2, f"{pdir / 'PR0001-evil.toml'}:8", "module_outside", "os")
+
+
+def test_usage_error_with_json_stdout_still_writes_one_json_document():
+    import json
+
+    proc = _run_sndr("apply", "--json", "-", "--no-such-option")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["problems"][0]["code"] == "usage"
+    assert "--no-such-option" in doc["problems"][0]["message"]
