@@ -351,7 +351,8 @@ def _code_outside(patch: Patch, source: str) -> list[Problem]:
     ok for a patch no vLLM process would run."""
     from .packs import module_allowed
 
-    named = [(("runtime", i, "replacement"), r.replacement.split(":", 1)[0]) for i, r in enumerate(patch.runtime)]
+    named: list[tuple[tuple[str | int, ...], str]] = [
+        (("runtime", i, "replacement"), r.replacement.split(":", 1)[0]) for i, r in enumerate(patch.runtime)]
     if patch.module:
         named.append((("module",), patch.module))
     bad = [(loc, mod) for loc, mod in named if not module_allowed(mod)]
