@@ -1,16 +1,29 @@
-"""The shell's side of the planner's disk caches: where they live, and turning them on.
+"""sndr's disk caches: the one trust rule for the cache root, and the planner's caches.
 
-The core (:mod:`sndr.plan`, :mod:`sndr.locate`) never looks for a cache
-directory: a plan reads only what its reader returns and writes nothing,
-whatever the environment says. A command that wants the speed-up calls
-:func:`enable` once, with its environment; it opens
-``<cache root>/plan-<python>`` as a :class:`sndr.fsio.PrivateDir` (walked from
-``/`` without following symlinks, every directory on the way owned by root or
-this uid and not writable by others, entries sealed with a 0600 secret) and
-injects it. An unsafe or unwritable cache directory turns the caches off and
-says so once; the plan is the same either way.
+**The cache-root rule** (one decision for every cache): ``<cache root>``
+(:func:`sndr.env.cache_root`, symlinks resolved) is opened as a
+:class:`sndr.fsio.PrivateDir`: walked from ``/`` with ``O_NOFOLLOW``, every
+directory on the way owned by root or this uid and not writable by others
+unless sticky (sshd's ``StrictModes``), the root itself owned by this uid and
+not group/other-writable. A cache directory under it (``hook``, ``cubin``,
+``plan-<python>``, ``trees``, ``preflight``, ...) is reached through the
+root's held fd with the same check. If the root fails, **every** cache under it
+is refused: compiled code, cubins, plan memos, fetched trees, preflight
+indexes. :func:`open_dir` is the API (None when refused, said once on stderr);
+:func:`require_dir` raises instead, for a command that cannot work without
+the cache (``--tree vllm==X``). Entries that run as code are further sealed
+with the directory's 0600 secret (:meth:`sndr.fsio.PrivateDir.put_sealed`), so
+one is used only when this uid wrote it under exactly this name.
 
-Two caches share the directory:
+The planner's caches: the core (:mod:`sndr.plan`, :mod:`sndr.locate`) never
+looks for a cache directory: a plan reads only what its reader returns and
+writes nothing, whatever the environment says. A command that wants the
+speed-up calls :func:`enable` once, with its environment; it opens
+``<cache root>/plan-<python>`` with :func:`open_dir` and injects it. An unsafe
+or unwritable cache directory turns the caches off and says so once; the plan
+is the same either way.
+
+Two caches share the plan directory:
 
 * ``ok-<sha256>``: "this exact patched text compiled under this Python";
 * ``scopes-<sha256>.json``: the def/class spans of a source text (report labels).
@@ -20,23 +33,84 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from . import env, fsio
 
-__all__ = ["disable", "enable", "open_plan_cache"]
+__all__ = ["dir_path", "disable", "enable", "open_dir", "open_plan_cache", "require_dir", "root_path"]
+
+_SAID: set[str] = set()
+
+
+def _say(key: str, message: str) -> None:
+    if key in _SAID:
+        return
+    _SAID.add(key)
+    try:
+        sys.stderr.write(f"sndr: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed stderr must never break a cache lookup
+        pass
+
+
+def root_path(root: str | os.PathLike[str] | None = None, environ=None) -> str:
+    """The cache root as an absolute path with symlinks resolved (the path the rule checks)."""
+    return os.path.realpath(os.fspath(root) if root is not None else env.cache_root(environ))
+
+
+def require_dir(name: str, what: str, *, root: str | os.PathLike[str] | None = None,
+                environ=None) -> fsio.PrivateDir:
+    """``<cache root>/<name>`` (``name`` may be ``a/b``) under the cache-root rule, created 0700 when missing.
+
+    Raises :class:`sndr.fsio.UnsafeDirError` when the root (so every cache under
+    it) or the directory is refused, ``OSError`` when it cannot be created.
+    """
+    base = fsio.PrivateDir.open(root_path(root, environ), "cache root")
+    d = base
+    try:
+        for part in [p for p in name.split("/") if p]:
+            nxt = d.sub(part, what)
+            if d is not base:
+                d.close()
+            d = nxt
+    except BaseException:
+        if d is not base:
+            d.close()
+        base.close()
+        raise
+    if d is not base:
+        base.close()
+    return d
+
+
+def open_dir(name: str, what: str, *, root: str | os.PathLike[str] | None = None, environ=None,
+             without: str = "continuing without it") -> fsio.PrivateDir | None:
+    """:func:`require_dir`, or None (said once on stderr, ``without`` saying what that costs) when refused."""
+    try:
+        return require_dir(name, what, root=root, environ=environ)
+    except fsio.UnsafeDirError as exc:
+        _say(f"unsafe:{what}:{exc.path}", f"{exc}; the {what} is disabled ({without})")
+    except OSError as exc:
+        _say(f"oserror:{what}:{name}", f"cannot use the {what} under {root_path(root, environ)} "
+                                       f"({exc.strerror or exc}); {without}")
+    return None
+
+
+def dir_path(name: str, what: str, *, root: str | os.PathLike[str] | None = None, environ=None,
+             without: str = "continuing without it") -> Path | None:
+    """The checked path of :func:`open_dir` (its fd closed), for a cache that is read by path: safe,
+    since every directory on it is owned by root or this uid and nobody else can rename entries there."""
+    d = open_dir(name, what, root=root, environ=environ, without=without)
+    if d is None:
+        return None
+    d.close()
+    return Path(d.path)
 
 
 def open_plan_cache(environ=None) -> fsio.PrivateDir | None:
-    """The planner's cache directory under :func:`sndr.env.cache_root`, or None (said on stderr) when unsafe."""
-    root = env.cache_root(environ)
-    try:
-        return fsio.PrivateDir.open(os.path.join(root, f"plan-{fsio.python_tag()}"), "plan cache")
-    except fsio.UnsafeDirError as exc:
-        print(f"sndr: {exc}; the plan cache is disabled (plans are the same, only slower)", file=sys.stderr)
-    except OSError as exc:
-        print(f"sndr: cannot use the plan cache under {root} ({exc.strerror}); continuing without it",
-              file=sys.stderr)
-    return None
+    """The planner's cache directory under the cache root, or None (said on stderr) when unsafe."""
+    return open_dir(f"plan-{fsio.python_tag()}", "plan cache", environ=environ,
+                    without="plans are the same, only slower")
 
 
 def enable(environ=None) -> fsio.PrivateDir | None:

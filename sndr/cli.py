@@ -12,6 +12,14 @@ It owns what a command prints when it stops and with which exit status:
 
 Human text goes to stderr whenever a command writes JSON to stdout, so that
 ``--json -`` output is always one JSON document and nothing else.
+
+It also owns the one output writer, :func:`write_output` (with
+:func:`check_output` to refuse a bad path before the work): ``-`` is stdout; a
+new path, or an existing regular file owned by the caller, is replaced
+atomically (:func:`sndr.fsio.atomic_write`: a temp file beside it, then a
+rename that never follows a final symlink); anything else (a symlink, FIFO,
+device, socket, directory, or another user's file) is refused with exit 2
+(``output_refused``), naming the path, and left untouched.
 """
 
 from __future__ import annotations
@@ -57,6 +65,76 @@ def _restore_interrupt() -> None:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
     except (ValueError, OSError):
         pass
+
+
+def _output_problem(dest: str) -> str | None:
+    """Why ``dest`` cannot be an output file (None: a new path, or a regular file of ours)."""
+    import stat
+
+    try:
+        st = os.lstat(dest)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return "a directory on its path is not a directory"
+    except OSError as exc:
+        return f"it cannot be examined ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink, which sndr does not follow for an output"
+    if stat.S_ISDIR(st.st_mode):
+        return "it is a directory"
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket")
+        return f"it is {kind}, not a regular file (sndr replaces an output file atomically)"
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    return None
+
+
+def check_output(dest: str | os.PathLike[str], flag: str = "output") -> None:
+    """Refuse (``output_refused``, exit 2) an output path :func:`write_output` would not write."""
+    dest = os.fspath(dest)
+    if dest == "-":
+        return
+    why = _output_problem(dest)
+    if why is not None:
+        from .errors import bad_input
+
+        raise bad_input("output_refused", f"{flag}: {why}; nothing was written there", file=dest,
+                        hint="give a new path or a regular file you own, or - for stdout")
+
+
+def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "output", *,
+                 mode: int | None = None) -> None:
+    """The one output writer of every command: ``-`` is stdout, else an atomic replace (see the module doc)."""
+    dest = os.fspath(dest)
+    if dest == "-":
+        if isinstance(text, str):
+            sys.stdout.write(text)
+        else:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(text)
+        sys.stdout.flush()
+        return
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    check_output(dest, flag)
+    from . import fsio
+
+    parent = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(parent, exist_ok=True)
+    if mode is None:
+        try:
+            import stat
+
+            mode = stat.S_IMODE(os.lstat(dest).st_mode)
+        except FileNotFoundError:
+            umask = os.umask(0o022)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    # atomic_write's rename replaces the entry itself: a symlink swapped in after the check is
+    # replaced, never followed, and in a sticky directory another user's entry cannot be replaced.
+    fsio.atomic_write(os.path.abspath(dest), data, mode)
 
 
 def say(prog: str, message: str) -> None:

@@ -834,7 +834,7 @@ def _journal_entries(tree: TreeRoot, journal) -> list[dict]:
         raise bad
     out = []
     for e in journal["files"]:
-        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not e["path"]:
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not e["path"] or "\x00" in e["path"]:
             raise bad
         for k in ("before", "after"):
             v = e.get(k)
@@ -842,7 +842,7 @@ def _journal_entries(tree: TreeRoot, journal) -> list[dict]:
                 raise bad
         for k in ("mkdirs", "rmdirs"):
             v = e.get(k, [])
-            if not isinstance(v, list) or not all(isinstance(d, str) and d and not d.startswith("/")
+            if not isinstance(v, list) or not all(isinstance(d, str) and d and not d.startswith("/") and "\x00" not in d
                                                   and ".." not in Path(d).parts for d in v):
                 raise bad
         out.append(e)

@@ -103,6 +103,7 @@ CODES: dict[str, Code] = {
     "pack_dir_missing": Code(_B, "a plugin pack names a patch directory that does not exist"),
     "pack_id_namespace": Code(_B, "a plugin pack's patch id is not in the pack's namespace"),
     "pack_module_outside": Code(_B, "a plugin pack's runtime module lies outside the pack"),
+    "module_outside": Code(_B, "a patch's runtime module lies outside sndr (and its plugin pack)"),
     # -- trees and files --------------------------------------------------------------------
     "not_a_tree": Code(_B, "the directory does not contain a vllm/ package"),
     "no_vllm": Code(_B, "the path does not contain a vllm/ package"),
@@ -125,6 +126,7 @@ CODES: dict[str, Code] = {
     "version_not_found": Code(_B, "a vLLM version is not published on the package index"),
     "fetch_failed": Code(_B, "pip could not download a vLLM wheel"),
     "offline": Code(_B, "a tree is not cached and SNDR_OFFLINE=1 forbids fetching it"),
+    "cache_unsafe": Code(_B, "sndr's cache root (or a directory on its path) could be changed by another user: refused"),
     "bad_wheel": Code(_B, "a wheel file cannot be read"),
     "python_not_found": Code(_B, "the interpreter named by installed:PYTHON does not exist"),
     "python_failed": Code(_B, "the interpreter named by installed:PYTHON could not locate vLLM"),
@@ -184,6 +186,7 @@ CODES: dict[str, Code] = {
     "bad_via": Code(_B, "--via names no release, or a release not strictly between the pin and the candidate"),
     "via_unavailable": Code(_B, "--via auto cannot list the releases in between (offline, or the index has none)"),
     "stdout_conflict": Code(_B, "two outputs of one command were both sent to stdout"),
+    "output_refused": Code(_B, "an output path is a symlink, FIFO, device, directory or another user's file"),
     # -- upstream: watchlist, sync, pin, vendor ---------------------------------------------------
     "bad_watchlist": Code(_B, "the watchlist does not match its schema"),
     "truncated_watchlist": Code(_B, "the watchlist's sentinel line is missing (truncated file)"),

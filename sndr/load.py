@@ -322,6 +322,10 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
             problems.append(Problem("duplicate_id", f"patch id {patch.id} is also defined in {sources[patch.id]}",
                                     file=str(path), key="id"))
             continue
+        outside = _code_outside(patch, str(path))
+        if outside:
+            problems.extend(outside)
+            continue
         sources[patch.id] = str(path)
         patches.append(patch)
     if packs:
@@ -339,6 +343,36 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     if problems:
         raise SndrError(problems, EXIT_BAD_INPUT)
     return PatchSet(patches=patches, directory=directory, sources=sources)
+
+
+def _code_outside(patch: Patch, source: str) -> list[Problem]:
+    """Runtime code from outside ``sndr`` (and the pack that ships ``source``): refused at load time with the
+    line, as the startup hook refuses it (:func:`sndr.packs.module_allowed`), so apply and --verify never say
+    ok for a patch no vLLM process would run."""
+    from .packs import module_allowed
+
+    named: list[tuple[tuple[str | int, ...], str]] = [
+        (("runtime", i, "replacement"), r.replacement.split(":", 1)[0]) for i, r in enumerate(patch.runtime)]
+    if patch.module:
+        named.append((("module",), patch.module))
+    bad = [(loc, mod) for loc, mod in named if not module_allowed(mod)]
+    if not bad:
+        return []
+    from .packs import pack_of_source
+
+    pack = pack_of_source(source)
+    allowed = ["sndr"] + ([pack.module] if pack is not None else [])
+    bad = [(loc, mod) for loc, mod in bad if not module_allowed(mod, *allowed[1:])]
+    if not bad:
+        return []
+    try:
+        text = Path(source).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    return [Problem("module_outside", f"module {mod} is outside {' and '.join(allowed)}: no vLLM process would run "
+                    f"its code (the startup hook refuses it)", file=source, line=_key_line(text, loc) if text else None,
+                    key=_loc_str(loc), patch=patch.id, hint="runtime code lives in sndr or in the plugin pack that "
+                    "ships the patch") for loc, mod in bad]
 
 
 def _source_line(source: str | None, key: str, value: str | None = None) -> int | None:

@@ -22,7 +22,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .commit import atomic_write
 from .errors import EXIT_FINDINGS, EXIT_OK, bad_input
 from .load import PatchSet, load_patch_set, shipped_anchors_dir
 from .model import Patch, Verdict
@@ -293,13 +292,14 @@ def write_manifest(manifest: Manifest, out: Path) -> Path:
     ``out`` is a directory (``vllm-<version>.json`` is written into it) or, when
     it names a ``.json`` file, that file.
     """
+    from .cli import write_output
+
     if out_is_file(out):
         target = out
-        target.parent.mkdir(parents=True, exist_ok=True)
     else:
         out.mkdir(parents=True, exist_ok=True)
         target = out / manifest_name(manifest.vllm_version)
-    atomic_write(target, manifest.to_json().encode("utf-8"))
+    write_output(target, manifest.to_json(), "--out")  # the one output writer: no symlink, FIFO or device
     return target
 
 
@@ -389,6 +389,10 @@ def _build_cmd(args) -> int:
 
     refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
     to_file = out_is_file(out)  # refuses an --out that is neither a directory nor a .json file, before any work
+    if to_file:
+        from .cli import check_output
+
+        check_output(out, "--out")
     spec = args.tree
     if spec is None:
         pins = _pin_trees(out.parent if to_file else out, None)

@@ -347,6 +347,14 @@ class Ledger(BaseModel):
     left_out: dict[str, LeftOut] = Field(default_factory=dict, description="enabled patches left out whole, and why")
     checksum: str = Field(default="", description="sha256 of the ledger without this field; catches hand edits")
 
+    @field_validator("files")
+    @classmethod
+    def _files_inside_the_tree(cls, v: dict[str, LedgerFile]) -> dict[str, LedgerFile]:
+        # A ledger (even with a valid checksum) names only relative paths inside the tree: no NUL, no '..'.
+        for rel in v:
+            _check_relpath(rel)
+        return v
+
     def compute_checksum(self) -> str:
         body = self.model_dump(mode="json", exclude={"checksum"})
         return hashlib.sha256(canonical_json(body).encode()).hexdigest()

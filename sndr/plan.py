@@ -831,6 +831,10 @@ def _compile_check(changes: dict[str, FileChange], files: dict[str, FileState]) 
         except ValueError as exc:
             problems.append(Problem("compile_error", f"patched file does not compile: {exc}", file=path,
                                     patch=", ".join(ch.patches)))
+        except (MemoryError, RecursionError) as exc:  # e.g. 200,000 unary minus signs: the parser gives up
+            problems.append(Problem("compile_error", f"patched file does not compile: it is nested too deeply for "
+                                    f"the Python parser ({type(exc).__name__})", file=path,
+                                    patch=", ".join(ch.patches)))
     return problems
 
 

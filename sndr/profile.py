@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
-from .fsio import FileProblem, read_text_strict
+from .fsio import FileProblem, read_regular, read_text_strict
 
 #: The predicate keys: key -> (kind, meaning). ``str`` keys match a value or a
 #: list of values (shell-style patterns such as ``"fp8*"`` allowed);
@@ -312,11 +312,12 @@ def active_fingerprint(environ=None) -> str:
     path = environ.get(PROFILE)
     if not path:
         return ""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(1 << 20)
-    except OSError as exc:
-        data = f"unreadable: {exc.errno}".encode()
+    try:  # never a blocking open: a FIFO or device at SNDR_PROFILE is refused (load_profile says why)
+        data = read_regular(path, 1 << 20, what="profile")
+    except FileProblem as exc:
+        data = f"unreadable: {exc.code}".encode()
+    except ValueError:  # a NUL in the path
+        data = b"unreadable: bad path"
     return hashlib.sha256(path.encode() + b"\0" + data).hexdigest()
 
 
@@ -454,17 +455,15 @@ def _model_config(model: str | None, revision: str | None, environ) -> tuple[dic
         repo = os.path.join(hub, "models--" + model.replace("/", "--"))
         ref = os.path.join(repo, "refs", revision or "main")
         try:
-            with open(ref) as fh:
-                commit = fh.read().strip()
+            commit = read_regular(ref, 4096, what="model ref").decode("utf-8", "replace").strip()
             candidates.append(os.path.join(repo, "snapshots", commit, "config.json"))
-        except OSError:
+        except (FileProblem, ValueError):
             if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
                 candidates.append(os.path.join(repo, "snapshots", revision, "config.json"))
     for path in candidates:
-        try:
-            with open(path, "rb") as fh:
-                config = json.loads(fh.read(4 << 20))
-        except (OSError, ValueError):
+        try:  # a FIFO or device is refused without blocking, a huge file without reading it
+            config = json.loads(read_regular(path, 4 << 20, what="model config"))
+        except (FileProblem, ValueError, RecursionError):
             continue
         if isinstance(config, dict):
             return config, path

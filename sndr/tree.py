@@ -627,17 +627,44 @@ def _version_of_name(name: str) -> Version | None:
         return None
 
 
+def _ours(path: Path) -> bool:
+    """A fetched tree is used only when this uid made it and nobody else can write into it."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    import stat as _stat
+
+    return _stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def _cached_tree(cache: Path, want: Version) -> Path | None:
     trees = cache / "trees"
     exact = trees / f"{_PKG}-{want}"
-    if (exact / ".complete").is_file():
+    if _ours(exact) and (exact / ".complete").is_file():
         return exact
     if not trees.is_dir():
         return None
     for d in sorted(trees.iterdir()):
-        if d.suffix != ".tmp" and _version_of_name(d.name) == want and (d / ".complete").is_file():
+        if d.suffix != ".tmp" and _version_of_name(d.name) == want and _ours(d) and (d / ".complete").is_file():
             return d
     return None
+
+
+def trusted_cache_root() -> Path:
+    """The cache root for fetched trees, under the cache-root rule (:mod:`sndr.caches`): a root another
+    uid could change is refused (``cache_unsafe``), never read from or fetched into."""
+    from . import caches
+    from .fsio import UnsafeDirError
+
+    try:
+        for name in ("trees", "wheels", "locks"):
+            caches.require_dir(name, "tree cache").close()
+    except UnsafeDirError as exc:
+        raise bad_input("cache_unsafe", f"{exc}; a vllm==X tree is never read from or fetched into a cache "
+                        f"another user could change", file=exc.path,
+                        hint=f"set {env.CACHE_DIR} to a directory only you can write (sndr creates it 0700)") from None
+    return Path(caches.root_path())
 
 
 def _cached_wheel(cache: Path, want: Version) -> Path | None:
@@ -775,13 +802,14 @@ def fetch_version(version: str) -> Path:
     """Cached root (contains ``vllm/``) of a published vLLM version, fetching it once.
 
     Order: a complete cached tree (no network), then a cached wheel, then
-    ``pip download``. A file lock makes parallel processes (pytest-xdist,
+    ``pip download``. The cache root must pass the cache-root rule
+    (:func:`trusted_cache_root`); a cached tree is used only when this uid made it. A file lock makes parallel processes (pytest-xdist,
     several CI jobs) fetch at most once.
     """
     from filelock import FileLock
 
     want = _want_version(version)
-    cache = env.cache_dir()
+    cache = trusted_cache_root()
     hit = _cached_tree(cache, want)
     if hit is not None:
         return hit

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_OK, bad_input
 from ..load import load_patch_set
@@ -32,14 +31,10 @@ def _parse_fail_on(values: list[str] | None) -> list[str]:
     return out or ["drift"]
 
 
-def _write(dest: str, text: str) -> None:
-    if dest == "-":
-        sys.stdout.write(text)
-        return
-    p = Path(dest)
-    if p.parent and not p.parent.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text, encoding="utf-8")
+def _write(dest: str, text: str, flag: str) -> None:
+    from ..cli import write_output
+
+    write_output(dest, text, flag)  # the one output writer: '-', or an atomic replace of a path of ours
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +102,11 @@ def _main(argv: list[str]) -> int:
         raise bad_input("stdout_conflict", f"{' and '.join(to_stdout)} would both write to stdout",
                         hint="send all but one to a file")
     via = _via(args.via)
+    from ..cli import check_output
+
+    for flag in ("json", "markdown", "sarif"):
+        if getattr(args, flag):
+            check_output(getattr(args, flag), f"--{flag}")  # before any work
     _enable_caches()
     patch_set = load_patch_set(args.patches)
     only = [i.strip() for i in args.only.split(",") if i.strip()] if args.only else None
@@ -116,11 +116,11 @@ def _main(argv: list[str]) -> int:
                            enable_all=args.enable_all, fail_on=fail_on, via=via)
     elapsed = time.perf_counter() - t0
     if args.json:
-        _write(args.json, report.model_dump_json(indent=2) + "\n")
+        _write(args.json, report.model_dump_json(indent=2) + "\n", "--json")
     if args.markdown:
-        _write(args.markdown, render_markdown(report, patch_set))
+        _write(args.markdown, render_markdown(report, patch_set), "--markdown")
     if args.sarif:
-        _write(args.sarif, json.dumps(render_sarif(report), indent=2) + "\n")
+        _write(args.sarif, json.dumps(render_sarif(report), indent=2) + "\n", "--sarif")
     if args.github:
         for line in github_annotations(report):
             print(line)

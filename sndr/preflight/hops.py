@@ -63,9 +63,11 @@ def _published_versions() -> list[str]:
 
 
 def _cached_versions() -> list[str]:
-    trees = env.cache_dir() / "trees"
+    from .. import caches
+
+    trees = caches.dir_path("trees", "tree cache", without="no cached release is listed")
     out = []
-    if trees.is_dir():
+    if trees is not None:
         for d in trees.iterdir():
             if d.name.startswith("vllm-") and (d / ".complete").is_file():
                 out.append(d.name[len("vllm-"):])
@@ -181,20 +183,25 @@ def _remember(key: str, state: _TreeState) -> None:
 
 def _changed(a: Snapshot, b: Snapshot) -> list[str]:
     """Candidate files new or changed between two trees; kept on disk per pair of tree digests."""
-    cache = env.cache_dir() / "preflight" / "changed"
-    path = cache / f"{a.digest[:20]}-{b.digest[:20]}.json"
-    try:
-        return list(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        pass
-    changed, _ = changed_files(a, b)
-    try:
-        from ..fsio import atomic_write
+    from .. import caches
 
-        cache.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(changed).encode(), durable=False)
-    except Exception:  # noqa: BLE001 - a cache that cannot be written is only slower
-        pass
+    cache = caches.open_dir("preflight/changed", "preflight cache", without="changed files are listed again")
+    name = f"{a.digest[:20]}-{b.digest[:20]}.json"
+    if cache is not None:
+        try:
+            hit = cache.get_sealed("changed", name)
+            got = json.loads(hit) if hit is not None else None
+            if isinstance(got, list) and all(isinstance(x, str) for x in got):
+                return got
+        except ValueError:
+            pass
+    changed, _ = changed_files(a, b)
+    if cache is not None:
+        try:
+            cache.put_sealed("changed", name, json.dumps(changed).encode())
+        except OSError:  # a cache that cannot be written is only slower
+            pass
+        cache.close()
     return changed
 
 

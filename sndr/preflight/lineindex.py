@@ -26,7 +26,7 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .. import env, fsio
+from .. import fsio
 
 __all__ = ["Lazy", "MemoryIndex", "TreeIndex", "tree_index", "for_snapshot", "MIN_LINE"]
 
@@ -74,6 +74,7 @@ class TreeIndex:
 
     def __init__(self, path: Path):
         self.path = path
+        self.damaged = False
         self._db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
         self._names = [rel for (rel,) in self._db.execute("SELECT rel FROM files ORDER BY id")]
 
@@ -84,9 +85,33 @@ class TreeIndex:
         for i in range(0, len(want), _BATCH):
             chunk = want[i:i + _BATCH]
             q = f"SELECT line, ids FROM lines WHERE line IN ({','.join('?' * len(chunk))})"
-            for line, ids in self._db.execute(q, chunk):
-                out[line] = [names[int(x)] for x in ids.split()]
+            try:
+                rows = self._db.execute(q, chunk).fetchall()
+            except sqlite3.Error as exc:
+                return self._damaged(out, str(exc))
+            for line, ids in rows:
+                got = []
+                for x in str(ids).split():
+                    if not x.isdigit() or int(x) >= len(names):
+                        return self._damaged(out, f"row {line!r} names file id {x!r} of {len(names)}")
+                    got.append(names[int(x)])
+                out[line] = got
         return out
+
+    def _damaged(self, out: dict[str, list[str]], why: str) -> dict[str, list[str]]:
+        """A damaged index answers nothing (a suggestion can only get worse, never wrong): said once,
+        and the entry removed so that the next run rebuilds it."""
+        import sys
+
+        if not self.damaged:
+            self.damaged = True
+            print(f"sndr: {self.path}: the line index is damaged ({why}); it is ignored and rebuilt on the "
+                  f"next run", file=sys.stderr)
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+        return {s: [] for s in out}
 
     def close(self) -> None:
         self._db.close()
@@ -136,7 +161,15 @@ def tree_index(digest: str, files: Callable[[], list[str]], text_of: Callable[[s
     """The on-disk index of the tree with ``digest`` (built on first use); None when no cache can hold it."""
     if digest in _OPEN:
         return _OPEN[digest]
-    base = (root or env.cache_root()) / "preflight"
+    if root is not None:
+        base = root / "preflight"
+    else:
+        from .. import caches
+
+        checked = caches.dir_path("preflight", "preflight cache", without="the line index is kept in memory")
+        if checked is None:
+            return None
+        base = checked
     path = base / f"lines-{_VERSION}-{digest[:40]}.sqlite"
     for _attempt in (0, 1):
         if not path.is_file():
@@ -147,6 +180,9 @@ def tree_index(digest: str, files: Callable[[], list[str]], text_of: Callable[[s
         try:
             idx = TreeIndex(path)
             idx.lookup(["import os"])  # a damaged file fails here
+            if idx.damaged:  # said and removed by the lookup: build it again
+                idx.close()
+                continue
         except sqlite3.Error:
             try:
                 path.unlink()

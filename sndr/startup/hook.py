@@ -272,14 +272,22 @@ def _tree_root(environ) -> str | None:
 def _read_ledger(root: str, state: _Process) -> dict | None:
     import json
 
-    data = importer._read(os.path.join(root, ".sndr", "ledger.json"))
-    if data is None:
+    from ..fsio import FileProblem, read_regular
+
+    path = os.path.join(root, ".sndr", "ledger.json")
+    try:  # never a blocking open: a FIFO or device ledger is refused at once (SNDR_STRICT aborts, no hang)
+        data = read_regular(path, 64 << 20, what="the ledger", follow_symlinks=False)
+    except FileProblem as exc:
+        if exc.code == "not_found":
+            return None
+        state.problems.append(f"{exc}; text patches cannot be verified ({exc.code})")
+        state.missing.append(f"ledger: {exc.message}, no text patch can be verified")
         return None
     try:
         ledger = json.loads(data)
         assert isinstance(ledger, dict) and ledger.get("format") == 1 and isinstance(ledger.get("files"), dict)
         return ledger
-    except (ValueError, AssertionError):
+    except (ValueError, AssertionError, RecursionError):
         state.problems.append(f"{root}/.sndr/ledger.json is corrupt; text patches cannot be verified")
         state.missing.append("ledger: unreadable, no text patch can be verified")
         return None

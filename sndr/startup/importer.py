@@ -63,10 +63,12 @@ def _sha256(data: bytes) -> str:
 
 
 def _read(path: str) -> bytes | None:
+    """A regular file's bytes, or None when it is missing or cannot be one: a FIFO, device or directory
+    (refused without blocking: :func:`sndr.fsio.read_regular`), a symlink loop, a name too long, a NUL."""
+    fsio = _fsio()
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return fsio.read_regular(path)
+    except (fsio.FileProblem, ValueError):
         return None
 
 
@@ -142,14 +144,17 @@ class HookCache:
         memo/<name>.json     hmac(32) + resolved patch sets, memory plans, bindings, pack discovery
 
     The directories are reached by a walk from ``/`` that refuses symlinks and
-    any directory another uid could change (:class:`sndr.fsio.PrivateDir`), and
+    any directory another uid could change (the cache-root rule,
+    :func:`sndr.caches.require_dir`, over :class:`sndr.fsio.PrivateDir`), and
     every read and write goes through their held fds. So an entry is used only
     when this uid wrote it, for exactly this name: a code object is only ever
     the one compiled from the patched source whose sha256 this process computed.
     """
 
     def __init__(self, root: str):
-        hook = open_private(os.path.join(root, "hook"), "code cache")
+        from ..caches import require_dir  # the cache-root rule (one decision for every cache)
+
+        hook = require_dir("hook", "code cache", root=root)
         self._hook = hook
         self._code = hook.sub("code", "code cache")
         self._src = hook.sub("src", "code cache")

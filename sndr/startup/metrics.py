@@ -171,12 +171,13 @@ def write_textfile(path: str, records: list[dict[str, Any]], findings: list[str]
     """Write every record's gauges (``pid`` labelled) plus ``sndr_status_ok`` to ``path``, atomically.
 
     Uses ``prometheus_client``'s exposition writer on a private registry; the
-    file is replaced with :func:`sndr.fsio.atomic_write`, so the collector never
-    reads half a file.
+    file is written by the one output writer (:func:`sndr.cli.write_output`): an
+    atomic replace, so the collector never reads half a file, and never over a
+    symlink, FIFO, device or another user's file (refused, exit 2).
     """
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-    from ..fsio import atomic_write
+    from ..cli import write_output
 
     reg = CollectorRegistry()
     info = Gauge(INFO, _DOC[INFO], ["digest", "pin", "mode", "role", "pid"], registry=reg)
@@ -196,4 +197,4 @@ def write_textfile(path: str, records: list[dict[str, Any]], findings: list[str]
         counts[RUNTIME_ACTIVE].labels(f.role, pid).set(f.runtime_active)
     ok.set(0 if findings else 1)
     nfind.set(len(findings))
-    atomic_write(path, generate_latest(reg), mode=0o644)
+    write_output(path, generate_latest(reg), "--prometheus", mode=0o644)

@@ -118,15 +118,15 @@ def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importe
 
 
 def _read_state(sfd: int, name: str) -> bytes | None:
+    """``.sndr/<name>``'s bytes; None when it does not exist; ``b""`` (unusable: the full verifier decides)
+    when it is there but not a regular file sndr can read: a FIFO or device is never opened for a blocking
+    read (:func:`sndr.fsio.read_regular`), a symlink never followed."""
+    from ..fsio import FileProblem, read_regular
+
     try:
-        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=sfd)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read()
-    finally:
-        os.close(fd)
+        return read_regular(name, 64 << 20, what=f".sndr/{name}", dir_fd=sfd, follow_symlinks=False)
+    except FileProblem as exc:
+        return None if exc.code == "not_found" else b""
 
 
 def _ledger_ok(raw: bytes) -> dict[str, Any] | None:

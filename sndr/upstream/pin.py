@@ -122,6 +122,8 @@ def _read_json(path: Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad_input("bad_json", f"malformed JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit integer (int max str digits), nesting too deep
+        raise bad_input("bad_json", f"unusable JSON: {str(exc).split(';')[0]}", file=str(path)) from None
 
 
 def _target_matches(to: str, version: str | None, sha: str | None) -> bool | None:
@@ -382,6 +384,8 @@ def benchmark_ref_problem(path: Path) -> str | None:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             return f"benchmark reference {path} is not valid JSON ({exc.msg} at line {exc.lineno})"
+        except (ValueError, RecursionError) as exc:  # a 5,000-digit integer, nesting too deep
+            return f"benchmark reference {path} is not usable JSON ({str(exc).split(';')[0]})"
         if not _has_number(obj):
             return f"benchmark reference {path} holds no measurement (a JSON reference needs at least one number)"
         return None

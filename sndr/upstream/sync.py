@@ -337,8 +337,12 @@ def _range_warnings(rep: QueueReport) -> list[str]:
 
 
 def _plan_cmd(args) -> int:
+    from ..cli import check_output
     from ..load import load_patch_set
 
+    for flag, dest in (("--json", args.json), ("--md", args.md)):
+        if dest:
+            check_output(dest, flag)  # before any work: a refused output path changes nothing
     ps = load_patch_set(args.patches)
     globs = list(args.surface)
     config = Path(args.config) if args.config else (Path(ps.directory) / SYNC_CONFIG_NAME if ps.directory else None)
@@ -369,12 +373,12 @@ def _plan_cmd(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     text_json = rep.model_dump_json(indent=2)
     text_md = render_markdown(rep)
-    from ..fsio import atomic_write
+    from ..cli import write_output
 
     if args.json and args.json != "-":
-        atomic_write(args.json, (text_json + "\n").encode("utf-8"), durable=False)
+        write_output(args.json, text_json + "\n", "--json")
     if args.md and args.md != "-":
-        atomic_write(args.md, (text_md + "\n").encode("utf-8"), durable=False)
+        write_output(args.md, text_md + "\n", "--md")
     c = rep.counts
     summary = (f"{c.get('commits', 0)} commits in {args.from_ref}..{args.to_ref} (merge-base "
                f"{(rep.merge_base or '')[:10]}), {c.get('mirrored', 0)} on the surface: {c.get('queued', 0)} queued "

@@ -207,4 +207,6 @@ def load_preflight(path: Path | str) -> PreflightFacts:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad_input("bad_json", f"malformed JSON: {exc.msg}", file=str(path), line=exc.lineno) from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit integer (int max str digits), nesting too deep
+        raise bad_input("bad_json", f"unusable JSON: {str(exc).split(';')[0]}", file=str(path)) from None
     return PreflightFacts.from_json(data, str(path))

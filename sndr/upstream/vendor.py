@@ -40,7 +40,6 @@ from pydantic import ValidationError
 
 from ..classify import classify_edit
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
-from ..fsio import atomic_write
 from ..load import PatchSet
 from ..locate import scopes
 from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
@@ -988,7 +987,11 @@ def cli_main(argv: list[str] | None = None) -> int:
 
 
 def _vendor(args) -> int:
+    from ..cli import check_output, write_output
     from ..tree import open_tree
+
+    if args.json:
+        check_output(args.json, "--json")  # before any work: a refused output path changes nothing
 
     if args.diff == "-":
         diff_text = sys.stdin.buffer.read().decode("utf-8")
@@ -1024,15 +1027,10 @@ def _vendor(args) -> int:
             if same_id:
                 raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
                                         file=str(same_id[0]), key="--id"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, text.encode("utf-8"))
+        write_output(target, text, "the patch file")
     if args.stdout and res.ok:
         sys.stdout.write(res.written()[1])
     _print_result(res, target, args.quiet)
     if args.json:
-        data = json.dumps(res.to_json(), indent=2) + "\n"
-        if args.json == "-":
-            sys.stdout.write(data)
-        else:
-            atomic_write(args.json, data.encode("utf-8"), durable=False)
+        write_output(args.json, json.dumps(res.to_json(), indent=2) + "\n", "--json")
     return res.exit_code

@@ -108,12 +108,14 @@ def test_cubin_cache_is_keyed_by_source_and_defines(tmp_path, monkeypatch):
     _nvrtc_or_skip()
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
     src = 'extern "C" __global__ void k(int* p) { p[0] = V; }\n'
+    monkeypatch.setattr(_cudart, "_CUBIN_DIRS", {})
     a = _cudart.compile_cubin(src, "k", "90", {"V": 1})
-    files = sorted((tmp_path / "cubin").iterdir())
-    assert len(files) == 1 and files[0].read_bytes() == a
+    files = sorted(f for f in (tmp_path / "cubin").iterdir() if f.name != ".secret")
+    # sealed: a 32-byte HMAC under cubin/.secret, then the cubin (tests/reliability/test_trust_boundaries.py)
+    assert len(files) == 1 and files[0].read_bytes()[32:] == a
     assert _cudart.compile_cubin(src, "k", "90", {"V": 1}) == a  # from the cache
     _cudart.compile_cubin(src, "k", "90", {"V": 2})
-    assert len(list((tmp_path / "cubin").iterdir())) == 2
+    assert len([f for f in (tmp_path / "cubin").iterdir() if f.name != ".secret"]) == 2
 
 
 def test_missing_nvrtc_is_a_clear_error(monkeypatch):

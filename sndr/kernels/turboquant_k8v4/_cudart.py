@@ -4,7 +4,8 @@ No build step and no compiler in the image: NVRTC (``libnvrtc``) ships with
 every CUDA build of torch (the ``nvidia-cuda-nvrtc`` wheel) and the driver
 library (``libcuda.so.1``) with every GPU. A kernel is compiled once per
 (source, defines, GPU architecture, NVRTC version) to a cubin, cached on disk
-under ``$SNDR_CACHE_DIR/cubin`` (default ``~/.cache/sndr/cubin``), and loaded
+under ``$SNDR_CACHE_DIR/cubin`` (default ``~/.cache/sndr/cubin``, sealed entries under the
+cache-root rule of :mod:`sndr.caches`, like the hook's code cache), and loaded
 into the current device's primary context, the one torch uses. Launches go
 onto torch's current stream, so they are captured by ``torch.cuda.graph``.
 
@@ -28,8 +29,8 @@ from pathlib import Path
 from ... import env as sndr_env
 from ... import fsio
 
-__all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "Launch", "compile_cubin", "load_module",
-           "load_kernel", "nvrtc_version"]
+__all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "Launch", "compile_cubin", "cubin_cache", "cubin_key",
+           "load_module", "load_kernel", "nvrtc_version"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -129,18 +130,39 @@ def _check(rc: int, what: str) -> None:
         raise CudaError(f"{what}: {msg.value.decode() if msg.value else 'error'} ({rc})")
 
 
+_CUBIN_DIRS: dict[str, fsio.PrivateDir | None] = {}
+
+
+def cubin_cache() -> fsio.PrivateDir | None:
+    """``<cache root>/cubin`` under the cache-root rule (:func:`sndr.caches.open_dir`), opened once per
+    process and root; None when the root or the directory is refused (then every kernel is compiled)."""
+    from ... import caches
+
+    root = caches.root_path()
+    if root not in _CUBIN_DIRS:
+        with _LOCK:
+            if root not in _CUBIN_DIRS:
+                _CUBIN_DIRS[root] = caches.open_dir("cubin", "cubin cache", root=root,
+                                                    without="every kernel is compiled with NVRTC instead")
+    return _CUBIN_DIRS[root]
+
+
 def cache_dir() -> Path:
-    return sndr_env.cache_dir() / "cubin"
+    """Where the cubin cache lives (for messages; reads and writes go through :func:`cubin_cache`)."""
+    return Path(sndr_env.cache_root()) / "cubin"
 
 
-def compile_cubin(source: str, name: str, arch: str, defines: dict[str, int | str], *, cache: bool = True) -> bytes:
-    """CUDA C++ -> cubin for ``sm_<arch>`` (e.g. "90"), cached on disk."""
+def _options(arch: str, defines: dict[str, int | str]) -> list[str]:
     opts = [f"--gpu-architecture=sm_{arch}", "-std=c++17", "--use_fast_math"]
-    opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    key = hashlib.sha256("\0".join([source, name, *opts, repr(nvrtc_version())]).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{name}-sm{arch}-{key}.cubin"
-    if cache and path.is_file():
-        return path.read_bytes()
+    return opts + [f"-D{k}={v}" for k, v in sorted(defines.items())]
+
+
+def cubin_key(source: str, name: str, opts: list[str], nvrtc: tuple[int, int]) -> str:
+    """The cache entry's name: a sha256 this process computes over the exact source, options and NVRTC."""
+    return hashlib.sha256("\0".join([source, name, *opts, repr(nvrtc)]).encode()).hexdigest()
+
+
+def _nvrtc_compile(source: str, name: str, opts: list[str]) -> bytes:
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     _check_nvrtc(lib, lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None))
@@ -156,13 +178,33 @@ def compile_cubin(source: str, name: str, arch: str, defines: dict[str, int | st
         _check_nvrtc(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
         buf = ctypes.create_string_buffer(size.value)
         _check_nvrtc(lib, lib.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
-        cubin = buf.raw
+        return buf.raw
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    if cache:
+
+
+def compile_cubin(source: str, name: str, arch: str, defines: dict[str, int | str], *, cache: bool = True) -> bytes:
+    """CUDA C++ -> cubin for ``sm_<arch>`` (e.g. "90"), cached on disk under the hook cache's trust rules.
+
+    The entry ``<name>-sm<arch>-<key>.cubin`` (key: :func:`cubin_key`, computed
+    here from the source this process holds) is sealed with the cubin
+    directory's 0600 secret over its name and bytes. A cubin is loaded from the
+    cache only when it carries that seal: one planted by another uid, copied
+    from another cache, stored under another kernel's key or damaged is
+    ignored and the kernel compiled again. Under a cache root that fails the
+    rule (:mod:`sndr.caches`), no cubin is read or written at all.
+    """
+    opts = _options(arch, defines)
+    entry = f"{name}-sm{arch}-{cubin_key(source, name, opts, nvrtc_version())}.cubin"
+    d = cubin_cache() if cache else None
+    if d is not None:
+        hit = d.get_sealed("cubin", entry)
+        if hit is not None:
+            return hit
+    cubin = _nvrtc_compile(source, name, opts)
+    if d is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fsio.atomic_write(path, cubin, durable=False)
+            d.put_sealed("cubin", entry, cubin)
         except OSError:  # a read-only cache costs a recompile, nothing more
             pass
     return cubin

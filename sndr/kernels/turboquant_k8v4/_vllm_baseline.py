@@ -32,8 +32,11 @@ def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
         out.append(Path(os.environ[sndr_env.TQ_BASELINE]))
     root = repo_root or Path(__file__).resolve().parents[3]
     out.append(root / ".baselines" / "vllm032_tq")
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    out.append(cache / "sndr" / "trees" / "vllm-0.32.0" / "vllm" / "v1" / "attention" / "ops")
+    from ... import caches  # the cache-root rule: code is never loaded from a cache another uid could change
+
+    trees = caches.dir_path("trees", "tree cache", without="the cached 0.32.0 tree is not a baseline candidate")
+    if trees is not None:
+        out.append(trees / "vllm-0.32.0" / "vllm" / "v1" / "attention" / "ops")
     return out
 
 
