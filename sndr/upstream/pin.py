@@ -15,7 +15,12 @@ every gate passes, and names each gate that fails:
 - **benchmark**: the denominator. A benchmark reference re-measured on the
   target, a file the operator names (``--benchmark-ref``), newer than the
   preflight. Required unless ``--no-benchmark-ref`` says why not; recorded in
-  the pin with its sha256.
+  the pin with its sha256;
+- **performance**: each plugin the preflight's performance section marks
+  ``re-measure`` (vLLM's competing code changed) has a ``--perf-ref`` JSON
+  (``{"plugin": ID, "vllm": TARGET, ...measurements}``, the plugin's benchmark
+  against the target's kernels, newer than the preflight) or a
+  ``--no-perf-ref ID=REASON``; both are recorded in the pin.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ class PinRecord(BaseModel):
     benchmark_ref: str | None = Field(default=None, description="the re-measured benchmark reference (path)")
     benchmark_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     benchmark_waived: str | None = Field(default=None, description="why no benchmark reference was required")
+    perf_refs: list[str] | None = Field(default=None, description="per plugin to re-measure: 'ID path sha256' of "
+                                        "its benchmark against the target's kernels (--perf-ref)")
+    perf_waived: list[str] | None = Field(default=None, description="per plugin to re-measure: 'ID: reason' it "
+                                          "was not re-measured (--no-perf-ref ID=REASON)")
 
     def to_toml(self) -> str:
         lines = ["# The pin: written by `python -m sndr pin advance` when every gate passes."]
@@ -405,11 +414,85 @@ def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None
     return PinGate("benchmark", True, f"{path} re-measured after the preflight")
 
 
+def _perf_ref_facts(path: Path) -> tuple[set[str], str | None, str | None]:
+    """(plugins it measures, the vLLM version whose kernels it ran against, why it is no perf ref)."""
+    if (why := benchmark_ref_problem(path)) is not None:
+        return set(), None, why.replace("benchmark reference", "performance reference")
+    from ..fsio import read_regular
+
+    try:
+        data = json.loads(read_regular(path, what="performance reference"))
+    except ValueError:
+        return set(), None, f"performance reference {path} is not JSON (the plugin benchmark's --json output)"
+    if not isinstance(data, dict):
+        return set(), None, f"performance reference {path} is not a JSON object"
+    plugins = data.get("plugins", [data.get("plugin")] if data.get("plugin") else [])
+    vllm = data.get("vllm")
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins) or not plugins:
+        return set(), None, f"performance reference {path} names no plugin (\"plugin\": \"PKnnnn\")"
+    if not isinstance(vllm, str) or not vllm:
+        return set(), None, (f"performance reference {path} does not say which vLLM's kernels it measured against "
+                             "(\"vllm\": \"X\", the benchmark's --vllm X)")
+    return set(plugins), vllm, None
+
+
+def gate_performance(pre: dict, preflight: Path | None, refs: list[Path], waived: dict[str, str],
+                     to: str) -> tuple[PinGate, list[str], list[str]]:
+    """Plugins the preflight says to ``re-measure`` (their vLLM competitor changed): each needs a performance
+    reference (``--perf-ref``: the plugin's benchmark JSON, run against the target's kernels, newer than the
+    preflight) or a waiver with a reason (``--no-perf-ref ID=REASON``). Returns (gate, refs, waivers) to record."""
+    if not isinstance(pre, dict) or not pre:
+        return PinGate("performance", False, "no preflight report to read the performance section from"), [], []
+    section = pre.get("performance")
+    if not isinstance(section, list):
+        return PinGate("performance", False, f"{preflight} has no performance section (a preflight of an older "
+                       "sndr): re-run the preflight"), [], []
+    due = sorted(str(p.get("id")) for p in section if isinstance(p, dict) and p.get("verdict") == "re-measure")
+    target = _norm_version(to)
+    covered: dict[str, str] = {}
+    problems: list[str] = []
+    for path in refs:
+        if not path.is_file():
+            problems.append(f"performance reference {path} does not exist")
+            continue
+        plugins, vllm, why = _perf_ref_facts(path)
+        if why is not None:
+            problems.append(why)
+            continue
+        if vllm is not None and _norm_version(vllm) != target:
+            problems.append(f"performance reference {path} measured against vLLM {vllm}'s kernels, not {target}")
+            continue
+        if preflight is not None and preflight.is_file() and path.stat().st_mtime < preflight.stat().st_mtime:
+            problems.append(f"performance reference {path} is older than the preflight {preflight}: re-measure")
+            continue
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        for p in sorted(plugins):
+            covered[p] = f"{p} {path} {digest}"
+    unknown = sorted(set(waived) - set(due))
+    if unknown:
+        problems.append(f"--no-perf-ref names {', '.join(unknown)}, which the preflight does not ask to re-measure")
+    missing = [p for p in due if p not in covered and p not in waived]
+    if missing:
+        problems.append(f"{', '.join(missing)}: vLLM's competing code changed (preflight verdict re-measure); run "
+                        "the plugin's benchmark against the target's kernels and pass its JSON with --perf-ref, or "
+                        "--no-perf-ref ID=REASON")
+    if problems:
+        return PinGate("performance", False, "; ".join(problems)), [], []
+    if not due:
+        return PinGate("performance", True, "no performance plugin to re-measure"), [], []
+    used = [covered[p] for p in due if p in covered]
+    waivers = [f"{p}: {waived[p]}" for p in due if p not in covered]
+    parts = [f"{p} re-measured ({covered[p].split(' ')[1]})" if p in covered else f"{p} waived: {waived[p]}"
+             for p in due]
+    return PinGate("performance", True, "; ".join(parts)), used, waivers
+
+
 def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Path | None = None,
             anchors_dir: Path | None = None, patch_set=None, pin_path: Path | None = None,
             version: str | None = None, tree_digest: str | None = None, dry_run: bool = False,
             decisions: Path | Decisions | None = None, benchmark: Path | None = None,
-            benchmark_waived: str | None = None) -> tuple[list[PinGate], PinRecord | None]:
+            benchmark_waived: str | None = None, perf_refs: list[Path] | None = None,
+            perf_waived: dict[str, str] | None = None) -> tuple[list[PinGate], PinRecord | None]:
     """Check every gate; write the pin record when all pass (and not ``dry_run``)."""
     to = to.strip()
     if not to:
@@ -443,6 +526,9 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     gates.append(gate_deviations(rep, to, decisions))
     gates.append(gate_benchmark(Path(benchmark) if benchmark is not None else None,
                                 Path(preflight) if preflight is not None else None, benchmark_waived))
+    pg, used_refs, waivers = gate_performance(pre, Path(preflight) if preflight is not None else None,
+                                              [Path(p) for p in perf_refs or []], dict(perf_waived or {}), to)
+    gates.append(pg)
     if not all(g.ok for g in gates):
         return gates, None
     if version is None:
@@ -458,7 +544,8 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     bench_sha = hashlib.sha256(Path(benchmark).read_bytes()).hexdigest() if benchmark is not None else None
     record = PinRecord(version=_norm_version(version), sha=to if is_sha else None, tree_digest=tree_digest,
                        benchmark_ref=str(benchmark) if benchmark is not None else None, benchmark_sha256=bench_sha,
-                       benchmark_waived=benchmark_waived if benchmark is None else None)
+                       benchmark_waived=benchmark_waived if benchmark is None else None,
+                       perf_refs=used_refs or None, perf_waived=waivers or None)
     if not dry_run:
         from ..fsio import atomic_write
 
@@ -492,6 +579,12 @@ def pin_main(argv: list[str] | None = None) -> int:
                     "(required; must be newer than the preflight)")
     ad.add_argument("--no-benchmark-ref", metavar="REASON", help="advance without a benchmark reference; the "
                     "reason is recorded in the pin")
+    ad.add_argument("--perf-ref", metavar="FILE", action="append", default=[],
+                    help="a performance plugin's benchmark JSON ({\"plugin\": ID, \"vllm\": X, ...}) measured "
+                         "against the target's kernels, newer than the preflight; needed for each plugin the "
+                         "preflight marks re-measure (repeatable)")
+    ad.add_argument("--no-perf-ref", metavar="ID=REASON", action="append", default=[],
+                    help="advance without re-measuring plugin ID; the reason is recorded in the pin (repeatable)")
     ad.add_argument("--dry-run", action="store_true", help="check the gates, write nothing")
     try:
         args = p.parse_args(argv)
@@ -500,6 +593,17 @@ def pin_main(argv: list[str] | None = None) -> int:
     from ..cli import run
 
     return run("sndr pin", lambda: _pin(args), on_interrupt=lambda: "the pin file is unchanged (written atomically)")
+
+
+def _waivers(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        pid, sep, why = item.partition("=")
+        if not sep or not pid.strip() or not why.strip():
+            raise bad_input("usage", f"--no-perf-ref {item!r}: expected ID=REASON (e.g. PK0003=\"GDN path unused\")",
+                            key="--no-perf-ref")
+        out[pid.strip()] = why.strip()
+    return out
 
 
 def _pin(args) -> int:
@@ -531,7 +635,8 @@ def _pin(args) -> int:
                             tree_digest=digest, dry_run=args.dry_run,
                             decisions=Path(args.decisions) if args.decisions else pdir / DECISIONS_NAME,
                             benchmark=Path(args.benchmark_ref) if args.benchmark_ref else None,
-                            benchmark_waived=args.no_benchmark_ref)
+                            benchmark_waived=args.no_benchmark_ref,
+                            perf_refs=[Path(p) for p in args.perf_ref], perf_waived=_waivers(args.no_perf_ref))
     for g in gates:
         print(f"gate {g.name}: {'pass' if g.ok else 'FAIL'}: {g.reason}")
     if record is None:
