@@ -4,7 +4,7 @@ Each runs a small fixed problem of the deployment's own shape (head dim, query
 and KV heads, page size, query dtype; for PK0002 also K) through the kernel
 the plugin would launch and compares it with the float64 reference
 (:mod:`.reference`, :func:`.mtp_verify.reference`): three sequences (1 token,
-one page and a bit, 17 pages and a bit: one tile, a partial page, several KV
+one page and a bit, 4 pages and a bit: one tile, a partial page, several KV
 splits), seeded data, a random block table. Tolerance: relative L2 error
 :data:`TOLERANCE` (the kernels measure about 1.5e-3 with bf16 outputs, from
 the output rounding; a wrong kernel is off by order 1).
@@ -80,7 +80,7 @@ def identity(idx: int) -> tuple[dict, str]:
 
 
 def lengths(page: int) -> list[int]:
-    return [1, page + 3, 17 * page + 5]
+    return [1, page + 3, 4 * page + 5]
 
 
 def decode_problem(hq: int, hk: int, d: int, page: int, qdtype: torch.dtype, seed: int = 20261201):
