@@ -308,16 +308,20 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--no-table", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / ".bench")))
+    ap.add_argument("--vllm", default="0.32.0", metavar="X",
+                    help="time vLLM X's kernels as the baseline (.baselines/vllm-X_tq, the tree cache, else fetched); "
+                         "the JSON then names it: a `pin advance --perf-ref` for PK0002 on a bump to X")
     args = ap.parse_args(argv)
-    src = _vllm_baseline.find_dir(ROOT)
+    src = _vllm_baseline.find_dir(ROOT, args.vllm, fetch=True)
     if src is None:
-        log("vLLM 0.32.0's TurboQuant files not found (.baselines/vllm032_tq); copy them from the wheel")
+        log(f"vLLM {args.vllm}'s TurboQuant files not found (.baselines/vllm-{args.vllm}_tq); copy them from the wheel")
         return 2
     vl = _vllm_baseline.load(src)
     log("device:", _tq_gpu.device_line())
     bw = _tq_gpu.copy_bandwidth()
     log(f"copy bandwidth: {bw:.0f} GB/s (2 GiB device-to-device, read + write)")
-    out = {"device": _tq_gpu.device_line(), "copy_gbs": bw, "argv": sys.argv}
+    out = {"plugin": "PK0002", "vllm": args.vllm, "baseline_dir": str(src), "device": _tq_gpu.device_line(),
+           "copy_gbs": bw, "argv": sys.argv}
     if args.check:
         out["check"] = check(vl)
     t0 = time.time()

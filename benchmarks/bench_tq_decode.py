@@ -52,7 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _tq_gpu  # noqa: E402
 
-from sndr.kernels.turboquant_k8v4 import _vllm_baseline, cuda_decode, dispatch, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import (  # noqa: E402
+    _vllm_baseline,
+    cuda_decode,
+    dispatch,
+    kernels,
+    reference,
+    vllm_entry,
+)
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 D = 128
@@ -802,6 +809,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cuda-cells", default="1:8192:32,1:32768:32,8:8192:32,32:8192:32,64:8192:32,8:32768:32,"
                     "32:32768:32,64:32768:32,8:8192:64,32:32768:64")
     ap.add_argument("--baseline", default=None, help="folder with vLLM 0.32.0's three TurboQuant source files")
+    ap.add_argument("--vllm", default="0.32.0", metavar="X",
+                    help="time vLLM X's kernels as the baseline (.baselines/vllm-X_tq, the tree cache, else "
+                         "fetched); summary.json then names it: a `pin advance --perf-ref` for PK0001 on a bump to X")
     ap.add_argument("--bs", default="1,8,32,64")
     ap.add_argument("--ctxs", default="1024,8192,32768")
     ap.add_argument("--hqs", default="32,64")
@@ -813,7 +823,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
 
-    src = Path(args.baseline) if args.baseline else _vllm_baseline.find_dir(ROOT)
+    src = Path(args.baseline) if args.baseline else _vllm_baseline.find_dir(ROOT, args.vllm, fetch=True)
     if src is None:
         log("vLLM 0.32.0 TurboQuant sources not found; copy them to .baselines/vllm032_tq")
         return 2
@@ -829,7 +839,7 @@ def main(argv=None) -> int:
         device_line = f"CPU smoke test (Triton interpreter), torch {torch.__version__}, triton {triton.__version__}"
     log("device:", device_line)
     t0 = time.time()
-    summary = {"device": device_line}
+    summary = {"plugin": "PK0001", "vllm": args.vllm, "baseline_dir": str(src), "device": device_line}
     bw = copy_bandwidth()
     summary["copy_bandwidth_gbs"] = bw
     log(f"copy bandwidth: {bw:.0f} GB/s (read + write)")

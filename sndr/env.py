@@ -9,6 +9,9 @@ from pathlib import Path
 
 #: ``SNDR_ENABLE_<ID>`` (a boolean: :data:`BOOL_WORDS`) overrides a patch's ``default``.
 ENABLE_PREFIX = "SNDR_ENABLE_"
+#: ``SNDR_PLUGINS=0``: every plugin patch (``kind = "plugin"``: sndr's GPU kernels) is off, except one
+#: whose own ``SNDR_ENABLE_<ID>=1`` is set (the per-plugin variable wins over this global one).
+PLUGINS = "SNDR_PLUGINS"
 #: ``SNDR_STRICT=1``: a required patch that is not active aborts vLLM startup.
 STRICT = "SNDR_STRICT"
 #: Directory for per-process attestation records.
@@ -79,6 +82,11 @@ def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None
     if val is None:
         raise bad_input("bad_env", f"{name}={raw!r} is not a boolean; use {BOOL_WORDS}", key=name)
     return val
+
+
+def plugins_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``SNDR_PLUGINS`` (default 1): False turns off every plugin patch not enabled by its own variable."""
+    return env_flag(PLUGINS, True, environ)
 
 
 def enable_var(patch_id: str) -> str:

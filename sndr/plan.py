@@ -91,6 +91,8 @@ def gate(patch: Patch, version: str, environ=None, profile=None) -> Gate:
         return Gate(False, "disabled_by_env", f"disabled by {var}=0")
     if override is None and not patch.default:
         return Gate(False, "disabled_by_default", f"default = false (enable with {var}=1)")
+    if override is None and patch.kind == "plugin" and not envmod.plugins_enabled(environ):
+        return Gate(False, "disabled_by_env", f"disabled by {envmod.PLUGINS}=0 (enable this plugin alone with {var}=1)")
     if patch.vllm:
         v = parse_version(version)
         if v is None:

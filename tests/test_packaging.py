@@ -56,3 +56,26 @@ def test_installed_wheel_finds_shipped_set_from_another_directory(wheel, tmp_pat
     assert where.startswith(str(target)) and where.endswith("sndr/_data/patches")
     n_shipped = len([p for p in (ROOT / "patches").glob("*.toml") if not p.name.startswith("_")])
     assert n == n_shipped > 0
+
+
+#: The triton each torch's CUDA build requires (its wheel METADATA on PyPI, Requires-Dist), for the torch
+#: vLLM pins: 0.32.0 -> torch 2.13.0, 0.33.0 -> torch 2.14.0.
+TORCH_TRITON = {"2.13.0": "3.7.1", "2.14.0": "3.8.0"}
+
+
+def test_ci_runs_the_kernel_tests_on_the_triton_of_vllms_torch_inside_the_declared_range():
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["kernels"]
+    (spec,) = [Requirement(r).specifier for r in extra if Requirement(r).name == "triton"]
+    readme = (ROOT / "README.md").read_text()
+    cmd = re.search(r"^```bash\n.*\n(.*)\n```", readme, re.M).group(1)  # the line .ci/run executes
+    torch_pin = re.search(r"'torch==([\d.]+)'", cmd).group(1)
+    triton_pin = re.search(r"'triton==([\d.]+)'", cmd).group(1)
+    assert triton_pin == TORCH_TRITON[torch_pin], (torch_pin, triton_pin)
+    for version in TORCH_TRITON.values():  # both pins' tritons are inside the tested range
+        assert spec.contains(version), (spec, version)
+    assert not spec.contains("3.9.0")  # 31 GDN interpreter tests fail there (see pyproject.toml)

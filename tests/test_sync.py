@@ -438,7 +438,8 @@ def test_cli_plan_on_an_empty_queue_exits_0(tmp_path, source, capsys):
 
 GOOD_PREFLIGHT = {"pin": "0.32.0", "candidate": {"version": "0.33.0", "tree_digest": "a" * 64}, "patches": [],
                   "summary": {}, "genuine_anchor_drift": [], "retired_upstream": [], "newly_merged": [],
-                  "newly_reverted": [], "patch_set": {"digest": PatchSet([]).digest()}}  # run on an empty set
+                  "newly_reverted": [], "patch_set": {"digest": PatchSet([]).digest()},
+                  "performance": []}  # run on an empty set (so no performance plugin either)
 #: a benchmark reference: it records at least one measurement
 BENCH = '{"output_throughput_tok_s": 1234.5}'
 
@@ -484,7 +485,7 @@ def test_pin_advance_records_the_pin_when_every_gate_passes(tmp_path, gates_ok):
     pin_file = tmp_path / PIN_FILE_NAME
     gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=pin_file, **_kw(tmp_path))
     assert [(g.name, g.ok) for g in gates] == [("preflight", True), ("manifest", True), ("queue", True),
-                                                ("deviations", True), ("benchmark", True)], gates
+                                                ("deviations", True), ("benchmark", True), ("performance", True)], gates
     assert rec.version == "0.33.0" and rec.tree_digest == "a" * 64
     assert rec.benchmark_ref == str(tmp_path / "bench-0.33.0.json") and len(rec.benchmark_sha256) == 64
     assert read_pin(pin_file) == rec

@@ -119,6 +119,9 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
     report.newly_merged, report.newly_reverted = marker_changes(patch_set, pin_s, cand_s)
     problems = _dedupe_problems([*pin_plan.problems, *cand_plan.problems])
     report.problems = list(problems)
+    from .perf import performance_section
+
+    report.performance = performance_section(patch_set, pin_s.text_or_none, cand_s.text_or_none)
     if config:
         report.config = _config_section(pin_s, cand_s, watch, patch_set, report, cand_plan)
     _summarise(report, list(fail_on))

@@ -180,6 +180,37 @@ class Summary(_Model):
     exit_code: int = 0
 
 
+PerfKind = Literal["bound", "callee", "caller", "kernel_file", "layer_file", "gained", "lost"]
+
+
+class PerfChange(_Model):
+    """One change, pin -> candidate, in the upstream code a performance plugin replaces or competes with."""
+
+    kind: PerfKind = Field(description="bound: the target's own function; callee: a method the wrapped method "
+                                       "calls; caller: a layer function that calls the target; kernel_file: the "
+                                       "file defining an imported target; layer_file: the layer module as a whole; "
+                                       "gained/lost: a kernel the layer imports on one side only")
+    file: str
+    name: str = ""
+    added: int = 0
+    removed: int = 0
+    detail: str = ""
+
+
+class PerfPlugin(_Model):
+    """A plugin patch's entry in the performance section (sndr.preflight.perf)."""
+
+    id: str
+    title: str = ""
+    enabled_by_default: bool = False
+    verdict: Literal["unchanged", "review", "re-measure"] = Field(
+        description="re-measure: vLLM's code it replaces or competes with (bound functions, their kernel files, "
+                    "kernels gained or lost) changed; pin advance then needs --perf-ref (a benchmark against the "
+                    "candidate) or a recorded waiver. review: only the code around them (callers, callees) changed")
+    compared: list[str] = Field(default_factory=list, description="what was compared, pin against candidate")
+    changes: list[PerfChange] = Field(default_factory=list)
+
+
 class PreflightReport(_Model):
     """``python -m sndr preflight --json``: every edit's verdict (docs/format.md, "Verdicts of one edit")
     on the pin and on the candidate, paired."""
@@ -205,6 +236,9 @@ class PreflightReport(_Model):
     qualname_changed: list[EditRef] = Field(default_factory=list, description="still applies, in another enclosing scope")
     newly_gated: list[EditRef] = Field(
         default_factory=list, description="enabled on the pin, turned off on the candidate by the patch's vllm range")
+    performance: list[PerfPlugin] = Field(
+        default_factory=list, description="performance plugins: did the upstream code each replaces or competes "
+                                          "with change (verdict re-measure)?")
     config: ConfigDrift | None = Field(default=None, description="configuration drift (dependencies, env defaults, "
                                        "engine args, runtime targets), unless --no-config")
     problems: list[Problem] = Field(default_factory=list)

@@ -230,6 +230,9 @@ def render_markdown(report: PreflightReport, patch_set: PatchSet | None = None) 
             out.append("")
     if not (report.newly_merged or report.newly_reverted):
         out += ["No marker changed between the two trees.", ""]
+    # -- performance plugins
+    if report.performance:
+        out += perf_markdown(report)
     # -- config
     if report.config is not None:
         try:
@@ -244,6 +247,25 @@ def render_markdown(report: PreflightReport, patch_set: PatchSet | None = None) 
             out.append(f"- {_code(_loc(pr.file or '', pr.line))} {pr.patch or ''}: {_md_cell(pr.message, 300)} ({pr.code})")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def perf_markdown(report: PreflightReport) -> list[str]:
+    """``## Performance plugins``: per plugin, whether the upstream code it replaces or competes with changed."""
+    n = sum(1 for p in report.performance if p.verdict == "re-measure")
+    out = [f"## Performance plugins ({n} to re-measure)", "",
+           "Whether the upstream code each plugin replaces or competes with (its bound functions, their kernel "
+           "files and callers in the layer, kernels the layer gained or lost) changed between the pin and the "
+           "candidate. `re-measure` (a competitor changed): `pin advance` needs `--perf-ref` (the plugin's "
+           "benchmark JSON, `{\"plugin\": ID, \"vllm\": \"<candidate>\", ...}`, measured against the "
+           "candidate's kernels) or `--no-perf-ref ID=REASON`; `review`: only the code around them changed.", "",
+           "| plugin | default | verdict | what changed |", "|---|---|---|---|"]
+    for p in report.performance:
+        kept = [c for c in p.compared if c.startswith("kernel file ")]
+        what = "; ".join(c.detail for c in p.changes) or "nothing changed"
+        if p.verdict != "re-measure" and kept:
+            what += "; unchanged: " + ", ".join(k.removeprefix("kernel file ") for k in kept)
+        out.append(f"| {p.id} | {'on' if p.enabled_by_default else 'off'} | {p.verdict} | {_md_cell(what, 900)} |")
+    return out + [""]
 
 
 def _md_edit_block(p: PatchEntry, e: EditEntry, anchor: str | None, level: str = "###") -> list[str]:

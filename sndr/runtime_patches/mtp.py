@@ -47,6 +47,9 @@ MARK = "sndr_verify_len"
 _STATE = "_sndr_pk0002_ql"
 LOG = logging.getLogger("sndr.kernels")
 MAX_QL = 16
+#: The GPU capabilities PK0002's benchmark measured (docs/bench-mtp-verify-h200.md: H200, sm_90). On by
+#: default, verify batches are routed only there; SNDR_ENABLE_PK0002=1 routes them on sm_89+ too.
+MEASURED_CAPABILITIES = ((9, 0),)
 
 
 def verify_len(builder) -> int:
@@ -62,27 +65,66 @@ def verify_len(builder) -> int:
     return ql
 
 
+_LOGGED: set[str] = set()
+
+
+def _fallback(why: str) -> int:
+    """Log, once per reason and process, that verify batches keep vLLM's path; return 0 (not routed)."""
+    if why not in _LOGGED:
+        _LOGGED.add(why)
+        LOG.warning("sndr PK0002: verify batches keep vLLM's path: %s", why)
+    return 0
+
+
 def _applicable(builder) -> int:
     cfg = builder.vllm_config
     spec = getattr(cfg, "speculative_config", None)
     k = getattr(spec, "num_speculative_tokens", None) if spec is not None else None
-    if not k or not 1 <= int(k) <= MAX_QL - 1:
-        return 0
-    if str(getattr(cfg.cache_config, "cache_dtype", "")) != "turboquant_k8v4":
-        return 0
+    if not k:
+        return 0  # no speculative decoding: nothing to route
+    if not 1 <= int(k) <= MAX_QL - 1:
+        return _fallback(f"num_speculative_tokens = {k} (1..{MAX_QL - 1} covered)")
+    dtype = str(getattr(cfg.cache_config, "cache_dtype", ""))
+    if dtype != "turboquant_k8v4":
+        return _fallback(f"--kv-cache-dtype {dtype} (turboquant_k8v4 only)")
     par = cfg.parallel_config
     if getattr(par, "decode_context_parallel_size", 1) > 1 or getattr(par, "prefill_context_parallel_size", 1) > 1:
-        return 0
+        return _fallback("decode or prefill context parallelism")
     import torch
 
     device = torch.device(builder.device)
     if device.type != "cuda" or torch.version.hip is not None:
-        return 0
+        return _fallback(f"device {device} is not an NVIDIA CUDA device")
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if torch.cuda.get_device_capability(idx) < (8, 9):
-        return 0
+    cap = tuple(torch.cuda.get_device_capability(idx))
+    if cap < (8, 9):
+        return _fallback(f"sm_{cap[0]}{cap[1]} (sm_89+ covered)")
+    if cap not in MEASURED_CAPABILITIES and not _explicit():
+        return _fallback(f"sm_{cap[0]}{cap[1]} is outside the measured default set (sm_90); "
+                         "SNDR_ENABLE_PK0002=1 routes verify batches there")
     _prepare(builder, cfg, int(k), idx)
+    if not _canary(builder, cfg, int(k), idx):
+        return 0  # canary_failed / canary_skipped: logged and attested by sndr.kernels.canary
     return int(k) + 1
+
+
+def _explicit() -> bool:
+    from .. import env
+
+    try:
+        return env.enable_override("PK0002") is True
+    except Exception:  # noqa: BLE001 - refused at startup already
+        return False
+
+
+def _canary(builder, cfg, k: int, idx: int) -> bool:
+    """PK0002's first-use canary for this model shape (sndr.kernels.turboquant_k8v4.canary.verify_ok)."""
+    from ..kernels.turboquant_k8v4 import canary
+
+    mc = cfg.model_config
+    spec = builder.kv_cache_spec
+    return canary.verify_ok(idx, mc.dtype, mc.get_num_attention_heads(cfg.parallel_config), spec.num_kv_heads,
+                            mc.get_head_size(), spec.block_size, k)
 
 
 def _prepare(builder, cfg, k: int, idx: int) -> None:

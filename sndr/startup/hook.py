@@ -96,6 +96,7 @@ class _Process:
         # disk mode: sha256 (None: missing) of every file the ledger names, as this process saw it at
         # register(); `sndr status` compares them with the tree as it is now (a re-apply under a live process)
         self.files: dict[str, str | None] = {}
+        self.canary: dict[str, dict] = {}  # plugin -> its worst canary verdict here (sndr.kernels.canary)
 
     def forked(self) -> _Process:
         child = _Process.__new__(_Process)
@@ -105,6 +106,7 @@ class _Process:
         child.forked_from = self.pid
         child.role, child.process_name = "forked", ""
         child.missing, child.problems = list(self.missing), list(self.problems)
+        child.canary = {}  # the child's CUDA context runs its own canaries
         if self.record_path:
             child.record_path = os.path.join(os.path.dirname(self.record_path), f"{child.pid}-{child.start_ns}.json")
         return child
@@ -140,7 +142,7 @@ class _Process:
                 "gated": self.gated, "gate_reasons": self.gate_reasons, "profile": self.profile,
                 "counts": dict(sorted(counts.items())), "text": self.text, "files": self.files, "runtime": runtime,
                 "missing_required": self.missing + self.runtime_missing(), "problems": self.problems,
-                "strict": self.strict, "register_ms": round(self.register_ms, 3)}
+                "strict": self.strict, "register_ms": round(self.register_ms, 3), "canary": dict(self.canary)}
 
     def write(self) -> None:
         if not self.ready:
@@ -158,6 +160,37 @@ class _Process:
             log(f"attestation {exc}; this process is NOT attested", once_key="attest-unsafe")
         except OSError as exc:
             log(f"cannot write the attestation {self.record_path}: {exc}", once_key="attest-oserror")
+
+
+_CANARY_RANK = {"canary_passed": 0, "canary_skipped": 1, "canary_failed": 2}
+
+
+def note_canary(entry: dict) -> None:
+    """A plugin's canary verdict (:mod:`sndr.kernels.canary`) joins this process's attestation.
+
+    Per plugin the worst verdict is kept (failed over skipped over passed); the
+    record is rewritten and the gauges republished. A process where
+    ``register()`` did not run (a benchmark, a test) has nothing to attest.
+    """
+    with _LOCK:
+        state = _STATE
+        if state is None or state.pid != os.getpid():
+            return
+        plugin = str(entry.get("plugin"))
+        old = state.canary.get(plugin)
+        if old is not None and _CANARY_RANK.get(old.get("status", ""), 0) > _CANARY_RANK.get(entry.get("status", ""), 0):
+            return
+        state.canary[plugin] = dict(entry)
+        state.write()
+
+
+def canary_lines(r: dict) -> list[str]:
+    """``PK0001 canary_failed: why (device)`` for every plugin whose canary did not pass (``sndr status``)."""
+    out = []
+    for plugin, c in sorted((r.get("canary") or {}).items()):
+        if isinstance(c, dict) and c.get("status") != "canary_passed":
+            out.append(f"{plugin} {c.get('status')}: {c.get('why')} ({c.get('device')}); vLLM's path runs instead")
+    return out
 
 
 def _on_change() -> None:
@@ -551,6 +584,8 @@ def _status_body(argv: list[str] | None) -> int:
             for pid, why in sorted((r.get("gate_reasons") or {}).items()):
                 if why.startswith("when_"):
                     print(f"      {pid} gated: {why}")
+            for line in canary_lines(r):
+                print(f"      {line}")
         for f in findings:
             print(f"  FINDING {f}")
         print("ok" if not findings else f"FAILED: {len(findings)} finding(s)")

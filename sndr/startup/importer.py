@@ -315,7 +315,7 @@ def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: HookCache | No
                     profile: bool = True) -> str:
     """sha256 of every input that decides the resolved patch set.
 
-    The patch files' bytes (built-in and plugin packs), ``SNDR_ENABLE_*``, the
+    The patch files' bytes (built-in and plugin packs), ``SNDR_ENABLE_*``, ``SNDR_PLUGINS``, the
     tree's identity (which fixes the vLLM version the gates read), the Python
     and sndr's own code. Reading ~100 small files costs about a millisecond.
     """
@@ -326,7 +326,7 @@ def set_fingerprint(pdir: str, tree_id: str, environ=None, cache: HookCache | No
     environ = os.environ if environ is None else environ
     h = hashlib.sha256()
     h.update(repr((_py_tag(), _code_stamp(), tree_id)).encode())
-    h.update(repr(sorted((k, v) for k, v in environ.items() if k.startswith(env.ENABLE_PREFIX))).encode())
+    h.update(repr(sorted((k, v) for k, v in environ.items() if k.startswith(env.ENABLE_PREFIX) or k == env.PLUGINS)).encode())
     if profile:  # only for a set with `when` tables (see memo_key): the profile decides it then
         from .. import profile as _profile
 

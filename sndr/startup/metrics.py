@@ -37,6 +37,8 @@ ACTIVE = "sndr_patches_active"
 MISSING = "sndr_patches_missing"
 GATED = "sndr_patches_gated"
 RUNTIME_ACTIVE = "sndr_runtime_patches_active"
+CANARY_FAILED = "sndr_plugin_canary_failed"
+CANARY_SKIPPED = "sndr_plugin_canary_skipped"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _DOC = {
@@ -46,6 +48,10 @@ _DOC = {
     MISSING: "Required patches that are NOT active in this process (0 in a healthy replica).",
     GATED: "Patches of the set that are not enabled here (lifecycle, default, version range, SNDR_ENABLE_*, when).",
     RUNTIME_ACTIVE: "Runtime (object-level) patches installed in this process.",
+    CANARY_FAILED: "Performance plugins whose first-use canary failed in this process: they run vLLM's own "
+                   "path instead (0 in a healthy replica; sndr status names them and why).",
+    CANARY_SKIPPED: "Performance plugins whose canary was skipped in this process (device or call not covered: "
+                    "vLLM's own path runs; sndr status says why).",
 }
 
 
@@ -62,6 +68,8 @@ class Facts:
     gated: int
     runtime_active: int
     pid: int = 0
+    canary_failed: int = 0
+    canary_skipped: int = 0
 
 
 def _missing_ids(entries: list[str]) -> set[str]:
@@ -75,6 +83,7 @@ def facts_of_record(record: dict[str, Any]) -> Facts:
     missing = _missing_ids(missing_entries)
     enabled = list(record.get("enabled") or [])
     runtime = record.get("runtime") or []
+    canary = record.get("canary") or {}
     return Facts(
         digest=str(record.get("patch_set_digest") or ""),
         pin=str(record.get("vllm_version") or ""),
@@ -85,6 +94,8 @@ def facts_of_record(record: dict[str, Any]) -> Facts:
         gated=len(record.get("gated") or []),
         runtime_active=sum(1 for o in runtime if o.get("verdict") == "applied"),
         pid=int(record.get("pid") or 0),
+        canary_failed=sum(1 for c in canary.values() if isinstance(c, dict) and c.get("status") == "canary_failed"),
+        canary_skipped=sum(1 for c in canary.values() if isinstance(c, dict) and c.get("status") == "canary_skipped"),
     )
 
 
@@ -123,6 +134,8 @@ def _gauges() -> dict[str, Any]:
         MISSING: prometheus_client.Gauge(MISSING, _DOC[MISSING], ["role"], **kw),
         GATED: prometheus_client.Gauge(GATED, _DOC[GATED], ["role"], **kw),
         RUNTIME_ACTIVE: prometheus_client.Gauge(RUNTIME_ACTIVE, _DOC[RUNTIME_ACTIVE], ["role"], **kw),
+        CANARY_FAILED: prometheus_client.Gauge(CANARY_FAILED, _DOC[CANARY_FAILED], ["role"], **kw),
+        CANARY_SKIPPED: prometheus_client.Gauge(CANARY_SKIPPED, _DOC[CANARY_SKIPPED], ["role"], **kw),
     }
     return _GAUGES
 
@@ -151,6 +164,8 @@ def publish(record: dict[str, Any]) -> bool:
         gauges[MISSING].labels(f.role).set(f.missing)
         gauges[GATED].labels(f.role).set(f.gated)
         gauges[RUNTIME_ACTIVE].labels(f.role).set(f.runtime_active)
+        gauges[CANARY_FAILED].labels(f.role).set(f.canary_failed)
+        gauges[CANARY_SKIPPED].labels(f.role).set(f.canary_skipped)
         return True
     except Exception as exc:  # noqa: BLE001 - metrics must never break vLLM's startup
         from .importer import _describe, log
@@ -182,7 +197,7 @@ def write_textfile(path: str, records: list[dict[str, Any]], findings: list[str]
     reg = CollectorRegistry()
     info = Gauge(INFO, _DOC[INFO], ["digest", "pin", "mode", "role", "pid"], registry=reg)
     counts = {name: Gauge(name, _DOC[name], ["role", "pid"], registry=reg)
-              for name in (ACTIVE, MISSING, GATED, RUNTIME_ACTIVE)}
+              for name in (ACTIVE, MISSING, GATED, RUNTIME_ACTIVE, CANARY_FAILED, CANARY_SKIPPED)}
     ok = Gauge("sndr_status_ok", "1 when every attested process runs one patch set with nothing missing "
                                  "(python -m sndr status exit 0).", registry=reg)
     nfind = Gauge("sndr_status_findings", "Findings of python -m sndr status (see its output for the text).",
@@ -195,6 +210,8 @@ def write_textfile(path: str, records: list[dict[str, Any]], findings: list[str]
         counts[MISSING].labels(f.role, pid).set(f.missing)
         counts[GATED].labels(f.role, pid).set(f.gated)
         counts[RUNTIME_ACTIVE].labels(f.role, pid).set(f.runtime_active)
+        counts[CANARY_FAILED].labels(f.role, pid).set(f.canary_failed)
+        counts[CANARY_SKIPPED].labels(f.role, pid).set(f.canary_skipped)
     ok.set(0 if findings else 1)
     nfind.set(len(findings))
     write_output(path, generate_latest(reg), "--prometheus", mode=0o644)

@@ -15,7 +15,12 @@ every gate passes, and names each gate that fails:
 - **benchmark**: the denominator. A benchmark reference re-measured on the
   target, a file the operator names (``--benchmark-ref``), newer than the
   preflight. Required unless ``--no-benchmark-ref`` says why not; recorded in
-  the pin with its sha256.
+  the pin with its sha256;
+- **performance**: each plugin the preflight's performance section marks
+  ``re-measure`` (vLLM's competing code changed) has a ``--perf-ref`` JSON
+  (``{"plugin": ID, "vllm": TARGET, ...measurements}``, the plugin's benchmark
+  against the target's kernels, newer than the preflight) or a
+  ``--no-perf-ref ID=REASON``; both are recorded in the pin.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ class PinRecord(BaseModel):
     benchmark_ref: str | None = Field(default=None, description="the re-measured benchmark reference (path)")
     benchmark_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     benchmark_waived: str | None = Field(default=None, description="why no benchmark reference was required")
+    perf_refs: list[str] | None = Field(default=None, description="per plugin to re-measure: 'ID path sha256' of "
+                                        "its benchmark against the target's kernels (--perf-ref)")
+    perf_waived: list[str] | None = Field(default=None, description="per plugin to re-measure: 'ID: reason' it "
+                                          "was not re-measured (--no-perf-ref ID=REASON)")
 
     def to_toml(self) -> str:
         lines = ["# The pin: written by `python -m sndr pin advance` when every gate passes."]
@@ -415,7 +424,8 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
             anchors_dir: Path | None = None, patch_set=None, pin_path: Path | None = None,
             version: str | None = None, tree_digest: str | None = None, dry_run: bool = False,
             decisions: Path | Decisions | None = None, benchmark: Path | None = None,
-            benchmark_waived: str | None = None) -> tuple[list[PinGate], PinRecord | None]:
+            benchmark_waived: str | None = None, perf_refs: list[Path] | None = None,
+            perf_waived: dict[str, str] | None = None) -> tuple[list[PinGate], PinRecord | None]:
     """Check every gate; write the pin record when all pass (and not ``dry_run``)."""
     to = to.strip()
     if not to:
@@ -449,6 +459,11 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     gates.append(gate_deviations(rep, to, decisions))
     gates.append(gate_benchmark(Path(benchmark) if benchmark is not None else None,
                                 Path(preflight) if preflight is not None else None, benchmark_waived))
+    from .perfgate import gate_performance  # (it imports this module's PinGate)
+
+    pg, used_refs, waivers = gate_performance(pre, Path(preflight) if preflight is not None else None,
+                                              [Path(p) for p in perf_refs or []], dict(perf_waived or {}), to)
+    gates.append(pg)
     if not all(g.ok for g in gates):
         return gates, None
     if version is None:
@@ -464,7 +479,8 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     bench_sha = hashlib.sha256(Path(benchmark).read_bytes()).hexdigest() if benchmark is not None else None
     record = PinRecord(version=_norm_version(version), sha=to if is_sha else None, tree_digest=tree_digest,
                        benchmark_ref=str(benchmark) if benchmark is not None else None, benchmark_sha256=bench_sha,
-                       benchmark_waived=benchmark_waived if benchmark is None else None)
+                       benchmark_waived=benchmark_waived if benchmark is None else None,
+                       perf_refs=used_refs or None, perf_waived=waivers or None)
     if not dry_run:
         from ..fsio import atomic_write
 
@@ -499,6 +515,12 @@ def pin_main(argv: list[str] | None = None) -> int:
                     "(required; must be newer than the preflight)")
     bench.add_argument("--no-benchmark-ref", metavar="REASON", help="advance without a benchmark reference; the "
                     "reason is recorded in the pin")
+    ad.add_argument("--perf-ref", metavar="FILE", action="append", default=[],
+                    help="a performance plugin's benchmark JSON ({\"plugin\": ID, \"vllm\": X, ...}) measured "
+                         "against the target's kernels, newer than the preflight; needed for each plugin the "
+                         "preflight marks re-measure (repeatable)")
+    ad.add_argument("--no-perf-ref", metavar="ID=REASON", action="append", default=[],
+                    help="advance without re-measuring plugin ID; the reason is recorded in the pin (repeatable)")
     ad.add_argument("--dry-run", action="store_true", help="check the gates, write nothing")
     try:
         args = p.parse_args(argv)
@@ -507,6 +529,17 @@ def pin_main(argv: list[str] | None = None) -> int:
     from ..cli import run
 
     return run("sndr pin", lambda: _pin(args), on_interrupt=lambda: "the pin file is unchanged (written atomically)")
+
+
+def _waivers(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        pid, sep, why = item.partition("=")
+        if not sep or not pid.strip() or not why.strip():
+            raise bad_input("usage", f"--no-perf-ref {item!r}: expected ID=REASON (e.g. PK0003=\"GDN path unused\")",
+                            key="--no-perf-ref")
+        out[pid.strip()] = why.strip()
+    return out
 
 
 def _pin(args) -> int:
@@ -538,7 +571,8 @@ def _pin(args) -> int:
                             tree_digest=digest, dry_run=args.dry_run,
                             decisions=Path(args.decisions) if args.decisions else pdir / DECISIONS_NAME,
                             benchmark=Path(args.benchmark_ref) if args.benchmark_ref else None,
-                            benchmark_waived=args.no_benchmark_ref)
+                            benchmark_waived=args.no_benchmark_ref,
+                            perf_refs=[Path(p) for p in args.perf_ref], perf_waived=_waivers(args.no_perf_ref))
     for g in gates:
         print(f"gate {g.name}: {'pass' if g.ok else 'FAIL'}: {g.reason}")
     if record is None:

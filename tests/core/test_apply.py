@@ -202,6 +202,29 @@ def test_version_gating_handles_dev_and_rc_pins(version, spec, enabled):
     assert gate(p, version, environ={}).enabled is enabled
 
 
+@pytest.mark.parametrize("environ, enabled, code", [
+    ({}, True, ""),
+    ({"SNDR_PLUGINS": "0"}, False, "disabled_by_env"),
+    ({"SNDR_PLUGINS": "off", "SNDR_ENABLE_PK1": "1"}, True, ""),  # the plugin's own variable wins
+    ({"SNDR_PLUGINS": "1", "SNDR_ENABLE_PK1": "0"}, False, "disabled_by_env"),
+])
+def test_sndr_plugins_turns_every_plugin_off_unless_its_own_variable_says_on(environ, enabled, code):
+    from sndr.model import Patch
+    from sndr.plan import gate
+
+    plugin = Patch.model_validate({"id": "PK1", "title": "t", "kind": "plugin", "module": "sndr.kernels",
+                                   "runtime": [{"name": "r", "target": "vllm.x:f", "replacement": "sndr.kernels:f"}]})
+    text = Patch.model_validate({"id": "P1", "title": "t", "files": [
+        {"path": "vllm/x.py", "edits": [{"name": "e", "anchor": "a", "replacement": "b"}]}]})
+    g = gate(plugin, "0.32.0", environ=environ)
+    assert (g.enabled, g.code) == (enabled, code)
+    if code and "SNDR_PLUGINS" in environ and "SNDR_ENABLE_PK1" not in environ:
+        assert "SNDR_PLUGINS=0" in g.reason and "SNDR_ENABLE_PK1=1" in g.reason
+    assert gate(text, "0.32.0", environ=environ).enabled  # text patches are not plugins
+    with pytest.raises(Exception, match="SNDR_PLUGINS='maybe' is not a boolean"):
+        gate(plugin, "0.32.0", environ={"SNDR_PLUGINS": "maybe"})
+
+
 def test_cli_json_and_exit_codes(tree, tmp_path):
     out = tmp_path / "report.json"
     r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--json", str(out), "-q")

@@ -65,6 +65,29 @@ def test_backend_variable_cuda_raises_where_not_covered_and_triton_opts_in():
     assert dispatch.gate(head_dim=32, hq=32, key_packed_size=32, backend="auto", **common) == "vllm"
 
 
+def test_on_by_default_the_cuda_kernels_run_on_the_measured_capability_only():
+    """PK0001 on by default (no SNDR_ENABLE_PK0001=1): sm_90, where every benchmark cell beats vLLM;
+    elsewhere vLLM's kernel, with the reason the entry logs once. An explicit opt-in covers sm_89+."""
+    common = dict(head_dim=128, page=16, hq=32, hk=8, qdtype=torch.bfloat16, key_fp8=True, value_quant_bits=4,
+                  key_packed_size=128)
+    assert dispatch.gate_why(capability=(9, 0), explicit=False, **common) == ("cuda", "")
+    for cap in ((8, 9), (10, 0), (12, 0)):
+        verdict, why = dispatch.gate_why(capability=cap, explicit=False, **common)
+        assert verdict == "vllm" and "outside the measured default set" in why and "SNDR_ENABLE_PK0001=1" in why
+        assert dispatch.gate_why(capability=cap, explicit=True, **common) == ("cuda", "")
+    assert dispatch.gate_why(capability=(8, 0), explicit=True, **common)[1].startswith("sm_80")
+    assert dispatch.gate_why(capability=None, **common) == ("vllm", "not an NVIDIA CUDA device")
+
+
+def test_explicit_opt_in_reads_the_plugins_own_variable(monkeypatch):
+    monkeypatch.delenv("SNDR_ENABLE_PK0001", raising=False)
+    assert dispatch.explicit_opt_in() is False
+    monkeypatch.setenv("SNDR_ENABLE_PK0001", "1")
+    assert dispatch.explicit_opt_in() is True
+    monkeypatch.setenv("SNDR_ENABLE_PK0001", "bogus")  # refused at startup; the default scope here
+    assert dispatch.explicit_opt_in() is False
+
+
 def test_vllm_entry_sends_uncovered_k8v4_calls_to_vllm(monkeypatch):
     """On the CPU the entry runs Triton's interpreter for covered k8v4 calls;
     presets and shapes the gate refuses reach vLLM's function untouched."""

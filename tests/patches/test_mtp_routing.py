@@ -67,9 +67,9 @@ def _specs():
 # ----------------------------------------------------------------------------- the patch file
 
 
-def test_patch_is_experimental_default_off_and_needs_pg0001():
+def test_patch_is_active_default_on_and_needs_pg0001():
     p = _patch()
-    assert (p.kind, p.lifecycle, p.default, p.requires) == ("plugin", "experimental", False, ["PG0001"])
+    assert (p.kind, p.lifecycle, p.default, p.requires) == ("plugin", "active", True, ["PG0001"])
     assert {r.target.rsplit(":", 1)[1] for r in p.runtime} == {"TurboQuantMetadataBuilder.build",
                                                                "TurboQuantAttentionImpl.forward"}
     assert all(r.wrap and r.required and r.signature and r.source_sha256 for r in p.runtime)
@@ -196,6 +196,7 @@ def _():
     orig = torch.cuda.get_device_capability
     torch.cuda.get_device_capability = lambda idx=None: (9, 0)
     mtp._prepare = lambda *a: None
+    mtp._canary = lambda *a: True
     try:
         for name, c, dev in [
             ("mtp3_k8v4_cuda", cfg(), "cuda:0"),
@@ -208,6 +209,21 @@ def _():
             b = object.__new__(tq.TurboQuantMetadataBuilder)
             b.vllm_config, b.device = c, torch.device(dev)
             out[name] = mtp.verify_len(b)
+        # on by default: the measured capability only; SNDR_ENABLE_PK0002=1 covers sm_89+
+        torch.cuda.get_device_capability = lambda idx=None: (8, 9)
+        for name, env in [("sm89_default", None), ("sm89_opted_in", "1")]:
+            if env is not None:
+                os.environ["SNDR_ENABLE_PK0002"] = env
+            b = object.__new__(tq.TurboQuantMetadataBuilder)
+            b.vllm_config, b.device = cfg(), torch.device("cuda:0")
+            out[name] = mtp.verify_len(b)
+            os.environ.pop("SNDR_ENABLE_PK0002", None)
+        # a failed (or skipped) canary: not routed
+        torch.cuda.get_device_capability = lambda idx=None: (9, 0)
+        mtp._canary = lambda *a: False
+        b = object.__new__(tq.TurboQuantMetadataBuilder)
+        b.vllm_config, b.device = cfg(), torch.device("cuda:0")
+        out["canary_failed"] = mtp.verify_len(b)
     finally:
         torch.cuda.get_device_capability = orig
     return out
@@ -312,7 +328,8 @@ def test_builder_marks_only_uniform_verify_batches(installed, name, marked):
 def test_builder_off_outside_its_config(installed):
     assert ok(installed, "build_not_applicable")["marked"] is False
     assert ok(installed, "applicable") == {"mtp3_k8v4_cuda": 4, "cpu": 0, "no_spec": 0, "k16": 0,
-                                           "mse_preset": 0, "dcp": 0}
+                                           "mse_preset": 0, "dcp": 0, "sm89_default": 0, "sm89_opted_in": 4,
+                                           "canary_failed": 0}
 
 
 @pytest.mark.vllm_install

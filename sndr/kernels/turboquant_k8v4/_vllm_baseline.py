@@ -1,4 +1,4 @@
-"""Load vLLM 0.32.0's own TurboQuant store and decode from copied source files.
+"""Load vLLM's own TurboQuant store and decode (0.32.0 by default, any version on request) from copied source files.
 
 Tests and the benchmark compare against vLLM's shipped kernels without
 importing vLLM (heavy, and absent on the GPU host): the three files
@@ -25,23 +25,34 @@ FILES = ("triton_decode_attention.py", "triton_turboquant_decode.py", "triton_tu
 _PKG = "vllm.v1.attention.ops"
 
 
-def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
-    """Where the copied files may be: $SNDR_TQ_BASELINE, <repo>/.baselines/vllm032_tq, the sndr tree cache."""
+def candidate_dirs(repo_root: Path | None = None, version: str = "0.32.0") -> list[Path]:
+    """Where vLLM ``version``'s copied files may be: $SNDR_TQ_BASELINE, <repo>/.baselines/vllm032_tq (0.32.0)
+    or <repo>/.baselines/vllm-<version>_tq, the sndr tree cache's vllm-<version>."""
     out = []
     if os.environ.get(sndr_env.TQ_BASELINE):
         out.append(Path(os.environ[sndr_env.TQ_BASELINE]))
     root = repo_root or Path(__file__).resolve().parents[3]
-    out.append(root / ".baselines" / "vllm032_tq")
+    if version == "0.32.0":
+        out.append(root / ".baselines" / "vllm032_tq")
+    out.append(root / ".baselines" / f"vllm-{version}_tq")
     from ... import caches  # the cache-root rule: code is never loaded from a cache another uid could change
 
-    trees = caches.dir_path("trees", "tree cache", without="the cached 0.32.0 tree is not a baseline candidate")
+    trees = caches.dir_path("trees", "tree cache", without=f"the cached {version} tree is not a baseline candidate")
     if trees is not None:
-        out.append(trees / "vllm-0.32.0" / "vllm" / "v1" / "attention" / "ops")
+        out.append(trees / f"vllm-{version}" / "vllm" / "v1" / "attention" / "ops")
     return out
 
 
-def find_dir(repo_root: Path | None = None) -> Path | None:
-    for d in candidate_dirs(repo_root):
+def find_dir(repo_root: Path | None = None, version: str = "0.32.0", fetch: bool = False) -> Path | None:
+    """The first candidate holding all three files; ``fetch``: else fetch vLLM ``version``'s tree
+    (``sndr.tree.fetch_version``: its wheel's .py files, into the tree cache) and take its copy."""
+    for d in candidate_dirs(repo_root, version):
+        if all((d / f).is_file() for f in FILES):
+            return d
+    if fetch:
+        from ...tree import fetch_version
+
+        d = Path(fetch_version(version)) / "vllm" / "v1" / "attention" / "ops"
         if all((d / f).is_file() for f in FILES):
             return d
     return None

@@ -31,7 +31,7 @@ import torch
 from ... import env as sndr_env
 from . import _cudart, cuda_decode, kernels
 
-__all__ = ["decode_attention", "route", "gate", "fast", "remember", "reset"]
+__all__ = ["decode_attention", "route", "route_why", "gate", "gate_why", "fast", "remember", "reset"]
 
 _ENV_DATA = getattr(os.environ, "_data", None)  # the mapping os.environ writes through to (POSIX)
 _ENV_KEY: str | bytes | None  # os.environ's key as _data stores it (bytes on POSIX)
@@ -72,61 +72,98 @@ def reset() -> None:
 # ----------------------------------------------------------------------------- the gate
 
 
-def gate(*, head_dim: int, page: int, hq: int, hk: int, qdtype: torch.dtype, key_fp8: bool,
-         value_quant_bits: int, key_packed_size: int, capability: tuple[int, int] | None, backend: str = "auto",
-         page_kernel_ok: bool = True) -> str:
-    """``"cuda"``, ``"triton"`` or ``"vllm"`` for a model config (no tensors needed).
+#: The GPU capabilities PK0001's benchmark measured (docs/bench-tq-decode-h200.md: H200, sm_90). On by
+#: default (no SNDR_ENABLE_PK0001=1), the CUDA kernels run only there; an explicit opt-in runs them on
+#: every capability they cover (sm_89+).
+MEASURED_CAPABILITIES = ((9, 0),)
+
+
+def explicit_opt_in(patch_id: str = "PK0001") -> bool:
+    """``SNDR_ENABLE_<patch_id>=1`` is set: the operator asked for the plugin, beyond its measured set."""
+    try:
+        return sndr_env.enable_override(patch_id) is True
+    except Exception:  # noqa: BLE001 - a malformed value was refused at startup already; take the default scope
+        return False
+
+
+def gate_why(*, head_dim: int, page: int, hq: int, hk: int, qdtype: torch.dtype, key_fp8: bool,
+             value_quant_bits: int, key_packed_size: int, capability: tuple[int, int] | None,
+             backend: str = "auto", page_kernel_ok: bool = True, explicit: bool = True) -> tuple[str, str]:
+    """(``"cuda"`` | ``"triton"`` | ``"vllm"``, why vLLM's kernel runs; "" otherwise) for a model config.
 
     ``capability`` None: not an NVIDIA GPU (ROCm, CPU). ``page_kernel_ok``: the
     cache can be copied by TMA (16-byte aligned rows, sm_90), which head dim
     256 needs. ``backend``: ``SNDR_TQ_BACKEND``; ``cuda`` raises ValueError where
     the CUDA kernels do not cover the config, ``triton`` runs sndr's Triton
-    kernel on any k8v4 config it takes.
+    kernel on any k8v4 config it takes. ``explicit``: the plugin was enabled by
+    ``SNDR_ENABLE_PK0001=1``; False (on by default) keeps the CUDA kernels to
+    :data:`MEASURED_CAPABILITIES`.
     """
     if not key_fp8 or value_quant_bits != 4 or key_packed_size != head_dim:
-        return "vllm"  # not k8v4
+        return "vllm", "not the k8v4 preset (fp8 keys, 4-bit values)"
     if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256 or hk <= 0 or hq % hk:
-        return "vllm"
-    if capability is None or capability < (8, 9):
-        return "vllm"  # fp8 e4m3 conversions need sm_89+
+        return "vllm", f"head dim {head_dim} / heads {hq}/{hk}"
+    if capability is None:
+        return "vllm", "not an NVIDIA CUDA device"
+    if capability < (8, 9):
+        return "vllm", f"sm_{capability[0]}{capability[1]} (fp8 e4m3 conversions need sm_89+)"
     if backend == "triton":
-        return "triton" if hq // hk <= 16 and qdtype in (torch.float16, torch.bfloat16) else "vllm"
+        if hq // hk <= 16 and qdtype in (torch.float16, torch.bfloat16):
+            return "triton", ""
+        return "vllm", f"SNDR_TQ_BACKEND=triton: group size {hq}/{hk} or query dtype {qdtype}"
     why = cuda_decode.config_problem(head_dim, page, hq, hk, qdtype, capability, page_kernel_ok)
+    if why is None and not explicit and backend != "cuda" \
+            and tuple(capability) not in MEASURED_CAPABILITIES:
+        why = (f"sm_{capability[0]}{capability[1]} is outside the measured default set (sm_90); "
+               "SNDR_ENABLE_PK0001=1 runs sndr's kernels there")
     if why is None:
-        return "cuda"
+        return "cuda", ""
     if backend == "cuda":
         raise ValueError(f"SNDR_TQ_BACKEND=cuda: {why}")
-    return "vllm"
+    return "vllm", why
 
 
-def route(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-          key_packed_size: int, value_quant_bits: int, key_fp8: bool) -> str:
-    """:func:`gate` for the tensors of one vLLM-entry call, strides and alignment included."""
+def gate(**kw) -> str:
+    """:func:`gate_why`'s verdict only (no tensors needed)."""
+    return gate_why(**kw)[0]
+
+
+def route_why(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+              key_packed_size: int, value_quant_bits: int, key_fp8: bool) -> tuple[str, str]:
+    """:func:`gate_why` for the tensors of one vLLM-entry call, strides and alignment included."""
     if query.dim() != 3 or kv_cache.dim() != 4 or block_table.dim() != 2 or block_table.stride(1) != 1:
-        return "vllm"
+        return "vllm", "query/cache/block-table layout"
     backend = cuda_decode.backend_choice()
     hq, d = query.shape[1], query.shape[2]
     if query.device.type != "cuda":  # the CPU interpreter (tests) runs the Triton kernels
         if not kernels.interpreting():
-            return "vllm"
-        return gate(head_dim=d, page=kv_cache.shape[1], hq=hq, hk=kv_cache.shape[2], qdtype=query.dtype,
-                    key_fp8=key_fp8, value_quant_bits=value_quant_bits, key_packed_size=key_packed_size,
-                    capability=(9, 0), backend="triton")
+            return "vllm", f"a {query.device.type} tensor"
+        return gate_why(head_dim=d, page=kv_cache.shape[1], hq=hq, hk=kv_cache.shape[2], qdtype=query.dtype,
+                        key_fp8=key_fp8, value_quant_bits=value_quant_bits, key_packed_size=key_packed_size,
+                        capability=(9, 0), backend="triton")
     cap = None if torch.version.hip is not None else cuda_decode._capability(cuda_decode.device_index(query))
-    verdict = gate(head_dim=d, page=kv_cache.shape[1], hq=hq, hk=kv_cache.shape[2], qdtype=query.dtype,
-                   key_fp8=key_fp8, value_quant_bits=value_quant_bits, key_packed_size=key_packed_size,
-                   capability=cap, backend=backend, page_kernel_ok=d != 256 or cuda_decode.page_kind_ok(kv_cache))
+    verdict, why = gate_why(head_dim=d, page=kv_cache.shape[1], hq=hq, hk=kv_cache.shape[2], qdtype=query.dtype,
+                            key_fp8=key_fp8, value_quant_bits=value_quant_bits, key_packed_size=key_packed_size,
+                            capability=cap, backend=backend,
+                            page_kernel_ok=d != 256 or cuda_decode.page_kind_ok(kv_cache),
+                            explicit=explicit_opt_in())
     if verdict == "triton":
         if kv_cache.dtype != torch.uint8 or kv_cache.stride(3) != 1 or any(kv_cache.stride(i) % 4 for i in range(3)):
-            return "vllm"
-        return verdict
+            return "vllm", "cache rows not 4-byte aligned uint8"
+        return verdict, ""
     if verdict == "cuda":
-        why = cuda_decode.unsupported(query, kv_cache, block_table, seq_lens)
-        if why is not None:
+        why = cuda_decode.unsupported(query, kv_cache, block_table, seq_lens) or ""
+        if why:
             if backend == "cuda":
                 raise ValueError(f"SNDR_TQ_BACKEND=cuda: {why}")
-            return "vllm"
-    return verdict
+            return "vllm", why
+    return verdict, why
+
+
+def route(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+          key_packed_size: int, value_quant_bits: int, key_fp8: bool) -> str:
+    """:func:`route_why`'s verdict only."""
+    return route_why(query, kv_cache, block_table, seq_lens, key_packed_size, value_quant_bits, key_fp8)[0]
 
 
 # ----------------------------------------------------------------------------- fast path

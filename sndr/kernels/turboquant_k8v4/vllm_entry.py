@@ -16,9 +16,19 @@ from typing import Any
 
 import torch
 
-from . import cuda_decode, dispatch, kernels
+from . import canary, cuda_decode, dispatch, kernels
 
 _FALLBACK: dict[str, Any] = {}
+_LOGGED: set[str] = set()
+
+
+def fallback(why: str) -> None:
+    """Log, once per reason and process, that a call runs vLLM's kernel instead of sndr's."""
+    if why not in _LOGGED:
+        _LOGGED.add(why)
+        from .cuda_decode import LOG
+
+        LOG.warning("sndr PK0001: vLLM's TurboQuant decode runs for these calls: %s", why)
 
 
 def _vllm_decode():
@@ -74,8 +84,12 @@ def decode(
                              mid_o_buf, max_num_kv_splits, (key_packed_size, value_quant_bits, key_fp8))
         if done is not None:
             return done
-    how = dispatch.route(query, kv_cache, block_table, seq_lens, key_packed_size, value_quant_bits, key_fp8)
+    how, why = dispatch.route_why(query, kv_cache, block_table, seq_lens, key_packed_size, value_quant_bits, key_fp8)
+    if how != "vllm" and not canary.decode_ok(query, kv_cache, how):
+        how, why = "vllm", ""  # the canary failed or was skipped here: logged and attested by sndr.kernels.canary
     if how == "vllm":
+        if why:
+            fallback(why)
         return _call_vllm(query, kv_cache, block_table, seq_lens, Pi, centroids, scale, mse_bits, key_packed_size,
                           value_quant_bits, key_fp8, norm_correction, PiT, mid_o_buf, output_buf, lse_buf,
                           buf_holder, max_num_kv_splits)
