@@ -908,3 +908,19 @@ def test_markdown_sections_sit_under_the_title(scripted, tmp_path):
     assert heads[0].startswith("# Sync queue: ") and all(not h.startswith("# ") for h in heads[1:]), heads
     assert heads.index("## Undecided") < heads.index("### Wave 1") < heads.index("## Decided") \
         < heads.index("## Not queued")
+
+
+def test_the_repos_own_work_tree_is_checked_by_its_head(releases, tmp_path, capsys):
+    repo, tree, c = releases
+    pdir = _empty(tmp_path)
+    args = ["--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--patches", str(pdir),
+            "--surface", "vllm/v1/core/*.py", "--json", "-"]
+    repo.git("checkout", "-q", "v0.33.0")  # the work tree is the target
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 2 and "tree_not_pin" in err and "contains --to v0.33.0: it is the target, not the pin" in err, err
+    repo.git("checkout", "-q", "v0.32.0")
+    repo.git("checkout", "-q", "-b", "local")  # local patches committed on top of the pin are the pin
+    (repo.path / BLOCK_POOL).write_text((repo.path / BLOCK_POOL).read_text() + "# local\n")
+    repo.commit("local patch")
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 1 and json.loads(out)["warnings"] == [], err

@@ -211,7 +211,7 @@ def _same_version(a: str, b: str) -> bool:
 
 
 def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: list[str],
-               pin_version: str | None = None, pin_digest: str | None = None) -> list[str]:
+               pin_version: str | None = None, pin_digest: str | None = None, work_tree: bool = False) -> list[str]:
     """Refuse a tree that is not the pin; return warnings where it cannot be told for sure.
 
     - its vLLM version against the pin's (``--from``'s version or release tag,
@@ -220,13 +220,26 @@ def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: l
       (``tree_empty``; a bare clone's or a wrong directory's symptom);
     - its version unknown: its digest against the pin record's, and its
       mirrored files against both ends of the range (a tree that holds
-      ``--to``'s content is the target's) give warnings.
+      ``--to``'s content is the target's) give warnings;
+    - ``work_tree`` (the repository's own checkout): its HEAD instead of its
+      version (local patches may be committed on top of the pin): a HEAD that
+      contains ``--to`` is refused, one that does not contain ``--from`` warned about.
     """
     spec = getattr(tree, "spec", None) or str(tree)
+    out: list[str] = []
+    if work_tree:
+        head = git.resolve("HEAD", "HEAD")
+        if rng.tip != rng.base and git.is_ancestor(rng.tip, head):
+            raise bad_input("tree_not_pin", f"the work tree of {git.repo} is checked out at {head[:10]}, which "
+                            f"contains --to {to_ref}: it is the target, not the pin", key="tree",
+                            hint=f"check out the pin ({from_ref}) with the local patches, or pass --tree")
+        if not git.is_ancestor(rng.base, head):
+            out.append(f"the work tree of {git.repo} is checked out at {head[:10]}, which does not contain --from "
+                       f"{from_ref}: check that it is the pin (or pass --tree)")
     want = _version_of_ref(git, from_ref, rng.base) or pin_version
     src = f"--from {from_ref}" if _version_of_ref(git, from_ref, rng.base) else "the pin record"
     try:
-        have: str | None = tree.version
+        have: str | None = None if work_tree else tree.version
     except (SndrError, AttributeError, OSError):
         have = None
     if want and have and not _same_version(want, have):
@@ -241,8 +254,7 @@ def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: l
                         f"in the tree {spec} (e.g. {at_pin[0]}): every commit would read as a conflict",
                         key="tree", hint="pass --tree with the pin's tree (a directory holding vllm/, vllm==X, a "
                         "wheel or the installed tree)")
-    out: list[str] = []
-    if have is None and pin_digest:
+    if have is None and pin_digest and not work_tree:
         try:
             digest = tree.digest
         except (SndrError, AttributeError, OSError):
@@ -309,6 +321,7 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                         key="tree", hint="pass --tree with the pin's tree (e.g. --tree vllm==X, or the installed, "
                         "patched pin)")
     rng = _range(git, from_ref, to_ref)
+    work_tree = tree is None
     if tree is None:
         from ..tree import DirTree
 
@@ -316,7 +329,7 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
     read = tree_reader(tree)
     listed = {f for rev in (rng.base, rng.tip) for f in git.text("ls-tree", "-r", "--name-only", rev).splitlines()}
     warnings = check_tree(git, rng, from_ref, to_ref, tree, sorted(set(surface.files) | {
-        f for f in listed if surface.matches(f)}), pin_version, pin_digest)
+        f for f in listed if surface.matches(f)}), pin_version, pin_digest, work_tree)
     surface = Surface(set(surface.files), list(surface.globs))
     initial_files = sorted(surface.files)
     commits = rng.commits
