@@ -746,7 +746,7 @@ def test_a_hunk_applied_with_fuzz_names_the_local_patch_next_to_it(tmp_path, sou
     assert rep.entry(usage).files[0].hunks[0].fuzz is None and rep.entry(usage).flags == []
 
 
-def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, source):
+def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, source, capsys):
     repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
     a = repo.edit(*NEW_BLOCKS_MSG, "[Misc] Say how many blocks are free (#47001)")
     b = repo.edit(BLOCK_POOL, '                f"({self.get_num_free_blocks()} free)"\n',
@@ -772,6 +772,10 @@ def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, sour
     assert md.count(f"| blocked by `{a[:10]}` |") == 3
     g = gate_queue(rep, "main", load_decisions(tmp_path / "none.yaml").model)
     assert f"3 blocked by {a[:10]}: " in g.reason and "1 conflict: " in g.reason
+    assert cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+                     "--patches", str(_empty(tmp_path)), "--surface", BLOCK_POOL, "--json",
+                     str(tmp_path / "q.json")]) == 1
+    assert "4 queued in 4 wave(s), 0 decided, 4 undecided; 3 blocked by a by-hand commit" in capsys.readouterr().out
     # on a tree without the local patch nothing is by hand, so nothing is blocked
     rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}),
                      _dir_tree(make_tree(tmp_path / "plain", source, [BLOCK_POOL])))

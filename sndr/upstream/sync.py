@@ -378,7 +378,8 @@ def _plan_cmd(args) -> int:
     c = rep.counts
     summary = (f"{c.get('commits', 0)} commits in {args.from_ref}..{args.to_ref} (merge-base "
                f"{(rep.merge_base or '')[:10]}), {c.get('mirrored', 0)} on the surface: {c.get('queued', 0)} queued "
-               f"in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided, {c.get('undecided', 0)} undecided")
+               f"in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided, {c.get('undecided', 0)} undecided"
+               + (f"; {c['blocked']} blocked by a by-hand commit" if c.get("blocked") else ""))
     if args.json == "-":
         print(text_json)
         print(summary, file=sys.stderr)
