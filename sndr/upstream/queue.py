@@ -247,11 +247,11 @@ def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: l
                         "commit is judged against the pin's tree plus the local patches", key="tree",
                         hint=f"pass the pin's tree: --tree vllm=={want} (or the installed, patched pin)")
     read = tree_reader(tree)
-    at_pin = [f for f in files if git.blob(rng.base, f) is not None]
-    texts = {f: read(f) for f in at_pin}
-    if at_pin and all(t is None for t in texts.values()):
-        raise bad_input("tree_empty", f"none of the {len(at_pin)} mirrored file(s) that --from {from_ref} has is "
-                        f"in the tree {spec} (e.g. {at_pin[0]}): every commit would read as a conflict",
+    at_pin = set(git.text("ls-tree", "-r", "--name-only", rng.base).splitlines())
+    present = [f for f in files if f in at_pin]
+    if present and all(read(f) is None for f in present):
+        raise bad_input("tree_empty", f"none of the {len(present)} mirrored file(s) that --from {from_ref} has is "
+                        f"in the tree {spec} (e.g. {present[0]}): every commit would read as a conflict",
                         key="tree", hint="pass --tree with the pin's tree (a directory holding vllm/, vllm==X, a "
                         "wheel or the installed tree)")
     if have is None and pin_digest and not work_tree:
@@ -263,10 +263,11 @@ def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: l
             out.append(f"cannot tell the vLLM version of the tree {spec}, and its digest {digest[:12]} is not the "
                        f"pin record's {pin_digest[:12]}: check that --tree is the pin (a patched tree differs too)")
     like_to = like_from = 0
-    for f, text in texts.items():
-        pre, post = git.blob(rng.base, f), git.blob(rng.tip, f)
-        if text is None or pre == post:
+    changed = set(git.text("diff", "--name-only", "--no-renames", rng.base, rng.tip).splitlines())
+    for f in present:
+        if f not in changed or (text := read(f)) is None:
             continue
+        pre, post = git.blob(rng.base, f), git.blob(rng.tip, f)
         data = text.encode("utf-8", errors="surrogateescape")
         like_to += data == post
         like_from += data == pre
