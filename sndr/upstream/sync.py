@@ -8,6 +8,7 @@ The work lives in cohesive modules under :mod:`sndr.upstream`:
 - :mod:`~sndr.upstream.lines`: line ownership through the range (dependencies, net-zero, superseded);
 - :mod:`~sndr.upstream.reverts`: revert pairing in vLLM's squash-merge forms, and chains;
 - :mod:`~sndr.upstream.queue` and :mod:`~sndr.upstream.report`: the planner and its report;
+- :mod:`~sndr.upstream.treecheck`: whether the tree judged on is the pin;
 - :mod:`~sndr.upstream.decisions`: kept decisions and deviations (``patches/sync-decisions.yaml``);
 - :mod:`~sndr.upstream.pin`: the pin record and the gates of ``pin advance``.
 
