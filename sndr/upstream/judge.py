@@ -8,13 +8,18 @@ and its post-image the replacement.
   lines, its context is distinctive and it defines nothing the file already
   defines);
 - ``review``: a human must look: the added block's context is too generic to
-  place it, or a definition it adds (``def``/``class`` name) already exists
-  in the file in another form;
+  place it, or a definition it adds already exists in the file in another
+  form: decided on the whole commit and by the enclosing class
+  (:func:`commit_twins`), so a base method and its override, an in-file move
+  or a same-named method of another class are not twins;
 - ``conflict``: neither image is present (a port by hand).
 
 Images are tried with full context, then with one and zero context lines per
 end; a reduced image must be unique and carry at least ``FUZZ_MIN_CHARS`` of
 non-blank text to count as evidence.
+
+A hunk that needed fuzz, review or a port by hand names the local patch whose
+lines sit next to it (:func:`local_marks`, :func:`local_patches_near`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ keep that honest:
    resolve to their net effect (:mod:`sndr.upstream.reverts`); lines added and
    removed again inside the range are net-zero; a by-hand commit whose lines a
    later commit rewrote is superseded. Commits with the patch-id of a commit on
-   the pin's side (a cherry-pick onto the pin's release branch) are satisfied.
+   the pin's side (a cherry-pick onto the pin's release branch) are satisfied;
+   a 3-way pick there (another patch-id; found by ``cherry picked from
+   commit``, the PR number or the subject) counts as cherry-picked too.
 2. **Against the tree.** Each commit is classified on the simulated tree. The
    halves of a cancelled pair, net-zero and cherry-picked commits are judged
    but never applied, so the simulation never carries a change the port will
@@ -26,7 +28,10 @@ the surface brings the commits to its old path with it, and a surface file
 renamed away keeps being mirrored under its new name.
 
 The queue is the applicable, review and conflicting commits, in waves: a
-commit sits one wave after the latest commit it depends on. Kept decisions
+commit sits one wave after the latest commit it depends on. A by-hand commit
+whose failing hunks all stand on lines a queued by-hand commit adds is
+``blocked by`` that one (counted apart: it applies once that one is ported).
+The tree is checked to be the pin first (:mod:`sndr.upstream.treecheck`). Kept decisions
 (:mod:`sndr.upstream.decisions`) are attached by sha and shown apart.
 """
 
