@@ -429,6 +429,7 @@ def test_cli_plan_on_an_empty_queue_exits_0(tmp_path, source, capsys):
     repo.edit(METRICS, "import random\n", "import random  # x\n", "outside only")
     pdir = tmp_path / "patches"
     _write_patch(pdir, "PN1", BLOCK_POOL, "        return ret\n")
+    repo.git("checkout", "-q", "pin")  # the work tree is the pin's (a checkout of --to is refused: tree_not_pin)
     rc = cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--patches", str(pdir)])
     assert rc == 0
     assert "0 applicable" in capsys.readouterr().out

@@ -746,7 +746,7 @@ def test_a_hunk_applied_with_fuzz_names_the_local_patch_next_to_it(tmp_path, sou
     assert rep.entry(usage).files[0].hunks[0].fuzz is None and rep.entry(usage).flags == []
 
 
-def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, source):
+def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, source, capsys):
     repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
     a = repo.edit(*NEW_BLOCKS_MSG, "[Misc] Say how many blocks are free (#47001)")
     b = repo.edit(BLOCK_POOL, '                f"({self.get_num_free_blocks()} free)"\n',
@@ -772,6 +772,10 @@ def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, sour
     assert md.count(f"| blocked by `{a[:10]}` |") == 3
     g = gate_queue(rep, "main", load_decisions(tmp_path / "none.yaml").model)
     assert f"3 blocked by {a[:10]}: " in g.reason and "1 conflict: " in g.reason
+    assert cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+                     "--patches", str(_empty(tmp_path)), "--surface", BLOCK_POOL, "--json",
+                     str(tmp_path / "q.json")]) == 1
+    assert "4 queued in 4 wave(s), 0 decided, 4 undecided; 3 blocked by a by-hand commit" in capsys.readouterr().out
     # on a tree without the local patch nothing is by hand, so nothing is blocked
     rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}),
                      _dir_tree(make_tree(tmp_path / "plain", source, [BLOCK_POOL])))
@@ -908,3 +912,19 @@ def test_markdown_sections_sit_under_the_title(scripted, tmp_path):
     assert heads[0].startswith("# Sync queue: ") and all(not h.startswith("# ") for h in heads[1:]), heads
     assert heads.index("## Undecided") < heads.index("### Wave 1") < heads.index("## Decided") \
         < heads.index("## Not queued")
+
+
+def test_the_repos_own_work_tree_is_checked_by_its_head(releases, tmp_path, capsys):
+    repo, tree, c = releases
+    pdir = _empty(tmp_path)
+    args = ["--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--patches", str(pdir),
+            "--surface", "vllm/v1/core/*.py", "--json", "-"]
+    repo.git("checkout", "-q", "v0.33.0")  # the work tree is the target
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 2 and "tree_not_pin" in err and "contains --to v0.33.0: it is the target, not the pin" in err, err
+    repo.git("checkout", "-q", "v0.32.0")
+    repo.git("checkout", "-q", "-b", "local")  # local patches committed on top of the pin are the pin
+    (repo.path / BLOCK_POOL).write_text((repo.path / BLOCK_POOL).read_text() + "# local\n")
+    repo.commit("local patch")
+    rc, out, err = _plan_cli(capsys, *args)
+    assert rc == 1 and json.loads(out)["warnings"] == [], err

@@ -8,18 +8,24 @@ and its post-image the replacement.
   lines, its context is distinctive and it defines nothing the file already
   defines);
 - ``review``: a human must look: the added block's context is too generic to
-  place it, or a definition it adds (``def``/``class`` name) already exists
-  in the file in another form;
+  place it, or a definition it adds already exists in the file in another
+  form: decided on the whole commit and by the enclosing class
+  (:func:`commit_twins`), so a base method and its override, an in-file move
+  or a same-named method of another class are not twins;
 - ``conflict``: neither image is present (a port by hand).
 
 Images are tried with full context, then with one and zero context lines per
 end; a reduced image must be unique and carry at least ``FUZZ_MIN_CHARS`` of
 non-blank text to count as evidence.
+
+A hunk that needed fuzz, review or a port by hand names the local patch whose
+lines sit next to it (:func:`local_marks`, :func:`local_patches_near`).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import keyword
 import re
 from collections import Counter
@@ -150,6 +156,7 @@ def _def_table_by_indent(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
+@functools.lru_cache(maxsize=64)  # a commit's post-image is the next one's pre-image; the tree text repeats
 def def_table(text: str | None) -> list[tuple[int, str, str]]:
     """Every ``def``/``class`` of a Python text: ``(1-based line, enclosing qualname ('' at top level), name)``.
 
@@ -165,15 +172,21 @@ def def_table(text: str | None) -> list[tuple[int, str, str]]:
         return _def_table_by_indent(text)
     out: list[tuple[int, str, str]] = []
 
-    def walk(node: ast.AST, owner: str) -> None:
-        for ch in ast.iter_child_nodes(node):
-            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                out.append((ch.lineno, owner, ch.name))
-                walk(ch, f"{owner}.{ch.name}" if owner else ch.name)
-            else:
-                walk(ch, owner)
+    def walk(body: list, owner: str) -> None:
+        # statements only: a definition sits in a body (of a module, class, def, if, try, with, for, match)
+        for st in body:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.append((st.lineno, owner, st.name))
+                walk(st.body, f"{owner}.{st.name}" if owner else st.name)
+                continue
+            for field in ("body", "orelse", "finalbody"):
+                sub = getattr(st, field, None)
+                if isinstance(sub, list):
+                    walk(sub, owner)
+            for part in getattr(st, "handlers", None) or getattr(st, "cases", None) or ():
+                walk(part.body, owner)
 
-    walk(tree, "")
+    walk(tree.body, "")
     return sorted(out)
 
 
@@ -192,7 +205,15 @@ def commit_twins(cur: str, up_pre: str | None, up_post: str | None, hunks: list[
     upstream's pre-image had (a local one). A base method and its override
     in a subclass, or ``__init__`` of another class, are different pairs.
     """
-    if not any(tag == "+" and _DEF.match(t) for h in hunks for tag, t in h.lines):
+    names = {m.group("name") for h in hunks for tag, t in h.lines if tag == "+" and (m := _DEF.match(t))}
+    if not names:
+        return {}
+
+    def count(text: str | None, name: str) -> int:
+        return len(re.findall(rf"^[ \t]*(?:async[ \t]+def|def|class)[ \t]+{re.escape(name)}\b", text or "", re.M))
+
+    # no name the commit adds is defined more often in the tree than upstream had it: nothing local to twin
+    if all(count(cur, n) <= count(up_pre, n) for n in names):
         return {}
     post = def_table(up_post)
     pre = Counter((o, n) for _, o, n in def_table(up_pre))

@@ -15,7 +15,9 @@ keep that honest:
    resolve to their net effect (:mod:`sndr.upstream.reverts`); lines added and
    removed again inside the range are net-zero; a by-hand commit whose lines a
    later commit rewrote is superseded. Commits with the patch-id of a commit on
-   the pin's side (a cherry-pick onto the pin's release branch) are satisfied.
+   the pin's side (a cherry-pick onto the pin's release branch) are satisfied;
+   a 3-way pick there (another patch-id; found by ``cherry picked from
+   commit``, the PR number or the subject) counts as cherry-picked too.
 2. **Against the tree.** Each commit is classified on the simulated tree. The
    halves of a cancelled pair, net-zero and cherry-picked commits are judged
    but never applied, so the simulation never carries a change the port will
@@ -26,7 +28,10 @@ the surface brings the commits to its old path with it, and a surface file
 renamed away keeps being mirrored under its new name.
 
 The queue is the applicable, review and conflicting commits, in waves: a
-commit sits one wave after the latest commit it depends on. Kept decisions
+commit sits one wave after the latest commit it depends on. A by-hand commit
+whose failing hunks all stand on lines a queued by-hand commit adds is
+``blocked by`` that one (counted apart: it applies once that one is ported).
+The tree is checked to be the pin first (:mod:`sndr.upstream.treecheck`). Kept decisions
 (:mod:`sndr.upstream.decisions`) are attached by sha and shown apart.
 """
 
@@ -45,6 +50,7 @@ from .judge import LocalMarks, SimTree, aggregate, classify_change, commit_reaso
 from .lines import LineTracker, net_zero, superseded
 from .report import QUEUED, CommitEntry, DeviationHit, QueueReport, SurfaceInfo, Wave
 from .reverts import pair_reverts, pr_numbers, strip_pr
+from .treecheck import check_tree
 
 __all__ = ["SYNC_CONFIG_NAME", "Surface", "load_sync_config", "patch_surface", "plan_queue"]
 
@@ -172,7 +178,7 @@ def plan_queue(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, t
     patch id -> files, for deviations that do not list their paths; ``local``:
     the local patches' lines per file (:func:`sndr.upstream.judge.local_marks`),
     to name the patch next to a hunk; ``pin_version``/``pin_digest``: the pin
-    record's, to check that the tree is the pin (:func:`check_tree`).
+    record's, to check that the tree is the pin (:func:`~sndr.upstream.treecheck.check_tree`).
     """
     git = Git(repo)
     try:
@@ -180,89 +186,6 @@ def plan_queue(repo: Path | str, from_ref: str, to_ref: str, surface: Surface, t
                      decisions_file, local or {}, pin_version, pin_digest)
     finally:
         git.close()
-
-
-def _version_of_ref(git: Git, ref: str, sha: str) -> str | None:
-    """The vLLM version a ref names: ``v0.32.0`` itself, else a release tag on that exact commit."""
-    import re
-
-    from packaging.version import InvalidVersion, Version
-
-    names = [ref]
-    proc = git.run("tag", "--points-at", sha, "--list", "v[0-9]*", check=False)
-    names += proc.stdout.decode().split() if proc.returncode == 0 else []
-    for name in names:
-        m = re.fullmatch(r"(?:vllm==|v)?(\d+\.\d+(?:\.\d+)*(?:(?:rc|a|b|\.post|\.dev)\d+)?)", name.strip())
-        if m:
-            try:
-                return str(Version(m.group(1)))
-            except InvalidVersion:
-                continue
-    return None
-
-
-def _same_version(a: str, b: str) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(a).public == Version(b).public
-    except InvalidVersion:
-        return a.strip() == b.strip()
-
-
-def check_tree(git: Git, rng: _Range, from_ref: str, to_ref: str, tree, files: list[str],
-               pin_version: str | None = None, pin_digest: str | None = None) -> list[str]:
-    """Refuse a tree that is not the pin; return warnings where it cannot be told for sure.
-
-    - its vLLM version against the pin's (``--from``'s version or release tag,
-      else the pin record's): another version is refused (``tree_not_pin``);
-    - none of the mirrored files ``--from`` has is in the tree: refused
-      (``tree_empty``; a bare clone's or a wrong directory's symptom);
-    - its version unknown: its digest against the pin record's, and its
-      mirrored files against both ends of the range (a tree that holds
-      ``--to``'s content is the target's) give warnings.
-    """
-    spec = getattr(tree, "spec", None) or str(tree)
-    want = _version_of_ref(git, from_ref, rng.base) or pin_version
-    src = f"--from {from_ref}" if _version_of_ref(git, from_ref, rng.base) else "the pin record"
-    try:
-        have: str | None = tree.version
-    except (SndrError, AttributeError, OSError):
-        have = None
-    if want and have and not _same_version(want, have):
-        raise bad_input("tree_not_pin", f"the tree {spec} is vLLM {have}, but the pin ({src}) is {want}: every "
-                        "commit is judged against the pin's tree plus the local patches", key="tree",
-                        hint=f"pass the pin's tree: --tree vllm=={want} (or the installed, patched pin)")
-    read = tree_reader(tree)
-    at_pin = [f for f in files if git.blob(rng.base, f) is not None]
-    texts = {f: read(f) for f in at_pin}
-    if at_pin and all(t is None for t in texts.values()):
-        raise bad_input("tree_empty", f"none of the {len(at_pin)} mirrored file(s) that --from {from_ref} has is "
-                        f"in the tree {spec} (e.g. {at_pin[0]}): every commit would read as a conflict",
-                        key="tree", hint="pass --tree with the pin's tree (a directory holding vllm/, vllm==X, a "
-                        "wheel or the installed tree)")
-    out: list[str] = []
-    if have is None and pin_digest:
-        try:
-            digest = tree.digest
-        except (SndrError, AttributeError, OSError):
-            digest = None
-        if digest and digest != pin_digest:
-            out.append(f"cannot tell the vLLM version of the tree {spec}, and its digest {digest[:12]} is not the "
-                       f"pin record's {pin_digest[:12]}: check that --tree is the pin (a patched tree differs too)")
-    like_to = like_from = 0
-    for f, text in texts.items():
-        pre, post = git.blob(rng.base, f), git.blob(rng.tip, f)
-        if text is None or pre == post:
-            continue
-        data = text.encode("utf-8", errors="surrogateescape")
-        like_to += data == post
-        like_from += data == pre
-    if like_to and like_to >= like_from:
-        out.append(f"the tree {spec} looks like --to {to_ref}, not the pin: {like_to} mirrored file(s) hold "
-                   f"--to's content and {like_from} --from's" + (f" (vLLM {have})" if have else "")
-                   + "; pass the pin's tree with --tree")
-    return out
 
 
 def _three_way_picks(commits: list[CommitInfo], cands: Iterable[int], pin_side: list[CommitInfo],
@@ -309,14 +232,15 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                         key="tree", hint="pass --tree with the pin's tree (e.g. --tree vllm==X, or the installed, "
                         "patched pin)")
     rng = _range(git, from_ref, to_ref)
+    work_tree = tree is None
     if tree is None:
         from ..tree import DirTree
 
         tree = DirTree(git.repo, spec=str(git.repo))
     read = tree_reader(tree)
     listed = {f for rev in (rng.base, rng.tip) for f in git.text("ls-tree", "-r", "--name-only", rev).splitlines()}
-    warnings = check_tree(git, rng, from_ref, to_ref, tree, sorted(set(surface.files) | {
-        f for f in listed if surface.matches(f)}), pin_version, pin_digest)
+    warnings = check_tree(git, rng.base, rng.tip, from_ref, to_ref, tree, sorted(set(surface.files) | {
+        f for f in listed if surface.matches(f)}), pin_version, pin_digest, work_tree)
     surface = Surface(set(surface.files), list(surface.globs))
     initial_files = sorted(surface.files)
     commits = rng.commits

@@ -8,6 +8,7 @@ The work lives in cohesive modules under :mod:`sndr.upstream`:
 - :mod:`~sndr.upstream.lines`: line ownership through the range (dependencies, net-zero, superseded);
 - :mod:`~sndr.upstream.reverts`: revert pairing in vLLM's squash-merge forms, and chains;
 - :mod:`~sndr.upstream.queue` and :mod:`~sndr.upstream.report`: the planner and its report;
+- :mod:`~sndr.upstream.treecheck`: whether the tree judged on is the pin;
 - :mod:`~sndr.upstream.decisions`: kept decisions and deviations (``patches/sync-decisions.yaml``);
 - :mod:`~sndr.upstream.pin`: the pin record and the gates of ``pin advance``.
 
@@ -382,7 +383,8 @@ def _plan_cmd(args) -> int:
     c = rep.counts
     summary = (f"{c.get('commits', 0)} commits in {args.from_ref}..{args.to_ref} (merge-base "
                f"{(rep.merge_base or '')[:10]}), {c.get('mirrored', 0)} on the surface: {c.get('queued', 0)} queued "
-               f"in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided, {c.get('undecided', 0)} undecided")
+               f"in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided, {c.get('undecided', 0)} undecided"
+               + (f"; {c['blocked']} blocked by a by-hand commit" if c.get("blocked") else ""))
     if args.json == "-":
         print(text_json)
         print(summary, file=sys.stderr)
