@@ -116,10 +116,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
+    from ..cli import parse_args, run
 
     try:
-        args = _parser().parse_args(argv)
+        args = parse_args(_parser(), argv)
     except SystemExit as exc:
         return int(exc.code or 0) and EXIT_BAD_INPUT
     return run("sndr sync", lambda: _run(args),
