@@ -784,31 +784,10 @@ def _interrupted(args) -> str:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from .cli import run
+    from .cli import parse_args, run
 
-    args = _parse_args(build_parser(), sys.argv[1:] if argv is None else list(argv))
+    args = parse_args(build_parser(), argv)
     return run("sndr apply", lambda: _cli_body(args), on_interrupt=lambda: _interrupted(args))
-
-
-def _parse_args(ap, argv: list[str]):
-    """argparse, and on a usage error with ``--json -`` still one JSON document on stdout (its reader
-    never gets an empty stream); argparse's own message and exit 2 are unchanged."""
-    said: list[str] = []
-    error = ap.error
-
-    def record(message: str):
-        said.append(message)
-        return error(message)
-
-    ap.error = record
-    try:
-        return ap.parse_args(argv)
-    except SystemExit:
-        if said and any(a in ("--json=-",) or (a == "--json" and i + 1 < len(argv) and argv[i + 1] == "-")
-                        for i, a in enumerate(argv)):
-            sys.stdout.write(json.dumps({"ok": False, "exit_code": 2, "problems": [
-                {"code": "usage", "message": said[0], "key": "argv"}]}, indent=2) + "\n")
-        raise
 
 
 def _cli_body(args) -> int:

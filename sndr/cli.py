@@ -27,6 +27,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    import argparse
 
 from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
 
@@ -135,6 +139,50 @@ def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "o
     # atomic_write's rename replaces the entry itself: a symlink swapped in after the check is
     # replaced, never followed, and in a sticky directory another user's entry cannot be replaced.
     fsio.atomic_write(os.path.abspath(dest), data, mode)
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``ap.parse_args(argv)``; on a usage error with ``--json -`` (or ``--json=-``) one JSON document
+    still goes to stdout (``ok`` false, ``exit_code`` 2, code ``usage`` with argparse's message), so its
+    reader never gets an empty stream. argparse's own message on stderr and its exit 2 are unchanged."""
+    import argparse
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    said: list[str] = []
+
+    def parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+        out = [p]
+        for action in p._actions:  # subcommands report their own usage errors
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    out += parsers(sub)
+        return out
+
+    def recording(p: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
+        error = p.error
+
+        def record(message: str) -> NoReturn:
+            said.append(message)
+            error(message)
+
+        return record
+
+    every = parsers(ap)
+    for p in every:
+        p.error = recording(p)  # type: ignore[method-assign,assignment]
+    try:
+        return ap.parse_args(argv)
+    except SystemExit:
+        if said and any(a == "--json=-" or (a == "--json" and argv[i + 1:i + 2] == ["-"]) for i, a in enumerate(argv)):
+            import json
+
+            sys.stdout.write(json.dumps({"ok": False, "exit_code": EXIT_BAD_INPUT, "problems": [
+                {"code": "usage", "message": said[0], "key": "argv"}]}, indent=2) + "\n")
+            sys.stdout.flush()
+        raise
+    finally:
+        for p in every:
+            p.__dict__.pop("error", None)
 
 
 def say(prog: str, message: str) -> None:

@@ -661,8 +661,8 @@ def trusted_cache_root() -> Path:
         for name in ("trees", "wheels", "locks"):
             caches.require_dir(name, "tree cache").close()
     except UnsafeDirError as exc:
-        raise bad_input("cache_unsafe", f"{exc}; a vllm==X tree is never read from or fetched into a cache "
-                        f"another user could change", file=exc.path,
+        raise bad_input("cache_unsafe", f"refused: {exc.why}; a vllm==X tree is never read from or fetched into "
+                        f"a cache another user could change", file=exc.path,
                         hint=f"set {env.CACHE_DIR} to a directory only you can write (sndr creates it 0700)") from None
     return Path(caches.root_path())
 

@@ -91,9 +91,11 @@ def _enable_caches() -> None:
 
 
 def _main(argv: list[str]) -> int:
+    from ..cli import parse_args
+
     ap = build_parser()
     try:
-        args = ap.parse_args(argv)
+        args = parse_args(ap, argv)
     except SystemExit as exc:
         return EXIT_OK if exc.code == 0 else EXIT_BAD_INPUT
     fail_on = _parse_fail_on(args.fail_on)

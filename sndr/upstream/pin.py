@@ -439,6 +439,10 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
         except InvalidVersion:
             raise bad_input("bad_target", f"--to {to!r} is neither a PEP 440 version nor a commit sha", key="to") from None
     target = None if dry_run else writable_pin_path(pin_path, getattr(patch_set, "directory", None))
+    if target is not None:
+        from ..cli import check_output
+
+        check_output(target, "--pin-file")  # before the gates: a pin record is never written through a link
     gates: list[PinGate] = []
     g, pre = gate_preflight(preflight, to, patch_set)
     gates.append(g)
@@ -482,10 +486,10 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
                        benchmark_waived=benchmark_waived if benchmark is None else None,
                        perf_refs=used_refs or None, perf_waived=waivers or None)
     if not dry_run:
-        from ..fsio import atomic_write
+        from ..cli import write_output
 
         assert target is not None  # resolved (and refused if shipped data) before the gates
-        atomic_write(target, record.to_toml().encode("utf-8"))
+        write_output(target, record.to_toml(), "--pin-file")
     return gates, record
 
 

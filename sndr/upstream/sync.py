@@ -124,10 +124,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
+    from ..cli import parse_args, run
 
     try:
-        args = _parser().parse_args(argv)
+        args = parse_args(_parser(), argv)
     except SystemExit as exc:
         return int(exc.code or 0) and EXIT_BAD_INPUT
     return run("sndr sync", lambda: _run(args),
@@ -138,8 +138,8 @@ def cli_main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     if args.cmd == "plan":
         return _plan_cmd(args)
+    from ..cli import write_output
     from ..env import patches_dir, refuse_shipped_write, writable_patches_dir
-    from ..fsio import atomic_write
     from .decisions import EMPTY, parse_decisions
     from .watchlist import read_text_file
 
@@ -169,12 +169,12 @@ def _run(args) -> int:
             _check_ported_as(ported.split(" ", 1)[1].strip(), pdir or patches_dir())
         new, d = set_decision(text, sha, str(path), subject=subject, tier=args.tier,
                               resolution=args.resolution, note=args.note)
-        atomic_write(path, new.encode("utf-8"))
+        write_output(path, new, "the decisions file")
         print(f"{path}: {d.sha[:10]}: {d.summary() or 'recorded'}")
         return EXIT_OK
     if args.drop:
         new = drop_deviation(text, args.patch, str(path))
-        atomic_write(path, new.encode("utf-8"))
+        write_output(path, new, "the decisions file")
         print(f"{path}: deviation {args.patch} dropped")
         return EXIT_OK
     paths = [p.strip() for p in args.paths.split(",") if p.strip()] if args.paths else None
@@ -187,7 +187,7 @@ def _run(args) -> int:
                         key="paths")
     new = set_deviation(text, args.patch, str(path), upstream=args.upstream, why=args.why,
                         discharge=args.discharge, paths=paths, reviewed=args.reviewed)
-    atomic_write(path, new.encode("utf-8"))
+    write_output(path, new, "the decisions file")
     dev = load_decisions(path).model.deviation(args.patch)
     assert dev is not None  # set_deviation has just written it
     print(f"{path}: deviation {args.patch}: " + ", ".join(f"{k}={v}" for k, v in dev.model_dump(

@@ -976,10 +976,10 @@ def _print_result(res: VendorResult, target: Path | None, quiet: bool) -> None:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
+    from ..cli import parse_args, run
 
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(build_parser(), argv)
     except SystemExit as exc:
         return int(exc.code or 0) and EXIT_BAD_INPUT
     return run("sndr vendor", lambda: _vendor(args),

@@ -512,10 +512,11 @@ def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watc
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (:func:`sndr.fsio.atomic_write`)."""
-    from ..fsio import atomic_write
+    """Replace ``path`` with ``text`` atomically through the one output writer (:func:`sndr.cli.write_output`:
+    never through a symlink, FIFO or device, nor over another user's file)."""
+    from ..cli import write_output
 
-    atomic_write(path, text.encode("utf-8"))
+    write_output(path, text, "the watchlist")
 
 
 # ----------------------------------------------------------------------------- CLI

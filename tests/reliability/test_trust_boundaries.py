@@ -658,11 +658,34 @@ def test_runtime_patch_with_a_module_outside_sndr_is_refused_at_load_time(tmp_pa
         _one_clean_line(proc, 2, f"{pdir / 'PR0001-evil.toml'}:8", "module_outside", "os")
 
 
-def test_usage_error_with_json_stdout_still_writes_one_json_document():
+@pytest.mark.parametrize("argv", [["apply", "--json", "-", "--no-such-option"],
+                                  ["sync", "plan", "--json=-", "--no-such-option"],
+                                  ["vendor", "--json", "-", "--no-such-option"],
+                                  ["preflight", "--json", "-", "--no-such-option"]])
+def test_usage_error_with_json_stdout_still_writes_one_json_document(argv):
     import json
 
-    proc = _run_sndr("apply", "--json", "-", "--no-such-option")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    proc = _run_sndr(*argv)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "usage:" in proc.stderr, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] is False and doc["exit_code"] == 2 and doc["problems"][0]["code"] == "usage"
-    assert "--no-such-option" in doc["problems"][0]["message"]
+    assert "--no-such-option" in doc["problems"][0]["message"] or "required" in doc["problems"][0]["message"]
+
+
+def test_files_edited_in_place_go_through_the_output_writer(tmp_path):
+    """The decisions file (``sync decide``), the pin record (``pin advance --pin-file``): a symlink or a FIFO
+    there is refused with exit 2, never replaced or written through."""
+    real = tmp_path / "real.yaml"
+    _one_clean_line(_run_sndr("sync", "decide", "abcdef1", "--decisions", str(real), "--tier", "IGNORE"), 0)
+    before = real.read_text()
+    link = tmp_path / "decisions.yaml"
+    link.symlink_to(real)
+    proc = _run_sndr("sync", "decide", "abcdef2", "--decisions", str(link), "--tier", "IGNORE")
+    _one_clean_line(proc, 2, str(link), "output_refused", "symlink")
+    assert real.read_text() == before and _kind(link) == "link"
+    fifo = tmp_path / "pin.toml"
+    os.mkfifo(fifo)
+    proc = _run_sndr("pin", "advance", "--to", "0.33.0", "--pin-file", str(fifo), "--patches", str(REPO / "patches"),
+                     "--no-benchmark-ref", "test")
+    _one_clean_line(proc, 2, str(fifo), "output_refused", "FIFO")
+    assert _kind(fifo) == "fifo"
