@@ -260,9 +260,9 @@ def _resolve_sha(raw: str, rep, queue: str | None, repo: str | None, text: str) 
 
 def _decide_batch(args, rep, path: Path, text: str, pdir: Path | None) -> int:
     """``decide --from-file FILE``: every row checked before any is written; the decisions file written once."""
+    from ..cli import write_output
     from ..env import patches_dir
     from ..errors import Problem, SndrError
-    from ..fsio import atomic_write
     from .watchlist import read_text_file
     from .yamledit import load_rt, to_plain
 
@@ -304,7 +304,7 @@ def _decide_batch(args, rep, path: Path, text: str, pdir: Path | None) -> int:
                                         hint=p.hint))
     if problems:
         raise SndrError(problems)
-    atomic_write(path, new.encode("utf-8"))
+    write_output(path, new, "the decisions file")
     for d in done:
         print(f"{path}: {d.sha[:10]}: {d.summary() or 'recorded'}")
     print(f"{path}: {len(done)} decision(s) recorded from {src}")
