@@ -68,6 +68,21 @@ replacement = "        return cls()  # fp8\\n"
 ''',
 }
 
+EXTRA["F0006-plugin.toml"] = '''
+id = "F0006"
+title = "A performance plugin (on by default; SNDR_PLUGINS=0 turns it off)"
+kind = "plugin"
+module = "sndr.startup.runtime"
+
+[[runtime]]
+name = "count-again"
+target = "vllm.engine:Engine.step"
+replacement = "sndr.startup.runtime:call_counter"
+wrap = true
+chain = true
+signature = "(self, n)"
+'''
+
 PACK_INIT = '''\
 from pathlib import Path
 import pluggy
@@ -125,6 +140,8 @@ def _scenarios() -> list[tuple[str, dict, bool]]:
         ("enable_off", {"SNDR_PATCHES": "{box}", "SNDR_ENABLE_F0001": "0"}, True),
         ("enable_on_default_off", {"SNDR_PATCHES": "{box}", "SNDR_ENABLE_F0004": "1"}, True),
         ("enable_runtime_off_words", {"SNDR_PATCHES": "{box}", "SNDR_ENABLE_F0003": "Off"}, True),
+        ("plugins_off", {"SNDR_PATCHES": "{box}", "SNDR_PLUGINS": "0"}, True),
+        ("plugins_off_one_on", {"SNDR_PATCHES": "{box}", "SNDR_PLUGINS": "no", "SNDR_ENABLE_F0006": "1"}, True),
         ("profile", {"SNDR_PATCHES": "{box}", "SNDR_PROFILE": "{tmp}/fp8.toml"}, True),
         ("pack", {"SNDR_PATCHES": "{box}", "PACK": "1"}, True),
         ("patches_unset", {}, False),
@@ -204,12 +221,14 @@ def test_hook_and_cli_resolve_the_same_set_and_digest(name, changes, applied, tm
         packs.refresh()
 
     # What each scenario must resolve to, so "all readers agree" cannot pass on a set nobody loaded.
-    box_all = ["F0001", "F0002", "F0003"]
+    box_all = ["F0001", "F0002", "F0003", "F0006"]
     expected = {
         "patches_set": box_all,
-        "enable_off": ["F0002", "F0003"],
+        "enable_off": ["F0002", "F0003", "F0006"],
         "enable_on_default_off": box_all + ["F0004"],
-        "enable_runtime_off_words": ["F0001", "F0002"],
+        "enable_runtime_off_words": ["F0001", "F0002", "F0006"],
+        "plugins_off": ["F0001", "F0002", "F0003"],
+        "plugins_off_one_on": box_all,
         "profile": box_all + ["F0005"],
         "pack": box_all + ["ONEHOME_0001"],
         "patches_empty_dir": [],

@@ -141,26 +141,31 @@ def _prepare(builder, cfg, k: int, idx: int) -> None:
 
 
 def uniform_verify(cam, ql: int) -> bool:
-    """Every request has ``ql`` query tokens (CUDA-graph padding requests: 0) and none is prefilling."""
-    if cam.max_query_len != ql or cam.num_actual_tokens <= 0 or cam.num_actual_tokens % ql:
+    """Every request has ``ql`` query tokens (CUDA-graph padding requests: 0) and none is prefilling.
+
+    On Python ints (one ``tolist()`` of the CPU tensors): this runs on the host every step, and a
+    handful of small tensor ops cost tens of microseconds (docs/bench-tq-layer-h200.md)."""
+    n_tok, n_req = cam.num_actual_tokens, cam.num_reqs
+    if cam.max_query_len != ql or n_tok <= 0 or n_tok % ql:
         return False
     qsl = cam.query_start_loc_cpu
     if qsl is None:
         return False
-    lens = qsl[1: cam.num_reqs + 1] - qsl[: cam.num_reqs]
-    if not bool(((lens == ql) | (lens == 0)).all()):
+    starts = qsl[: n_req + 1].tolist()
+    lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    if any(n != ql and n != 0 for n in lens):
         return False
     # num_actual_tokens may include CUDA-graph padding: the padding requests (length 0, at the
     # end, seq_len 0) then own the rows past the real ones, ql each
-    real = int((lens == ql).sum()) * ql
-    if real == 0 or not real <= cam.num_actual_tokens <= cam.num_reqs * ql:
+    nz = sum(1 for n in lens if n)
+    real = nz * ql
+    if real == 0 or not real <= n_tok <= n_req * ql:
         return False
     # padding rows sit at the end of the batch (a later real request would be misplaced)
-    nz = int((lens != 0).sum())
-    if nz and bool((lens[:nz] == 0).any()):
+    if 0 in lens[:nz]:
         return False
     pre = getattr(cam, "is_prefilling", None)
-    if pre is not None and bool(pre[: cam.num_reqs].any()):
+    if pre is not None and any(pre[:n_req].tolist()):
         return False
     return True
 

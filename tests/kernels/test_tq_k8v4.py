@@ -300,8 +300,8 @@ def test_entry_falls_back_to_vllm_for_other_presets(monkeypatch):
 
 def test_entry_signature_and_binding_pins_match_vllm(vllm_tq):
     patch = tomllib.loads(PATCH.read_text())
-    # measured (docs/bench-tq-decode-h200.md): active, but an operator opts in
-    assert patch["kind"] == "plugin" and patch["lifecycle"] == "active" and patch["default"] is False
+    # measured (docs/bench-tq-decode-h200.md): beats vLLM in every cell, so on by default (issue 28)
+    assert patch["kind"] == "plugin" and patch["lifecycle"] == "active" and patch["default"] is True
     (edit,) = patch["runtime"]
     assert edit["replacement"] == "sndr.kernels.turboquant_k8v4:decode"
     theirs = vllm_tq.decode

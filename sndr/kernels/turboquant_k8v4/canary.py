@@ -45,6 +45,17 @@ def kernel_hash() -> str:
 
 
 def _driver_version() -> str:
+    """The NVIDIA driver release (``/proc/driver/nvidia/version``), else the driver API version."""
+    try:
+        with open("/proc/driver/nvidia/version", "rb") as fh:
+            head = fh.read(4096).decode("ascii", "replace")
+        import re
+
+        m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", head)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
     try:
         import ctypes
 
