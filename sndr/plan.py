@@ -704,7 +704,8 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                     er.hint = (f"if {p.id} is written on the text {c.patch} produces, declare after = [\"{c.patch}\"] "
                                f"in {p.id}; otherwise re-anchor one of them")
                 else:
-                    er.chained_from = sorted({r[2] for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]})
+                    # Chained: the anchor holds bytes an ordered patch changed (re-emitted context is pristine).
+                    er.chained_from = sorted({c.patch for c in hits})
                     st.replace(at, len(e.anchor), e.replacement, p.id, e.name, e.anchor)
             if blocks(er):
                 failed = True
