@@ -177,11 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sndr import",
                                  description="Turn a patch series (quilt, git format-patch) into sndr patch files, "
                                              "in series order with after chains.")
-    ap.add_argument("kind", choices=["quilt", "mbox"], help="quilt: a directory with a series file; mbox: numbered "
-                    "format-patch files, or one mbox file")
-    ap.add_argument("src", type=Path, help="the series")
+    ap.add_argument("kind", choices=["quilt", "mbox", "genesis"],
+                    help="quilt: a directory with a series file; mbox: numbered format-patch files, or one mbox "
+                         "file; genesis: a checkout of the seed system (its text patchers and registry, read "
+                         "statically)")
+    ap.add_argument("src", type=Path, help="the series (genesis: the checkout's root)")
     ap.add_argument("--to", required=True, type=Path, dest="out", help="directory to write the patch files into")
-    ap.add_argument("--tree", required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
+    ap.add_argument("--tree", help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
+                                   "place each hunk on it; genesis converts without a tree)")
     ap.add_argument("--prefix", default=None, help="id prefix (default: Q for quilt, M for mbox): Q001, Q002, ...")
     ap.add_argument("--force", action="store_true", help="overwrite existing patch files")
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout)")
@@ -203,6 +206,11 @@ def cli_main(argv: list[str] | None = None) -> int:
 def _main(args) -> int:
     from ..tree import open_tree
 
+    if args.kind == "genesis":
+        return _genesis(args)
+    if not args.tree:
+        raise SndrError(Problem("usage", f"sndr import {args.kind} needs --tree (the pin the hunks are placed on)",
+                                key="--tree"))
     prefix = args.prefix or {"quilt": "Q", "mbox": "M"}[args.kind]
     if not re.match(ID_PATTERN, prefix + "1"):
         raise SndrError(Problem("bad_id", f"--prefix {prefix!r} does not start a patch id", key="--prefix"))
@@ -235,3 +243,60 @@ def _main(args) -> int:
         else:
             atomic_write(args.json, data.encode("utf-8"), durable=False)
     return code
+
+
+def _genesis(args) -> int:
+    """Convert a seed-system checkout statically; write the patch files and the report of what it could not
+    express. Exit 0 when everything was expressed, 1 when something was left out (named in the report)."""
+    from ..tomlwrite import dumps_patch
+    from .genesis import REGISTRY, convert
+    from .vendor import _slug
+
+    if not (args.src / REGISTRY).is_file():
+        raise SndrError(Problem("import_no_series", f"not a seed-system checkout: no {REGISTRY}", file=str(args.src)))
+    exists = None
+    if args.tree:
+        from ..tree import open_tree
+
+        tree = open_tree(args.tree)
+
+        def exists(rel: str) -> bool:
+            try:
+                return tree.read_text(rel) is not None
+            except SndrError:
+                return False
+    try:
+        res = convert(args.src, exists)
+    except (ValueError, SyntaxError) as exc:
+        raise SndrError(Problem("import_unreadable", str(exc), file=str(args.src / REGISTRY))) from None
+    writes = []
+    for p in res.patches:
+        head = [f"Imported by `sndr import genesis` from {args.src.name} (apply order as after chains).",
+                "Best-effort as the seed applies it: on_failure = skip."]
+        writes.append((args.out / f"{p.id}-{_slug(p.title)}.toml", dumps_patch(p, header=head)))
+    existing = [t for t, _ in writes if t.exists()]
+    if existing and not args.force:
+        raise SndrError(Problem("patch_exists", "patch file already exists", file=str(existing[0]),
+                                hint="pass --force to overwrite, or import into an empty directory"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for target, text in writes:
+        atomic_write(target, text.encode("utf-8"))
+    report = dict(res.to_json(), kind="genesis", edits=sum(len(f.edits) for p in res.patches for f in p.files),
+                  files=len({f.path for p in res.patches for f in p.files}))
+    atomic_write(args.out / "_import.json", (json.dumps(report, indent=2) + "\n").encode("utf-8"), durable=False)
+    err = sys.stderr
+    if not args.quiet:
+        for n in res.notes:
+            print(f"  {n.file}:{n.line or '?'}: {n.patch}: {n.what}", file=err)
+        for pid, why in res.skipped.items():
+            print(f"  {pid}: not imported: {why}", file=err)
+    print(f"imported {len(res.patches)} patch(es), {report['edits']} edit(s) over {report['files']} file(s) into "
+          f"{args.out}; {len(res.skipped)} registry entr(ies) not imported, {len(res.notes)} construct(s) not "
+          f"expressed (report: {args.out / '_import.json'})", file=err)
+    if args.json:
+        data = json.dumps(report, indent=2) + "\n"
+        if args.json == "-":
+            sys.stdout.write(data)
+        else:
+            atomic_write(args.json, data.encode("utf-8"), durable=False)
+    return EXIT_OK if not res.notes and not res.skipped else EXIT_FINDINGS
