@@ -95,6 +95,12 @@ def _make_patcher():
         ],
         upstream_drift_markers=["def _cap_long_prefill("],
     )
+
+
+def _make_patcher_for_fixture(fixture_path):
+    # A build/test helper: its target is whatever the caller passes, not a vLLM file.
+    return TextPatcher(patch_name="PN7 fixture", target_file=str(fixture_path), marker="Genesis PN7",
+                       sub_patches=[TextPatch(name="pn7_cap", anchor=PN7_OLD, replacement=PN7_NEW)])
 '''
 
 PN8 = '''
@@ -106,10 +112,16 @@ OLD = "budget, self.long_prefill_threshold)  # [PN7]\\n"
 NEW = OLD + "            logger.debug('budget %d', budget)  # [PN8]\\n"
 
 
-def _make_patcher():
-    return TextPatcher(patch_name="PN8", target_file=str(resolve_vllm_file("v1/core/sched/scheduler.py")),
-                       marker="Genesis PN8", sub_patches=[TextPatch(name="pn8", anchor=OLD, replacement=NEW,
-                                                                     required=True)])
+COMMON = [TextPatch(name="pn8", anchor=OLD, replacement=NEW, required=True)]
+
+
+def _make_patcher(target_file=None):
+    if target_file is None:
+        resolved = resolve_vllm_file("v1/core/sched/scheduler.py")
+        if resolved is None:
+            return None
+        target_file = str(resolved)
+    return TextPatcher(patch_name="PN8", target_file=target_file, marker="Genesis PN8", sub_patches=[*COMMON])
 '''
 
 PN3 = '''
@@ -221,6 +233,10 @@ def test_convert_reads_patchers_and_registry_statically(seed):
     reg_line = _line(reg.read_text(), '"PN7": {')
     assert "applies_to.is_turboquant has no sndr `when` key" in notes[("PN7", "sndr/dispatcher/registry.py", reg_line)]
     assert any(p == "PN8" and "conflicts_with names 'PZ9'" in w for (p, _, _), w in notes.items())
+    pn7_rel = "sndr/engines/vllm/patches/scheduler/pn7_cap.py"
+    fixture = notes[("PN7", pn7_rel, _line(PN7, 'return TextPatcher(patch_name="PN7 fixture"'))]
+    assert "a TextPatcher whose target is not a vLLM file known statically" in fixture  # said, and left out
+    assert [e.name for e in by["PN8"].files[0].edits] == ["pn8"]  # *COMMON, and the `if target_file is None` default
 
 
 def test_cli_writes_a_set_that_stacks_in_boot_order(seed, tmp_path):

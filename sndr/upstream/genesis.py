@@ -117,7 +117,16 @@ class _Module:
                 raise Unsupported("a '+' of values that are not both strings", node)
             return left + right
         if isinstance(node, (ast.List, ast.Tuple)):
-            return [ev(e) for e in node.elts]
+            out: list = []
+            for e in node.elts:
+                if isinstance(e, ast.Starred):
+                    got = ev(e.value)
+                    if not isinstance(got, list):
+                        raise Unsupported("a *spread of something that is not a list", e)
+                    out += got
+                else:
+                    out.append(ev(e))
+            return out
         if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
             return self._alternatives([ev(v) for v in node.values], node)
         if isinstance(node, ast.Name):
@@ -223,16 +232,31 @@ class _Module:
         seen: set[int] = set()
         for body, params in scopes:
             local: dict[str, ast.AST] = dict(params)
+            nested = _nested_assignments(body) if body is not self.tree.body else {}
             for stmt in body:
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                     local[stmt.targets[0].id] = stmt.value
                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     continue
+                for name, value in nested.items():  # bound only inside a block (`if target is None: ...`)
+                    local.setdefault(name, value)
                 for node in ast.walk(stmt):
                     if isinstance(node, ast.Call) and _callee(node) == "TextPatcher" and id(node) not in seen:
                         seen.add(id(node))
                         out.append((node, dict(local)))
         return out
+
+
+def _nested_assignments(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    """``name = value`` statements inside the blocks (if/with/try) of a function body, for names bound exactly
+    once there (``if target is None: target = ...``); a name with alternative bindings is left unbound."""
+    seen: dict[str, list[ast.AST]] = {}
+    for stmt in body:
+        if isinstance(stmt, (ast.If, ast.With, ast.Try)):
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    seen.setdefault(node.targets[0].id, []).append(node.value)
+    return {name: values[0] for name, values in seen.items() if len(values) == 1}
 
 
 def _callee(node: ast.Call) -> str:
@@ -380,11 +404,19 @@ def _files_of(module: _Module, pid: str, notes: list[Note]) -> tuple[list[dict],
     calls = module.patchers()
     if not calls:
         return [], f"{module.rel} has no TextPatcher (a runtime or dynamic patcher)"
+    failures: list[str] = []
     for call, local in calls:
         try:
             target = module.value(_kw(call, "target_file") or ast.Constant(None), local)
             if not isinstance(target, str) or not target.startswith("vllm/"):
                 raise Unsupported("target_file is not resolve_vllm_file(\"...\")", call)
+        except Unsupported as exc:
+            # A patcher whose target its caller chooses (a test fixture, a build mode): not this patch's edits.
+            notes.append(Note(module.rel, exc.line or call.lineno, f"a TextPatcher whose target is not a vLLM file "
+                              f"known statically ({exc.what}): left out", pid))
+            failures.append(f"{module.rel}:{exc.line or call.lineno}: {exc.what}")
+            continue
+        try:
             subs_node = _kw(call, "sub_patches")
             if subs_node is None:
                 raise Unsupported("TextPatcher without sub_patches", call)
@@ -415,7 +447,7 @@ def _files_of(module: _Module, pid: str, notes: list[Note]) -> tuple[list[dict],
     notes.extend(Note(module.rel, line, what, pid) for line, what in module.choices)
     out = [e for e in by_path.values() if e["edits"]]
     if not out:
-        return [], f"{module.rel}: no edit could be read"
+        return [], failures[0] if failures and not by_path else f"{module.rel}: no edit could be read"
     return out, ""
 
 
@@ -436,11 +468,19 @@ def _sub_patches(module: _Module, node: ast.AST, local) -> list:
         node = local[node.id]
     if not isinstance(node, ast.List):
         raise Unsupported("sub_patches is not a list of TextPatch(...)", node)
-    out: list = []
+    elts: list[ast.AST] = []
     for elt in node.elts:
-        if not (isinstance(elt, ast.Call) and _callee(elt) == "TextPatch"):
-            out.append(Unsupported("a sub-patch that is not a TextPatch(...) call", elt))
+        if isinstance(elt, ast.Starred) and isinstance(elt.value, ast.Name) \
+                and isinstance(module.names.get(elt.value.id), ast.List) and elt.value.id not in module.conditional:
+            elts += module.names[elt.value.id].elts  # type: ignore[attr-defined]
+        else:
+            elts.append(elt)
+    out: list = []
+    for item in elts:
+        if not (isinstance(item, ast.Call) and _callee(item) == "TextPatch"):
+            out.append(Unsupported("a sub-patch that is not a TextPatch(...) call", item))
             continue
+        elt = item
         req_node = _kw(elt, "required")
         required = bool(isinstance(req_node, ast.Constant) and req_node.value)
         try:
