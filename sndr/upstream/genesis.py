@@ -110,7 +110,7 @@ class _Module:
         if isinstance(node, ast.Constant):
             return node.value
         if isinstance(node, ast.JoinedStr):
-            raise Unsupported("an f-string (its text depends on run-time values)", node)
+            return self._fstring(node, local, depth)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             left, right = ev(node.left), ev(node.right)
             if type(left) is not type(right) or not isinstance(left, (str, list)):
@@ -144,6 +144,32 @@ class _Module:
             return self._call(node, local, depth)
         raise Unsupported(f"a {type(node).__name__} expression", node)
 
+    def _fstring(self, node: ast.JoinedStr, local, depth: int) -> str:
+        """An f-string whose every field is a constant this module defines (else it depends on run time)."""
+        out = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                out.append(str(part.value))
+                continue
+            if not isinstance(part, ast.FormattedValue):
+                raise Unsupported("an f-string part sndr cannot read", part)
+            try:
+                value = self.value(part.value, local, depth + 1)
+            except Unsupported as exc:
+                raise Unsupported(f"an f-string with a field known only at run time ({exc.what})", part) from None
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise Unsupported("an f-string field that is not a string or a number", part)
+            shown: object = value
+            if part.conversion == 114:
+                shown = repr(value)
+            elif part.conversion == 97:
+                shown = ascii(value)
+            elif part.conversion == 115:
+                shown = str(value)
+            spec = self.value(part.format_spec, local, depth + 1) if part.format_spec is not None else ""
+            out.append(format(shown, str(spec)))
+        return "".join(out)
+
     def _call(self, node: ast.Call, local, depth: int):
         ev = lambda n: self.value(n, local, depth + 1)  # noqa: E731
         f = node.func
@@ -153,6 +179,11 @@ class _Module:
             if not isinstance(rel, str):
                 raise Unsupported("resolve_vllm_file of a non-string", node)
             return "vllm/" + rel.lstrip("/")
+        if name == "repr" and len(node.args) == 1 and isinstance(f, ast.Name):
+            got = ev(node.args[0])
+            if not isinstance(got, (str, int, float)):
+                raise Unsupported("repr() of something that is not a string or a number", node)
+            return repr(got)
         if name in ("str", "list", "tuple") and len(node.args) == 1 and isinstance(f, ast.Name):
             got = ev(node.args[0])
             if name != "str" and not isinstance(got, list):
