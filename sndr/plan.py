@@ -42,8 +42,10 @@ FAILING = (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING, Verdict.CON
 
 def blocks(e: EditResult) -> bool:
     """Does this edit's verdict fail its patch? A required edit or a group member that fails, and any
-    edit sndr refused (``conflict``): an optional edit may be absent only because its anchor is."""
-    return e.verdict in FAILING and (e.required or e.group is not None or e.verdict == Verdict.CONFLICT)
+    edit sndr refused (``conflict``, ``ambiguous``): an optional edit may be absent only because its
+    anchor is."""
+    return e.verdict in FAILING and (e.required or e.group is not None
+                                     or e.verdict in (Verdict.CONFLICT, Verdict.AMBIGUOUS))
 
 # Failures that are defects of the patch (or of the target's bytes), not drift:
 # they map to exit code 2 (bad input) rather than 1 (findings). An overlap or a
