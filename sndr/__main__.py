@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "manifest": ("sndr.manifest", "build or check anchors/<pin>.json"),
     "preflight": ("sndr.preflight.cli", "classify the patch set on a pin and a candidate tree"),
     "vendor": ("sndr.upstream.vendor", "turn a unified diff into a patch file"),
+    "import": ("sndr.upstream.series", "turn a quilt or git format-patch series into patch files"),
     "watchlist": ("sndr.upstream.watchlist", "lint, edit and evaluate the upstream watchlist"),
     "sync": ("sndr.upstream.sync", "plan the port queue of an upstream range"),
     "pin": ("sndr.upstream.pin", "advance the pin when every gate passes"),

@@ -236,6 +236,9 @@ CODES: dict[str, Code] = {
     "verify_failed": Code(_F, "planning a vendored patch on the pin fails"),
     "verify_mismatch": Code(_F, "a vendored patch does not reproduce the diff's post-image"),
     "verify_not_applied": Code(_F, "a vendored edit does not read applied on the post-image"),
+    "import_no_series": Code(_B, "sndr import found no series (quilt series file, *.patch files) or an empty one"),
+    "import_bad_series": Code(_B, "a quilt series line has an option sndr import does not understand"),
+    "import_unreadable": Code(_B, "sndr import cannot read a series file or a patch it names"),
     # -- internal -------------------------------------------------------------------------------
     "internal": Code(_I, "a bug in sndr; please report it with the traceback"),
 }

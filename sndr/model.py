@@ -279,7 +279,8 @@ class EditResult(BaseModel):
     offset: int | None = None
     qualname: str | None = None
     locations: list[Location] = Field(default_factory=list, description="every occurrence, for ambiguous anchors")
-    chained_from: list[str] = Field(default_factory=list, description="patch ids whose replacement text this anchor lies in")
+    chained_from: list[str] = Field(default_factory=list, description="patch ids ordered before this one whose changed "
+                              "bytes this anchor holds (re-emitted context is not theirs)")
     conflict_with: list[str] = Field(default_factory=list, description="conflict/overlap: the patches that changed "
                                      "bytes of this anchor")
     hint: str = ""

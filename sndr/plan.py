@@ -42,8 +42,10 @@ FAILING = (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING, Verdict.CON
 
 def blocks(e: EditResult) -> bool:
     """Does this edit's verdict fail its patch? A required edit or a group member that fails, and any
-    edit sndr refused (``conflict``): an optional edit may be absent only because its anchor is."""
-    return e.verdict in FAILING and (e.required or e.group is not None or e.verdict == Verdict.CONFLICT)
+    edit sndr refused (``conflict``, ``ambiguous``): an optional edit may be absent only because its
+    anchor is."""
+    return e.verdict in FAILING and (e.required or e.group is not None
+                                     or e.verdict in (Verdict.CONFLICT, Verdict.AMBIGUOUS))
 
 # Failures that are defects of the patch (or of the target's bytes), not drift:
 # they map to exit code 2 (bad input) rather than 1 (findings). An overlap or a
@@ -706,7 +708,8 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                     er.hint = (f"if {p.id} is written on the text {c.patch} produces, declare after = [\"{c.patch}\"] "
                                f"in {p.id}; otherwise re-anchor one of them")
                 else:
-                    er.chained_from = sorted({r[2] for r in st.regions if r[2] != p.id and r[0] < a1 and a0 < r[1]})
+                    # Chained: the anchor holds bytes an ordered patch changed (re-emitted context is pristine).
+                    er.chained_from = sorted({c.patch for c in hits})
                     st.replace(at, len(e.anchor), e.replacement, p.id, e.name, e.anchor)
             if blocks(er):
                 failed = True

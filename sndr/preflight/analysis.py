@@ -248,8 +248,9 @@ def _edit_entry(ctx: _Ctx, patch: Patch | None, pe: EditResult, ce: EditResult, 
     target = ce.verdict if ce.verdict != Verdict.GATED else (probe.verdict if probe else None)
     wants = target in _NEEDS_SUGGESTIONS or (target == Verdict.OPTIONAL_ABSENT and pe.verdict in _OK
                                              and not (ce.group and _group_satisfied(ctx, ce)))
-    if wants and ee.chain_broken is None and ctx.relocator is not None and patch is not None:
-        # A chain-broken anchor is the producer's text: where it "went" means nothing.
+    if wants and ctx.relocator is not None and patch is not None:
+        # A chain-broken anchor holds the producer's text: only a verbatim hit on the candidate (upstream
+        # took that text, or the file moved with it) says where it went (_keep_verbatim).
         anchor = _search_text(ctx, patch, kind, pe, ce)
         if anchor is not None:
             ctx.pending.append((ee, anchor, file, pe.qualname or None, pe.line))
@@ -282,21 +283,38 @@ def _suggest_all(ctx: _Ctx, via) -> list[str]:
                                   files=cand_state.files, index=cand_state.index)
     reloc = ctx.relocator
     reloc.prefetch((anchor, file) for _, anchor, file, _, _ in ctx.pending)
-    direct = [reloc.suggest(anchor, file, qualname=q, pin_line=line) for _, anchor, file, q, line in ctx.pending]
+    direct = [_keep_verbatim(ee, reloc.suggest(anchor, file, qualname=q, pin_line=line))
+              for ee, anchor, file, q, line in ctx.pending]
     if chain is None:
         for (ee, *_), found in zip(ctx.pending, direct):
             ee.suggestions = _models(found)
-            ee.confidence = found[0].confidence if found else "low"
+            ee.confidence = found[0].confidence if found else _nothing_found(ee)
         return []
     requests = [hops.Request(anchor, file, q, line) for _, anchor, file, q, line in ctx.pending]
     states = hops.follow(chain, requests)
     for (ee, *_), req, st, found in zip(ctx.pending, requests, states, direct):
-        chosen, source = hops.pick(found, hops.chain_suggestion(chain, req, st))
+        via_one = hops.chain_suggestion(chain, req, st)
+        if via_one is not None and not _keep_verbatim(ee, [via_one]):
+            via_one = None
+        chosen, source = hops.pick(found, via_one)
         ee.suggestions = _models(chosen)
-        ee.confidence = chosen[0].confidence if chosen else "low"
+        ee.confidence = chosen[0].confidence if chosen else _nothing_found(ee)
         ee.path = st.path
         ee.path_source = source
     return chain.versions[1:-1]
+
+
+def _nothing_found(ee: EditEntry):
+    """The class of an edit with no suggestion: "low" (no confident match), or none for a chain-broken edit
+    (the chain is its story, as when it was not searched)."""
+    return "low" if ee.chain_broken is None else None
+
+
+def _keep_verbatim(ee: EditEntry, found):
+    """For a chain-broken edit, only the suggestions that hold its anchor's lines verbatim (similarity 100)."""
+    if ee.chain_broken is None or not found:
+        return found
+    return [s for s in found if s.similarity == 100]
 
 
 def _search_text(ctx: _Ctx, patch: Patch, kind: str, pe: EditResult, ce: EditResult) -> str | None:

@@ -225,6 +225,7 @@ class _State:
     qualname: str | None
     line: int | None
     scores: list[int] = field(default_factory=list)
+    sims: list[int] = field(default_factory=list)  # each relocating hop's similarity
     classes: list[Confidence] = field(default_factory=list)
     last: list[Suggestion] = field(default_factory=list)
     path: list[HopStep] = field(default_factory=list)
@@ -302,6 +303,7 @@ def follow(chain: Chain, requests: list[Request]) -> list[_State]:
                 continue
             st.text, st.file, st.qualname, st.line = top.text, top.file, top.qualname or None, top.line
             st.scores.append(top.score)
+            st.sims.append(top.similarity)
             st.classes.append(top.confidence)
             st.last = found
             st.path.append(HopStep(version=version, file=top.file, line=top.line, qualname=top.qualname,
@@ -329,10 +331,14 @@ def chain_suggestion(chain: Chain, req: Request, st: _State) -> Suggestion | Non
     score = min(st.scores) if st.scores else top.score
     klass = min(st.classes, key=lambda c: _RANK[c]) if st.classes else "high"
     hops = [f"{p.version} {p.how}" for p in st.path[1:] if p.how != "exact"]
+    # The class is earned hop by hop, so the figures shown are the weakest hop's (they meet the class's
+    # cut-offs); the anchor's similarity to the final text is a reason, never the figure beside the class.
+    shown = min(st.sims) if st.sims else int(round(sim))
     reasons = (f"followed {len(st.path) - 1} releases ({', '.join(hops) or 'unchanged text'})",
+               f"weakest hop similarity {shown}, end to end {int(round(sim))}",
                *(r for r in top.reasons if not r.startswith("followed")))
     return Suggestion(file=top.file, line=top.line, end_line=top.end_line, qualname=top.qualname, score=int(score),
-                      similarity=int(round(sim)), reasons=reasons, text=top.text, confidence=klass)
+                      similarity=shown, reasons=reasons, text=top.text, confidence=klass)
 
 
 def pick(direct: list[Suggestion], via: Suggestion | None, limit: int = 3) -> tuple[list[Suggestion], str]:

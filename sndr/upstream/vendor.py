@@ -557,7 +557,8 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
                 version: str = "", vllm_spec: str = "", description: str | None = None,
                 max_context: int = DEFAULT_MAX_CONTEXT, fuzz: int = DEFAULT_FUZZ, strip: int | None = None,
                 include: Iterable[str] = (), exclude: Iterable[str] = (), check_compile: bool = True,
-                source: str = "diff", header: list[str] | None = None) -> VendorResult:
+                source: str = "diff", header: list[str] | None = None,
+                after: list[str] | None = None) -> VendorResult:
     """Turn ``diff_text`` into a patch for the tree ``read`` serves. Pure: reads through ``read`` only.
 
     ``markers`` maps an edit name, or a hunk number counted across the whole
@@ -787,7 +788,7 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
         description = meta.get("body", "")
     try:
         patch = Patch(id=patch_id, title=title, upstream=upstream, vllm=vllm_spec, description=description,
-                      files=file_entries)
+                      after=list(after or []), files=file_entries)
     except ValidationError as exc:
         problems.extend(Problem("bad_patch", e.get("msg", "invalid"), key=".".join(map(str, e.get("loc", ()))) or None)
                         for e in exc.errors())

@@ -234,6 +234,18 @@ def test_pn40_classifier_anchor_consumed_by_an_unordered_patch_is_a_conflict():
     assert by_id(plan)["PN40"].status == "applies"
 
 
+def test_an_ambiguous_optional_edit_is_refused_not_dropped():
+    # The anchor is present, twice: sndr refuses it (it never guesses which), so the patch fails, named.
+    twice = "            draft_token_ids = self.drafter.propose("
+    p = patch("PN41", RUNNER, edit("hook", TODO, TODO + "            self._pn41()\n"),
+              edit("wrap", twice, "            draft_token_ids = self._pn41_wrap(", required=False))
+    plan = plan_of([p])
+    assert by_id(plan)["PN41"].status == "failed" and edit_of(plan, "PN41", "wrap").verdict == Verdict.AMBIGUOUS
+    assert [pr.code for pr in plan.problems] == ["anchor_ambiguous"] and not plan.changes
+    plan = plan_of([patch("PN41", RUNNER, *p.files[0].model_dump()["edits"], on_failure="skip")])
+    assert plan.ok and [(lo.id, lo.code) for lo in plan.left_out] == [("PN41", "anchor_ambiguous")]
+
+
 def test_an_optional_edit_absent_because_its_anchor_is_absent_is_still_fine():
     lone = patch("PN9", COORD, edit("a", PN346_OLD, PN346_NEW), edit("b", "        no_such_line()\n", "x\n", required=False))
     plan = plan_of([lone])

@@ -146,3 +146,23 @@ def test_force_survives_into_the_process_profile(tmp_path):
     prof = process_profile({"SNDR_PROFILE": str(tmp_path / "p.toml")}, argv=["python"], parser_factory=_parser)
     assert prof.force == frozenset({"A"})
     assert Profile(force=["A"]).fingerprint() != Profile(force=["B"]).fingerprint()  # memo keys see it
+
+
+def test_list_shows_a_forced_patch_with_its_reason(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    d = tmp_path / "patches"
+    d.mkdir()
+    (d / "A-a.toml").write_text('id = "A"\ntitle = "a"\nwhen = { is_hybrid = true }\n[[files]]\npath = "vllm/x.py"\n'
+                                '[[files.edits]]\nname = "e"\nanchor = "x"\nreplacement = "y"\n')
+    (tmp_path / "p.toml").write_text('force = ["A"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNDR_")}
+    r = subprocess.run([sys.executable, "-m", "sndr", "list", "--patches", str(d), "--profile", str(tmp_path / "p.toml"),
+                        "--json"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["patches"]
+    assert row["verdict"] == "enabled" and row["reason"].startswith("when_forced: forced on by the profile's force list")

@@ -1,0 +1,302 @@
+"""``python -m sndr import quilt|mbox SRC --to DIR --tree PIN``: a patch series becomes patch files.
+
+A stack kept in another format needs a way in, not a rewrite by hand:
+
+* ``quilt``: ``SRC`` is a directory with a ``series`` file (or ``SRC/patches/series``); its lines
+  name the patches in order (``#`` comments, blank lines and a ``-pN`` option are honoured);
+* ``mbox``: ``SRC`` is a directory of numbered ``git format-patch`` files (``0001-*.patch`` ...,
+  taken in name order), or one mbox file holding several mails.
+
+Each member goes through the vendor path (:func:`sndr.upstream.vendor.vendor_diff`) against the
+pin *as the earlier members leave it* (an in-memory overlay the planner computes), and gets
+``after = [<the previous imported member>]``: the patch files stack in series order, each
+anchored on the text it really sees. A member that cannot be vendored is named with why and the
+rest continue (a later member that needed its text then fails too, and is named). Nothing is
+written for a failed member. ``DIR/_import.json`` is the report (a file whose name starts with
+``_`` is not a patch). Exit 0 when every member was imported, 1 when some were not, 2 for bad
+input (no series, an unreadable patch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
+from ..fsio import FileProblem, atomic_write, read_text_strict
+from ..model import ID_PATTERN
+
+_MBOX_FROM = re.compile(r"^From [0-9a-f]{7,40} ", re.M)
+_STRIP = re.compile(r"^-p(\d+)$")
+
+
+@dataclass
+class Member:
+    """One patch of a series: where it came from, its position, its diff text and path strip."""
+
+    position: int
+    source: str
+    text: str
+    strip: int | None = None
+
+
+@dataclass
+class Imported:
+    position: int
+    source: str
+    id: str
+    ok: bool
+    file: str | None = None
+    title: str = ""
+    after: list[str] = field(default_factory=list)
+    edits: int = 0
+    created: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[dict] = field(default_factory=list)
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return read_text_strict(str(path), what=what)
+    except FileProblem as exc:
+        raise SndrError(Problem("import_unreadable", exc.message, file=exc.path, line=exc.line)) from None
+
+
+def quilt_members(src: Path) -> list[Member]:
+    """The members of a quilt series, in ``series`` order."""
+    series = next((p for p in (src / "series", src / "patches" / "series") if p.is_file()), None)
+    if series is None:
+        raise SndrError(Problem("import_no_series", "no quilt series file (series, or patches/series)", file=str(src),
+                                hint="point SRC at the directory that holds the series file"))
+    out: list[Member] = []
+    for n, raw in enumerate(_read(series, "the quilt series").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, *opts = line.split()
+        strip = None
+        for o in opts:
+            m = _STRIP.match(o)
+            if m is None:
+                raise SndrError(Problem("import_bad_series", f"unknown option {o!r} (only -pN is understood)",
+                                        file=str(series), line=n))
+            strip = int(m.group(1))
+        path = series.parent / name
+        if not path.is_file():
+            raise SndrError(Problem("import_unreadable", f"the series names {name!r}, which is not a file",
+                                    file=str(series), line=n))
+        out.append(Member(len(out) + 1, name, _read(path, "a quilt patch"), strip))
+    if not out:
+        raise SndrError(Problem("import_no_series", "the quilt series is empty", file=str(series)))
+    return out
+
+
+def mbox_members(src: Path) -> list[Member]:
+    """The members of a ``git format-patch`` series: numbered files of a directory, or the mails of one mbox."""
+    if src.is_dir():
+        files = sorted(p for p in src.iterdir() if p.is_file() and p.suffix == ".patch")
+        if not files:
+            raise SndrError(Problem("import_no_series", "no *.patch files in the directory", file=str(src)))
+        return [Member(i, p.name, _read(p, "a format-patch mail")) for i, p in enumerate(files, 1)]
+    text = _read(src, "the mbox")
+    starts = [m.start() for m in _MBOX_FROM.finditer(text)] or [0]
+    if starts[0] != 0 and text[:starts[0]].strip():
+        starts.insert(0, 0)
+    mails = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
+    return [Member(i, f"{src.name} mail {i}", m) for i, m in enumerate(mails, 1)]
+
+
+def import_series(members: list[Member], read, version: str, out: Path, *, prefix: str, kind: str,
+                  force: bool = False) -> tuple[list[Imported], int]:
+    """Vendor each member against the pin as the earlier members leave it; write the patch files to ``out``."""
+    from ..load import PatchSet
+    from ..plan import build_plan
+    from .vendor import _slug, vendor_diff
+
+    overlay: dict[str, str | None] = {}
+
+    def current(rel: str) -> str | None:
+        return overlay[rel] if rel in overlay else read(rel)
+
+    results: list[Imported] = []
+    writes: list[tuple[Path, str]] = []
+    prev: str | None = None
+    width = max(3, len(str(len(members))))
+    for m in members:
+        pid = f"{prefix}{m.position:0{width}d}"
+        after = [prev] if prev else []
+        res = vendor_diff(m.text, current, patch_id=pid, version=version, strip=m.strip, source=m.source,
+                          title=None if _has_subject(m.text) else _title_of(m.source), after=after,
+                          header=[f"Imported by `sndr import {kind}` from {m.source} (member {m.position} of "
+                                  f"{len(members)})" + (f" against vLLM {version}" if version else "") + ".",
+                                  "Say here why this patch exists, for whom, and when it can go."])
+        rec = Imported(position=m.position, source=m.source, id=pid, ok=res.ok, after=after, edits=len(res.edits),
+                       created=list(res.created), skipped=list(res.skipped), warnings=list(res.warnings),
+                       problems=[p.to_json() for p in res.problems])
+        if res.ok:
+            patch, text = res.written()
+            rec.title = patch.title
+            target = out / f"{pid}-{_slug(patch.title)}.toml"
+            rec.file = str(target)
+            writes.append((target, text))
+            plan = build_plan(PatchSet(patches=[patch]), current, version, environ={}, check_compile=False)
+            for rel, ch in plan.changes.items():
+                overlay[rel] = ch.new
+            prev = pid
+        results.append(rec)
+    existing = [t for t, _ in writes if t.exists()]
+    if existing and not force:
+        raise SndrError(Problem("patch_exists", "patch file already exists", file=str(existing[0]),
+                                hint="pass --force to overwrite, or import into an empty directory"))
+    out.mkdir(parents=True, exist_ok=True)
+    for target, text in writes:
+        atomic_write(target, text.encode("utf-8"))
+    atomic_write(out / "_import.json", (json.dumps({"kind": kind, "version": version,
+                                                    "members": [asdict(r) for r in results]}, indent=2)
+                                        + "\n").encode("utf-8"), durable=False)
+    return results, EXIT_OK if all(r.ok for r in results) else EXIT_FINDINGS
+
+
+def _has_subject(text: str) -> bool:
+    return re.search(r"^Subject:", text, re.M) is not None
+
+
+def _title_of(source: str) -> str:
+    """A title from a patch file name: ``0003-fix-the-clamp.patch`` -> ``fix the clamp``."""
+    stem = re.sub(r"\.(patch|diff)$", "", Path(source).name)
+    stem = re.sub(r"^\d+[-_]", "", stem)
+    return re.sub(r"[-_]+", " ", stem).strip() or stem
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sndr import",
+                                 description="Turn a patch series (quilt, git format-patch) into sndr patch files, "
+                                             "in series order with after chains.")
+    ap.add_argument("kind", choices=["quilt", "mbox", "genesis"],
+                    help="quilt: a directory with a series file; mbox: numbered format-patch files, or one mbox "
+                         "file; genesis: a checkout of the seed system (its text patchers and registry, read "
+                         "statically)")
+    ap.add_argument("src", type=Path, help="the series (genesis: the checkout's root)")
+    ap.add_argument("--to", required=True, type=Path, dest="out", help="directory to write the patch files into")
+    ap.add_argument("--tree", help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
+                                   "place each hunk on it; genesis converts without a tree)")
+    ap.add_argument("--prefix", default=None, help="id prefix (default: Q for quilt, M for mbox): Q001, Q002, ...")
+    ap.add_argument("--force", action="store_true", help="overwrite existing patch files")
+    ap.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    return ap
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    from ..cli import run
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_BAD_INPUT
+    return run("sndr import", lambda: _main(args),
+               on_interrupt=lambda: "each patch file is written atomically; the report may be missing")
+
+
+def _main(args) -> int:
+    from ..tree import open_tree
+
+    if args.kind == "genesis":
+        return _genesis(args)
+    if not args.tree:
+        raise SndrError(Problem("usage", f"sndr import {args.kind} needs --tree (the pin the hunks are placed on)",
+                                key="--tree"))
+    prefix = args.prefix or {"quilt": "Q", "mbox": "M"}[args.kind]
+    if not re.match(ID_PATTERN, prefix + "1"):
+        raise SndrError(Problem("bad_id", f"--prefix {prefix!r} does not start a patch id", key="--prefix"))
+    members = quilt_members(args.src) if args.kind == "quilt" else mbox_members(args.src)
+    tree = open_tree(args.tree)
+    try:
+        version = tree.version
+    except SndrError:
+        version = ""
+    results, code = import_series(members, tree.read_text, version, args.out, prefix=prefix, kind=args.kind,
+                                  force=args.force)
+    err = sys.stderr
+    for r in results:
+        if r.ok:
+            if not args.quiet:
+                print(f"  {r.position:>3} {r.source} -> {r.id} ({r.edits} edits"
+                      + (f", {len(r.created)} created" if r.created else "") + ")", file=err)
+        else:
+            why = "; ".join(p.get("message", "") for p in r.problems) or "not vendored"
+            print(f"  {r.position:>3} {r.source}: NOT imported: {why}", file=err)
+        for s in r.skipped:
+            if not args.quiet:
+                print(f"        skipped {s}", file=err)
+    done = sum(r.ok for r in results)
+    print(f"imported {done} of {len(results)} into {args.out} (report: {args.out / '_import.json'})", file=err)
+    if args.json:
+        data = json.dumps([asdict(r) for r in results], indent=2) + "\n"
+        if args.json == "-":
+            sys.stdout.write(data)
+        else:
+            atomic_write(args.json, data.encode("utf-8"), durable=False)
+    return code
+
+
+def _genesis(args) -> int:
+    """Convert a seed-system checkout statically; write the patch files and the report of what it could not
+    express. Exit 0 when everything was expressed, 1 when something was left out (named in the report)."""
+    from ..tomlwrite import dumps_patch
+    from .genesis import REGISTRY, convert
+    from .vendor import _slug
+
+    if not (args.src / REGISTRY).is_file():
+        raise SndrError(Problem("import_no_series", f"not a seed-system checkout: no {REGISTRY}", file=str(args.src)))
+    exists = None
+    if args.tree:
+        from ..tree import open_tree
+
+        tree = open_tree(args.tree)
+
+        def exists(rel: str) -> bool:
+            try:
+                return tree.read_text(rel) is not None
+            except SndrError:
+                return False
+    try:
+        res = convert(args.src, exists)
+    except (ValueError, SyntaxError) as exc:
+        raise SndrError(Problem("import_unreadable", str(exc), file=str(args.src / REGISTRY))) from None
+    writes = []
+    for p in res.patches:
+        head = [f"Imported by `sndr import genesis` from {args.src.name} (apply order as after chains).",
+                "Best-effort as the seed applies it: on_failure = skip."]
+        writes.append((args.out / f"{p.id}-{_slug(p.title)}.toml", dumps_patch(p, header=head)))
+    existing = [t for t, _ in writes if t.exists()]
+    if existing and not args.force:
+        raise SndrError(Problem("patch_exists", "patch file already exists", file=str(existing[0]),
+                                hint="pass --force to overwrite, or import into an empty directory"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for target, text in writes:
+        atomic_write(target, text.encode("utf-8"))
+    report = dict(res.to_json(), kind="genesis", edits=sum(len(f.edits) for p in res.patches for f in p.files),
+                  files=len({f.path for p in res.patches for f in p.files}))
+    atomic_write(args.out / "_import.json", (json.dumps(report, indent=2) + "\n").encode("utf-8"), durable=False)
+    err = sys.stderr
+    if not args.quiet:
+        for n in res.notes:
+            print(f"  {n.file}:{n.line or '?'}: {n.patch}: {n.what}", file=err)
+        for pid, why in res.skipped.items():
+            print(f"  {pid}: not imported: {why}", file=err)
+    print(f"imported {len(res.patches)} patch(es), {report['edits']} edit(s) over {report['files']} file(s) into "
+          f"{args.out}; {len(res.skipped)} registry entr(ies) not imported, {len(res.notes)} construct(s) not "
+          f"expressed (report: {args.out / '_import.json'})", file=err)
+    if args.json:
+        data = json.dumps(report, indent=2) + "\n"
+        if args.json == "-":
+            sys.stdout.write(data)
+        else:
+            atomic_write(args.json, data.encode("utf-8"), durable=False)
+    return EXIT_OK if not res.notes and not res.skipped else EXIT_FINDINGS
