@@ -676,11 +676,11 @@ def test_files_edited_in_place_go_through_the_output_writer(tmp_path):
     """The decisions file (``sync decide``), the pin record (``pin advance --pin-file``): a symlink or a FIFO
     there is refused with exit 2, never replaced or written through."""
     real = tmp_path / "real.yaml"
-    _one_clean_line(_run_sndr("sync", "decide", "abcdef1", "--decisions", str(real), "--tier", "IGNORE"), 0)
+    _one_clean_line(_run_sndr("sync", "decide", "abcdef1" * 5 + "abcde", "--decisions", str(real), "--tier", "IGNORE"), 0)
     before = real.read_text()
     link = tmp_path / "decisions.yaml"
     link.symlink_to(real)
-    proc = _run_sndr("sync", "decide", "abcdef2", "--decisions", str(link), "--tier", "IGNORE")
+    proc = _run_sndr("sync", "decide", "abcdef2" * 5 + "abcde", "--decisions", str(link), "--tier", "IGNORE")
     _one_clean_line(proc, 2, str(link), "output_refused", "symlink")
     assert real.read_text() == before and _kind(link) == "link"
     fifo = tmp_path / "pin.toml"
