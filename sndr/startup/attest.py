@@ -135,7 +135,7 @@ def validate_record(rec: object, name: str | None = None) -> str | None:
 
 
 @functools.cache
-def _record_model():
+def _record_model() -> Any:
     """The record's shape, built on first use: ``register()`` never imports pydantic."""
     from typing import Literal
 
