@@ -6,6 +6,7 @@ executed or imported. Every error names the file, and the key or line.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -295,8 +296,20 @@ def load_patch_file(path: Path) -> Patch:
 
 
 def patch_files(directory: Path) -> list[Path]:
-    """Patch files of a directory: every ``*.toml`` whose name does not start with ``_``."""
-    return sorted(p for p in directory.glob("*.toml") if not p.name.startswith("_"))
+    """Patch files of a directory: every ``*.toml`` whose name does not start with ``_``.
+
+    A directory that cannot be listed (permissions, I/O) is an error naming it (``unreadable``,
+    exit 2), never an empty set: an empty set applied reverts every file the ledger holds.
+    """
+    try:
+        with os.scandir(directory) as it:
+            names = [e.name for e in it]
+    except OSError as exc:
+        raise SndrError(Problem("unreadable", f"cannot list the patch directory: {exc.strerror}",
+                                file=str(directory), key="--patches",
+                                hint="make it readable (r and x) by this user, or point --patches / "
+                                     "$SNDR_PATCHES at another directory"), EXIT_BAD_INPUT) from None
+    return sorted(directory / n for n in names if n.endswith(".toml") and not n.startswith("_"))
 
 
 def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, environ=None) -> PatchSet:
@@ -308,6 +321,12 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     """
     directory = Path(directory) if directory is not None else env.patches_dir(environ)
     if not directory.is_dir():
+        if directory.exists():
+            raise SndrError(Problem("patches_not_a_dir", "the patch directory is a file, not a directory",
+                                    file=str(directory), key="--patches",
+                                    hint=f"pass the directory that holds it: --patches {directory.parent}"
+                                    if directory.suffix == ".toml" else "pass the directory that holds the "
+                                    "patch files (*.toml)"), EXIT_BAD_INPUT)
         raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory)))
     patches: list[Patch] = []
     sources: dict[str, str] = {}
