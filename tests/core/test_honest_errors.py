@@ -72,3 +72,18 @@ def test_patches_naming_a_file_says_so_and_names_its_directory(site, patches, ca
     assert rc == 2
     assert f"{one} [--patches]: the patch directory is a file, not a directory (patches_not_a_dir)" in err
     assert f"--patches {patches}" in err and "does not exist" not in err
+
+
+@pytest.mark.parametrize("mode", [[], ["--verify"], ["--revert"], ["--dry-run"]])
+def test_a_tree_without_vllm_is_one_line_and_nothing_else(tmp_path, mode):
+    """Was: the right one-line error, then ``Exception ignored in: TreeRoot.__del__ ... AttributeError``."""
+    import subprocess
+    import sys
+
+    empty = tmp_path / "novllm"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "sndr.apply", "--tree", str(empty), *mode], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == f"sndr apply: {empty}: directory does not contain a vllm/ package (not_a_tree)"
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
