@@ -811,6 +811,9 @@ def _run_cli(args) -> Report:
     if args.revert:
         return run_revert(root, force=args.force)
     patch_set = load_patch_set(args.patches)
+    from .plan import unknown_enable_vars
+
+    ignored = unknown_enable_vars(patch_set, os.environ)  # said in the report, never silently ignored
     if not patch_set.patches and not args.allow_empty:
         where = args.patches if args.patches is not None else "the patch directory in effect"
         raise SndrError(Problem("empty_patch_set", f"the patch set is empty (no patch in {where}); applying it would "
@@ -824,11 +827,14 @@ def _run_cli(args) -> Report:
     profile = load_profile(args.profile) if args.profile else (
         profile_from_environ(os.environ) if os.environ.get(env.PROFILE) else None)
     if args.verify:
-        return run_verify(root, patch_set, only=args.only, profile=profile,
-                          edits=args.verbose or args.json is not None)
-    announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
-    return run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
-                     keep_going=args.keep_going, profile=profile, announce=announce)
+        report = run_verify(root, patch_set, only=args.only, profile=profile,
+                            edits=args.verbose or args.json is not None)
+    else:
+        announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
+        report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
+                           keep_going=args.keep_going, profile=profile, announce=announce)
+    report.notes[:0] = ignored
+    return report
 
 
 def _console(to_stderr: bool):

@@ -87,3 +87,59 @@ def test_a_tree_without_vllm_is_one_line_and_nothing_else(tmp_path, mode):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == f"sndr apply: {empty}: directory does not contain a vllm/ package (not_a_tree)"
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_only_matches_ids_as_sndr_enable_does(site, patches, capsys, monkeypatch):
+    """``--only f0001`` was refused while ``SNDR_ENABLE_f0001`` was accepted: both now match the id the way
+    ``sndr.env.enable_var`` spells it."""
+    import json
+
+    rc, out, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run", "--only", "f0001",
+                          "--json", "-")
+    assert rc == 0, err
+    report = json.loads(out)
+    assert [p["id"] for p in report["patches"]] == ["F0001"]
+    rc, _, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run", "--only", "F001")
+    assert rc == 2 and "--only names unknown patch(es): F001 (did you mean F0001?)" in err
+    monkeypatch.setenv("SNDR_ENABLE_f0002", "0")
+    rc, out, _ = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run", "--json", "-")
+    gated = {p["id"]: p["reason"] for p in json.loads(out)["patches"] if p["status"] == "gated"}
+    assert gated == {"F0002": "disabled by SNDR_ENABLE_F0002=0"}
+    monkeypatch.setenv("SNDR_ENABLE_F0002", "1")  # two spellings, two values: which one holds is not guessed
+    rc, _, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run")
+    assert rc == 2 and "SNDR_ENABLE_F0002=1, SNDR_ENABLE_f0002=0 name the same patch F0002" in err
+
+
+@pytest.mark.parametrize("mode", [["--dry-run"], [], ["--verify"]])
+def test_an_enable_variable_naming_no_patch_is_said(site, patches, capsys, monkeypatch, mode):
+    if mode == ["--verify"]:
+        assert _apply(capsys, "--patches", str(patches), "--tree", str(site))[0] == 0
+    monkeypatch.setenv("SNDR_ENABLE_F001", "1")
+    rc, out, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), *mode)
+    assert rc == 0, out + err
+    assert "SNDR_ENABLE_F001 names no patch of the set; it is ignored (did you mean SNDR_ENABLE_F0001?)" in out
+
+
+def test_register_says_an_enable_variable_naming_no_patch(tmp_path):
+    from hook_fixtures import Box
+
+    box = Box(tmp_path)
+    box.apply()
+    proc = box.py("import vllm, sndr.startup.hook as h; h.register()", SNDR_ENABLE_F001="1")
+    assert "SNDR_ENABLE_F001 names no patch of the set; it is ignored (did you mean SNDR_ENABLE_F0001?)" in \
+        proc.stderr
+    [rec] = box.records()
+    assert any("SNDR_ENABLE_F001 names no patch" in p for p in rec["problems"])
+
+
+def test_the_verify_fast_path_does_not_hide_an_enable_variable_naming_no_patch(site, patches, tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNDR_")}
+    env["SNDR_CACHE_DIR"] = str(tmp_path / "cache")
+    run = [sys.executable, "-m", "sndr.apply", "--patches", str(patches), "--tree", str(site)]
+    assert subprocess.run(run, env=env, capture_output=True).returncode == 0
+    for _ in range(2):  # the second run is the warm fast path when nothing is wrong
+        proc = subprocess.run([*run, "--verify"], env=dict(env, SNDR_ENABLE_F001="1"), capture_output=True, text=True)
+        assert proc.returncode == 0 and "SNDR_ENABLE_F001 names no patch" in proc.stdout, proc.stdout + proc.stderr
