@@ -814,6 +814,7 @@ def _run_cli(args) -> Report:
     from .plan import unknown_enable_vars
 
     ignored = unknown_enable_vars(patch_set, os.environ)  # said in the report, never silently ignored
+    ignored += [w.render() for w in patch_set.warnings]
     if not patch_set.patches and not args.allow_empty:
         where = args.patches if args.patches is not None else "the patch directory in effect"
         raise SndrError(Problem("empty_patch_set", f"the patch set is empty (no patch in {where}); applying it would "

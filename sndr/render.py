@@ -34,29 +34,29 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         if not interesting:
             continue
         style = _STYLE.get(p.status, "")
-        console.print(f"  [{style}]{p.id:<10} {p.status:<8}[/] {p.title}" + (f" - {p.reason}" if p.reason else ""),
-                      markup=True)
+        console.print(f"  [{style}]{p.id:<10} {p.status:<8}[/] {_esc(p.title)}" + (f" - {_esc(p.reason)}" if p.reason
+                                                                                  else ""), markup=True)
         for e in p.edits:
             if verbose or e.verdict.value in ("drifted", "ambiguous", "file_missing", "optional_absent", "conflict"):
                 loc = f"{e.file}:{e.line}" if e.line else e.file
                 q = f" in {e.qualname}" if e.qualname else ""
-                console.print(f"      {e.name}: [{_STYLE.get(e.verdict.value, '')}]{e.verdict.value}[/] {loc}{q}"
-                              + (f" - {e.reason}" if e.reason else ""))
+                console.print(f"      {_esc(e.name)}: [{_STYLE.get(e.verdict.value, '')}]{e.verdict.value}[/] "
+                              f"{_esc(loc)}{_esc(q)}" + (f" - {_esc(e.reason)}" if e.reason else ""))
                 for l in e.locations[1:] if e.verdict.value == "ambiguous" else []:
-                    console.print(f"        also at {l.file}:{l.line} {l.qualname}")
+                    console.print(f"        also at {_esc(f'{l.file}:{l.line} {l.qualname}')}")
     for pr in report.problems:
         where = pr.file or ""
         if where and pr.line:
             where += f":{pr.line}"
         who = f"{pr.patch}: " if pr.patch else ""
-        console.print(f"  [red]error[/] {where + ': ' if where else ''}{who}{pr.message} ({pr.code})")
+        console.print(f"  [red]error[/] {_esc(where + ': ' if where else '')}{_esc(who)}{_esc(pr.message)} ({pr.code})")
         if pr.hint:
-            console.print(f"        hint: {pr.hint}")
+            console.print(f"        hint: {_esc(pr.hint)}")
     if report.files_written:
         verb = "would write" if report.mode == "dry-run" else "wrote"
         console.print(f"{verb} {len(report.files_written)} file(s)")
     for n in report.notes:
-        console.print(f"note: {n}")
+        console.print(f"note: {_esc(n)}")
     status = "ok" if report.ok else f"FAILED (exit {report.exit_code})"
     # The digest of the *enabled* patches (what the ledger and every process attest), not of
     # the whole set as the preflight and `sndr list` show it: named apart everywhere.
@@ -65,6 +65,13 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         digest = (f"  reverted enabled set {report.patch_set_digest[:12]}: "
                   f"{len(report.files_written)} file(s) restored")
     console.print(f"[bold]{status}[/bold]{digest}")
+
+
+def _esc(text: str) -> str:
+    """User text (messages, reasons, paths, notes) printed through rich: ``[id]`` is text, not markup."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 #: Verdicts a count of which is named edit by edit (the ordinary outcomes are not).

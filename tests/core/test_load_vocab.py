@@ -62,3 +62,36 @@ def test_a_profile_fact_outside_the_vocabulary_is_an_error_with_its_line():
     [p] = exc.value.problems
     assert p.file == "prod.toml" and p.line == 2 and "platform 'gpu' matches none of" in p.message
     assert parse_profile('platform = "cuda"\nkv_cache_dtype = "fp8_e4m3"\n', "ok.toml").facts["platform"] == "cuda"
+
+
+def test_a_file_name_that_disagrees_with_its_id_is_said(tmp_path, capsys):
+    """Was accepted silently. A warning (a set may order its files by name), in every apply report."""
+    from hook_fixtures import make_patches, make_tree
+    from sndr.apply import cli_main
+    from sndr.load import load_patch_set
+
+    site = make_tree(tmp_path / "site")
+    patches = make_patches(tmp_path / "patches", only=["F0001"])
+    (patches / "F0001-answer.toml").rename(patches / "F0009-answer.toml")  # copied, id not changed
+    ps = load_patch_set(patches, packs=False)
+    [w] = ps.warnings
+    assert (w.code, w.line, w.key) == ("name_mismatch", 1, "id")
+    assert "the file name F0009-answer.toml does not start with its id F0001" in w.message
+    for mode in (["--dry-run"], [], ["--verify"]):
+        assert cli_main(["--patches", str(patches), "--tree", str(site), *mode]) == 0
+        out = capsys.readouterr().out
+        assert "F0009-answer.toml:1 [id]: F0001: the file name F0009-answer.toml does not start with its id" in out
+    (patches / "F0009-answer.toml").rename(patches / "F0001.toml")
+    assert load_patch_set(patches, packs=False).warnings == []
+
+
+def test_the_files_typos_name_the_header_line_and_the_right_key():
+    text = BASE.replace("when = WHEN\n", "")
+    one = _problems(text.replace("[[files]]", "[[file]]").replace("[[files.edits]]", "[[file.edits]]"))
+    assert one[0].startswith("patches/PN0007-x.toml:4 [file]: unknown key 'file' (did you mean 'files'? "
+                             "[[files]] is an array of tables)"), one
+    table = _problems(text.replace("[[files]]", "[files]").split("[[files.edits]]")[0])
+    assert table[0].startswith("patches/PN0007-x.toml:4 [files]: files is an array of tables: write [[files]] "
+                               "(double brackets)"), table
+    edit = _problems(text.replace("[[files.edits]]", "[[files.edit]]"))
+    assert edit[0].startswith("patches/PN0007-x.toml:7 [files[0].edit]: unknown key 'edit' (did you mean 'edits'?"), edit
