@@ -266,6 +266,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         # state (even the lock file), so a refused apply leaves no trace.
         plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only,
                                        keep_going=keep_going, profile=profile)
+        _path_typos(tree, version, plan, patch_set)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
@@ -346,6 +347,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     else:
         plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
                           environ=environ, only=only, keep_going=keep_going, profile=profile)
+        _path_typos(tree, version, plan, patch_set)
     if not plan.ok:
         return _report(mode, tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                        notes=notes + [f"refused: {nothing}"])
@@ -371,6 +373,61 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
     return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
                    files_written=[w.rel for w in writes], notes=notes)
+
+
+def _pin_paths(tree: TreeRoot, version: str) -> set[str] | None:
+    """Every ``.py`` path of the pinned vLLM: sndr's cached pristine copy of the pin when there is one
+    (never fetched for this), and the tree itself when it is the pin; None when neither is at hand."""
+    from .tree import _cached_tree, _want_version
+
+    roots = [r for r in (_cached_tree(env.cache_root(), _want_version(PIN_VERSION)),
+                         tree.root if version == PIN_VERSION else None) if r is not None]
+    if not roots:
+        return None
+    out: set[str] = set()
+    for root in roots:
+        for dirpath, _dirs, names in os.walk(root / "vllm"):
+            rel = os.path.relpath(dirpath, root)
+            out.update(os.path.join(rel, n).replace(os.sep, "/") for n in names if n.endswith(".py"))
+    return out
+
+
+def _path_typos(tree: TreeRoot, version: str, plan: Plan, patch_set: PatchSet) -> None:
+    """An edit's target missing from the tree whose path the pinned vLLM never had is a typo in the patch
+    (``path_unknown``, bad input: exit 2), with the nearest path the pin has; one it had is drift
+    (``edit_file_missing``, exit 1): upstream moved or removed it."""
+    import difflib
+
+    missing = sorted({pr.file for pr in plan.problems if pr.code == "edit_file_missing" and pr.file
+                      and pr.file.endswith(".py")})
+    if not missing:
+        return
+    known = _pin_paths(tree, version)
+    if not known:
+        return
+    typos = [rel for rel in missing if rel not in known]
+    if not typos:
+        return
+    keep = [pr for pr in plan.problems if not (pr.code == "edit_file_missing" and pr.file in typos)]
+    for rel in typos:
+        near = difflib.get_close_matches(rel, sorted(known), n=1, cutoff=0.6)
+        pids = sorted({pr.patch for pr in plan.problems if pr.file == rel and pr.patch})
+        for pid in pids:
+            source = patch_set.source_of(pid)
+            keep.append(Problem("path_unknown", f"{rel} is not a file of vLLM {PIN_VERSION} (the pin): a typo in the "
+                                f"patch's path?", file=source, line=_path_line(source, rel), key="files.path",
+                                patch=pid, hint=f"did you mean {near[0]}?" if near else
+                                "check the path against the pinned vLLM tree"))
+    plan.problems[:] = keep
+
+
+def _path_line(source: str, rel: str) -> int | None:
+    try:
+        lines = Path(source).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return next((n + 1 for n, line in enumerate(lines)
+                 if line.lstrip().startswith("path") and (f'"{rel}"' in line or f"'{rel}'" in line)), None)
 
 
 def _dropped_files(plan: Plan, ledger: Ledger | None, writes: list[FileWrite]) -> list[str]:

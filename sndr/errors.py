@@ -92,6 +92,7 @@ CODES: dict[str, Code] = {
     "requires_cycle": Code(_B, "patches require (or are ordered after) each other in a cycle"),
     "unknown_id": Code(_B, "a patch id named on the command line or in requires/after/conflicts does not exist"),
     "patches_dir_missing": Code(_B, "the patch directory does not exist"),
+    "path_unknown": Code(_B, "a patch's target path is not a file of the pinned vLLM: a typo (the nearest path is named)"),
     "name_mismatch": Code(_B, "a patch file's name does not start with its id (reported as a note: the set still loads)"),
     "patches_not_a_dir": Code(_B, "the patch directory (--patches, $SNDR_PATCHES) is a file, not a directory"),
     "empty_patch_set": Code(_B, "the patch set is empty (pass --allow-empty to revert everything on purpose)"),

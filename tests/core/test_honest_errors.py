@@ -143,3 +143,38 @@ def test_the_verify_fast_path_does_not_hide_an_enable_variable_naming_no_patch(s
     for _ in range(2):  # the second run is the warm fast path when nothing is wrong
         proc = subprocess.run([*run, "--verify"], env=dict(env, SNDR_ENABLE_F001="1"), capture_output=True, text=True)
         assert proc.returncode == 0 and "SNDR_ENABLE_F001 names no patch" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_path_typo_on_the_pin_is_bad_input_with_the_nearest_path(site, tmp_path, capsys):
+    """``vllm/sampling_param.py`` read ``file_missing``, exit 1, "the target file is gone": on the pin, a path
+    the pin never had is a typo in the patch (exit 2), named with the nearest path it has."""
+    patches = make_patches(tmp_path / "typo", only=["F0001"], replace={'path = "vllm/engine.py"':
+                                                                       'path = "vllm/engines.py"'})
+    before = tree_bytes(site)
+    for mode in (["--dry-run"], []):
+        rc, out, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), *mode)
+        assert rc == 2, out + err
+        assert (f"{patches / 'F0001-answer.toml'}:5: F0001: vllm/engines.py is not a file of vLLM 0.32.0 (the pin): "
+                "a typo in the patch's path? (path_unknown)") in out
+        assert "did you mean vllm/engine.py?" in out
+    assert tree_bytes(site) == before
+
+
+def test_a_path_typo_on_a_copy_of_the_real_pin(pin_subtree, tmp_path, capsys):
+    """The issue's case on real files: ``vllm/sampling_param.py`` for ``vllm/sampling_params.py``; and a file the
+    pin has but the tree lost is still drift (file_missing, exit 1), never called a typo."""
+    rel = "vllm/sampling_params.py"
+    site = pin_subtree([rel])
+    patches = tmp_path / "p"
+    patches.mkdir()
+    (patches / "PX0001-typo.toml").write_text(
+        'id = "PX0001"\ntitle = "t"\n\n[[files]]\npath = "vllm/sampling_param.py"\n\n[[files.edits]]\n'
+        'name = "a"\nanchor = "class SamplingParams("\nreplacement = "class SamplingParams( "\n')
+    rc, out, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run")
+    assert rc == 2 and "vllm/sampling_param.py is not a file of vLLM 0.32.0" in out, out + err
+    assert f"did you mean {rel}?" in out and "PX0001-typo.toml:5" in out
+    text = (patches / "PX0001-typo.toml").read_text().replace("sampling_param.py", "sampling_params.py")
+    (patches / "PX0001-typo.toml").write_text(text)
+    (site / rel).unlink()
+    rc, out, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run")
+    assert rc == 1 and "edit_file_missing" in out and "path_unknown" not in out, out + err
