@@ -621,10 +621,7 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                                     f"now holds vLLM {version}", file=str(tree.ledger_path),
                                     hint="run python -m sndr.apply to plan again from the tree as it is"))
         if ledger.patch_set_digest != digest:
-            problems.append(Problem("patch_set_mismatch",
-                                    f"tree was patched with another patch set (ledger {ledger.patch_set_digest[:12]}, "
-                                    f"current {digest[:12]})", file=str(tree.ledger_path),
-                                    hint="run python -m sndr.apply to re-plan from pristine"))
+            problems.append(_set_mismatch(tree, ledger, patch_set, on, digest))
         for rel, entry in sorted(ledger.files.items()):
             now = tree.read_bytes(rel)
             if now is None or sha256_bytes(now) != entry.patched_sha256:
@@ -648,6 +645,29 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
         return _report("verify", tree, version, None, ok=not problems,
                        exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
                        patches=results, counts=counts, notes=vnotes)
+
+
+def _set_mismatch(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, on: list[str], digest: str) -> Problem:
+    """patch_set_mismatch, naming the patches that differ and the variable that would make them agree
+    (as the startup hook names them), not two digests only."""
+    applied = set(ledger.patches) | set(ledger.left_out)
+    extra = [i for i in ledger.patches if i not in on]  # on disk, not enabled here
+    absent = [i for i in on if i not in applied and patch_set.by_id[i].files]  # enabled here, not on disk
+    parts = []
+    if extra:
+        parts.append("on disk, not enabled here: " + ", ".join(
+            f"{i} ({env.enable_var(i)}=1 enables it)" if i in patch_set.by_id else f"{i} (not in this patch set)"
+            for i in extra))
+    if absent:
+        parts.append("enabled here, not on disk: " + ", ".join(f"{i} ({env.enable_var(i)}=0 disables it)"
+                                                             for i in absent))
+    if not parts:
+        parts.append("the same ids, but the patches' contents differ (a patch file was edited since apply)")
+    return Problem("patch_set_mismatch", f"tree was patched with another patch set (ledger "
+                   f"{ledger.patch_set_digest[:12]}, current {digest[:12]}): " + "; ".join(parts),
+                   file=str(tree.ledger_path),
+                   hint="give this command the SNDR_ENABLE_* values (and --only/--profile) apply ran with, or run "
+                        "python -m sndr.apply to re-plan from pristine")
 
 
 #: The count key of an edit in a file that fails its ledger hash (``render`` names them).

@@ -178,3 +178,17 @@ def test_a_path_typo_on_a_copy_of_the_real_pin(pin_subtree, tmp_path, capsys):
     (site / rel).unlink()
     rc, out, err = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--dry-run")
     assert rc == 1 and "edit_file_missing" in out and "path_unknown" not in out, out + err
+
+
+def test_verify_names_the_patches_that_differ_and_the_variable(site, patches, capsys, monkeypatch):
+    """Was two digests only; the startup hook already named them."""
+    monkeypatch.setenv("SNDR_ENABLE_F0002", "0")
+    assert _apply(capsys, "--patches", str(patches), "--tree", str(site))[0] == 0
+    monkeypatch.delenv("SNDR_ENABLE_F0002")
+    rc, out, _ = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--verify")
+    assert rc == 1 and "enabled here, not on disk: F0002 (SNDR_ENABLE_F0002=0 disables it)" in out, out
+    assert "give this command the SNDR_ENABLE_* values" in out
+    assert _apply(capsys, "--patches", str(patches), "--tree", str(site))[0] == 0  # now both are applied
+    monkeypatch.setenv("SNDR_ENABLE_F0002", "0")
+    rc, out, _ = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--verify")
+    assert rc == 1 and "on disk, not enabled here: F0002 (SNDR_ENABLE_F0002=1 enables it)" in out, out
