@@ -95,3 +95,19 @@ def test_the_files_typos_name_the_header_line_and_the_right_key():
                                "(double brackets)"), table
     edit = _problems(text.replace("[[files.edits]]", "[[files.edit]]"))
     assert edit[0].startswith("patches/PN0007-x.toml:7 [files[0].edit]: unknown key 'edit' (did you mean 'edits'?"), edit
+
+
+@pytest.mark.parametrize(("anchor_ws", "text_ws", "said"), [
+    ("\t", "    ", "with 1 tab ('\\t') in the anchor, 4 spaces ('    ') in the target"),
+    ("        ", "\t\t", "with 8 spaces ('        ') in the anchor, 2 tabs ('\\t\\t') in the target"),
+])
+def test_a_tab_indented_anchor_names_the_whitespace_as_the_cause(anchor_ws, text_ws, said):
+    """docs/format.md promises the cause where visible; the message stripped the very whitespace at fault."""
+    from sndr.classify import classify_edit
+    from sndr.model import Edit
+
+    edit = Edit(name="a", anchor=f"{anchor_ws}x = 1\n{anchor_ws}y = 2\n", replacement=f"{anchor_ws}x = 3\n")
+    text = f"def f():\n{text_ws}x = 1\n{text_ws}y = 2\n"
+    finding = classify_edit(edit, text, text)
+    assert finding.verdict.value == "drifted" and finding.code == "whitespace", finding
+    assert said in finding.reason and "sndr matches bytes exactly" in finding.reason, finding.reason
