@@ -22,7 +22,11 @@ if __name__ == "__main__":  # `python -m sndr.apply`: a Ctrl-C during the import
     if "--verify" in _sys.argv[1:]:  # the warm fast path first: no pydantic, no planner (sndr/startup/verify.py)
         from sndr.startup.verify import verify_main as _verify_main
 
-        _sys.exit(_verify_main(_sys.argv[1:], lambda argv: __import__("sndr.apply").apply.cli_main(argv)))
+        _code = _verify_main(_sys.argv[1:], lambda argv: __import__("sndr.apply").apply.cli_main(argv))
+        # sndr.cli.exit_with's rule, without importing sndr.cli (the fast path stays light): the last
+        # line is printed, so a Ctrl-C during shutdown must not change the exit status.
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+        _sys.exit(_code)
 
 import argparse
 import json
@@ -930,7 +934,9 @@ def _write_json(target: Path, data: dict) -> None:
 
 
 def main() -> None:
-    sys.exit(cli_main())
+    from .cli import exit_with
+
+    exit_with(cli_main)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -283,7 +282,9 @@ def _patched_line(ledger, patched: set[str], plan) -> str:
 
 
 def main() -> None:
-    sys.exit(cli_main())
+    from .cli import exit_with
+
+    exit_with(cli_main)
 
 
 if __name__ == "__main__":

@@ -144,4 +144,6 @@ def cli_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cli_main())
+    from ..cli import exit_with
+
+    exit_with(cli_main)
