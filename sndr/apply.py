@@ -920,9 +920,9 @@ def _run_cli(args) -> Report:
 
 
 def _console(to_stderr: bool):
-    from rich.console import Console
+    from .render import make_console
 
-    return Console(file=sys.stderr if to_stderr else sys.stdout, highlight=False, soft_wrap=True)
+    return make_console(stderr=to_stderr)
 
 
 def _write_json(target: Path, data: dict) -> None:

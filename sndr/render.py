@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,7 +16,7 @@ _STYLE = {"applies": "cyan", "applied": "green", "merged": "blue", "drifted": "r
 
 
 def print_report(report: Report, verbose: bool = False, console: Console | None = None) -> None:
-    console = console or Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    console = console or make_console()
     head = f"sndr {report.mode}: {report.tree}"
     if report.vllm_version:
         head += f" (vllm {report.vllm_version})"
@@ -65,6 +66,24 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         digest = (f"  reverted enabled set {report.patch_set_digest[:12]}: "
                   f"{len(report.files_written)} file(s) restored")
     console.print(f"[bold]{status}[/bold]{digest}")
+
+
+#: Width of a console that is not a terminal (a pipe, a file, a CI log): rich would wrap every table
+#: at 80 columns there; a reader of a log scrolls sideways rather than reads cells broken mid-word.
+PIPE_WIDTH = 240
+
+
+def make_console(*, stderr: bool = False, file=None) -> Any:
+    """The one way sndr builds a rich Console: no highlighting, soft-wrapped text, and, when the output
+    is not a TTY, :data:`PIPE_WIDTH` columns instead of rich's 80 (on a terminal, its own width)."""
+    from rich.console import Console
+
+    target = file if file is not None else (sys.stderr if stderr else sys.stdout)
+    try:
+        tty = target.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return Console(file=target, highlight=False, soft_wrap=True, width=None if tty else PIPE_WIDTH)
 
 
 def _esc(text: str) -> str:
