@@ -259,9 +259,10 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     tree = TreeRoot(root)
     version = tree_version(tree.root)
     if dry_run:
-        # Pure: no lock, no recovery, no writes.
-        notes = ["an interrupted commit is pending; the next apply/verify/revert will roll it back first, so "
-                 "apply would plan on the rolled-back files"] if tree.journal_path.exists() else []
+        # Pure: no lock, no recovery, no writes. A pending journal is rolled back in memory only.
+        rolled = _as_rolled_back(tree)
+        notes = [f"an interrupted commit is pending: apply would roll it back first ({len(rolled)} file(s) "
+                 f"restored); planned on the rolled-back files"] if tree.journal_path.exists() else []
         return _apply_decide(tree, version, patch_set, tree.read_ledger(), notes, dry_run=True, force=force,
                              only=only, environ=environ, keep_going=keep_going, profile=profile)
     first_plan = None
@@ -287,6 +288,54 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         return _apply_decide(tree, version, patch_set, ledger, notes, dry_run=False, force=force, only=only,
                              environ=environ, keep_going=keep_going, profile=profile, announce=announce,
                              first_plan=first_plan if ledger is None and not restored else None)
+
+
+def _as_rolled_back(tree: TreeRoot) -> list[str]:
+    """Make ``tree`` read, in memory only, as :func:`sndr.commit.recover` would leave it: every journaled
+    file holds its before-bytes and the ledger is the journal's ``ledger_before`` (the dry-run of a tree
+    with an interrupted commit plans what apply, which rolls it back first, plans). Nothing is written.
+    Returns the files the rollback would restore; raises what recover raises (journal_corrupt,
+    journal_mismatch)."""
+    import json as _json
+
+    from .commit import _journal_entries
+
+    raw = tree.read_state("journal.json")
+    if raw is None:
+        return []
+    try:
+        journal = _json.loads(raw)
+    except (ValueError, RecursionError):
+        journal = None
+    entries = _journal_entries(tree, journal)
+    overlay: dict[str, bytes | None] = {}
+    for e in entries:
+        rel, before, after = e["path"], e.get("before"), e.get("after")
+        now = tree.read_bytes(rel)
+        if (sha256_bytes(now) if now is not None else None) not in (before, after):
+            raise SndrError(Problem("journal_mismatch", "journal does not match the tree: the file holds neither "
+                                    "its before- nor its after-bytes", file=rel,
+                                    hint=f"the journal at {tree.journal_path} belongs to another tree or patch set; "
+                                         "remove it only after checking the tree by hand"))
+        overlay[rel] = tree.get_object(before) if before is not None else None
+    restored = sorted(rel for rel, want in overlay.items() if tree.read_bytes(rel) != want)
+    lb = journal.get("ledger_before") if isinstance(journal, dict) else None
+    ledger_raw = tree.get_object(lb) if lb is not None else None
+    read_bytes, read_state = tree.read_bytes, tree.read_state
+
+    def rolled_bytes(rel: str) -> bytes | None:
+        return overlay[rel] if rel in overlay else read_bytes(rel)
+
+    def rolled_state(name: str) -> bytes | None:
+        if name == "journal.json":
+            return None
+        if name == "ledger.json":
+            return ledger_raw
+        return read_state(name)
+
+    tree.read_bytes = rolled_bytes  # type: ignore[method-assign]  # this TreeRoot is the dry-run's own
+    tree.read_state = rolled_state  # type: ignore[method-assign]
+    return restored
 
 
 def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Ledger | None, notes: list[str], *,

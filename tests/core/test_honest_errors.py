@@ -192,3 +192,38 @@ def test_verify_names_the_patches_that_differ_and_the_variable(site, patches, ca
     monkeypatch.setenv("SNDR_ENABLE_F0002", "0")
     rc, out, _ = _apply(capsys, "--patches", str(patches), "--tree", str(site), "--verify")
     assert rc == 1 and "on disk, not enabled here: F0002 (SNDR_ENABLE_F0002=1 enables it)" in out, out
+
+
+def _verdicts(r) -> dict:
+    return {"ok": r.ok, "exit": r.exit_code, "counts": r.counts, "digest": r.patch_set_digest,
+            "edits": [(p.id, e.file, e.name, e.verdict.value) for p in r.patches for e in p.edits],
+            "problems": [(p.code, p.patch, p.file) for p in r.problems], "files": sorted(r.files_written)}
+
+
+@pytest.mark.parametrize("op", ["apply", "revert"])
+@pytest.mark.parametrize("point", ["after_journal", "after_replace:0", "after_replace:1", "before_ledger"])
+def test_dry_run_over_an_interrupted_commit_plans_what_apply_plans(site, patches, op, point):
+    """apply rolls a pending journal back before it plans; the dry-run does the same in memory (no write)."""
+    import signal
+    import subprocess
+    import sys
+
+    from sndr.apply import run_apply
+    from sndr.load import load_patch_set
+
+    ps = load_patch_set(patches, packs=False)
+    base = [sys.executable, "-m", "sndr.apply", "--tree", str(site), "--patches", str(patches), "-q"]
+    if op == "revert":
+        assert run_apply(site, ps, environ={}).ok
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNDR_")}
+    killed = subprocess.run(base + (["--revert"] if op == "revert" else []), env=dict(env, SNDR_TEST_FAULT=point),
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (site / ".sndr" / "journal.json").exists()
+    before = {p: p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()}
+    dry = run_apply(site, ps, environ={}, dry_run=True)
+    assert {p: p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()} == before, "the dry-run wrote"
+    assert any(n.startswith("an interrupted commit is pending: apply would roll it back first") for n in dry.notes)
+    real = run_apply(site, ps, environ={})
+    assert _verdicts(dry) == _verdicts(real) and real.ok
+    assert not (site / ".sndr" / "journal.json").exists()  # the real apply rolled it back
