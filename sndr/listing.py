@@ -235,7 +235,7 @@ def _sndr_state(tree):
     root = getattr(tree, "root", None)
     if root is None or not (Path(root) / ".sndr").is_dir():
         return tree.read_text, None, set()
-    from .apply import _read_pristine_text
+    from .apply import _read_pristine_text, _reinstalled
     from .commit import TreeRoot, sha256_bytes
 
     troot = TreeRoot(root)
@@ -247,6 +247,10 @@ def _sndr_state(tree):
         now = troot.read_bytes(rel)
         if now is not None and sha256_bytes(now) == entry.patched_sha256:
             patched.add(rel)
+    if ledger.vllm_version and ledger.vllm_version != getattr(tree, "version", ledger.vllm_version):
+        # Another vLLM is installed now (apply's ledger_stale): a file whose bytes are the ones the new
+        # version's installer recorded is that version's pristine (upstream merged the change), read as is.
+        patched -= set(_reinstalled(troot, sorted(patched)))
 
     def reader(rel: str) -> str | None:
         # A file that no longer holds the patched bytes is read as it is now.
