@@ -111,3 +111,9 @@ def test_a_tab_indented_anchor_names_the_whitespace_as_the_cause(anchor_ws, text
     finding = classify_edit(edit, text, text)
     assert finding.verdict.value == "drifted" and finding.code == "whitespace", finding
     assert said in finding.reason and "sndr matches bytes exactly" in finding.reason, finding.reason
+
+
+def test_the_shipped_set_is_named_after_its_ids():
+    from sndr.load import load_patch_set
+
+    assert load_patch_set(packs=False).warnings == []
