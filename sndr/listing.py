@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -174,6 +175,10 @@ def _cli_body(args) -> int:
                                 key="--verdict",
                                 hint="e.g. python -m sndr list --tree vllm==0.33.0 --verdict drifted"))
     patch_set = load_patch_set(args.patches)
+    from .plan import unknown_enable_vars
+
+    for line in unknown_enable_vars(patch_set, os.environ) + [w.render() for w in patch_set.warnings]:
+        print(f"sndr list: note: {line}", file=sys.stderr)  # never silently ignored (stderr: --json stays JSON)
     plan = None
     ledger = None
     patched: set[str] = set()

@@ -227,3 +227,15 @@ def test_dry_run_over_an_interrupted_commit_plans_what_apply_plans(site, patches
     real = run_apply(site, ps, environ={})
     assert _verdicts(dry) == _verdicts(real) and real.ok
     assert not (site / ".sndr" / "journal.json").exists()  # the real apply rolled it back
+
+
+def test_list_says_an_enable_variable_naming_no_patch(patches, capsys, monkeypatch):
+    from sndr.listing import cli_main as list_main
+
+    monkeypatch.setenv("SNDR_ENABLE_F001", "1")
+    assert list_main(["--patches", str(patches), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "sndr list: note: SNDR_ENABLE_F001 names no patch of the set; it is ignored" in out.err
+    import json
+
+    json.loads(out.out)  # --json stays one document
