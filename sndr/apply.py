@@ -22,7 +22,11 @@ if __name__ == "__main__":  # `python -m sndr.apply`: a Ctrl-C during the import
     if "--verify" in _sys.argv[1:]:  # the warm fast path first: no pydantic, no planner (sndr/startup/verify.py)
         from sndr.startup.verify import verify_main as _verify_main
 
-        _sys.exit(_verify_main(_sys.argv[1:], lambda argv: __import__("sndr.apply").apply.cli_main(argv)))
+        _code = _verify_main(_sys.argv[1:], lambda argv: __import__("sndr.apply").apply.cli_main(argv))
+        # sndr.cli.exit_with's rule, without importing sndr.cli (the fast path stays light): the last
+        # line is printed, so a Ctrl-C during shutdown must not change the exit status.
+        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+        _sys.exit(_code)
 
 import argparse
 import json
@@ -266,9 +270,10 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     tree = TreeRoot(root)
     version = tree_version(tree.root)
     if dry_run:
-        # Pure: no lock, no recovery, no writes.
-        notes = ["an interrupted commit is pending; the next apply/verify/revert will roll it back first, so "
-                 "apply would plan on the rolled-back files"] if tree.journal_path.exists() else []
+        # Pure: no lock, no recovery, no writes. A pending journal is rolled back in memory only.
+        rolled = _as_rolled_back(tree)
+        notes = [f"an interrupted commit is pending: apply would roll it back first ({len(rolled)} file(s) "
+                 f"restored); planned on the rolled-back files"] if tree.journal_path.exists() else []
         return _apply_decide(tree, version, patch_set, tree.read_ledger(), notes, dry_run=True, force=force,
                              only=only, environ=environ, keep_going=keep_going, profile=profile)
     first_plan = None
@@ -277,6 +282,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         # state (even the lock file), so a refused apply leaves no trace.
         plan = first_plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only,
                                        keep_going=keep_going, profile=profile)
+        _path_typos(tree, version, plan, patch_set)
         if not plan.ok:
             return _report("apply", tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                            notes=["refused: nothing was written"])
@@ -293,6 +299,54 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
         return _apply_decide(tree, version, patch_set, ledger, notes, dry_run=False, force=force, only=only,
                              environ=environ, keep_going=keep_going, profile=profile, announce=announce,
                              first_plan=first_plan if ledger is None and not restored else None)
+
+
+def _as_rolled_back(tree: TreeRoot) -> list[str]:
+    """Make ``tree`` read, in memory only, as :func:`sndr.commit.recover` would leave it: every journaled
+    file holds its before-bytes and the ledger is the journal's ``ledger_before`` (the dry-run of a tree
+    with an interrupted commit plans what apply, which rolls it back first, plans). Nothing is written.
+    Returns the files the rollback would restore; raises what recover raises (journal_corrupt,
+    journal_mismatch)."""
+    import json as _json
+
+    from .commit import _journal_entries
+
+    raw = tree.read_state("journal.json")
+    if raw is None:
+        return []
+    try:
+        journal = _json.loads(raw)
+    except (ValueError, RecursionError):
+        journal = None
+    entries = _journal_entries(tree, journal)
+    overlay: dict[str, bytes | None] = {}
+    for e in entries:
+        rel, before, after = e["path"], e.get("before"), e.get("after")
+        now = tree.read_bytes(rel)
+        if (sha256_bytes(now) if now is not None else None) not in (before, after):
+            raise SndrError(Problem("journal_mismatch", "journal does not match the tree: the file holds neither "
+                                    "its before- nor its after-bytes", file=rel,
+                                    hint=f"the journal at {tree.journal_path} belongs to another tree or patch set; "
+                                         "remove it only after checking the tree by hand"))
+        overlay[rel] = tree.get_object(before) if before is not None else None
+    restored = sorted(rel for rel, want in overlay.items() if tree.read_bytes(rel) != want)
+    lb = journal.get("ledger_before") if isinstance(journal, dict) else None
+    ledger_raw = tree.get_object(lb) if lb is not None else None
+    read_bytes, read_state = tree.read_bytes, tree.read_state
+
+    def rolled_bytes(rel: str) -> bytes | None:
+        return overlay[rel] if rel in overlay else read_bytes(rel)
+
+    def rolled_state(name: str) -> bytes | None:
+        if name == "journal.json":
+            return None
+        if name == "ledger.json":
+            return ledger_raw
+        return read_state(name)
+
+    tree.read_bytes = rolled_bytes  # type: ignore[method-assign]  # this TreeRoot is the dry-run's own
+    tree.read_state = rolled_state  # type: ignore[method-assign]
+    return restored
 
 
 def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Ledger | None, notes: list[str], *,
@@ -357,6 +411,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     else:
         plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
                           environ=environ, only=only, keep_going=keep_going, profile=profile)
+        _path_typos(tree, version, plan, patch_set)
     if not plan.ok:
         return _report(mode, tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                        notes=notes + [f"refused: {nothing}"])
@@ -382,6 +437,61 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
     return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
                    files_written=[w.rel for w in writes], notes=notes)
+
+
+def _pin_paths(tree: TreeRoot, version: str) -> set[str] | None:
+    """Every ``.py`` path of the pinned vLLM: sndr's cached pristine copy of the pin when there is one
+    (never fetched for this), and the tree itself when it is the pin; None when neither is at hand."""
+    from .tree import _cached_tree, _want_version
+
+    roots = [r for r in (_cached_tree(env.cache_root(), _want_version(PIN_VERSION)),
+                         tree.root if version == PIN_VERSION else None) if r is not None]
+    if not roots:
+        return None
+    out: set[str] = set()
+    for root in roots:
+        for dirpath, _dirs, names in os.walk(root / "vllm"):
+            rel = os.path.relpath(dirpath, root)
+            out.update(os.path.join(rel, n).replace(os.sep, "/") for n in names if n.endswith(".py"))
+    return out
+
+
+def _path_typos(tree: TreeRoot, version: str, plan: Plan, patch_set: PatchSet) -> None:
+    """An edit's target missing from the tree whose path the pinned vLLM never had is a typo in the patch
+    (``path_unknown``, bad input: exit 2), with the nearest path the pin has; one it had is drift
+    (``edit_file_missing``, exit 1): upstream moved or removed it."""
+    import difflib
+
+    missing = sorted({pr.file for pr in plan.problems if pr.code == "edit_file_missing" and pr.file
+                      and pr.file.endswith(".py")})
+    if not missing:
+        return
+    known = _pin_paths(tree, version)
+    if not known:
+        return
+    typos = [rel for rel in missing if rel not in known]
+    if not typos:
+        return
+    keep = [pr for pr in plan.problems if not (pr.code == "edit_file_missing" and pr.file in typos)]
+    for rel in typos:
+        near = difflib.get_close_matches(rel, sorted(known), n=1, cutoff=0.6)
+        pids = sorted({pr.patch for pr in plan.problems if pr.file == rel and pr.patch})
+        for pid in pids:
+            source = patch_set.source_of(pid)
+            keep.append(Problem("path_unknown", f"{rel} is not a file of vLLM {PIN_VERSION} (the pin): a typo in the "
+                                f"patch's path?", file=source, line=_path_line(source, rel), key="files.path",
+                                patch=pid, hint=f"did you mean {near[0]}?" if near else
+                                "check the path against the pinned vLLM tree"))
+    plan.problems[:] = keep
+
+
+def _path_line(source: str, rel: str) -> int | None:
+    try:
+        lines = Path(source).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return next((n + 1 for n, line in enumerate(lines)
+                 if line.lstrip().startswith("path") and (f'"{rel}"' in line or f"'{rel}'" in line)), None)
 
 
 def _dropped_files(plan: Plan, ledger: Ledger | None, writes: list[FileWrite]) -> list[str]:
@@ -575,10 +685,7 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                                     f"now holds vLLM {version}", file=str(tree.ledger_path),
                                     hint="run python -m sndr.apply to plan again from the tree as it is"))
         if ledger.patch_set_digest != digest:
-            problems.append(Problem("patch_set_mismatch",
-                                    f"tree was patched with another patch set (ledger {ledger.patch_set_digest[:12]}, "
-                                    f"current {digest[:12]})", file=str(tree.ledger_path),
-                                    hint="run python -m sndr.apply to re-plan from pristine"))
+            problems.append(_set_mismatch(tree, ledger, patch_set, on, digest))
         for rel, entry in sorted(ledger.files.items()):
             now = tree.read_bytes(rel)
             if now is None or sha256_bytes(now) != entry.patched_sha256:
@@ -607,6 +714,29 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
         return _report("verify", tree, version, None, ok=not problems,
                        exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
                        patches=results, counts=counts, notes=vnotes)
+
+
+def _set_mismatch(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, on: list[str], digest: str) -> Problem:
+    """patch_set_mismatch, naming the patches that differ and the variable that would make them agree
+    (as the startup hook names them), not two digests only."""
+    applied = set(ledger.patches) | set(ledger.left_out)
+    extra = [i for i in ledger.patches if i not in on]  # on disk, not enabled here
+    absent = [i for i in on if i not in applied and patch_set.by_id[i].files]  # enabled here, not on disk
+    parts = []
+    if extra:
+        parts.append("on disk, not enabled here: " + ", ".join(
+            f"{i} ({env.enable_var(i)}=1 enables it)" if i in patch_set.by_id else f"{i} (not in this patch set)"
+            for i in extra))
+    if absent:
+        parts.append("enabled here, not on disk: " + ", ".join(f"{i} ({env.enable_var(i)}=0 disables it)"
+                                                             for i in absent))
+    if not parts:
+        parts.append("the same ids, but the patches' contents differ (a patch file was edited since apply)")
+    return Problem("patch_set_mismatch", f"tree was patched with another patch set (ledger "
+                   f"{ledger.patch_set_digest[:12]}, current {digest[:12]}): " + "; ".join(parts),
+                   file=str(tree.ledger_path),
+                   hint="give this command the SNDR_ENABLE_* values (and --only/--profile) apply ran with, or run "
+                        "python -m sndr.apply to re-plan from pristine")
 
 
 #: The count key of an edit in a file that fails its ledger hash (``render`` names them).
@@ -831,6 +961,10 @@ def _run_cli(args) -> Report:
     if args.revert:
         return run_revert(root, force=args.force)
     patch_set = load_patch_set(args.patches)
+    from .plan import unknown_enable_vars
+
+    ignored = unknown_enable_vars(patch_set, os.environ)  # said in the report, never silently ignored
+    ignored += [w.render() for w in patch_set.warnings]
     if not patch_set.patches and not args.allow_empty:
         where = args.patches if args.patches is not None else "the patch directory in effect"
         raise SndrError(Problem("empty_patch_set", f"the patch set is empty (no patch in {where}); applying it would "
@@ -844,17 +978,20 @@ def _run_cli(args) -> Report:
     profile = load_profile(args.profile) if args.profile else (
         profile_from_environ(os.environ) if os.environ.get(env.PROFILE) else None)
     if args.verify:
-        return run_verify(root, patch_set, only=args.only, profile=profile,
-                          edits=args.verbose or args.json is not None)
-    announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
-    return run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
-                     keep_going=args.keep_going, profile=profile, announce=announce)
+        report = run_verify(root, patch_set, only=args.only, profile=profile,
+                            edits=args.verbose or args.json is not None)
+    else:
+        announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
+        report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
+                           keep_going=args.keep_going, profile=profile, announce=announce)
+    report.notes[:0] = ignored
+    return report
 
 
 def _console(to_stderr: bool):
-    from rich.console import Console
+    from .render import make_console
 
-    return Console(file=sys.stderr if to_stderr else sys.stdout, highlight=False, soft_wrap=True)
+    return make_console(stderr=to_stderr)
 
 
 def _write_json(target: Path, data: dict) -> None:
@@ -864,7 +1001,9 @@ def _write_json(target: Path, data: dict) -> None:
 
 
 def main() -> None:
-    sys.exit(cli_main())
+    from .cli import exit_with
+
+    exit_with(cli_main)
 
 
 if __name__ == "__main__":

@@ -158,10 +158,44 @@ def _absence_reason(anchor: str, text: str) -> tuple[str, str]:
     stripped = "\n".join(line.rstrip() for line in anchor.split("\n"))
     if stripped != anchor and stripped in "\n".join(line.rstrip() for line in text.split("\n")):
         return "anchor matches only when trailing whitespace is ignored", "whitespace"
+    indent = _indent_cause(anchor, text)
+    if indent:
+        return indent, "whitespace"
     first = next((ln.strip() for ln in anchor.splitlines() if ln.strip()), "")
     if first and first in text:
         return f"anchor not found (its first line {first[:60]!r} still is)", "anchor_changed"
     return "anchor not found", "anchor_missing"
+
+
+def _lead(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _say_indent(ws: str) -> str:
+    """``"\t\t"`` -> ``2 tabs``, ``"    "`` -> ``4 spaces``, ``""`` -> ``no indentation``; the cause, named."""
+    if not ws:
+        return "no indentation"
+    tabs, spaces = ws.count("\t"), ws.count(" ")
+    parts = ([f"{tabs} tab{'s' if tabs > 1 else ''}"] if tabs else []) + \
+        ([f"{spaces} space{'s' if spaces > 1 else ''}"] if spaces else [])
+    return " and ".join(parts) + f" ({ws!r})"
+
+
+def _indent_cause(anchor: str, text: str) -> str:
+    """The anchor matches only when each line's leading whitespace is ignored (tabs against spaces,
+    another depth): say so, naming the first line's indentation in both, never stripped away."""
+    def bare(t: str) -> str:
+        return "\n".join(ln.lstrip(" \t") for ln in t.split("\n"))
+
+    if bare(anchor) == anchor or bare(anchor) not in bare(text):
+        return ""
+    first = next((ln for ln in anchor.split("\n") if ln.strip()), "")
+    found = next((ln for ln in text.split("\n") if ln.strip() and ln.lstrip(" \t") == first.lstrip(" \t")), None)
+    if found is None or _lead(found) == _lead(first):
+        return "anchor matches only when the lines' indentation is ignored"
+    return (f"anchor matches only when indentation is ignored: its first line {first.strip()[:60]!r} is indented "
+            f"with {_say_indent(_lead(first))} in the anchor, {_say_indent(_lead(found))} in the target; "
+            f"sndr matches bytes exactly")
 
 
 _MATCHED = (Verdict.APPLIES, Verdict.APPLIED, Verdict.MERGED)

@@ -185,6 +185,26 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> ar
             p.__dict__.pop("error", None)
 
 
+def exit_with(entry: Callable[[], int]) -> None:
+    """``sys.exit(entry())`` for a ``python -m sndr...`` process, with the final line and the exit status
+    agreeing: once ``entry`` (which ends in :func:`run`) has returned, its last line is printed and its
+    status is final, so SIGINT is ignored from then on. A Ctrl-C during the interpreter's shutdown (atexit,
+    finalisation) used to turn "ok reverted ... restored" into exit 130 (or a KeyboardInterrupt traceback).
+    """
+    import signal
+
+    try:
+        code = entry()
+    except KeyboardInterrupt:  # landed after run() returned, before its status was taken: say so
+        code = EXIT_INTERRUPTED
+        say("sndr", "interrupted after the command finished; its report above is complete")
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):  # not the main thread
+        pass
+    sys.exit(code)
+
+
 def say(prog: str, message: str) -> None:
     """One line on stderr, prefixed with the command's name."""
     print(f"{prog}: {message}", file=sys.stderr)

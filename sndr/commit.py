@@ -169,6 +169,8 @@ class TreeRoot:
     """The on-disk side of one tree: safe paths, the state directory, the lock."""
 
     def __init__(self, root: Path | str):
+        self._state_fd: int | None = None  # first: __del__ runs even when the checks below raise
+        self._objects_fd: int | None = None
         self.root = Path(root)
         if not (self.root / "vllm").is_dir():
             raise SndrError(Problem("not_a_tree", "directory does not contain a vllm/ package", file=str(self.root),
@@ -178,8 +180,6 @@ class TreeRoot:
         self.objects = self.state / "objects"
         self.ledger_path = self.state / "ledger.json"
         self.journal_path = self.state / "journal.json"
-        self._state_fd: int | None = None
-        self._objects_fd: int | None = None
         # sha256 (None: missing) of the first bytes this TreeRoot read of each target: what every
         # decision was made on. commit() refuses a write whose before-bytes differ from it, so a
         # foreign write that lands between two reads of one command is never overwritten.

@@ -7,7 +7,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-#: ``SNDR_ENABLE_<ID>`` (a boolean: :data:`BOOL_WORDS`) overrides a patch's ``default``.
+#: ``SNDR_ENABLE_<ID>`` (a boolean: :data:`BOOL_WORDS`) overrides a patch's ``default``; ``<ID>`` is
+#: matched case-insensitively (:func:`enable_override`), and one that names no patch is reported.
 ENABLE_PREFIX = "SNDR_ENABLE_"
 #: ``SNDR_PLUGINS=0``: every plugin patch (``kind = "plugin"``: sndr's GPU kernels) is off, except one
 #: whose own ``SNDR_ENABLE_<ID>=1`` is set (the per-plugin variable wins over this global one).
@@ -96,16 +97,30 @@ def enable_var(patch_id: str) -> str:
 
 
 def enable_override(patch_id: str, environ: Mapping[str, str] | None = None) -> bool | None:
-    """Value of :func:`enable_var` for ``patch_id``, or None when it is unset."""
+    """Value of :func:`enable_var` for ``patch_id``, or None when it is unset.
+
+    The part after ``SNDR_ENABLE_`` is matched as :func:`enable_var` spells it (case-insensitive,
+    ``-``/``.`` read as ``_``), as ``--only`` matches ids: ``SNDR_ENABLE_pn0001`` is
+    ``SNDR_ENABLE_PN0001``. Two spellings with different values are an error naming both."""
     environ = os.environ if environ is None else environ
-    name = enable_var(patch_id)
-    if name not in environ:
+    want = enable_var(patch_id)
+    names = [want] if want in environ else []
+    names += [k for k in environ if k != want and k.startswith(ENABLE_PREFIX)
+              and enable_var(k[len(ENABLE_PREFIX):]) == want]
+    if not names:
         return None
-    val = _bool(name, environ[name])
-    if val is None or not environ[name].strip():
-        raise bad_input("bad_env", f"{name}={environ[name]!r} is not a boolean; use {BOOL_WORDS}", key=name,
-                        patch=patch_id, hint=f"set {name}=1 to enable {patch_id} or {name}=0 to disable it")
-    return val
+    vals = []
+    for name in sorted(names):
+        val = _bool(name, environ[name])
+        if val is None or not environ[name].strip():
+            raise bad_input("bad_env", f"{name}={environ[name]!r} is not a boolean; use {BOOL_WORDS}", key=name,
+                            patch=patch_id, hint=f"set {want}=1 to enable {patch_id} or {want}=0 to disable it")
+        vals.append(val)
+    if len(set(vals)) > 1:
+        both = ", ".join(f"{n}={environ[n]}" for n in sorted(names))
+        raise bad_input("bad_env", f"{both} name the same patch {patch_id} with different values", key=want,
+                        patch=patch_id, hint=f"keep one of them ({want})")
+    return vals[0]
 
 
 # ----------------------------------------------------------------------------- locations

@@ -175,6 +175,10 @@ def _cli_body(args) -> int:
                                 key="--verdict",
                                 hint="e.g. python -m sndr list --tree vllm==0.33.0 --verdict drifted"))
     patch_set = load_patch_set(args.patches)
+    from .plan import unknown_enable_vars
+
+    for line in unknown_enable_vars(patch_set, os.environ) + [w.render() for w in patch_set.warnings]:
+        print(f"sndr list: note: {line}", file=sys.stderr)  # never silently ignored (stderr: --json stays JSON)
     plan = None
     ledger = None
     patched: set[str] = set()
@@ -236,7 +240,7 @@ def _sndr_state(tree):
     root = getattr(tree, "root", None)
     if root is None or not (Path(root) / ".sndr").is_dir():
         return tree.read_text, None, set()
-    from .apply import _read_pristine_text
+    from .apply import _read_pristine_text, _reinstalled
     from .commit import TreeRoot, sha256_bytes
 
     troot = TreeRoot(root)
@@ -248,6 +252,10 @@ def _sndr_state(tree):
         now = troot.read_bytes(rel)
         if now is not None and sha256_bytes(now) == entry.patched_sha256:
             patched.add(rel)
+    if ledger.vllm_version and ledger.vllm_version != getattr(tree, "version", ledger.vllm_version):
+        # Another vLLM is installed now (apply's ledger_stale): a file whose bytes are the ones the new
+        # version's installer recorded is that version's pristine (upstream merged the change), read as is.
+        patched -= set(_reinstalled(troot, sorted(patched)))
 
     def reader(rel: str) -> str | None:
         # A file that no longer holds the patched bytes is read as it is now.
@@ -283,7 +291,9 @@ def _patched_line(ledger, patched: set[str], plan) -> str:
 
 
 def main() -> None:
-    sys.exit(cli_main())
+    from .cli import exit_with
+
+    exit_with(cli_main)
 
 
 if __name__ == "__main__":

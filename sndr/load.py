@@ -6,13 +6,16 @@ executed or imported. Every error names the file, and the key or line.
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import env
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
@@ -37,6 +40,8 @@ class PatchSet:
     patches: list[Patch]
     directory: Path | None = None
     sources: dict[str, str] = field(default_factory=dict)  # id -> file the patch came from
+    #: What is accepted but said (a file name that disagrees with its id): apply prints them as notes.
+    warnings: list[Problem] = field(default_factory=list)
 
     @cached_property
     def by_id(self) -> dict[str, Patch]:
@@ -120,8 +125,51 @@ def _key_line(text: str, loc: tuple) -> int | None:
         for n in range(lo if header is None else lo + 1, own_end):
             if outside[n] and key.match(lines[n]):
                 return n + 1
+        name = f"{table}.{part}" if table else str(part)  # written as a table: [name] or [[name]]
+        own = [n for n, hname, _ in headers if hname == name and (lo <= n < hi)]
+        if own:
+            return own[0] + 1
         return header + 1 if header is not None else 1
     return header + 1 if header is not None else None
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model of the table at a pydantic location (``('files', 0)`` -> FileEdits), or None."""
+    model: type[BaseModel] = Patch
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field_ = model.model_fields.get(str(part))
+        if field_ is None:
+            return None
+        ann = field_.annotation
+        inner = typing.get_args(ann)[0] if typing.get_origin(ann) is list and typing.get_args(ann) else ann
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return None
+        model = inner
+    return model
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    model = _model_at(loc)
+    if model is None:
+        return []
+    return sorted({n for n, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias})
+
+
+def _is_table_list(loc: tuple, name: str) -> bool:
+    """Is ``name`` in the table at ``loc`` an array of tables (``[[files]]``)?"""
+    model = _model_at(loc)
+    field_ = model.model_fields.get(name) if model is not None else None
+    if field_ is None:
+        return False
+    args = typing.get_args(field_.annotation)
+    return typing.get_origin(field_.annotation) is list and bool(args) and isinstance(args[0], type) and \
+        issubclass(args[0], BaseModel)
+
+
+def _header_of(loc: tuple, name: str) -> str:
+    return "[[" + ".".join([str(p) for p in loc if not isinstance(p, int)] + [name]) + "]]"
 
 
 def _loc_str(loc: tuple) -> str:
@@ -269,6 +317,15 @@ def parse_patch(text: str, source: str) -> Patch:
             msg = err.get("msg", "invalid")
             if err.get("type") == "extra_forbidden":
                 msg = f"unknown key {loc[-1]!r}"
+                near = difflib.get_close_matches(str(loc[-1]), _fields_at(loc[:-1]), n=1)
+                if near:
+                    msg += f" (did you mean {near[0]!r}?" + (
+                        f" {_header_of(loc[:-1], near[0])} is an array of tables)" if _is_table_list(loc[:-1], near[0])
+                        else ")")
+            elif err.get("type") == "list_type" and _is_table_list(loc[:-1], str(loc[-1])) and \
+                    isinstance(err.get("input"), dict):
+                msg = (f"{loc[-1]} is an array of tables: write {_header_of(loc[:-1], str(loc[-1]))} "
+                       f"(double brackets), one per entry")
             elif msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             problems.append(Problem("bad_patch", msg, file=source, line=_key_line(text, loc),
@@ -295,8 +352,37 @@ def load_patch_file(path: Path) -> Patch:
 
 
 def patch_files(directory: Path) -> list[Path]:
-    """Patch files of a directory: every ``*.toml`` whose name does not start with ``_``."""
-    return sorted(p for p in directory.glob("*.toml") if not p.name.startswith("_"))
+    """Patch files of a directory: every ``*.toml`` whose name does not start with ``_``.
+
+    A directory that cannot be listed (permissions, I/O) is an error naming it (``unreadable``,
+    exit 2), never an empty set: an empty set applied reverts every file the ledger holds.
+    """
+    try:
+        with os.scandir(directory) as it:
+            names = [e.name for e in it]
+    except OSError as exc:
+        raise SndrError(Problem("unreadable", f"cannot list the patch directory: {exc.strerror}",
+                                file=str(directory), key="--patches",
+                                hint="make it readable (r and x) by this user, or point --patches / "
+                                     "$SNDR_PATCHES at another directory"), EXIT_BAD_INPUT) from None
+    return sorted(directory / n for n in names if n.endswith(".toml") and not n.startswith("_"))
+
+
+def name_problem(patch: Patch, path: Path) -> Problem | None:
+    """A patch file is ``<ID>-<slug>.toml`` (or ``<ID>.toml``; docs/format.md): a name that disagrees with
+    its ``id`` (a copied file whose id was not changed, or the reverse) is said (``name_mismatch``, at
+    the id's line). A warning, not an error: a set may order its files by name (``S001-x.toml``)."""
+    stem = path.name[: -len(".toml")] if path.name.endswith(".toml") else path.name
+    if stem == patch.id or stem.startswith(patch.id + "-"):
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    return Problem("name_mismatch", f"the file name {path.name} does not start with its id {patch.id} "
+                   f"(a patch file is <ID>-<slug>.toml)", file=str(path), line=_key_line(text, ("id",)) if text else None,
+                   key="id", patch=patch.id,
+                   hint=f"rename the file to {patch.id}-{stem.split('-', 1)[-1]}.toml, or fix its id")
 
 
 def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, environ=None) -> PatchSet:
@@ -308,16 +394,26 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     """
     directory = Path(directory) if directory is not None else env.patches_dir(environ)
     if not directory.is_dir():
+        if directory.exists():
+            raise SndrError(Problem("patches_not_a_dir", "the patch directory is a file, not a directory",
+                                    file=str(directory), key="--patches",
+                                    hint=f"pass the directory that holds it: --patches {directory.parent}"
+                                    if directory.suffix == ".toml" else "pass the directory that holds the "
+                                    "patch files (*.toml)"), EXIT_BAD_INPUT)
         raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory)))
     patches: list[Patch] = []
     sources: dict[str, str] = {}
     problems: list[Problem] = []
+    warnings: list[Problem] = []
     for path in patch_files(directory):
         try:
             patch = load_patch_file(path)
         except SndrError as exc:
             problems.extend(exc.problems)
             continue
+        misnamed = name_problem(patch, path)
+        if misnamed is not None:
+            warnings.append(misnamed)
         if patch.id in sources:
             problems.append(Problem("duplicate_id", f"patch id {patch.id} is also defined in {sources[patch.id]}",
                                     file=str(path), key="id"))
@@ -342,7 +438,7 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     problems.extend(_cross_check(patches, sources))
     if problems:
         raise SndrError(problems, EXIT_BAD_INPUT)
-    return PatchSet(patches=patches, directory=directory, sources=sources)
+    return PatchSet(patches=patches, directory=directory, sources=sources, warnings=warnings)
 
 
 def _code_outside(patch: Patch, source: str) -> list[Problem]:

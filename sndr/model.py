@@ -13,7 +13,7 @@ import posixpath
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from .errors import Problem  # errors are values: reports carry the same dataclass
 
@@ -380,3 +380,44 @@ class Report(BaseModel):
     left_out: list[LeftOut] = Field(default_factory=list, description="enabled patches left out whole, and why")
     problems: list[Problem] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+
+class AttestationRecord(BaseModel):
+    """The shape of a per-process attestation record (``sndr.startup.attest``; written by
+    ``register()`` as a plain dict, read and validated here by ``sndr status`` only, strict: no
+    coercion, so a pid ``"12"`` or ``true`` is not an int). Extra keys are allowed: the record
+    carries more (runtime outcomes, the profile) than status trusts."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    format: Literal[2]  # sndr.startup.attest.FORMAT
+    pid: int = Field(gt=0)
+    ppid: int = Field(ge=0)
+    start: float = Field(gt=0)
+    updated: float = Field(gt=0)
+    role: str
+    process_name: str
+    forked_from: int | None
+    mode: Literal["disk", "memory", "none"]
+    tree: str | None
+    vllm_version: str
+    patch_set_digest: str
+    ledger_digest: str | None
+    enabled: list[str]
+    gated: list[str]
+    gate_reasons: dict[str, str]
+    counts: dict[str, int]
+    files: dict[str, str | None]
+    missing_required: list[str]
+    problems: list[str]
+
+
+def attestation_problem(rec: dict) -> str | None:
+    """None when ``rec`` is a valid :class:`AttestationRecord`; else its first error, located."""
+    try:
+        AttestationRecord.model_validate(rec, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "record"
+        return f"{where}: {err['msg']}" + (f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    return None

@@ -398,9 +398,7 @@ def resolve_gates(patch_set: PatchSet, version: str, environ=None,
     ordered = order_patches(patch_set.patches)
     selected: set[str] | None = None
     if only:
-        unknown = [i for i in only if i not in by_id]
-        if unknown:
-            raise SndrError(Problem("unknown_id", f"--only names unknown patch(es): {', '.join(unknown)}", key="--only"))
+        only = select_ids(patch_set, only)
         selected = set(only)
         for i in only:
             selected |= _requires_closure(by_id[i], by_id)
@@ -428,6 +426,47 @@ def resolve_gates(patch_set: PatchSet, version: str, environ=None,
                 g = Gate(False, "requires_gated", f"requires {', '.join(missing)}, which is not enabled")
         gates[p.id] = g
     return ordered, gates
+
+
+def select_ids(patch_set: PatchSet, names: list[str]) -> list[str]:
+    """``--only`` names -> patch ids, matched as ``SNDR_ENABLE_<ID>`` matches them: exactly, else
+    case-insensitively with every character other than ``A-Z 0-9 _`` read as ``_``
+    (:func:`sndr.env.enable_var`), so ``--only pn0001`` selects what ``SNDR_ENABLE_pn0001=1`` enables.
+    A name that matches no id (or two) is ``unknown_id``, with the nearest id when there is one."""
+    import difflib
+
+    by_key: dict[str, list[str]] = {}
+    for pid in patch_set.by_id:
+        by_key.setdefault(envmod.enable_var(pid), []).append(pid)
+    out, unknown = [], []
+    for name in names:
+        found = [name] if name in patch_set.by_id else by_key.get(envmod.enable_var(name), [])
+        if len(found) == 1:
+            out.append(found[0])
+        else:
+            near = difflib.get_close_matches(name.upper(), [i.upper() for i in patch_set.by_id], n=1)
+            hint = next((i for i in patch_set.by_id if near and i.upper() == near[0]), None)
+            unknown.append(name + (f" (did you mean {hint}?)" if hint else ""))
+    if unknown:
+        raise SndrError(Problem("unknown_id", f"--only names unknown patch(es): {', '.join(unknown)}", key="--only"))
+    return out
+
+
+def unknown_enable_vars(patch_set: PatchSet, environ=None) -> list[str]:
+    """One line per ``SNDR_ENABLE_*`` variable of ``environ`` that names no patch of the set (it is
+    ignored), with the nearest variable that would name one."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    known = {envmod.enable_var(pid) for pid in patch_set.by_id}
+    out = []
+    for var in sorted(k for k in environ if k.startswith(envmod.ENABLE_PREFIX)):
+        if envmod.enable_var(var[len(envmod.ENABLE_PREFIX):]) in known:
+            continue
+        near = difflib.get_close_matches(var.upper(), sorted(known), n=1)
+        out.append(f"{var} names no patch of the set; it is ignored"
+                   + (f" (did you mean {near[0]}?)" if near else ""))
+    return out
 
 
 def gate_reasons(patch_set: PatchSet, version: str, environ=None, profile=None) -> dict[str, str]:

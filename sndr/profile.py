@@ -73,6 +73,37 @@ ANY = "*"
 #: Keys read from the model's config.json (through the model the command line names).
 _CONFIG_KEYS = modelconfig.CONFIG_KEYS
 
+#: Keys whose every value is one of a closed vocabulary (what the hook can ever report for them).
+VOCAB: dict[str, tuple[str, ...]] = {"platform": ("cuda", "rocm", "cpu", "xpu", "tpu")}
+#: The form of every other ``str`` key's values: vLLM's own values are lower case
+#: (``fp8_e4m3``, ``compressed-tensors``, ``eagle3``); an architecture is a Python class name.
+#: Shell-pattern characters are allowed in a ``when`` value.
+_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
+    "model_arch": (re.compile(r"^[A-Za-z0-9_*?\[\]!]+$"), "a model class name such as Qwen3NextForCausalLM"),
+    **{k: (re.compile(r"^[a-z0-9_.\-*?\[\]!]+$"), "lower case, as vLLM spells it (e.g. fp8, fp8_e4m3, mtp)")
+       for k in ("quantization", "kv_cache_dtype", "spec_method")},
+}
+
+
+def check_value(key: str, value: str, pattern: bool) -> None:
+    """Raise ``ValueError`` when ``value`` (a ``when`` pattern, or a profile fact) of ``key`` can never be
+    what the deployment reports: outside the key's vocabulary (:data:`VOCAB`; a pattern must match a
+    word of it) or not of the key's form, naming the nearest word."""
+    import difflib
+
+    words = VOCAB.get(key)
+    if words is not None:
+        if any(fnmatch.fnmatchcase(w, value) if pattern else w == value for w in words):
+            return
+        near = difflib.get_close_matches(value.lower(), words, n=1)
+        raise ValueError(f"{key} {value!r} matches none of {', '.join(words)}"
+                         + (f" (did you mean {near[0]!r}?)" if near else ""))
+    form = _FORMS.get(key)
+    if form is not None and not form[0].match(value):
+        raise ValueError(f"{key} {value!r} is not a value vLLM reports: {form[1]}")
+
+
+
 _PROFILE_META = ("name", "description")
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+)(?:\.(\d+))?\s*$")
 _CAPABILITY = re.compile(r"^\s*(\d+)\.(\d+)\s*$")
@@ -133,6 +164,11 @@ def check_when(when: Mapping) -> dict:
         values = [value] if isinstance(value, str) else value
         if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
             raise ValueError(f"when.{key} must be a non-empty string or a non-empty list of strings")
+        for v in values:
+            try:
+                check_value(key, v, pattern=True)
+            except ValueError as exc:
+                raise ValueError(f"when.{exc}") from None
         out[key] = value
     return out
 
@@ -254,11 +290,13 @@ def parse_profile(text: str, path: str) -> Profile:
             continue
         if not isinstance(value, str) or not value.strip():
             raise _bad(f"{key} must be a non-empty string", path, line, key)
-        if KEYS[key][0] == "capability":
-            try:
+        try:
+            if KEYS[key][0] == "capability":
                 parse_capability(value)
-            except ValueError as exc:
-                raise _bad(str(exc), path, line, key) from None
+            else:
+                check_value(key, value, pattern=False)
+        except ValueError as exc:
+            raise _bad(str(exc), path, line, key) from None
         facts[key] = value
     return Profile(facts, source=f"profile {path}",
                    missing=f"the profile {path} does not set it",

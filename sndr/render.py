@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,7 +16,7 @@ _STYLE = {"applies": "cyan", "applied": "green", "merged": "blue", "drifted": "r
 
 
 def print_report(report: Report, verbose: bool = False, console: Console | None = None) -> None:
-    console = console or Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    console = console or make_console()
     head = f"sndr {report.mode}: {report.tree}"
     if report.vllm_version:
         head += f" (vllm {report.vllm_version})"
@@ -34,29 +35,29 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         if not interesting:
             continue
         style = _STYLE.get(p.status, "")
-        console.print(f"  [{style}]{p.id:<10} {p.status:<8}[/] {p.title}" + (f" - {p.reason}" if p.reason else ""),
-                      markup=True)
+        console.print(f"  [{style}]{p.id:<10} {p.status:<8}[/] {_esc(p.title)}" + (f" - {_esc(p.reason)}" if p.reason
+                                                                                  else ""), markup=True)
         for e in p.edits:
             if verbose or e.verdict.value in ("drifted", "ambiguous", "file_missing", "optional_absent", "conflict"):
                 loc = f"{e.file}:{e.line}" if e.line else e.file
                 q = f" in {e.qualname}" if e.qualname else ""
-                console.print(f"      {e.name}: [{_STYLE.get(e.verdict.value, '')}]{e.verdict.value}[/] {loc}{q}"
-                              + (f" - {e.reason}" if e.reason else ""))
+                console.print(f"      {_esc(e.name)}: [{_STYLE.get(e.verdict.value, '')}]{e.verdict.value}[/] "
+                              f"{_esc(loc)}{_esc(q)}" + (f" - {_esc(e.reason)}" if e.reason else ""))
                 for l in e.locations[1:] if e.verdict.value == "ambiguous" else []:
-                    console.print(f"        also at {l.file}:{l.line} {l.qualname}")
+                    console.print(f"        also at {_esc(f'{l.file}:{l.line} {l.qualname}')}")
     for pr in report.problems:
         where = pr.file or ""
         if where and pr.line:
             where += f":{pr.line}"
         who = f"{pr.patch}: " if pr.patch else ""
-        console.print(f"  [red]error[/] {where + ': ' if where else ''}{who}{pr.message} ({pr.code})")
+        console.print(f"  [red]error[/] {_esc(where + ': ' if where else '')}{_esc(who)}{_esc(pr.message)} ({pr.code})")
         if pr.hint:
-            console.print(f"        hint: {pr.hint}")
+            console.print(f"        hint: {_esc(pr.hint)}")
     if report.files_written:
         verb = "would write" if report.mode == "dry-run" else "wrote"
         console.print(f"{verb} {len(report.files_written)} file(s)")
     for n in report.notes:
-        console.print(f"note: {n}")
+        console.print(f"note: {_esc(n)}")
     status = "ok" if report.ok else f"FAILED (exit {report.exit_code})"
     # The digest of the *enabled* patches (what the ledger and every process attest), not of
     # the whole set as the preflight and `sndr list` show it: named apart everywhere.
@@ -65,6 +66,31 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
         digest = (f"  reverted enabled set {report.patch_set_digest[:12]}: "
                   f"{len(report.files_written)} file(s) restored")
     console.print(f"[bold]{status}[/bold]{digest}")
+
+
+#: Width of a console that is not a terminal (a pipe, a file, a CI log): rich would wrap every table
+#: at 80 columns there; a reader of a log scrolls sideways rather than reads cells broken mid-word.
+PIPE_WIDTH = 240
+
+
+def make_console(*, stderr: bool = False, file=None) -> Any:
+    """The one way sndr builds a rich Console: no highlighting, soft-wrapped text, and, when the output
+    is not a TTY, :data:`PIPE_WIDTH` columns instead of rich's 80 (on a terminal, its own width)."""
+    from rich.console import Console
+
+    target = file if file is not None else (sys.stderr if stderr else sys.stdout)
+    try:
+        tty = target.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return Console(file=target, highlight=False, soft_wrap=True, width=None if tty else PIPE_WIDTH)
+
+
+def _esc(text: str) -> str:
+    """User text (messages, reasons, paths, notes) printed through rich: ``[id]`` is text, not markup."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 #: Verdicts a count of which is named edit by edit (the ordinary outcomes are not).

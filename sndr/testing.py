@@ -24,7 +24,8 @@ in your ``conftest.py``::
 The patch is planned by the very planner ``apply`` runs (:func:`sndr.plan.build_plan`),
 alone, hermetically: the environment is empty except the patch's own
 ``SNDR_ENABLE_<ID>=1`` (so a ``default = false`` patch is tested too), no
-deployment profile, and every changed ``.py`` file is compiled. By default the
+deployment profile, and every changed ``.py`` file is compiled: a compile error fails
+the assertion whatever else is asked (``check_compile=False`` to skip). By default the
 harness also re-plans on the patched texts and requires every edit to read
 ``applied`` (or ``merged``) and nothing to change: apply, then verify.
 """
@@ -143,6 +144,9 @@ def assert_patch(patch: PatchLike, before: Texts, after: Mapping[str, str] | Non
     [result] = [r for r in plan.patches if r.id == p.id]
     want_status = status if status is not None else ("applies" if after is not None or contains else None)
     problems = "\n".join(x.render() for x in plan.problems)
+    if check_compile:  # whatever else is asserted (``verdicts=`` alone too): apply refuses what does not compile
+        broken = [x.render() for x in plan.problems if x.code == "compile_error"]
+        assert not broken, "the patched file does not compile (apply refuses it: compile_error):\n" + "\n".join(broken)
     if want_status is not None:
         assert result.status == want_status, \
             f"status {result.status!r}, expected {want_status!r}\n{_explain(result)}\n{problems}"

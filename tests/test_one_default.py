@@ -51,3 +51,24 @@ def test_no_other_default_and_no_copy_of_it_in_code():
             if "vllm-0.32.0-venv" in value or value == env.TEST_VLLM_PYTHON:
                 offenders.append(f"{path.relative_to(REPO)}:{line}: its own copy {value[:60]!r}")
     assert offenders == []
+
+
+def test_the_no_cached_wheel_skips_name_the_command_that_satisfies_them(monkeypatch, tmp_path):
+    """The 9 skips read "no cached wheel for vllm X" and gave no way to satisfy them."""
+    import pytest
+
+    import tests.test_tree as tt
+
+    monkeypatch.setenv(env.CACHE_DIR, str(tmp_path))
+    with pytest.raises(pytest.skip.Exception) as exc:
+        tt._wheel("0.33.0")
+    msg = str(exc.value)
+    assert msg.startswith("no_cached_wheel: no vllm 0.33.0 wheel in ")
+    assert f"pip download --no-deps --only-binary=:all: vllm==0.33.0 -d {tmp_path / 'wheels'}" in msg
+
+
+def test_the_readme_names_the_fast_tier_first_and_the_suite_time_with_its_load():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    fast = readme.index('-m "not slow and not needs_wheels"')
+    timing = readme.index("The full suite's time depends on")
+    assert fast < timing and "load average" in readme[timing:timing + 300]

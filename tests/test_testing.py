@@ -118,3 +118,30 @@ def _shipped(pid: str):
 
 def _edit_names(pid: str) -> list[str]:
     return [e.name for f in load_patch(_shipped(pid)).files for e in f.edits]
+
+
+@pytest.mark.parametrize("asked", [
+    {"verdicts": {"clamp": "applies"}},  # the README's own example form: only verdicts
+    {"contains": {"vllm/core.py": ["min(hit_length"]}},
+    {"status": "applies"},
+    {},  # nothing asked at all: still compiled
+])
+def test_a_replacement_that_does_not_compile_always_fails(asked):
+    """Issue 32 MEDIUM 6: ``value=self.presence_penalty,,`` passed the harness with ``verdicts=`` alone,
+    and apply refused it (compile_error)."""
+    broken = PATCH.replace("min(hit_length, max_hit)", "min(hit_length, max_hit,,)", 1)
+    with pytest.raises(AssertionError, match="does not compile .*compile_error"):
+        assert_patch(broken, before={"vllm/core.py": BEFORE}, **asked)
+    assert_patch(broken, before={"vllm/core.py": BEFORE}, check_compile=False, reapply=False,
+                 **{k: v for k, v in asked.items() if k != "status"})  # asked not to compile: it does not
+
+
+def test_on_the_pin_a_replacement_that_does_not_compile_fails(sndr_patch_on_pin):
+    path = _shipped("PN0007")
+    text = open(path, encoding="utf-8").read()
+    first = load_patch(path).files[0].edits[0]
+    line = first.replacement.rstrip("\n").splitlines()[-1]
+    broken = text.replace(line, line.rstrip() + ",,", 1)
+    assert broken != text
+    with pytest.raises(AssertionError, match="compile_error"):
+        sndr_patch_on_pin(broken, verdicts={first.name: "applies"})

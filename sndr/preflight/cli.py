@@ -127,10 +127,10 @@ def _main(argv: list[str]) -> int:
         for line in github_annotations(report):
             print(line)
     if not args.quiet:
-        from rich.console import Console
+        from ..render import make_console
 
         # The terminal report goes to stdout unless a machine output owns it.
-        console = Console(highlight=False, soft_wrap=True, stderr=bool(to_stdout))
+        console = make_console(stderr=bool(to_stdout))
         render_terminal(report, console, verbose=args.verbose)
         if args.verbose:
             console.print(f"({elapsed:.2f}s)")
@@ -146,4 +146,6 @@ def cli_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cli_main())
+    from ..cli import exit_with
+
+    exit_with(cli_main)

@@ -1225,11 +1225,12 @@ def render_markdown(drift: ConfigDrift) -> str:
 
 
 def render_terminal(drift: ConfigDrift, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    console = console or Console()
+    from ..render import make_console
+
+    console = console or make_console()
     head = f"Configuration drift {drift.pin or 'pin'} -> {drift.candidate or 'candidate'}"
     if drift.watch_source:
         head += f"  (watch: {drift.watch_source}; {drift.attention_count} watched changed)"

@@ -52,15 +52,30 @@ NO_CONFIDENT = "no confident match: the code was likely removed or rewritten"
 _FINDING_WORDS = {
     "drift": ("edit drifted or lost its file", "edits drifted or lost their file"),
     "ambiguous": ("anchor is ambiguous", "anchors are ambiguous"),
-    "any": ("other change to review (retirements, soft-skips, marker changes, gates)",
-            "other changes to review (retirements, soft-skips, marker changes, gates)"),
-    "config": ("watched configuration change", "watched configuration changes"),
+    "any": ("other change (a retirement, soft-skip, marker change or gate; listed above, not a review item)",
+            "other changes (retirements, soft-skips, marker changes, gates; listed above, not review items)"),
+    "config": ("configuration finding", "configuration findings"),
 }
 
 
-def findings_in_words(findings: dict[str, int]) -> str:
-    """``drift 3, any 93`` said as words a reader does not have to decode."""
-    parts = [f"{n} {_FINDING_WORDS.get(k, (k, k))[n != 1]}" for k, n in findings.items() if n]
+def findings_in_words(findings: dict[str, int], config=None) -> str:
+    """``drift 3, any 93`` said as words a reader does not have to decode. With the report's
+    configuration-drift section, ``config`` is split into what it counts: watched items that changed
+    (only with a watch list) and runtime patch targets that changed upstream."""
+    parts = []
+    for k, n in findings.items():
+        if not n:
+            continue
+        if k == "config" and config is not None:
+            watched, broken = config.attention_count, len(config.runtime_broken)
+            if watched:
+                parts.append(f"{watched} watched configuration item{'s' if watched != 1 else ''} changed "
+                             f"(watch list {config.watch_source})")
+            if broken:
+                parts.append(f"{broken} runtime patch target{'s' if broken != 1 else ''} changed upstream "
+                             f"(signature, source or gone)")
+            continue
+        parts.append(f"{n} {_FINDING_WORDS.get(k, (k, k))[n != 1]}")
     return "; ".join(parts) or "nothing to report"
 
 
@@ -117,7 +132,7 @@ def render_markdown(report: PreflightReport, patch_set: PatchSet | None = None) 
     out.append(f"- patch set: {report.patch_set.patches} patches ({report.patch_set.digest[:12]}), {s.edits} edits")
     fail = [k for k in s.fail_on if k != "none"]
     out.append(f"- result: exit {s.exit_code} (fail on {', '.join(fail) or 'nothing'}): "
-               + findings_in_words(s.findings))
+               + findings_in_words(s.findings, report.config))
     if s.via:
         out.append(f"- followed through: {', '.join(s.via)} (--via)")
     if s.confidence:
@@ -316,10 +331,11 @@ _STYLE = {"applies": "cyan", "applied": "green", "merged": "blue", "drifted": "r
 
 def render_terminal(report: PreflightReport, console=None, verbose: bool = False) -> None:
     """Compact terminal layout: the verdict line, one line per count, one block per edit to act on."""
-    from rich.console import Console
     from rich.text import Text
 
-    console = console or Console(highlight=False, soft_wrap=True)
+    from ..render import make_console
+
+    console = console or make_console()
     s = report.summary
     console.print(f"[bold]sndr preflight[/bold] {report.pin.version} -> {report.candidate.version}  "
                   f"({s.patches} patches, {s.edits} edits{', via ' + ', '.join(s.via) if s.via else ''})")
@@ -407,4 +423,4 @@ def render_terminal(report: PreflightReport, console=None, verbose: bool = False
         console.print(Text(f"error {_loc(pr.file or '', pr.line)} {pr.patch or ''}: {pr.message} ({pr.code})", style="red"))
     verdict = "clean" if s.exit_code == 0 else "FINDINGS"
     console.print(f"[bold]{verdict}[/bold] (exit {s.exit_code}; fail on {', '.join(s.fail_on)}): "
-                  + findings_in_words(s.findings))
+                  + findings_in_words(s.findings, report.config))

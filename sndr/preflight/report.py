@@ -42,6 +42,6 @@ __all__ = [
 ]
 
 if __name__ == "__main__":  # pragma: no cover
-    import sys
+    from ..cli import exit_with
 
-    sys.exit(cli_main())
+    exit_with(cli_main)

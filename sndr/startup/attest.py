@@ -17,7 +17,6 @@ shape is validated (:func:`validate_record`) before any field is trusted.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -111,62 +110,24 @@ def read_records(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
 def validate_record(rec: object, name: str | None = None) -> str | None:
     """None when ``rec`` has the shape :meth:`sndr.startup.hook._Process.record` writes; else why not.
 
-    Checked with pydantic in strict mode (no coercion: a pid ``"12"`` or ``true`` is not
-    an int), plus what a type cannot say: the pid is a real process id (> 0; ``-1`` would
+    Checked with :class:`sndr.model.AttestationRecord` (pydantic in strict mode: no coercion, a pid
+    ``"12"`` or ``true`` is not an int), plus what a type cannot say: the pid is a real process id (> 0; ``-1`` would
     make ``kill(pid, 0)`` probe every process) and matches the file name
     ``<pid>-<start>.json``.
     """
-    from pydantic import ValidationError
+    from ..model import attestation_problem  # pydantic: status only, never register()
 
     if not isinstance(rec, dict):
         return f"a JSON {type(rec).__name__}, not an object"
     if rec.get("format") != FORMAT:
         return (f"format {rec.get('format')!r}, this sndr reads format {FORMAT}: written by another sndr version; "
                 f"restart the process so it attests again")
-    try:
-        _record_model().model_validate(rec, strict=True)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "record"
-        return f"{where}: {err['msg']}" + (f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    why = attestation_problem(rec)
+    if why is not None:
+        return why
     if name is not None and not name.startswith(f"{rec['pid']}-"):
         return f"its pid {rec['pid']} is not the one its file name {name} says"
     return None
-
-
-@functools.cache
-def _record_model():
-    """The record's shape, built on first use: ``register()`` never imports pydantic."""
-    from typing import Literal
-
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class Record(BaseModel):
-        model_config = ConfigDict(extra="allow", strict=True)
-
-        format: Literal[2]
-        pid: int = Field(gt=0)
-        ppid: int = Field(ge=0)
-        start: float = Field(gt=0)
-        updated: float = Field(gt=0)
-        role: str
-        process_name: str
-        forked_from: int | None
-        mode: Literal["disk", "memory", "none"]
-        tree: str | None
-        vllm_version: str
-        patch_set_digest: str
-        ledger_digest: str | None
-        enabled: list[str]
-        gated: list[str]
-        gate_reasons: dict[str, str]
-        counts: dict[str, int]
-        files: dict[str, str | None]
-        missing_required: list[str]
-        problems: list[str]
-
-    assert FORMAT == 2, "update Record.format with FORMAT"
-    return Record
 
 
 def pid_alive(pid: int) -> bool:

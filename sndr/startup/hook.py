@@ -376,6 +376,7 @@ def _startup(state: _Process, environ) -> None:
             why = f"{PTH_NAME} is installed but the hook is not active in this process (python -S? installed after start?)"
         state.missing.extend(f"{pid}: text patch not active ({why})" for pid in text_ids)
     state.enabled = list(resolved["enabled"])
+    state.problems.extend(resolved.get("unknown_enable") or [])  # SNDR_ENABLE_<id> naming no patch: said, once
     state.gated = list(resolved.get("gated", []))
     state.gate_reasons = dict(resolved.get("gate_reasons", {}))
     state.profile = profile.to_json()  # after gating: the keys a `when` needed are resolved (or their reason)

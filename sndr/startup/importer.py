@@ -385,8 +385,10 @@ def build_resolved(patch_set, version: str, environ) -> dict:
     from ..plan import gate_reasons  # why each is gated (when_unknown, ...): sndr status shows it
 
     needs_profile = any(p.when for p in patch_set.patches)
+    from ..plan import unknown_enable_vars
+
     return {"format": 1, "version": version, "enabled": on, "gated": gated, "digest": digest, "patches": patches,
-            "needs_profile": needs_profile,
+            "needs_profile": needs_profile, "unknown_enable": unknown_enable_vars(patch_set, environ),
             "runtime": runtime, "gate_reasons": gate_reasons(patch_set, version, environ)}
 
 

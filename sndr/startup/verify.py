@@ -188,6 +188,8 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
     resolved = cache.load_memo(_set_key(root, version, environ, cache, pdir))
     if resolved is None or resolved.get("format") != 1 or not isinstance(resolved.get("digest"), str):
         return None
+    if resolved.get("unknown_enable"):
+        return None  # an SNDR_ENABLE_* naming no patch: the full verifier says so
     state = os.path.join(root, STATE_DIR)
     try:
         sfd = os.open(state, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC)

@@ -126,3 +126,22 @@ def test_dry_run_equals_apply_on_every_ledger_state(tmp_path, vllm_pin_root, shi
     assert dry == real and real["ok"]
     dry, real = _dry_then_real(tree, shipped, only=["PG0006"])  # another set: the rest goes back to pristine
     assert dry == real and real["ok"] and len(real["files"]) > 1
+
+
+def test_list_after_an_in_place_upgrade_reads_like_a_clean_tree(tmp_path, vllm_pin_root, vllm_candidate_root,
+                                                                 shipped, capsys):
+    """``sndr list --tree`` took the same shortcut as apply's verdict table: merged edits read applied."""
+    import json
+
+    from sndr.listing import cli_main
+
+    tree = copy_tree(vllm_pin_root, tmp_path / "site")
+    assert run_apply(tree, shipped, environ={}).ok
+    _pip_install(tree, vllm_candidate_root, vllm_pin_root)
+    clean = copy_tree(vllm_candidate_root, tmp_path / "clean")
+    docs = []
+    for root in (tree, clean):
+        assert cli_main(["--tree", str(root), "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["patches"] == docs[1]["patches"]
+    assert docs[0]["patch_set_digest"] == docs[1]["patch_set_digest"]
