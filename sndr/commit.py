@@ -1142,8 +1142,14 @@ def _journal_entries(tree: TreeRoot, journal) -> list[dict]:
         parents = {str(d) for d in Path(e["path"]).parents if str(d) != "."}
         for k in ("mkdirs", "rmdirs"):
             v = e.get(k, [])
-            if not isinstance(v, list) or not all(isinstance(d, str) and _plain_rel(d) and d in parents for d in v):
+            if not isinstance(v, list) or not all(isinstance(d, str) and _plain_rel(d) for d in v):
                 raise bad
+            for d in v:
+                if d not in parents:
+                    raise SndrError(Problem("journal_corrupt", f"the journal's {k} names {d}, which is not a parent "
+                                            f"directory of its file {e['path']}; sndr never writes that",
+                                            file=str(tree.journal_path), hint="the journal was not written by sndr; "
+                                            "move it aside and check the tree by hand (nothing was changed)"))
         out.append(e)
     return out
 
