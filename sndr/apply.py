@@ -286,6 +286,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
                                   for rel, ch in plan.changes.items()])
     with tree.lock():
+        lock_free = tree.take_reads()  # what the first plan read without the lock, if there was one
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
         ledger = original = tree.read_ledger()
@@ -330,11 +331,13 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
                 return _report("apply", tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
                                patches=results, counts=ledger.counts,
                                notes=notes + ["already applied with this patch set: nothing written"])
-        if ledger is None and first_plan is not None and not restored:
-            # Still no ledger: nobody wrote since our lock-free plan. commit()
+        if ledger is None and first_plan is not None and not restored and tree.keep_reads(lock_free):
+            # Still no ledger, and every file holds what the lock-free plan read. commit()
             # re-checks every before-hash, so a concurrent change still aborts.
             plan = first_plan
         else:
+            # Plan under the lock, from the tree as it is now. (A lock-free plan that read a file
+            # another sndr was committing, and has reverted since, is not a change to refuse.)
             plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
                               environ=environ, only=only, **plan_kw)
         if not plan.ok:

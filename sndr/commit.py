@@ -365,6 +365,22 @@ class TreeRoot:
             self._observed[rel] = sha256_bytes(data) if data is not None else None
         return data
 
+    def take_reads(self) -> dict[str, str | None]:
+        """Hand over (and forget) what this TreeRoot has read so far: a writer that just took the
+        lock starts its own record, and keeps the lock-free one only if it plans on it."""
+        reads, self._observed = self._observed, {}
+        return reads
+
+    def keep_reads(self, reads: dict[str, str | None]) -> bool:
+        """Plan on ``reads`` (from :meth:`take_reads`) only if every file still holds those bytes:
+        then they count as the first reads again, and True; else False, and they stay forgotten."""
+        for rel, sha in reads.items():
+            data = self._read_bytes(rel)
+            if (sha256_bytes(data) if data is not None else None) != sha:
+                return False
+        self._observed.update(reads)
+        return True
+
     def observed(self, rel: str, data: bytes | None) -> None:
         """Record that sndr itself made ``rel`` hold ``data`` (a commit or a rollback wrote it)."""
         self._observed[rel] = sha256_bytes(data) if data is not None else None
