@@ -272,3 +272,50 @@ def test_racing_renamer_never_loses_a_write_and_never_says_ok_over_it(tmp_path, 
     print(f"\n{op} x{runs} with a racing renamer ({renames[0]} renames): {outcomes}")
     assert set(outcomes) <= {"ok", "foreign_write_lost", "changed_during_apply", "modified_since_apply"}, outcomes
     assert outcomes.get("foreign_write_lost") and outcomes.get("ok"), outcomes  # the race really was run
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["writes-within-the-lease-wait", "writes-after-sndr-returns"])
+@pytest.mark.parametrize("op", ["apply", "revert"])
+def test_a_writer_holding_the_old_file_open_never_loses_its_write(tmp_path, pin_subtree, monkeypatch, capsys,
+                                                                  op, late):
+    """The old documented limit (a writer that opened the file before the swap and writes after
+    sndr compared it): the displaced file is read under a read lease, granted only when no
+    process holds it open for writing. A writer that writes and closes within the wait is seen;
+    one that holds it open longer counts as a foreign write, and the old file goes back in place,
+    where its late write lands. The revert case is what made
+    test_racing_appender_never_loses_a_line[revert-20] fail once under load."""
+    import fcntl
+
+    if getattr(fcntl, "F_SETLEASE", None) is None:
+        pytest.skip("no file leases on this system: the documented limit stands")
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    args = ["--tree", str(tree), "--patches", str(pdir)]
+    if op == "revert":
+        assert cli_main(args + ["-q"]) == 0
+        args.append("--revert")
+    capsys.readouterr()
+    line = b"# written through a file descriptor opened before sndr's swap\n"
+    held: list = []
+
+    def seam(point: str, path: Path | None) -> None:
+        if point == "staged" and path == tree / SECOND and not held:
+            fh = open(tree / SECOND, "ab")  # noqa: SIM115 - held across the swap on purpose
+            held.append(fh)
+            if not late:
+                def write_soon() -> None:
+                    time.sleep(0.03)
+                    fh.write(line)
+                    fh.close()
+                threading.Thread(target=write_soon).start()
+
+    monkeypatch.setattr(commit_mod, "_window", seam)
+    rc = cli_main(args)
+    monkeypatch.undo()
+    if late:
+        held[0].write(line)
+        held[0].close()
+    out = capsys.readouterr()
+    assert rc == 1 and "foreign_write_lost" in out.err and SECOND in out.err, out.out + out.err
+    assert (tree / SECOND).read_bytes().endswith(line)  # at the path: nothing lost
+    assert not _asides(tree)
