@@ -874,10 +874,9 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             drop_pyc(s.p)
         # What came off each path is the file sndr planned from, holding exactly the bytes it
         # planned from, or another process's write landed before the swap: put it back, roll back.
-        lost = [s for s in slots if s.displaced is not None
-                and (_ident(s.displaced) != s.old or _read_settled(s.displaced) != s.w.before)]
+        lost = [s for s in slots if _lost(s)]
         if lost:
-            raise _ForeignWrite([_fw_entry(s) for s in lost])
+            raise _ForeignWrite([_Foreign(s.w.rel, s.p, s.w.after, s.displaced) for s in lost])
         for s in slots:
             if s.displaced is not None:
                 with contextlib.suppress(OSError):
@@ -911,10 +910,14 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
         _window("compared", None)
         moved = [s for s in slots if not _holds(s)]
         if moved:
-            raise _ForeignWrite([(s.w.rel, None, s.p, s.w.after) for s in moved], left=True)
+            raise _ForeignWrite([_Foreign(s.w.rel, s.p, s.w.after, kind="left") for s in moved])
         _window("checked", None)
     except _ForeignWrite as fw:
         where.path = tree.journal_path
+        # Raised mid-swap: files swapped before it were not compared yet; they are now.
+        listed = {f.rel for f in fw.files}
+        fw.files += [_Foreign(s.w.rel, s.p, s.w.after, s.displaced) for s in slots
+                     if s.w.rel not in listed and _lost(s)]
         _undo_foreign(tree, fw)
         err = fw.error()
         try:
@@ -959,7 +962,7 @@ def _swap(tree: TreeRoot, s: _Slot, where: _Where) -> None:
             os.link(s.tmp, p, follow_symlinks=False)
         except FileExistsError:
             os.unlink(s.tmp)
-            raise _ForeignWrite([(w.rel, None, p, w.after)], created=True) from None
+            raise _ForeignWrite([_Foreign(w.rel, p, w.after, kind="created")]) from None
         os.unlink(s.tmp)
     elif s.tmp is None:
         # A removed file goes by rename() to a temp name: whatever was at the path comes out.
@@ -974,11 +977,11 @@ def _swap(tree: TreeRoot, s: _Slot, where: _Where) -> None:
     else:
         keep = _keep_old_inode(p)
         if keep is None and tree._read_bytes(w.rel) != w.before:
-            raise _ForeignWrite([(w.rel, None, p, w.after)])
+            raise _ForeignWrite([_Foreign(w.rel, p, w.after, kind="left")])
         s.displaced = keep
         _window("kept", p)
         if _ident(p) != s.old:  # a file renamed over the path since the plan's read: it stays
-            fw = _ForeignWrite([(w.rel, None, p, w.after)], left=True)
+            fw = _ForeignWrite([_Foreign(w.rel, p, w.after, kind="left")])
             if keep is not None and _read_settled(keep) != w.before:  # and the old one was written to
                 fw.aside[w.rel] = _aside_name(p)
                 os.rename(keep, fw.aside[w.rel])
@@ -1000,8 +1003,9 @@ def _holds(s: _Slot) -> bool:
         return False
 
 
-def _fw_entry(s: _Slot) -> tuple[str, Path | None, Path, bytes | None]:
-    return s.w.rel, s.displaced, s.p, s.w.after
+def _lost(s: _Slot) -> bool:
+    """Is what sndr's swap took off the path other than the file it planned from (inode, bytes)?"""
+    return s.displaced is not None and (_ident(s.displaced) != s.old or _read_settled(s.displaced) != s.w.before)
 
 
 def _keep_foreign_aside(slots: list[_Slot]) -> None:
@@ -1021,37 +1025,63 @@ def _read_kept(keep: Path) -> bytes | None:
         return None
 
 
-class _ForeignWrite(Exception):
-    """Foreign writes detected during the commit: ``files`` is [(rel, displaced file or None, path, after)].
+@dataclass
+class _Foreign:
+    """One file another process wrote during the commit.
 
-    ``created``: another process created a file sndr was creating. ``left``: the path holds another
-    process's file, not sndr's new one (final check) nor the one sndr planned from; it stays.
+    ``kind``: ``displaced`` (what sndr's swap took off the path is not the file it planned from:
+    it goes back), ``left`` (the path holds another process's file, not sndr's new one nor the one
+    planned from: it stays), ``created`` (another process created a file sndr was creating).
     """
 
-    def __init__(self, files: list[tuple[str, Path | None, Path, bytes | None]], created: bool = False,
-                 left: bool = False):
-        super().__init__(", ".join(f[0] for f in files))
-        self.files, self.created, self.left = files, created, left
+    rel: str
+    path: Path
+    after: bytes | None
+    displaced: Path | None = None
+    kind: str = "displaced"
+
+
+class _ForeignWrite(Exception):
+    """Foreign writes detected during the commit; ``aside``: rel -> another version kept beside it."""
+
+    def __init__(self, files: list[_Foreign]):
+        super().__init__(", ".join(f.rel for f in files))
+        self.files = files
         self.aside: dict[str, Path] = {}
 
     def error(self) -> SndrError:
         problems = []
-        for rel, _, _, _ in self.files:
-            if self.created:
+        for f in self.files:
+            if f.kind == "created":
                 msg = "another process created this file while sndr was creating it; its file was kept"
-            elif self.left:
+            elif f.kind == "left":
                 msg = ("another process replaced or wrote this file during sndr's commit, after sndr had read it; "
                        "its file was left in place and the rest of the set was rolled back")
             else:
                 msg = ("another process wrote to this file, or renamed another file over it, while sndr was "
                        "replacing it; its file was put back in place (with the foreign change) and the whole set "
                        "was rolled back")
-            if rel in self.aside:
-                msg += (f"; another version of it, not sndr's, is kept as {self.aside[rel].name} beside it "
+            if f.rel in self.aside:
+                msg += (f"; another version of it, not sndr's, is kept as {self.aside[f.rel].name} beside it "
                         f"(merge it by hand)")
-            problems.append(Problem("changed_during_apply" if self.created else "foreign_write_lost", msg, file=rel,
-                                    hint="find the writer that ignores sndr's lock, then re-run"))
+            problems.append(Problem("changed_during_apply" if f.kind == "created" else "foreign_write_lost", msg,
+                                    file=f.rel, hint="find the writer that ignores sndr's lock, then re-run"))
         return SndrError(problems, EXIT_FINDINGS)
+
+
+def _put_back(displaced: Path, path: Path) -> bool:
+    """Move ``displaced`` back to ``path`` where nothing is; False when something is there now."""
+    try:
+        os.link(displaced, path, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError:  # a directory, or no hard links on this filesystem
+        if os.path.lexists(path):
+            return False
+        os.rename(displaced, path)
+        return True
+    os.unlink(displaced)
+    return True
 
 
 def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
@@ -1061,46 +1091,34 @@ def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
     file over the path meanwhile, that file: it is kept beside the file and named in the error;
     sndr's own copy goes.
     """
-    for rel, displaced, path, after in fw.files:
+    for f in fw.files:
+        displaced, path, after = f.displaced, f.path, f.after
         if displaced is not None:
             back: Path | None = None  # what came off the path as the displaced file went back
-            if after is None:
-                try:
-                    os.link(displaced, path, follow_symlinks=False)
-                    os.unlink(displaced)
-                except FileExistsError:
-                    back = displaced  # someone put a file there meanwhile: it stays, ours goes aside
+            if after is None or not os.path.lexists(path):
+                if not _put_back(displaced, path):
+                    back = displaced  # someone put a file there meanwhile: it stays, this one goes aside
+            elif _exchange(displaced, path):
+                back = displaced
             else:
+                back = _aside_name(path)
                 try:
-                    swapped = _exchange(displaced, path)
-                except FileNotFoundError:  # the path is empty now: link never replaces
-                    try:
-                        os.link(displaced, path, follow_symlinks=False)
-                        os.unlink(displaced)
-                    except FileExistsError:
-                        back = displaced
-                else:
-                    if swapped:
-                        back = displaced
-                    else:
-                        back = _aside_name(path)
-                        try:
-                            os.link(path, back, follow_symlinks=False)
-                        except OSError:
-                            back = None
-                        os.replace(displaced, path)
+                    os.link(path, back, follow_symlinks=False)
+                except OSError:
+                    back = None
+                os.replace(displaced, path)
             drop_pyc(path)
             if back is not None:
-                if _read_settled(back) == after:
+                if after is not None and _read_settled(back) == after:
                     os.unlink(back)  # sndr's own new copy, untouched
                 else:
                     if back == displaced:  # still under a temp name, which the sweep below would take
                         aside = _aside_name(path)
                         os.rename(back, aside)
                         back = aside
-                    fw.aside[rel] = back
+                    fw.aside[f.rel] = back
         _sweep_temps(path.parent, path.name)  # our staged temp file, if it never went in
-    rels = {f[0] for f in fw.files}
+    rels = {f.rel for f in fw.files}
     raw = tree.read_state("journal.json")
     assert raw is not None  # written at the start of this commit, under the lock
     journal = json.loads(raw)

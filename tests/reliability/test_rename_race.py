@@ -319,3 +319,37 @@ def test_a_writer_holding_the_old_file_open_never_loses_its_write(tmp_path, pin_
     assert rc == 1 and "foreign_write_lost" in out.err and SECOND in out.err, out.out + out.err
     assert (tree / SECOND).read_bytes().endswith(line)  # at the path: nothing lost
     assert not _asides(tree)
+
+
+def test_a_foreign_write_found_mid_swap_still_checks_the_files_swapped_before(tmp_path, pin_subtree, monkeypatch,
+                                                                               capsys):
+    """Fallback mode: an append lands on the first file before its swap, then a rename on the
+    second file before its rename() stops the commit mid-way. The first file's displaced copy
+    holds the append: it goes back too, and both files are named."""
+    monkeypatch.setattr(commit_mod, "_renameat2_fn", [None])
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    pristine = {rel: (tree / rel).read_bytes() for rel in (FILE, SECOND)}
+    order: list[Path] = []
+    line = b"# appended to the first file\n"
+    foreign = b"# the second file, renamed over it\n"
+
+    def seam(point: str, path: Path | None) -> None:
+        if point == "staged" and path is not None and path not in order:
+            order.append(path)
+            if len(order) == 1:
+                with open(path, "ab") as fh:
+                    fh.write(line)
+        elif point == "kept" and len(order) == 2 and path == order[1]:
+            _rename_over(path, foreign)
+
+    monkeypatch.setattr(commit_mod, "_window", seam)
+    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    first, second = (str(p.relative_to(tree)) for p in order)
+    assert err.count("(foreign_write_lost)") == 2 and first in err and second in err, err
+    assert (tree / first).read_bytes() == pristine[first] + line
+    assert (tree / second).read_bytes() == foreign
+    assert not (tree / ".sndr/journal.json").exists() and not list(tree.rglob("*sndr-tmp*"))
