@@ -666,9 +666,10 @@ def _keep_old_inode(p: Path) -> Path | None:
 # (F_SETLEASE: no process holds X open for writing any more, so no later write can land in it).
 # renameat2(RENAME_EXCHANGE) makes the swap atomic: a file renamed over the path at any moment
 # before the swap comes out as X; one renamed over it after the swap fails the final check.
-# Without RENAME_EXCHANGE (not Linux, or a filesystem without it) X is kept by a hard link and
-# T goes in with rename(): a rename by another process between those two calls is the one
-# window that remains there.
+# Without RENAME_EXCHANGE (not Linux, or a filesystem without it) X is kept by a hard link, the
+# path's inode is checked once more, and T goes in with rename(): a rename by another process
+# between that check and the rename() call is the one window that remains there. Without
+# leases (NFS), a writer that still holds X open and writes after the compare is the other.
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -766,7 +767,8 @@ def _window(point: str, path: Path | None) -> None:
 
     Points: ``staged`` (temp written, before the swap), ``kept`` (fallback only: hard link of the
     old file made, before ``rename``), ``swapped``, ``compared`` (every displaced file compared,
-    before the final check) and ``checked`` (final check passed: the commit is done).
+    before the final check) and ``checked`` (final check passed: the commit is done); in recovery,
+    ``restore`` (the before-bytes staged, before the swap).
     """
 
 
@@ -1352,26 +1354,24 @@ def _restore(p: Path, now: bytes | None, want: bytes | None):
     """Put ``want`` (None: nothing) at ``p``, which held ``now``. Returns False when done; else another
     process's file was found at ``p`` and put back: None, or the aside path of yet another version."""
     if want is None:
-        keep = _temp_name(p)
+        _window("restore", p)
+        away = _temp_name(p)
         try:
-            os.rename(p, keep)
+            os.rename(p, away)
         except FileNotFoundError:
             return False
-        got = _read_settled(keep)
-        if got == now:
-            os.unlink(keep)
+        if _read_settled(away) == now:
+            os.unlink(away)
             return False
-        try:
-            os.link(keep, p, follow_symlinks=False)
-        except FileExistsError:
-            aside = _aside_name(p)
-            os.rename(keep, aside)
-            return aside
-        os.unlink(keep)
-        return None
+        if _put_back(away, p):
+            return None
+        aside = _aside_name(p)
+        os.rename(away, aside)
+        return aside
     like = os.lstat(p) if now is not None else None
     tmp = _write_tmp(p, want, like)
     _fsync_path(tmp)
+    _window("restore", p)
     if now is None:
         try:
             os.link(tmp, p, follow_symlinks=False)
@@ -1380,9 +1380,29 @@ def _restore(p: Path, now: bytes | None, want: bytes | None):
             return None  # another process created it meanwhile: it stays
         os.unlink(tmp)
         return False
-    if not _exchange(tmp, p):
-        os.replace(tmp, p)  # no RENAME_EXCHANGE here: the fallback's window (see _swap)
-        return False
+    if not _exchange(tmp, p):  # no RENAME_EXCHANGE here: the fallback of _swap, and its window
+        keep = _keep_old_inode(p)
+        if (keep is not None and _ident(keep) != _ident(p)) or (keep is None and _read_kept(p) != now):
+            for t in (keep, tmp):  # renamed over since the read: another process's file stays
+                if t is not None:
+                    os.unlink(t)
+            return None
+        os.replace(tmp, p)
+        if keep is None or _read_settled(keep) == now:
+            if keep is not None:
+                os.unlink(keep)
+            return False
+        copy = _aside_name(p)
+        back: Path | None = copy
+        try:
+            os.link(p, copy, follow_symlinks=False)
+        except OSError:
+            back = None
+        os.replace(keep, p)  # another process wrote to the old file: it goes back
+        if back is not None and _read_settled(back) == want:
+            os.unlink(back)
+            return None
+        return back
     if _read_settled(tmp) == now:
         os.unlink(tmp)  # the file sndr read, with the bytes it read
         return False

@@ -353,3 +353,44 @@ def test_a_foreign_write_found_mid_swap_still_checks_the_files_swapped_before(tm
     assert (tree / first).read_bytes() == pristine[first] + line
     assert (tree / second).read_bytes() == foreign
     assert not (tree / ".sndr/journal.json").exists() and not list(tree.rglob("*sndr-tmp*"))
+
+
+@pytest.mark.parametrize("how", ["rename", "append"])
+def test_a_foreign_write_during_recovery_is_put_back_and_named(tmp_path, pin_subtree, monkeypatch, capsys,
+                                                                swap_mode, how):
+    """An apply is killed after both swaps (the journal stays); the next command rolls it back,
+    and a writer lands on one file just before its restore: that file keeps the foreign bytes,
+    the other is restored, the journal goes, and the command exits 1 naming the file."""
+    import signal
+    import subprocess
+    import sys
+
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    pristine = {rel: (tree / rel).read_bytes() for rel in (FILE, SECOND)}
+    env = dict(os.environ, SNDR_TEST_FAULT="after_replace:1")
+    killed = subprocess.run([sys.executable, "-m", "sndr.apply", "--tree", str(tree), "--patches", str(pdir), "-q"],
+                            env=env, capture_output=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL and (tree / ".sndr/journal.json").exists()
+    assert REPL in (tree / FILE).read_text()  # both files hold the patched bytes
+    line = b"# written while sndr rolled back\n"
+    landed: list[bytes] = []
+
+    def seam(point: str, path: Path | None) -> None:
+        if point == "restore" and path == tree / SECOND and not landed:
+            data = (tree / SECOND).read_bytes() + line
+            if how == "rename":
+                _rename_over(tree / SECOND, data)
+            else:
+                with open(tree / SECOND, "ab") as fh:
+                    fh.write(line)
+            landed.append(data)
+
+    monkeypatch.setattr(commit_mod, "_window", seam)
+    rc = cli_main(["--tree", str(tree), "--patches", str(pdir), "--verify"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert landed and rc == 1 and "foreign_write_lost" in err and SECOND in err and "Traceback" not in err, err
+    assert (tree / SECOND).read_bytes() == landed[0]
+    assert (tree / FILE).read_bytes() == pristine[FILE]  # restored
+    assert not (tree / ".sndr/journal.json").exists() and not list(tree.rglob("*sndr-tmp*"))
