@@ -733,10 +733,19 @@ def _read_settled(path: Path) -> bytes | None:
     except OSError:
         return None
     leased = False
+    sigio = getattr(signal, "SIGIO", None)
+    prev_sigio = None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         setlease = getattr(fcntl, "F_SETLEASE", None)
+        if setlease is not None and sigio is not None:
+            # Someone opening the inode for writing while the lease is held breaks it with SIGIO,
+            # whose default action ends the process: ignored for the few syscalls the lease lasts.
+            try:
+                prev_sigio = signal.signal(sigio, signal.SIG_IGN)
+            except ValueError:  # not the main thread: no lease
+                setlease = None
         if setlease is not None:
             for _ in range(_LEASE_TRIES):
                 try:
@@ -760,6 +769,8 @@ def _read_settled(path: Path) -> bytes | None:
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
         os.close(fd)
+        if prev_sigio is not None and sigio is not None:
+            signal.signal(sigio, prev_sigio)
 
 
 def _window(point: str, path: Path | None) -> None:

@@ -394,3 +394,33 @@ def test_a_foreign_write_during_recovery_is_put_back_and_named(tmp_path, pin_sub
     assert (tree / SECOND).read_bytes() == landed[0]
     assert (tree / FILE).read_bytes() == pristine[FILE]  # restored
     assert not (tree / ".sndr/journal.json").exists() and not list(tree.rglob("*sndr-tmp*"))
+
+
+LEASE_BREAKER = """
+import subprocess, sys, time
+from pathlib import Path
+from sndr import commit
+p = Path(sys.argv[1])
+p.write_bytes(b"x" * 4_000_000)
+opener = subprocess.Popen([sys.executable, "-c",
+    "import time\\nt = time.time()\\nwhile time.time() - t < 1.5:\\n    open(%r, 'ab').close()" % str(p)])
+reads, t = 0, time.time()
+while time.time() - t < 1.5:
+    commit._read_settled(p)
+    reads += 1
+opener.wait()
+print("alive", reads)
+"""
+
+
+def test_a_lease_break_never_kills_sndr(tmp_path):
+    """Another process opening the file for writing while sndr holds its read lease breaks the
+    lease with SIGIO, whose default action ends the process ("I/O possible"): sndr ignores it
+    for the lease's few syscalls. Run in a child, so a failure is an exit status, not a dead run."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", LEASE_BREAKER, str(tmp_path / "f")], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
+    assert proc.returncode == 0 and "alive" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
