@@ -724,7 +724,8 @@ def _read_settled(path: Path) -> bytes | None:
 
     A read lease (``F_SETLEASE``/``F_RDLCK``) is granted only while nobody has the inode open
     for writing; taken on an inode no longer at its path, it proves no later write can land in
-    it, so the bytes read are final. None also for a link, a directory or a FIFO. Where leases
+    it, so the bytes read are final. None also for a link, a directory, a FIFO or a file over
+    ``MAX_TARGET_BYTES``. Where leases
     are not available (not Linux, NFS, no CAP_LEASE on another user's file) the bytes are read as
     they are: a writer that still holds the old file open is then the documented remaining limit.
     """
@@ -759,10 +760,14 @@ def _read_settled(path: Path) -> bytes | None:
             else:
                 return None  # a writer still holds it open: its bytes are not final
         chunks: list[bytes] = []
+        size = 0
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_TARGET_BYTES:
+                return None  # larger than any file sndr writes: not the one it planned from
             chunks.append(chunk)
     finally:
         if leased:
@@ -939,15 +944,17 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             err.problems.extend(again.problems)
         raise err from None
     except BaseException as exc:
-        _keep_foreign_aside(slots)
+        kept = _keep_foreign_aside(slots)
         try:
             _rollback(tree)
         except (OSError, SndrError) as again:
             if isinstance(exc, OSError):
                 raise os_error(exc, where.path, doing="the commit failed and so did its rollback; the journal stays "
                                                       "and the next apply, verify or revert finishes the rollback "
-                                                      f"({again})") from None
+                                                      f"({again}){kept}") from None
             raise
+        if kept and isinstance(exc, OSError):
+            raise os_error(exc, where.path, doing=f"the commit failed and was rolled back{kept}") from None
         raise
     for w in writes:
         tree.observed(w.rel, w.after)
@@ -1021,14 +1028,20 @@ def _lost(s: _Slot) -> bool:
     return s.displaced is not None and (_ident(s.displaced) != s.old or _read_settled(s.displaced) != s.w.before)
 
 
-def _keep_foreign_aside(slots: list[_Slot]) -> None:
+def _keep_foreign_aside(slots: list[_Slot]) -> str:
     """On an OS error mid-commit: a displaced file that is not sndr's before-bytes is another
-    process's; move it out of the sweep of temp names before the rollback."""
+    process's; move it out of the sweep of temp names before the rollback. Returns the words that
+    name them for the error ("" when there are none)."""
+    kept = []
     for s in slots:
         if s.displaced is not None and _read_settled(s.displaced) != s.w.before:
+            aside = _aside_name(s.p)
             with contextlib.suppress(OSError):
-                os.rename(s.displaced, _aside_name(s.p))
+                os.rename(s.displaced, aside)
+                kept.append(f"{s.w.rel} as {aside.name}")
             s.displaced = None
+    return f"; another process wrote during the commit: its version of {', '.join(kept)} is kept beside it" \
+        if kept else ""
 
 
 def _read_kept(keep: Path) -> bytes | None:

@@ -424,3 +424,43 @@ def test_a_lease_break_never_kills_sndr(tmp_path):
                           text=True, timeout=60, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                               [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])))
     assert proc.returncode == 0 and "alive" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_foreign_write_and_an_os_error_in_one_commit_keep_the_foreign_bytes_and_name_them(
+        tmp_path, pin_subtree, monkeypatch, capsys):
+    """A double fault: an append lands on the first file before its swap, then the second swap
+    fails with EIO. The commit is rolled back (exit 2, os_error naming the file); the first
+    file's displaced copy, with the foreign line, is kept beside it and named, not swept."""
+    if commit_mod._renameat2() is None:
+        pytest.skip("renameat2 is not available here")
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    line = b"# appended just before the first swap\n"
+    order: list[Path] = []
+    real = commit_mod._exchange
+
+    def seam(point: str, path: Path | None) -> None:
+        if point == "staged" and path is not None and path not in order:
+            order.append(path)
+            if len(order) == 1:
+                with open(path, "ab") as fh:
+                    fh.write(line)
+
+    failed: list[bool] = []
+
+    def failing_second(a: Path, b: Path) -> bool:
+        if len(order) == 2 and not failed:  # once: the rollback's own swaps work
+            failed.append(True)
+            raise OSError(5, os.strerror(5))
+        return real(a, b)
+
+    monkeypatch.setattr(commit_mod, "_window", seam)
+    monkeypatch.setattr(commit_mod, "_exchange", failing_second)
+    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert rc == 2 and "(os_error)" in err and "Traceback" not in err, err
+    first = order[0]
+    asides = list(first.parent.glob(f".{first.name}.sndr-foreign-*"))
+    assert len(asides) == 1 and asides[0].read_bytes().endswith(line) and asides[0].name in err, err
+    assert not (tree / ".sndr/journal.json").exists() and not list(tree.rglob("*sndr-tmp*")), err
