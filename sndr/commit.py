@@ -13,11 +13,11 @@ Protocol of :func:`commit` (check everything, then touch anything):
 probe writability -> re-check the before-hashes -> store before-bytes as
 objects -> write the journal -> per file: temp write + fsync -> per file: swap
 the temp file in with ``renameat2(RENAME_EXCHANGE)`` (what was at the path comes
-out under the temp name; fallback: hard link of the old inode + ``rename``) ->
-compare every file taken off a path with the one planned from (inode and bytes,
-under a read lease) -> fsync dirs -> drop stale ``.pyc`` -> write the ledger ->
-final check: every path holds sndr's new inode with the planned bytes -> remove
-the journal. A crash anywhere leaves the journal behind, and
+out under the temp name; fallback: hard link of the old inode + ``rename``) and
+drop its stale ``.pyc`` -> compare every file taken off a path with the one
+planned from (inode and bytes, under a read lease) -> fsync dirs -> write the
+ledger -> final check: every path holds sndr's new inode with the planned bytes
+-> remove the journal. A crash anywhere leaves the journal behind, and
 :func:`recover` (run by the next writer or verifier) restores every file to its
 before-bytes: the tree is then exactly as it was before the interrupted commit,
 never in between.
@@ -39,6 +39,10 @@ Hostile trees (issue 23):
   rolled back, and the commit stops with ``foreign_write_lost`` (exit 1) naming
   the file. A file renamed over the path after the swap fails the final check
   and stays in place (same error). See "the replace window" below.
+* Recovery resolves every journal path like the commit: plain relative paths inside the
+  tree, no symlink on the way, ``mkdirs``/``rmdirs`` only parents of their own file and made
+  or removed through held directory fds (:func:`_tree_dir`); a journal over
+  ``MAX_JOURNAL_FILES``/``MAX_JOURNAL_BYTES`` is ``journal_too_large`` (issue 33).
 * Owner, group and mode of every replaced file are carried over to the new inode.
 * Every ``OSError`` (ENOSPC, EIO, ...) becomes one ``os_error`` problem naming the
   file (exit 2), after the set was rolled back.
