@@ -271,7 +271,7 @@ def test_racing_renamer_never_loses_a_write_and_never_says_ok_over_it(tmp_path, 
         unpatch()  # the next run starts from an unpatched tree without sndr's state
     print(f"\n{op} x{runs} with a racing renamer ({renames[0]} renames): {outcomes}")
     assert set(outcomes) <= {"ok", "foreign_write_lost", "changed_during_apply", "modified_since_apply"}, outcomes
-    assert outcomes.get("foreign_write_lost") and outcomes.get("ok"), outcomes  # the race really was run
+    assert outcomes.get("foreign_write_lost"), outcomes  # the race really was run (how many "ok": load decides)
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["writes-within-the-lease-wait", "writes-after-sndr-returns"])
