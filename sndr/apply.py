@@ -290,6 +290,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             probe_writable(tree, [FileWrite(rel, b"" if ch.pristine is not None else None, None)
                                   for rel, ch in plan.changes.items()])
     with tree.lock():
+        lock_free = tree.take_reads()  # what the first plan read without the lock, if there was one
         restored = recover(tree)
         notes = [f"rolled back an interrupted commit ({len(restored)} file(s) restored)"] if restored else []
         ledger = tree.read_ledger()
@@ -298,7 +299,8 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
             notes.append(f"removed {len(swept)} probe file(s) an interrupted sndr left: {', '.join(swept)}")
         return _apply_decide(tree, version, patch_set, ledger, notes, dry_run=False, force=force, only=only,
                              environ=environ, keep_going=keep_going, profile=profile, announce=announce,
-                             first_plan=first_plan if ledger is None and not restored else None)
+                             first_plan=first_plan if ledger is None and not restored and tree.keep_reads(lock_free)
+                             else None)
 
 
 def _as_rolled_back(tree: TreeRoot) -> list[str]:
@@ -405,10 +407,12 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
                                f" (the tree already holds this enabled set, ledger {digest[:12]})"
                                if dry_run else "")])
     if first_plan is not None:
-        # Still no ledger: nobody wrote since our lock-free plan. commit()
+        # Still no ledger, and every file holds what the lock-free plan read. commit()
         # re-checks every before-hash, so a concurrent change still aborts.
         plan = first_plan
     else:
+        # Plan from the tree as it is now. (A lock-free plan that read a file another sndr was
+        # committing, and has reverted since, is not a change to refuse.)
         plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
                           environ=environ, only=only, keep_going=keep_going, profile=profile)
         _path_typos(tree, version, plan, patch_set)

@@ -11,10 +11,13 @@ Layout of the state directory, ``<root>/.sndr/`` (``root`` contains ``vllm/``)::
 
 Protocol of :func:`commit` (check everything, then touch anything):
 probe writability -> re-check the before-hashes -> store before-bytes as
-objects -> write the journal -> per file: temp write + fsync -> per file: hard
-link of the old inode + ``os.replace`` -> fsync dirs -> compare every old
-inode with its expected before-bytes -> drop stale ``.pyc`` -> write the
-ledger -> remove the journal. A crash anywhere leaves the journal behind, and
+objects -> write the journal -> per file: temp write + fsync -> per file: swap
+the temp file in with ``renameat2(RENAME_EXCHANGE)`` (what was at the path comes
+out under the temp name; fallback: hard link of the old inode + ``rename``) and
+drop its stale ``.pyc`` -> compare every file taken off a path with the one
+planned from (inode and bytes, under a read lease) -> fsync dirs -> write the
+ledger -> final check: every path holds sndr's new inode with the planned bytes
+-> remove the journal. A crash anywhere leaves the journal behind, and
 :func:`recover` (run by the next writer or verifier) restores every file to its
 before-bytes: the tree is then exactly as it was before the interrupted commit,
 never in between.
@@ -30,10 +33,16 @@ Hostile trees (issue 23):
   the tree, is refused (``symlink_refused``); sndr does not patch the file a
   link points at, because revert could not restore the link structurally.
 * A foreign write that lands on a target during the commit window is never
-  lost silently: the old inode is kept by a hard link across the replace and
-  compared with the expected before-bytes; on a mismatch the original inode
-  (with the foreign bytes) goes back in place, the rest of the set is rolled
-  back, and the commit stops with ``foreign_write_lost`` (exit 1) naming the file.
+  lost silently, whether it writes in place or renames a new file over the
+  path (issue 33): what the swap takes off the path is compared with the file
+  planned from; on a mismatch it goes back in place, the rest of the set is
+  rolled back, and the commit stops with ``foreign_write_lost`` (exit 1) naming
+  the file. A file renamed over the path after the swap fails the final check
+  and stays in place (same error). See "the replace window" below.
+* Recovery resolves every journal path like the commit: plain relative paths inside the
+  tree, no symlink on the way, ``mkdirs``/``rmdirs`` only parents of their own file and made
+  or removed through held directory fds (:func:`_tree_dir`); a journal over
+  ``MAX_JOURNAL_FILES``/``MAX_JOURNAL_BYTES`` is ``journal_too_large`` (issue 33).
 * Owner, group and mode of every replaced file are carried over to the new inode.
 * Every ``OSError`` (ENOSPC, EIO, ...) becomes one ``os_error`` problem naming the
   file (exit 2), after the set was rolled back.
@@ -50,6 +59,7 @@ import os
 import re
 import signal
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -66,6 +76,10 @@ STATE_DIR = ".sndr"
 MAX_TARGET_BYTES = 16 * 2**20
 # Ledgers and journals are a few KiB; a state file this large was not written by sndr.
 MAX_STATE_BYTES = 64 * 2**20
+# A journal has one entry per file of a commit; vLLM 0.33.0 has under 3,000 files. A larger journal
+# was not written by sndr, and reading it would cost minutes of CPU before anything else runs.
+MAX_JOURNAL_FILES = 4096
+MAX_JOURNAL_BYTES = 4 * 2**20
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -99,16 +113,29 @@ def os_error(exc: OSError, path=None, doing: str = "") -> SndrError:
                      EXIT_BAD_INPUT)
 
 
+def _named(exc: OSError, path) -> OSError:
+    """``exc`` naming ``path`` when it names no file itself (fsync, write and fchmod name none)."""
+    if exc.filename is None:
+        return OSError(exc.errno, exc.strerror, str(path))
+    return exc
+
+
 def _fsync_dir(path: Path) -> None:
-    fsio.fsync_dir(path)
+    try:
+        fsio.fsync_dir(path)
+    except OSError as exc:
+        raise _named(exc, path) from None
 
 
 def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _named(exc, path) from None
 
 
 def _fsync_files(paths: list[Path], dirs: bool = False) -> None:
@@ -130,7 +157,10 @@ def _write_tmp(path: Path, data: bytes, like: os.stat_result | None = None, dir_
 
     ``like``: the file being replaced; its owner, group and mode are carried over.
     """
-    fd, tmp = fsio.create_temp(path, 0o644 if like is None else stat.S_IMODE(like.st_mode), dir_fd=dir_fd)
+    try:
+        fd, tmp = fsio.create_temp(path, 0o644 if like is None else stat.S_IMODE(like.st_mode), dir_fd=dir_fd)
+    except OSError as exc:
+        raise _named(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -140,9 +170,11 @@ def _write_tmp(path: Path, data: bytes, like: os.stat_result | None = None, dir_
                     with contextlib.suppress(PermissionError):  # only root may give a file away
                         os.fchown(fh.fileno(), like.st_uid, like.st_gid)
                 os.fchmod(fh.fileno(), stat.S_IMODE(like.st_mode))  # after chown, which clears setuid bits
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
+        if isinstance(exc, OSError):
+            raise _named(exc, path) from None
         raise
     return Path(tmp)
 
@@ -249,13 +281,13 @@ class TreeRoot:
             self._objects_fd = self._open_dir(sfd, "objects", self.objects, create)
         return self._objects_fd
 
-    def read_state(self, name: str) -> bytes | None:
+    def read_state(self, name: str, max_bytes: int = MAX_STATE_BYTES) -> bytes | None:
         """Bytes of ``.sndr/<name>`` (no symlink, regular file only), or None when it does not exist."""
         sfd = self.state_fd()
         if sfd is None:
             return None
         try:
-            return fsio.read_regular(name, MAX_STATE_BYTES, f"sndr state file {name}", dir_fd=sfd,
+            return fsio.read_regular(name, max_bytes, f"sndr state file {name}", dir_fd=sfd,
                                      follow_symlinks=False)
         except fsio.FileProblem as exc:
             if exc.code == "not_found":
@@ -264,13 +296,26 @@ class TreeRoot:
             raise SndrError(Problem(code, exc.message, file=str(self.state / name))) from None
 
     def write_state(self, name: str, data: bytes) -> None:
-        fsio.atomic_write(name, data, 0o644, dir_fd=self.state_fd(create=True))
+        try:
+            fsio.atomic_write(name, data, 0o644, dir_fd=self.state_fd(create=True))
+        except OSError as exc:  # its names are relative to .sndr's fd, or none at all
+            raise OSError(exc.errno, exc.strerror, str(self.state / name)) from None
 
     def unlink_state(self, name: str) -> None:
         sfd = self.state_fd()
         if sfd is not None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(name, dir_fd=sfd)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(self.state / name)) from None
+
+    def fsync_state(self) -> None:
+        try:
+            os.fsync(self.open_state_fd())
+        except OSError as exc:
+            raise _named(exc, self.state) from None
 
     def state_exists(self, name: str) -> bool:
         sfd = self.state_fd()
@@ -323,6 +368,22 @@ class TreeRoot:
         if rel not in self._observed:
             self._observed[rel] = sha256_bytes(data) if data is not None else None
         return data
+
+    def take_reads(self) -> dict[str, str | None]:
+        """Hand over (and forget) what this TreeRoot has read so far: a writer that just took the
+        lock starts its own record, and keeps the lock-free one only if it plans on it."""
+        reads, self._observed = self._observed, {}
+        return reads
+
+    def keep_reads(self, reads: dict[str, str | None]) -> bool:
+        """Plan on ``reads`` (from :meth:`take_reads`) only if every file still holds those bytes:
+        then they count as the first reads again, and True; else False, and they stay forgotten."""
+        for rel, sha in reads.items():
+            data = self._read_bytes(rel)
+            if (sha256_bytes(data) if data is not None else None) != sha:
+                return False
+        self._observed.update(reads)
+        return True
 
     def observed(self, rel: str, data: bytes | None) -> None:
         """Record that sndr itself made ``rel`` hold ``data`` (a commit or a rollback wrote it)."""
@@ -600,19 +661,183 @@ def _keep_old_inode(p: Path) -> Path | None:
     return None
 
 
+# -- the replace window ------------------------------------------------------------------
+#
+# sndr cannot lock out a writer that ignores its lock. Per replaced file the window is
+#   stage temp T -> swap T in (what was at the path, X, comes out under T's name) -> compare X
+#   -> (ledger) -> final check that the path still holds T with the planned bytes.
+# X is compared by inode (the one sndr planned from) and by content, read under a read lease
+# (F_SETLEASE: no process holds X open for writing any more, so no later write can land in it).
+# renameat2(RENAME_EXCHANGE) makes the swap atomic: a file renamed over the path at any moment
+# before the swap comes out as X; one renamed over it after the swap fails the final check.
+# Without RENAME_EXCHANGE (not Linux, or a filesystem without it) X is kept by a hard link, the
+# path's inode is checked once more, and T goes in with rename(): a rename by another process
+# between that check and the rename() call is the one window that remains there. Without
+# leases (NFS), a writer that still holds X open and writes after the compare is the other.
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_renameat2_fn: list = []  # [fn or None], resolved on first use
+
+
+def _renameat2():
+    if not _renameat2_fn:
+        fn = None
+        if os.uname().sysname == "Linux":
+            import ctypes
+
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).renameat2
+                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):  # glibc < 2.28, musl without it
+                fn = None
+        _renameat2_fn.append(fn)
+    return _renameat2_fn[0]
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directory entries ``a`` and ``b`` atomically; False where the system cannot."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False  # this filesystem has no RENAME_EXCHANGE
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _ident(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what is at ``path`` (never following a link), or None when nothing is."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+_LEASE_TRIES = 100  # 1 ms apart: a writer that appends and closes is done long before
+
+
+def _read_settled(path: Path) -> bytes | None:
+    """The bytes of the inode at ``path`` once no process holds it open for writing, else None.
+
+    A read lease (``F_SETLEASE``/``F_RDLCK``) is granted only while nobody has the inode open
+    for writing; taken on an inode no longer at its path, it proves no later write can land in
+    it, so the bytes read are final. None also for a link, a directory, a FIFO or a file over
+    ``MAX_TARGET_BYTES``. Where leases
+    are not available (not Linux, NFS, no CAP_LEASE on another user's file) the bytes are read as
+    they are: a writer that still holds the old file open is then the documented remaining limit.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    leased = False
+    sigio = getattr(signal, "SIGIO", None)
+    prev_sigio = None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        setlease = getattr(fcntl, "F_SETLEASE", None)
+        if setlease is not None and sigio is not None:
+            # Someone opening the inode for writing while the lease is held breaks it with SIGIO,
+            # whose default action ends the process: ignored for the few syscalls the lease lasts.
+            try:
+                prev_sigio = signal.signal(sigio, signal.SIG_IGN)
+            except ValueError:  # not the main thread: no lease
+                setlease = None
+        if setlease is not None:
+            for _ in range(_LEASE_TRIES):
+                try:
+                    fcntl.fcntl(fd, setlease, fcntl.F_RDLCK)
+                    leased = True
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EAGAIN:
+                        break  # leases unsupported here
+                time.sleep(0.001)
+            else:
+                return None  # a writer still holds it open: its bytes are not final
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_TARGET_BYTES:
+                return None  # larger than any file sndr writes: not the one it planned from
+            chunks.append(chunk)
+    finally:
+        if leased:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+        os.close(fd)
+        if prev_sigio is not None and sigio is not None:
+            signal.signal(sigio, prev_sigio)
+
+
+def _window(point: str, path: Path | None) -> None:
+    """Test seam, a no-op: the reliability tests land a foreign write at each step of the window.
+
+    Points: ``staged`` (temp written, before the swap), ``kept`` (fallback only: hard link of the
+    old file made, before ``rename``), ``swapped``, ``compared`` (every displaced file compared,
+    before the final check) and ``checked`` (final check passed: the commit is done); in recovery,
+    ``restore`` (the before-bytes staged, before the swap).
+    """
+
+
+def _aside_name(p: Path) -> Path:
+    return p.with_name(f".{p.name}.sndr-foreign-{os.urandom(4).hex()}")
+
+
+def _temp_name(p: Path) -> Path:
+    return p.with_name(f".{p.name}{fsio.TEMP_MARK}{os.urandom(6).hex()}")
+
+
+@dataclass
+class _Slot:
+    """One file of a commit in the replace window."""
+
+    i: int
+    w: FileWrite
+    p: Path
+    tmp: Path | None = None  # sndr's new file, before the swap
+    old: tuple[int, int] | None = None  # identity of the file sndr planned from
+    new: tuple[int, int] | None = None  # identity of sndr's new file
+    displaced: Path | None = None  # what sndr took off the path (the old file, or whatever was there)
+
+
+class _Where:
+    """The path the transaction is working on: an OSError that names no file is reported with it."""
+
+    def __init__(self, path: Path | str | None = None):
+        self.path = path
+
+
 def commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, digest: str) -> None:
     """Make ``writes`` and the new ``ledger`` (None: remove it) real, atomically as a set.
 
     The caller holds the exclusive lock and has run :func:`recover`. Every
     ``OSError`` becomes an ``os_error`` problem after the set was rolled back.
     """
+    if len(writes) > MAX_JOURNAL_FILES:
+        raise SndrError(Problem("journal_too_large", f"this commit would change {len(writes)} files; sndr's journal "
+                                f"holds at most {MAX_JOURNAL_FILES}", file=str(tree.root),
+                                hint="split the patch set; nothing was written"))
+    where = _Where(tree.root)
     try:
-        _commit(tree, writes, ledger, digest)
+        _commit(tree, writes, ledger, digest, where)
     except OSError as exc:
-        raise os_error(exc) from None
+        raise os_error(exc, where.path) from None
 
 
-def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, digest: str) -> None:
+def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, digest: str, where: _Where) -> None:
     for w in writes:  # the world may have moved since the plan was read
         now = tree.read_bytes(w.rel)
         first = tree._observed.get(w.rel)
@@ -640,111 +865,187 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
     journal = {"format": 1, "digest": digest, "files": entries,
                "ledger_before": next(it) if old_ledger is not None else None,
                "created_dirs_before": created}
-    kept: list[tuple[int, Path, Path | None]] = []
+    slots: list[_Slot] = []
     try:
         # Inside the try: a journal that went in but could not be made durable is rolled back too.
+        where.path = tree.journal_path
         tree.write_state("journal.json", json.dumps(journal, indent=1).encode())
         _fault("after_journal")
         # Stage every temp file, make them durable together, then swap them in.
-        staged: list[tuple[int, Path, Path | None]] = []
         for i, (w, entry) in enumerate(zip(writes, entries)):
-            p = tree.path(w.rel)
-            tmp = None
+            s = _Slot(i, w, tree.path(w.rel))
+            slots.append(s)
+            where.path = s.p
+            like = os.lstat(s.p) if w.before is not None else None
+            s.old = (like.st_dev, like.st_ino) if like is not None else None
             if w.after is not None:
                 for d in entry.get("mkdirs", []):
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(tree.root / d, 0o755)
-                like = os.lstat(p) if w.before is not None else None
-                tmp = _write_tmp(p, w.after, like)
+                    where.path = tree.root / d
+                    _tree_dir(tree, d, "mkdir")
+                where.path = s.p
+                s.tmp = _write_tmp(s.p, w.after, like)
+                s.new = _ident(s.tmp)
                 _fault(f"after_tmp:{i}")
-            staged.append((i, p, tmp))
-        _fsync_files([tmp for _, _, tmp in staged if tmp is not None])
+        where.path = tree.root
+        _fsync_files([s.tmp for s in slots if s.tmp is not None])
         touched_dirs: set[Path] = set()
-        for (i, p, tmp), w in zip(staged, writes):
-            if w.before is not None:
-                keep = _keep_old_inode(p)
-                if keep is None and tree.read_bytes(w.rel) != w.before:
-                    raise _ForeignWrite([(w.rel, None, p, w.after)])
-                kept.append((i, p, keep))
-            if tmp is None:
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-            elif w.before is None:
-                # A created file appears only where nothing is: link() never replaces
-                # a file someone else put there meanwhile.
-                try:
-                    os.link(tmp, p, follow_symlinks=False)
-                except FileExistsError:
-                    os.unlink(tmp)
-                    raise _ForeignWrite([(w.rel, None, p, w.after)], created=True) from None
-                os.unlink(tmp)
-            else:
-                os.replace(tmp, p)
-            _fault(f"after_replace:{i}")
-            touched_dirs.add(p.parent)
-            drop_pyc(p)
-        # The old inodes hold exactly the bytes we planned from, or a foreign
-        # write landed on them before the swap: put such a file back and roll back.
-        lost: list[tuple[str, Path | None, Path, bytes | None]] = [
-            (writes[i].rel, keep, p, writes[i].after) for i, p, keep in kept
-            if keep is not None and _read_kept(keep) != writes[i].before]
+        for s in slots:
+            _swap(tree, s, where)
+            _fault(f"after_replace:{s.i}")
+            touched_dirs.add(s.p.parent)
+            drop_pyc(s.p)
+        # What came off each path is the file sndr planned from, holding exactly the bytes it
+        # planned from, or another process's write landed before the swap: put it back, roll back.
+        lost = [s for s in slots if _lost(s)]
         if lost:
-            raise _ForeignWrite(lost)
-        for _, _, keep in kept:
-            if keep is not None:
+            raise _ForeignWrite([_Foreign(s.w.rel, s.p, s.w.after, s.displaced) for s in lost])
+        for s in slots:
+            if s.displaced is not None:
                 with contextlib.suppress(OSError):
-                    os.unlink(keep)
+                    os.unlink(s.displaced)
+                s.displaced = None
         removed_dirs = []
         for entry in entries:
             for d in entry.get("rmdirs", []):
-                try:
-                    os.rmdir(tree.root / d)
+                where.path = tree.root / d
+                if _tree_dir(tree, d, "rmdir"):
                     removed_dirs.append(d)
-                except FileNotFoundError:
-                    removed_dirs.append(d)
-                except OSError:
-                    pass  # not empty: something else lives there now; keep it
         touched_dirs |= {(tree.root / d).parent for d in removed_dirs}
         touched_dirs = {d for d in touched_dirs if d.is_dir()}
+        where.path = tree.root
         _fsync_files(sorted(touched_dirs), dirs=True)
         now_created = [d for d in created if d not in removed_dirs]
         now_created += [d for e in entries for d in e.get("mkdirs", []) if d not in now_created]
+        where.path = tree.state / _CREATED_DIRS
         if now_created != created:
             tree.write_state(_CREATED_DIRS, json.dumps(sorted(now_created)).encode())
         _fault("before_ledger")
+        where.path = tree.ledger_path
         if new_ledger is None:
             tree.unlink_state("ledger.json")
         else:
             tree.write_state("ledger.json", new_ledger)
-        os.fsync(tree.open_state_fd())
+        tree.fsync_state()
         _fault("after_ledger")
+        # The final check, as late as the journal still allows a rollback: every path holds
+        # sndr's new file with the planned bytes (or nothing, for a removed file).
+        _window("compared", None)
+        moved = [s for s in slots if not _holds(s)]
+        if moved:
+            raise _ForeignWrite([_Foreign(s.w.rel, s.p, s.w.after, kind="left") for s in moved])
+        _window("checked", None)
     except _ForeignWrite as fw:
+        where.path = tree.journal_path
+        # Raised mid-swap: files swapped before it were not compared yet; they are now.
+        listed = {f.rel for f in fw.files}
+        fw.files += [_Foreign(s.w.rel, s.p, s.w.after, s.displaced) for s in slots
+                     if s.w.rel not in listed and _lost(s)]
         _undo_foreign(tree, fw)
-        _rollback(tree)
-        for _, _, keep in kept:
-            if keep is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(keep)
-        raise fw.error() from None
+        err = fw.error()
+        try:
+            _rollback(tree)
+        except SndrError as again:  # the rollback met another foreign write: name it too
+            err.problems.extend(again.problems)
+        raise err from None
     except BaseException as exc:
+        kept = _keep_foreign_aside(slots)
         try:
             _rollback(tree)
         except (OSError, SndrError) as again:
             if isinstance(exc, OSError):
-                raise os_error(exc, doing="the commit failed and so did its rollback; the journal stays and the "
-                                          f"next apply, verify or revert finishes the rollback ({again})") from None
+                raise os_error(exc, where.path, doing="the commit failed and so did its rollback; the journal stays "
+                                                      "and the next apply, verify or revert finishes the rollback "
+                                                      f"({again}){kept}") from None
             raise
+        if kept and isinstance(exc, OSError):
+            raise os_error(exc, where.path, doing=f"the commit failed and was rolled back{kept}") from None
         raise
     for w in writes:
         tree.observed(w.rel, w.after)
+    where.path = tree.journal_path
     tree.unlink_state("journal.json")
     try:
-        os.fsync(tree.open_state_fd())
+        tree.fsync_state()
     except OSError:
         # The set is complete and the ledger durable; only the journal's removal may not be.
         # If it comes back after a crash, the next command rolls the set back, consistently.
         pass
     _fault("after_commit")
+
+
+def _swap(tree: TreeRoot, s: _Slot, where: _Where) -> None:
+    """Put sndr's new file at ``s.p`` (or remove it); what was there comes out as ``s.displaced``."""
+    w, p = s.w, s.p
+    where.path = p
+    _window("staged", p)
+    if w.before is None:
+        # A created file appears only where nothing is: link() never replaces
+        # a file someone else put there meanwhile.
+        assert s.tmp is not None
+        try:
+            os.link(s.tmp, p, follow_symlinks=False)
+        except FileExistsError:
+            os.unlink(s.tmp)
+            raise _ForeignWrite([_Foreign(w.rel, p, w.after, kind="created")]) from None
+        os.unlink(s.tmp)
+    elif s.tmp is None:
+        # A removed file goes by rename() to a temp name: whatever was at the path comes out.
+        away = _temp_name(p)
+        try:
+            os.rename(p, away)
+        except FileNotFoundError:
+            return  # someone else removed it first: what sndr wanted, and no bytes of theirs to keep
+        s.displaced = away
+    elif _exchange(s.tmp, p):
+        s.displaced, s.tmp = s.tmp, None
+    else:
+        keep = _keep_old_inode(p)
+        if keep is None and tree._read_bytes(w.rel) != w.before:
+            raise _ForeignWrite([_Foreign(w.rel, p, w.after, kind="left")])
+        s.displaced = keep
+        _window("kept", p)
+        if _ident(p) != s.old:  # a file renamed over the path since the plan's read: it stays
+            fw = _ForeignWrite([_Foreign(w.rel, p, w.after, kind="left")])
+            if keep is not None and _read_settled(keep) != w.before:  # and the old one was written to
+                fw.aside[w.rel] = _aside_name(p)
+                os.rename(keep, fw.aside[w.rel])
+            raise fw
+        os.replace(s.tmp, p)
+        s.tmp = None
+    _window("swapped", p)
+
+
+def _holds(s: _Slot) -> bool:
+    """Does the path still hold what sndr put there (the same inode, the planned bytes)?"""
+    if s.w.after is None:
+        return _ident(s.p) is None
+    if _ident(s.p) != s.new:
+        return False
+    try:
+        return fsio.read_regular(s.p, MAX_TARGET_BYTES, "target", follow_symlinks=False) == s.w.after
+    except fsio.FileProblem:
+        return False
+
+
+def _lost(s: _Slot) -> bool:
+    """Is what sndr's swap took off the path other than the file it planned from (inode, bytes)?"""
+    return s.displaced is not None and (_ident(s.displaced) != s.old or _read_settled(s.displaced) != s.w.before)
+
+
+def _keep_foreign_aside(slots: list[_Slot]) -> str:
+    """On an OS error mid-commit: a displaced file that is not sndr's before-bytes is another
+    process's; move it out of the sweep of temp names before the rollback. Returns the words that
+    name them for the error ("" when there are none)."""
+    kept = []
+    for s in slots:
+        if s.displaced is not None and _read_settled(s.displaced) != s.w.before:
+            aside = _aside_name(s.p)
+            with contextlib.suppress(OSError):
+                os.rename(s.displaced, aside)
+                kept.append(f"{s.w.rel} as {aside.name}")
+            s.displaced = None
+    return f"; another process wrote during the commit: its version of {', '.join(kept)} is kept beside it" \
+        if kept else ""
 
 
 def _read_kept(keep: Path) -> bytes | None:
@@ -754,54 +1055,100 @@ def _read_kept(keep: Path) -> bytes | None:
         return None
 
 
-class _ForeignWrite(Exception):
-    """Foreign writes detected during the commit: ``files`` is [(rel, kept old inode or None, path, after)]."""
+@dataclass
+class _Foreign:
+    """One file another process wrote during the commit.
 
-    def __init__(self, files: list[tuple[str, Path | None, Path, bytes | None]], created: bool = False):
-        super().__init__(", ".join(f[0] for f in files))
-        self.files, self.created = files, created
+    ``kind``: ``displaced`` (what sndr's swap took off the path is not the file it planned from:
+    it goes back), ``left`` (the path holds another process's file, not sndr's new one nor the one
+    planned from: it stays), ``created`` (another process created a file sndr was creating).
+    """
+
+    rel: str
+    path: Path
+    after: bytes | None
+    displaced: Path | None = None
+    kind: str = "displaced"
+
+
+class _ForeignWrite(Exception):
+    """Foreign writes detected during the commit; ``aside``: rel -> another version kept beside it."""
+
+    def __init__(self, files: list[_Foreign]):
+        super().__init__(", ".join(f.rel for f in files))
+        self.files = files
         self.aside: dict[str, Path] = {}
 
     def error(self) -> SndrError:
         problems = []
-        for rel, _, _, _ in self.files:
-            if self.created:
+        for f in self.files:
+            if f.kind == "created":
                 msg = "another process created this file while sndr was creating it; its file was kept"
+            elif f.kind == "left":
+                msg = ("another process replaced or wrote this file during sndr's commit, after sndr had read it; "
+                       "its file was left in place and the rest of the set was rolled back")
             else:
-                msg = ("another process wrote to this file while sndr was replacing it; its bytes were put back "
-                       "(the file's original inode, with the foreign change) and the whole set was rolled back")
-            if rel in self.aside:
-                msg += (f"; it also wrote to sndr's new copy, which is kept as {self.aside[rel].name} beside it "
+                msg = ("another process wrote to this file, or renamed another file over it, while sndr was "
+                       "replacing it; its file was put back in place (with the foreign change) and the whole set "
+                       "was rolled back")
+            if f.rel in self.aside:
+                msg += (f"; another version of it, not sndr's, is kept as {self.aside[f.rel].name} beside it "
                         f"(merge it by hand)")
-            problems.append(Problem("changed_during_apply" if self.created else "foreign_write_lost", msg, file=rel,
-                                    hint="find the writer that ignores sndr's lock, then re-run"))
+            problems.append(Problem("changed_during_apply" if f.kind == "created" else "foreign_write_lost", msg,
+                                    file=f.rel, hint="find the writer that ignores sndr's lock, then re-run"))
         return SndrError(problems, EXIT_FINDINGS)
 
 
-def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
-    """Put each original inode (holding the foreign bytes) back, and drop those files from the journal.
+def _put_back(displaced: Path, path: Path) -> bool:
+    """Move ``displaced`` back to ``path`` where nothing is; False when something is there now."""
+    try:
+        os.link(displaced, path, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError:  # a directory, or no hard links on this filesystem
+        if os.path.lexists(path):
+            return False
+        os.rename(displaced, path)
+        return True
+    os.unlink(displaced)
+    return True
 
-    sndr's new inode is linked aside first: a writer that reached it too keeps
-    its bytes there (named in the error); when it holds exactly sndr's bytes,
-    the aside link goes again.
+
+def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
+    """Put each displaced file (holding the foreign bytes) back, and drop those files from the journal.
+
+    What comes off the path in exchange is sndr's new file, or, if yet another process renamed a
+    file over the path meanwhile, that file: it is kept beside the file and named in the error;
+    sndr's own copy goes.
     """
-    for rel, keep, path, after in fw.files:
-        if keep is not None:
-            candidate = path.with_name(f".{path.name}.sndr-foreign-{os.urandom(4).hex()}")
-            aside: Path | None = candidate
-            try:
-                os.link(path, candidate, follow_symlinks=False)
-            except OSError:
-                aside = None
-            os.replace(keep, path)
+    for f in fw.files:
+        displaced, path, after = f.displaced, f.path, f.after
+        if displaced is not None:
+            back: Path | None = None  # what came off the path as the displaced file went back
+            if after is None or not os.path.lexists(path):
+                if not _put_back(displaced, path):
+                    back = displaced  # someone put a file there meanwhile: it stays, this one goes aside
+            elif _exchange(displaced, path):
+                back = displaced
+            else:
+                back = _aside_name(path)
+                try:
+                    os.link(path, back, follow_symlinks=False)
+                except OSError:
+                    back = None
+                os.replace(displaced, path)
             drop_pyc(path)
-            if aside is not None:
-                if _read_kept(aside) == after:
-                    os.unlink(aside)
+            if back is not None:
+                if after is not None and _read_settled(back) == after:
+                    os.unlink(back)  # sndr's own new copy, untouched
                 else:
-                    fw.aside[rel] = aside
+                    if back == displaced:  # still under a temp name, which the sweep below would take
+                        aside = _aside_name(path)
+                        os.rename(back, aside)
+                        back = aside
+                    fw.aside[f.rel] = back
         _sweep_temps(path.parent, path.name)  # our staged temp file, if it never went in
-    rels = {f[0] for f in fw.files}
+    rels = {f.rel for f in fw.files}
     raw = tree.read_state("journal.json")
     assert raw is not None  # written at the start of this commit, under the lock
     journal = json.loads(raw)
@@ -822,31 +1169,116 @@ def drop_pyc(path: Path) -> None:
                 pyc.unlink()
 
 
+def _plain_rel(rel: str) -> bool:
+    """A relative path of plain names: not absolute, no ``.``/``..``, no NUL, no empty part."""
+    parts = rel.split("/")
+    return bool(rel) and "\0" not in rel and not rel.startswith("/") and all(x not in ("", ".", "..") for x in parts)
+
+
 def _journal_entries(tree: TreeRoot, journal) -> list[dict]:
-    """The journal's entries, checked: anything sndr would not have written is ``journal_corrupt``."""
+    """The journal's entries, checked: anything sndr would not have written is ``journal_corrupt``.
+
+    Directories in ``mkdirs``/``rmdirs`` must be parents of the entry's own path: sndr only ever
+    creates or removes the directories of a file it creates or removes.
+    """
     bad = SndrError(Problem("journal_corrupt", "journal of an interrupted commit is unreadable or malformed",
                             file=str(tree.journal_path),
                             hint="inspect it; the before-bytes are in .sndr/objects"))
     if not isinstance(journal, dict) or not isinstance(journal.get("files"), list):
         raise bad
+    if len(journal["files"]) > MAX_JOURNAL_FILES:
+        raise _journal_too_large(tree, f"it names {len(journal['files'])} files")
     lb = journal.get("ledger_before")
     if lb is not None and not (isinstance(lb, str) and _SHA.match(lb)):
         raise bad
     out = []
+    seen: set[str] = set()
     for e in journal["files"]:
-        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not e["path"] or "\x00" in e["path"]:
+        if not isinstance(e, dict) or not isinstance(e.get("path"), str) or not _plain_rel(e["path"]):
             raise bad
+        if e["path"] in seen:  # sndr journals each file once
+            raise bad
+        seen.add(e["path"])
         for k in ("before", "after"):
             v = e.get(k)
             if v is not None and not (isinstance(v, str) and _SHA.match(v)):
                 raise bad
+        parents = {str(d) for d in Path(e["path"]).parents if str(d) != "."}
         for k in ("mkdirs", "rmdirs"):
             v = e.get(k, [])
-            if not isinstance(v, list) or not all(isinstance(d, str) and d and not d.startswith("/") and "\x00" not in d
-                                                  and ".." not in Path(d).parts for d in v):
+            if not isinstance(v, list) or not all(isinstance(d, str) and _plain_rel(d) for d in v):
                 raise bad
+            for d in v:
+                if d not in parents:
+                    raise SndrError(Problem("journal_corrupt", f"the journal's {k} names {d}, which is not a parent "
+                                            f"directory of its file {e['path']}; sndr never writes that",
+                                            file=str(tree.journal_path), hint="the journal was not written by sndr; "
+                                            "move it aside and check the tree by hand (nothing was changed)"))
         out.append(e)
     return out
+
+
+def _journal_too_large(tree: TreeRoot, why: str) -> SndrError:
+    return SndrError(Problem(
+        "journal_too_large", f"the journal of an interrupted commit is too large to be sndr's ({why}; sndr writes at "
+        f"most {MAX_JOURNAL_FILES} files, {MAX_JOURNAL_BYTES // 2**20} MiB)", file=str(tree.journal_path),
+        hint=f"move it out of .sndr/ and inspect it; then run `python -m sndr.commit --salvage-ledger {tree.root}` "
+             f"and --verify to see what the tree holds"))
+
+
+def _tree_dir(tree: TreeRoot, rel: str, op: str, named: str | None = None) -> bool:
+    """``mkdir`` or ``rmdir`` the directory ``rel`` of the tree through held directory fds.
+
+    Every directory on the way is opened ``O_DIRECTORY | O_NOFOLLOW`` from the root's fd, so a
+    symlink planted anywhere on the way is refused (``symlink_refused``, naming ``named`` or
+    ``rel``), never followed out of the tree. Returns False for an ``rmdir`` that leaves the
+    directory in place (something else lives in it now); True when done or already so.
+    """
+    parts = rel.split("/")
+    if not _plain_rel(rel):
+        raise SndrError(Problem("path_escape", f"directory {rel!r} is not a plain path inside the tree",
+                                file=named or rel))
+
+    def refused(upto: str) -> SndrError:
+        where = f"the journal names {rel}, which" if named else "it"
+        return SndrError(Problem("symlink_refused", f"{where} goes through {upto}, a symlink or a file inside the "
+                                 f"tree; sndr never follows one", file=named or rel,
+                                 hint="remove the link; nothing outside the tree was created or removed"))
+
+    fd = os.open(tree.root, _DIR)
+    try:
+        for n, part in enumerate(parts[:-1]):
+            try:
+                nfd = os.open(part, _DIR | _NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if op == "rmdir":
+                    return True  # its parent is gone, so is it
+                raise
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise refused("/".join(parts[:n + 1])) from None
+                raise
+            os.close(fd)
+            fd = nfd
+        name = parts[-1]
+        if op == "mkdir":
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise refused(rel) from None
+            return True
+        try:
+            os.rmdir(name, dir_fd=fd)  # unlinkat(AT_REMOVEDIR): never follows a final link
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EBUSY):
+                return False  # not empty, or not a directory (a link): it stays
+            raise
+        return True
+    finally:
+        os.close(fd)
 
 
 def recover(tree: TreeRoot) -> list[str]:
@@ -855,17 +1287,26 @@ def recover(tree: TreeRoot) -> list[str]:
     Every journaled file must currently hold either its before-bytes or its
     after-bytes; anything else means the journal does not describe this tree
     (copied from elsewhere, or a different patch set), and we refuse rather
-    than guess, leaving every byte as it is.
+    than guess, leaving every byte as it is. Every path is resolved like the
+    commit's: inside the tree, no symlink on the way (directories through
+    held fds). A file another process replaces while it is being restored is
+    put back and named (``foreign_write_lost``, exit 1) after the rest is done.
     """
+    where = _Where(tree.journal_path)
     try:
-        return _recover(tree)
+        return _recover(tree, where)
     except OSError as exc:
-        raise os_error(exc, doing="cannot roll back the interrupted commit (the journal stays; re-run once "
-                                  "the disk is fixed)") from None
+        raise os_error(exc, where.path, doing="cannot roll back the interrupted commit (the journal stays; re-run "
+                                              "once the disk is fixed)") from None
 
 
-def _recover(tree: TreeRoot) -> list[str]:
-    raw = tree.read_state("journal.json")
+def _recover(tree: TreeRoot, where: _Where) -> list[str]:
+    try:
+        raw = tree.read_state("journal.json", MAX_JOURNAL_BYTES)
+    except SndrError as exc:
+        if exc.problems[0].code == "file_too_large":
+            raise _journal_too_large(tree, exc.problems[0].message) from None
+        raise
     if raw is None:
         return []
     try:
@@ -873,10 +1314,18 @@ def _recover(tree: TreeRoot) -> list[str]:
     except (ValueError, RecursionError):
         journal = None
     files = _journal_entries(tree, journal)
-    plan: list[tuple[str, bytes | None, dict]] = []
+    plan: list[tuple[str, bytes | None, bytes | None, dict]] = []
     for e in files:
         rel, before, after = e["path"], e.get("before"), e.get("after")
-        now = tree.read_bytes(rel)
+        try:
+            now = tree.read_bytes(rel)
+        except SndrError as exc:
+            pr = exc.problems[0]
+            if pr.code in ("symlink_refused", "path_escape", "state_unsafe"):
+                raise SndrError(Problem(pr.code, f"the journal names {rel}, which {pr.message}",
+                                        file=str(tree.journal_path), hint="the journal was not written by sndr for "
+                                        "this tree; move it aside and check the tree by hand")) from None
+            raise
         now_sha = sha256_bytes(now) if now is not None else None
         if now_sha not in (before, after):
             raise SndrError(Problem("journal_mismatch",
@@ -884,32 +1333,34 @@ def _recover(tree: TreeRoot) -> list[str]:
                                     file=rel, hint=f"the journal at {tree.journal_path} belongs to another tree or patch set; "
                                                    "remove it only after checking the tree by hand"))
         want = tree.get_object(before) if before is not None else None
-        plan.append((rel, want, e))
+        plan.append((rel, now, want, e))
     restored = []
-    for rel, want, e in plan:
+    foreign: list[Problem] = []
+    for rel, now, want, e in plan:
         p = tree.path(rel)
+        where.path = p
         _sweep_temps(p.parent, p.name)
-        now = tree.read_bytes(rel)
         if now != want:
-            if want is None:
-                p.unlink()
-            else:
+            if want is not None:
                 for d in e.get("rmdirs", [])[::-1]:  # the revert removed them: back they come
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(tree.root / d, 0o755)
-                like = os.lstat(p) if now is not None else None
-                tmp = _write_tmp(p, want, like)
-                _fsync_path(tmp)
-                os.replace(tmp, p)
+                    _tree_dir(tree, d, "mkdir", named=str(tree.journal_path))
+            kept = _restore(p, now, want)
+            if kept is not False:
+                foreign.append(Problem("foreign_write_lost", "another process replaced this file while sndr was "
+                                       "rolling back an interrupted commit; its file was put back"
+                                       + (f", and another version of it is kept as {kept.name} beside it"
+                                          if isinstance(kept, Path) else ""),
+                                       file=rel, hint="find the writer that ignores sndr's lock, then re-run"))
+                continue
             drop_pyc(p)
             restored.append(rel)
         tree.observed(rel, want)
         if want is None:
             for d in e.get("mkdirs", [])[::-1]:  # directories this commit created, now empty again
-                with contextlib.suppress(OSError):
-                    os.rmdir(tree.root / d)
+                _tree_dir(tree, d, "rmdir", named=str(tree.journal_path))
         if p.parent.is_dir():
             _fsync_dir(p.parent)
+    where.path = tree.journal_path
     cd = journal.get("created_dirs_before")
     if isinstance(cd, list):
         if cd != tree.created_dirs():
@@ -919,10 +1370,77 @@ def _recover(tree: TreeRoot) -> list[str]:
         tree.unlink_state("ledger.json")
     else:
         tree.write_state("ledger.json", tree.get_object(lb))
-    os.fsync(tree.open_state_fd())
+    tree.fsync_state()
     tree.unlink_state("journal.json")
-    os.fsync(tree.open_state_fd())
+    tree.fsync_state()
+    if foreign:
+        raise SndrError(foreign, EXIT_FINDINGS)
     return restored
+
+
+def _restore(p: Path, now: bytes | None, want: bytes | None):
+    """Put ``want`` (None: nothing) at ``p``, which held ``now``. Returns False when done; else another
+    process's file was found at ``p`` and put back: None, or the aside path of yet another version."""
+    if want is None:
+        _window("restore", p)
+        away = _temp_name(p)
+        try:
+            os.rename(p, away)
+        except FileNotFoundError:
+            return False
+        if _read_settled(away) == now:
+            os.unlink(away)
+            return False
+        if _put_back(away, p):
+            return None
+        aside = _aside_name(p)
+        os.rename(away, aside)
+        return aside
+    like = os.lstat(p) if now is not None else None
+    tmp = _write_tmp(p, want, like)
+    _fsync_path(tmp)
+    _window("restore", p)
+    if now is None:
+        try:
+            os.link(tmp, p, follow_symlinks=False)
+        except FileExistsError:
+            os.unlink(tmp)
+            return None  # another process created it meanwhile: it stays
+        os.unlink(tmp)
+        return False
+    if not _exchange(tmp, p):  # no RENAME_EXCHANGE here: the fallback of _swap, and its window
+        keep = _keep_old_inode(p)
+        if (keep is not None and _ident(keep) != _ident(p)) or (keep is None and _read_kept(p) != now):
+            for t in (keep, tmp):  # renamed over since the read: another process's file stays
+                if t is not None:
+                    os.unlink(t)
+            return None
+        os.replace(tmp, p)
+        if keep is None or _read_settled(keep) == now:
+            if keep is not None:
+                os.unlink(keep)
+            return False
+        copy = _aside_name(p)
+        back: Path | None = copy
+        try:
+            os.link(p, copy, follow_symlinks=False)
+        except OSError:
+            back = None
+        os.replace(keep, p)  # another process wrote to the old file: it goes back
+        if back is not None and _read_settled(back) == want:
+            os.unlink(back)
+            return None
+        return back
+    if _read_settled(tmp) == now:
+        os.unlink(tmp)  # the file sndr read, with the bytes it read
+        return False
+    _exchange(tmp, p)  # another process's file: back it goes
+    if _read_settled(tmp) == want:
+        os.unlink(tmp)
+        return None
+    aside = _aside_name(p)
+    os.rename(tmp, aside)
+    return aside
 
 
 # ----------------------------------------------------------------------------- ledger salvage
@@ -975,7 +1493,7 @@ def salvage_ledger(root: Path | str) -> str | None:
         if best is None:
             return None
         tree.write_state("ledger.json", best[2])
-        os.fsync(tree.open_state_fd())
+        tree.fsync_state()
         return best[1]
 
 

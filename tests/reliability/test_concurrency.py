@@ -89,3 +89,43 @@ def test_revert_racing_verify(scenario, request):
             assert consistent, f"round {rnd}: {v}"
         assert scenario.state(tree) == "pristine"
     print(f"\nconcurrency: {rounds} rounds x {PROCS} revert/verify, {failures} spurious failures")
+
+
+def test_a_lock_free_first_plan_that_read_another_commit_mid_way_is_planned_again(tmp_path, pin_subtree,
+                                                                                 monkeypatch):
+    """Issue 33: the one spurious changed_during_apply in 520 racing operations.
+
+    On first contact apply plans without the lock. If that plan reads a file while another sndr
+    is committing (one file patched, the next not yet) and that set is reverted again before
+    this apply takes the lock, the tree under the lock differs from what the plan read; that is
+    no foreign write, and apply plans again under the lock instead of refusing. Deterministic:
+    the other commit and its revert are played around the lock-free plan.
+    """
+    import sndr.apply as apply_mod
+
+    from .test_bad_input import ANCHOR, FILE, FILES, REPL
+    from .test_hardening import _patches, _two_files
+
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    patch_set = load_patch_set(pdir, packs=False)
+    pristine = (tree / FILE).read_bytes()
+    real = apply_mod.build_plan
+    calls = []
+
+    def plan_mid_commit(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:  # the lock-free plan: the other sndr has replaced FILE, not the rest yet
+            (tree / FILE).write_bytes(pristine.replace(ANCHOR.encode(), REPL.encode()))
+            try:
+                return real(*a, **kw)
+            finally:
+                (tree / FILE).write_bytes(pristine)  # ... and its set was reverted before our lock
+        return real(*a, **kw)
+
+    monkeypatch.setattr(apply_mod, "build_plan", plan_mid_commit)
+    report = run_apply(tree, patch_set)
+    assert report.ok, [p.render() for p in report.problems]
+    assert REPL in (tree / FILE).read_text()  # f6620c5: "ok", with this file left pristine
+    assert len(calls) == 2  # planned again under the lock
+    assert run_verify(tree, patch_set).ok
