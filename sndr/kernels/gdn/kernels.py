@@ -54,17 +54,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale"])
+@triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale", "norm_eps"])
 def _gdn_step_kernel(
-    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens,
+    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w,
     scale, sp_beta, sp_threshold, T,
     s_q_tok, s_q_head, s_k_tok, s_k_head, s_v_tok, s_v_head,
     s_a_tok, s_b_tok, s_o_tok, s_o_head,
-    s_state_slot, s_idx_seq, s_idx_tok,
+    s_state_slot, s_idx_seq, s_idx_tok, s_z_tok, s_z_head, norm_eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
     ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
+    FUSE_NORM: tl.constexpr, SIGMOID_GATE: tl.constexpr, STRICT_ACC: tl.constexpr,
 ):
     # 1-D grid, V blocks fastest: neighbouring programs stream neighbouring rows of one state
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -90,8 +91,12 @@ def _gdn_step_kernel(
 
     p_idx = indices + i_n.to(tl.int64) * s_idx_seq
     if IS_SPEC:
-        i0 = tl.maximum(tl.load(num_accepted + i_n).to(tl.int64) - 1, 0)
-        slot0 = tl.load(p_idx + i0 * s_idx_tok).to(tl.int64)
+        if STRICT_ACC:  # vLLM's fused MTP op: no initial state unless 1 <= accepted <= T (index columns)
+            acc = tl.load(num_accepted + i_n).to(tl.int64)
+            slot0 = tl.load(p_idx + (acc - 1) * s_idx_tok, mask=(acc >= 1) & (acc <= T), other=0).to(tl.int64)
+        else:
+            i0 = tl.maximum(tl.load(num_accepted + i_n).to(tl.int64) - 1, 0)
+            slot0 = tl.load(p_idx + i0 * s_idx_tok).to(tl.int64)
     else:
         slot0 = tl.load(p_idx).to(tl.int64)
 
@@ -127,6 +132,9 @@ def _gdn_step_kernel(
         p_v = v + bos * s_v_tok + i_hv * s_v_head + o_v
     p_a = a + bos * s_a_tok + i_hv
     p_b = b + bos * s_b_tok + i_hv
+    if FUSE_NORM:  # gated RMSNorm over the head's V outputs (the program holds all of them: BV >= V)
+        p_z = z + bos * s_z_tok + i_hv * s_z_head + o_v
+        b_w = tl.load(norm_w + o_v, mask=mask_v, other=0).to(tl.float32)
 
     # token 0's inputs; each iteration then loads the next token's before it computes
     b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
@@ -136,7 +144,7 @@ def _gdn_step_kernel(
     b_b = tl.load(p_b).to(tl.float32)
 
     for t in range(n_tok):
-        if PACKED:  # the one token's snapshot slot is slot0; there is no next token
+        if PACKED and not IS_VARLEN:  # the one token's snapshot slot is slot0; there is no next token
             slot_t = slot0
             n_q, n_k, n_v, n_x, n_b = b_q, b_k, b_v, b_x, b_b
         else:
@@ -154,6 +162,8 @@ def _gdn_step_kernel(
             n_x = tl.load(p_a + nxt * s_a_tok, mask=has_next, other=0).to(tl.float32)
             n_b = tl.load(p_b + nxt * s_b_tok, mask=has_next, other=0).to(tl.float32)
 
+        if FUSE_NORM:  # issued before the reductions, so its latency hides behind them
+            b_z = tl.load(p_z + t * s_z_tok, mask=mask_v, other=0).to(tl.float32)
         x = b_x + b_dt
         bx = sp_beta * x
         sp = tl.where(bx <= sp_threshold, tl.log(1.0 + tl.exp(bx)) / sp_beta, x)
@@ -170,6 +180,13 @@ def _gdn_step_kernel(
         u = (b_v - hk) * beta
         b_o = hq + u * kq
         b_h = b_h * decay + u[:, None] * b_k[None, :]
+        if FUSE_NORM:
+            if SIGMOID_GATE:
+                gate = tl.sigmoid(b_z)
+            else:
+                gate = b_z * tl.sigmoid(b_z)
+            rstd = 1.0 / tl.sqrt(tl.sum(b_o * b_o) / V + norm_eps)  # rows past V hold 0
+            b_o = b_o * rstd * b_w * gate
         tl.store(p_o + t * s_o_tok, b_o.to(o.dtype.element_ty), mask=mask_v)
         if slot_t > 0:
             p_ht = state + slot_t * s_state_slot + tile
@@ -213,7 +230,30 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> S
     return StepConfig(bv, warps)
 
 
-_CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED")
+def pick_norm_config(n_seqs: int, hv: int, v: int, k: int, state_dtype: torch.dtype | None = None) -> StepConfig:
+    """The fused-norm launch: one program per (sequence, value head) holding all V rows.
+
+    The gated RMSNorm reduces over the head's V outputs, so a program keeps
+    the whole [V, K] state tile (BV = V); warps split the V rows, the K
+    reductions stay inside each warp. ``NORM_WARPS`` overrides the choice
+    (the benchmark's sweep sets it).
+    """
+    vp = triton.next_power_of_2(v)
+    kp = triton.next_power_of_2(k)
+    forced = NORM_WARPS.get("warps")
+    if forced:
+        return StepConfig(vp, int(forced))
+    # about 64 fp32 state values per thread (K = V = 128: 8 warps)
+    warps = 1
+    while vp * kp > 64 * 32 * warps and warps < 16:
+        warps *= 2
+    return StepConfig(vp, warps)
+
+
+NORM_WARPS: dict[str, int] = {}
+
+_CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED",
+                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC")
 
 
 @dataclass(frozen=True)
@@ -221,7 +261,7 @@ class Plan:
     """Everything of a launch but the tensors: fixed per (shapes, strides, dtypes, flags)."""
 
     grid: tuple[int, int]
-    ints: tuple  # scale, sp_beta, sp_threshold, T, the 13 strides (signature order)
+    ints: tuple  # scale, sp_beta, sp_threshold, T, the 15 strides and norm_eps (signature order)
     consts: tuple  # values of _CONST_NAMES
     num_warps: int
     packed: bool
@@ -231,8 +271,11 @@ def make_plan(
     q, k, v, a, b, out, state, ssm_state_indices, *, scale: float, n_seqs: int, tokens_per_seq: int = 1,
     varlen: bool = False, spec: bool = False, l2norm: bool = True, sp_beta: float = 1.0,
     sp_threshold: float = 20.0, zero_padded_out: bool = True, idx_tok_stride: int | None = None,
-    config: StepConfig | None = None,
+    config: StepConfig | None = None, gate=None, norm_eps: float = 1e-6, sigmoid_gate: bool = False,
+    strict_accepted: bool = False,
 ) -> Plan:
+    """``gate`` (the output gate, [tokens, HV, V] strides) fuses the gated RMSNorm: the
+    launch then needs ``z`` and ``norm_w`` in ``run_plan`` and one program holds a whole head."""
     HV, V, K = state.shape[1], state.shape[2], state.shape[3]
     packed = k is None
     if packed:
@@ -242,16 +285,22 @@ def make_plan(
     else:
         H = k.shape[1]
         sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
-    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
+    fuse = gate is not None
+    if fuse:
+        cfg = config or pick_norm_config(n_seqs, HV, V, K, state.dtype)
+    else:
+        cfg = config or pick_config(n_seqs, HV, V, K, state.device)
     BK = triton.next_power_of_2(K)
-    BV = min(cfg.block_v, triton.next_power_of_2(V))
+    BV = triton.next_power_of_2(V) if fuse else min(cfg.block_v, triton.next_power_of_2(V))
+    sz = (gate.stride(0), gate.stride(1)) if fuse else (0, 0)
     idx = ssm_state_indices
     if idx_tok_stride is None:
         idx_tok_stride = idx.stride(1) if idx.dim() == 2 else 1
     ints = (float(scale), float(sp_beta), float(sp_threshold), int(tokens_per_seq),
             sq[0], sq[1], sk[0], sk[1], sv[0], sv[1], a.stride(0), b.stride(0), out.stride(0), out.stride(1),
-            state.stride(0), idx.stride(0), idx_tok_stride)
-    consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed)
+            state.stride(0), idx.stride(0), idx_tok_stride, sz[0], sz[1], float(norm_eps))
+    consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed,
+              fuse, bool(sigmoid_gate), bool(strict_accepted))
     return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed)
 
 
@@ -289,15 +338,18 @@ def _hooks_off() -> bool:
 
 
 def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_accepted=None, cu_seqlens=None,
-             cache_key=None) -> None:
-    """Launch ``plan`` on these tensors (``cache_key``: a hashable plan identity enabling the fast path)."""
+             cache_key=None, z=None, norm_w=None) -> None:
+    """Launch ``plan`` on these tensors (``cache_key``: a hashable plan identity enabling the fast path).
+
+    ``z`` / ``norm_w``: the output gate and the norm weight of a fused-norm plan."""
     if plan.grid[0] == 0:
         return
     if plan.packed:
         k = v = q
     na = num_accepted if num_accepted is not None else idx
     cu = cu_seqlens if cu_seqlens is not None else idx
-    tensors = (q, k, v, a, b, A_log, dt_bias, out, state, idx, na, cu)
+    tensors = (q, k, v, a, b, A_log, dt_bias, out, state, idx, na, cu,
+               z if z is not None else q, norm_w if norm_w is not None else A_log)
     fast = FAST_LAUNCH and cache_key is not None and state.device.type == "cuda"
     if fast:
         dev = _driver().get_current_device()
@@ -351,16 +403,29 @@ def gdn_step(
     zero_padded_out: bool = True,
     idx_tok_stride: int | None = None,
     config: StepConfig | None = None,
+    output_gate: torch.Tensor | None = None,  # [tokens, HV, V] (last dim contiguous): fuse the gated RMSNorm
+    norm_weight: torch.Tensor | None = None,  # [V] contiguous
+    norm_eps: float = 1e-6,
+    gate_activation: str = "silu",  # or "sigmoid"
+    strict_accepted: bool = False,
 ) -> torch.Tensor:
     """Launch the fused step; returns ``out``. No argument checks: see ``vllm_entry``.
 
     Packed (``k is None``): ``q`` is [tokens, 2 H K + HV V] with its last dim
     contiguous; H, K, HV, V come from ``state`` and the packed width.
+
+    With ``output_gate`` the output is vLLM's gated RMSNorm of the step's
+    output (norm before gate): ``o * rsqrt(mean(o^2) + eps) * w * act(z)``,
+    per token and value head, computed from the float32 ``o``.
+    ``strict_accepted``: vLLM's fused MTP op's rule, a sequence whose
+    ``num_accepted_tokens`` is outside [1, index columns] has no state.
     """
     plan = make_plan(q, k, v, a, b, out, state, ssm_state_indices, scale=scale, n_seqs=n_seqs,
                      tokens_per_seq=tokens_per_seq, varlen=cu_seqlens is not None,
                      spec=num_accepted_tokens is not None, l2norm=l2norm, sp_beta=sp_beta,
                      sp_threshold=sp_threshold, zero_padded_out=zero_padded_out, idx_tok_stride=idx_tok_stride,
-                     config=config)
-    run_plan(plan, q, k, v, a, b, A_log, dt_bias, out, state, ssm_state_indices, num_accepted_tokens, cu_seqlens)
+                     config=config, gate=output_gate, norm_eps=norm_eps, sigmoid_gate=gate_activation == "sigmoid",
+                     strict_accepted=strict_accepted)
+    run_plan(plan, q, k, v, a, b, A_log, dt_bias, out, state, ssm_state_indices, num_accepted_tokens, cu_seqlens,
+             z=output_gate, norm_w=norm_weight)
     return out
