@@ -488,7 +488,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             sb = cell.state_bytes()
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
-                   "config": str(kernels.pick_norm_config(n, HV, V, K, state_dtype))}
+                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV)))}
             try:
                 row["check"] = check_default(cell, op, vl, norm)
             except Exception as exc:  # noqa: BLE001
@@ -571,26 +571,37 @@ def fmt_default(rows) -> str:
     return "\n".join(lines)
 
 
+NORM_SWEEP = [(8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4)]
+
+
 def norm_sweep(args, bw, op):
-    """Warps of the fused-norm launch on a subset of cells (graph replay)."""
-    log("\n## fused-norm warps sweep (graph replay, µs)")
+    """(BV, warps) of the fused-norm step on a subset of cells (graph replay), next to the CUDA op."""
+    log("\n## fused-norm launch-shape sweep (graph replay, µs); heuristic choice marked *")
     res = []
     for dt in (torch.float32, torch.bfloat16):
         for n in args.sweep_batches:
             for t in (1, 2, 4):
                 cell = LayerCell(n, t, dt)
+                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV))
                 times = {}
-                for w in (2, 4, 8, 16):
-                    kernels.NORM_WARPS["warps"] = w
-                    vllm_entry._PLANS.clear()
-                    times[w] = bench(cell.sndr, True, rep=40, warmup=10)
-                kernels.NORM_WARPS.clear()
-                vllm_entry._PLANS.clear()
-                o = bench(lambda: cell.op(op), True, rep=40, warmup=10) if op is not None else None
+                for bv, w in NORM_SWEEP:
+                    cfg = kernels.StepConfig(bv, w)
+
+                    def fn(cfg=cfg, cell=cell):
+                        kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state,
+                                         cell.idx, cell.out, scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu,
+                                         num_accepted_tokens=cell.num_acc, idx_tok_stride=1, config=cfg,
+                                         output_gate=cell.gate, norm_weight=cell.w, norm_eps=cell.eps,
+                                         strict_accepted=True, tokens_per_seq=cell.t)
+                    times[(bv, w)] = bench(fn, True, rep=40, warmup=10)
+                o = bench(lambda cell=cell: cell.op(op), True, rep=40, warmup=10) if op is not None else None
                 best = min(times, key=times.get)
-                log(f"{str(dt)[6:]} batch {n:4d} T {t}: op {o if o is None else round(o, 1)}; best {best} warps "
-                    f"{times[best]:.1f}; " + " ".join(f"{w}w:{us:.1f}" for w, us in times.items()))
-                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "times": times})
+                line = " ".join(f"{bv}x{w}{'*' if (bv, w) == (pick.block_v, pick.num_warps) else ''}:{us:.1f}"
+                                for (bv, w), us in times.items())
+                log(f"{str(dt)[6:]} batch {n:4d} T {t}: op {'-' if o is None else f'{o:.1f}'}; best {best} "
+                    f"{times[best]:.1f}; {line}")
+                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": f"{pick.block_v}x{pick.num_warps}",
+                            "times": {f"{bv}x{w}": us for (bv, w), us in times.items()}})
                 torch.cuda.empty_cache()
     return res
 

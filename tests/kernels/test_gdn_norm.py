@@ -12,9 +12,11 @@ group = V; ``reference.post_conv_mtp`` / ``reference.gated_rmsnorm``). Shapes of
 35B-A3B layer scaled down (H = 2, HV = 4, K = 32, V = 64), requests of different
 lengths (including an empty one), padding slots (-1, 0), accepted counts 1..T and out
 of range, both gate activations, bf16 and fp32 norm weights, ``a``/``b``/``output_gate``
-as the strided views the layer passes. Tolerance, stated: every bf16 output and
-bf16 state element within one bf16 ulp of the float64 value (the interpreter truncates
-float32 to bf16); with a float32 pool the written states within relative 1e-5.
+as the strided views the layer passes. Tolerance, stated: every bf16 output element
+within three bf16 ulps of the float64 value (the step's output is rounded to bf16 once before
+the norm, as vLLM's unfused path stores it, and once after: see ``normed_close``; the
+interpreter truncates float32 to bf16), every bf16 state element within one; with a float32 pool the written states within
+relative 1e-5.
 Slots the step must not touch are compared bit for bit.
 
 Also: the routing of PK0003's three default-path wrappers (the op wrapper, the layer's
@@ -61,12 +63,20 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def within_ulp(x, ref):
-    """Each element within one bf16 ulp of the float64 value (plus a floor for values near 0)."""
+def within_ulp(x, ref, n=1):
+    """Each element within ``n`` bf16 ulps of the float64 value (plus a floor for values near 0)."""
     x, ref = x.double(), ref.double()
     mag = ref.abs().clamp_min(1e-30)
     ulp = torch.exp2(torch.floor(torch.log2(mag)) - 7)
-    return bool(((x - ref).abs() <= ulp * 1.001 + 1e-5 * ref.abs().max()).all())
+    return bool(((x - ref).abs() <= n * ulp * 1.001 + 1e-5 * ref.abs().max()).all())
+
+
+def normed_close(x, ref):
+    """A fused-norm output: the step's output is rounded to bf16 once before the norm (as vLLM's
+    unfused path stores it) and once after. The first rounding's relative error (up to one ulp
+    of the output) can be two ulps of the normed value where the two sit at opposite ends of
+    their binades; with the second rounding, three bf16 ulps."""
+    return within_ulp(x, ref, n=3) and rel(x, ref) <= 8e-3
 
 
 class MTP:
@@ -127,7 +137,7 @@ def _check_mtp(p: MTP):
     res = p.run()
     assert res is p.out
     assert torch.isfinite(p.out).all()
-    assert within_ulp(p.out, o_ref)
+    assert normed_close(p.out, o_ref)
     w = p.written()
     if p.state.dtype == torch.float32:
         assert rel(p.state[w], st_ref[w]) <= 1e-5
@@ -190,7 +200,7 @@ def test_packed_decode_norm_matches_float64():
     before = state.clone()
     res = vllm_entry.try_packed_decode_norm(mixed, a, b, A_log, dt_bias, K**-0.5, state, out, idx, gate, w, 1e-6)
     assert res is out
-    assert within_ulp(out, ref)
+    assert normed_close(out, ref)
     assert (out[idx <= 0] == 0).all()
     assert rel(state[[3, 5, 8]], st64[[3, 5, 8]]) <= 1e-5
     assert torch.equal(state[[0, 1, 2, 4, 6, 7]], before[[0, 1, 2, 4, 6, 7]])
@@ -228,7 +238,7 @@ def test_op_wrapper_routes_to_sndr_or_vllm():
     r = w(mixed_qkv=p.mixed_qkv, a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias, state_indices=p.idx,
           cu_seqlens=p.cu, num_accepted_tokens=p.num_acc, state=p.state, output_gate=p.gate, norm_weight=p.w,
           out=p.out, scale=K**-0.5, norm_eps=p.eps, output_gate_activation="silu")
-    assert r is p.out and not calls and within_ulp(p.out, o_ref)
+    assert r is p.out and not calls and normed_close(p.out, o_ref)
     r = w(p.mixed_qkv, p.a, p.b, p.A_log, p.dt_bias, p.idx, p.cu, p.num_acc, p.state.half(), p.gate, p.w)
     assert r == "vllm" and calls[-1][1] == {"out": None, "scale": 128**-0.5, "norm_eps": 1e-5,
                                             "output_gate_activation": "silu"}
@@ -305,7 +315,7 @@ def test_layer_wrapper_fuses_plain_decode_and_hands_back_the_rest():
     ref = reference.gated_rmsnorm(o, gate[:3], w, 1e-6, "silu", dtype=F64)
     wrapped(layer, mixed, b, a, gate, out)
     assert not vllm_calls and len(conv_calls) == 1 and conv_calls[0].tolist() == [4, 6, -1]
-    assert within_ulp(out[:3], ref) and (out[3] == 0).all()
+    assert normed_close(out[:3], ref) and (out[3] == 0).all()
     assert rel(state[[4, 6]], st64[[4, 6]]) <= 1e-5
 
     # everything else goes to vLLM's method, with nothing of sndr's run

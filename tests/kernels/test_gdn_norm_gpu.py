@@ -7,9 +7,10 @@ Skipped without CUDA. Run on the H200 through the device tool:
 The 35B-A3B head shape (16 key heads, 32 value heads, K = V = 128), bf16 activations as
 the layer hands them (views of its projections), float32 and bfloat16 pools, T = 1..4
 and 8. Against the float64 recurrence + RMSNormGated (``reference``): relative Frobenius
-error of the bf16 outputs <= 4e-3 (bf16 rounding of the output, about 1.5e-3), and at
-most 1.05x the error of vLLM's CUDA op against the same float64 values plus 1e-4 (where
-the op loads: vLLM 0.32.0's ``_C_stable_libtorch.abi3.so`` in ``.gpu/``, git-ignored;
+error of the bf16 outputs <= 4e-3 (the output is rounded to bf16 before the norm, as
+vLLM's unfused path stores it, and after: about 2.3e-3 measured, vLLM's op alike), at
+most 1.05x the error of vLLM's CUDA op against the same float64 values plus 1e-4, and
+<= 4e-3 from the op's outputs (where the op loads: vLLM 0.32.0's ``_C_stable_libtorch.abi3.so`` in ``.gpu/``, git-ignored;
 else those comparisons skip, saying so); written states <= 1e-5 (float32 pool) or
 <= 4e-3 (bf16 pool). Graph capture and replay: a step captured once replays correctly
 after new lengths (ragged, empty requests), new slots (padding -1 / 0), new accepted
@@ -118,7 +119,7 @@ def test_mtp_and_decode_match_float64(n, t, state_dtype):
         c.op()
         e_op = rel(c.out, o64)
         assert e_out <= 1.05 * e_op + 1e-4, (e_out, e_op)
-        assert rel(o_s, c.out) <= 2e-3
+        assert rel(o_s, c.out) <= 4e-3
         assert rel(st_s[written], c.state[written]) <= _state_tol(state_dtype)
     if t == 1:  # the plain decode entry: column 0, no accepted counts
         c.state.copy_(s0)

@@ -33,7 +33,16 @@ metadata pads with -1): such a sequence reads and writes no state and its
 outputs are zero. With ``cu_seqlens`` each sequence has its own token count;
 without, every sequence has ``T``.
 
-The launch allocates nothing and never synchronises: CUDA-graph capturable.
+With an output gate (``FUSE_NORM``) the step also applies vLLM's gated RMSNorm
+(norm before gate, group = V) to its outputs, in the same launch: each program
+stores its rows of the output (rounded to the output dtype, as vLLM's unfused
+path stores them before its norm) and their sum of squares; the last of a
+head's programs to finish (an arrival counter per sequence and head) reads the
+head's rows back and writes them normalised and gated.
+
+The launch never synchronises with the host and allocates nothing but the
+fused norm's workspace, once per device and stream (``norm_workspace``):
+CUDA-graph capturable.
 ``make_plan`` fixes everything of a launch but the tensors; ``run_plan``
 launches it, directly through the compiled kernel once a plan has compiled
 (``FAST_LAUNCH``), which keeps an eager call's Python cost low.
@@ -56,7 +65,7 @@ def interpreting() -> bool:
 
 @triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale", "norm_eps"])
 def _gdn_step_kernel(
-    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w,
+    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w, ws, counter,
     scale, sp_beta, sp_threshold, T,
     s_q_tok, s_q_head, s_k_tok, s_k_head, s_v_tok, s_v_head,
     s_a_tok, s_b_tok, s_o_tok, s_o_head,
@@ -65,7 +74,7 @@ def _gdn_step_kernel(
     BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
     ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
-    FUSE_NORM: tl.constexpr, SIGMOID_GATE: tl.constexpr, STRICT_ACC: tl.constexpr,
+    FUSE_NORM: tl.constexpr, SIGMOID_GATE: tl.constexpr, STRICT_ACC: tl.constexpr, NVP: tl.constexpr,
 ):
     # 1-D grid, V blocks fastest: neighbouring programs stream neighbouring rows of one state
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -132,9 +141,6 @@ def _gdn_step_kernel(
         p_v = v + bos * s_v_tok + i_hv * s_v_head + o_v
     p_a = a + bos * s_a_tok + i_hv
     p_b = b + bos * s_b_tok + i_hv
-    if FUSE_NORM:  # gated RMSNorm over the head's V outputs (the program holds all of them: BV >= V)
-        p_z = z + bos * s_z_tok + i_hv * s_z_head + o_v
-        b_w = tl.load(norm_w + o_v, mask=mask_v, other=0).to(tl.float32)
 
     # token 0's inputs; each iteration then loads the next token's before it computes
     b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
@@ -162,8 +168,6 @@ def _gdn_step_kernel(
             n_x = tl.load(p_a + nxt * s_a_tok, mask=has_next, other=0).to(tl.float32)
             n_b = tl.load(p_b + nxt * s_b_tok, mask=has_next, other=0).to(tl.float32)
 
-        if FUSE_NORM:  # issued before the reductions, so its latency hides behind them
-            b_z = tl.load(p_z + t * s_z_tok, mask=mask_v, other=0).to(tl.float32)
         x = b_x + b_dt
         bx = sp_beta * x
         sp = tl.where(bx <= sp_threshold, tl.log(1.0 + tl.exp(bx)) / sp_beta, x)
@@ -180,14 +184,11 @@ def _gdn_step_kernel(
         u = (b_v - hk) * beta
         b_o = hq + u * kq
         b_h = b_h * decay + u[:, None] * b_k[None, :]
-        if FUSE_NORM:
-            if SIGMOID_GATE:
-                gate = tl.sigmoid(b_z)
-            else:
-                gate = b_z * tl.sigmoid(b_z)
-            rstd = 1.0 / tl.sqrt(tl.sum(b_o * b_o) / V + norm_eps)  # rows past V hold 0
-            b_o = b_o * rstd * b_w * gate
-        tl.store(p_o + t * s_o_tok, b_o.to(o.dtype.element_ty), mask=mask_v)
+        b_o = b_o.to(o.dtype.element_ty)
+        tl.store(p_o + t * s_o_tok, b_o, mask=mask_v)
+        if FUSE_NORM:  # this program's part of the token's sum of squares (of the stored, rounded output)
+            b_of = b_o.to(tl.float32)
+            tl.store(ws + ((bos + t) * HV + i_hv) * NVP + i_v, tl.sum(b_of * b_of))
         if slot_t > 0:
             p_ht = state + slot_t * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
@@ -196,6 +197,33 @@ def _gdn_step_kernel(
                 tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
 
         b_q, b_k, b_v, b_x, b_b = n_q, n_k, n_v, n_x, n_b
+
+    if FUSE_NORM:  # (needs NVP * BV >= V: NVP is the programs per head rounded up to a power of 2)
+        # The gated RMSNorm needs the whole head's V outputs, which NV programs wrote. The
+        # last of them to arrive (a per-head counter; acq_rel orders every program's output
+        # and partial sums before its increment) normalises the head's rows of every token
+        # in place and resets the counter for the next launch.
+        tl.debug_barrier()  # every thread's stores before the (one-thread) release, as CUTLASS's semaphore
+        arrived = tl.atomic_add(counter + i_n.to(tl.int64) * HV + i_hv, 1, sem="acq_rel")
+        if arrived == NV - 1:
+            o_all = tl.arange(0, NVP * BV)
+            m_all = o_all < V
+            o_p = tl.arange(0, NVP)
+            b_w = tl.load(norm_w + o_all, mask=m_all, other=0).to(tl.float32)
+            for t in range(n_tok):
+                row = bos + t
+                ss = tl.sum(tl.load(ws + (row * HV + i_hv) * NVP + o_p, mask=o_p < NV, other=0,
+                                    cache_modifier=".cg"))
+                rstd = 1.0 / tl.sqrt(ss / V + norm_eps)
+                p_row = o + row * s_o_tok + i_hv * s_o_head + o_all
+                x = tl.load(p_row, mask=m_all, other=0, cache_modifier=".cg").to(tl.float32)
+                b_z = tl.load(z + row * s_z_tok + i_hv * s_z_head + o_all, mask=m_all, other=0).to(tl.float32)
+                if SIGMOID_GATE:
+                    gate = tl.sigmoid(b_z)
+                else:
+                    gate = b_z * tl.sigmoid(b_z)
+                tl.store(p_row, (x * rstd * b_w * gate).to(o.dtype.element_ty), mask=m_all)
+            tl.atomic_xchg(counter + i_n.to(tl.int64) * HV + i_hv, 0, sem="relaxed")
 
 
 @dataclass(frozen=True)
@@ -230,30 +258,8 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> S
     return StepConfig(bv, warps)
 
 
-def pick_norm_config(n_seqs: int, hv: int, v: int, k: int, state_dtype: torch.dtype | None = None) -> StepConfig:
-    """The fused-norm launch: one program per (sequence, value head) holding all V rows.
-
-    The gated RMSNorm reduces over the head's V outputs, so a program keeps
-    the whole [V, K] state tile (BV = V); warps split the V rows, the K
-    reductions stay inside each warp. ``NORM_WARPS`` overrides the choice
-    (the benchmark's sweep sets it).
-    """
-    vp = triton.next_power_of_2(v)
-    kp = triton.next_power_of_2(k)
-    forced = NORM_WARPS.get("warps")
-    if forced:
-        return StepConfig(vp, int(forced))
-    # about 64 fp32 state values per thread (K = V = 128: 8 warps)
-    warps = 1
-    while vp * kp > 64 * 32 * warps and warps < 16:
-        warps *= 2
-    return StepConfig(vp, warps)
-
-
-NORM_WARPS: dict[str, int] = {}
-
 _CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED",
-                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC")
+                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC", "NVP")
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,7 @@ class Plan:
     consts: tuple  # values of _CONST_NAMES
     num_warps: int
     packed: bool
+    norm_parts: int = 0  # fused norm: partial sums per (token, value head) in the workspace; 0 without
 
 
 def make_plan(
@@ -275,7 +282,7 @@ def make_plan(
     strict_accepted: bool = False,
 ) -> Plan:
     """``gate`` (the output gate, [tokens, HV, V] strides) fuses the gated RMSNorm: the
-    launch then needs ``z`` and ``norm_w`` in ``run_plan`` and one program holds a whole head."""
+    launch then needs ``z`` and ``norm_w`` in ``run_plan``; ``out`` must be [tokens, HV, V]."""
     HV, V, K = state.shape[1], state.shape[2], state.shape[3]
     packed = k is None
     if packed:
@@ -286,12 +293,9 @@ def make_plan(
         H = k.shape[1]
         sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
     fuse = gate is not None
-    if fuse:
-        cfg = config or pick_norm_config(n_seqs, HV, V, K, state.dtype)
-    else:
-        cfg = config or pick_config(n_seqs, HV, V, K, state.device)
+    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
     BK = triton.next_power_of_2(K)
-    BV = triton.next_power_of_2(V) if fuse else min(cfg.block_v, triton.next_power_of_2(V))
+    BV = min(cfg.block_v, triton.next_power_of_2(V))
     sz = (gate.stride(0), gate.stride(1)) if fuse else (0, 0)
     idx = ssm_state_indices
     if idx_tok_stride is None:
@@ -300,8 +304,9 @@ def make_plan(
             sq[0], sq[1], sk[0], sk[1], sv[0], sv[1], a.stride(0), b.stride(0), out.stride(0), out.stride(1),
             state.stride(0), idx.stride(0), idx_tok_stride, sz[0], sz[1], float(norm_eps))
     consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed,
-              fuse, bool(sigmoid_gate), bool(strict_accepted))
-    return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed)
+              fuse, bool(sigmoid_gate), bool(strict_accepted), triton.next_power_of_2(triton.cdiv(V, BV)))
+    return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed,
+                consts[-1] if fuse else 0)
 
 
 # Launches bypass JITFunction.run's binder once a plan has compiled: the
@@ -341,15 +346,20 @@ def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_acc
              cache_key=None, z=None, norm_w=None) -> None:
     """Launch ``plan`` on these tensors (``cache_key``: a hashable plan identity enabling the fast path).
 
-    ``z`` / ``norm_w``: the output gate and the norm weight of a fused-norm plan."""
+    ``z`` / ``norm_w``: the output gate and the norm weight of a fused-norm plan (its
+    workspace comes from :func:`norm_workspace`)."""
     if plan.grid[0] == 0:
         return
     if plan.packed:
         k = v = q
     na = num_accepted if num_accepted is not None else idx
     cu = cu_seqlens if cu_seqlens is not None else idx
+    if plan.norm_parts:
+        ws, cnt = norm_workspace(out.device, out.shape[0] * out.shape[1] * plan.norm_parts, plan.grid[0])
+    else:
+        ws = cnt = A_log
     tensors = (q, k, v, a, b, A_log, dt_bias, out, state, idx, na, cu,
-               z if z is not None else q, norm_w if norm_w is not None else A_log)
+               z if z is not None else q, norm_w if norm_w is not None else A_log, ws, cnt)
     fast = FAST_LAUNCH and cache_key is not None and state.device.type == "cuda"
     if fast:
         dev = _driver().get_current_device()
@@ -366,6 +376,33 @@ def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_acc
     STATS["jit"] += 1
     if fast and compiled is not None and hasattr(compiled, "packed_metadata") and _hooks_off():
         _COMPILED[key] = compiled
+
+
+# Fused-norm workspaces per (device, stream): float32 partial sums of squares and int32
+# per-head arrival counters (zero between launches: the last program of a head resets its
+# counter). A launch captured in a CUDA graph keeps the pointers it was captured with, so a
+# workspace is never freed once handed out: growing allocates a larger one and keeps the old.
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def norm_workspace(device: torch.device, n_parts: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial sums >= n_parts floats, counters >= n_counters zeroed int32) for this device and stream."""
+    if device.type == "cuda":
+        key: tuple = (device.index if device.index is not None else torch.cuda.current_device(),
+                      torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device.type, 0)
+    cur = _WORKSPACES.get(key)
+    if cur is None or cur[0].numel() < n_parts or cur[1].numel() < n_counters:
+        if cur is not None:
+            _RETIRED.append(cur)
+        size_p = max(n_parts, 1 << 16, 2 * cur[0].numel() if cur is not None else 0)
+        size_c = max(n_counters, 1 << 14, 2 * cur[1].numel() if cur is not None else 0)
+        cur = (torch.empty(size_p, dtype=torch.float32, device=device),
+               torch.zeros(size_c, dtype=torch.int32, device=device))
+        _WORKSPACES[key] = cur
+    return cur
 
 
 _DRIVER: dict[str, object] = {}
