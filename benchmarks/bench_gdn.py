@@ -488,7 +488,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             sb = cell.state_bytes()
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
-                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV)))}
+                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True))}
             try:
                 row["check"] = check_default(cell, op, vl, norm)
             except Exception as exc:  # noqa: BLE001
@@ -582,7 +582,7 @@ def norm_sweep(args, bw, op):
         for n in args.sweep_batches:
             for t in (1, 2, 4):
                 cell = LayerCell(n, t, dt)
-                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV))
+                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True)
                 times = {}
                 for bv, w in NORM_SWEEP:
                     cfg = kernels.StepConfig(bv, w)

@@ -75,6 +75,7 @@ def _gdn_step_kernel(
     IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
     ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
     FUSE_NORM: tl.constexpr, SIGMOID_GATE: tl.constexpr, STRICT_ACC: tl.constexpr, NVP: tl.constexpr,
+    TP: tl.constexpr,
 ):
     # 1-D grid, V blocks fastest: neighbouring programs stream neighbouring rows of one state
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -205,24 +206,28 @@ def _gdn_step_kernel(
         # in place and resets the counter for the next launch.
         tl.debug_barrier()  # every thread's stores before the (one-thread) release, as CUTLASS's semaphore
         arrived = tl.atomic_add(counter + i_n.to(tl.int64) * HV + i_hv, 1, sem="acq_rel")
-        if arrived == NV - 1:
+        if arrived == NV - 1:  # all TP tokens of a chunk at once: one round of loads, not one per token
             o_all = tl.arange(0, NVP * BV)
             m_all = o_all < V
             o_p = tl.arange(0, NVP)
+            o_t = tl.arange(0, TP)
             b_w = tl.load(norm_w + o_all, mask=m_all, other=0).to(tl.float32)
-            for t in range(n_tok):
-                row = bos + t
-                ss = tl.sum(tl.load(ws + (row * HV + i_hv) * NVP + o_p, mask=o_p < NV, other=0,
-                                    cache_modifier=".cg"))
-                rstd = 1.0 / tl.sqrt(ss / V + norm_eps)
-                p_row = o + row * s_o_tok + i_hv * s_o_head + o_all
-                x = tl.load(p_row, mask=m_all, other=0, cache_modifier=".cg").to(tl.float32)
-                b_z = tl.load(z + row * s_z_tok + i_hv * s_z_head + o_all, mask=m_all, other=0).to(tl.float32)
+            for t0 in range(0, n_tok, TP):
+                rows = bos + t0 + o_t
+                m_t = (t0 + o_t) < n_tok
+                parts = tl.load(ws + (rows[:, None] * HV + i_hv) * NVP + o_p[None, :],
+                                mask=m_t[:, None] & (o_p < NV)[None, :], other=0, cache_modifier=".cg")
+                rstd = 1.0 / tl.sqrt(tl.sum(parts, 1) / V + norm_eps)
+                m2 = m_t[:, None] & m_all[None, :]
+                p_rows = o + rows[:, None] * s_o_tok + i_hv * s_o_head + o_all[None, :]
+                x = tl.load(p_rows, mask=m2, other=0, cache_modifier=".cg").to(tl.float32)
+                b_z = tl.load(z + rows[:, None] * s_z_tok + i_hv * s_z_head + o_all[None, :], mask=m2,
+                              other=0).to(tl.float32)
                 if SIGMOID_GATE:
                     gate = tl.sigmoid(b_z)
                 else:
                     gate = b_z * tl.sigmoid(b_z)
-                tl.store(p_row, (x * rstd * b_w * gate).to(o.dtype.element_ty), mask=m_all)
+                tl.store(p_rows, (x * rstd[:, None] * b_w[None, :] * gate).to(o.dtype.element_ty), mask=m2)
             tl.atomic_xchg(counter + i_n.to(tl.int64) * HV + i_hv, 0, sem="relaxed")
 
 
@@ -234,7 +239,8 @@ class StepConfig:
     num_warps: int
 
 
-def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> StepConfig:
+def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device,
+                state_dtype: torch.dtype | None = None, fused_norm: bool = False) -> StepConfig:
     """BV and warps from the number of (sequence, value head) tiles.
 
     One warp per program (on an H200 it beat 2-8 warps in every swept cell;
@@ -244,12 +250,16 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> S
     BV = 16 (64 state values per thread at K = 128). Swept on an H200, fp32
     state, K = V = 128, batch 1-256, T 1 and 4 (docs/bench-gdn-h200.md): the
     best shape or within 2% of it except batch 1 / T = 1 (8x2 0.7 µs
-    faster).
+    faster). The fused-norm step with a bf16 pool takes BV = 32 beyond 64
+    tiles (the H200 sweep of bench_gdn.py --norm-sweep: 32x1 best in every
+    bf16 cell from batch 8, by 5-25%).
     """
     tiles = n_seqs * hv
     vp = triton.next_power_of_2(v)
     kp = triton.next_power_of_2(k)
     bv = 8 if tiles <= 64 else 16
+    if fused_norm and state_dtype == torch.bfloat16 and tiles > 64:
+        bv = 32
     bv = min(bv, vp)
     warps = 1
     # at most 128 state values per thread for wide K
@@ -259,7 +269,7 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> S
 
 
 _CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED",
-                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC", "NVP")
+                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC", "NVP", "TP")
 
 
 @dataclass(frozen=True)
@@ -293,7 +303,7 @@ def make_plan(
         H = k.shape[1]
         sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
     fuse = gate is not None
-    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
+    cfg = config or pick_config(n_seqs, HV, V, K, state.device, state_dtype=state.dtype, fused_norm=fuse)
     BK = triton.next_power_of_2(K)
     BV = min(cfg.block_v, triton.next_power_of_2(V))
     sz = (gate.stride(0), gate.stride(1)) if fuse else (0, 0)
@@ -304,9 +314,11 @@ def make_plan(
             sq[0], sq[1], sk[0], sk[1], sv[0], sv[1], a.stride(0), b.stride(0), out.stride(0), out.stride(1),
             state.stride(0), idx.stride(0), idx_tok_stride, sz[0], sz[1], float(norm_eps))
     consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed,
-              fuse, bool(sigmoid_gate), bool(strict_accepted), triton.next_power_of_2(triton.cdiv(V, BV)))
+              fuse, bool(sigmoid_gate), bool(strict_accepted), triton.next_power_of_2(triton.cdiv(V, BV)),
+              # the fused norm's chunk of tokens: one token (packed decode) or the index columns / T
+              1 if (packed and not varlen) or not fuse else min(triton.next_power_of_2(max(int(tokens_per_seq), 1)), 8))
     return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed,
-                consts[-1] if fuse else 0)
+                consts[-2] if fuse else 0)
 
 
 # Launches bypass JITFunction.run's binder once a plan has compiled: the
