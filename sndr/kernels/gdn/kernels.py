@@ -150,6 +150,7 @@ def _gdn_step_kernel(
     b_x = tl.load(p_a).to(tl.float32)
     b_b = tl.load(p_b).to(tl.float32)
 
+    slot_last = slot0
     for t in range(n_tok):
         if PACKED and not IS_VARLEN:  # the one token's snapshot slot is slot0; there is no next token
             slot_t = slot0
@@ -190,12 +191,17 @@ def _gdn_step_kernel(
         if FUSE_NORM:  # this program's part of the token's sum of squares (of the stored, rounded output)
             b_of = b_o.to(tl.float32)
             tl.store(ws + ((bos + t) * HV + i_hv) * NVP + i_v, tl.sum(b_of * b_of))
-        if slot_t > 0:
+        if FUSE_NORM:  # the last token's state is stored after the norm's release (below)
+            store_now = (slot_t > 0) & (t + 1 < n_tok)
+        else:
+            store_now = slot_t > 0
+        if store_now:
             p_ht = state + slot_t * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
                 tl.store(p_ht, b_h.to(state.dtype.element_ty))
             else:
                 tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+        slot_last = slot_t
 
         b_q, b_k, b_v, b_x, b_b = n_q, n_k, n_v, n_x, n_b
 
@@ -206,6 +212,14 @@ def _gdn_step_kernel(
         # in place and resets the counter for the next launch.
         tl.debug_barrier()  # every thread's stores before the (one-thread) release, as CUTLASS's semaphore
         arrived = tl.atomic_add(counter + i_n.to(tl.int64) * HV + i_hv, 1, sem="acq_rel")
+        # The last token's state store is issued only now: the release above waits for this
+        # program's outstanding stores, and the state (read by nobody here) need not be among them.
+        if slot_last > 0:
+            p_hl = state + slot_last * s_state_slot + tile
+            if BK == K and BV * (V // BV) == V:
+                tl.store(p_hl, b_h.to(state.dtype.element_ty))
+            else:
+                tl.store(p_hl, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
         if arrived == NV - 1:  # all TP tokens of a chunk at once: one round of loads, not one per token
             o_all = tl.arange(0, NVP * BV)
             m_all = o_all < V
