@@ -1,36 +1,33 @@
-"""GDN decode / spec-verify step on one GPU: sndr's fused kernel vs vLLM 0.32.0's two kernels vs FLA 0.6.0.
+"""GDN decode / spec-verify step on one GPU: sndr's fused step (update + gated RMSNorm) vs what vLLM 0.32.0 runs by default.
 
-    python benchmarks/bench_gdn.py [--sweep] [--out DIR]
+    python benchmarks/bench_gdn.py [--norm-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
 
 Qwen3.5/3.6 35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128,
-bf16 activations, fp32 state pool [slots, 32, 128, 128] (``--state-dtype``),
-states at random slots. Cells: batch {1, 8, 32, 64, 256} x T {1, 2, 4}.
+bf16 activations as the Qwen GDN layer hands them (``mixed_qkv``, the output
+gate and ``a``/``b`` are views of its projections), fp32 and bf16 state pools
+[slots, 32, 128, 128], states at random slots. Cells: batch {1, 8, 32, 64, 256}
+x T {1, 2, 3, 4, 6, 8}, both state dtypes, CUDA-graph replay and eager.
 
-Kernels, each timed under CUDA-graph replay (launch cost excluded) and
-eagerly (a plain Python call per iteration, launch cost included):
+The default table compares, per cell:
 
-* ``sndr``: T = 1 through the drop-in for vLLM's packed decode, T > 1 through
-  the drop-in for ``fused_sigmoid_gating_delta_rule_update`` (cu_seqlens, a
-  [N, T] index of snapshot slots, random ``num_accepted_tokens`` in [1, T]);
-* ``vllm-packed``: vLLM 0.32.0's ``fused_recurrent_gated_delta_rule_packed_decode`` (T = 1);
-* ``vllm-sigmoid``: vLLM 0.32.0's ``fused_sigmoid_gating_delta_rule_update``,
-  same arguments as sndr's;
-* ``fla``: FLA 0.6.0's ``fused_recurrent_gated_delta_rule`` with the gate,
-  beta sigmoid and q/k L2 norm in the kernel, V-first state; it has no slot
-  index and no snapshots: it reads N contiguous states and writes N final
-  states to a new tensor.
+* ``vLLM default``: at T >= 2 vLLM's fused CUDA op
+  ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (what a pure spec-verify batch runs
+  under ``VLLM_GDN_DECODE_KERNEL=cuda``), loaded from the 0.32.0 wheel's
+  ``vllm/_C_stable_libtorch.abi3.so`` placed in ``.gpu/`` (git-ignored); at T = 1
+  vLLM's packed decode and then the layer's gated RMSNorm (``_rms_norm_gated_cuda``:
+  ``layer_norm_fwd_kernel`` launched as 0.32.0 launches it), both from the wheel's
+  files copied by ``python -m sndr.kernels.gdn._vllm_baseline --from WHEEL``; the
+  CUDA op's T = 1 time is shown beside it;
+* ``sndr fused``: ``vllm_entry.try_post_conv_mtp`` (T >= 2) or
+  ``vllm_entry.try_packed_decode_norm`` (T = 1), one launch each.
 
-Bounds, from the device-to-device copy bandwidth measured in this run (bytes
-read + written): T = 1, one read and one write of every touched state; T > 1,
-one read plus T snapshot writes (what vLLM's spec path must write); FLA's own
-work is one read plus one write at every T, and its % column uses that.
-vLLM's kernels come from the 0.32.0 files copied into ``.baselines/vllm032_gdn``
-(``python -m sndr.kernels.gdn._vllm_baseline --from SITE_PACKAGES``), FLA
-from the ``fla-core`` wheel; each missing one is reported and skipped.
-
-``--sweep`` also times sndr's kernel for a grid of (BV, warps) launch shapes
-on a subset of cells (graph replay) and prints the best next to the shipped
-heuristic's choice. Timing: ``triton.testing.do_bench`` medians, L2 flushed
+Bound: one read of every touched state plus T snapshot writes at the copy
+bandwidth measured in the run. Every cell first checks sndr, vLLM's default path
+and a float64 recurrence + RMSNormGated against each other (outputs and every
+written snapshot). ``--norm-sweep`` times the fused step for a grid of (BV, warps)
+launch shapes next to the CUDA op. ``--triton-baselines`` adds the older table:
+sndr's update alone vs vLLM's two Triton kernels and FLA (``--sweep``: its
+launch-shape grid). Timing: ``triton.testing.do_bench`` medians, L2 flushed
 before each call.
 """
 
