@@ -352,7 +352,7 @@ def test_init_wrapper_routes_only_layers_vllm_accepted_for_its_cuda_decode():
     w(ok, 1, 2, prefix="p", reduce_results=False)
     assert ok.args == (1, 2, "p", False) and ok.enable_fused_gdn_spec_decode is True
     for attr, value in (("gdn_decode_kernel", "triton"), ("gqa_interleaved_layout", True),
-                        ("enable_packed_recurrent_decode", False)):
+                        ("enable_packed_recurrent_decode", False), ("quant_config", object())):
         layer = _layer(state, torch.ones(V))
         setattr(layer, attr, value)
         w(layer, 1, 2)

@@ -91,7 +91,8 @@ def route_plain_decode(layer) -> None:
     (``_output_projection``), where it cannot be fused into the decode. This
     sets ``enable_fused_gdn_spec_decode`` where vLLM itself accepted its fused
     CUDA decode for the layer (``gdn_decode_kernel == "cuda"``: BF16 model,
-    K = V = 128, SiLU/sigmoid gate, non-interleaved layout), so plain decode
+    K = V = 128, SiLU/sigmoid gate, non-interleaved layout) and the layer is not
+    quantised (``quant_config is None``), so plain decode
     batches reach :func:`decode_fused_norm`; every other batch runs vLLM's
     ``_forward_core`` and its ``_rms_norm_gated_cuda`` (the same Triton norm as
     ``RMSNormGated.forward_cuda``).
@@ -101,5 +102,9 @@ def route_plain_decode(layer) -> None:
     if getattr(layer, "gdn_decode_kernel", None) != "cuda" or getattr(layer, "gqa_interleaved_layout", True):
         return
     if not getattr(layer, "enable_packed_recurrent_decode", False) or _norm_ok(layer):
+        return
+    if getattr(layer, "quant_config", None) is not None:
+        # vLLM's compile pass may fuse the separate norm with a quantised out_proj's input
+        # quantisation (fuse_norm_quant); the fused-norm forward would give that up
         return
     layer.enable_fused_gdn_spec_decode = True
