@@ -1,36 +1,33 @@
-"""GDN decode / spec-verify step on one GPU: sndr's fused kernel vs vLLM 0.32.0's two kernels vs FLA 0.6.0.
+"""GDN decode / spec-verify step on one GPU: sndr's fused step (update + gated RMSNorm) vs what vLLM 0.32.0 runs by default.
 
-    python benchmarks/bench_gdn.py [--sweep] [--out DIR]
+    python benchmarks/bench_gdn.py [--norm-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
 
 Qwen3.5/3.6 35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128,
-bf16 activations, fp32 state pool [slots, 32, 128, 128] (``--state-dtype``),
-states at random slots. Cells: batch {1, 8, 32, 64, 256} x T {1, 2, 4}.
+bf16 activations as the Qwen GDN layer hands them (``mixed_qkv``, the output
+gate and ``a``/``b`` are views of its projections), fp32 and bf16 state pools
+[slots, 32, 128, 128], states at random slots. Cells: batch {1, 8, 32, 64, 256}
+x T {1, 2, 3, 4, 6, 8}, both state dtypes, CUDA-graph replay and eager.
 
-Kernels, each timed under CUDA-graph replay (launch cost excluded) and
-eagerly (a plain Python call per iteration, launch cost included):
+The default table compares, per cell:
 
-* ``sndr``: T = 1 through the drop-in for vLLM's packed decode, T > 1 through
-  the drop-in for ``fused_sigmoid_gating_delta_rule_update`` (cu_seqlens, a
-  [N, T] index of snapshot slots, random ``num_accepted_tokens`` in [1, T]);
-* ``vllm-packed``: vLLM 0.32.0's ``fused_recurrent_gated_delta_rule_packed_decode`` (T = 1);
-* ``vllm-sigmoid``: vLLM 0.32.0's ``fused_sigmoid_gating_delta_rule_update``,
-  same arguments as sndr's;
-* ``fla``: FLA 0.6.0's ``fused_recurrent_gated_delta_rule`` with the gate,
-  beta sigmoid and q/k L2 norm in the kernel, V-first state; it has no slot
-  index and no snapshots: it reads N contiguous states and writes N final
-  states to a new tensor.
+* ``vLLM default``: at T >= 2 vLLM's fused CUDA op
+  ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (what a pure spec-verify batch runs
+  under ``VLLM_GDN_DECODE_KERNEL=cuda``), loaded from the 0.32.0 wheel's
+  ``vllm/_C_stable_libtorch.abi3.so`` placed in ``.gpu/`` (git-ignored); at T = 1
+  vLLM's packed decode and then the layer's gated RMSNorm (``_rms_norm_gated_cuda``:
+  ``layer_norm_fwd_kernel`` launched as 0.32.0 launches it), both from the wheel's
+  files copied by ``python -m sndr.kernels.gdn._vllm_baseline --from WHEEL``; the
+  CUDA op's T = 1 time is shown beside it;
+* ``sndr fused``: ``vllm_entry.try_post_conv_mtp`` (T >= 2) or
+  ``vllm_entry.try_packed_decode_norm`` (T = 1), one launch each.
 
-Bounds, from the device-to-device copy bandwidth measured in this run (bytes
-read + written): T = 1, one read and one write of every touched state; T > 1,
-one read plus T snapshot writes (what vLLM's spec path must write); FLA's own
-work is one read plus one write at every T, and its % column uses that.
-vLLM's kernels come from the 0.32.0 files copied into ``.baselines/vllm032_gdn``
-(``python -m sndr.kernels.gdn._vllm_baseline --from SITE_PACKAGES``), FLA
-from the ``fla-core`` wheel; each missing one is reported and skipped.
-
-``--sweep`` also times sndr's kernel for a grid of (BV, warps) launch shapes
-on a subset of cells (graph replay) and prints the best next to the shipped
-heuristic's choice. Timing: ``triton.testing.do_bench`` medians, L2 flushed
+Bound: one read of every touched state plus T snapshot writes at the copy
+bandwidth measured in the run. Every cell first checks sndr, vLLM's default path
+and a float64 recurrence + RMSNormGated against each other (outputs and every
+written snapshot). ``--norm-sweep`` times the fused step for a grid of (BV, warps)
+launch shapes next to the CUDA op. ``--triton-baselines`` adds the older table:
+sndr's update alone vs vLLM's two Triton kernels and FLA (``--sweep``: its
+launch-shape grid). Timing: ``triton.testing.do_bench`` medians, L2 flushed
 before each call.
 """
 
@@ -54,7 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sndr.kernels.gdn import _vllm_baseline, kernels, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
+
+if kernels.interpreting():  # the interpreter's scalar masked loads, as the CPU tests set them up
+    from sndr.kernels.turboquant_k8v4 import _interp
+
+    _interp.fix_scalar_index()
 
 H, HV, K, V = 16, 32, 128, 128
 BATCHES = (1, 8, 32, 64, 256)
@@ -348,22 +350,283 @@ def sweep(args, bw):
     return res
 
 
+# ----------------------------------------------------------------------------- vLLM's default path
+
+
+def load_cuda_op():
+    """vLLM 0.32.0's ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (from the wheel's library), or None."""
+    if DEV == "cpu":
+        return None, "not on the CPU smoke run"
+    if not hasattr(torch.ops._C, "fused_gdn_decode_post_conv_mtp"):
+        lib = ROOT / ".gpu" / "_C_stable_libtorch.abi3.so"
+        if not lib.is_file():
+            return None, f"{lib} missing (vllm/_C_stable_libtorch.abi3.so from the 0.32.0 wheel)"
+        try:
+            torch.ops.load_library(str(lib))
+        except Exception as exc:  # noqa: BLE001
+            return None, f"load_library failed: {type(exc).__name__}: {exc}"[:300]
+    try:
+        return torch.ops._C.fused_gdn_decode_post_conv_mtp, "torch.ops._C.fused_gdn_decode_post_conv_mtp"
+    except Exception as exc:  # noqa: BLE001
+        return None, f"op not registered: {exc}"[:300]
+
+
+class LayerCell:
+    """One batch x T step as the Qwen GDN layer hands it over on vLLM's default path.
+
+    ``mixed_qkv``, the output gate and ``a``/``b`` are views of the layer's projections
+    ([q | k | v | z] and [b | a] per token), the pool holds every request's T snapshot
+    slots at random places, ``num_accepted_tokens`` is random in [1, T], norm weight bf16,
+    eps 1e-6, SiLU gate (Qwen3.5).
+    """
+
+    def __init__(self, n: int, t: int, state_dtype: torch.dtype, seed: int = 0):
+        self.n, self.t = n, t
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        tok = n * t
+        slots = tok + 1
+        bf = torch.bfloat16
+        self.state = (torch.randn(slots, HV, V, K, generator=g, device=DEV) * 0.1).to(state_dtype)
+        perm = torch.randperm(slots - 1, generator=g, device=DEV) + 1
+        self.idx = perm.reshape(n, t).to(torch.int32).contiguous()
+        self.idx1 = self.idx[:, 0].contiguous()
+        self.num_acc = torch.randint(1, t + 1, (n,), generator=g, device=DEV, dtype=torch.int32)
+        self.cu = torch.arange(0, tok + 1, t, device=DEV, dtype=torch.int32)
+        width = 2 * H * K + HV * V
+        self.qkvz = torch.randn(tok, width + HV * V, generator=g, device=DEV).to(bf)
+        self.mixed = self.qkvz[:, :width]
+        self.gate = self.qkvz[:, width:].view(tok, HV, V)
+        self.ba = torch.randn(tok, 2 * HV, generator=g, device=DEV).to(bf)
+        self.b, self.a = self.ba.chunk(2, dim=-1)
+        self.A_log = torch.rand(HV, generator=g, device=DEV) * 2 - 1
+        self.dt_bias = torch.rand(HV, generator=g, device=DEV) * 2 - 1
+        self.w = (torch.rand(V, generator=g, device=DEV) + 0.5).to(bf)
+        self.eps = 1e-6
+        self.scale = K**-0.5
+        self.out = torch.zeros(tok, HV, V, device=DEV, dtype=bf)
+        self.out4 = self.out.view(tok, 1, HV, V)
+
+    def state_bytes(self) -> int:
+        return self.n * HV * V * K * self.state.element_size()
+
+    def op(self, op):
+        op(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.idx, self.cu, self.num_acc, self.state,
+           self.gate, self.w, self.out, self.scale, self.eps, "silu")
+        return self.out
+
+    def sndr_mtp(self):
+        r = vllm_entry.try_post_conv_mtp(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.idx, self.cu,
+                                         self.num_acc, self.state, self.gate, self.w, self.out, self.scale,
+                                         self.eps, "silu")
+        assert r is not None
+        return r
+
+    def sndr_decode(self):
+        r = vllm_entry.try_packed_decode_norm(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.scale,
+                                              self.state, self.out, self.idx1, self.gate, self.w, self.eps, "silu")
+        assert r is not None
+        return r
+
+    def sndr(self):
+        return self.sndr_decode() if self.t == 1 else self.sndr_mtp()
+
+    def vllm_decode(self, vl, norm):
+        """vLLM's plain decode: the packed decode, then the layer's _rms_norm_gated_cuda."""
+        vl.packed_decode(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.scale, self.state, self.out4,
+                         self.idx1, use_qk_l2norm_in_kernel=True)
+        norm(self.out, self.gate, self.out, self.w, self.eps, "silu")
+        return self.out
+
+    def ref64(self):
+        st = self.state.double()
+        acc = self.num_acc if self.t > 1 else torch.ones_like(self.num_acc)
+        o = reference.post_conv_mtp_dense(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.idx, acc, st,
+                                          self.gate, self.w, self.scale, self.eps, "silu")
+        return o, st
+
+
+def _rel(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_default(cell: LayerCell, op, vl, norm) -> dict:
+    """Outputs and written states of sndr, of vLLM's default path and of float64, from the same pool."""
+    s0 = cell.state.clone()
+    written = cell.idx.reshape(-1).long()
+    res = {}
+    o64, st64 = cell.ref64()
+    runs = {"sndr": cell.sndr}
+    if op is not None:
+        runs["op"] = lambda: cell.op(op)
+    if cell.t == 1 and vl is not None and norm is not None:
+        runs["vllm_decode"] = lambda: cell.vllm_decode(vl, norm)
+    outs = {}
+    for name, fn in runs.items():
+        cell.state.copy_(s0)
+        cell.out.fill_(float("nan"))
+        o = fn().clone()
+        outs[name] = (o, cell.state[written].clone())
+        res[f"{name}_vs_f64_out"] = _rel(o, o64)
+        res[f"{name}_vs_f64_state"] = _rel(outs[name][1], st64[written])
+    base = "vllm_decode" if cell.t == 1 and "vllm_decode" in outs else "op"
+    if base in outs:
+        res["sndr_vs_default_out"] = _rel(outs["sndr"][0], outs[base][0])
+        res["sndr_vs_default_state"] = _rel(outs["sndr"][1], outs[base][1])
+        res["default"] = base
+    cell.state.copy_(s0)
+    return res
+
+
+def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
+    for n in args.batches:
+        for t in args.default_ts:
+            cell = LayerCell(n, t, state_dtype)
+            sb = cell.state_bytes()
+            row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
+                   "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
+                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True))}
+            try:
+                row["check"] = check_default(cell, op, vl, norm)
+            except Exception as exc:  # noqa: BLE001
+                row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            for mode in ("graph", "eager"):
+                gr = mode == "graph"
+                timed(row, f"sndr_{mode}", cell.sndr, gr, rep)
+                if op is not None:
+                    timed(row, f"op_{mode}", lambda: cell.op(op), gr, rep)
+                if t == 1:
+                    timed(row, f"sndr_mtp_{mode}", cell.sndr_mtp, gr, rep)
+                    if vl is not None and norm is not None:
+                        timed(row, f"vllm_decode_{mode}", lambda: cell.vllm_decode(vl, norm), gr, rep)
+            dflt = "vllm_decode" if t == 1 else "op"
+            for mode in ("graph", "eager"):
+                s, d = row.get(f"sndr_{mode}"), row.get(f"{dflt}_{mode}")
+                if s and d:
+                    row[f"ratio_{mode}"] = s / d
+            rows.append(row)
+            log(json.dumps(row))
+            if DEV == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _verdict(r) -> str:
+    """Hits and misses against issue 26's targets (graph replay)."""
+    ratio = r.get("ratio_graph")
+    if ratio is None:
+        return "-"
+    notes = []
+    if r["T"] <= 4:
+        notes.append("<=0.97x " + ("hit" if ratio <= 0.97 else "MISS"))
+    if r["batch"] <= 8 and r["T"] >= 2:
+        notes.append(">=1.15x faster " + ("hit" if 1 / ratio >= 1.15 else "MISS"))
+    if r["batch"] >= 32 and r.get("sndr_graph"):
+        need = 0.85 if r["state_dtype"] == "float32" else 0.75
+        got = r["bound_us"] / r["sndr_graph"]
+        notes.append(f">={need:.0%} of bound " + ("hit" if got >= need else "MISS"))
+    return "; ".join(notes)
+
+
+def fmt_default(rows) -> str:
+    lines = []
+    for mode in ("graph", "eager"):
+        for dt in ("float32", "bfloat16"):
+            sel = [r for r in rows if r["state_dtype"] == dt]
+            if not sel:
+                continue
+            lines.append(f"\n### {dt} state, {'CUDA-graph replay' if mode == 'graph' else 'eager Python call'}, "
+                         "µs (% of the bound)\n")
+            lines.append("| batch | T | bound | vLLM default | vLLM CUDA op | sndr fused | sndr / default |"
+                         + (" targets |" if mode == "graph" else ""))
+            lines.append("|---|---|---|---|---|---|---|" + ("---|" if mode == "graph" else ""))
+            for r in sel:
+                b = r["bound_us"]
+                d = r.get(f"{'vllm_decode' if r['T'] == 1 else 'op'}_{mode}")
+                o = r.get(f"op_{mode}")
+                s = r.get(f"sndr_{mode}")
+                ratio = r.get(f"ratio_{mode}")
+                dname = "packed decode + norm" if r["T"] == 1 else "CUDA op"
+                cells = [str(r["batch"]), str(r["T"]), f"{b:.1f}",
+                         f"{d:.1f} ({pct(b, d)}) {dname}" if d else "-",
+                         f"{o:.1f} ({pct(b, o)})" if o else "-",
+                         f"{s:.1f} ({pct(b, s)})" if s else "-",
+                         f"**{ratio:.2f}**" if ratio else "-"]
+                if mode == "graph":
+                    cells.append(_verdict(r))
+                lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\n### correctness (relative L2; states: every written snapshot)\n")
+    lines.append("| state | batch | T | sndr vs default out | sndr vs default states | sndr vs f64 out |"
+                 " default vs f64 out | sndr vs f64 states | default vs f64 states |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        c = r.get("check", {})
+        dflt = c.get("default", "op")
+        f = lambda k: f"{c[k]:.1e}" if k in c else "-"  # noqa: E731
+        lines.append(f"| {r['state_dtype']} | {r['batch']} | {r['T']} | {f('sndr_vs_default_out')} | "
+                     f"{f('sndr_vs_default_state')} | {f('sndr_vs_f64_out')} | {f(dflt + '_vs_f64_out')} | "
+                     f"{f('sndr_vs_f64_state')} | {f(dflt + '_vs_f64_state')} |")
+    return "\n".join(lines)
+
+
+NORM_SWEEP = [(8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4)]
+
+
+def norm_sweep(args, bw, op):
+    """(BV, warps) of the fused-norm step on a subset of cells (graph replay), next to the CUDA op."""
+    log("\n## fused-norm launch-shape sweep (graph replay, µs); heuristic choice marked *")
+    res = []
+    for dt in (torch.float32, torch.bfloat16):
+        for n in args.sweep_batches:
+            for t in (1, 2, 4):
+                cell = LayerCell(n, t, dt)
+                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True)
+                times = {}
+                for bv, w in NORM_SWEEP:
+                    cfg = kernels.StepConfig(bv, w)
+
+                    def fn(cfg=cfg, cell=cell):
+                        kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state,
+                                         cell.idx, cell.out, scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu,
+                                         num_accepted_tokens=cell.num_acc, idx_tok_stride=1, config=cfg,
+                                         output_gate=cell.gate, norm_weight=cell.w, norm_eps=cell.eps,
+                                         strict_accepted=True, tokens_per_seq=cell.t)
+                    times[(bv, w)] = bench(fn, True, rep=40, warmup=10)
+                o = bench(lambda cell=cell: cell.op(op), True, rep=40, warmup=10) if op is not None else None
+                best = min(times, key=times.get)
+                line = " ".join(f"{bv}x{w}{'*' if (bv, w) == (pick.block_v, pick.num_warps) else ''}:{us:.1f}"
+                                for (bv, w), us in times.items())
+                log(f"{str(dt)[6:]} batch {n:4d} T {t}: op {'-' if o is None else f'{o:.1f}'}; best {best} "
+                    f"{times[best]:.1f}; {line}")
+                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": f"{pick.block_v}x{pick.num_warps}",
+                            "times": {f"{bv}x{w}": us for (bv, w), us in times.items()}})
+                torch.cuda.empty_cache()
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="sndr's (BV, warps) grid of the Triton-baseline kernel")
+    ap.add_argument("--norm-sweep", action="store_true", help="warps of the fused-norm launch vs the CUDA op")
     ap.add_argument("--no-table", action="store_true")
-    ap.add_argument("--check", action="store_true", help="compare sndr with vLLM on every cell first")
-    ap.add_argument("--bf16-state", action="store_true", help="also time a bf16 state pool (sndr and vLLM)")
+    ap.add_argument("--triton-baselines", action="store_true",
+                    help="also the older table: sndr's update alone vs vLLM's Triton kernels and FLA")
+    ap.add_argument("--check", action="store_true", help="(--triton-baselines) compare sndr with vLLM first")
+    ap.add_argument("--bf16-state", action="store_true", help="(--triton-baselines) also a bf16 state pool")
+    ap.add_argument("--max-t", type=int, default=8, help="largest T of the default-path table (the op takes <= 8)")
+    ap.add_argument("--batches", type=str, default=None, help="comma-separated batches (default 1,8,32,64,256)")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     global H, HV, K, V
     if args.cpu_smoke:
         H, HV, K, V = 2, 4, 16, 16
         args.batches, args.ts, args.sweep_batches = (1, 2), (1, 2), (1,)
+        args.default_ts = (1, 2)
         rep = 1
     else:
-        args.batches, args.ts, args.sweep_batches = BATCHES, TS, (1, 8, 32, 256)
+        args.batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else BATCHES
+        args.ts, args.sweep_batches = TS, (1, 8, 32, 256)
+        args.default_ts = tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t)
         rep = 100
     args.out.mkdir(parents=True, exist_ok=True)
     dl = device_line()
@@ -371,24 +634,38 @@ def main() -> int:
     bw = copy_bandwidth()
     log(f"copy bandwidth (read + write): {bw:.0f} GB/s")
     vl = load_vllm()
-    fla_fn, fla_ver = load_fla()
-    result = {"device": dl, "copy_GBps": bw, "fla": fla_ver, "cmd": " ".join(sys.argv)}
+    norm = _vllm_baseline.load_norm(_vllm_baseline.find_dir(ROOT)) if vl is not None else None
+    log(f"vLLM 0.32.0 gated RMSNorm (layer_norm_fwd_kernel): {'loaded' if norm else 'missing; T = 1 baseline skipped'}")
+    op, op_note = load_cuda_op()
+    log(f"vLLM CUDA op: {op_note if op is None else 'loaded: ' + op_note}")
+    result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv)}
+    if args.norm_sweep and DEV == "cuda":
+        result["norm_sweep"] = norm_sweep(args, bw, op)
     if args.sweep:
         result["sweep"] = sweep(args, bw)
     rows: list[dict] = []
     if not args.no_table:
-        run_table(args, bw, vl, fla_fn, torch.float32, rows, rep)
-        if args.bf16_state:
-            run_table(args, bw, vl, None, torch.bfloat16, rows, rep)
+        for dt in (torch.float32, torch.bfloat16):
+            run_default_table(args, bw, op, vl, norm, dt, rows, rep)
     result["rows"] = rows
+    old_rows: list[dict] = []
+    if args.triton_baselines and not args.no_table:
+        fla_fn, fla_ver = load_fla()
+        result["fla"] = fla_ver
+        run_table(args, bw, vl, fla_fn, torch.float32, old_rows, rep)
+        if args.bf16_state:
+            run_table(args, bw, vl, None, torch.bfloat16, old_rows, rep)
+        result["triton_rows"] = old_rows
     result["launch_stats"] = dict(kernels.STATS)
     log(f"sndr launches: {kernels.STATS}")
     (args.out / "bench_gdn.json").write_text(json.dumps(result, indent=1))
+    text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
     if rows:
-        table = fmt_table(rows, bw)
-        (args.out / "bench_gdn.md").write_text(f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\n{table}\n")
-        log(f"\ndevice: {dl}; copy bandwidth {bw:.0f} GB/s")
-        log(table)
+        text += fmt_default(rows) + "\n"
+    if old_rows:
+        text += fmt_table(old_rows, bw) + "\n"
+    (args.out / "bench_gdn.md").write_text(text)
+    log(text)
     return 0
 
 

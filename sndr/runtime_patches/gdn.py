@@ -8,6 +8,17 @@ Two wrappers (``wrap = true``), installed on the names the Qwen GDN layer
 * ``fused_sigmoid_gating_delta_rule_update`` (spec verify; also vLLM's
   non-packed decode and the decode rows of a mixed prefill + decode batch).
 
+and three on vLLM's default path (``VLLM_GDN_DECODE_KERNEL=cuda``), where
+the gated RMSNorm is fused into the same launch:
+
+* ``vllm._custom_ops.fused_gdn_decode_post_conv_mtp`` (pure spec-verify
+  batches: the fused CUDA MTP op the layer calls through ``ops.``);
+* ``QwenGatedDeltaNetAttention._forward_core_fused_norm`` (pure plain-decode
+  batches: conv update, then packed decode + norm in one kernel);
+* ``QwenGatedDeltaNetAttention.__init__`` (a layer without a spec config that
+  vLLM's fused CUDA decode accepts takes vLLM's fused-norm forward, so its
+  plain decode reaches the wrapper above).
+
 Each wrapper has vLLM's parameter list, so the layer's keyword calls bind
 unchanged, and hands the call to ``sndr.kernels.gdn.vllm_entry``; where that
 does not take it (another state dtype, ROCm, no Triton, KDA gating, ...) it
@@ -84,3 +95,71 @@ def wrap_sigmoid_gating_update(original: Callable) -> Callable:
         )
 
     return fused_sigmoid_gating_delta_rule_update
+
+
+def wrap_post_conv_mtp(original: Callable) -> Callable:
+    """Wrapper factory for ``vllm._custom_ops:fused_gdn_decode_post_conv_mtp``."""
+
+    @wraps_original(original)
+    def fused_gdn_decode_post_conv_mtp(
+        mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state, output_gate,
+        norm_weight, out=None, scale=128**-0.5, norm_eps=1e-5, output_gate_activation="silu",
+    ):
+        entry = _entry()
+        if entry:
+            res = entry.try_post_conv_mtp(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens,
+                                          num_accepted_tokens, state, output_gate, norm_weight, out, scale, norm_eps,
+                                          output_gate_activation)
+            if res is not None:
+                return res
+        return original(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state,
+                        output_gate, norm_weight, out=out, scale=scale, norm_eps=norm_eps,
+                        output_gate_activation=output_gate_activation)
+
+    return fused_gdn_decode_post_conv_mtp
+
+
+_LAYER: dict[str, object] = {}
+
+
+def _layer_glue():
+    mod = _LAYER.get("m")
+    if mod is None:
+        try:
+            from sndr.kernels.gdn import vllm_layer as mod
+        except ImportError as exc:
+            import logging
+
+            logging.getLogger("sndr.kernels").warning(
+                "sndr PK0003: GDN kernels unavailable (%s); vLLM's own kernels run (logged once)", exc)
+            mod = False
+        _LAYER["m"] = mod
+    return mod
+
+
+def wrap_forward_core_fused_norm(original: Callable) -> Callable:
+    """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._forward_core_fused_norm``."""
+    module_globals = getattr(original, "__globals__", {})
+
+    @wraps_original(original)
+    def _forward_core_fused_norm(self, mixed_qkv, b, a, output_gate, core_attn_out):
+        glue = _layer_glue()
+        if glue and glue.decode_fused_norm(self, module_globals, mixed_qkv, b, a, output_gate, core_attn_out):
+            return None
+        return original(self, mixed_qkv, b, a, output_gate, core_attn_out)
+
+    return _forward_core_fused_norm
+
+
+def wrap_layer_init(original: Callable) -> Callable:
+    """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention.__init__``."""
+
+    @wraps_original(original)
+    def __init__(self, config, vllm_config, prefix="", gqa_interleaved_layout=False, reduce_results=True):
+        original(self, config, vllm_config, prefix=prefix, gqa_interleaved_layout=gqa_interleaved_layout,
+                 reduce_results=reduce_results)
+        glue = _layer_glue()
+        if glue:
+            glue.route_plain_decode(self)
+
+    return __init__

@@ -287,9 +287,11 @@ def test_patch_declares_the_wrappers_with_vllm_signatures():
     data = _patch()
     assert data["id"] == "PK0003" and data["default"] is False and data["lifecycle"] == "experimental"
     by = {r["name"]: r for r in data["runtime"]}
-    assert set(by) == {"packed-decode", "sigmoid-gating-update"}
+    assert set(by) == {"packed-decode", "sigmoid-gating-update", "post-conv-mtp", "decode-fused-norm",
+                       "plain-decode-routing"}
     for r in by.values():
-        assert r["wrap"] and r["target"].startswith("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:")
+        assert r["wrap"] and r["target"].startswith(("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn:",
+                                                     "vllm._custom_ops:fused_gdn_decode_post_conv_mtp"))
         mod, fn = r["replacement"].split(":")
         assert mod == "sndr.runtime_patches.gdn"
         wrapper = getattr(rp_gdn, fn)(lambda *a, **k: None)

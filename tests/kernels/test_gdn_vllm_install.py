@@ -115,8 +115,44 @@ w = rp.wrap_sigmoid_gating_update(spy)
 out["fallthrough"] = [w(initial_state=st.clone().half(), **kw), len(calls)]
 out["wraps_vllm"] = [pd.__sndr_wraps__.__module__, sg.__sndr_wraps__.__module__]
 
+# vLLM's default path: the fused MTP op's Python wrapper (the layer calls it as ops.<name>)
+import vllm._custom_ops as ops
+mtp = ops.fused_gdn_decode_post_conv_mtp
+layer_cls = qwen.QwenGatedDeltaNetAttention
+out["default_path_marks"] = [getattr(mtp, "__sndr_patch__", None),
+                             getattr(layer_cls._forward_core_fused_norm, "__sndr_patch__", None),
+                             getattr(layer_cls.__init__, "__sndr_patch__", None)]
+out["default_path_signatures"] = [signature_of_callable(mtp), signature_of_callable(layer_cls._forward_core_fused_norm),
+                                  signature_of_callable(layer_cls.__init__)]
+tok = N * T
+qkvz = torch.randn(tok, 2 * H * K + 2 * HV * V, generator=g).to(torch.bfloat16)
+mq, gate = qkvz[:, :2 * H * K + HV * V], qkvz[:, 2 * H * K + HV * V:].view(tok, HV, V)
+ba = torch.randn(tok, 2 * HV, generator=g).to(torch.bfloat16)
+bb, aa = ba.chunk(2, dim=-1)
+w_n = torch.rand(V, generator=g).to(torch.bfloat16) + 0.5
+s1, s2 = st.clone(), st.clone().double()
+o_m = torch.empty(tok, HV, V, dtype=torch.bfloat16)
+if triton.__version__.startswith("3.6"):
+    r = mtp(mq, aa, bb, A_log, dt, idx2, cu, na, s1, gate, w_n, out=o_m, scale=K ** -0.5, norm_eps=1e-6,
+            output_gate_activation="silu")
+    o2 = reference.post_conv_mtp(mq, aa, bb, A_log, dt, idx2, cu, na, s2, gate, w_n, K ** -0.5, 1e-6, "silu",
+                                 dtype=torch.float64)
+    out["mtp"] = [rel(o_m, o2), rel(s1, s2), r is o_m]
+else:
+    seen = []
+    real = kernels.run_plan
+    kernels.run_plan = lambda plan, *t, **kw2: seen.append([t[8] is s1, kw2.get("z") is gate])
+    try:
+        r = mtp(mq, aa, bb, A_log, dt, idx2, cu, na, s1, gate, w_n, out=o_m, scale=K ** -0.5, norm_eps=1e-6)
+    finally:
+        kernels.run_plan = real
+    out["mtp"] = ["routed", seen, r is o_m]
+out["mtp_wraps"] = mtp.__sndr_wraps__.__module__
+
 out["revert"] = patcher.revert()
-out["restored"] = getattr(qwen.fused_sigmoid_gating_delta_rule_update, "__sndr_patch__", None) is None
+out["restored"] = [getattr(qwen.fused_sigmoid_gating_delta_rule_update, "__sndr_patch__", None) is None,
+                   getattr(ops.fused_gdn_decode_post_conv_mtp, "__sndr_patch__", None) is None,
+                   getattr(layer_cls.__init__, "__sndr_patch__", None) is None]
 print("SNDR_RESULT " + json.dumps(out, default=repr))
 '''
 
@@ -138,7 +174,10 @@ def child():
 
 @pytest.mark.vllm_install
 def test_pk0003_applies_to_the_qwen_gdn_layer(child):
-    assert [o[:2] for o in child["outcomes"]] == [["PK0003/packed-decode", "applied"],
+    assert [o[:2] for o in child["outcomes"]] == [["PK0003/decode-fused-norm", "applied"],
+                                                   ["PK0003/packed-decode", "applied"],
+                                                   ["PK0003/plain-decode-routing", "applied"],
+                                                   ["PK0003/post-conv-mtp", "applied"],
                                                    ["PK0003/sigmoid-gating-update", "applied"]]
     assert child["marks"] == ["PK0003/packed-decode", "PK0003/sigmoid-gating-update"]
     assert child["signatures"][0].startswith("(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,")
@@ -161,4 +200,22 @@ def test_installed_wrappers_match_vllm(child):
 @pytest.mark.vllm_install
 def test_unsupported_state_falls_through_and_revert_restores(child):
     assert child["fallthrough"] == ["vllm", 1]
-    assert child["revert"] == [] and child["restored"] is True
+    assert child["revert"] == [] and child["restored"] == [True, True, True]
+
+
+@pytest.mark.vllm_install
+def test_default_path_entries_bind_and_the_op_wrapper_runs_sndr(child):
+    """vLLM's default path (VLLM_GDN_DECODE_KERNEL=cuda): the fused MTP op's wrapper and the layer's
+    two methods carry the patch with vLLM's signatures; the op wrapper's result is the float64 one
+    (bf16 outputs rounded twice: <= 8e-3 relative under the interpreter's truncation)."""
+    assert child["default_path_marks"] == ["PK0003/post-conv-mtp", "PK0003/decode-fused-norm",
+                                           "PK0003/plain-decode-routing"]
+    assert child["default_path_signatures"][0].startswith("(mixed_qkv, a, b, A_log, dt_bias, state_indices,")
+    assert child["default_path_signatures"][1] == "(self, mixed_qkv, b, a, output_gate, core_attn_out)"
+    assert child["default_path_signatures"][2] == "(self, config, vllm_config, prefix=, gqa_interleaved_layout=, reduce_results=)"
+    assert child["mtp_wraps"] == "vllm._custom_ops"
+    o, s, same = child["mtp"]
+    if child["triton"].startswith("3.6"):
+        assert o <= 8e-3 and s <= 1e-5 and same is True
+    else:
+        assert o == "routed" and s == [[True, True]] and same is True

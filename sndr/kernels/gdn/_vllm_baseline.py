@@ -32,6 +32,8 @@ from ... import env as sndr_env
 from .._baseline import load_with_stubs
 
 FILES = ("fused_recurrent.py", "fused_sigmoid_gating.py")
+# vLLM's gated RMSNorm kernel (layer_norm_fwd_kernel); copied beside the two, loaded on its own (load_norm)
+NORM_FILE = "layernorm_guard.py"
 _PKG = "vllm.third_party.flash_linear_attention.ops"
 _REL = "vllm/third_party/flash_linear_attention/ops"
 FUNCTIONS = {
@@ -68,14 +70,69 @@ def copy_from(src: Path, dest: Path) -> list[Path]:
     out = []
     if src.is_file() and src.suffix == ".whl":
         with zipfile.ZipFile(src) as zf:
-            for f in FILES:
+            for f in (*FILES, NORM_FILE):
                 (dest / f).write_bytes(zf.read(f"{_REL}/{f}"))
                 out.append(dest / f)
         return out
-    for f in FILES:
+    for f in (*FILES, NORM_FILE):
         shutil.copyfile(src / _REL / f, dest / f)
         out.append(dest / f)
     return out
+
+
+def load_norm(src: Path):
+    """vLLM's gated RMSNorm as the Qwen GDN layer runs it (``_rms_norm_gated_cuda``), or None.
+
+    Only ``layer_norm_fwd_kernel`` is taken from the copied ``layernorm_guard.py``
+    (the rest of that file needs vLLM's JIT-warmup machinery); it is launched as
+    0.32.0's ``layer_norm_fwd`` / ``LayerNormFwdKernel.__call__`` launch it:
+    ``rows_per_block = min(next_pow2(cdiv(M, 2 * SMs)), 4)``, grid
+    ``(cdiv(M, rows_per_block), groups)``, ``num_warps = min(max(BLOCK_N // 256, 1), 8)``,
+    a new float32 ``rstd`` per call, and the layer's ``reshape(-1, V)`` of its
+    [tokens, HV, V] operands (a copy for the strided output gate, as in vLLM).
+    """
+    import ast
+    import linecache
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    path = src / NORM_FILE
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    node = next((n for n in ast.parse(text).body
+                 if isinstance(n, ast.FunctionDef) and n.name == "layer_norm_fwd_kernel"), None)
+    if node is None:
+        return None
+    start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+    seg = "\n".join(text.splitlines()[start: node.end_lineno])
+    # Triton's @jit reads the kernel's source through inspect: register it with linecache
+    name = f"<vllm 0.32.0 {NORM_FILE}: layer_norm_fwd_kernel>"
+    body = "import triton\nimport triton.language as tl\n\n" + seg + "\n"
+    linecache.cache[name] = (len(body), None, body.splitlines(True), name)
+    ns: dict = {"triton": triton, "tl": tl, "__name__": "_vllm032_layer_norm_fwd_kernel"}
+    exec(compile(body, name, "exec"), ns)  # noqa: S102 - vLLM's own kernel source, copied from its wheel
+    kernel = ns["layer_norm_fwd_kernel"]
+
+    def rms_norm_gated(x, output_gate, out, weight, eps: float, activation: str = "silu"):
+        v = x.shape[-1]
+        x2, z2, o2 = x.reshape(-1, v), output_gate.reshape(-1, v), out.reshape(-1, v)
+        m = x2.shape[0]
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+        rows = min(triton.next_power_of_2(triton.cdiv(m, 2 * sms)), 4)
+        block_n = min(65536 // x2.element_size(), triton.next_power_of_2(v))
+        rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+        kernel[(triton.cdiv(m, rows), 1)](
+            x2, o2, weight.contiguous(), None, z2, None, rstd, x2.stride(0), o2.stride(0), z2.stride(0), m, v, eps,
+            BLOCK_N=block_n, ROWS_PER_BLOCK=rows, HAS_BIAS=False, HAS_Z=True, NORM_BEFORE_GATE=True,
+            IS_RMS_NORM=True, ACTIVATION=activation, num_warps=min(max(block_n // 256, 1), 8))
+        if o2.data_ptr() != out.data_ptr():
+            out.copy_(o2.view_as(out))
+        return out
+
+    return rms_norm_gated
 
 
 def source_sha256(src: Path) -> dict[str, str]:

@@ -33,7 +33,16 @@ metadata pads with -1): such a sequence reads and writes no state and its
 outputs are zero. With ``cu_seqlens`` each sequence has its own token count;
 without, every sequence has ``T``.
 
-The launch allocates nothing and never synchronises: CUDA-graph capturable.
+With an output gate (``FUSE_NORM``) the step also applies vLLM's gated RMSNorm
+(norm before gate, group = V) to its outputs, in the same launch: each program
+stores its rows of the output (rounded to the output dtype, as vLLM's unfused
+path stores them before its norm) and their sum of squares; the last of a
+head's programs to finish (an arrival counter per sequence and head) reads the
+head's rows back and writes them normalised and gated.
+
+The launch never synchronises with the host and allocates nothing but the
+fused norm's workspace, once per device and stream (``norm_workspace``):
+CUDA-graph capturable.
 ``make_plan`` fixes everything of a launch but the tensors; ``run_plan``
 launches it, directly through the compiled kernel once a plan has compiled
 (``FAST_LAUNCH``), which keeps an eager call's Python cost low.
@@ -54,17 +63,19 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale"])
+@triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale", "norm_eps"])
 def _gdn_step_kernel(
-    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens,
+    q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w, ws, counter,
     scale, sp_beta, sp_threshold, T,
     s_q_tok, s_q_head, s_k_tok, s_k_head, s_v_tok, s_v_head,
     s_a_tok, s_b_tok, s_o_tok, s_o_head,
-    s_state_slot, s_idx_seq, s_idx_tok,
+    s_state_slot, s_idx_seq, s_idx_tok, s_z_tok, s_z_head, norm_eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
     ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
+    FUSE_NORM: tl.constexpr, SIGMOID_GATE: tl.constexpr, STRICT_ACC: tl.constexpr, NVP: tl.constexpr,
+    TP: tl.constexpr,
 ):
     # 1-D grid, V blocks fastest: neighbouring programs stream neighbouring rows of one state
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -90,8 +101,12 @@ def _gdn_step_kernel(
 
     p_idx = indices + i_n.to(tl.int64) * s_idx_seq
     if IS_SPEC:
-        i0 = tl.maximum(tl.load(num_accepted + i_n).to(tl.int64) - 1, 0)
-        slot0 = tl.load(p_idx + i0 * s_idx_tok).to(tl.int64)
+        if STRICT_ACC:  # vLLM's fused MTP op: no initial state unless 1 <= accepted <= T (index columns)
+            acc = tl.load(num_accepted + i_n).to(tl.int64)
+            slot0 = tl.load(p_idx + (acc - 1) * s_idx_tok, mask=(acc >= 1) & (acc <= T), other=0).to(tl.int64)
+        else:
+            i0 = tl.maximum(tl.load(num_accepted + i_n).to(tl.int64) - 1, 0)
+            slot0 = tl.load(p_idx + i0 * s_idx_tok).to(tl.int64)
     else:
         slot0 = tl.load(p_idx).to(tl.int64)
 
@@ -135,8 +150,9 @@ def _gdn_step_kernel(
     b_x = tl.load(p_a).to(tl.float32)
     b_b = tl.load(p_b).to(tl.float32)
 
+    slot_last = slot0
     for t in range(n_tok):
-        if PACKED:  # the one token's snapshot slot is slot0; there is no next token
+        if PACKED and not IS_VARLEN:  # the one token's snapshot slot is slot0; there is no next token
             slot_t = slot0
             n_q, n_k, n_v, n_x, n_b = b_q, b_k, b_v, b_x, b_b
         else:
@@ -170,15 +186,63 @@ def _gdn_step_kernel(
         u = (b_v - hk) * beta
         b_o = hq + u * kq
         b_h = b_h * decay + u[:, None] * b_k[None, :]
-        tl.store(p_o + t * s_o_tok, b_o.to(o.dtype.element_ty), mask=mask_v)
-        if slot_t > 0:
+        b_o = b_o.to(o.dtype.element_ty)
+        tl.store(p_o + t * s_o_tok, b_o, mask=mask_v)
+        if FUSE_NORM:  # this program's part of the token's sum of squares (of the stored, rounded output)
+            b_of = b_o.to(tl.float32)
+            tl.store(ws + ((bos + t) * HV + i_hv) * NVP + i_v, tl.sum(b_of * b_of))
+        if FUSE_NORM:  # the last token's state is stored after the norm's release (below)
+            store_now = (slot_t > 0) & (t + 1 < n_tok)
+        else:
+            store_now = slot_t > 0
+        if store_now:
             p_ht = state + slot_t * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
                 tl.store(p_ht, b_h.to(state.dtype.element_ty))
             else:
                 tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+        slot_last = slot_t
 
         b_q, b_k, b_v, b_x, b_b = n_q, n_k, n_v, n_x, n_b
+
+    if FUSE_NORM:  # (needs NVP * BV >= V: NVP is the programs per head rounded up to a power of 2)
+        # The gated RMSNorm needs the whole head's V outputs, which NV programs wrote. The
+        # last of them to arrive (a per-head counter; acq_rel orders every program's output
+        # and partial sums before its increment) normalises the head's rows of every token
+        # in place and resets the counter for the next launch.
+        tl.debug_barrier()  # every thread's stores before the (one-thread) release, as CUTLASS's semaphore
+        arrived = tl.atomic_add(counter + i_n.to(tl.int64) * HV + i_hv, 1, sem="acq_rel")
+        # The last token's state store is issued only now: the release above waits for this
+        # program's outstanding stores, and the state (read by nobody here) need not be among them.
+        if slot_last > 0:
+            p_hl = state + slot_last * s_state_slot + tile
+            if BK == K and BV * (V // BV) == V:
+                tl.store(p_hl, b_h.to(state.dtype.element_ty))
+            else:
+                tl.store(p_hl, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+        if arrived == NV - 1:  # all TP tokens of a chunk at once: one round of loads, not one per token
+            o_all = tl.arange(0, NVP * BV)
+            m_all = o_all < V
+            o_p = tl.arange(0, NVP)
+            o_t = tl.arange(0, TP)
+            b_w = tl.load(norm_w + o_all, mask=m_all, other=0).to(tl.float32)
+            for t0 in range(0, n_tok, TP):
+                rows = bos + t0 + o_t
+                m_t = (t0 + o_t) < n_tok
+                parts = tl.load(ws + (rows[:, None] * HV + i_hv) * NVP + o_p[None, :],
+                                mask=m_t[:, None] & (o_p < NV)[None, :], other=0, cache_modifier=".cg")
+                rstd = 1.0 / tl.sqrt(tl.sum(parts, 1) / V + norm_eps)
+                m2 = m_t[:, None] & m_all[None, :]
+                p_rows = o + rows[:, None] * s_o_tok + i_hv * s_o_head + o_all[None, :]
+                x = tl.load(p_rows, mask=m2, other=0, cache_modifier=".cg").to(tl.float32)
+                b_z = tl.load(z + rows[:, None] * s_z_tok + i_hv * s_z_head + o_all[None, :], mask=m2,
+                              other=0).to(tl.float32)
+                if SIGMOID_GATE:
+                    gate = tl.sigmoid(b_z)
+                else:
+                    gate = b_z * tl.sigmoid(b_z)
+                tl.store(p_rows, (x * rstd[:, None] * b_w[None, :] * gate).to(o.dtype.element_ty), mask=m2)
+            tl.atomic_xchg(counter + i_n.to(tl.int64) * HV + i_hv, 0, sem="relaxed")
 
 
 @dataclass(frozen=True)
@@ -189,7 +253,8 @@ class StepConfig:
     num_warps: int
 
 
-def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> StepConfig:
+def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device,
+                state_dtype: torch.dtype | None = None, fused_norm: bool = False) -> StepConfig:
     """BV and warps from the number of (sequence, value head) tiles.
 
     One warp per program (on an H200 it beat 2-8 warps in every swept cell;
@@ -199,12 +264,16 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> S
     BV = 16 (64 state values per thread at K = 128). Swept on an H200, fp32
     state, K = V = 128, batch 1-256, T 1 and 4 (docs/bench-gdn-h200.md): the
     best shape or within 2% of it except batch 1 / T = 1 (8x2 0.7 µs
-    faster).
+    faster). The fused-norm step with a bf16 pool takes BV = 32 beyond 64
+    tiles (the H200 sweep of bench_gdn.py --norm-sweep: 32x1 best in every
+    bf16 cell from batch 8, by 5-25%).
     """
     tiles = n_seqs * hv
     vp = triton.next_power_of_2(v)
     kp = triton.next_power_of_2(k)
     bv = 8 if tiles <= 64 else 16
+    if fused_norm and state_dtype == torch.bfloat16 and tiles > 64:
+        bv = 32
     bv = min(bv, vp)
     warps = 1
     # at most 128 state values per thread for wide K
@@ -213,7 +282,8 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device) -> S
     return StepConfig(bv, warps)
 
 
-_CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED")
+_CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED",
+                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC", "NVP", "TP")
 
 
 @dataclass(frozen=True)
@@ -221,18 +291,22 @@ class Plan:
     """Everything of a launch but the tensors: fixed per (shapes, strides, dtypes, flags)."""
 
     grid: tuple[int, int]
-    ints: tuple  # scale, sp_beta, sp_threshold, T, the 13 strides (signature order)
+    ints: tuple  # scale, sp_beta, sp_threshold, T, the 15 strides and norm_eps (signature order)
     consts: tuple  # values of _CONST_NAMES
     num_warps: int
     packed: bool
+    norm_parts: int = 0  # fused norm: partial sums per (token, value head) in the workspace; 0 without
 
 
 def make_plan(
     q, k, v, a, b, out, state, ssm_state_indices, *, scale: float, n_seqs: int, tokens_per_seq: int = 1,
     varlen: bool = False, spec: bool = False, l2norm: bool = True, sp_beta: float = 1.0,
     sp_threshold: float = 20.0, zero_padded_out: bool = True, idx_tok_stride: int | None = None,
-    config: StepConfig | None = None,
+    config: StepConfig | None = None, gate=None, norm_eps: float = 1e-6, sigmoid_gate: bool = False,
+    strict_accepted: bool = False,
 ) -> Plan:
+    """``gate`` (the output gate, [tokens, HV, V] strides) fuses the gated RMSNorm: the
+    launch then needs ``z`` and ``norm_w`` in ``run_plan``; ``out`` must be [tokens, HV, V]."""
     HV, V, K = state.shape[1], state.shape[2], state.shape[3]
     packed = k is None
     if packed:
@@ -242,17 +316,23 @@ def make_plan(
     else:
         H = k.shape[1]
         sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
-    cfg = config or pick_config(n_seqs, HV, V, K, state.device)
+    fuse = gate is not None
+    cfg = config or pick_config(n_seqs, HV, V, K, state.device, state_dtype=state.dtype, fused_norm=fuse)
     BK = triton.next_power_of_2(K)
     BV = min(cfg.block_v, triton.next_power_of_2(V))
+    sz = (gate.stride(0), gate.stride(1)) if fuse else (0, 0)
     idx = ssm_state_indices
     if idx_tok_stride is None:
         idx_tok_stride = idx.stride(1) if idx.dim() == 2 else 1
     ints = (float(scale), float(sp_beta), float(sp_threshold), int(tokens_per_seq),
             sq[0], sq[1], sk[0], sk[1], sv[0], sv[1], a.stride(0), b.stride(0), out.stride(0), out.stride(1),
-            state.stride(0), idx.stride(0), idx_tok_stride)
-    consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed)
-    return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed)
+            state.stride(0), idx.stride(0), idx_tok_stride, sz[0], sz[1], float(norm_eps))
+    consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed,
+              fuse, bool(sigmoid_gate), bool(strict_accepted), triton.next_power_of_2(triton.cdiv(V, BV)),
+              # the fused norm's chunk of tokens: one token (packed decode) or the index columns / T
+              1 if (packed and not varlen) or not fuse else min(triton.next_power_of_2(max(int(tokens_per_seq), 1)), 8))
+    return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed,
+                consts[-2] if fuse else 0)
 
 
 # Launches bypass JITFunction.run's binder once a plan has compiled: the
@@ -289,15 +369,23 @@ def _hooks_off() -> bool:
 
 
 def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_accepted=None, cu_seqlens=None,
-             cache_key=None) -> None:
-    """Launch ``plan`` on these tensors (``cache_key``: a hashable plan identity enabling the fast path)."""
+             cache_key=None, z=None, norm_w=None) -> None:
+    """Launch ``plan`` on these tensors (``cache_key``: a hashable plan identity enabling the fast path).
+
+    ``z`` / ``norm_w``: the output gate and the norm weight of a fused-norm plan (its
+    workspace comes from :func:`norm_workspace`)."""
     if plan.grid[0] == 0:
         return
     if plan.packed:
         k = v = q
     na = num_accepted if num_accepted is not None else idx
     cu = cu_seqlens if cu_seqlens is not None else idx
-    tensors = (q, k, v, a, b, A_log, dt_bias, out, state, idx, na, cu)
+    if plan.norm_parts:
+        ws, cnt = norm_workspace(out.device, out.shape[0] * out.shape[1] * plan.norm_parts, plan.grid[0])
+    else:
+        ws = cnt = A_log
+    tensors = (q, k, v, a, b, A_log, dt_bias, out, state, idx, na, cu,
+               z if z is not None else q, norm_w if norm_w is not None else A_log, ws, cnt)
     fast = FAST_LAUNCH and cache_key is not None and state.device.type == "cuda"
     if fast:
         dev = _driver().get_current_device()
@@ -314,6 +402,33 @@ def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_acc
     STATS["jit"] += 1
     if fast and compiled is not None and hasattr(compiled, "packed_metadata") and _hooks_off():
         _COMPILED[key] = compiled
+
+
+# Fused-norm workspaces per (device, stream): float32 partial sums of squares and int32
+# per-head arrival counters (zero between launches: the last program of a head resets its
+# counter). A launch captured in a CUDA graph keeps the pointers it was captured with, so a
+# workspace is never freed once handed out: growing allocates a larger one and keeps the old.
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def norm_workspace(device: torch.device, n_parts: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial sums >= n_parts floats, counters >= n_counters zeroed int32) for this device and stream."""
+    if device.type == "cuda":
+        key: tuple = (device.index if device.index is not None else torch.cuda.current_device(),
+                      torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key = (device.type, 0)
+    cur = _WORKSPACES.get(key)
+    if cur is None or cur[0].numel() < n_parts or cur[1].numel() < n_counters:
+        if cur is not None:
+            _RETIRED.append(cur)
+        size_p = max(n_parts, 1 << 16, 2 * cur[0].numel() if cur is not None else 0)
+        size_c = max(n_counters, 1 << 14, 2 * cur[1].numel() if cur is not None else 0)
+        cur = (torch.empty(size_p, dtype=torch.float32, device=device),
+               torch.zeros(size_c, dtype=torch.int32, device=device))
+        _WORKSPACES[key] = cur
+    return cur
 
 
 _DRIVER: dict[str, object] = {}
@@ -351,16 +466,29 @@ def gdn_step(
     zero_padded_out: bool = True,
     idx_tok_stride: int | None = None,
     config: StepConfig | None = None,
+    output_gate: torch.Tensor | None = None,  # [tokens, HV, V] (last dim contiguous): fuse the gated RMSNorm
+    norm_weight: torch.Tensor | None = None,  # [V] contiguous
+    norm_eps: float = 1e-6,
+    gate_activation: str = "silu",  # or "sigmoid"
+    strict_accepted: bool = False,
 ) -> torch.Tensor:
     """Launch the fused step; returns ``out``. No argument checks: see ``vllm_entry``.
 
     Packed (``k is None``): ``q`` is [tokens, 2 H K + HV V] with its last dim
     contiguous; H, K, HV, V come from ``state`` and the packed width.
+
+    With ``output_gate`` the output is vLLM's gated RMSNorm of the step's
+    output (norm before gate): ``o * rsqrt(mean(o^2) + eps) * w * act(z)``,
+    per token and value head, computed from the float32 ``o``.
+    ``strict_accepted``: vLLM's fused MTP op's rule, a sequence whose
+    ``num_accepted_tokens`` is outside [1, index columns] has no state.
     """
     plan = make_plan(q, k, v, a, b, out, state, ssm_state_indices, scale=scale, n_seqs=n_seqs,
                      tokens_per_seq=tokens_per_seq, varlen=cu_seqlens is not None,
                      spec=num_accepted_tokens is not None, l2norm=l2norm, sp_beta=sp_beta,
                      sp_threshold=sp_threshold, zero_padded_out=zero_padded_out, idx_tok_stride=idx_tok_stride,
-                     config=config)
-    run_plan(plan, q, k, v, a, b, A_log, dt_bias, out, state, ssm_state_indices, num_accepted_tokens, cu_seqlens)
+                     config=config, gate=output_gate, norm_eps=norm_eps, sigmoid_gate=gate_activation == "sigmoid",
+                     strict_accepted=strict_accepted)
+    run_plan(plan, q, k, v, a, b, A_log, dt_bias, out, state, ssm_state_indices, num_accepted_tokens, cu_seqlens,
+             z=output_gate, norm_w=norm_weight)
     return out

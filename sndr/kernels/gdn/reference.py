@@ -63,6 +63,7 @@ def step(
     threshold: float = 20.0,
     out: torch.Tensor | None = None,  # [N_tokens, HV, V]
     dtype: torch.dtype = torch.float32,
+    strict_accepted: bool = False,  # vLLM's fused MTP op: accepted outside [1, columns] means no state
 ) -> torch.Tensor:
     """One decode / spec-verify step of every sequence; returns ``out`` ([N_tokens, HV, V]).
 
@@ -96,6 +97,10 @@ def step(
         if num_accepted_tokens is not None:
             i0 = max(int(num_accepted_tokens[n]) - 1, 0)
         slot0 = int(flat[n * seq_stride + i0 * tok_stride])
+        if strict_accepted and num_accepted_tokens is not None:
+            acc = int(num_accepted_tokens[n])
+            if not 1 <= acc <= idx.shape[1]:
+                slot0 = 0
         if slot0 <= 0:
             out[bos:eos] = 0
             continue
@@ -116,6 +121,68 @@ def step(
                 if slot_t > 0:
                     state[slot_t, hv] = S.to(state.dtype)
     return out
+
+
+def gated_rmsnorm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, activation: str = "silu",
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """vLLM's RMSNormGated with norm_before_gate, group = the last dim: ``rmsnorm(o) * w * act(z)``."""
+    o, z, w = o.to(dtype), z.to(dtype), weight.to(dtype)
+    rstd = torch.rsqrt((o * o).mean(-1, keepdim=True) + eps)
+    gate = torch.sigmoid(z) if activation == "sigmoid" else z * torch.sigmoid(z)
+    return o * rstd * w * gate
+
+
+def post_conv_mtp(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state,
+                  output_gate, norm_weight, scale: float, norm_eps: float, activation: str = "silu",
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``torch.ops._C.fused_gdn_decode_post_conv_mtp``'s result, naively (state updated in place).
+
+    ``mixed_qkv`` [tokens, 2 H K + HV V] is split into q | k | v; the initial state of
+    request ``n`` is column ``num_accepted_tokens[n] - 1`` of its index row (no state
+    unless 1 <= accepted <= columns), token ``t``'s state goes to column ``t``; the
+    output is the gated RMSNorm of the recurrence's output, in ``dtype``.
+    """
+    HV, V, K = state.shape[1], state.shape[2], state.shape[3]
+    n_tok = mixed_qkv.shape[0]
+    H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    q = mixed_qkv[:, : H * K].reshape(n_tok, H, K)
+    k = mixed_qkv[:, H * K: 2 * H * K].reshape(n_tok, H, K)
+    v = mixed_qkv[:, 2 * H * K:].reshape(n_tok, HV, V)
+    o = step(q, k, v, a, b, A_log, dt_bias, state, state_indices, cu_seqlens=cu_seqlens,
+             num_accepted_tokens=num_accepted_tokens, scale=scale, dtype=dtype, strict_accepted=True)
+    return gated_rmsnorm(o, output_gate, norm_weight, norm_eps, activation, dtype)
+
+
+def post_conv_mtp_dense(mixed_qkv, a, b, A_log, dt_bias, state_indices, num_accepted_tokens, state, output_gate,
+                        norm_weight, scale: float, norm_eps: float, activation: str = "silu",
+                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """:func:`post_conv_mtp` vectorised over requests and heads, for benchmark-sized checks.
+
+    Every request has T = ``state_indices.shape[1]`` tokens (rows ``n T .. n T + T - 1``)
+    and valid slots (> 0), ``1 <= num_accepted_tokens <= T``. T = 1 with
+    ``num_accepted_tokens`` all 1 is the plain decode. ``state`` is updated in place
+    (token t's state to column t); returns the normed output [tokens, HV, V] in ``dtype``.
+    """
+    HV, V, K = state.shape[1], state.shape[2], state.shape[3]
+    N, T = state_indices.shape
+    H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+    rep = HV // H
+    x = mixed_qkv.to(dtype).view(N, T, -1)
+    q = _l2(x[..., : H * K].reshape(N, T, H, K)).repeat_interleave(rep, dim=2) * scale
+    k = _l2(x[..., H * K: 2 * H * K].reshape(N, T, H, K)).repeat_interleave(rep, dim=2)
+    v = x[..., 2 * H * K:].reshape(N, T, HV, V)
+    g, beta = gates(a.reshape(N, T, HV), b.reshape(N, T, HV), A_log, dt_bias, dtype=dtype)
+    idx = state_indices.long()
+    src = idx.gather(1, (num_accepted_tokens.long() - 1)[:, None])[:, 0]
+    S = state[src].to(dtype)  # [N, HV, V, K]
+    o = torch.empty(N, T, HV, V, dtype=dtype, device=state.device)
+    for t in range(T):
+        S = S * torch.exp(g[:, t])[..., None, None]
+        u = beta[:, t, :, None] * (v[:, t] - (S @ k[:, t, :, :, None])[..., 0])
+        S = S + u[..., None] * k[:, t, :, None, :]
+        o[:, t] = (S @ q[:, t, :, :, None])[..., 0]
+        state[idx[:, t]] = S.to(state.dtype)
+    return gated_rmsnorm(o.reshape(N * T, HV, V), output_gate, norm_weight, norm_eps, activation, dtype)
 
 
 def state_bytes(n_seqs: int, hv: int, v: int, k: int, itemsize: int) -> int:

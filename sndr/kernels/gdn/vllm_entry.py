@@ -290,3 +290,191 @@ def _sigmoid_plan(A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial
         varlen=cu_seqlens is not None, spec=num_accepted_tokens is not None, l2norm=use_qk_l2norm_in_kernel,
         sp_beta=beta, sp_threshold=threshold, idx_tok_stride=1)  # vLLM reads column t of the index row at row + t
     return kplan, cacheable, (B, T, HV, V)
+
+
+# --- vLLM's default path: the fused CUDA MTP op and the packed decode + gated RMSNorm ---
+
+_GATE_ACTS = ("silu", "sigmoid")
+_NORM_W_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def try_post_conv_mtp(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    num_accepted_tokens: torch.Tensor,
+    state: torch.Tensor,
+    output_gate: torch.Tensor,
+    norm_weight: torch.Tensor,
+    out: torch.Tensor | None = None,
+    scale: float = 128**-0.5,
+    norm_eps: float = 1e-5,
+    output_gate_activation: str = "silu",
+):
+    """``vllm._custom_ops.fused_gdn_decode_post_conv_mtp`` on sndr's kernel (returns ``out``), or None.
+
+    One launch: the spec-verify update of every request (initial state from
+    index column ``num_accepted_tokens - 1``, none unless that is in
+    [1, columns]; token ``t``'s state to column ``t``; slots <= 0 are
+    padding) and the gated RMSNorm of its outputs with ``output_gate``.
+    """
+    if out is None:
+        out = torch.empty_like(output_gate)
+    try:
+        key = ("mtp", _layout(mixed_qkv), _layout(a), _layout(b), _layout(A_log), _layout(dt_bias),
+               _layout(state_indices), _layout(cu_seqlens), _layout(num_accepted_tokens), _layout(state),
+               _layout(output_gate), _layout(norm_weight), _layout(out), scale, norm_eps, output_gate_activation)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _remember(key, _mtp_plan(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens,
+                                        num_accepted_tokens, state, output_gate, norm_weight, out, scale, norm_eps,
+                                        output_gate_activation))
+    if plan is False:
+        return None
+    _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state, state_indices,
+                        num_accepted_tokens, cu_seqlens, cache_key=key, z=output_gate, norm_w=norm_weight)
+    return out
+
+
+def _norm_args_why(output_gate, norm_weight, out, n_tok: int, hv: int, vd: int, act) -> str | None:
+    if act not in _GATE_ACTS:
+        return f"output gate activation {act!r}"
+    if (output_gate.dim() != 3 or tuple(output_gate.shape) != (n_tok, hv, vd) or output_gate.stride(2) != 1
+            or output_gate.stride(1) != vd):
+        return "output_gate layout"
+    if out.dim() != 3 or tuple(out.shape) != (n_tok, hv, vd) or not out.is_contiguous():
+        return "out layout"
+    if norm_weight.dim() != 1 or norm_weight.numel() != vd or norm_weight.stride(0) != 1:
+        return "norm weight layout"
+    if norm_weight.dtype not in _NORM_W_DTYPES or output_gate.dtype not in _IO_DTYPES or out.dtype not in _IO_DTYPES:
+        return f"norm dtypes {norm_weight.dtype} / {output_gate.dtype} / {out.dtype}"
+    return None
+
+
+def _mtp_plan(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state, output_gate,
+              norm_weight, out, scale, norm_eps, act) -> Plan | Literal[False]:
+    fn = "fused_gdn_decode_post_conv_mtp"
+    why = _state_ok(state) or _device_ok(mixed_qkv)
+    if why:
+        return _refuse(fn, why)
+    hv, vd, kd = state.shape[1], state.shape[2], state.shape[3]
+    if (mixed_qkv.dim() != 2 or mixed_qkv.stride(1) != 1 or a.dim() != 2 or b.dim() != 2
+            or a.stride(1) != 1 or b.stride(1) != 1 or state_indices.dim() != 2 or state_indices.stride(1) != 1
+            or cu_seqlens.dim() != 1 or not cu_seqlens.is_contiguous() or num_accepted_tokens.dim() != 1
+            or not num_accepted_tokens.is_contiguous() or A_log.dim() != 1 or dt_bias.dim() != 1
+            or A_log.stride(0) != 1 or dt_bias.stride(0) != 1):
+        return _refuse(fn, "argument layout vLLM's op rejects")
+    n_tok = mixed_qkv.shape[0]
+    n_req = cu_seqlens.shape[0] - 1
+    qk = mixed_qkv.shape[1] - hv * vd
+    h = qk // (2 * kd) if qk > 0 else 0
+    if (h <= 0 or qk != 2 * h * kd or hv % h or a.shape != (n_tok, hv) or b.shape != (n_tok, hv)
+            or A_log.shape[0] != hv or dt_bias.shape[0] != hv or n_req < 0 or state_indices.shape[0] != n_req
+            or num_accepted_tokens.shape[0] != n_req):
+        return _refuse(fn, "argument shapes vLLM's op rejects")
+    if mixed_qkv.dtype not in _IO_DTYPES or state_indices.dtype not in (torch.int32, torch.int64):
+        return _refuse(fn, f"dtype {mixed_qkv.dtype} / indices {state_indices.dtype}")
+    why = _norm_args_why(output_gate, norm_weight, out, n_tok, hv, vd, act)
+    if why:
+        return _refuse(fn, why)
+    if not scale > 0:
+        return _refuse(fn, "scale <= 0")
+    dev = mixed_qkv.device
+    if any(t.device != dev for t in (a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state,
+                                     output_gate, norm_weight, out)):
+        return _refuse(fn, "tensors on different devices")
+    return _kernels().make_plan(
+        mixed_qkv, None, None, a, b, out, state, state_indices, scale=scale, n_seqs=n_req,
+        tokens_per_seq=state_indices.shape[1], varlen=True, spec=True, l2norm=True,
+        idx_tok_stride=state_indices.stride(1), gate=output_gate, norm_eps=norm_eps,
+        sigmoid_gate=act == "sigmoid", strict_accepted=True)
+
+
+def try_packed_decode_norm(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    state: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    output_gate: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    activation: str = "silu",
+):
+    """vLLM's packed decode (l2norm on) followed by its gated RMSNorm, in one launch; ``out`` or None.
+
+    ``out`` and ``output_gate`` are [tokens, HV, V]; the result equals
+    ``fused_recurrent_gated_delta_rule_packed_decode`` then ``layer_norm_fwd``
+    (``is_rms_norm``, ``norm_before_gate``, group = V) on that output.
+    """
+    try:
+        key = ("packed_norm", _layout(mixed_qkv), _layout(a), _layout(b), _layout(A_log), _layout(dt_bias),
+               _layout(state), _layout(out), _layout(ssm_state_indices), _layout(output_gate),
+               _layout(norm_weight), scale, norm_eps, activation)
+    except (AttributeError, TypeError):
+        key = None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
+                                                ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
+    if plan is False:
+        return None
+    _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state,
+                        ssm_state_indices, cache_key=key, z=output_gate, norm_w=norm_weight)
+    return out
+
+
+def packed_decode_norm_ok(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
+                          norm_weight, norm_eps, activation="silu") -> bool:
+    """Whether ``try_packed_decode_norm`` takes tensors of these layouts (plans and caches; launches nothing)."""
+    try:
+        key = ("packed_norm", _layout(mixed_qkv), _layout(a), _layout(b), _layout(A_log), _layout(dt_bias),
+               _layout(state), _layout(out), _layout(ssm_state_indices), _layout(output_gate),
+               _layout(norm_weight), scale, norm_eps, activation)
+    except (AttributeError, TypeError):
+        return False
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
+                                                ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
+    return plan is not False
+
+
+def _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
+                      norm_weight, norm_eps, act) -> Plan | Literal[False]:
+    fn = "packed decode + gated RMSNorm"
+    why = _state_ok(state) or _device_ok(mixed_qkv)
+    if why:
+        return _refuse(fn, why)
+    hv, vd, kd = state.shape[1], state.shape[2], state.shape[3]
+    if (mixed_qkv.dim() != 2 or mixed_qkv.stride(1) != 1 or a.dim() != 2 or b.dim() != 2
+            or a.stride(1) != 1 or b.stride(1) != 1 or ssm_state_indices.dim() != 1
+            or A_log.dim() != 1 or dt_bias.dim() != 1 or A_log.stride(0) != 1 or dt_bias.stride(0) != 1):
+        return _refuse(fn, "argument layout vLLM rejects")
+    n = mixed_qkv.shape[0]
+    qk = mixed_qkv.shape[1] - hv * vd
+    h = qk // (2 * kd) if qk > 0 else 0
+    if (h <= 0 or qk != 2 * h * kd or hv % h or a.shape != (n, hv) or b.shape != (n, hv)
+            or ssm_state_indices.shape[0] != n or A_log.shape[0] != hv or dt_bias.shape[0] != hv):
+        return _refuse(fn, "argument shapes vLLM rejects")
+    if mixed_qkv.dtype not in _IO_DTYPES:
+        return _refuse(fn, f"dtype {mixed_qkv.dtype}")
+    why = _norm_args_why(output_gate, norm_weight, out, n, hv, vd, act)
+    if why:
+        return _refuse(fn, why)
+    dev = mixed_qkv.device
+    if any(t.device != dev for t in (a, b, A_log, dt_bias, state, out, ssm_state_indices, output_gate, norm_weight)):
+        return _refuse(fn, "tensors on different devices")
+    return _kernels().make_plan(
+        mixed_qkv, None, None, a, b, out, state, ssm_state_indices, scale=scale, n_seqs=n, tokens_per_seq=1,
+        l2norm=True, gate=output_gate, norm_eps=norm_eps, sigmoid_gate=act == "sigmoid")
