@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import cast
 
 from . import PIN_VERSION, env
-from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
+from .commit import MAX_STATE_BYTES, FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
@@ -339,12 +339,12 @@ def _as_rolled_back(tree: TreeRoot) -> list[str]:
     def rolled_bytes(rel: str) -> bytes | None:
         return overlay[rel] if rel in overlay else read_bytes(rel)
 
-    def rolled_state(name: str) -> bytes | None:
+    def rolled_state(name: str, max_bytes: int = MAX_STATE_BYTES) -> bytes | None:
         if name == "journal.json":
             return None
         if name == "ledger.json":
             return ledger_raw
-        return read_state(name)
+        return read_state(name, max_bytes)
 
     tree.read_bytes = rolled_bytes  # type: ignore[method-assign]  # this TreeRoot is the dry-run's own
     tree.read_state = rolled_state  # type: ignore[method-assign]
