@@ -100,7 +100,7 @@ def test_a_changed_kernel_is_re_measure_and_an_unrelated_layer_line_is_nothing()
 
 def test_a_changed_caller_is_review():
     e = _entry({LAYER: PIN_LAYER.replace("kern(x, 1)", "kern(x, 2) if x else None")})
-    assert e.verdict == "review" and [c.kind for c in e.changes] == ["caller", "layer_file"]
+    assert e.verdict == "review" and [c.kind for c in e.changes] == ["layer_file", "caller"]
 
 
 def test_a_gained_triton_kernel_is_re_measure():
@@ -109,7 +109,7 @@ def test_a_gained_triton_kernel_is_re_measure():
     e = _entry({LAYER: layer, new_ops: "import triton\n\n@triton.jit\ndef _f():\n    pass\n\ndef fast_mtp(x):\n"
                 "    return _f()\n"})
     assert e.verdict == "re-measure"
-    assert [(c.kind, c.name) for c in e.changes] == [("gained", "fast_mtp"), ("layer_file", "")]
+    assert [(c.kind, c.name) for c in e.changes] == [("layer_file", ""), ("gained", "fast_mtp")]
 
 
 # ----------------------------------------------------------------------------- the pin advance gate
@@ -197,3 +197,12 @@ def test_pin_advance_cli_refuses_then_records_the_waiver(tmp_path, monkeypatch, 
     rec = read_pin(tmp_path / "_pin.toml")
     assert rec is not None and rec.perf_waived == ["PK0003: GDN runs vLLM's CUDA op by default here"]
     assert pinmod.pin_main(base + ["--no-perf-ref", "PK0003"]) == 2  # ID=REASON, never a bare id
+
+
+def test_changes_are_listed_once_layer_level_first(section):
+    """Two bound functions of one layer share callers: each changed caller is listed once, and the
+    layer file's own size of change leads the list (the report's table cell is cut at its width)."""
+    gdn = section["PK0003"]
+    keys = [(c.file, c.name) for c in gdn.changes]
+    assert len(keys) == len(set(keys)), keys
+    assert gdn.changes[0].kind == "layer_file" and gdn.changes[0].added + gdn.changes[0].removed == 347

@@ -160,6 +160,10 @@ def _change(kind: PerfKind, file: str, name: str, old: str | None, new: str | No
                       detail=f"{name or file} changed by {plus + minus} lines (+{plus}/-{minus})")
 
 
+#: The order of a plugin's changes: what the whole layer did first, then kernels, then functions.
+_HEADLINE = {"layer_file": 0, "gained": 1, "lost": 1, "kernel_file": 2, "bound": 3, "callee": 4, "caller": 5}
+
+
 def plugin_entry(patch, pin: Reader, cand: Reader, enabled: bool) -> PerfPlugin:
     """The performance-plugins entry of one plugin patch (see the module docstring)."""
     changes: list[PerfChange] = []
@@ -241,8 +245,12 @@ def plugin_entry(patch, pin: Reader, cand: Reader, enabled: bool) -> PerfPlugin:
             plus, minus = line_delta(ptext, ctext)
             changes.append(PerfChange(kind="layer_file", file=layer, added=plus, removed=minus,
                                       detail=f"{layer} changed by {plus + minus} lines (+{plus}/-{minus})"))
+    # One entry per changed piece of code (two bound functions share callers), the layer-level facts
+    # (the layer file's size of change, kernels gained or lost) first: the table cell is cut at its width.
+    unique = list({(c.file, c.name, c.kind in ("bound", "callee", "caller")): c for c in reversed(changes)}.values())
+    changes = sorted(reversed(unique), key=lambda c: _HEADLINE.get(c.kind, len(_HEADLINE)))
     remeasure = any(c.kind in REMEASURE for c in changes)
-    return PerfPlugin(id=patch.id, title=patch.title, enabled_by_default=enabled, compared=compared,
+    return PerfPlugin(id=patch.id, title=patch.title, enabled_by_default=enabled, compared=list(dict.fromkeys(compared)),
                       changes=changes, verdict="re-measure" if remeasure else "review" if changes else "unchanged")
 
 
