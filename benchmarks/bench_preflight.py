@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from sndr.load import load_patch_set  # noqa: E402
 from sndr.model import Edit, FileEdits, Patch, RuntimeEdit  # noqa: E402
-from sndr.preflight.report import run_preflight  # noqa: E402
+from sndr.preflight.analysis import run_preflight  # noqa: E402
 from sndr.tomlwrite import dumps_patch  # noqa: E402
 from sndr.tree import open_tree  # noqa: E402
 from tests.preflight_oracle import true_location  # noqa: E402

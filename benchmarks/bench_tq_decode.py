@@ -172,7 +172,7 @@ class Cell:
         )
 
     def ours_cfg(self, cfg, max_splits):
-        return kernels.decode_attention(
+        return dispatch.decode_attention(
             self.query, self.kv_cache, self.block_table, self.seq_lens, self.scale,
             out=self.out, config=cfg, max_splits=max_splits, workspace=self.ws,
         )
@@ -265,7 +265,7 @@ def check(vl) -> dict:
         lse_ref = torch_reference_lse(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
         res[f"lse_max_abs_err_hq{hq}"] = (cell.lse.double() - lse_ref).abs().max().item()
         # fp32 output straight from the kernels (no bf16 rounding)
-        o32 = kernels.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
+        o32 = dispatch.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
                                        out=torch.empty(4, hq, D, device=DEV)).double()
         res[f"decode_rel_err_sndr_fp32out_hq{hq}"] = ((o32 - ref).norm() / ref.norm()).item()
         # 3. CUDA graph: capture with one set of lengths, replay with another
@@ -316,7 +316,7 @@ def check(vl) -> dict:
             if DEV == "cuda" and bh_cfg is None:
                 from sndr.kernels.turboquant_k8v4 import cuda_decode
                 res[f"backend_d{d}_g{g}_page{page}"] = cuda_decode.unsupported(q, cache, bt, seq) or "cuda"
-            o = kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=torch.empty(b, hk * g, d, device=DEV),
+            o = dispatch.decode_attention(q, cache, bt, seq, d**-0.5, out=torch.empty(b, hk * g, d, device=DEV),
                                          config=bh_cfg)
             err = ((o.double() - ref).norm() / ref.norm()).item()
             res[f"decode_rel_err_d{d}_g{g}_page{page}_{'default' if bh_cfg is None else 'cap168'}"] = err
@@ -351,7 +351,7 @@ def accuracy(hq: int, cfg) -> float:
     cell = Cell(3, ctx, hq, seed=7, sdpa=False)
     cell.seq_lens.copy_(torch.tensor([ctx, 1, ctx // 3], dtype=torch.int32))
     ref = torch_reference(cell.kv_cache, cell.block_table, cell.seq_lens, cell.query, cell.scale)
-    o = kernels.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
+    o = dispatch.decode_attention(cell.query, cell.kv_cache, cell.block_table, cell.seq_lens, cell.scale,
                                  out=torch.empty(3, hq, D, device=DEV), config=cfg, max_splits=VLLM_SPLITS)
     return ((o.double() - ref).norm() / ref.norm()).item()
 

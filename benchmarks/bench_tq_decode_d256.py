@@ -5,7 +5,7 @@
 vLLM 0.32.0's own k8v4 decode and the full cell grid are in ``bench_tq_decode.py``
 (head_dim 128). This one answers a narrower question: at head_dim 256 (Gemma-style
 models), is the CUDA path worth taking over the Triton kernel? Both run the same
-``kernels.decode_attention`` call under CUDA-graph replay (``SNDR_TQ_BACKEND``
+``dispatch.decode_attention`` call under CUDA-graph replay (``SNDR_TQ_BACKEND``
 switches them), on the same paged cache (random fp8 keys and 4-bit codes, page 16,
 Hk 8, a random page permutation), ``triton.testing.do_bench`` medians with L2
 flushed before each call. Prints time, GB/s of cache bytes and % of the device's
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _tq_gpu import copy_bandwidth, device_line, graph_time, synthetic_cache  # noqa: E402
 
-from sndr.kernels.turboquant_k8v4 import kernels  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import dispatch  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 D, HK, PAGE = 256, 8, 16
@@ -52,7 +52,7 @@ def main() -> int:
             t = {}
             for backend in ("cuda", "triton"):
                 os.environ["SNDR_TQ_BACKEND"] = backend
-                t[backend] = graph_time(lambda: kernels.decode_attention(q, cache, bt, sl, D**-0.5, out=out,
+                t[backend] = graph_time(lambda: dispatch.decode_attention(q, cache, bt, sl, D**-0.5, out=out,
                                                                          workspace=ws, max_splits=32))
             nbytes = b * HK * ctx * slot
             gbs = {k: nbytes / v / 1e3 for k, v in t.items()}

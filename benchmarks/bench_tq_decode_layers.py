@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _tq_gpu import copy_bandwidth, device_line, graph_time, synthetic_cache  # noqa: E402
 
-from sndr.kernels.turboquant_k8v4 import kernels  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import dispatch  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 D, HK, PAGE = 128, 8, 16
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
             def step(n):
                 for i in range(n):
-                    kernels.decode_attention(q, caches[i], bt, sl, D**-0.5, out=out, workspace=ws, max_splits=32)
+                    dispatch.decode_attention(q, caches[i], bt, sl, D**-0.5, out=out, workspace=ws, max_splits=32)
 
             t = {n: graph_time(lambda n=n: step(n)) for n in (1, n_layers)}
             nbytes = b * HK * ctx * slot

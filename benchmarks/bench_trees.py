@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sndr.env import cache_dir  # noqa: E402
+from sndr.env import cache_root  # noqa: E402
 from sndr.tree import DirTree, WheelTree, fetch_version  # noqa: E402
 
 CANDIDATE, PIN = "0.33.0", "0.32.0"
@@ -58,7 +58,7 @@ def floor_loop(root: Path, rels: list[str]):
 
 
 def wheel_of(version: str) -> Path | None:
-    return next(iter(sorted((cache_dir() / "wheels").glob(f"vllm-{version}-*.whl"))), None)
+    return next(iter(sorted((cache_root() / "wheels").glob(f"vllm-{version}-*.whl"))), None)
 
 
 def patch_dir_for_bench() -> tuple[Path, str]:

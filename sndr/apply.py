@@ -35,14 +35,18 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from . import PIN_VERSION, env
-from .commit import MAX_STATE_BYTES, FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
-from .load import PatchSet, load_patch_set
-from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
-from .plan import Plan, build_plan, resolve_gates
+
+# The engine (commit, load, model, plan; pydantic under model) is imported inside the functions that run it,
+# so `python -m sndr.apply --help` and the parse errors cost no engine import.
+if TYPE_CHECKING:
+    from .commit import FileWrite, TreeRoot
+    from .load import PatchSet
+    from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
+    from .plan import Plan
 
 
 def tree_version(root: Path) -> str:
@@ -53,10 +57,14 @@ def tree_version(root: Path) -> str:
 
 def enabled_ids(patch_set: PatchSet, version: str, environ, only=None, profile=None) -> list[str]:
     """The ids a plan would enable, computed without reading any target file."""
+    from .plan import resolve_gates
+
     ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
     return [p.id for p in ordered if gates[p.id].enabled]
 
 def _report(mode: ReportMode, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
+    from .model import Report
+
     problems = kw.pop("problems", None)
     if problems is None:
         problems = plan.problems if plan else []
@@ -132,6 +140,8 @@ class _LedgerState:
 
 
 def _ledger_state(tree: TreeRoot, ledger: Ledger) -> _LedgerState:
+    from .commit import sha256_bytes
+
     st = _LedgerState()
     for rel, entry in sorted(ledger.files.items()):
         now = tree.read_bytes(rel)
@@ -168,6 +178,8 @@ def _installer_hashes(root: Path) -> dict[str, str]:
 
 def _reinstalled(tree: TreeRoot, rels: list[str]) -> list[str]:
     """Of ``rels``, those holding exactly the bytes vLLM's installer recorded: a reinstall of another build."""
+    from .commit import sha256_bytes
+
     if not rels:
         return []
     record = _installer_hashes(tree.root)
@@ -266,6 +278,9 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
     refusals, the fast path, the plan and the writes) on the tree as it is, writes aside: no lock,
     no recovery, no probe, no stored object, no commit. Its verdicts, files and exit status are the
     apply's."""
+    from .commit import FileWrite, TreeRoot, probe_writable, recover
+    from .plan import build_plan
+
     environ = os.environ if environ is None else environ
     tree = TreeRoot(root)
     version = tree_version(tree.root)
@@ -311,7 +326,7 @@ def _as_rolled_back(tree: TreeRoot) -> list[str]:
     journal_mismatch)."""
     import json as _json
 
-    from .commit import _journal_entries
+    from .commit import MAX_STATE_BYTES, _journal_entries, sha256_bytes
 
     raw = tree.read_state("journal.json")
     if raw is None:
@@ -356,6 +371,9 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
                   first_plan: Plan | None = None) -> Report:
     """Everything apply decides, from the ledger it read to the commit; ``dry_run`` stops short of
     every write (objects, ledger, files) and reports what the apply would do, on the same path."""
+    from .commit import commit
+    from .plan import build_plan
+
     mode: ReportMode = "dry-run" if dry_run else "apply"
     nothing = "apply would write nothing" if dry_run else "nothing was written"
     original = ledger
@@ -515,6 +533,9 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
     "applied"). That costs a plan (~0.1 s on the shipped set), so verify asks
     for it only with -v or --json.
     """
+    from .model import PatchResult, PatchStatus
+    from .plan import build_plan, resolve_gates
+
     if edits:
         plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version, environ=environ,
                           only=only, check_compile=False, profile=profile)
@@ -549,11 +570,15 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
 
 
 def _read_pristine_text(tree: TreeRoot, rel: str, ledger: Ledger | None) -> str | None:
+    from .commit import decode
+
     data = tree.pristine_bytes(rel, ledger)
     return None if data is None else decode(data, rel)
 
 
 def _adopt_current(tree: TreeRoot, ledger: Ledger, rels: set[str]) -> Ledger:
+    from .model import LedgerFile
+
     files = dict(ledger.files)
     for rel in rels:
         now = tree.read_bytes(rel)
@@ -569,6 +594,9 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
                 store: bool = True) -> tuple[list[FileWrite], Ledger]:
     """The writes and the new ledger of ``plan``; ``store``: put the pristine copies into the object
     store (a dry-run does not)."""
+    from .commit import FileWrite, sha256_bytes
+    from .model import Ledger, LedgerFile
+
     writes: list[FileWrite] = []
     files: dict[str, LedgerFile] = {}
     touched = set(plan.changes) | set(ledger.files if ledger else {})
@@ -606,6 +634,8 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
 
 
 def run_revert(root: Path | str, *, force: bool = False) -> Report:
+    from .commit import FileWrite, TreeRoot, commit, recover
+
     tree = TreeRoot(root)
     version = tree_version(tree.root)
     if not tree.state.exists():
@@ -643,6 +673,8 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
 
     ``edits``: also give every edit's verdict on a tree the ledger describes (costs a plan).
     """
+    from .commit import TreeRoot, recover
+
     environ = os.environ if environ is None else environ
     if profile is not None:
         environ = _WithProfile(environ, profile)
@@ -668,6 +700,10 @@ class _WithProfile(dict):
 
 
 def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, edits: bool = False) -> Report:
+    from .commit import sha256_bytes
+    from .model import PatchResult
+    from .plan import build_plan
+
     profile = getattr(environ, "profile", None)
     with tree.lock(shared=True):
         ledger = tree.read_ledger()
@@ -951,6 +987,8 @@ def _cli_body(args) -> int:
 
 
 def _run_cli(args) -> Report:
+    from .load import load_patch_set
+
     if args.tree is not None:
         root = resolve_tree(args.tree, dry_run=args.dry_run)
     else:

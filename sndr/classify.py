@@ -15,7 +15,7 @@ planner adds who consumed a conflicting anchor (:func:`sndr.plan._explain_confli
 * the anchor is absent: the replacement occurs *at the anchor's alignment* (an
   anchor that starts / ends a line only matches replacement occurrences that do
   too; the alignment is read from the pristine file, else an anchor ending with a
-  newline is whole lines), and the replacement *adds* text (``plan.diff_spans``
+  newline is whole lines), and the replacement *adds* text (:func:`diff_spans`
   has a non-empty changed span). A pure deletion leaves only bytes that were there
   before, so it is never recognised as applied from the text: ``drifted``
   (``deletion_unverifiable``; a merged marker recognises an upstream merge).
@@ -24,6 +24,9 @@ planner adds who consumed a conflicting anchor (:func:`sndr.plan._explain_confli
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from functools import lru_cache
+from os.path import commonprefix
 
 from .locate import find_all
 from .model import Edit, GroupMode, Verdict
@@ -130,6 +133,46 @@ def _aligned(text: str, reps: list[int], lr: int, starts: bool, ends: bool) -> l
     return [r for r in reps if (not starts or _starts_line(text, r)) and (not ends or _ends_line(text, r + lr))]
 
 
+@lru_cache(maxsize=4096)
+def diff_spans(anchor: str, replacement: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]:
+    """What an edit changes: (changed spans in replacement coordinates, equal blocks (a0, r0, n)).
+
+    Line by line first: lines the replacement re-emits unchanged are equal, and
+    whole lines it inserts are one changed span of whole lines (never a span
+    that starts on the indentation the inserted lines share with the anchor's
+    first line). Each replaced block of lines is then trimmed of its own common
+    prefix and suffix. A zero-length changed span is a deletion point. Context
+    the replacement re-emits unchanged is never counted as changed. The planner
+    widens the spans to whole lines of the file (:func:`_snap_lines`): overlaps
+    are judged by lines.
+    """
+    a, b = anchor, replacement
+    al, bl = a.splitlines(True), b.splitlines(True)
+    ao, bo = [0], [0]
+    for ln in al:
+        ao.append(ao[-1] + len(ln))
+    for ln in bl:
+        bo.append(bo[-1] + len(ln))
+    equal: list[tuple[int, int, int]] = []
+    changed: list[tuple[int, int]] = []
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, al, bl, autojunk=False).get_opcodes():
+        a0, a1, b0, b1 = ao[i1], ao[i2], bo[j1], bo[j2]
+        if tag == "equal":
+            equal.append((a0, b0, a1 - a0))
+            continue
+        q = len(commonprefix([a[a0:a1], b[b0:b1]]))
+        r = 0
+        lim = min(a1 - a0, b1 - b0) - q
+        while r < lim and a[a1 - 1 - r] == b[b1 - 1 - r]:
+            r += 1
+        if q:
+            equal.append((a0, b0, q))
+        changed.append((b0 + q, b1 - r))
+        if r:
+            equal.append((a1 - r, b1 - r, r))
+    return tuple(changed), tuple(equal)
+
+
 def _adds_text(anchor: str, replacement: str) -> bool:
     """Does the replacement show the edit: bytes the anchor did not hold, or a join?
 
@@ -139,8 +182,6 @@ def _adds_text(anchor: str, replacement: str) -> bool:
     deletion. A deletion at the replacement's edge (``anchor = X + R``) leaves only
     text that was there before, so finding it proves nothing.
     """
-    from .plan import diff_spans  # plan imports this module
-
     changed, _ = diff_spans(anchor, replacement)
     for r0, r1 in changed:
         if r1 > r0:

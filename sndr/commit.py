@@ -317,16 +317,6 @@ class TreeRoot:
         except OSError as exc:
             raise _named(exc, self.state) from None
 
-    def state_exists(self, name: str) -> bool:
-        sfd = self.state_fd()
-        if sfd is None:
-            return False
-        try:
-            os.stat(name, dir_fd=sfd, follow_symlinks=False)
-            return True
-        except FileNotFoundError:
-            return False
-
     # -- paths -------------------------------------------------------------
 
     def path(self, rel: str) -> Path:

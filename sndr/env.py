@@ -204,11 +204,6 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "sndr"
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Alias of :func:`cache_root` kept for callers of the 0.1 name."""
-    return cache_root(environ)
-
-
 def vllm_test_python(environ: Mapping[str, str] | None = None) -> str:
     """Test-only: the interpreter of the real vLLM install the ``vllm_install`` tests use:
     ``$SNDR_TEST_VLLM_PYTHON``, else :data:`DEFAULT_TEST_VLLM_PYTHON` (it may not exist: callers skip,

@@ -425,9 +425,7 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
         sources[patch.id] = str(path)
         patches.append(patch)
     if packs:
-        from .packs import load_pack_patches
-
-        for patch, source in load_pack_patches():
+        for patch, source in _pack_patches():
             if patch.id in sources:
                 problems.append(Problem("duplicate_id", f"plugin pack patch {patch.id} shadows {sources[patch.id]}",
                                         file=source, key="id",
@@ -439,6 +437,44 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     if problems:
         raise SndrError(problems, EXIT_BAD_INPUT)
     return PatchSet(patches=patches, directory=directory, sources=sources, warnings=warnings)
+
+
+def _pack_patches() -> list[tuple[Patch, str]]:
+    """``(Patch, source)`` for every patch of every installed pack (:func:`sndr.packs.discover`): ids namespaced
+    by the pack's prefix, runtime code inside the pack or sndr."""
+    from .packs import discover, module_allowed
+
+    problems: list[Problem] = []
+    out: list[tuple[Patch, str]] = []
+    for pack in discover():
+        for d in pack.dirs:
+            for path in patch_files(Path(d)):
+                try:
+                    patch = load_patch_file(path)
+                except SndrError as exc:
+                    problems.extend(exc.problems)
+                    continue
+                if not patch.id.upper().startswith(pack.prefix):
+                    problems.append(Problem("pack_id_namespace",
+                                            f"pack {pack.name}: patch id {patch.id} is not namespaced",
+                                            file=str(path), key="id",
+                                            hint=f"ids of pack {pack.name!r} must start with {pack.prefix!r}, "
+                                                 f"e.g. {pack.prefix}0001"))
+                    continue
+                bad = [r for r in patch.runtime if not module_allowed(r.replacement.split(":", 1)[0], pack.module)]
+                if patch.module and not module_allowed(patch.module, pack.module):
+                    problems.append(Problem("pack_module_outside", f"pack {pack.name}: module {patch.module} is outside "
+                                            f"the pack ({pack.module}) and sndr", file=str(path), key="module"))
+                    continue
+                if bad:
+                    problems.append(Problem("pack_module_outside",
+                                            f"pack {pack.name}: runtime replacement {bad[0].replacement} is outside "
+                                            f"the pack ({pack.module}) and sndr", file=str(path), key="runtime.replacement"))
+                    continue
+                out.append((patch, str(path)))
+    if problems:
+        raise SndrError(problems)
+    return out
 
 
 def _code_outside(patch: Patch, source: str) -> list[Problem]:

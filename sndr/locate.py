@@ -136,7 +136,3 @@ def _scopes_cached(digest: str, text: str) -> Scopes:
 
 def scopes(text: str) -> Scopes:
     return _scopes_cached(hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), text)
-
-
-def qualname_at(text: str, offset: int) -> str:
-    return scopes(text).qualname(line_of(text, offset))

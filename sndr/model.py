@@ -324,11 +324,6 @@ class LeftOut(BaseModel):
         return f"{self.id} ({self.code}, {self.by}: {self.reason})"
 
 
-class Pin(BaseModel):
-    version: str
-    tree_digest: str | None = None
-
-
 class LedgerFile(BaseModel):
     pristine_sha256: str
     patched_sha256: str

@@ -185,46 +185,6 @@ def pack_of_source(source: str, packs: list[Pack] | None = None) -> Pack | None:
     return None
 
 
-def load_pack_patches():
-    """Yield ``(Patch, source)`` for every patch of every installed pack (used by :mod:`sndr.load`)."""
-    from pathlib import Path
-
-    from .errors import Problem, SndrError
-    from .load import load_patch_file, patch_files
-
-    problems = []
-    out = []
-    for pack in discover():
-        for d in pack.dirs:
-            for path in patch_files(Path(d)):
-                try:
-                    patch = load_patch_file(path)
-                except SndrError as exc:
-                    problems.extend(exc.problems)
-                    continue
-                if not patch.id.upper().startswith(pack.prefix):
-                    problems.append(Problem("pack_id_namespace",
-                                            f"pack {pack.name}: patch id {patch.id} is not namespaced",
-                                            file=str(path), key="id",
-                                            hint=f"ids of pack {pack.name!r} must start with {pack.prefix!r}, "
-                                                 f"e.g. {pack.prefix}0001"))
-                    continue
-                bad = [r for r in patch.runtime if not module_allowed(r.replacement.split(":", 1)[0], pack.module)]
-                if patch.module and not module_allowed(patch.module, pack.module):
-                    problems.append(Problem("pack_module_outside", f"pack {pack.name}: module {patch.module} is outside "
-                                            f"the pack ({pack.module}) and sndr", file=str(path), key="module"))
-                    continue
-                if bad:
-                    problems.append(Problem("pack_module_outside",
-                                            f"pack {pack.name}: runtime replacement {bad[0].replacement} is outside "
-                                            f"the pack ({pack.module}) and sndr", file=str(path), key="runtime.replacement"))
-                    continue
-                out.append((patch, str(path)))
-    if problems:
-        raise SndrError(problems)
-    yield from out
-
-
 def module_allowed(module: str, *extra: str) -> bool:
     """Runtime code may come from ``sndr`` or the listed packages (and their submodules) only."""
     for top in ("sndr",) + tuple(e for e in extra if e):

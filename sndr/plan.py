@@ -20,16 +20,13 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from difflib import SequenceMatcher
-from functools import lru_cache
-from os.path import commonprefix
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import env as envmod
 from .binding import check_binding
-from .classify import Finding, classify_create, classify_edit, markers_present, resolve_group
+from .classify import Finding, classify_create, classify_edit, diff_spans, markers_present, resolve_group
 from .errors import Problem, SndrError
 from .load import PatchSet
 from .locate import line_of, scopes
@@ -134,46 +131,7 @@ def order_patches(patches: list[Patch]) -> list[Patch]:
 
 
 # ----------------------------------------------------------------------------- changed bytes
-
-
-@lru_cache(maxsize=4096)
-def diff_spans(anchor: str, replacement: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int, int], ...]]:
-    """What an edit changes: (changed spans in replacement coordinates, equal blocks (a0, r0, n)).
-
-    Line by line first: lines the replacement re-emits unchanged are equal, and
-    whole lines it inserts are one changed span of whole lines (never a span
-    that starts on the indentation the inserted lines share with the anchor's
-    first line). Each replaced block of lines is then trimmed of its own common
-    prefix and suffix. A zero-length changed span is a deletion point. Context
-    the replacement re-emits unchanged is never counted as changed. The planner
-    widens the spans to whole lines of the file (:func:`_snap_lines`): overlaps
-    are judged by lines.
-    """
-    a, b = anchor, replacement
-    al, bl = a.splitlines(True), b.splitlines(True)
-    ao, bo = [0], [0]
-    for ln in al:
-        ao.append(ao[-1] + len(ln))
-    for ln in bl:
-        bo.append(bo[-1] + len(ln))
-    equal: list[tuple[int, int, int]] = []
-    changed: list[tuple[int, int]] = []
-    for tag, i1, i2, j1, j2 in SequenceMatcher(None, al, bl, autojunk=False).get_opcodes():
-        a0, a1, b0, b1 = ao[i1], ao[i2], bo[j1], bo[j2]
-        if tag == "equal":
-            equal.append((a0, b0, a1 - a0))
-            continue
-        q = len(commonprefix([a[a0:a1], b[b0:b1]]))
-        r = 0
-        lim = min(a1 - a0, b1 - b0) - q
-        while r < lim and a[a1 - 1 - r] == b[b1 - 1 - r]:
-            r += 1
-        if q:
-            equal.append((a0, b0, q))
-        changed.append((b0 + q, b1 - r))
-        if r:
-            equal.append((a1 - r, b1 - r, r))
-    return tuple(changed), tuple(equal)
+# What an edit changes is :func:`sndr.classify.diff_spans` (classify's "applied" rule reads it too).
 
 
 def _snap_lines(text: str, start: int, end: int) -> tuple[int, int]:

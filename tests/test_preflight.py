@@ -18,15 +18,11 @@ import pytest
 
 from sndr.load import load_patch_set
 from sndr.model import Verdict
-from sndr.preflight.report import (
-    PreflightReport,
-    cli_main,
-    exit_code,
-    github_annotations,
-    render_markdown,
-    render_sarif,
-    run_preflight,
-)
+from sndr.preflight.analysis import exit_code, run_preflight
+from sndr.preflight.annotations import github_annotations, render_sarif
+from sndr.preflight.cli import cli_main
+from sndr.preflight.models import PreflightReport
+from sndr.preflight.render import render_markdown
 from tests.preflight_oracle import true_location
 
 DATA = Path(__file__).parent / "data" / "preflight"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sndr.load import PatchSet
 from sndr.model import Patch, Verdict
-from sndr.preflight.report import run_preflight
+from sndr.preflight.analysis import run_preflight
 from tests.test_preflight import _tree
 
 BODY = "".join(f"    value_{i} = compute_thing_{i}(alpha, beta)\n" for i in range(8))

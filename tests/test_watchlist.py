@@ -361,11 +361,11 @@ def test_cli_check(tmp_path, capsys):
 
 def test_check_on_a_real_preflight_report(tmp_path, vllm_pin_root, vllm_candidate_root):
     """End to end with the preflight module: a watchlist over the bump_032_033 patch set."""
-    preflight = pytest.importorskip("sndr.preflight.report")
+    preflight = pytest.importorskip("sndr.preflight.analysis")
     from sndr.load import load_patch_set
 
     patches = Path(__file__).parent / "data" / "preflight" / "bump_032_033"
-    if not patches.is_dir() or not hasattr(preflight, "run_preflight"):
+    if not patches.is_dir():
         pytest.skip("preflight data set not available")
     rep = preflight.run_preflight(load_patch_set(patches), str(vllm_pin_root), str(vllm_candidate_root))
     data = json.loads(rep.model_dump_json())

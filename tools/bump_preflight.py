@@ -16,7 +16,7 @@ from pathlib import Path
 # Run from a checkout without installing sndr.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sndr.preflight.report import cli_main  # noqa: E402
+from sndr.preflight.cli import cli_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(cli_main(sys.argv[1:]))

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 from sndr import PIN_VERSION  # noqa: E402
 from sndr.load import load_patch_set  # noqa: E402
 from sndr.manifest import build_manifest, manifest_name  # noqa: E402
-from sndr.preflight.report import render_markdown, run_preflight  # noqa: E402
+from sndr.preflight.analysis import run_preflight  # noqa: E402
+from sndr.preflight.render import render_markdown  # noqa: E402
 from sndr.tree import open_tree  # noqa: E402
 
 CANDIDATE = "0.33.0"

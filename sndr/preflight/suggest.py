@@ -201,13 +201,9 @@ class _File:
         self.offs = [o + i for i, o in enumerate(accumulate(map(len, self.norm), initial=0))]
         self.scopes: Scopes | None = None  # parsed on first use (a qualname asked for)
 
-    def window(self, start: int, size: int) -> str:
-        """Stripped lines ``start .. start+size`` joined: a slice of the joined text, no per-line join."""
-        end = min(start + size, len(self.norm))
-        return self.joined[self.offs[start]:self.offs[end] - 1]
-
     def windows(self, starts: list[int], size: int) -> list[str]:
-        """:meth:`window` for many starts at one size (one comprehension, no call per window)."""
+        """Stripped lines ``s .. s+size`` joined for each start ``s``: slices of the joined text, one
+        comprehension, no per-line join."""
         j, offs, n = self.joined, self.offs, len(self.norm)
         return [j[offs[s]:offs[s + size if s + size < n else n] - 1] for s in starts]
 

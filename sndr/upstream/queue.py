@@ -81,10 +81,6 @@ class Surface:
             return False
         return path in self.files or any(fnmatch.fnmatchcase(path, g) for g in self.globs)
 
-    def follow_rename(self, old: str, new: str) -> None:
-        if self.matches(old):
-            self.files.add(new)
-
 
 def _rename_closure(surface: Surface, changes: dict[str, list]) -> tuple[set[str], list[str]]:
     """Paths connected to the surface by a rename inside the range, in either direction."""

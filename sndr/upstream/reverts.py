@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .gitio import CommitInfo
+if TYPE_CHECKING:  # annotations only: gitio imports this module's subject matching (Git.find_subject)
+    from .gitio import CommitInfo
 
 __all__ = ["RevertInfo", "pair_reverts", "parse_revert", "pr_numbers", "revert_target_subject", "strip_pr",
            "subject_matches", "truncated_prefix"]

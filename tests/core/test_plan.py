@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from sndr.classify import diff_spans
 from sndr.load import PatchSet
 from sndr.model import Patch, Verdict
-from sndr.plan import build_plan, diff_spans, order_patches, resolve_gates
+from sndr.plan import build_plan, order_patches, resolve_gates
 from sndr.profile import parse_profile
 
 REL = "vllm/v1/core/block_pool.py"

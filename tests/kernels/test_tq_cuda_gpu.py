@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs a CUDA GPU with sm_89+", allow_module_level=True)
 
-from sndr.kernels.turboquant_k8v4 import cuda_decode, kernels, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import cuda_decode, dispatch, kernels, reference  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -67,7 +67,7 @@ def _run(q, cache, bt, sl, scale, kind=None, out_dtype=torch.float32, max_splits
     out = torch.empty(q.shape, dtype=out_dtype, device=DEV)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
     if kind is None:
-        kernels.decode_attention(q, cache, bt, sl, scale, out=out, lse=lse, max_splits=max_splits)
+        dispatch.decode_attention(q, cache, bt, sl, scale, out=out, lse=lse, max_splits=max_splits)
     else:
         cuda_decode.decode_attention(q, cache, bt, sl, scale, out=out, lse=lse, workspace=None,
                                      max_splits=max_splits, config=cuda_decode.CudaConfig(kind=kind))
@@ -109,7 +109,7 @@ def test_default_path_runs_cuda_and_agrees_across_split_counts():
     ref, _ = _ref(q, cache, bt, sl, 0.1)
     cuda_decode._PLANS.clear()
     a, _ = _run(q, cache, bt, sl, 0.1)  # default path
-    assert cuda_decode._PLANS, "kernels.decode_attention did not take the CUDA path"
+    assert cuda_decode._PLANS, "dispatch.decode_attention did not take the CUDA path"
     b, _ = _run(q, cache, bt, sl, 0.1, kind="page", max_splits=4)  # more splits than 4 still allowed (128)
     c, _ = _run(q, cache, bt, sl, 0.1, kind="warp")
     for o in (a, b, c):
@@ -142,11 +142,11 @@ def test_cuda_graph_replay_with_new_lengths():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        kernels.decode_attention(q, cache, bt, sl, 0.1, out=out, workspace=ws, max_splits=32)
+        dispatch.decode_attention(q, cache, bt, sl, 0.1, out=out, workspace=ws, max_splits=32)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        kernels.decode_attention(q, cache, bt, sl, 0.1, out=out, workspace=ws, max_splits=32)
+        dispatch.decode_attention(q, cache, bt, sl, 0.1, out=out, workspace=ws, max_splits=32)
     for lens in ([4096, 5, 1234], [17, 4000, 1]):
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
         g.replay()
@@ -185,7 +185,7 @@ def test_tensors_on_another_device_than_the_current_one():
     cuda_decode._PLANS.clear()
     for _ in range(2):  # first call loads the module for cuda:1, second reuses it
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-        kernels.decode_attention(q, cache, bt, sl, 0.1, out=out, max_splits=32)
+        dispatch.decode_attention(q, cache, bt, sl, 0.1, out=out, max_splits=32)
         torch.cuda.synchronize(q.device)
         assert out.device.index == 1 and _rel(out, ref) < 5e-4
     assert cuda_decode._BROKEN == {}
@@ -226,10 +226,10 @@ def test_merge_modes_eager_and_graph(mode, d, hk, g, page, qdtype, merge_policy)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
     keep = sl.clone()
     sl.fill_(1)
-    kernels.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, max_splits=32)
+    dispatch.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, max_splits=32)
     g_ = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g_):
-        kernels.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, max_splits=32)
+        dispatch.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, max_splits=32)
     sl.copy_(keep)
     for _ in range(2):
         g_.replay()

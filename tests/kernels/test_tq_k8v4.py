@@ -39,7 +39,7 @@ try:
 except ImportError as exc:  # e.g. triton present but numpy (its interpreter needs it) missing
     pytest.skip(f"triton unavailable: {exc} (install the [kernels] extra)", allow_module_level=True)
 
-from sndr.kernels.turboquant_k8v4 import _interp, _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import _interp, _vllm_baseline, dispatch, kernels, reference, vllm_entry  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_decode_vs_reference(d, g_size):
     cfg = kernels.DecodeConfig(block_n=32 if d < 256 else 16, min_split_tokens=64, num_splits=4)
     out = torch.full((b, hq, d), float("nan"))
     lse = torch.full((b, hq), float("nan"))
-    kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=out, lse=lse, config=cfg)
+    dispatch.decode_attention(q, cache, bt, seq, d**-0.5, out=out, lse=lse, config=cfg)
     ref = reference.decode(q, cache, bt, seq, d**-0.5)
     _check(out, ref)
     assert torch.equal(out[2], torch.zeros(hq, d))  # empty sequence -> zeros, not NaN
@@ -202,7 +202,7 @@ def test_decode_page_tiling_and_prefetch(page, block_n, prefetch):
     q = torch.randn(b, hk * g_size, d, generator=gen).to(torch.bfloat16)
     out = torch.empty(b, hk * g_size, d)
     cfg = kernels.DecodeConfig(block_n=block_n, prefetch=prefetch, num_splits=3, min_split_tokens=block_n)
-    kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=out, config=cfg)
+    dispatch.decode_attention(q, cache, bt, seq, d**-0.5, out=out, config=cfg)
     _check(out, reference.decode(q, cache, bt, seq, d**-0.5))
 
 
@@ -227,7 +227,7 @@ def test_decode_default_config_fp16_output():
     cache = _random_cache(32, page, hk, d, gen)
     bt = torch.randperm(32, generator=gen).reshape(2, 16).to(torch.int32)
     q = torch.randn(2, hk * g_size, d, generator=gen).to(torch.float16)
-    out = kernels.decode_attention(q, cache, bt, seq, d**-0.5)
+    out = dispatch.decode_attention(q, cache, bt, seq, d**-0.5)
     assert out.dtype == torch.float16
     ref = reference.decode(q, cache, bt, seq, d**-0.5)
     rel = ((out.double() - ref).norm() / ref.norm()).item()
@@ -247,7 +247,7 @@ def test_decode_large_values_stay_finite():
     seq = torch.tensor([64], dtype=torch.int32)
     q = torch.randn(1, 4, d, generator=gen).to(torch.bfloat16)
     out = torch.empty(1, 4, d)
-    kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=out, config=kernels.DecodeConfig(block_n=16))
+    dispatch.decode_attention(q, cache, bt, seq, d**-0.5, out=out, config=kernels.DecodeConfig(block_n=16))
     _check(out, reference.decode(q, cache, bt, seq, d**-0.5))
 
 
@@ -260,7 +260,7 @@ def test_decode_matches_vllm_decode(vllm_tq):
     q = torch.randn(b, hk * g_size, d, generator=gen).to(torch.bfloat16)
     theirs = vllm_tq.decode(q, cache, bt, seq, torch.eye(d), torch.zeros(1), d**-0.5, mse_bits=0,
                             key_packed_size=d, value_quant_bits=4, key_fp8=True, max_num_kv_splits=4)
-    ours = kernels.decode_attention(q, cache, bt, seq, d**-0.5, out=torch.empty(b, hk * g_size, d),
+    ours = dispatch.decode_attention(q, cache, bt, seq, d**-0.5, out=torch.empty(b, hk * g_size, d),
                                     config=kernels.DecodeConfig(block_n=32, min_split_tokens=32))
     assert ((ours - theirs.float()).norm() / theirs.float().norm()).item() < 5e-3  # theirs is bf16
 

@@ -211,19 +211,19 @@ def test_bad_input(case: Case, pin_subtree, tmp_path, capsys, monkeypatch):
 
 
 def test_target_deleted_between_plan_and_commit(pin_subtree, tmp_path, capsys, monkeypatch):
-    import sndr.apply as apply_mod
+    import sndr.commit as commit_mod  # apply imports its engine at call time: patch the home module
 
     tree = pin_subtree(FILES)
     pdir = tmp_path / "patches"
     pdir.mkdir()
     (pdir / "PB0001-x.toml").write_text(patch_text())
-    real_commit = apply_mod.commit
+    real_commit = commit_mod.commit
 
     def racing_commit(t, writes, ledger, digest):
         (tree / FILE).unlink()  # someone deletes the target after the plan was made
         return real_commit(t, writes, ledger, digest)
 
-    monkeypatch.setattr(apply_mod, "commit", racing_commit)
+    monkeypatch.setattr(commit_mod, "commit", racing_commit)
     before = {k: v for k, v in snapshot(tree).items() if k != FILE and not k.startswith(".sndr")}
     rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
     text = capsys.readouterr().err

@@ -101,7 +101,7 @@ def test_a_lock_free_first_plan_that_read_another_commit_mid_way_is_planned_agai
     no foreign write, and apply plans again under the lock instead of refusing. Deterministic:
     the other commit and its revert are played around the lock-free plan.
     """
-    import sndr.apply as apply_mod
+    import sndr.plan as plan_mod  # apply imports its engine at call time: patch the home module
 
     from .test_bad_input import ANCHOR, FILE, FILES, REPL
     from .test_hardening import _patches, _two_files
@@ -110,7 +110,7 @@ def test_a_lock_free_first_plan_that_read_another_commit_mid_way_is_planned_agai
     pdir = _patches(tmp_path, _two_files())
     patch_set = load_patch_set(pdir, packs=False)
     pristine = (tree / FILE).read_bytes()
-    real = apply_mod.build_plan
+    real = plan_mod.build_plan
     calls = []
 
     def plan_mid_commit(*a, **kw):
@@ -123,7 +123,7 @@ def test_a_lock_free_first_plan_that_read_another_commit_mid_way_is_planned_agai
                 (tree / FILE).write_bytes(pristine)  # ... and its set was reverted before our lock
         return real(*a, **kw)
 
-    monkeypatch.setattr(apply_mod, "build_plan", plan_mid_commit)
+    monkeypatch.setattr(plan_mod, "build_plan", plan_mid_commit)
     report = run_apply(tree, patch_set)
     assert report.ok, [p.render() for p in report.problems]
     assert REPL in (tree / FILE).read_text()  # f6620c5: "ok", with this file left pristine

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from sndr.apply import run_apply, run_verify
+from sndr.classify import diff_spans
 from sndr.load import PatchSet
 from sndr.model import Patch, Verdict
-from sndr.plan import build_plan, diff_spans
+from sndr.plan import build_plan
 
 SCHED = "vllm/v1/core/sched/scheduler.py"
 COORD = "vllm/v1/core/kv_cache_coordinator.py"

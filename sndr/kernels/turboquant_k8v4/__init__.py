@@ -30,7 +30,7 @@ __all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode",
 
 _LAZY: dict[str, str | None] = {
     "store": ".kernels",
-    "decode_attention": ".kernels",
+    "decode_attention": ".dispatch",
     "DecodeConfig": ".kernels",
     "decode": ".vllm_entry",
     "verify_attention": ".mtp_verify",

@@ -6,8 +6,8 @@
   G = Hq/Hk <= 16, fp16/bf16 queries), ``"triton"`` only when
   ``SNDR_TQ_BACKEND=triton`` asks for it, else ``"vllm"`` (vLLM's own kernel).
   :func:`gate` is the same rule on plain metadata (tested on the CPU).
-* :func:`decode_attention`: the public decode (``kernels.decode_attention`` is
-  an alias): CUDA where it takes the call, else the Triton kernels.
+* :func:`decode_attention`: the public decode (the package's ``decode_attention``):
+  CUDA where it takes the call, else the Triton kernels.
 * the fast path (:func:`fast`): the first eager call of a shape runs the full
   checks and builds a ``cuda_decode.LaunchPlan``; later calls with the same
   metadata (shapes, strides, dtypes, device, buffers, split cap, backend

@@ -1,8 +1,8 @@
 """Triton kernels for the TurboQuant k8v4 cache: store, split-KV decode, merge.
 
 This module is the Triton backend only (``triton_decode_attention``); the
-backend choice is ``dispatch.decode_attention``, still reachable here as
-``kernels.decode_attention``.
+backend choice is ``dispatch.decode_attention`` (the package's
+``decode_attention``).
 
 Layout: see ``_layout``. Every slot starts at a multiple of 4 bytes (the slot
 size is D + D/2 + 4 with D a power of two), so the decode reads the cache as
@@ -595,8 +595,7 @@ def triton_decode_attention(
 ) -> torch.Tensor:
     """Paged decode attention over a k8v4 cache on the Triton kernels. Returns ``out``.
 
-    The Triton backend alone; ``dispatch.decode_attention`` (also reachable as
-    ``kernels.decode_attention``) chooses between it and the CUDA kernels.
+    The Triton backend alone; ``dispatch.decode_attention`` chooses between it and the CUDA kernels.
     """
     bsz, hq, d = query.shape
     hk = kv_cache.shape[2]
@@ -642,14 +641,3 @@ def triton_decode_attention(
         num_warps=4 if d >= 128 else 2,
     )
     return out
-
-
-def __getattr__(name: str):
-    """``decode_attention`` (and the old private hooks) moved to ``dispatch``, which
-    chooses the backend; this module holds the Triton kernels only and imports
-    neither ``dispatch`` nor ``cuda_decode`` at import time."""
-    if name in ("decode_attention", "_try_cuda", "_capturing"):
-        from . import dispatch
-
-        return getattr(dispatch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

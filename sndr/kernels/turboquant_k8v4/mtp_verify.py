@@ -13,7 +13,7 @@ times. :func:`verify_attention` reads it once:
   of the score MMA (16 rows per warp, more rows: more chunks, whose tiles then
   come from L2). Split-KV, then ``decode_k8v4.cu``'s merge.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
-  :func:`kernels.decode_attention` (CUDA or Triton; Triton's interpreter on the
+  :func:`dispatch.decode_attention` (CUDA or Triton; Triton's interpreter on the
   CPU), with lengths ``seq_len - K + t`` built on the device.
 
 Both are fixed-grid, host-sync-free and CUDA-graph capturable: the split count
@@ -377,14 +377,14 @@ def synthetic_rows(query, kv_cache, block_table, seq_lens, scale, num_spec, *, o
                    max_splits: int = 64) -> torch.Tensor:
     """The same result as B * (K + 1) single-token decodes through PK0001's decode_attention
     (CUDA page/warp kernel or Triton): every request's KV is read K + 1 times."""
-    from . import kernels
+    from . import dispatch
 
     n = query.shape[0]
     ql = num_spec + 1
     b = n // ql
     sl = synthetic_lengths(seq_lens, b, num_spec)
     bt = block_table[:b].repeat_interleave(ql, dim=0)
-    return kernels.decode_attention(query, kv_cache, bt, sl, scale, out=out, max_splits=max_splits)
+    return dispatch.decode_attention(query, kv_cache, bt, sl, scale, out=out, max_splits=max_splits)
 
 
 def reference(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,

@@ -39,17 +39,6 @@ def _vllm_decode():
     return _FALLBACK["fn"]
 
 
-def supported(
-    query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-    key_packed_size: int, value_quant_bits: int, key_fp8: bool, seq_lens: torch.Tensor | None = None,
-) -> bool:
-    """Whether this package's kernels take the call (else vLLM's own run): ``dispatch.route``."""
-    if seq_lens is None:
-        seq_lens = torch.empty(0, dtype=torch.int32)
-    return dispatch.route(query, kv_cache, block_table, seq_lens, key_packed_size, value_quant_bits,
-                          key_fp8) != "vllm"
-
-
 def decode(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
