@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import cast
 
 from . import PIN_VERSION, env
-from .commit import MAX_STATE_BYTES, FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
+from .commit import FileWrite, TreeRoot, commit, decode, probe_writable, recover, sha256_bytes
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
 from .plan import Plan, build_plan, resolve_gates
+from .state import JOURNAL, LEDGER, MAX_STATE_BYTES, PROBE_PREFIX
 
 
 def tree_version(root: Path) -> str:
@@ -179,9 +180,6 @@ def _reinstalled(tree: TreeRoot, rels: list[str]) -> list[str]:
     return out
 
 
-PROBE_PREFIX = ".sndr-probe-"
-
-
 def _target_paths(patch_set: PatchSet) -> set[str]:
     return {f.path for p in patch_set.patches for f in p.files}
 
@@ -313,7 +311,7 @@ def _as_rolled_back(tree: TreeRoot) -> list[str]:
 
     from .commit import _journal_entries
 
-    raw = tree.read_state("journal.json")
+    raw = tree.read_state(JOURNAL)
     if raw is None:
         return []
     try:
@@ -340,9 +338,9 @@ def _as_rolled_back(tree: TreeRoot) -> list[str]:
         return overlay[rel] if rel in overlay else read_bytes(rel)
 
     def rolled_state(name: str, max_bytes: int = MAX_STATE_BYTES) -> bytes | None:
-        if name == "journal.json":
+        if name == JOURNAL:
             return None
-        if name == "ledger.json":
+        if name == LEDGER:
             return ledger_raw
         return read_state(name, max_bytes)
 

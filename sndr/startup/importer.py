@@ -767,7 +767,9 @@ class SndrFinder:
             log(f"in-memory hook: {self.inert_reason}; not serving patches", once_key="tree-mismatch")
             return
         self.root = root
-        if os.path.exists(os.path.join(root, ".sndr", "ledger.json")):
+        from ..state import LEDGER, state_path
+
+        if os.path.exists(state_path(root, LEDGER)):
             self.inert_reason = "the tree is patched on disk (it has a ledger); the in-memory hook stays out of the way"
             return
         self.cache = open_cache(self.environ)
