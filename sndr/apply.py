@@ -43,7 +43,7 @@ from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
 from .plan import Plan, build_plan, resolve_gates
-from .state import JOURNAL, LEDGER, MAX_STATE_BYTES, PROBE_PREFIX
+from .state import JOURNAL, LEDGER, MAX_STATE_BYTES, find_probes, pid_alive
 
 
 def tree_version(root: Path) -> str:
@@ -187,36 +187,8 @@ def _target_paths(patch_set: PatchSet) -> set[str]:
 def stale_probes(tree: TreeRoot, rels: set[str]) -> list[Path]:
     """Writability probes (``.sndr-probe-<pid>``) whose process is gone, in the tree root, the state
     directory and every directory holding ``rels``: what a Ctrl-C or a kill during a probe leaves."""
-    dirs = {tree.root, tree.state}
-    for rel in rels:
-        d = (tree.root / rel).parent
-        while d != tree.root and d not in dirs and tree.root in d.parents:
-            dirs.add(d)
-            d = d.parent
-    out = []
-    for d in sorted(dirs):
-        try:
-            names = [e.name for e in os.scandir(d) if e.name.startswith(PROBE_PREFIX)]
-        except OSError:
-            continue
-        for name in names:
-            try:
-                pid = int(name[len(PROBE_PREFIX):])
-            except ValueError:
-                continue
-            if pid != os.getpid() and not _alive(pid):
-                out.append(d / name)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
+    return [Path(path) for path, pid in find_probes(tree.root, rels)
+            if pid is not None and pid != os.getpid() and not pid_alive(pid)]
 
 
 def sweep_probes(tree: TreeRoot, rels: set[str]) -> list[str]:

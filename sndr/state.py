@@ -28,6 +28,7 @@ import json
 import os
 import posixpath
 import re
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from . import fsio
@@ -72,6 +73,41 @@ def relpath_problem(path: str) -> str | None:
     if posixpath.normpath(path) != path:
         return f"path {path!r} is not normalised"
     return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0); a process of another user exists too."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, owned by someone else
+    return True
+
+
+def find_probes(root: str | os.PathLike[str], rels: Iterable[str]) -> list[tuple[str, int | None]]:
+    """Writability probes (``.sndr-probe-<pid>``) in the tree root, its state directory and every
+    directory holding one of ``rels``: (path, pid; None when the name carries no pid), directories in
+    sorted order. What a Ctrl-C or a kill during apply's probe leaves; apply sweeps those whose
+    process is gone, the ``--verify`` fast path hands any to the full verifier."""
+    top = os.fspath(root)
+    dirs = {top, os.path.join(top, STATE_DIR)}
+    for rel in rels:
+        d = posixpath.dirname(rel)
+        while d:
+            dirs.add(os.path.join(top, d))
+            d = posixpath.dirname(d)
+    out: list[tuple[str, int | None]] = []
+    for d in sorted(dirs, key=lambda p: p.split(os.sep)):
+        try:
+            names = [e.name for e in os.scandir(d) if e.name.startswith(PROBE_PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            tail = name[len(PROBE_PREFIX):]
+            out.append((os.path.join(d, name), int(tail) if tail.isascii() and tail.isdigit() else None))
+    return out
 
 
 class StateProblem(Exception):

@@ -222,3 +222,28 @@ def test_the_hook_refuses_a_wrong_checksum_in_a_vllm_process(applied):
     assert any("ledger_corrupt" in p and "ledger.json" in p and "checksum" in p for p in out["problems"]), out
     out = out_of(applied.py(code, SNDR_STRICT="1"))
     assert out.get("raised") == "StrictError" and "ledger_corrupt" in out["message"], out
+
+
+def test_probes_are_found_where_apply_and_verify_look_and_pid_alive_is_one_rule(tmp_path):
+    """One probe finder for apply's sweep and the fast path's fallback: the root, .sndr and every directory
+    of a named file, never a sibling directory; a name without a pid is found (verify falls back) but
+    carries no pid (apply never removes it)."""
+    import subprocess
+    import sys
+
+    root = Box(tmp_path).root
+    (root / ".sndr").mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    made = {root / f".sndr-probe-{dead.pid}": dead.pid, root / ".sndr" / f".sndr-probe-{os.getpid()}": os.getpid(),
+            root / "vllm" / ".sndr-probe-x": None}
+    for p in made:
+        p.write_bytes(b"")
+    (root / "other").mkdir()
+    (root / "other" / ".sndr-probe-1").write_bytes(b"")  # not a directory of a named file
+    found = dict(state.find_probes(str(root), ["vllm/engine.py"]))
+    assert found == {str(p): pid for p, pid in made.items()}
+    assert state.pid_alive(os.getpid()) and not state.pid_alive(dead.pid)
+    from sndr.apply import stale_probes
+
+    assert stale_probes(TreeRoot(root), {"vllm/engine.py"}) == [root / f".sndr-probe-{dead.pid}"]

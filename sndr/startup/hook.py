@@ -481,7 +481,8 @@ def _status_body(argv: list[str] | None) -> int:
     import argparse
     import json
 
-    from .attest import pid_alive, read_records, run_dir
+    from ..state import pid_alive
+    from .attest import read_records, run_dir
 
     ap = argparse.ArgumentParser(prog="python -m sndr status",
                                  description="One line per vLLM process: the patch set it attested. "

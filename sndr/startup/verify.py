@@ -33,7 +33,6 @@ import sys
 from collections.abc import Callable, Mapping
 
 from .. import state as statemod
-from ..state import STATE_DIR
 from . import importer
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -106,22 +105,6 @@ def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importe
     return importer.memo_key("set-", pdir, importer.tree_identity(root) + "\0" + version, environ, cache)[0]
 
 
-def _probes(root: str, rels: list[str]) -> bool:
-    dirs = {root, os.path.join(root, STATE_DIR)}
-    for rel in rels:
-        d = os.path.dirname(rel)
-        while d:
-            dirs.add(os.path.join(root, d))
-            d = os.path.dirname(d)
-    for d in dirs:
-        try:
-            if any(n.startswith(statemod.PROBE_PREFIX) for n in os.listdir(d)):
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
     """(root, version, digest) when the tree verifies on the warm path; None: ask the full verifier."""
     root = _root(args.tree)
@@ -173,7 +156,7 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
                 data = importer._read(os.path.join(root, rel))
                 if data is None or importer._sha256(data) != entry["patched_sha256"]:
                     return None
-            if _probes(root, list(led["files"])):
+            if statemod.find_probes(root, led["files"]):
                 return None
         finally:
             if lfd is not None:
