@@ -279,7 +279,7 @@ def patches_dir(environ=None) -> str:
 # Paths relative to the sndr package. tests/test_architecture.py checks that each
 # exists, so moving a module cannot silently turn memo invalidation off.
 _STAMP_MODULES = ("model.py", "load.py", "plan.py", "apply.py", "classify.py", "binding.py", "packs.py", "env.py",
-                  "fsio.py", "locate.py", "startup/importer.py", "startup/runtime.py")
+                  "fsio.py", "locate.py", "state.py", "startup/importer.py", "startup/runtime.py")
 
 
 def _package_root() -> str:
