@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, cast
 
 from . import PIN_VERSION, env
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
+from .state import JOURNAL, LEDGER, MAX_STATE_BYTES, find_probes, pid_alive
 
 # The engine (commit, load, model, plan; pydantic under model) is imported inside the functions that run it,
 # so `python -m sndr.apply --help` and the parse errors cost no engine import.
@@ -191,9 +192,6 @@ def _reinstalled(tree: TreeRoot, rels: list[str]) -> list[str]:
     return out
 
 
-PROBE_PREFIX = ".sndr-probe-"
-
-
 def _target_paths(patch_set: PatchSet) -> set[str]:
     return {f.path for p in patch_set.patches for f in p.files}
 
@@ -201,36 +199,8 @@ def _target_paths(patch_set: PatchSet) -> set[str]:
 def stale_probes(tree: TreeRoot, rels: set[str]) -> list[Path]:
     """Writability probes (``.sndr-probe-<pid>``) whose process is gone, in the tree root, the state
     directory and every directory holding ``rels``: what a Ctrl-C or a kill during a probe leaves."""
-    dirs = {tree.root, tree.state}
-    for rel in rels:
-        d = (tree.root / rel).parent
-        while d != tree.root and d not in dirs and tree.root in d.parents:
-            dirs.add(d)
-            d = d.parent
-    out = []
-    for d in sorted(dirs):
-        try:
-            names = [e.name for e in os.scandir(d) if e.name.startswith(PROBE_PREFIX)]
-        except OSError:
-            continue
-        for name in names:
-            try:
-                pid = int(name[len(PROBE_PREFIX):])
-            except ValueError:
-                continue
-            if pid != os.getpid() and not _alive(pid):
-                out.append(d / name)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
+    return [Path(path) for path, pid in find_probes(tree.root, rels)
+            if pid is not None and pid != os.getpid() and not pid_alive(pid)]
 
 
 def sweep_probes(tree: TreeRoot, rels: set[str]) -> list[str]:
@@ -326,9 +296,9 @@ def _as_rolled_back(tree: TreeRoot) -> list[str]:
     journal_mismatch)."""
     import json as _json
 
-    from .commit import MAX_STATE_BYTES, _journal_entries, sha256_bytes
+    from .commit import _journal_entries, sha256_bytes
 
-    raw = tree.read_state("journal.json")
+    raw = tree.read_state(JOURNAL)
     if raw is None:
         return []
     try:
@@ -355,9 +325,9 @@ def _as_rolled_back(tree: TreeRoot) -> list[str]:
         return overlay[rel] if rel in overlay else read_bytes(rel)
 
     def rolled_state(name: str, max_bytes: int = MAX_STATE_BYTES) -> bytes | None:
-        if name == "journal.json":
+        if name == JOURNAL:
             return None
-        if name == "ledger.json":
+        if name == LEDGER:
             return ledger_raw
         return read_state(name, max_bytes)
 

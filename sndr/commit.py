@@ -68,14 +68,13 @@ from pydantic import ValidationError
 
 from . import env as envmod
 from . import fsio
+from . import state as statemod
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, Problem, SndrError
 from .model import Ledger
+from .state import CREATED_DIRS, JOURNAL, LEDGER, LOCK, MAX_STATE_BYTES, OBJECTS, STATE_DIR
 
-STATE_DIR = ".sndr"
 # The largest vLLM 0.33.0 .py file is under 1 MiB; anything near this limit is not source.
 MAX_TARGET_BYTES = 16 * 2**20
-# Ledgers and journals are a few KiB; a state file this large was not written by sndr.
-MAX_STATE_BYTES = 64 * 2**20
 # A journal has one entry per file of a commit; vLLM 0.33.0 has under 3,000 files. A larger journal
 # was not written by sndr, and reading it would cost minutes of CPU before anything else runs.
 MAX_JOURNAL_FILES = 4096
@@ -85,7 +84,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 _SHA = re.compile(r"[0-9a-f]{64}\Z")
-_CREATED_DIRS = "created-dirs.json"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -209,9 +207,9 @@ class TreeRoot:
                                     hint="pass the site-packages directory or the checkout root that contains vllm/"))
         self.real_root = Path(os.path.realpath(self.root))
         self.state = self.root / STATE_DIR
-        self.objects = self.state / "objects"
-        self.ledger_path = self.state / "ledger.json"
-        self.journal_path = self.state / "journal.json"
+        self.objects = self.state / OBJECTS
+        self.ledger_path = self.state / LEDGER
+        self.journal_path = self.state / JOURNAL
         # sha256 (None: missing) of the first bytes this TreeRoot read of each target: what every
         # decision was made on. commit() refuses a write whose before-bytes differ from it, so a
         # foreign write that lands between two reads of one command is never overwritten.
@@ -278,7 +276,7 @@ class TreeRoot:
             sfd = self.state_fd(create)
             if sfd is None:
                 return None
-            self._objects_fd = self._open_dir(sfd, "objects", self.objects, create)
+            self._objects_fd = self._open_dir(sfd, OBJECTS, self.objects, create)
         return self._objects_fd
 
     def read_state(self, name: str, max_bytes: int = MAX_STATE_BYTES) -> bytes | None:
@@ -287,13 +285,9 @@ class TreeRoot:
         if sfd is None:
             return None
         try:
-            return fsio.read_regular(name, max_bytes, f"sndr state file {name}", dir_fd=sfd,
-                                     follow_symlinks=False)
-        except fsio.FileProblem as exc:
-            if exc.code == "not_found":
-                return None
-            code = exc.code if exc.code in ("symlink_refused", "file_too_large") else "state_unsafe"
-            raise SndrError(Problem(code, exc.message, file=str(self.state / name))) from None
+            return statemod.read_state_file(sfd, name, str(self.state / name), max_bytes)
+        except statemod.StateProblem as exc:
+            raise SndrError(Problem(exc.code, exc.message, file=exc.path)) from None
 
     def write_state(self, name: str, data: bytes) -> None:
         try:
@@ -474,25 +468,27 @@ class TreeRoot:
     # -- ledger ------------------------------------------------------------
 
     def read_ledger(self) -> Ledger | None:
-        raw = self.read_state("ledger.json")
+        """The ledger, read and classified by :func:`sndr.state.check_ledger` (the reader the startup hook,
+        ``sndr status`` and the ``--verify`` fast path use), as a model; ``ledger_corrupt`` when it is not
+        JSON, not the shape sndr writes or its checksum does not match. The state file itself is read
+        through ``.sndr``'s fd (:meth:`read_state`: symlink_refused, state_unsafe, file_too_large)."""
+        raw = self.read_state(LEDGER)
         if raw is None:
             return None
         hint = (f"run `python -m sndr.commit --salvage-ledger {self.root}` to put back the last ledger sndr "
                 f"wrote that matches the tree (kept in .sndr/objects), then --verify or --revert; if it finds "
                 f"none, reinstall vLLM and delete .sndr/")
-        try:
-            ledger = Ledger.model_validate_json(raw)
+        found = statemod.check_ledger(raw, str(self.ledger_path))
+        if found.ledger is None:
+            raise SndrError(Problem(found.code or "ledger_corrupt", found.why, file=found.path, key=found.key,
+                                    hint=hint))
+        try:  # the shape check above is stricter than the model: this never fails on what it accepted
+            ledger = Ledger.model_validate(found.ledger)
         except ValidationError as exc:
             first = exc.errors()[0]
             raise SndrError(Problem("ledger_corrupt", f"ledger is corrupt or was edited by hand: {first.get('msg')}",
                                     file=str(self.ledger_path), key=".".join(map(str, first.get("loc", ()))) or None,
                                     hint=hint)) from None
-        except (RecursionError, ValueError) as exc:
-            raise SndrError(Problem("ledger_corrupt", f"ledger is corrupt: {exc}", file=str(self.ledger_path),
-                                    hint=hint)) from None
-        if ledger.checksum != ledger.compute_checksum():
-            raise SndrError(Problem("ledger_corrupt", "ledger was edited by hand (its checksum does not match)",
-                                    file=str(self.ledger_path), hint=hint))
         return ledger
 
     def pristine_bytes(self, rel: str, ledger: Ledger | None) -> bytes | None:
@@ -502,7 +498,7 @@ class TreeRoot:
         return self.read_bytes(rel)
 
     def created_dirs(self) -> list[str]:
-        raw = self.read_state(_CREATED_DIRS)
+        raw = self.read_state(CREATED_DIRS)
         try:
             dirs = json.loads(raw) if raw is not None else []
         except ValueError:
@@ -523,7 +519,7 @@ class TreeRoot:
             return
         try:
             sfd = self.state_fd(create=True)
-            fd = os.open("lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=sfd)
+            fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644, dir_fd=sfd)
         except SndrError:
             raise
         except OSError as exc:
@@ -531,11 +527,11 @@ class TreeRoot:
                 yield False  # read-only tree: nobody can be writing it
                 return
             if exc.errno == errno.ELOOP:
-                raise SndrError(Problem("symlink_refused", "the lock file is a symlink", file=str(self.state / "lock"),
+                raise SndrError(Problem("symlink_refused", "the lock file is a symlink", file=str(self.state / LOCK),
                                         hint="remove the link")) from None
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise read_only_error(self.state, exc) from None
-            raise os_error(exc, self.state / "lock") from None
+            raise os_error(exc, self.state / LOCK) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             if not shared:
@@ -835,7 +831,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
             raise SndrError(Problem("changed_during_apply", "file changed or vanished between plan and commit",
                                     file=w.rel, hint="re-run; nothing was written"))
     probe_writable(tree, writes)
-    old_ledger = tree.read_state("ledger.json")
+    old_ledger = tree.read_state(LEDGER)
     new_ledger = ledger.model_dump_json(indent=1).encode() if ledger is not None else None
     created = tree.created_dirs()
     befores = tree.put_objects([w.before for w in writes if w.before is not None]
@@ -859,7 +855,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
     try:
         # Inside the try: a journal that went in but could not be made durable is rolled back too.
         where.path = tree.journal_path
-        tree.write_state("journal.json", json.dumps(journal, indent=1).encode())
+        tree.write_state(JOURNAL, json.dumps(journal, indent=1).encode())
         _fault("after_journal")
         # Stage every temp file, make them durable together, then swap them in.
         for i, (w, entry) in enumerate(zip(writes, entries)):
@@ -906,15 +902,15 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
         _fsync_files(sorted(touched_dirs), dirs=True)
         now_created = [d for d in created if d not in removed_dirs]
         now_created += [d for e in entries for d in e.get("mkdirs", []) if d not in now_created]
-        where.path = tree.state / _CREATED_DIRS
+        where.path = tree.state / CREATED_DIRS
         if now_created != created:
-            tree.write_state(_CREATED_DIRS, json.dumps(sorted(now_created)).encode())
+            tree.write_state(CREATED_DIRS, json.dumps(sorted(now_created)).encode())
         _fault("before_ledger")
         where.path = tree.ledger_path
         if new_ledger is None:
-            tree.unlink_state("ledger.json")
+            tree.unlink_state(LEDGER)
         else:
-            tree.write_state("ledger.json", new_ledger)
+            tree.write_state(LEDGER, new_ledger)
         tree.fsync_state()
         _fault("after_ledger")
         # The final check, as late as the journal still allows a rollback: every path holds
@@ -953,7 +949,7 @@ def _commit(tree: TreeRoot, writes: list[FileWrite], ledger: Ledger | None, dige
     for w in writes:
         tree.observed(w.rel, w.after)
     where.path = tree.journal_path
-    tree.unlink_state("journal.json")
+    tree.unlink_state(JOURNAL)
     try:
         tree.fsync_state()
     except OSError:
@@ -1139,11 +1135,11 @@ def _undo_foreign(tree: TreeRoot, fw: _ForeignWrite) -> None:
                     fw.aside[f.rel] = back
         _sweep_temps(path.parent, path.name)  # our staged temp file, if it never went in
     rels = {f.rel for f in fw.files}
-    raw = tree.read_state("journal.json")
+    raw = tree.read_state(JOURNAL)
     assert raw is not None  # written at the start of this commit, under the lock
     journal = json.loads(raw)
     journal["files"] = [e for e in journal["files"] if e.get("path") not in rels]
-    tree.write_state("journal.json", json.dumps(journal, indent=1).encode())
+    tree.write_state(JOURNAL, json.dumps(journal, indent=1).encode())
 
 
 def _rollback(tree: TreeRoot) -> None:
@@ -1292,7 +1288,7 @@ def recover(tree: TreeRoot) -> list[str]:
 
 def _recover(tree: TreeRoot, where: _Where) -> list[str]:
     try:
-        raw = tree.read_state("journal.json", MAX_JOURNAL_BYTES)
+        raw = tree.read_state(JOURNAL, MAX_JOURNAL_BYTES)
     except SndrError as exc:
         if exc.problems[0].code == "file_too_large":
             raise _journal_too_large(tree, exc.problems[0].message) from None
@@ -1354,14 +1350,14 @@ def _recover(tree: TreeRoot, where: _Where) -> list[str]:
     cd = journal.get("created_dirs_before")
     if isinstance(cd, list):
         if cd != tree.created_dirs():
-            tree.write_state(_CREATED_DIRS, json.dumps(sorted(d for d in cd if isinstance(d, str))).encode())
+            tree.write_state(CREATED_DIRS, json.dumps(sorted(d for d in cd if isinstance(d, str))).encode())
     lb = journal.get("ledger_before")
     if lb is None:
-        tree.unlink_state("ledger.json")
+        tree.unlink_state(LEDGER)
     else:
-        tree.write_state("ledger.json", tree.get_object(lb))
+        tree.write_state(LEDGER, tree.get_object(lb))
     tree.fsync_state()
-    tree.unlink_state("journal.json")
+    tree.unlink_state(JOURNAL)
     tree.fsync_state()
     if foreign:
         raise SndrError(foreign, EXIT_FINDINGS)
@@ -1440,7 +1436,8 @@ def salvage_ledger(root: Path | str) -> str | None:
     """Put back the last ledger sndr wrote that matches the tree; returns its sha256, or None.
 
     Every ledger sndr writes is also kept in ``.sndr/objects``. A candidate
-    must parse, carry a valid checksum, and describe the tree as it is: every
+    must be what :func:`sndr.state.check_ledger` accepts (shape and checksum: what every ledger
+    reader accepts), and describe the tree as it is: every
     file it names holds its patched bytes. Of several, the one naming the most
     files wins (a later set over an earlier subset). Runs under the lock.
     """
@@ -1463,26 +1460,27 @@ def salvage_ledger(root: Path | str) -> str | None:
                     if not head.startswith(b"{"):
                         continue
                     raw = head + fh.read()
-                ledger = Ledger.model_validate_json(raw)
-            except (OSError, ValidationError, ValueError, RecursionError):
+            except OSError:
                 continue
-            if ledger.checksum != ledger.compute_checksum() or not ledger.files:
+            candidate = statemod.check_ledger(raw, name).ledger  # what every reader accepts, no more
+            files = candidate["files"] if candidate is not None else None
+            if not files:
                 continue
             ok = True
-            for rel, entry in ledger.files.items():
+            for rel, entry in files.items():
                 try:
                     now = tree.read_bytes(rel)
                 except SndrError:
                     ok = False
                     break
-                if now is None or sha256_bytes(now) != entry.patched_sha256:
+                if now is None or sha256_bytes(now) != entry["patched_sha256"]:
                     ok = False
                     break
-            if ok and (best is None or len(ledger.files) > best[0]):
-                best = (len(ledger.files), name, raw)
+            if ok and (best is None or len(files) > best[0]):
+                best = (len(files), name, raw)
         if best is None:
             return None
-        tree.write_state("ledger.json", best[2])
+        tree.write_state(LEDGER, best[2])
         tree.fsync_state()
         return best[1]
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from .errors import EXIT_OK, Problem, SndrError
 from .load import PatchSet, load_patch_set
 from .model import Patch, Verdict
+from .state import STATE_DIR
 
 PATCH_STATUSES = ("applies", "applied", "merged", "gated", "failed", "partial", "nothing_to_do", "left_out",
                   "enabled")
@@ -238,7 +239,7 @@ def _sndr_state(tree):
     reader gives the pristine copies in ``.sndr/objects`` (as apply and verify read them), so
     sndr's own replacements and markers never read as an upstream merge."""
     root = getattr(tree, "root", None)
-    if root is None or not (Path(root) / ".sndr").is_dir():
+    if root is None or not (Path(root) / STATE_DIR).is_dir():
         return tree.read_text, None, set()
     from .apply import _read_pristine_text, _reinstalled
     from .commit import TreeRoot, sha256_bytes

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from . import env
 from .errors import EXIT_BAD_INPUT, Problem, SndrError
 from .model import Patch, canonical_json
+from .state import STATE_DIR
 
 
 def shipped_patches_dir() -> Path:
@@ -274,7 +275,7 @@ def _confine(patch: Patch, text: str, source: str) -> None:
     for i, f in enumerate(patch.files):
         parts = f.path.split("/")
         why = None
-        if parts[0] == ".sndr":
+        if parts[0] == STATE_DIR:
             why = "is in sndr's own state directory"
         elif parts[0] not in PACKAGE_ROOTS or len(parts) < 2:
             why = f"is outside the {roots} package"

@@ -115,9 +115,9 @@ def _sha(text: str) -> str:
 
 def _refuse_patched(tree: Tree) -> None:
     """Positions must describe the pristine pin; a patched directory would record our own edits."""
-    from .commit import STATE_DIR
+    from .state import LEDGER, STATE_DIR
 
-    if isinstance(tree, DirTree) and tree.root is not None and (tree.root / STATE_DIR / "ledger.json").exists():
+    if isinstance(tree, DirTree) and tree.root is not None and (tree.root / STATE_DIR / LEDGER).exists():
         raise bad_input("tree_patched", f"{tree.root} is patched by sndr; a manifest needs a pristine tree",
                         file=str(tree.root), hint=f"build from the release instead: --tree vllm=={tree.version}")
 

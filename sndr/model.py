@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
-import posixpath
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from .errors import Problem  # errors are values: reports carry the same dataclass
+from .state import canonical_json, relpath_problem
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 # A runtime target or replacement: ``package.module:Qual.name``.
@@ -48,17 +47,9 @@ class Strict(BaseModel):
 
 
 def _check_relpath(path: str) -> str:
-    if not path:
-        raise ValueError("path must not be empty")
-    if "\\" in path or "\x00" in path:
-        raise ValueError(f"path {path!r} must use '/' separators and no NUL")
-    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
-        raise ValueError(f"path {path!r} is absolute; paths are relative to the tree root (e.g. 'vllm/...')")
-    parts = path.split("/")
-    if any(p in ("..", ".", "") for p in parts):
-        raise ValueError(f"path {path!r} contains '..', '.' or an empty segment; it must stay inside the tree")
-    if posixpath.normpath(path) != path:
-        raise ValueError(f"path {path!r} is not normalised")
+    why = relpath_problem(path)
+    if why is not None:
+        raise ValueError(why)
     return path
 
 
@@ -250,10 +241,6 @@ def _when_schema() -> dict:
     from .profile import when_schema
 
     return {"anyOf": [when_schema(), {"type": "null"}]}
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 # ----------------------------------------------------------------------------- reports

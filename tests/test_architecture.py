@@ -377,7 +377,7 @@ def test_the_code_stamp_names_modules_that_exist():
     assert not missing, f"importer._STAMP_MODULES names missing files {missing}: memo invalidation would be off"
     # Every core module the resolution runs is stamped: a change to it must invalidate the memo.
     stamped = set(importer._STAMP_MODULES)
-    for name in ("model.py", "load.py", "plan.py", "classify.py", "env.py", "packs.py"):
+    for name in ("model.py", "load.py", "plan.py", "classify.py", "env.py", "packs.py", "state.py"):
         assert name in stamped
 
 

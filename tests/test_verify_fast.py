@@ -130,14 +130,17 @@ def test_the_hook_and_the_fast_path_attest_the_same_digest(applied, capsys):
     assert out[-1] == f"ok  enabled set {digest[:12]}"
 
 
-def test_canonical_json_and_checksum_are_the_models(applied):
-    from sndr.model import Ledger, canonical_json
+def test_the_stdlib_ledger_reader_reads_what_the_model_dumps(applied):
+    """The fast path reads the ledger with sndr.state (no pydantic): what it accepts is the model's dump, key
+    for key, and the checksum it checks is the model's."""
+    from sndr import state
+    from sndr.model import Ledger
 
     raw = (applied.root / ".sndr" / "ledger.json").read_bytes()
     led = Ledger.model_validate_json(raw)
-    sample = {"b": [1, "ü", {"z": None, "a": True}], "a": 1.5}
-    assert verify.canonical_json(sample) == canonical_json(sample)
-    assert verify._ledger_ok(raw) is not None and led.checksum == led.compute_checksum()
+    found = state.check_ledger(raw, "ledger.json")
+    assert found.kind == "ok" and found.ledger == led.model_dump(mode="json")
+    assert led.checksum == led.compute_checksum() == found.ledger["checksum"]
 
 
 def test_a_warm_verify_process_imports_no_pydantic(applied, capsys):

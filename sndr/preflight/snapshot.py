@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..errors import SndrError, bad_input
 from ..fsio import FileProblem, decode_strict
+from ..state import LEDGER, STATE_DIR
 from .models import TreeInfo
 
 # ============================================================================ reading trees
@@ -25,7 +26,7 @@ class Snapshot:
         self._ledger = None
         self._root = None
         root = getattr(tree, "root", None)
-        if root is not None and (Path(root) / ".sndr" / "ledger.json").is_file():
+        if root is not None and (Path(root) / STATE_DIR / LEDGER).is_file():
             from ..commit import TreeRoot
 
             self._root = TreeRoot(root)

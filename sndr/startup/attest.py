@@ -130,16 +130,6 @@ def validate_record(rec: object, name: str | None = None) -> str | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def process_role(argv: list[str] | None = None) -> tuple[str, str]:
     """(role, raw process name). Roles: api_server, engine_core, worker, main, or the raw name.
 

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from .. import env as envmod
+from .. import state as statemod
 from . import importer
 from .importer import log
 
@@ -303,27 +304,13 @@ def _tree_root(environ) -> str | None:
 
 
 def _read_ledger(root: str, state: _Process) -> dict | None:
-    import json
-
-    from ..fsio import FileProblem, read_regular
-
-    path = os.path.join(root, ".sndr", "ledger.json")
-    try:  # never a blocking open: a FIFO or device ledger is refused at once (SNDR_STRICT aborts, no hang)
-        data = read_regular(path, 64 << 20, what="the ledger", follow_symlinks=False)
-    except FileProblem as exc:
-        if exc.code == "not_found":
-            return None
-        state.problems.append(f"{exc}; text patches cannot be verified ({exc.code})")
-        state.missing.append(f"ledger: {exc.message}, no text patch can be verified")
-        return None
-    try:
-        ledger = json.loads(data)
-        assert isinstance(ledger, dict) and ledger.get("format") == 1 and isinstance(ledger.get("files"), dict)
-        return ledger
-    except (ValueError, AssertionError, RecursionError):
-        state.problems.append(f"{root}/.sndr/ledger.json is corrupt; text patches cannot be verified")
-        state.missing.append("ledger: unreadable, no text patch can be verified")
-        return None
+    """The tree's ledger when :func:`sndr.state.read_ledger` finds it ok; a corrupt one (a wrong checksum,
+    a symlink, a FIFO, ...) is a problem naming its code, and no text patch can be verified."""
+    found = statemod.read_ledger(root)
+    if found.kind == "corrupt":
+        state.problems.append(f"{found.line()}; text patches cannot be verified")
+        state.missing.append(f"ledger: {found.why} ({found.code}), no text patch can be verified")
+    return found.ledger
 
 
 def _startup(state: _Process, environ) -> None:
@@ -408,7 +395,7 @@ def _record_path(state: _Process, root: str, environ) -> str | None:
 
 def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> None:
     state.ledger_digest = ledger.get("patch_set_digest")
-    if os.path.exists(os.path.join(root, ".sndr", "journal.json")):
+    if os.path.exists(statemod.state_path(root, statemod.JOURNAL)):
         state.problems.append("an interrupted commit is pending on this tree (journal.json); files may be torn")
     bad: dict[str, list[str]] = {}
     for rel, entry in sorted(ledger["files"].items()):
@@ -494,7 +481,8 @@ def _status_body(argv: list[str] | None) -> int:
     import argparse
     import json
 
-    from .attest import pid_alive, read_records, run_dir
+    from ..state import pid_alive
+    from .attest import read_records, run_dir
 
     ap = argparse.ArgumentParser(prog="python -m sndr status",
                                  description="One line per vLLM process: the patch set it attested. "
@@ -616,10 +604,6 @@ def active_summary(r: dict) -> str:
     return f"MISSING {len(missing)}  active {active}/{len(enabled)} patches; NOT active: {what}"
 
 
-#: A ledger names every patched file with two hashes; far below this even for thousands of files.
-_MAX_LEDGER_BYTES = 64 << 20
-
-
 class _Unreadable(Exception):
     """A tree file status cannot read as a regular file (a FIFO, a device, a symlink, a permission)."""
 
@@ -637,24 +621,10 @@ def _tree_sha(path: str) -> str | None:
 
 
 def _tree_ledger(root: str) -> tuple[dict | None, str | None]:
-    """(ledger, problem) of ``root`` now: (None, None) when there is no ledger."""
-    import json
-
-    from ..fsio import FileProblem, read_regular
-
-    path = os.path.join(root, ".sndr", "ledger.json")
-    try:
-        data = read_regular(path, _MAX_LEDGER_BYTES, "ledger", follow_symlinks=False)
-    except FileProblem as exc:
-        return (None, None) if exc.code == "not_found" else (None, f"{path}: {exc.message} ({exc.code})")
-    try:
-        ledger = json.loads(data)
-        if not (isinstance(ledger, dict) and isinstance(ledger.get("files"), dict)
-                and all(isinstance(e, dict) for e in ledger["files"].values())):
-            raise ValueError("not an sndr ledger")
-    except (ValueError, RecursionError):
-        return None, f"{path}: the ledger is corrupt"
-    return ledger, None
+    """(ledger, problem) of ``root`` now, read by :func:`sndr.state.read_ledger`: (None, None) when there is
+    no ledger; (None, the line naming it and its code) when it is corrupt."""
+    found = statemod.read_ledger(root)
+    return found.ledger, (found.line() if found.kind == "corrupt" else None)
 
 
 def _recheck_trees(records: list[dict]) -> list[str]:
@@ -775,7 +745,7 @@ def _hook_body(argv: list[str] | None) -> int:
             return 2
         importer.atomic_write(path, PTH_TEXT.encode(), mode=0o644)
         print(f"installed {path}")
-        if os.path.exists(os.path.join(site, ".sndr", "ledger.json")):
+        if os.path.exists(statemod.state_path(site, statemod.LEDGER)):
             print(f"note: {site} is patched on disk (it has a ledger); the hook stays inert there")
         return 0
     except Exception as exc:  # noqa: BLE001

@@ -279,7 +279,7 @@ def patches_dir(environ=None) -> str:
 # Paths relative to the sndr package. tests/test_architecture.py checks that each
 # exists, so moving a module cannot silently turn memo invalidation off.
 _STAMP_MODULES = ("model.py", "load.py", "plan.py", "apply.py", "classify.py", "binding.py", "packs.py", "env.py",
-                  "fsio.py", "locate.py", "startup/importer.py", "startup/runtime.py")
+                  "fsio.py", "locate.py", "state.py", "startup/importer.py", "startup/runtime.py")
 
 
 def _package_root() -> str:
@@ -767,7 +767,9 @@ class SndrFinder:
             log(f"in-memory hook: {self.inert_reason}; not serving patches", once_key="tree-mismatch")
             return
         self.root = root
-        if os.path.exists(os.path.join(root, ".sndr", "ledger.json")):
+        from ..state import LEDGER, state_path
+
+        if os.path.exists(state_path(root, LEDGER)):
             self.inert_reason = "the tree is patched on disk (it has a ledger); the in-memory hook stays out of the way"
             return
         self.cache = open_cache(self.environ)

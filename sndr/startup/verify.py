@@ -28,27 +28,15 @@ trees.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from .. import state as statemod
 from . import importer
 
-STATE_DIR = ".sndr"
-#: Writability probes an interrupted apply leaves (``sndr.apply.PROBE_PREFIX``); any present -> full verifier.
-PROBE_PREFIX = ".sndr-probe-"
-_LEDGER_KEYS = {"format", "patch_set_digest", "patches", "vllm_version", "files", "results", "counts", "left_out",
-                "checksum"}
-_FILE_KEYS = {"pristine_sha256", "patched_sha256", "patches", "created"}
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def canonical_json(obj: object) -> str:
-    """:func:`sndr.model.canonical_json` (tests/test_verify_fast.py checks they agree), without pydantic."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 class Args:
@@ -117,61 +105,6 @@ def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importe
     return importer.memo_key("set-", pdir, importer.tree_identity(root) + "\0" + version, environ, cache)[0]
 
 
-def _read_state(sfd: int, name: str) -> bytes | None:
-    """``.sndr/<name>``'s bytes; None when it does not exist; ``b""`` (unusable: the full verifier decides)
-    when it is there but not a regular file sndr can read: a FIFO or device is never opened for a blocking
-    read (:func:`sndr.fsio.read_regular`), a symlink never followed."""
-    from ..fsio import FileProblem, read_regular
-
-    try:
-        return read_regular(name, 64 << 20, what=f".sndr/{name}", dir_fd=sfd, follow_symlinks=False)
-    except FileProblem as exc:
-        return None if exc.code == "not_found" else b""
-
-
-def _ledger_ok(raw: bytes) -> dict[str, Any] | None:
-    """The ledger when it is exactly what the full reader accepts (shape, types, checksum), else None."""
-    try:
-        led = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(led, dict) or set(led) != _LEDGER_KEYS or led["format"] != 1 or led["left_out"] != {}:
-        return None
-    if not (isinstance(led["patch_set_digest"], str) and isinstance(led["vllm_version"], str)
-            and isinstance(led["checksum"], str) and led["checksum"]
-            and isinstance(led["patches"], list) and all(isinstance(p, str) for p in led["patches"])
-            and isinstance(led["results"], dict) and all(isinstance(v, str) for v in led["results"].values())
-            and isinstance(led["counts"], dict)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in led["counts"].values())
-            and isinstance(led["files"], dict)):
-        return None
-    for entry in led["files"].values():
-        if not (isinstance(entry, dict) and set(entry) == _FILE_KEYS and isinstance(entry["patched_sha256"], str)
-                and isinstance(entry["pristine_sha256"], str) and isinstance(entry["created"], bool)
-                and isinstance(entry["patches"], list) and all(isinstance(p, str) for p in entry["patches"])):
-            return None
-    body = {k: v for k, v in led.items() if k != "checksum"}
-    if importer._sha256(canonical_json(body).encode()) != led["checksum"]:
-        return None
-    return led
-
-
-def _probes(root: str, rels: list[str]) -> bool:
-    dirs = {root, os.path.join(root, STATE_DIR)}
-    for rel in rels:
-        d = os.path.dirname(rel)
-        while d:
-            dirs.add(os.path.join(root, d))
-            d = os.path.dirname(d)
-    for d in dirs:
-        try:
-            if any(n.startswith(PROBE_PREFIX) for n in os.listdir(d)):
-                return True
-        except OSError:
-            continue
-    return False
-
-
 def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
     """(root, version, digest) when the tree verifies on the warm path; None: ask the full verifier."""
     root = _root(args.tree)
@@ -190,14 +123,15 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
         return None
     if resolved.get("unknown_enable"):
         return None  # an SNDR_ENABLE_* naming no patch: the full verifier says so
-    state = os.path.join(root, STATE_DIR)
     try:
-        sfd = os.open(state, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC)
-    except OSError:
+        sfd = statemod.open_state_dir(root)
+    except statemod.StateProblem:
+        return None  # the full verifier names it
+    if sfd is None:
         return None
     try:
         try:  # the shared lock of sndr.commit.TreeRoot.lock: a verify never reads a commit half-way
-            lfd = os.open("lock", os.O_RDWR | _NOFOLLOW | _CLOEXEC, dir_fd=sfd)
+            lfd = os.open(statemod.LOCK, os.O_RDWR | _NOFOLLOW | _CLOEXEC, dir_fd=sfd)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.EROFS, errno.EACCES, errno.EPERM):
                 return None
@@ -207,17 +141,22 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
         if lfd is not None:
             fcntl.flock(lfd, fcntl.LOCK_SH)
         try:
-            if _read_state(sfd, "journal.json") is not None:
-                return None  # an interrupted commit: the full verifier rolls it back
-            raw = _read_state(sfd, "ledger.json")
-            led = _ledger_ok(raw) if raw is not None else None
-            if led is None or led["vllm_version"] != version or led["patch_set_digest"] != resolved["digest"]:
+            try:
+                if statemod.read_state_file(sfd, statemod.JOURNAL, statemod.state_path(root, statemod.JOURNAL)) \
+                        is not None:
+                    return None  # an interrupted commit: the full verifier rolls it back
+            except statemod.StateProblem:
+                return None  # the full verifier names it
+            found = statemod.read_ledger_at(sfd, root)  # the one reader: a bad ledger is the full verifier's to name
+            led = found.ledger
+            if led is None or led["left_out"] or led["vllm_version"] != version \
+                    or led["patch_set_digest"] != resolved["digest"]:
                 return None
             for rel, entry in led["files"].items():
                 data = importer._read(os.path.join(root, rel))
                 if data is None or importer._sha256(data) != entry["patched_sha256"]:
                     return None
-            if _probes(root, list(led["files"])):
+            if statemod.find_probes(root, led["files"]):
                 return None
         finally:
             if lfd is not None:

@@ -521,7 +521,7 @@ def _reseal_ledger(box, mutate: Callable[[dict], None]) -> Path:
     import hashlib
     import json
 
-    from sndr.startup.verify import canonical_json
+    from sndr.state import canonical_json
     from tests.hook_fixtures import replace_file
 
     path = box.root / ".sndr" / "ledger.json"
