@@ -153,25 +153,38 @@ def try_packed_decode(
     return out, initial_state
 
 
-def _packed_plan(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                 use_qk_l2norm_in_kernel) -> Plan | Literal[False]:
-    fn = "fused_recurrent_gated_delta_rule_packed_decode"
-    why = _state_ok(initial_state) or _device_ok(mixed_qkv)
+def _packed_args_why(mixed_qkv, a, b, A_log, dt_bias, state, ssm_state_indices) -> str | None:
+    """Why sndr does not take a packed-decode call's common arguments (state, device, layout, shapes,
+    activation dtype), or None; shared by the plain packed decode and the packed decode + norm."""
+    why = _state_ok(state) or _device_ok(mixed_qkv)
     if why:
-        return _refuse(fn, why)
-    hv, vd, kd = initial_state.shape[1], initial_state.shape[2], initial_state.shape[3]
+        return why
+    hv, vd, kd = state.shape[1], state.shape[2], state.shape[3]
     if (mixed_qkv.dim() != 2 or mixed_qkv.stride(1) != 1 or a.dim() != 2 or b.dim() != 2
             or a.stride(1) != 1 or b.stride(1) != 1 or ssm_state_indices.dim() != 1
             or A_log.dim() != 1 or dt_bias.dim() != 1 or A_log.stride(0) != 1 or dt_bias.stride(0) != 1):
-        return _refuse(fn, "argument layout vLLM rejects")  # vLLM raises its own error
+        return "argument layout vLLM rejects"  # vLLM raises its own error
     n = mixed_qkv.shape[0]
     qk = mixed_qkv.shape[1] - hv * vd
     h = qk // (2 * kd) if qk > 0 else 0
     if (h <= 0 or qk != 2 * h * kd or hv % h or a.shape != (n, hv) or b.shape != (n, hv)
-            or ssm_state_indices.shape[0] != n or A_log.shape[0] != hv or dt_bias.shape[0] != hv
-            or tuple(out.shape) != (n, 1, hv, vd) or not out.is_contiguous()):
+            or ssm_state_indices.shape[0] != n or A_log.shape[0] != hv or dt_bias.shape[0] != hv):
+        return "argument shapes vLLM rejects"
+    if mixed_qkv.dtype not in _IO_DTYPES:
+        return f"dtype {mixed_qkv.dtype}"
+    return None
+
+
+def _packed_plan(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                 use_qk_l2norm_in_kernel) -> Plan | Literal[False]:
+    fn = "fused_recurrent_gated_delta_rule_packed_decode"
+    why = _packed_args_why(mixed_qkv, a, b, A_log, dt_bias, initial_state, ssm_state_indices)
+    if why:
+        return _refuse(fn, why)
+    n, hv, vd = mixed_qkv.shape[0], initial_state.shape[1], initial_state.shape[2]
+    if tuple(out.shape) != (n, 1, hv, vd) or not out.is_contiguous():
         return _refuse(fn, "argument shapes vLLM rejects")
-    if mixed_qkv.dtype not in _IO_DTYPES or out.dtype not in _IO_DTYPES:
+    if out.dtype not in _IO_DTYPES:
         return _refuse(fn, f"dtype {mixed_qkv.dtype} / {out.dtype}")
     dev = mixed_qkv.device
     if any(t.device != dev for t in (a, b, A_log, dt_bias, initial_state, out, ssm_state_indices)):
@@ -453,22 +466,10 @@ def packed_decode_norm_ok(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ss
 def _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
                       norm_weight, norm_eps, act) -> Plan | Literal[False]:
     fn = "packed decode + gated RMSNorm"
-    why = _state_ok(state) or _device_ok(mixed_qkv)
+    why = _packed_args_why(mixed_qkv, a, b, A_log, dt_bias, state, ssm_state_indices)
     if why:
         return _refuse(fn, why)
-    hv, vd, kd = state.shape[1], state.shape[2], state.shape[3]
-    if (mixed_qkv.dim() != 2 or mixed_qkv.stride(1) != 1 or a.dim() != 2 or b.dim() != 2
-            or a.stride(1) != 1 or b.stride(1) != 1 or ssm_state_indices.dim() != 1
-            or A_log.dim() != 1 or dt_bias.dim() != 1 or A_log.stride(0) != 1 or dt_bias.stride(0) != 1):
-        return _refuse(fn, "argument layout vLLM rejects")
-    n = mixed_qkv.shape[0]
-    qk = mixed_qkv.shape[1] - hv * vd
-    h = qk // (2 * kd) if qk > 0 else 0
-    if (h <= 0 or qk != 2 * h * kd or hv % h or a.shape != (n, hv) or b.shape != (n, hv)
-            or ssm_state_indices.shape[0] != n or A_log.shape[0] != hv or dt_bias.shape[0] != hv):
-        return _refuse(fn, "argument shapes vLLM rejects")
-    if mixed_qkv.dtype not in _IO_DTYPES:
-        return _refuse(fn, f"dtype {mixed_qkv.dtype}")
+    n, hv, vd = mixed_qkv.shape[0], state.shape[1], state.shape[2]
     why = _norm_args_why(output_gate, norm_weight, out, n, hv, vd, act)
     if why:
         return _refuse(fn, why)
