@@ -37,8 +37,8 @@ WHEEL_MODULE_FIXTURES = frozenset({("test_configdrift.py", "trees"), ("test_mani
 #: Tests that fetch a tree inline (``open_tree("vllm==X")``, ``request.getfixturevalue``), by node id prefix.
 WHEEL_TESTS = (
     "tests/test_generated_current.py::",
-    "tests/test_preflight.py::test_every_verdict",
-    "tests/test_preflight.py::test_top_suggestion_overlaps_the_true_location",
+    "tests/preflight/test_preflight.py::test_every_verdict",
+    "tests/preflight/test_preflight.py::test_top_suggestion_overlaps_the_true_location",
     "tests/test_manifest.py::test_check_missing_manifest_for_tree",
 )
 

@@ -1,6 +1,6 @@
 """Independent oracle for relocation tests and the preflight benchmark: difflib alone.
 
-Shared by tests/test_preflight.py and benchmarks/bench_preflight.py so the
+Shared by tests/preflight/test_preflight.py and benchmarks/bench_preflight.py so the
 accuracy a test asserts and the accuracy the benchmark reports are measured
 against the same truth.
 """

@@ -15,7 +15,7 @@ included), so a lazy import cannot hide from these rules. The rules:
   no third-party module; checked in a fresh interpreter too. So ``pydantic``
   (via ``sndr.model``) is only ever reached by a function-level import, which
   runs on the cold path only (a memo miss: ``importer.resolve_set`` loading the
-  patch set); ``tests/test_hook.py`` checks a warm start never runs it.
+  patch set); ``tests/startup/test_hook.py`` checks a warm start never runs it.
 * The core never imports ``sndr.kernels`` or ``sndr.runtime_patches`` at module level.
 * No import cycle among sndr modules, function-level imports included (an
   import inside a function is a cycle all the same, only deferred). The cycles

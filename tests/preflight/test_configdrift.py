@@ -29,7 +29,7 @@ from sndr.preflight.configdrift import (
 )
 from sndr.tree import open_tree
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

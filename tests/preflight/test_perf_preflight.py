@@ -21,7 +21,7 @@ from sndr.preflight.perf import performance_section, plugin_entry
 from sndr.upstream.perfgate import gate_performance
 from sndr.upstream.pin import read_pin
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- real trees

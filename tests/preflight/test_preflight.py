@@ -25,8 +25,8 @@ from sndr.preflight.models import PreflightReport
 from sndr.preflight.render import render_markdown
 from tests.preflight_oracle import true_location
 
-DATA = Path(__file__).parent / "data" / "preflight"
-ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parents[1] / "data" / "preflight"
+ROOT = Path(__file__).resolve().parents[2]
 
 # (patch, edit) -> (pin verdict, candidate verdict, what happened upstream)
 EXPECTED_032_033 = {

@@ -3,10 +3,10 @@ producer's text (re-emitted context is pristine), or when the candidate holds it
 
 from __future__ import annotations
 
+from preflight.test_preflight import _tree
 from sndr.load import PatchSet
 from sndr.model import Patch, Verdict
 from sndr.preflight.analysis import run_preflight
-from tests.test_preflight import _tree
 
 BODY = "".join(f"    value_{i} = compute_thing_{i}(alpha, beta)\n" for i in range(8))
 PIN = "import os\n\n\ndef helper(alpha, beta):\n" + BODY + "    return value_0\n\n\ndef keep():\n    return 1\n"

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sndr.startup.metrics import facts_of_record, write_textfile
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 RECORD = {"pid": 4242, "role": "engine_core", "mode": "disk", "vllm_version": "0.32.0",
           "patch_set_digest": "ab" * 32, "enabled": ["PB0001", "PB0002", "PG0001"], "gated": ["PK0001", "PK0002"],

@@ -19,7 +19,7 @@ from sndr.load import load_patch_set
 from sndr.plan import build_plan
 from sndr.upstream.genesis import boot_order, convert
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHED = "vllm/v1/core/sched/scheduler.py"
 SCHED_TEXT = '''\
 class Scheduler:

@@ -18,9 +18,9 @@ from sndr.load import load_patch_set
 from sndr.plan import build_plan
 from sndr.upstream.series import import_series, mbox_members, quilt_members
 from sndr.upstream.vendor import unified_diff
-from tests.test_vendor import PIN_FILES, SCHED, SCHED_NEW, UTILS, UTILS_NEW, mail, make_tree
+from upstream.test_vendor import PIN_FILES, SCHED, SCHED_NEW, UTILS, UTILS_NEW, mail, make_tree
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 S = "vllm/v1/core/sched/scheduler.py"
 U = "vllm/v1/core/kv_cache_utils.py"
 

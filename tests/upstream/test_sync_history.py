@@ -14,7 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
+
+from sndr.errors import SndrError
+from sndr.upstream.decisions import EMPTY, load_decisions, parse_decisions, set_deviation
+from sndr.upstream.diff import parse_hunks
+from sndr.upstream.judge import classify_hunk
+from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue, read_pin
+from sndr.upstream.reverts import revert_target_subject, strip_pr
+from sndr.upstream.sync import Surface, cli_main, pin_main, plan_queue, render_markdown
+from upstream.test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     BENCH,
     BLOCK_POOL,
     COORD,
@@ -40,14 +48,6 @@ from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     source,
     tree_edit,
 )
-
-from sndr.errors import SndrError
-from sndr.upstream.decisions import EMPTY, load_decisions, parse_decisions, set_deviation
-from sndr.upstream.diff import parse_hunks
-from sndr.upstream.judge import classify_hunk
-from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue, read_pin
-from sndr.upstream.reverts import revert_target_subject, strip_pr
-from sndr.upstream.sync import Surface, cli_main, pin_main, plan_queue, render_markdown
 
 
 def _git(repo: Repo, *args: str) -> str:
@@ -424,10 +424,9 @@ def test_benchmark_reference_gate(tmp_path):
 
 def test_readme_pin_bump_on_a_clone_with_release_branches(tmp_path, vllm_pin_root, vllm_candidate_root, capsys):
     """``sync plan --from v0.32.0 --to v0.33.0`` on a clone whose tags hold the real 0.32.0 and 0.33.0 files."""
-    from upstream.history import git, release_history
-
     from sndr.load import load_patch_set
     from sndr.upstream.queue import patch_surface
+    from upstream.history import git, release_history
 
     files = sorted(patch_surface(load_patch_set(None).patches))
     rh = release_history(vllm_pin_root, vllm_candidate_root, files)

@@ -16,7 +16,11 @@ import shlex
 from pathlib import Path
 
 import pytest
-from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
+
+from sndr.load import load_patch_set
+from sndr.upstream.pin import gate_benchmark, gate_manifest, gate_queue, load_queue, rebuild_hint
+from sndr.upstream.sync import cli_main, pin_main
+from upstream.test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     BENCH,
     BLOCK_POOL,
     GOOD_PREFLIGHT,
@@ -28,11 +32,7 @@ from test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     scripted,
     source,
 )
-from test_sync_history import releases  # noqa: F401 - a fixture
-
-from sndr.load import load_patch_set
-from sndr.upstream.pin import gate_benchmark, gate_manifest, gate_queue, load_queue, rebuild_hint
-from sndr.upstream.sync import cli_main, pin_main
+from upstream.test_sync_history import releases  # noqa: F401 - a fixture
 
 MISSING = "vllm/v1/core/no_such_module.py"
 

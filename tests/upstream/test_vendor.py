@@ -515,7 +515,7 @@ def test_dispatcher_maps_vendor(tmp_path):
     diff.write_text(unified_diff(UTILS, UTILS_NEW, "vllm/v1/core/kv_cache_utils.py"))
     proc = subprocess.run([sys.executable, "-m", "sndr", "vendor", "--diff", str(diff), "--id", "PN0121",
                            "--title", "t", "--tree", str(tree), "--stdout"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert parse_patch(proc.stdout, "out").id == "PN0121"
 

@@ -29,8 +29,8 @@ from sndr.upstream.watchlist import (
 )
 from sndr.upstream.watchlist_lint import Registry, lint
 
-FIXTURE = Path(__file__).parent / "fixtures" / "upstream_watchlist.yaml"
-ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_watchlist.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "patches" / "watchlist.yaml"
 
 
@@ -364,7 +364,7 @@ def test_check_on_a_real_preflight_report(tmp_path, vllm_pin_root, vllm_candidat
     preflight = pytest.importorskip("sndr.preflight.analysis")
     from sndr.load import load_patch_set
 
-    patches = Path(__file__).parent / "data" / "preflight" / "bump_032_033"
+    patches = Path(__file__).resolve().parents[1] / "data" / "preflight" / "bump_032_033"
     if not patches.is_dir():
         pytest.skip("preflight data set not available")
     rep = preflight.run_preflight(load_patch_set(patches), str(vllm_pin_root), str(vllm_candidate_root))
