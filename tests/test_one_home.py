@@ -277,7 +277,7 @@ ENV_PENDING: dict[str, str] = {}
 #: ``os.replace``/``os.rename`` outside sndr/fsio.py and the transaction, justified.
 REPLACE_EXCEPTIONS = {
     "sndr/commit.py": "the transaction: journal, objects and the commit's own replace protocol",
-    "sndr/tree.py": "publishes a whole fetched tree directory and moves a wheel pip downloaded into a temp dir: "
+    "sndr/tree_release.py": "publishes a whole fetched tree directory and moves a wheel pip downloaded into a temp dir: "
                     "directory and whole-download renames, not file writes (fsio.atomic_write writes bytes)",
     "sndr/preflight/lineindex.py": "the line index is a sqlite database that sqlite writes itself into a temp "
                                    "from fsio.create_temp, then os.replace'd into place (fsio.atomic_write "
