@@ -61,7 +61,7 @@ def _ours(path: Path) -> bool:
 
 
 def cached_tree(cache: Path, want: Version) -> Path | None:
-    trees = cache / "trees"
+    trees = cache / env.CACHE_TREES
     exact = trees / f"{_PKG}-{want}"
     if _ours(exact) and (exact / ".complete").is_file():
         return exact
@@ -80,7 +80,7 @@ def trusted_cache_root() -> Path:
     from .fsio import UnsafeDirError
 
     try:
-        for name in ("trees", "wheels", "locks"):
+        for name in (env.CACHE_TREES, env.CACHE_WHEELS, env.CACHE_LOCKS):
             caches.require_dir(name, "tree cache").close()
     except UnsafeDirError as exc:
         raise bad_input("cache_unsafe", f"refused: {exc.why}; a vllm==X tree is never read from or fetched into "
@@ -90,7 +90,7 @@ def trusted_cache_root() -> Path:
 
 
 def _cached_wheel(cache: Path, want: Version) -> Path | None:
-    wheels = cache / "wheels"
+    wheels = cache / env.CACHE_WHEELS
     if not wheels.is_dir():
         return None
     for w in sorted(wheels.glob(f"{_PKG}-*.whl")):
@@ -124,7 +124,7 @@ def _download_wheel(cache: Path, version: str) -> Path:
     if env.env_flag(env.OFFLINE):
         raise bad_input("offline", f"vllm=={version} is not in the cache ({cache}) and {env.OFFLINE}=1 forbids fetching",
                         key=f"vllm=={version}")
-    wheels = cache / "wheels"
+    wheels = cache / env.CACHE_WHEELS
     wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=wheels) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -202,7 +202,7 @@ def _extract(wheel: Path, cache: Path) -> Path:
     """
     with WheelTree(wheel) as view:
         version = metadata_version(view.metadata()) or view._fallback_version()
-        trees = cache / "trees"
+        trees = cache / env.CACHE_TREES
         final, tmp = trees / f"{_PKG}-{version}", trees / f"{_PKG}-{version}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         for name in sorted(view._members):
@@ -235,8 +235,8 @@ def fetch_version(version: str) -> Path:
     hit = cached_tree(cache, want)
     if hit is not None:
         return hit
-    (cache / "locks").mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache / "locks" / "fetch.lock")):
+    (cache / env.CACHE_LOCKS).mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / env.CACHE_LOCKS / "fetch.lock")):
         hit = cached_tree(cache, want)
         if hit is not None:
             return hit

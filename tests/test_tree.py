@@ -30,9 +30,9 @@ SAMPLE = "vllm/v1/core/kv_cache_utils.py"
 
 
 def _wheel(version: str) -> Path:
-    found = sorted((env.cache_root() / "wheels").glob(f"vllm-{version}-*.whl"))
+    found = sorted((env.cache_root() / env.CACHE_WHEELS).glob(f"vllm-{version}-*.whl"))
     if not found:
-        where = env.cache_root() / "wheels"
+        where = env.cache_root() / env.CACHE_WHEELS
         pytest.skip(f"no_cached_wheel: no vllm {version} wheel in {where} (fetching a tree deletes it once "
                     f"extracted); to run this test: {sys.executable} -m pip download --no-deps "
                     f"--only-binary=:all: vllm=={version} -d {where}")
