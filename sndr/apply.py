@@ -50,12 +50,6 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 
-def tree_version(root: Path) -> str:
-    from .tree import open_tree
-
-    return open_tree(root).version
-
-
 def enabled_ids(patch_set: PatchSet, version: str, environ, only=None, profile=None) -> list[str]:
     """The ids a plan would enable, computed without reading any target file."""
     from .plan import resolve_gates
@@ -156,42 +150,6 @@ def _ledger_state(tree: TreeRoot, ledger: Ledger) -> _LedgerState:
     return st
 
 
-def _installer_hashes(root: Path) -> dict[str, str]:
-    """sha256 (hex) of every file as the installer wrote it, from vLLM's dist-info RECORD ({} without one)."""
-    import base64
-
-    out: dict[str, str] = {}
-    for record in sorted(root.glob("vllm-*.dist-info/RECORD")):
-        try:
-            lines = record.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.rsplit(",", 2)
-            if len(parts) == 3 and parts[1].startswith("sha256="):
-                raw = parts[1][len("sha256="):]
-                try:
-                    out[parts[0]] = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
-                except ValueError:
-                    continue
-    return out
-
-
-def _reinstalled(tree: TreeRoot, rels: list[str]) -> list[str]:
-    """Of ``rels``, those holding exactly the bytes vLLM's installer recorded: a reinstall of another build."""
-    from .commit import sha256_bytes
-
-    if not rels:
-        return []
-    record = _installer_hashes(tree.root)
-    out = []
-    for rel in rels:
-        now = tree.read_bytes(rel)
-        if now is not None and record.get(rel) == sha256_bytes(now):
-            out.append(rel)
-    return out
-
-
 def _target_paths(patch_set: PatchSet) -> set[str]:
     return {f.path for p in patch_set.patches for f in p.files}
 
@@ -253,7 +211,7 @@ def run_apply(root: Path | str, patch_set: PatchSet, *, dry_run: bool = False, f
 
     environ = os.environ if environ is None else environ
     tree = TreeRoot(root)
-    version = tree_version(tree.root)
+    version = tree.version
     if dry_run:
         # Pure: no lock, no recovery, no writes. A pending journal is rolled back in memory only.
         rolled = _as_rolled_back(tree)
@@ -359,12 +317,12 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
             # hold the old patched bytes read as their stored pristine, unless the
             # new version's installer recorded exactly those bytes (upstream merged
             # the change): those are the new version's pristine.
-            upstream = _reinstalled(tree, st.patched)
+            upstream = tree.reinstalled(st.patched)
             notes.append(f"ledger_stale: the ledger was written for vLLM {ledger.vllm_version}, the tree now "
                          f"holds vLLM {version}: planning again from the tree as it is")
             ledger = _drop_entries(ledger, set(st.pristine) | set(st.foreign) | set(upstream))
             st = _LedgerState(patched=[r for r in st.patched if r not in upstream])
-        reinstalled = _reinstalled(tree, st.foreign)
+        reinstalled = tree.reinstalled(st.foreign)
         if reinstalled:
             notes.append(f"ledger_stale: {len(reinstalled)} file(s) hold the bytes vLLM's installer recorded "
                          f"(dist-info RECORD), not the ledger's pristine: vLLM was reinstalled from another "
@@ -401,7 +359,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     else:
         # Plan from the tree as it is now. (A lock-free plan that read a file another sndr was
         # committing, and has reverted since, is not a change to refuse.)
-        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version,
+        plan = build_plan(patch_set, tree.pristine(ledger).read_text, version,
                           environ=environ, only=only, keep_going=keep_going, profile=profile)
         _path_typos(tree, version, plan, patch_set)
     if not plan.ok:
@@ -434,9 +392,9 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
 def _pin_paths(tree: TreeRoot, version: str) -> set[str] | None:
     """Every ``.py`` path of the pinned vLLM: sndr's cached pristine copy of the pin when there is one
     (never fetched for this), and the tree itself when it is the pin; None when neither is at hand."""
-    from .tree import _cached_tree, _want_version
+    from .tree_release import cached_tree, want_version
 
-    roots = [r for r in (_cached_tree(env.cache_root(), _want_version(PIN_VERSION)),
+    roots = [r for r in (cached_tree(env.cache_root(), want_version(PIN_VERSION)),
                          tree.root if version == PIN_VERSION else None) if r is not None]
     if not roots:
         return None
@@ -507,7 +465,7 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
     from .plan import build_plan, resolve_gates
 
     if edits:
-        plan = build_plan(patch_set, lambda rel: _read_pristine_text(tree, rel, ledger), version, environ=environ,
+        plan = build_plan(patch_set, tree.pristine(ledger).read_text, version, environ=environ,
                           only=only, check_compile=False, profile=profile)
         if plan.digest == ledger.patch_set_digest:
             from .model import Verdict
@@ -539,13 +497,6 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
     return out
 
 
-def _read_pristine_text(tree: TreeRoot, rel: str, ledger: Ledger | None) -> str | None:
-    from .commit import decode
-
-    data = tree.pristine_bytes(rel, ledger)
-    return None if data is None else decode(data, rel)
-
-
 def _adopt_current(tree: TreeRoot, ledger: Ledger, rels: set[str]) -> Ledger:
     from .model import LedgerFile
 
@@ -571,6 +522,7 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
     files: dict[str, LedgerFile] = {}
     touched = set(plan.changes) | set(ledger.files if ledger else {})
     to_store: list[bytes] = []
+    upstream = tree.pristine(ledger)
     for rel in sorted(touched):
         now = tree.read_bytes(rel)
         after: bytes | None  # None: the file goes (a created file back to pristine)
@@ -586,7 +538,7 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
             files[rel] = LedgerFile(pristine_sha256=pristine_sha, patched_sha256=sha256_bytes(patched),
                                     patches=ch.patches, created=created)
         else:  # touched by an older patch set, untouched now: back to pristine
-            after = tree.pristine_bytes(rel, ledger)
+            after = upstream.read_bytes(rel)
         if now != after:
             writes.append(FileWrite(rel, now, after))
     if store:
@@ -607,7 +559,7 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
     from .commit import FileWrite, TreeRoot, commit, recover
 
     tree = TreeRoot(root)
-    version = tree_version(tree.root)
+    version = tree.version
     if not tree.state.exists():
         return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK,
                        notes=["no .sndr state: sndr never patched this tree; nothing to revert"])
@@ -649,7 +601,7 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
     if profile is not None:
         environ = _WithProfile(environ, profile)
     tree = TreeRoot(root)
-    version = tree_version(tree.root)
+    version = tree.version
     if tree.journal_path.exists():
         with tree.lock():
             recover(tree)
@@ -768,6 +720,7 @@ def _unpatched_files(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, result
 
     texts: dict[str, str | None] = {}
     pristine: dict[str, str | None] = {}
+    upstream = tree.pristine(ledger)
     counts: dict[str, int] = {}
     for p in results:
         hit = [e for e in p.edits if e.file in bad and e.verdict == Verdict.APPLIED]  # what apply changed
@@ -778,7 +731,7 @@ def _unpatched_files(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, result
                     texts[e.file] = tree.read_text(e.file)
                 except SndrError:  # not UTF-8 any more: no edit of ours reads applied there
                     texts[e.file] = None
-                pristine[e.file] = _read_pristine_text(tree, e.file, ledger)
+                pristine[e.file] = upstream.read_text(e.file)
             edit = next((ed for fe in (patch.files if patch else []) if fe.path == e.file
                          for ed in fe.edits if ed.name == e.name), None)
             if edit is None:
@@ -824,18 +777,10 @@ def _unpatched_files(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, result
 
 
 def _default_root() -> tuple[Path, bool]:
-    """Where ``import vllm`` would find vLLM (without importing it); else the cached pin tree.
+    """No ``--tree``: :func:`sndr.tree.default_root` for the pinned vLLM (root, is_fallback)."""
+    from .tree import default_root
 
-    Returns (root, is_fallback). The fallback is only ever used for a dry-run.
-    """
-    from .tree import fetch_version, find_installed_root
-
-    try:
-        return find_installed_root(), False
-    except SndrError as exc:
-        if not any(p.code == "vllm_not_found" for p in exc.problems):
-            raise
-    return fetch_version(PIN_VERSION), True
+    return default_root(PIN_VERSION)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -868,47 +813,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-_NEEDS_DIR = ("apply writes into the tree, so --tree needs the directory that contains vllm/ (or installed[:PYTHON]); "
-              "wheels and git: trees are read-only views: classify them with `python -m sndr list --tree T` or "
-              "`python -m sndr preflight`")
-
-
-def _directory(root: Path | None) -> Path:
-    assert root is not None, "installed and cached release trees are directories"
-    return root
-
-
 def resolve_tree(spec: str, *, dry_run: bool) -> Path:
-    """``--tree`` -> the directory that contains ``vllm/``.
+    """``--tree`` -> the directory that contains ``vllm/`` (:func:`sndr.tree.directory`: the one rule, with
+    the reason when the spec is not a directory apply may use)."""
+    from .tree import directory
 
-    Takes a directory, ``installed[:PYTHON]`` and, for a dry-run, ``vllm==X``
-    (sndr's read-only cached copy); a wheel or a ``git:`` tree is refused with
-    words saying why, and a missing path says it does not exist.
-    """
-    from .tree import _VERSION_SPEC, open_tree
-
-    text = spec.strip()
-    if text == "installed" or text.startswith("installed:"):
-        return _directory(open_tree(text).root)  # the directory holding vllm/
-    if _VERSION_SPEC.match(text):
-        if not dry_run:
-            raise SndrError(Problem("bad_tree_spec", f"{text!r} names sndr's read-only cached copy of a release; "
-                                    "apply, verify and revert write to or check an installed tree", key="--tree",
-                                    hint=f"simulate on it with --dry-run --tree {text}, or pass the directory "
-                                         "that contains vllm/"))
-        return _directory(open_tree(text).root)
-    path = Path(text).expanduser()
-    if text.startswith("git:") or path.suffix == ".whl":
-        raise SndrError(Problem("bad_tree_spec", f"{text!r} is not a directory", key="--tree", hint=_NEEDS_DIR))
-    if not path.exists():
-        raise SndrError(Problem("tree_not_found", f"{text} does not exist", file=text, key="--tree",
-                                hint="pass the directory that contains vllm/ (site-packages or a checkout)"))
-    if not path.is_dir():
-        raise SndrError(Problem("bad_tree_spec", f"{text} is a file, not a directory", file=text, key="--tree",
-                                hint=_NEEDS_DIR))
-    if path.name == "vllm" and (path / "__init__.py").is_file() and not (path / "vllm").is_dir():
-        return path.parent
-    return path
+    return directory(spec, dry_run=dry_run)
 
 
 def _mode(args) -> str:

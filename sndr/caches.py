@@ -109,7 +109,7 @@ def dir_path(name: str, what: str, *, root: str | os.PathLike[str] | None = None
 
 def open_plan_cache(environ=None) -> fsio.PrivateDir | None:
     """The planner's cache directory under the cache root, or None (said on stderr) when unsafe."""
-    return open_dir(f"plan-{fsio.python_tag()}", "plan cache", environ=environ,
+    return open_dir(env.plan_cache_name(fsio.python_tag()), "plan cache", environ=environ,
                     without="plans are the same, only slower")
 
 

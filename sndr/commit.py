@@ -60,7 +60,9 @@ import re
 import signal
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TypedDict
 
@@ -72,6 +74,7 @@ from . import state as statemod
 from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, Problem, SndrError
 from .model import Ledger
 from .state import CREATED_DIRS, JOURNAL, LEDGER, LOCK, MAX_STATE_BYTES, OBJECTS, STATE_DIR
+from .treeview import DirTree, PristineView, Tree
 
 # The largest vLLM 0.33.0 .py file is under 1 MiB; anything near this limit is not source.
 MAX_TARGET_BYTES = 16 * 2**20
@@ -195,13 +198,22 @@ def _sweep_temps(directory: Path, name: str) -> None:
                 os.unlink(directory / entry)  # unlink never follows a symlink
 
 
-class TreeRoot:
-    """The on-disk side of one tree: safe paths, the state directory, the lock."""
+class TreeRoot(Tree):
+    """The one writable tree: a directory holding ``vllm/``, its safe paths, the state directory, the lock.
+
+    A :class:`sndr.treeview.Tree` whose reads are the writer's (no symlink
+    followed, every first read recorded for the commit's before-check); the vLLM
+    version, the file list and the metadata are read through :attr:`view`, a
+    plain :class:`sndr.treeview.DirTree` of the same directory.
+    """
+
+    root: Path  # a writable tree is always a directory
 
     def __init__(self, root: Path | str):
         self._state_fd: int | None = None  # first: __del__ runs even when the checks below raise
         self._objects_fd: int | None = None
         self.root = Path(root)
+        self.spec, self.kind = str(self.root), "dir"
         if not (self.root / "vllm").is_dir():
             raise SndrError(Problem("not_a_tree", "directory does not contain a vllm/ package", file=str(self.root),
                                     hint="pass the site-packages directory or the checkout root that contains vllm/"))
@@ -393,9 +405,44 @@ class TreeRoot:
                                         "sndr refuses it without opening it for reading", file=rel)) from None
             raise SndrError(Problem(exc.code, exc.message, file=rel)) from None
 
-    def read_text(self, rel: str) -> str | None:
-        data = self.read_bytes(rel)
-        return None if data is None else decode(data, rel)
+    def decode(self, data: bytes, rel: str) -> str:
+        return decode(data, rel)
+
+    # -- the read-only side: one plain view of the same directory --------------
+
+    @cached_property
+    def view(self) -> DirTree:
+        """The directory as a plain view: where the vLLM version is read (the digest and the listing too)."""
+        return DirTree(self.root)
+
+    @cached_property
+    def version(self) -> str:
+        return self.view.version
+
+    def files(self) -> list[str]:
+        return self.view.files()
+
+    def metadata(self) -> str | None:
+        return self.view.metadata()
+
+    def reinstalled(self, rels: list[str]) -> list[str]:
+        """Of ``rels``, those holding exactly the bytes vLLM's installer recorded (its dist-info RECORD):
+        a reinstall of another build."""
+        if not rels:
+            return []
+        record = self.view.installer_hashes()
+        out = []
+        for rel in rels:
+            now = self.read_bytes(rel)
+            if now is not None and record.get(rel) == sha256_bytes(now):
+                out.append(rel)
+        return out
+
+    def pristine(self, ledger: Ledger | None, *, base: Tree | None = None,
+                 only: Collection[str] | None = None) -> PristineView:
+        """This tree read as upstream shipped it, through ``ledger`` and the stored copies
+        (:class:`sndr.treeview.PristineView`); ``base`` reads the other files (default: this TreeRoot)."""
+        return PristineView(self if base is None else base, ledger, self.get_object, only=only)
 
     # -- objects -----------------------------------------------------------
 
@@ -490,12 +537,6 @@ class TreeRoot:
                                     file=str(self.ledger_path), key=".".join(map(str, first.get("loc", ()))) or None,
                                     hint=hint)) from None
         return ledger
-
-    def pristine_bytes(self, rel: str, ledger: Ledger | None) -> bytes | None:
-        if ledger is not None and rel in ledger.files:
-            entry = ledger.files[rel]
-            return None if entry.created else self.get_object(entry.pristine_sha256)
-        return self.read_bytes(rel)
 
     def created_dirs(self) -> list[str]:
         raw = self.read_state(CREATED_DIRS)

@@ -204,6 +204,32 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "sndr"
 
 
+#: The layout under :func:`cache_root`, named once. Every directory is reached through the cache-root
+#: rule (:mod:`sndr.caches`: who may own it, and what happens when it is refused).
+#: Fetched ``vllm==X`` trees, ``vllm-<ver>/`` each (:mod:`sndr.tree_release`).
+CACHE_TREES = "trees"
+#: Wheels ``pip download`` fetched, kept until extracted into :data:`CACHE_TREES`.
+CACHE_WHEELS = "wheels"
+#: Cross-process locks (``fetch.lock``: one download of a release at a time).
+CACHE_LOCKS = "locks"
+#: The startup hook's sealed code cache and memos (:mod:`sndr.startup.importer`).
+CACHE_HOOK = "hook"
+#: Per-process attestation records, a directory per tree (:mod:`sndr.startup.attest`).
+CACHE_RUN = "run"
+#: Compiled CUDA kernels (``sndr.kernels``).
+CACHE_CUBIN = "cubin"
+#: Plugin canary results (``sndr.kernels.canary``).
+CACHE_CANARY = "canary"
+#: The preflight's line index and changed-file lists (``changed/`` under it).
+CACHE_PREFLIGHT = "preflight"
+
+
+def plan_cache_name(python_tag: str) -> str:
+    """The planner's cache directory under :func:`cache_root` for one Python (``plan-<tag>``: compile-ok
+    memos and scope spans, :mod:`sndr.caches`)."""
+    return f"plan-{python_tag}"
+
+
 def vllm_test_python(environ: Mapping[str, str] | None = None) -> str:
     """Test-only: the interpreter of the real vLLM install the ``vllm_install`` tests use:
     ``$SNDR_TEST_VLLM_PYTHON``, else :data:`DEFAULT_TEST_VLLM_PYTHON` (it may not exist: callers skip,

@@ -236,12 +236,11 @@ def _cli_body(args) -> int:
 
 def _sndr_state(tree):
     """(reader, ledger, files holding their patched bytes) of a tree; on a tree sndr patched the
-    reader gives the pristine copies in ``.sndr/objects`` (as apply and verify read them), so
-    sndr's own replacements and markers never read as an upstream merge."""
+    reader is the tree's :class:`sndr.treeview.PristineView` (the pristine copies in ``.sndr/objects``,
+    as apply and verify read them), so sndr's own replacements and markers never read as an upstream merge."""
     root = getattr(tree, "root", None)
     if root is None or not (Path(root) / STATE_DIR).is_dir():
         return tree.read_text, None, set()
-    from .apply import _read_pristine_text, _reinstalled
     from .commit import TreeRoot, sha256_bytes
 
     troot = TreeRoot(root)
@@ -256,13 +255,9 @@ def _sndr_state(tree):
     if ledger.vllm_version and ledger.vllm_version != getattr(tree, "version", ledger.vllm_version):
         # Another vLLM is installed now (apply's ledger_stale): a file whose bytes are the ones the new
         # version's installer recorded is that version's pristine (upstream merged the change), read as is.
-        patched -= set(_reinstalled(troot, sorted(patched)))
-
-    def reader(rel: str) -> str | None:
-        # A file that no longer holds the patched bytes is read as it is now.
-        return _read_pristine_text(troot, rel, ledger) if rel in patched else tree.read_text(rel)
-
-    return reader, ledger, patched
+        patched -= set(troot.reinstalled(sorted(patched)))
+    # A file that no longer holds the patched bytes is read as it is now.
+    return troot.pristine(ledger, base=tree, only=patched).read_text, ledger, patched
 
 
 def _as_held(plan, ledger, patched: set[str]) -> None:

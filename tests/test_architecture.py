@@ -51,8 +51,6 @@ LARGE_MODULES = {
     "sndr/plan.py",
     # the apply/verify/revert shell and its CLI; the ledger checks share its helpers
     "sndr/apply.py",
-    # tree views (directory, installed, wheel, git, cached release) and the PyPI fetch behind them
-    "sndr/tree.py",
     # the sys.meta_path finder, its sealed caches and the memoised resolution: one object graph
     "sndr/startup/importer.py",
     # register(), per-process state, `sndr status` and `sndr hook`: what runs in each vLLM process

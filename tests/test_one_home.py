@@ -277,7 +277,7 @@ ENV_PENDING: dict[str, str] = {}
 #: ``os.replace``/``os.rename`` outside sndr/fsio.py and the transaction, justified.
 REPLACE_EXCEPTIONS = {
     "sndr/commit.py": "the transaction: journal, objects and the commit's own replace protocol",
-    "sndr/tree.py": "publishes a whole fetched tree directory and moves a wheel pip downloaded into a temp dir: "
+    "sndr/tree_release.py": "publishes a whole fetched tree directory and moves a wheel pip downloaded into a temp dir: "
                     "directory and whole-download renames, not file writes (fsio.atomic_write writes bytes)",
     "sndr/preflight/lineindex.py": "the line index is a sqlite database that sqlite writes itself into a temp "
                                    "from fsio.create_temp, then os.replace'd into place (fsio.atomic_write "
@@ -334,6 +334,26 @@ def strict_decodes(tree: ast.Module) -> list[int]:
                    and isinstance(n.type, ast.Name) and n.type.id == "UnicodeDecodeError"})
 
 
+_CACHE_DIR_CALLS = ("open_dir", "dir_path", "require_dir")
+
+
+def cache_dir_literals(tree: ast.Module) -> list[int]:
+    """A cache directory spelt by hand: ``caches.open_dir("x", ...)`` (``dir_path``, ``require_dir``), or
+    ``cache_root() / "x"``. The layout under the cache root is named in env.py (``env.CACHE_*``)."""
+    lines = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and n.args:
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            first = n.args[0]
+            if name in _CACHE_DIR_CALLS and (isinstance(first, ast.Constant) or (
+                    isinstance(first, ast.JoinedStr) and isinstance(first.values[0], ast.Constant))):
+                lines.append(n.lineno)
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and isinstance(n.right, ast.Constant) \
+                and isinstance(n.left, ast.Call) and "cache_root" in ast.unparse(n.left):
+            lines.append(n.lineno)
+    return sorted(set(lines))
+
+
 def _check(scan, home: set[str], exceptions: dict[str, str], pending: dict[str, str], what: str) -> None:
     found = {rel: lines for rel, tree in SOURCES.items() if rel not in home and (lines := scan(tree))}
     unexplained = {rel: lines for rel, lines in found.items() if rel not in exceptions and rel not in pending}
@@ -352,6 +372,10 @@ def test_atomic_writes_live_in_fsio_and_the_transaction():
 
 def test_strict_utf8_decoding_lives_in_fsio():
     _check(strict_decodes, {"sndr/fsio.py"}, {}, DECODE_PENDING, "strict UTF-8 decodes")
+
+
+def test_cache_layout_is_named_in_env_py():
+    _check(cache_dir_literals, {"sndr/env.py"}, {}, {}, "cache directories spelt by hand")
 
 
 def test_the_scanners_see_what_they_are_for():
@@ -374,9 +398,14 @@ def test_the_scanners_see_what_they_are_for():
             data.decode()
         except (OSError, UnicodeDecodeError):
             pass
+        caches.open_dir("cubin", "cubin cache")
+        caches.dir_path(env.CACHE_TREES, "tree cache")  # named in env.py
+        p = Path(env.cache_root()) / "trees"
+        require_dir(f"plan-{tag}", "plan cache")
     ''')
     tree = ast.parse(src)
     assert sndr_env_reads(tree) == [3, 4, 5, 6, 7, 8]
     assert replace_calls(tree) == [11]
     assert strict_decodes(tree) == [14]
+    assert cache_dir_literals(tree) == [20, 22, 23]
     assert sys.version_info >= (3, 11)  # requires-python: tomllib is the stdlib's

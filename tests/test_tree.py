@@ -18,11 +18,11 @@ from sndr.tree import (
     DirTree,
     GitTree,
     WheelTree,
-    _describe_version,
     fetch_version,
     find_installed_root,
     open_tree,
 )
+from sndr.treeview import describe_version
 from tests.conftest import CANDIDATE, PIN, copy_tree
 
 VERSIONS = [PIN, CANDIDATE]
@@ -30,9 +30,9 @@ SAMPLE = "vllm/v1/core/kv_cache_utils.py"
 
 
 def _wheel(version: str) -> Path:
-    found = sorted((env.cache_root() / "wheels").glob(f"vllm-{version}-*.whl"))
+    found = sorted((env.cache_root() / env.CACHE_WHEELS).glob(f"vllm-{version}-*.whl"))
     if not found:
-        where = env.cache_root() / "wheels"
+        where = env.cache_root() / env.CACHE_WHEELS
         pytest.skip(f"no_cached_wheel: no vllm {version} wheel in {where} (fetching a tree deletes it once "
                     f"extracted); to run this test: {sys.executable} -m pip download --no-deps "
                     f"--only-binary=:all: vllm=={version} -d {where}")
@@ -166,7 +166,7 @@ def test_git_version_from_describe(git_repo):
     ],
 )
 def test_describe_version(describe, expected):
-    assert _describe_version(describe) == expected
+    assert describe_version(describe) == expected
 
 
 # ----------------------------------------------------------------------------- reading
@@ -284,7 +284,7 @@ def test_fetch_extracts_cached_wheel_offline(monkeypatch, tmp_path, vllm_root):
 
 def test_download_shows_what_it_fetches_and_its_size(tmp_path, capfd):
     """pip names the wheel and its size; sndr repeats both on stderr while it downloads (rich progress)."""
-    from sndr.tree import _pip_with_progress
+    from sndr.tree_release import _pip_with_progress
 
     dest = tmp_path / "dl"
     dest.mkdir()

@@ -128,9 +128,10 @@ class PassCache:
     """Cached passes under ``<cache root>/canary`` (see the module docstring)."""
 
     def __init__(self, root: str):
+        from .. import env
         from ..fsio import PrivateDir
 
-        self._dir = PrivateDir.open(os.path.join(root, "canary"), "canary cache")
+        self._dir = PrivateDir.open(os.path.join(root, env.CACHE_CANARY), "canary cache")
         self._dir.secret()  # created (or checked) now: an unusable secret refuses the whole cache
         self.path = self._dir.path
 

@@ -65,7 +65,7 @@ def _published_versions() -> list[str]:
 def _cached_versions() -> list[str]:
     from .. import caches
 
-    trees = caches.dir_path("trees", "tree cache", without="no cached release is listed")
+    trees = caches.dir_path(env.CACHE_TREES, "tree cache", without="no cached release is listed")
     out = []
     if trees is not None:
         for d in trees.iterdir():
@@ -185,7 +185,7 @@ def _changed(a: Snapshot, b: Snapshot) -> list[str]:
     """Candidate files new or changed between two trees; kept on disk per pair of tree digests."""
     from .. import caches
 
-    cache = caches.open_dir("preflight/changed", "preflight cache", without="changed files are listed again")
+    cache = caches.open_dir(f"{env.CACHE_PREFLIGHT}/changed", "preflight cache", without="changed files are listed again")
     name = f"{a.digest[:20]}-{b.digest[:20]}.json"
     if cache is not None:
         try:

@@ -26,7 +26,7 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .. import fsio
+from .. import env, fsio
 
 __all__ = ["Lazy", "MemoryIndex", "TreeIndex", "tree_index", "for_snapshot", "MIN_LINE"]
 
@@ -162,11 +162,11 @@ def tree_index(digest: str, files: Callable[[], list[str]], text_of: Callable[[s
     if digest in _OPEN:
         return _OPEN[digest]
     if root is not None:
-        base = root / "preflight"
+        base = root / env.CACHE_PREFLIGHT
     else:
         from .. import caches
 
-        checked = caches.dir_path("preflight", "preflight cache", without="the line index is kept in memory")
+        checked = caches.dir_path(env.CACHE_PREFLIGHT, "preflight cache", without="the line index is kept in memory")
         if checked is None:
             return None
         base = checked

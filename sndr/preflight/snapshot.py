@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..errors import SndrError, bad_input
-from ..fsio import FileProblem, decode_strict
+from ..errors import SndrError
 from ..state import LEDGER, STATE_DIR
 from .models import TreeInfo
+
+if TYPE_CHECKING:
+    from ..model import Ledger
+    from ..treeview import Tree
 
 # ============================================================================ reading trees
 
@@ -15,22 +19,26 @@ from .models import TreeInfo
 class Snapshot:
     """Pristine texts of one tree, read once and shared by the plan, suggestions and config drift.
 
-    A tree that carries an sndr ledger (an installed, patched vLLM) is read
-    through the ledger, so the preflight always compares upstream to upstream.
+    A memo over one view: the tree itself, or, when it carries an sndr ledger
+    (an installed, patched vLLM), its :class:`sndr.treeview.PristineView`
+    (:meth:`sndr.commit.TreeRoot.pristine`), so the preflight always compares
+    upstream to upstream.
     """
 
-    def __init__(self, tree):
+    def __init__(self, tree: Tree) -> None:
         self.tree = tree
         self.spec = str(getattr(tree, "spec", "") or tree)
         self.kind = str(getattr(tree, "kind", "") or "")
-        self._ledger = None
-        self._root = None
+        self.view: Tree = tree
+        self._ledger: Ledger | None = None
         root = getattr(tree, "root", None)
         if root is not None and (Path(root) / STATE_DIR / LEDGER).is_file():
             from ..commit import TreeRoot
 
-            self._root = TreeRoot(root)
-            self._ledger = self._root.read_ledger()
+            troot = TreeRoot(root)
+            self._ledger = troot.read_ledger()
+            if self._ledger is not None:
+                self.view = troot.pristine(self._ledger, base=tree)
         self._bytes: dict[str, bytes | None] = {}
         self._text: dict[str, str | None] = {}
         self._files: list[str] | None = None
@@ -49,23 +57,17 @@ class Snapshot:
 
     def files(self) -> list[str]:
         if self._files is None:
-            files = self.tree.files()
-            if self._ledger is not None:  # files sndr created are not upstream's
-                files = [f for f in files if not (f in self._ledger.files and self._ledger.files[f].created)]
-            self._files = files
+            self._files = self.view.files()  # a pristine view leaves out the files sndr created
         return list(self._files)
 
     def read_bytes(self, rel: str) -> bytes | None:
         if rel not in self._bytes:
-            if self._ledger is not None:
-                self._bytes[rel] = self._root.pristine_bytes(rel, self._ledger)
-            else:
-                self._bytes[rel] = self.tree.read_bytes(rel)
+            self._bytes[rel] = self.view.read_bytes(rel)
         return self._bytes[rel]
 
     def load_all(self) -> None:
         """Read every source file once (the read-and-hash floor; the digest and the suggestions need them all)."""
-        if self._ledger is None and hasattr(self.tree, "_iter_contents"):
+        if self.view is self.tree and hasattr(self.tree, "_iter_contents"):
             # The view's own bulk reader: for directories it opens the walked
             # absolute paths directly, several times faster than per-file lookups.
             wanted = set(self.files())
@@ -79,13 +81,7 @@ class Snapshot:
         """Strict UTF-8, like every tree view: a patch engine never guesses an encoding."""
         if rel not in self._text:
             data = self.read_bytes(rel)
-            if data is None:
-                self._text[rel] = None
-            else:
-                try:
-                    self._text[rel] = decode_strict(data, rel, "file")  # the strict-decode rule's one home
-                except FileProblem as exc:
-                    raise bad_input(exc.code, f"not valid UTF-8: {exc.message}", file=rel, line=exc.line) from None
+            self._text[rel] = None if data is None else self.view.decode(data, rel)
         return self._text[rel]
 
     def text_or_none(self, rel: str) -> str | None:
@@ -97,7 +93,7 @@ class Snapshot:
     @property
     def digest(self) -> str:
         if self._digest is None:
-            from ..tree import tree_digest
+            from ..treeview import tree_digest
 
             self._digest = tree_digest((rel, self._bytes[rel]) for rel in self.files()
                                        if self.read_bytes(rel) is not None)

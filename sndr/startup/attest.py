@@ -45,7 +45,7 @@ def run_dir(root: str | None, environ: Mapping[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     if environ.get(env.RUN_DIR):
         return os.path.abspath(environ[env.RUN_DIR])
-    return os.path.join(default_cache_root(environ), "run", tree_key(root or "unknown"))
+    return os.path.join(default_cache_root(environ), env.CACHE_RUN, tree_key(root or "unknown"))
 
 
 def record_path(directory: str, pid: int, start_ns: int) -> str:

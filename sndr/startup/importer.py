@@ -152,9 +152,10 @@ class HookCache:
     """
 
     def __init__(self, root: str):
+        from .. import env
         from ..caches import require_dir  # the cache-root rule (one decision for every cache)
 
-        hook = require_dir("hook", "code cache", root=root)
+        hook = require_dir(env.CACHE_HOOK, "code cache", root=root)
         self._hook = hook
         self._code = hook.sub("code", "code cache")
         self._src = hook.sub("src", "code cache")

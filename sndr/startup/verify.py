@@ -74,25 +74,17 @@ def parse(argv: list[str]) -> Args | None:
 
 
 def _root(spec: str) -> str | None:
-    """A plain directory holding ``vllm/`` (``sndr.apply.resolve_tree``'s directory rules), else None."""
-    text = spec.strip()
-    if text.startswith(("installed", "git:")) or text.endswith(".whl") or "==" in text:
-        return None
-    from pathlib import Path  # str(Path(...)): the spelling the full report prints
+    """A plain directory holding ``vllm/`` (:func:`sndr.treespec.plain_dir`: ``sndr.tree.directory``'s rule), else None."""
+    from ..treespec import plain_dir  # stdlib only
 
-    path = Path(text).expanduser()
-    if not path.is_dir():
-        return None
-    if path.name == "vllm" and (path / "__init__.py").is_file() and not (path / "vllm").is_dir():
-        path = path.parent
-    return str(path) if (path / "vllm").is_dir() else None
+    return plain_dir(spec)
 
 
 def _version_key(root: str) -> str:
-    # The tree's identity, and sndr's own code (the stamp, plus tree.py, where the version is read): an
+    # The tree's identity, and sndr's own code (the stamp, plus treeview.py, where the version is read): an
     # upgrade of sndr never reuses a version an older rule computed.
     try:
-        st = os.stat(os.path.join(importer._package_root(), "tree.py"))
+        st = os.stat(os.path.join(importer._package_root(), "treeview.py"))
         tree_py = (st.st_mtime_ns, st.st_size)
     except OSError:
         tree_py = (0, 0)

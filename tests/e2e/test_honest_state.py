@@ -66,7 +66,7 @@ def test_status_live_fails_after_a_reapply_under_a_live_vllm_process(make_vllm_e
 
 def _wheel(version: str) -> str:
     """The cached wheel when sndr's cache holds one (no network), else the index's."""
-    wheels = envmod.cache_root() / "wheels"
+    wheels = envmod.cache_root() / envmod.CACHE_WHEELS
     found = sorted(wheels.glob(f"vllm-{version}-*.whl")) if wheels.is_dir() else []
     return str(found[0]) if found else f"vllm=={version}"
 

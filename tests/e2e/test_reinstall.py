@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm_install
 
 def _wheel_or_spec() -> str:
     """The cached 0.32.0 wheel when sndr's cache holds one (no network), else the index's."""
-    wheels = envmod.cache_root() / "wheels"
+    wheels = envmod.cache_root() / envmod.CACHE_WHEELS
     found = sorted(wheels.glob("vllm-0.32.0-*.whl")) if wheels.is_dir() else []
     return str(found[0]) if found else "vllm==0.32.0"
 

@@ -51,7 +51,7 @@ def candidate_dirs(repo_root: Path | None = None) -> list[Path]:
     out.append(root / ".baselines" / "vllm032_gdn")
     from ... import caches  # the cache-root rule: code is never loaded from a cache another uid could change
 
-    trees = caches.dir_path("trees", "tree cache", without="the cached 0.32.0 tree is not a baseline candidate")
+    trees = caches.dir_path(sndr_env.CACHE_TREES, "tree cache", without="the cached 0.32.0 tree is not a baseline candidate")
     if trees is not None:
         out.append(trees / "vllm-0.32.0" / _REL)
     return out

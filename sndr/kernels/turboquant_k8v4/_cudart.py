@@ -142,14 +142,14 @@ def cubin_cache() -> fsio.PrivateDir | None:
     if root not in _CUBIN_DIRS:
         with _LOCK:
             if root not in _CUBIN_DIRS:
-                _CUBIN_DIRS[root] = caches.open_dir("cubin", "cubin cache", root=root,
+                _CUBIN_DIRS[root] = caches.open_dir(sndr_env.CACHE_CUBIN, "cubin cache", root=root,
                                                     without="every kernel is compiled with NVRTC instead")
     return _CUBIN_DIRS[root]
 
 
 def cache_dir() -> Path:
     """Where the cubin cache lives (for messages; reads and writes go through :func:`cubin_cache`)."""
-    return Path(sndr_env.cache_root()) / "cubin"
+    return Path(sndr_env.cache_root()) / sndr_env.CACHE_CUBIN
 
 
 def _options(arch: str, defines: dict[str, int | str]) -> list[str]:

@@ -37,7 +37,7 @@ def candidate_dirs(repo_root: Path | None = None, version: str = "0.32.0") -> li
     out.append(root / ".baselines" / f"vllm-{version}_tq")
     from ... import caches  # the cache-root rule: code is never loaded from a cache another uid could change
 
-    trees = caches.dir_path("trees", "tree cache", without=f"the cached {version} tree is not a baseline candidate")
+    trees = caches.dir_path(sndr_env.CACHE_TREES, "tree cache", without=f"the cached {version} tree is not a baseline candidate")
     if trees is not None:
         out.append(trees / f"vllm-{version}" / "vllm" / "v1" / "attention" / "ops")
     return out
