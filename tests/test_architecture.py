@@ -61,8 +61,6 @@ LARGE_MODULES = {
     "sndr/upstream/vendor.py",
     # watchlist lint/set/check: one file format and its rules
     "sndr/upstream/watchlist.py",
-    # config-drift analysis: one table-driven comparison of vLLM's config surfaces
-    "sndr/preflight/configdrift.py",
     # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
     "sndr/kernels/turboquant_k8v4/kernels.py",
 }
