@@ -57,8 +57,6 @@ LARGE_MODULES = {
     "sndr/startup/importer.py",
     # register(), per-process state, `sndr status` and `sndr hook`: what runs in each vLLM process
     "sndr/startup/hook.py",
-    # diff -> patch TOML: placement, widening, markers, round-trip checks
-    "sndr/upstream/vendor.py",
     # watchlist lint/set/check: one file format and its rules
     "sndr/upstream/watchlist.py",
     # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
