@@ -55,8 +55,6 @@ LARGE_MODULES = {
     "sndr/tree.py",
     # the sys.meta_path finder, its sealed caches and the memoised resolution: one object graph
     "sndr/startup/importer.py",
-    # register(), per-process state, `sndr status` and `sndr hook`: what runs in each vLLM process
-    "sndr/startup/hook.py",
     # watchlist lint/set/check: one file format and its rules
     "sndr/upstream/watchlist.py",
     # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
