@@ -77,7 +77,7 @@ CYCLE_EDGES = {
         "helpers; goes when the gate types leave pin.py",
     ("sndr.upstream.watchlist", "sndr.upstream.triggers"):
         "the watchlist CLI (cli_main) lives in the model's module and runs triggers.check, which reads that "
-        "model; the module __getattr__ forwards the old names too; goes when the CLI moves to its own module",
+        "model; goes when the CLI moves to its own module",
     ("sndr.upstream.watchlist", "sndr.upstream.watchlist_lint"):
         "the same CLI runs watchlist_lint.lint, which reads the model; goes with the CLI move above",
 }
