@@ -45,9 +45,13 @@ MAX_LINES = 600
 
 #: Modules over MAX_LINES, each one cohesive thing (the reason is the comment).
 LARGE_MODULES = {
-    # the transaction: journal, locks, content-addressed objects, crash recovery; one invariant, one file
+    # the transaction: journal, lock, objects, the RENAME_EXCHANGE swap, crash recovery. One piece because
+    # recovery undoes exactly what commit does, step by step: both run the same private replace window
+    # (_Slot, _swap, _restore, _read_settled, _tree_dir), which a split would turn into a cross-module API
+    # (tested as one in tests/test_commit.py)
     "sndr/commit.py",
-    # the planner: gates, after/requires order, stacked edits, conflict and on_failure re-planning
+    # the planner: gates, after/requires order, stacked edits, conflict and on_failure re-planning; one pure
+    # build_plan whose re-planning loop (_plan_once, _settle_conflicts) needs every step's simulated file state
     "sndr/plan.py",
     # the apply/verify/revert shell and its CLI; the ledger checks share its helpers
     "sndr/apply.py",
