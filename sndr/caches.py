@@ -32,26 +32,12 @@ Two caches share the plan directory:
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from . import env, fsio
+from .errors import say
 
 __all__ = ["dir_path", "disable", "enable", "open_dir", "open_plan_cache", "require_dir", "root_path"]
-
-_SAID: set[str] = set()
-
-
-def _say(key: str, message: str) -> None:
-    if key in _SAID:
-        return
-    _SAID.add(key)
-    try:
-        sys.stderr.write(f"sndr: {message}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed stderr must never break a cache lookup
-        pass
-
 
 def root_path(root: str | os.PathLike[str] | None = None, environ=None) -> str:
     """The cache root as an absolute path with symlinks resolved (the path the rule checks)."""
@@ -89,10 +75,10 @@ def open_dir(name: str, what: str, *, root: str | os.PathLike[str] | None = None
     try:
         return require_dir(name, what, root=root, environ=environ)
     except fsio.UnsafeDirError as exc:
-        _say(f"unsafe:{what}:{exc.path}", f"{exc}; the {what} is disabled ({without})")
+        say(f"{exc}; the {what} is disabled ({without})", once_key=f"unsafe:{what}:{exc.path}")
     except OSError as exc:
-        _say(f"oserror:{what}:{name}", f"cannot use the {what} under {root_path(root, environ)} "
-                                       f"({exc.strerror or exc}); {without}")
+        say(f"cannot use the {what} under {root_path(root, environ)} ({exc.strerror or exc}); {without}",
+            once_key=f"oserror:{what}:{name}")
     return None
 
 

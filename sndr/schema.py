@@ -14,7 +14,7 @@ SCHEMAS = {
     "ledger": ("sndr.model", "Ledger"),
     "preflight": ("sndr.preflight.models", "PreflightReport"),
     "manifest": ("sndr.manifest", "Manifest"),
-    "config": ("sndr.preflight.configdrift", "ConfigDrift"),
+    "config": ("sndr.preflight.configmodels", "ConfigDrift"),
     "profile": ("sndr.profile", "Profile"),
 }
 

@@ -45,22 +45,20 @@ MAX_LINES = 600
 
 #: Modules over MAX_LINES, each one cohesive thing (the reason is the comment).
 LARGE_MODULES = {
-    # the transaction: journal, locks, content-addressed objects, crash recovery; one invariant, one file
+    # the transaction: journal, lock, objects, the RENAME_EXCHANGE swap, crash recovery. One piece because
+    # recovery undoes exactly what commit does, step by step: both run the same private replace window
+    # (_Slot, _swap, _restore, _read_settled, _tree_dir), which a split would turn into a cross-module API
+    # (tested as one in tests/test_commit.py)
     "sndr/commit.py",
-    # the planner: gates, after/requires order, stacked edits, conflict and on_failure re-planning
+    # the planner: gates, after/requires order, stacked edits, conflict and on_failure re-planning; one pure
+    # build_plan whose re-planning loop (_plan_once, _settle_conflicts) needs every step's simulated file state
     "sndr/plan.py",
     # the apply/verify/revert shell and its CLI; the ledger checks share its helpers
     "sndr/apply.py",
     # the sys.meta_path finder, its sealed caches and the memoised resolution: one object graph
     "sndr/startup/importer.py",
-    # register(), per-process state, `sndr status` and `sndr hook`: what runs in each vLLM process
-    "sndr/startup/hook.py",
-    # diff -> patch TOML: placement, widening, markers, round-trip checks
-    "sndr/upstream/vendor.py",
     # watchlist lint/set/check: one file format and its rules
     "sndr/upstream/watchlist.py",
-    # config-drift analysis: one table-driven comparison of vLLM's config surfaces
-    "sndr/preflight/configdrift.py",
     # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
     "sndr/kernels/turboquant_k8v4/kernels.py",
 }
@@ -81,7 +79,7 @@ CYCLE_EDGES = {
         "helpers; goes when the gate types leave pin.py",
     ("sndr.upstream.watchlist", "sndr.upstream.triggers"):
         "the watchlist CLI (cli_main) lives in the model's module and runs triggers.check, which reads that "
-        "model; the module __getattr__ forwards the old names too; goes when the CLI moves to its own module",
+        "model; goes when the CLI moves to its own module",
     ("sndr.upstream.watchlist", "sndr.upstream.watchlist_lint"):
         "the same CLI runs watchlist_lint.lint, which reads the model; goes with the CLI move above",
 }

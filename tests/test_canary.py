@@ -20,7 +20,7 @@ import os
 import pytest
 
 from sndr.kernels import canary
-from sndr.startup import hook, metrics
+from sndr.startup import hook, metrics, status
 from sndr.startup.runtime import StrictError
 
 IDENT = {"gpu": "NVIDIA H200", "capability": "9.0", "driver": "13.0", "cuda": "13.0"}
@@ -143,7 +143,7 @@ def test_verdicts_reach_the_attestation_status_and_metrics(monkeypatch):
     rec = state.record()
     assert rec["canary"]["PK0001"]["status"] == canary.FAILED
     assert rec["canary"]["PK0002"]["status"] == canary.SKIPPED
-    lines = hook.canary_lines(rec)
+    lines = status.canary_lines(rec)
     assert lines[0].startswith("PK0001 canary_failed: mismatch") and "NVIDIA H200" in lines[0]
     assert lines[1].startswith("PK0002 canary_skipped: first call inside")
     f = metrics.facts_of_record(rec)

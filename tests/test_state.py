@@ -1,7 +1,7 @@
 """One ledger reader, one answer (sndr/state.py; issue 29, finding 1).
 
 The same bad ledgers go to every place that reads a ledger: the startup hook's register path
-(``hook._read_ledger``), ``sndr status`` (``hook._tree_ledger`` / ``_recheck_trees``), the ``--verify``
+(``hook._read_ledger``), ``sndr status`` (``status.tree_ledger`` / ``recheck_trees``), the ``--verify``
 fast path (``verify.check``) and the full verifier behind it, and ``TreeRoot.read_ledger`` (apply,
 revert, listing, preflight). Each must answer with the same code; a good ledger is read identically
 by all of them.
@@ -21,7 +21,7 @@ from sndr import state
 from sndr.apply import cli_main as full_cli
 from sndr.commit import TreeRoot
 from sndr.errors import SndrError
-from sndr.startup import hook, verify
+from sndr.startup import hook, status, verify
 
 
 def _reseal(led: dict) -> str:
@@ -141,9 +141,9 @@ def answers(box, capsys) -> dict[str, object]:
         assert not proc.problems
         out["hook register"] = "ok"
 
-    led2, problem = hook._tree_ledger(root)  # sndr status
+    led2, problem = status.tree_ledger(root)  # sndr status
     out["status"] = "ok" if led2 is not None else problem.rsplit("(", 1)[1].rstrip(")") if problem else "absent"
-    findings = hook._recheck_trees([{"mode": "disk", "tree": root}])
+    findings = status.recheck_trees([{"mode": "disk", "tree": root}])
     if out["status"] != "ok":
         assert findings == [problem]
 
@@ -188,8 +188,8 @@ def test_a_good_ledger_is_read_identically_by_every_reader(applied, capsys):
     found = state.read_ledger(root)
     assert found.ledger == raw
     assert hook._read_ledger(root, hook._Process(False)) == raw
-    assert hook._tree_ledger(root) == (raw, None)
-    assert hook._recheck_trees([{"mode": "disk", "tree": root}]) == []
+    assert status.tree_ledger(root) == (raw, None)
+    assert status.recheck_trees([{"mode": "disk", "tree": root}]) == []
     model = TreeRoot(root).read_ledger()
     assert model is not None and model.model_dump(mode="json") == raw
 
@@ -200,7 +200,7 @@ def test_no_ledger_is_absent_for_every_reader(tmp_path):
     assert state.read_ledger(root).kind == "absent"
     proc = hook._Process(False)
     assert hook._read_ledger(root, proc) is None and not proc.problems
-    assert hook._tree_ledger(root) == (None, None)
+    assert status.tree_ledger(root) == (None, None)
     assert TreeRoot(root).read_ledger() is None
 
 

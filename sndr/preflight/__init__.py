@@ -8,7 +8,8 @@
 * :mod:`.annotations` - SARIF and GitHub annotations;
 * :mod:`.cli` - ``python -m sndr preflight``;
 * :mod:`.suggest` - where drifted code most likely went;
-* :mod:`.configdrift` - configuration drift between two trees.
+* :mod:`.configdrift` - configuration drift between two trees (:mod:`.configmodels` the models and
+  watch list, :mod:`.configsource` the static readers, :mod:`.configrender` the rendering).
 
 ``from sndr.preflight import run_preflight`` (and the other public names in
 :data:`_HOME`) keeps working; each name is loaded from its home module on first

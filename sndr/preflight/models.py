@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import Problem
 from ..model import Location, Verdict
-from .configdrift import ConfigDrift
+from .configmodels import ConfigDrift
 
 FORMAT = 1
 #: ``--fail-on`` classes. drift > ambiguous > any is a severity order ("at or

@@ -251,7 +251,7 @@ def render_markdown(report: PreflightReport, patch_set: PatchSet | None = None) 
     # -- config
     if report.config is not None:
         try:
-            from .configdrift import render_markdown as config_md
+            from .configrender import render_markdown as config_md
 
             out += [config_md(report.config)]
         except Exception as exc:  # pragma: no cover - a render bug must not hide the patch report
@@ -406,7 +406,7 @@ def render_terminal(report: PreflightReport, console=None, verbose: bool = False
             console.print(Text(f"  {r.patch}/{r.name}  {r.detail}"))
     if report.config is not None:
         try:
-            from .configdrift import render_terminal as config_term
+            from .configrender import render_terminal as config_term
 
             drift = report.config
             if verbose or drift.has_attention or drift.runtime_broken:

@@ -18,6 +18,9 @@ again after fork) gets its own record through ``os.register_at_fork``.
 
 The warm path imports no pydantic and no planner: the patch set is resolved
 once and memoised in the owner-checked cache (:mod:`sndr.startup.importer`).
+
+``sndr status`` is parsed here; what it computes (the records checked against
+each other and the trees) and prints is :mod:`sndr.startup.status`.
 """
 
 from __future__ import annotations
@@ -183,15 +186,6 @@ def note_canary(entry: dict) -> None:
             return
         state.canary[plugin] = dict(entry)
         state.write()
-
-
-def canary_lines(r: dict) -> list[str]:
-    """``PK0001 canary_failed: why (device)`` for every plugin whose canary did not pass (``sndr status``)."""
-    out = []
-    for plugin, c in sorted((r.get("canary") or {}).items()):
-        if isinstance(c, dict) and c.get("status") != "canary_passed":
-            out.append(f"{plugin} {c.get('status')}: {c.get('why')} ({c.get('device')}); vLLM's path runs instead")
-    return out
 
 
 def _on_change() -> None:
@@ -479,10 +473,8 @@ def status_main(argv: list[str] | None = None) -> int:
 
 def _status_body(argv: list[str] | None) -> int:
     import argparse
-    import json
 
-    from ..state import pid_alive
-    from .attest import read_records, run_dir
+    from . import status
 
     ap = argparse.ArgumentParser(prog="python -m sndr status",
                                  description="One line per vLLM process: the patch set it attested. "
@@ -500,204 +492,28 @@ def _status_body(argv: list[str] | None) -> int:
                          "atomically (for node_exporter's textfile collector; see docs/deploy.md)")
     args = ap.parse_args(argv)
     try:
-        if args.run_dir:
-            directory = os.path.abspath(args.run_dir)
-        elif os.environ.get(envmod.RUN_DIR):
-            directory = run_dir(None)
-        else:
-            root = args.tree
-            if root is None:
-                from ..tree import find_installed_root
-
-                root = str(find_installed_root())
-            directory = run_dir(root)
+        directory = status.run_dir_for(args.run_dir, args.tree)
     except Exception as exc:  # noqa: BLE001
         print(f"sndr status: {importer._describe(exc)}", file=sys.stderr)
         return 2
-    if os.path.isdir(directory):
-        try:
-            importer.secure_dir(directory, "attestation")
-        except importer.UnsafeDirError as exc:
-            print(f"sndr status: {exc}; its records cannot be trusted", file=sys.stderr)
-            return 2
-    records, bad = read_records(directory)  # every record is validated: its pid is a positive int
-    for r in records:
-        r["_alive"] = pid_alive(r["pid"])
-    if args.prune:
-        for r in records:
-            if not r["_alive"]:
-                try:
-                    os.unlink(r["_path"])
-                except OSError:
-                    pass
-        records = [r for r in records if r["_alive"]]
-    if args.live:
-        records = [r for r in records if r["_alive"]]
-    findings: list[str] = list(bad)
-    if not records:
-        findings.append(f"no attestation records in {directory}: no process proved its patch set")
-    digests = sorted({r.get("patch_set_digest") or "" for r in records})
-    if len(digests) > 1:
-        findings.append("processes disagree on the patch set: " + ", ".join(d[:12] or "(none)" for d in digests))
-    for r in records:
-        for m in r.get("missing_required") or []:
-            findings.append(f"pid {r['pid']} ({r.get('role')}): missing {m}")
-        ledger, own = r.get("ledger_digest"), r.get("patch_set_digest")
-        if r.get("mode") == "disk" and ledger and own and ledger != own:
-            # The process resolved another enabled set (its SNDR_ENABLE_*/profile) than the one on disk:
-            # apply --verify fails on such a tree, so status must not say ok either.
-            findings.append(f"pid {r['pid']} ({r.get('role')}): enables patch set {own[:12]} but the tree was "
-                            f"patched with {ledger[:12]}; give the process the environment apply ran with, "
-                            f"or re-run python -m sndr.apply with the process's settings")
-    findings.extend(_recheck_trees(records))
-    findings.extend(_attested_vs_tree([r for r in records if r["_alive"]]))
+    try:
+        st = status.read_status(directory, live=args.live, prune=args.prune)
+    except importer.UnsafeDirError as exc:
+        print(f"sndr status: {exc}; its records cannot be trusted", file=sys.stderr)
+        return 2
     if args.prometheus:
         from .metrics import write_textfile
 
         try:
-            write_textfile(args.prometheus, [r for r in records if r["_alive"]], findings)
+            write_textfile(args.prometheus, st.live(), st.findings)
         except ImportError:
             print("sndr status: --prometheus needs prometheus_client (pip install prometheus-client)", file=sys.stderr)
             return 2
         except OSError as exc:
             print(f"sndr status: {args.prometheus}: {exc.strerror} (os_error)", file=sys.stderr)
             return 2
-    if args.json:
-        out = {"run_dir": directory, "ok": not findings, "findings": findings,
-               "processes": [{k: v for k, v in r.items() if k != "_path"} for r in records]}
-        print(json.dumps(out, indent=2, sort_keys=True))
-    else:
-        print(f"sndr status: {directory}")
-        for r in records:
-            print(_status_line(r))
-            for pid, why in sorted((r.get("gate_reasons") or {}).items()):
-                if why.startswith("when_"):
-                    print(f"      {pid} gated: {why}")
-            for line in canary_lines(r):
-                print(f"      {line}")
-        for f in findings:
-            print(f"  FINDING {f}")
-        print("ok" if not findings else f"FAILED: {len(findings)} finding(s)")
-    return 0 if not findings else 1
-
-
-def _status_line(r: dict) -> str:
-    """One process: what is active in it, never the ledger's edit counts beside a MISSING patch."""
-    alive = "running" if r.get("_alive") else "exited"
-    return (f"  pid {r['pid']:>7}  ppid {r.get('ppid', '?'):>7}  {str(r.get('role') or '?'):<12} "
-            f"{r.get('mode', '?'):<6}  enabled set {(r.get('patch_set_digest') or '(none)')[:12]:<12}  {alive:<7}  "
-            f"{active_summary(r)}")
-
-
-def active_summary(r: dict) -> str:
-    """``active 23/23 patches (applied=64 ...)`` when all is well; else which enabled patches are NOT active."""
-    enabled = list(r.get("enabled") or [])
-    missing = list(r.get("missing_required") or [])
-    named = {m.split(":", 1)[0].split("/", 1)[0] for m in missing}
-    inactive = [pid for pid in enabled if pid in named]
-    active = len(enabled) - len(inactive)
-    if not missing:
-        counts = " ".join(f"{k}={v}" for k, v in sorted((r.get("counts") or {}).items()))
-        return f"ok  active {active}/{len(enabled)} patches" + (f"  ({counts})" if counts else "")
-    other = len(missing) - sum(1 for m in missing if m.split(":", 1)[0].split("/", 1)[0] in inactive)
-    what = ", ".join(inactive) + (f" (+{other} other)" if other and inactive else f"{other} other" if other else "")
-    return f"MISSING {len(missing)}  active {active}/{len(enabled)} patches; NOT active: {what}"
-
-
-class _Unreadable(Exception):
-    """A tree file status cannot read as a regular file (a FIFO, a device, a symlink, a permission)."""
-
-
-def _tree_sha(path: str) -> str | None:
-    """sha256 of a regular file now (None: it does not exist); never blocks, never follows a link."""
-    from ..fsio import FileProblem, read_regular
-
-    try:
-        return importer._sha256(read_regular(path, None, "file", follow_symlinks=False))
-    except FileProblem as exc:
-        if exc.code == "not_found":
-            return None
-        raise _Unreadable(f"{exc.message} ({exc.code})") from None
-
-
-def _tree_ledger(root: str) -> tuple[dict | None, str | None]:
-    """(ledger, problem) of ``root`` now, read by :func:`sndr.state.read_ledger`: (None, None) when there is
-    no ledger; (None, the line naming it and its code) when it is corrupt."""
-    found = statemod.read_ledger(root)
-    return found.ledger, (found.line() if found.kind == "corrupt" else None)
-
-
-def _recheck_trees(records: list[dict]) -> list[str]:
-    """Files can change after a process attested: hash every on-disk tree's ledger files again."""
-    out = []
-    for root in sorted({r["tree"] for r in records if r.get("mode") == "disk" and r.get("tree")}):
-        ledger, problem = _tree_ledger(root)
-        if problem is not None:
-            out.append(problem)
-            continue
-        if ledger is None:
-            out.append(f"{root}: the ledger is gone (reverted?) since processes attested")
-            continue
-        for rel, entry in sorted(ledger["files"].items()):
-            try:
-                now = _tree_sha(os.path.join(root, rel))
-            except _Unreadable as exc:
-                out.append(f"{root}/{rel}: cannot be re-hashed: {exc}")
-                continue
-            if now != entry.get("patched_sha256"):
-                out.append(f"{root}/{rel}: changed since it was patched (tree no longer matches the ledger)")
-    return out
-
-
-def _attested_vs_tree(live: list[dict]) -> list[str]:
-    """Each live on-disk process against the tree as it is now: the enabled set it attested (its
-    digest) and the sha256 of every file it verified at startup.
-
-    A re-apply with another set under a running process leaves a tree that matches its
-    *new* ledger, so re-hashing against the ledger says nothing; but every module that
-    process imports from now on is not what it attested. Only a restart makes it right.
-    """
-    out = []
-    ledgers: dict[str, tuple[dict | None, str | None]] = {}
-    shas: dict[str, str | None | _Unreadable] = {}
-    for r in live:
-        root = r.get("tree")
-        if r.get("mode") != "disk" or not root:
-            continue
-        who = f"pid {r['pid']} ({r.get('role')})"
-        if root not in ledgers:
-            ledgers[root] = _tree_ledger(root)
-        ledger, problem = ledgers[root]
-        if problem is not None:
-            continue  # _recheck_trees names it
-        own = r.get("patch_set_digest") or ""
-        now_digest = (ledger or {}).get("patch_set_digest")
-        why = []
-        if ledger is None:
-            why.append("the tree has no ledger any more (reverted?)")
-        elif now_digest != r.get("ledger_digest"):
-            # (the same ledger as at startup but another set than its own is status_body's finding)
-            why.append(f"the tree was re-applied since it attested: it runs enabled set {own[:12]}, the tree "
-                       f"held ledger {str(r.get('ledger_digest'))[:12]} then and holds {str(now_digest)[:12]} now")
-        attested = r["files"]
-        differ = []
-        for rel in sorted(set(attested) | set((ledger or {}).get("files", {}))):
-            path = os.path.join(root, rel)
-            if path not in shas:
-                try:
-                    shas[path] = _tree_sha(path)
-                except _Unreadable as exc:
-                    shas[path] = exc
-            now = shas[path]
-            if rel not in attested or isinstance(now, _Unreadable) or now != attested[rel]:
-                differ.append(rel)
-        if differ:
-            shown = ", ".join(differ[:5]) + (f" (+{len(differ) - 5} more)" if len(differ) > 5 else "")
-            why.append(f"{len(differ)} file(s) do not hold the bytes it attested: {shown}")
-        if why:
-            out.append(f"{who}: the tree no longer holds the patch set this process attested: " + "; ".join(why)
-                       + "; modules it imports from now on are not the ones it attested: restart it")
-    return out
+    print(status.render_json(st) if args.json else status.render_text(st))
+    return 0 if st.ok else 1
 
 
 # ----------------------------------------------------------------------------- sndr hook install|uninstall

@@ -116,7 +116,8 @@ def import_series(members: list[Member], read, version: str, out: Path, *, prefi
     """Vendor each member against the pin as the earlier members leave it; write the patch files to ``out``."""
     from ..load import PatchSet
     from ..plan import build_plan
-    from .vendor import _slug, vendor_diff
+    from .vendor import vendor_diff
+    from .vendor_anchor import slug
 
     overlay: dict[str, str | None] = {}
 
@@ -141,7 +142,7 @@ def import_series(members: list[Member], read, version: str, out: Path, *, prefi
         if res.ok:
             patch, text = res.written()
             rec.title = patch.title
-            target = out / f"{pid}-{_slug(patch.title)}.toml"
+            target = out / f"{pid}-{slug(patch.title)}.toml"
             rec.file = str(target)
             writes.append((target, text))
             plan = build_plan(PatchSet(patches=[patch]), current, version, environ={}, check_compile=False)
@@ -250,7 +251,7 @@ def _genesis(args) -> int:
     express. Exit 0 when everything was expressed, 1 when something was left out (named in the report)."""
     from ..tomlwrite import dumps_patch
     from .genesis import REGISTRY, convert
-    from .vendor import _slug
+    from .vendor_anchor import slug
 
     if not (args.src / REGISTRY).is_file():
         raise SndrError(Problem("import_no_series", f"not a seed-system checkout: no {REGISTRY}", file=str(args.src)))
@@ -273,7 +274,7 @@ def _genesis(args) -> int:
     for p in res.patches:
         head = [f"Imported by `sndr import genesis` from {args.src.name} (apply order as after chains).",
                 "Best-effort as the seed applies it: on_failure = skip."]
-        writes.append((args.out / f"{p.id}-{_slug(p.title)}.toml", dumps_patch(p, header=head)))
+        writes.append((args.out / f"{p.id}-{slug(p.title)}.toml", dumps_patch(p, header=head)))
     existing = [t for t, _ in writes if t.exists()]
     if existing and not args.force:
         raise SndrError(Problem("patch_exists", "patch file already exists", file=str(existing[0]),

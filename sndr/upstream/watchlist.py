@@ -17,6 +17,9 @@ was read. Editing (:func:`set_field`) splices the new value into the original
 text at the positions ruamel.yaml reports, so comments and the formatting of
 every other line survive byte for byte; a full re-dump would refold the long
 quoted notes.
+
+Lint lives in :mod:`.watchlist_lint` and trigger evaluation in :mod:`.triggers`;
+import their names from there.
 """
 
 from __future__ import annotations
@@ -628,17 +631,3 @@ def _run(args) -> int:
             print(f"{len(report.fired)} trigger(s) fired on {report.candidate or 'the candidate'}")
         return EXIT_FINDINGS if report.fired else EXIT_OK
     raise SndrError(Problem("internal", f"unhandled command {args.cmd}"), EXIT_INTERNAL)  # pragma: no cover
-
-
-def __getattr__(name: str):
-    """Trigger evaluation lives in :mod:`.triggers` and lint in :mod:`.watchlist_lint`; their names stay
-    importable from here."""
-    if name in ("CheckReport", "Firing", "PreflightFacts", "check", "load_preflight"):
-        from . import triggers
-
-        return getattr(triggers, name)
-    if name in ("Registry", "lint", "load_registry"):
-        from . import watchlist_lint
-
-        return getattr(watchlist_lint, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

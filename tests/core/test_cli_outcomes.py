@@ -21,7 +21,8 @@ from sndr import apply as applymod
 from sndr.apply import run_apply, run_verify
 from sndr.env import BOOL_WORDS
 from sndr.load import load_patch_set
-from sndr.startup.hook import active_summary, status_main
+from sndr.startup.hook import status_main
+from sndr.startup.status import active_summary
 
 from .test_apply import DATA, FILES, sndr_apply, vllm_hash
 

@@ -18,8 +18,6 @@ from sndr.model import Patch
 from sndr.preflight.configdrift import (
     ConfigDrift,
     WatchConfig,
-    _engine_args,
-    _Source,
     compare_config,
     json_schema,
     load_watch_config,
@@ -27,6 +25,7 @@ from sndr.preflight.configdrift import (
     render_terminal,
     runtime_target_drift,
 )
+from sndr.preflight.configsource import Source, engine_args
 from sndr.tree import open_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +128,7 @@ def test_engine_arg_changes_0320_0330(drift_32_33):
 
 
 def test_engine_arg_defaults_resolve_through_config_classes(trees):
-    args, notes = _engine_args(_Source(trees("0.33.0")))
+    args, notes = engine_args(Source(trees("0.33.0")))
     assert args["model"].value == "'Qwen/Qwen3-0.6B'" and args["model"].expr == "ModelConfig.model"
     assert args["max_model_len"].value == "None"  # Field(default=None, ge=-1)
     assert args["seed"].value == "0"
