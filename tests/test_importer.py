@@ -213,6 +213,48 @@ def test_shipped_patches_dir_agrees_with_the_loader():
     assert importer.shipped_patches_dir() == str(shipped_patches_dir())
 
 
+def test_editing_the_cli_shell_keeps_the_memo_and_editing_the_planner_drops_it(box, tmp_path, monkeypatch):
+    """The memo's fingerprint stamps the code that decides a resolution (the planner, the loader, ...),
+    not the CLI shell: a new --help text in apply.py keeps every process warm; a planner edit does not."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(importer._package_root())
+    copy = tmp_path / "sndr"
+    for name in set(importer._STAMP_MODULES) | {"apply.py", "__main__.py", "cli.py"}:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, copy / name)
+    monkeypatch.setattr(importer, "_package_root", lambda: str(copy))
+    env = {"SNDR_CACHE_DIR": str(tmp_path / "cache")}
+    tid = importer.tree_identity(str(box.root))
+
+    def fingerprint() -> str:
+        return importer.set_fingerprint(str(box.patches), tid, env, None, profile=False)
+
+    before = fingerprint()
+    for name in ("apply.py", "__main__.py", "cli.py"):
+        text = (copy / name).read_text()
+        (copy / name).write_text(text.replace('"""', '"""An edited help text. ', 1))
+        os.utime(copy / name, ns=(1, 1))  # another size and mtime: whatever the stamp read, it changed
+    assert fingerprint() == before
+    (copy / "plan.py").write_text((copy / "plan.py").read_text() + "\n# a planner edit\n")
+    assert fingerprint() != before
+
+
+def test_the_startup_resolution_never_imports_the_cli_shell(box):
+    """resolve_set (the cold path: pydantic and the planner) imports the core below the CLI, and every sndr
+    module it runs is on the code stamp (errors.py holds messages and exit codes, not what resolves)."""
+    out = out_of(box.py("""
+        import json, os, sys
+        from sndr.startup import importer
+        importer.resolve_set("0.32.0", importer.tree_identity(os.environ["TREE_ROOT"]))
+        print("OUT" + json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("sndr."))}))
+    """, TREE_ROOT=str(box.root)))["modules"]
+    assert "sndr.apply" not in out and "sndr.plan" in out
+    stamped = {n[:-3].replace("/", ".") for n in importer._STAMP_MODULES}
+    assert {m[len("sndr."):] for m in out} - stamped <= {"startup", "errors"}, out
+
+
 # ----------------------------------------------------------------------------- .pth, spawn, boot failure
 
 

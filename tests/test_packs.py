@@ -133,7 +133,10 @@ def test_pack_patches_may_use_sndr_code(make_pack, builtins):
 
 
 def test_pack_patches_are_gated_like_built_ins(make_pack, builtins):
-    from sndr.apply import enabled_ids
+    from sndr.plan import enabled_set
+
+    def enabled_ids(ps, version, environ):
+        return list(enabled_set(ps, version, environ).ids)
 
     make_pack("acme", {"ACME_0001-r.toml": pack_patch("ACME_0001", top={"default": "false", "vllm": '">=0.32"'})})
     ps = load_patch_set(builtins)

@@ -278,7 +278,9 @@ def patches_dir(environ=None) -> str:
 # of them (an upgrade of sndr) invalidates every memo.
 # Paths relative to the sndr package. tests/test_architecture.py checks that each
 # exists, so moving a module cannot silently turn memo invalidation off.
-_STAMP_MODULES = ("model.py", "load.py", "plan.py", "apply.py", "classify.py", "binding.py", "packs.py", "env.py",
+# The CLI shell (apply.py, the commands) is not one of them: editing --help text must not send every
+# vLLM process down the cold path.
+_STAMP_MODULES = ("model.py", "load.py", "plan.py", "profile.py", "classify.py", "binding.py", "packs.py", "env.py",
                   "fsio.py", "locate.py", "state.py", "startup/importer.py", "startup/runtime.py")
 
 
@@ -360,14 +362,14 @@ def tree_identity(root: str) -> str:
 def build_resolved(patch_set, version: str, environ) -> dict:
     """What a process needs of a patch set, as plain JSON: enabled ids, digest, runtime edits.
 
-    Uses the planner's own gating (:func:`sndr.apply.enabled_ids`) so the digest
+    The enabled set comes from its one home (:func:`sndr.plan.enabled_set`), so the digest
     a process attests is the digest ``apply`` writes into the ledger.
     """
     from .. import packs
-    from ..apply import enabled_ids
+    from ..plan import enabled_set, unknown_enable_vars
 
-    on = enabled_ids(patch_set, version, environ)
-    digest = patch_set.digest(on)
+    es = enabled_set(patch_set, version, environ)
+    on = list(es.ids)
     found_packs = packs.discover()
     patches = {}
     runtime = []
@@ -382,14 +384,11 @@ def build_resolved(patch_set, version: str, environ) -> dict:
         for r in p.runtime:
             runtime.append(dict(r.model_dump(mode="json"), patch=pid, allowed=allowed))
     gated = sorted(p.id for p in patch_set.patches if p.id not in set(on))
-    from ..plan import gate_reasons  # why each is gated (when_unknown, ...): sndr status shows it
-
     needs_profile = any(p.when for p in patch_set.patches)
-    from ..plan import unknown_enable_vars
-
-    return {"format": 1, "version": version, "enabled": on, "gated": gated, "digest": digest, "patches": patches,
+    # gate_reasons: why each is gated (when_unknown, ...): sndr status shows it
+    return {"format": 1, "version": version, "enabled": on, "gated": gated, "digest": es.digest, "patches": patches,
             "needs_profile": needs_profile, "unknown_enable": unknown_enable_vars(patch_set, environ),
-            "runtime": runtime, "gate_reasons": gate_reasons(patch_set, version, environ)}
+            "runtime": runtime, "gate_reasons": es.reasons()}
 
 
 def memo_key(prefix: str, pdir: str, tree_id: str, environ, cache: HookCache) -> tuple[str, str]:
