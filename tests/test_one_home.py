@@ -7,7 +7,7 @@ enabled ids and the digest:
 
 * ``python -m sndr list --json --tree T`` (the CLI's listing),
 * ``python -m sndr.apply --dry-run --json -`` (the planner),
-* ``sndr.startup.importer.resolve_set`` in a fresh process, cold and then warm
+* ``sndr.startup.resolve.resolve_set`` in a fresh process, cold and then warm
   from its memo (what every vLLM process attests),
 * on the trees that are applied: the ledger's digest, ``register()``'s
   attestation in a fresh process, and ``apply --verify`` (exit 0).
@@ -112,14 +112,14 @@ replacement = "onehome_pack:fixed_answer"
 
 RESOLVE = """
     import json, os, sys
-    from sndr.startup import importer
+    from sndr.startup import hookcache, resolve
     from sndr.tree import open_tree
     root = sys.argv[1]
     version = open_tree(root).version
-    cache = importer.open_cache()
-    cold = importer.resolve_set(version, importer.tree_identity(root), os.environ, cache)
+    cache = hookcache.open_cache()
+    cold = resolve.resolve_set(version, resolve.tree_identity(root), os.environ, cache)
     warm_before = "sndr.load" in sys.modules
-    warm = importer.resolve_set(version, importer.tree_identity(root), os.environ, cache)
+    warm = resolve.resolve_set(version, resolve.tree_identity(root), os.environ, cache)
     out = {"cold": [cold["enabled"], cold["digest"]], "warm": [warm["enabled"], warm["digest"]]}
     if sys.argv[2] == "register":
         import vllm
@@ -247,12 +247,12 @@ def test_empty_sndr_patches_is_the_shipped_set_for_everyone(monkeypatch):
     """``SNDR_PATCHES=""`` and unset are the same rule in env.patches_dir, the loader and the hook."""
     from sndr import env
     from sndr.load import load_patch_set
-    from sndr.startup import importer
+    from sndr.startup import resolve
 
     for value in (None, ""):
         environ = {} if value is None else {"SNDR_PATCHES": value}
         assert env.patches_dir(environ) == env.shipped_patches_dir()
-        assert importer.patches_dir(environ) == str(env.shipped_patches_dir())
+        assert resolve.patches_dir(environ) == str(env.shipped_patches_dir())
         assert load_patch_set(packs=False, environ=environ).directory == env.shipped_patches_dir()
 
 

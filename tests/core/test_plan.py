@@ -160,7 +160,7 @@ def test_env_hint_names_the_real_variable(read):
 def test_the_enabled_set_is_computed_in_one_place_and_every_consumer_reads_the_same(read):
     """ids, digest and gates: the planner, the startup resolution and verify's mismatch all take
     them from plan.enabled_set, so they agree (--only and an explicit profile included)."""
-    from sndr.startup.importer import build_resolved
+    from sndr.startup.resolve import build_resolved
 
     prof = parse_profile('platform = "cuda"\n', "p.toml")
     ps = PatchSet(patches=[P("B", "        # A\n", "        # A\n        # B\n", after=["A"]),

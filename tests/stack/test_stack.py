@@ -248,7 +248,7 @@ def test_keep_going_cli_lists_what_was_left_out(stack, tree):
 
 def test_hook_attests_left_out_and_strict_refuses_a_required_one(stack, tree):
     """The startup hook's disk check: on_failure = fail left out by --keep-going is a missing required patch."""
-    from sndr.startup import hook, importer
+    from sndr.startup import hook, resolve
 
     d, _ = stack
     ps = load_patch_set(d / "patches", packs=False)
@@ -260,7 +260,7 @@ def test_hook_attests_left_out_and_strict_refuses_a_required_one(stack, tree):
 
     use_process_profile(prof)
     try:
-        resolved = importer.build_resolved(ps, "0.32.0", env)
+        resolved = resolve.build_resolved(ps, "0.32.0", env)
     finally:
         use_process_profile(None)
     state = hook._Process(strict=True)
