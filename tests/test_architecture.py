@@ -69,12 +69,6 @@ LARGE_MODULES = {
 #: Only a function-level import can be listed (a module-level cycle always fails); an entry whose import is
 #: gone, or no longer closes a cycle, fails too.
 CYCLE_EDGES = {
-    ("sndr.manifest", "sndr.upstream.pin"):
-        "manifest._pin_version reads the pin record (upstream.pin.read_pin) to pick the pin it validates on: the "
-        "core reaching up into upstream (pin imports manifest_name); goes when the pin record's reader moves down",
-    ("sndr.upstream.pin", "sndr.upstream.perfgate"):
-        "pin advance's gates run perfgate.gate_performance, and perfgate builds on pin's PinGate and version "
-        "helpers; goes when the gate types leave pin.py",
     ("sndr.upstream.watchlist", "sndr.upstream.triggers"):
         "the watchlist CLI (cli_main) lives in the model's module and runs triggers.check, which reads that "
         "model; the module __getattr__ forwards the old names too; goes when the CLI moves to its own module",
