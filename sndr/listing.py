@@ -214,7 +214,7 @@ def _cli_body(args) -> int:
         doc = {"tree": args.tree, "vllm_version": version, "profile": args.profile,
                "patches": [r.to_json() for r in rows]}
         if plan is not None:  # the digest apply would write into the ledger (and the hook attests)
-            doc["enabled"] = [p.id for p in plan.patches if p.status != "gated"]
+            doc["enabled"] = list(plan.enabled)  # plan.enabled_set's ids, as the digest below
             doc["patch_set_digest"] = plan.digest
         if ledger is not None:
             doc["patched_by_sndr"] = {"enabled_set_digest": ledger.patch_set_digest, "patches": list(ledger.patches),
