@@ -334,6 +334,21 @@ def strict_decodes(tree: ast.Module) -> list[int]:
                    and isinstance(n.type, ast.Name) and n.type.id == "UnicodeDecodeError"})
 
 
+def enabled_set_builds(tree: ast.Module) -> list[int]:
+    """The enabled set built by hand: ``x.digest(ids)`` (a digest of chosen patches) or a comprehension
+    that keeps what a gate says is ``.enabled``. Its one home is ``plan.enabled_set``."""
+    lines = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "digest" \
+                and (n.args or n.keywords):
+            lines.add(n.lineno)
+        elif isinstance(n, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            if any(isinstance(x, ast.Attribute) and x.attr == "enabled"
+                   for g in n.generators for cond in g.ifs for x in ast.walk(cond)):
+                lines.add(n.lineno)
+    return sorted(lines)
+
+
 def _check(scan, home: set[str], exceptions: dict[str, str], pending: dict[str, str], what: str) -> None:
     found = {rel: lines for rel, tree in SOURCES.items() if rel not in home and (lines := scan(tree))}
     unexplained = {rel: lines for rel, lines in found.items() if rel not in exceptions and rel not in pending}
@@ -352,6 +367,10 @@ def test_atomic_writes_live_in_fsio_and_the_transaction():
 
 def test_strict_utf8_decoding_lives_in_fsio():
     _check(strict_decodes, {"sndr/fsio.py"}, {}, DECODE_PENDING, "strict UTF-8 decodes")
+
+
+def test_the_enabled_set_is_built_only_by_plan_enabled_set():
+    _check(enabled_set_builds, {"sndr/plan.py"}, {}, {}, "enabled ids or their digest assembled by hand")
 
 
 def test_the_scanners_see_what_they_are_for():
@@ -377,6 +396,13 @@ def test_the_scanners_see_what_they_are_for():
     ''')
     tree = ast.parse(src)
     assert sndr_env_reads(tree) == [3, 4, 5, 6, 7, 8]
+    built = ast.parse(textwrap.dedent('''
+        on = [p.id for p in ordered if gates[p.id].enabled]
+        digest = patch_set.digest(on)
+        whole = patch_set.digest()                   # every patch, enabled or not: not an enabled set
+        mac = hmac.new(key, data, "sha256").digest()
+    '''))
+    assert enabled_set_builds(built) == [2, 3]
     assert replace_calls(tree) == [11]
     assert strict_decodes(tree) == [14]
     assert sys.version_info >= (3, 11)  # requires-python: tomllib is the stdlib's
