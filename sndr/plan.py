@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -347,7 +348,7 @@ class EnabledSet:
     verify compares, the startup hook attests and ``sndr list`` prints. Built only by :func:`enabled_set`."""
 
     ordered: tuple[Patch, ...]  # the whole set in apply order (``requires`` and ``after`` first)
-    gates: dict[str, Gate] = field(compare=False)  # every patch's gate, by id
+    gates: Mapping[str, Gate] = field(compare=False)  # every patch's gate, by id (read-only)
     ids: tuple[str, ...]  # the enabled ids, in apply order
     digest: str  # ``PatchSet.digest(ids)``
 
@@ -402,7 +403,8 @@ def enabled_set(patch_set: PatchSet, version: str, environ=None, *,
                 g = Gate(False, "requires_gated", f"requires {', '.join(missing)}, which is not enabled")
         gates[p.id] = g
     ids = [p.id for p in ordered if gates[p.id].enabled]
-    return EnabledSet(ordered=tuple(ordered), gates=gates, ids=tuple(ids), digest=patch_set.digest(ids))
+    return EnabledSet(ordered=tuple(ordered), gates=MappingProxyType(gates), ids=tuple(ids),
+                      digest=patch_set.digest(ids))
 
 
 def select_ids(patch_set: PatchSet, names: list[str]) -> list[str]:
@@ -505,7 +507,7 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
             return plan
 
 
-def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: dict[str, Gate],
+def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: Mapping[str, Gate],
                           left: dict[str, LeftOut], keep_going: bool) -> list[Problem]:
     """Leave out (in ``left``) every enabled patch that requires a left-out one; the problems of those whose
     ``on_failure`` is "fail" (without ``keep_going``): they refuse the set."""
@@ -527,7 +529,7 @@ def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: dict
     return blocked
 
 
-def _settle_conflicts(ordered: list[Patch], gates: dict[str, Gate], by_id: dict[str, Patch],
+def _settle_conflicts(ordered: list[Patch], gates: Mapping[str, Gate], by_id: dict[str, Patch],
                       keep_going: bool) -> dict[str, LeftOut]:
     """Declared ``conflicts`` between two enabled patches that the failure policy lets sndr settle.
 
