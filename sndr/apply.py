@@ -47,15 +47,9 @@ if TYPE_CHECKING:
     from .commit import FileWrite, TreeRoot
     from .load import PatchSet
     from .model import Ledger, LedgerFile, PatchResult, PatchStatus, Report, ReportMode
-    from .plan import Plan
+    from .plan import EnabledSet, Plan
 
 
-def enabled_ids(patch_set: PatchSet, version: str, environ, only=None, profile=None) -> list[str]:
-    """The ids a plan would enable, computed without reading any target file."""
-    from .plan import resolve_gates
-
-    ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
-    return [p.id for p in ordered if gates[p.id].enabled]
 
 def _report(mode: ReportMode, tree: TreeRoot, version: str, plan: Plan | None, **kw) -> Report:
     from .model import Report
@@ -300,13 +294,13 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     """Everything apply decides, from the ledger it read to the commit; ``dry_run`` stops short of
     every write (objects, ledger, files) and reports what the apply would do, on the same path."""
     from .commit import commit
-    from .plan import build_plan
+    from .plan import build_plan, enabled_set
 
     mode: ReportMode = "dry-run" if dry_run else "apply"
     nothing = "apply would write nothing" if dry_run else "nothing was written"
     original = ledger
-    on = enabled_ids(patch_set, version, environ, only, profile)
-    digest = patch_set.digest(on)
+    es = enabled_set(patch_set, version, environ, only=only, profile=profile)
+    digest = es.digest
     if ledger is not None:
         # Re-check every file the ledger names, by hash: a reinstall or a
         # restore puts pristine bytes back under a ledger that says "patched".
@@ -345,7 +339,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
                          f"file(s) as pristine")
         elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
             # Fast path: same set, and every file holds its patched bytes (checked above).
-            results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, edits=True,
+            results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, es, edits=True,
                                       reason="ledger matches; nothing to do")
             return _report(mode, tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
                            patches=results, counts=ledger.counts,
@@ -452,8 +446,8 @@ def _dropped_files(plan: Plan, ledger: Ledger | None, writes: list[FileWrite]) -
     return sorted(rel for rel in ledger.files if rel not in plan.changes and rel in written)
 
 
-def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version: str, environ, only, profile, *,
-                    edits: bool, reason: str) -> list[PatchResult]:
+def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version: str, environ, only, profile,
+                    es: EnabledSet, *, edits: bool, reason: str) -> list[PatchResult]:
     """Per-patch results of a tree the ledger describes, gated patches included (named, cheaply).
 
     With ``edits``, every edit's verdict too: the plan of the set on the stored
@@ -462,7 +456,7 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
     for it only with -v or --json.
     """
     from .model import PatchResult, PatchStatus
-    from .plan import build_plan, resolve_gates
+    from .plan import build_plan
 
     if edits:
         plan = build_plan(patch_set, tree.pristine(ledger).read_text, version, environ=environ,
@@ -477,13 +471,14 @@ def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version
                     if e.verdict == Verdict.APPLIES:
                         e.verdict = Verdict.APPLIED
             return plan.patches
-    ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
+    gates = es.gates
+
     def status(pid: str) -> PatchStatus:
         # the ledger's results are statuses _writes_for recorded from PatchResult.status
         return cast(PatchStatus, ledger.results.get(pid, "applied"))
 
     out = []
-    for patch in ordered:
+    for patch in es.ordered:
         if patch.id in ledger.patches:
             out.append(PatchResult(id=patch.id, title=patch.title, kind=patch.kind, status=status(patch.id),
                                    reason=reason))
@@ -598,39 +593,29 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
     from .commit import TreeRoot, recover
 
     environ = os.environ if environ is None else environ
-    if profile is not None:
-        environ = _WithProfile(environ, profile)
     tree = TreeRoot(root)
     version = tree.version
     if tree.journal_path.exists():
         with tree.lock():
             recover(tree)
     untouched = not tree.state.exists()
-    report = _verify_locked(tree, version, patch_set, only, environ, edits)
+    report = _verify_locked(tree, version, patch_set, only, environ, profile, edits)
     if untouched and tree.state.exists():
         # A first apply started while we read without a lock: read again under it.
-        report = _verify_locked(tree, version, patch_set, only, environ, edits)
+        report = _verify_locked(tree, version, patch_set, only, environ, profile, edits)
     return report
 
 
-class _WithProfile(dict):
-    """An environ that carries the explicit --profile of a verify (so every helper sees the same one)."""
-
-    def __init__(self, environ, profile):
-        super().__init__(environ)
-        self.profile = profile
-
-
-def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, edits: bool = False) -> Report:
+def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, profile,
+                   edits: bool = False) -> Report:
     from .commit import sha256_bytes
     from .model import PatchResult
-    from .plan import build_plan
+    from .plan import build_plan, enabled_set
 
-    profile = getattr(environ, "profile", None)
     with tree.lock(shared=True):
         ledger = tree.read_ledger()
-        on = enabled_ids(patch_set, version, environ, only, profile)
-        digest = patch_set.digest(on)
+        es = enabled_set(patch_set, version, environ, only=only, profile=profile)
+        digest = es.digest
         if ledger is None:
             # No ledger (fresh or in-memory-patched tree): classify the current texts.
             plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False,
@@ -647,14 +632,14 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                                     f"now holds vLLM {version}", file=str(tree.ledger_path),
                                     hint="run python -m sndr.apply to plan again from the tree as it is"))
         if ledger.patch_set_digest != digest:
-            problems.append(_set_mismatch(tree, ledger, patch_set, on, digest))
+            problems.append(_set_mismatch(tree, ledger, patch_set, es))
         for rel, entry in sorted(ledger.files.items()):
             now = tree.read_bytes(rel)
             if now is None or sha256_bytes(now) != entry.patched_sha256:
                 problems.append(Problem("hash_mismatch", "file does not hold the patched bytes the ledger records",
                                         file=rel, patch=", ".join(entry.patches)))
         bad = {pr.file for pr in problems if pr.code == "hash_mismatch" and pr.file}
-        results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile,
+        results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, es,
                                   edits=(edits and not problems) or bool(bad), reason="verified against the ledger")
         counts = ledger.counts
         if bad:  # the counts say what the tree holds, never "applied" for a file that is not
@@ -678,9 +663,10 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                        patches=results, counts=counts, notes=vnotes)
 
 
-def _set_mismatch(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, on: list[str], digest: str) -> Problem:
+def _set_mismatch(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, es: EnabledSet) -> Problem:
     """patch_set_mismatch, naming the patches that differ and the variable that would make them agree
     (as the startup hook names them), not two digests only."""
+    on, digest = es.ids, es.digest
     applied = set(ledger.patches) | set(ledger.left_out)
     extra = [i for i in ledger.patches if i not in on]  # on disk, not enabled here
     absent = [i for i in on if i not in applied and patch_set.by_id[i].files]  # enabled here, not on disk

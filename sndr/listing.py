@@ -13,7 +13,7 @@ patches with at least one edit that has it.
 
 With ``--profile FILE`` each row says whether that deployment profile gets
 the patch (``enabled``) or not (``gated``, with the reason: its ``when``, its
-version range, ...), by the same :func:`sndr.plan.resolve_gates` apply uses;
+version range, ...), by the same :func:`sndr.plan.enabled_set` apply uses;
 without ``--tree`` the gates read the pinned vLLM version.
 
 The rows are a pure function (:func:`list_rows`) of the patch set and an
@@ -78,7 +78,7 @@ def touched(p: Patch) -> list[str]:
 def list_rows(patch_set: PatchSet, plan=None, verdict: str | None = None, gates=None) -> list[Row]:
     """Rows in patch-set order; with a plan, each carries its verdict (and ``verdict`` filters).
 
-    ``gates`` (id -> :class:`sndr.plan.Gate`, from ``resolve_gates``) without a
+    ``gates`` (id -> :class:`sndr.plan.Gate`, from ``enabled_set``) without a
     plan: each row says ``enabled`` or ``gated`` with the gate's reason.
     """
     results = {r.id: r for r in plan.patches} if plan is not None else {}
@@ -203,10 +203,10 @@ def _cli_body(args) -> int:
             _as_held(plan, ledger, patched)
     elif profile is not None:
         from . import PIN_VERSION
-        from .plan import resolve_gates
+        from .plan import enabled_set
 
         version = PIN_VERSION
-        _, gates = resolve_gates(patch_set, version, os.environ, None, profile)
+        gates = enabled_set(patch_set, version, os.environ, profile=profile).gates
     rows = list_rows(patch_set, plan, args.verdict, gates)
     if args.kind:
         rows = [r for r in rows if r.kind == args.kind]
@@ -214,7 +214,7 @@ def _cli_body(args) -> int:
         doc = {"tree": args.tree, "vllm_version": version, "profile": args.profile,
                "patches": [r.to_json() for r in rows]}
         if plan is not None:  # the digest apply would write into the ledger (and the hook attests)
-            doc["enabled"] = [p.id for p in plan.patches if p.status != "gated"]
+            doc["enabled"] = list(plan.enabled)  # plan.enabled_set's ids, as the digest below
             doc["patch_set_digest"] = plan.digest
         if ledger is not None:
             doc["patched_by_sndr"] = {"enabled_set_digest": ledger.patch_set_digest, "patches": list(ledger.patches),

@@ -420,7 +420,7 @@ def _pin_version(patch_set: PatchSet) -> str:
     from . import PIN_VERSION
 
     if patch_set.directory:
-        from .upstream.pin import default_pin_path, read_pin
+        from .pinrecord import default_pin_path, read_pin
 
         rec = read_pin(default_pin_path(patch_set.directory))
         if rec is not None:

@@ -1,8 +1,9 @@
 """The plan: a pure, sequential simulation of every enabled patch on in-memory texts.
 
 ``build_plan`` reads nothing but what ``read`` returns and writes nothing. It
-gates each patch (:func:`resolve_gates`, the one home of gating: lifecycle,
-``SNDR_ENABLE_*``, ``vllm`` range, ``when`` predicates, ``requires``), orders
+gates each patch (:func:`enabled_set`, the one home of gating and of the
+enabled set and its digest: lifecycle, ``SNDR_ENABLE_*``, ``vllm`` range,
+``when`` predicates, ``requires``), orders
 the set (``requires`` and ``after`` first), classifies every edit with
 :func:`sndr.classify.classify_edit` on the text as earlier patches left it,
 checks that no edit rewrites bytes an *unordered* patch changed (the changed
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -340,16 +342,33 @@ def _order_closure(patch: Patch, by_id: dict[str, Patch]) -> set[str]:
     return seen
 
 
-def resolve_gates(patch_set: PatchSet, version: str, environ=None,
-                  only: list[str] | None = None, profile=None) -> tuple[list[Patch], dict[str, Gate]]:
-    """The apply order and every patch's gate, reading no target file.
+@dataclass(frozen=True)
+class EnabledSet:
+    """Which patches a run enables, and the digest of exactly those: what apply writes into the ledger,
+    verify compares, the startup hook attests and ``sndr list`` prints. Built only by :func:`enabled_set`."""
 
+    ordered: tuple[Patch, ...]  # the whole set in apply order (``requires`` and ``after`` first)
+    gates: Mapping[str, Gate] = field(compare=False)  # every patch's gate, by id (read-only)
+    ids: tuple[str, ...]  # the enabled ids, in apply order
+    digest: str  # ``PatchSet.digest(ids)``
+
+    def reasons(self) -> dict[str, str]:
+        """id -> "code: reason" of every gated patch (the startup hook attests them; ``sndr status`` shows them)."""
+        return {pid: f"{g.code}: {g.reason}" for pid, g in self.gates.items() if not g.enabled}
+
+
+def enabled_set(patch_set: PatchSet, version: str, environ=None, *,
+                only: list[str] | None = None, profile=None) -> EnabledSet:
+    """The apply order, every patch's gate, the enabled ids and their digest, reading no target file.
+
+    The one home of the enabled set: apply, verify, the planner, the startup hook's resolution and
+    ``sndr list`` all take it from here, so the digest a process attests is the one apply writes.
     ``--only`` pulls in what the selected patches require; a patch whose
     ``requires`` is not enabled is gated ``requires_gated``. ``when`` tables are
-    evaluated against ``profile`` (a :class:`sndr.profile.Profile`); without
-    one, against :func:`sndr.profile.active_profile` (the startup hook's
-    process profile, else ``$SNDR_PROFILE``, else no profile: every key
-    unknown), loaded only when a patch has a ``when``.
+    evaluated against ``profile`` (a :class:`sndr.profile.Profile`, passed
+    explicitly); without one, against :func:`sndr.profile.active_profile` (the
+    startup hook's process profile, else ``$SNDR_PROFILE``, else no profile:
+    every key unknown), loaded only when a patch has a ``when``.
     """
     environ = os.environ if environ is None else environ
     by_id = patch_set.by_id
@@ -383,7 +402,9 @@ def resolve_gates(patch_set: PatchSet, version: str, environ=None,
             if missing:
                 g = Gate(False, "requires_gated", f"requires {', '.join(missing)}, which is not enabled")
         gates[p.id] = g
-    return ordered, gates
+    ids = [p.id for p in ordered if gates[p.id].enabled]
+    return EnabledSet(ordered=tuple(ordered), gates=MappingProxyType(gates), ids=tuple(ids),
+                      digest=patch_set.digest(ids))
 
 
 def select_ids(patch_set: PatchSet, names: list[str]) -> list[str]:
@@ -427,12 +448,6 @@ def unknown_enable_vars(patch_set: PatchSet, environ=None) -> list[str]:
     return out
 
 
-def gate_reasons(patch_set: PatchSet, version: str, environ=None, profile=None) -> dict[str, str]:
-    """id -> "code: reason" of every gated patch (the startup hook attests them)."""
-    _, gates = resolve_gates(patch_set, version, environ, None, profile)
-    return {pid: f"{g.code}: {g.reason}" for pid, g in gates.items() if not g.enabled}
-
-
 def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
                only: list[str] | None = None, check_compile: bool = True, keep_going: bool = False,
                profile=None) -> Plan:
@@ -445,7 +460,8 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
     """
     environ = os.environ if environ is None else environ
     by_id = patch_set.by_id
-    ordered, gates = resolve_gates(patch_set, version, environ, only, profile)
+    es = enabled_set(patch_set, version, environ, only=only, profile=profile)
+    ordered, gates = list(es.ordered), es.gates
     texts: dict[str, object] = {}
 
     def cached(rel: str) -> str | None:
@@ -463,11 +479,11 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
     attempts: dict[str, PatchResult] = {}
     blocked = _leave_out_dependents(patch_set, ordered, gates, left, keep_going)
     if blocked:
-        plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+        plan = _plan_once(patch_set, cached, version, es, left, attempts, check_compile)
         plan.problems.extend(blocked)
         return plan
     while True:
-        plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+        plan = _plan_once(patch_set, cached, version, es, left, attempts, check_compile)
         failed = [r for r in plan.patches if r.status == "failed"]
         blamed = {pr.patch for pr in plan.problems if pr.code == "compile_error" and pr.patch in by_id}
         failed += [r for r in plan.patches if r.id in blamed and r.status != "failed"]
@@ -486,12 +502,12 @@ def build_plan(patch_set: PatchSet, read: Reader, version: str, *, environ=None,
         left.update(newly)
         blocked = _leave_out_dependents(patch_set, ordered, gates, left, keep_going)
         if blocked:
-            plan = _plan_once(patch_set, cached, version, ordered, gates, left, attempts, check_compile)
+            plan = _plan_once(patch_set, cached, version, es, left, attempts, check_compile)
             plan.problems.extend(blocked)
             return plan
 
 
-def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: dict[str, Gate],
+def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: Mapping[str, Gate],
                           left: dict[str, LeftOut], keep_going: bool) -> list[Problem]:
     """Leave out (in ``left``) every enabled patch that requires a left-out one; the problems of those whose
     ``on_failure`` is "fail" (without ``keep_going``): they refuse the set."""
@@ -513,7 +529,7 @@ def _leave_out_dependents(patch_set: PatchSet, ordered: list[Patch], gates: dict
     return blocked
 
 
-def _settle_conflicts(ordered: list[Patch], gates: dict[str, Gate], by_id: dict[str, Patch],
+def _settle_conflicts(ordered: list[Patch], gates: Mapping[str, Gate], by_id: dict[str, Patch],
                       keep_going: bool) -> dict[str, LeftOut]:
     """Declared ``conflicts`` between two enabled patches that the failure policy lets sndr settle.
 
@@ -548,11 +564,12 @@ def _problem_code(e: EditResult) -> str:
     return e.reason_code if e.reason_code in BAD_INPUT_REASONS else f"edit_{e.verdict.value}"
 
 
-def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Patch], gates: dict[str, Gate],
-               left: dict[str, LeftOut], attempts: dict[str, PatchResult], check_compile: bool) -> Plan:
+def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, left: dict[str, LeftOut],
+               attempts: dict[str, PatchResult], check_compile: bool) -> Plan:
     by_id = patch_set.by_id
     problems: list[Problem] = []
-    enabled = [p.id for p in ordered if gates[p.id].enabled]
+    ordered, gates = es.ordered, es.gates
+    enabled = list(es.ids)
     en = set(enabled)
     reported: set[frozenset] = set()
     for p in ordered:
@@ -630,9 +647,8 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, ordered: list[Pa
             changes[path] = FileChange(path, st.pristine, st.text, list(st.patches))
     if check_compile:
         problems.extend(_compile_check(changes, files))
-    digest = patch_set.digest(enabled)
     left_out = [left[p.id] for p in ordered if p.id in left and gates[p.id].enabled]
-    return Plan(version=version, patches=results, changes=changes, problems=problems, enabled=enabled, digest=digest,
+    return Plan(version=version, patches=results, changes=changes, problems=problems, enabled=enabled, digest=es.digest,
                 left_out=left_out)
 
 

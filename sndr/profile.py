@@ -2,7 +2,7 @@
 
 A patch's ``when = { ... }`` table says which deployments it is for; a
 *deployment profile* says what one deployment is. Both use the keys of
-:data:`KEYS`. ``plan.resolve_gates`` (the one home of gating) calls
+:data:`KEYS`. ``plan.enabled_set`` (the one home of gating) calls
 :func:`evaluate` for every enabled patch with a ``when``: a patch whose table
 does not match is gated ``when_mismatch``; one whose table names a key the
 profile does not know is gated ``when_unknown``. sndr never guesses a value.

@@ -14,14 +14,14 @@ included), so a lazy import cannot hide from these rules. The rules:
   the startup modules (following sndr modules' own module-level imports) holds
   no third-party module; checked in a fresh interpreter too. So ``pydantic``
   (via ``sndr.model``) is only ever reached by a function-level import, which
-  runs on the cold path only (a memo miss: ``importer.resolve_set`` loading the
+  runs on the cold path only (a memo miss: ``resolve.resolve_set`` loading the
   patch set); ``tests/startup/test_hook.py`` checks a warm start never runs it.
 * The core never imports ``sndr.kernels`` or ``sndr.runtime_patches`` at module level.
 * No import cycle among sndr modules, function-level imports included (an
   import inside a function is a cycle all the same, only deferred). The cycles
   that remain are listed edge by edge in :data:`CYCLE_EDGES`, each with why it
   is still there; the list may only shrink (a stale entry fails).
-* The importer's code stamp names files that exist (a moved module would
+* The resolution's code stamp names files that exist (a moved module would
   otherwise silently stop invalidating the memo).
 * No module over :data:`MAX_LINES` lines unless it is on :data:`LARGE_MODULES`,
   with the one cohesive thing it is.
@@ -55,8 +55,6 @@ LARGE_MODULES = {
     "sndr/plan.py",
     # the apply/verify/revert shell and its CLI; the ledger checks share its helpers
     "sndr/apply.py",
-    # the sys.meta_path finder, its sealed caches and the memoised resolution: one object graph
-    "sndr/startup/importer.py",
     # watchlist lint/set/check: one file format and its rules
     "sndr/upstream/watchlist.py",
     # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
@@ -67,16 +65,6 @@ LARGE_MODULES = {
 #: Only a function-level import can be listed (a module-level cycle always fails); an entry whose import is
 #: gone, or no longer closes a cycle, fails too.
 CYCLE_EDGES = {
-    ("sndr.startup.importer", "sndr.apply"):
-        "build_resolved takes apply.enabled_ids (the planner's gating) so the digest a process attests is the one "
-        "apply writes: startup calling up into the CLI shell (apply -> startup.verify -> startup.importer); "
-        "goes when the enabled set has its one home below both (issue 29, finding 2)",
-    ("sndr.manifest", "sndr.upstream.pin"):
-        "manifest._pin_version reads the pin record (upstream.pin.read_pin) to pick the pin it validates on: the "
-        "core reaching up into upstream (pin imports manifest_name); goes when the pin record's reader moves down",
-    ("sndr.upstream.pin", "sndr.upstream.perfgate"):
-        "pin advance's gates run perfgate.gate_performance, and perfgate builds on pin's PinGate and version "
-        "helpers; goes when the gate types leave pin.py",
     ("sndr.upstream.watchlist", "sndr.upstream.triggers"):
         "the watchlist CLI (cli_main) lives in the model's module and runs triggers.check, which reads that "
         "model; goes when the CLI moves to its own module",
@@ -351,13 +339,13 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_the_import_reader_sees_function_level_and_relative_imports():
-    src = PKG / "startup" / "importer.py"
-    found = {(t, top) for node, top in _imports(src) for t in _targets("sndr.startup.importer", src, node)[:1]}
+    src = PKG / "startup" / "resolve.py"
+    found = {(t, top) for node, top in _imports(src) for t in _targets("sndr.startup.resolve", src, node)[:1]}
     assert ("sndr.load", False) in found  # `from ..load import load_patch_set` inside resolve_set
     assert ("os", True) in found
     # the cycle graph takes function-level imports and leaves out `if TYPE_CHECKING:` ones
-    assert "sndr.load" in FULL_GRAPH["sndr.startup.importer"]
-    assert "sndr.load" not in GRAPH["sndr.startup.importer"]
+    assert "sndr.load" in FULL_GRAPH["sndr.startup.resolve"]
+    assert "sndr.load" not in GRAPH["sndr.startup.resolve"]
     revs = PKG / "upstream" / "reverts.py"
     assert any(t == "sndr.upstream.gitio" for node, _ in _imports(revs)
                for t in _targets("sndr.upstream.reverts", revs, node))
@@ -365,16 +353,21 @@ def test_the_import_reader_sees_function_level_and_relative_imports():
 
 
 def test_the_code_stamp_names_modules_that_exist():
-    from sndr.startup import importer
+    from sndr.startup import resolve
 
-    root = Path(importer._package_root())
+    root = Path(resolve.package_root())
     assert root == PKG
-    missing = [name for name in importer._STAMP_MODULES if not (root / name).is_file()]
-    assert not missing, f"importer._STAMP_MODULES names missing files {missing}: memo invalidation would be off"
+    missing = [name for name in resolve.STAMP_MODULES if not (root / name).is_file()]
+    assert not missing, f"resolve.STAMP_MODULES names missing files {missing}: memo invalidation would be off"
     # Every core module the resolution runs is stamped: a change to it must invalidate the memo.
-    stamped = set(importer._STAMP_MODULES)
-    for name in ("model.py", "load.py", "plan.py", "classify.py", "env.py", "packs.py", "state.py"):
+    stamped = set(resolve.STAMP_MODULES)
+    for name in ("startup/resolve.py", "startup/importer.py", "startup/hookcache.py", "startup/common.py"):
         assert name in stamped
+    for name in ("model.py", "load.py", "plan.py", "classify.py", "env.py", "packs.py", "state.py", "profile.py"):
+        assert name in stamped
+    # The CLI shell decides nothing a process resolves: editing --help must not send every vLLM process
+    # down the cold path (tests/test_importer.py measures the fingerprint).
+    assert "apply.py" not in stamped
 
 
 def test_modules_over_the_size_limit_are_on_the_allow_list():

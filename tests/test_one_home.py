@@ -7,7 +7,7 @@ enabled ids and the digest:
 
 * ``python -m sndr list --json --tree T`` (the CLI's listing),
 * ``python -m sndr.apply --dry-run --json -`` (the planner),
-* ``sndr.startup.importer.resolve_set`` in a fresh process, cold and then warm
+* ``sndr.startup.resolve.resolve_set`` in a fresh process, cold and then warm
   from its memo (what every vLLM process attests),
 * on the trees that are applied: the ledger's digest, ``register()``'s
   attestation in a fresh process, and ``apply --verify`` (exit 0).
@@ -112,14 +112,14 @@ replacement = "onehome_pack:fixed_answer"
 
 RESOLVE = """
     import json, os, sys
-    from sndr.startup import importer
+    from sndr.startup import hookcache, resolve
     from sndr.tree import open_tree
     root = sys.argv[1]
     version = open_tree(root).version
-    cache = importer.open_cache()
-    cold = importer.resolve_set(version, importer.tree_identity(root), os.environ, cache)
+    cache = hookcache.open_cache()
+    cold = resolve.resolve_set(version, resolve.tree_identity(root), os.environ, cache)
     warm_before = "sndr.load" in sys.modules
-    warm = importer.resolve_set(version, importer.tree_identity(root), os.environ, cache)
+    warm = resolve.resolve_set(version, resolve.tree_identity(root), os.environ, cache)
     out = {"cold": [cold["enabled"], cold["digest"]], "warm": [warm["enabled"], warm["digest"]]}
     if sys.argv[2] == "register":
         import vllm
@@ -247,12 +247,12 @@ def test_empty_sndr_patches_is_the_shipped_set_for_everyone(monkeypatch):
     """``SNDR_PATCHES=""`` and unset are the same rule in env.patches_dir, the loader and the hook."""
     from sndr import env
     from sndr.load import load_patch_set
-    from sndr.startup import importer
+    from sndr.startup import resolve
 
     for value in (None, ""):
         environ = {} if value is None else {"SNDR_PATCHES": value}
         assert env.patches_dir(environ) == env.shipped_patches_dir()
-        assert importer.patches_dir(environ) == str(env.shipped_patches_dir())
+        assert resolve.patches_dir(environ) == str(env.shipped_patches_dir())
         assert load_patch_set(packs=False, environ=environ).directory == env.shipped_patches_dir()
 
 
@@ -354,6 +354,21 @@ def cache_dir_literals(tree: ast.Module) -> list[int]:
     return sorted(set(lines))
 
 
+def enabled_set_builds(tree: ast.Module) -> list[int]:
+    """The enabled set built by hand: ``x.digest(ids)`` (a digest of chosen patches) or a comprehension
+    that keeps what a gate says is ``.enabled``. Its one home is ``plan.enabled_set``."""
+    lines = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "digest" \
+                and (n.args or n.keywords):
+            lines.add(n.lineno)
+        elif isinstance(n, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            if any(isinstance(x, ast.Attribute) and x.attr == "enabled"
+                   for g in n.generators for cond in g.ifs for x in ast.walk(cond)):
+                lines.add(n.lineno)
+    return sorted(lines)
+
+
 def _check(scan, home: set[str], exceptions: dict[str, str], pending: dict[str, str], what: str) -> None:
     found = {rel: lines for rel, tree in SOURCES.items() if rel not in home and (lines := scan(tree))}
     unexplained = {rel: lines for rel, lines in found.items() if rel not in exceptions and rel not in pending}
@@ -376,6 +391,10 @@ def test_strict_utf8_decoding_lives_in_fsio():
 
 def test_cache_layout_is_named_in_env_py():
     _check(cache_dir_literals, {"sndr/env.py"}, {}, {}, "cache directories spelt by hand")
+
+
+def test_the_enabled_set_is_built_only_by_plan_enabled_set():
+    _check(enabled_set_builds, {"sndr/plan.py"}, {}, {}, "enabled ids or their digest assembled by hand")
 
 
 def test_the_scanners_see_what_they_are_for():
@@ -405,6 +424,13 @@ def test_the_scanners_see_what_they_are_for():
     ''')
     tree = ast.parse(src)
     assert sndr_env_reads(tree) == [3, 4, 5, 6, 7, 8]
+    built = ast.parse(textwrap.dedent('''
+        on = [p.id for p in ordered if gates[p.id].enabled]
+        digest = patch_set.digest(on)
+        whole = patch_set.digest()                   # every patch, enabled or not: not an enabled set
+        mac = hmac.new(key, data, "sha256").digest()
+    '''))
+    assert enabled_set_builds(built) == [2, 3]
     assert replace_calls(tree) == [11]
     assert strict_decodes(tree) == [14]
     assert cache_dir_literals(tree) == [20, 22, 23]

@@ -133,7 +133,10 @@ def test_pack_patches_may_use_sndr_code(make_pack, builtins):
 
 
 def test_pack_patches_are_gated_like_built_ins(make_pack, builtins):
-    from sndr.apply import enabled_ids
+    from sndr.plan import enabled_set
+
+    def enabled_ids(ps, version, environ):
+        return list(enabled_set(ps, version, environ).ids)
 
     make_pack("acme", {"ACME_0001-r.toml": pack_patch("ACME_0001", top={"default": "false", "vllm": '">=0.32"'})})
     ps = load_patch_set(builtins)
@@ -143,7 +146,7 @@ def test_pack_patches_are_gated_like_built_ins(make_pack, builtins):
 
 
 def test_resolved_set_allows_the_pack_module_for_its_own_patches_only(make_pack, builtins):
-    from sndr.startup.importer import build_resolved
+    from sndr.startup.resolve import build_resolved
 
     module = make_pack("acme", {"ACME_0001-r.toml": pack_patch("ACME_0001")})
     resolved = build_resolved(load_patch_set(builtins), "0.32.0", {})
@@ -155,7 +158,7 @@ def test_resolved_set_allows_the_pack_module_for_its_own_patches_only(make_pack,
 
 
 def test_discovery_is_memoised_for_startup(make_pack, tmp_path, monkeypatch):
-    from sndr.startup.importer import HookCache
+    from sndr.startup.hookcache import HookCache
 
     make_pack("acme", {"ACME_0001-r.toml": pack_patch("ACME_0001")})
     cache = HookCache(str(tmp_path / "cache"))

@@ -14,7 +14,7 @@ compares (:func:`check`). The verdict, per process and plugin:
   Its dispatch already sends such calls to vLLM's path.
 
 Every verdict other than a pass is visible: one stderr line naming the plugin,
-the device and the error (:func:`sndr.startup.importer.log`); the process's
+the device and the error (:func:`sndr.startup.common.log`); the process's
 attestation (``canary`` in the record, shown by ``python -m sndr status``);
 the gauges ``sndr_plugin_canary_failed`` / ``sndr_plugin_canary_skipped``
 (:mod:`sndr.startup.metrics`). Under ``SNDR_STRICT=1`` a ``canary_failed``
@@ -155,7 +155,7 @@ def open_cache(environ: Mapping[str, str] | None = None) -> PassCache | None:
     """The process's pass cache, or None (logged once) where the cache directory is unsafe or unusable."""
     from .. import env
     from ..fsio import UnsafeDirError
-    from ..startup.importer import log
+    from ..startup.common import log
 
     root = str(env.cache_root(environ))
     if root in _STORES:
@@ -209,7 +209,7 @@ def check(plugin: str, config: str, *, device: str, identity: Mapping[str, str],
                     try:
                         cache.store(name, payload)
                     except OSError as exc:
-                        from ..startup.importer import log
+                        from ..startup.common import log
 
                         log(f"cannot write the canary cache ({exc.strerror})", once_key="canary-write")
             else:
@@ -250,7 +250,7 @@ def _record(result: Result, environ: Mapping[str, str]) -> Result:
 def _publish(result: Result) -> None:
     """Log a verdict other than a pass (once per plugin, status and reason) and hand it to the attestation."""
     from ..startup import hook
-    from ..startup.importer import log
+    from ..startup.common import log
 
     if result.status != PASSED:
         tail = ("vLLM's own path runs for it in this process" if result.status == FAILED

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .importer import default_cache_root, open_private
+from .hookcache import default_cache_root, open_private
 
 #: 2: ``files`` (per-file sha256 the process verified) added; a format-1 record is an older sndr's.
 FORMAT = 2

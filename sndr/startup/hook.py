@@ -17,7 +17,7 @@ startup with a message naming it. A forked child (vLLM does not call plugins
 again after fork) gets its own record through ``os.register_at_fork``.
 
 The warm path imports no pydantic and no planner: the patch set is resolved
-once and memoised in the owner-checked cache (:mod:`sndr.startup.importer`).
+once and memoised in the owner-checked cache (:mod:`sndr.startup.resolve`).
 
 ``sndr status`` is parsed here; what it computes (the records checked against
 each other and the trees) and prints is :mod:`sndr.startup.status`.
@@ -33,8 +33,11 @@ from typing import Any
 
 from .. import env as envmod
 from .. import state as statemod
+from ..fsio import UnsafeDirError
 from . import importer
-from .importer import log
+from .common import describe, log, read_bytes, sha256
+from .hookcache import atomic_write, open_cache
+from .resolve import resolve_set, tree_identity
 
 PTH_NAME = "_sndr_hook.pth"
 PTH_TEXT = ("# sndr in-memory import hook; `python -m sndr hook uninstall` removes this file.\n"
@@ -61,8 +64,8 @@ def _strict(environ) -> bool:
 
 
 def _sha_file(path: str) -> str | None:
-    data = importer._read(path)
-    return None if data is None else importer._sha256(data)
+    data = read_bytes(path)
+    return None if data is None else sha256(data)
 
 
 # ----------------------------------------------------------------------------- per-process state
@@ -160,7 +163,7 @@ class _Process:
             return
         try:
             write_record(self.record_path, record)
-        except importer.UnsafeDirError as exc:
+        except UnsafeDirError as exc:
             log(f"attestation {exc}; this process is NOT attested", once_key="attest-unsafe")
         except OSError as exc:
             log(f"cannot write the attestation {self.record_path}: {exc}", once_key="attest-oserror")
@@ -231,9 +234,9 @@ def register() -> None:
             if isinstance(exc, StrictError):
                 state.failed_message = str(exc)
             else:
-                state.problems.append(f"internal error in register(): {importer._describe(exc)}")
-                state.missing.append(f"sndr: register() failed ({importer._describe(exc)})")
-                log(f"register() failed: {importer._describe(exc)}; vLLM runs without sndr's checks",
+                state.problems.append(f"internal error in register(): {describe(exc)}")
+                state.missing.append(f"sndr: register() failed ({describe(exc)})")
+                log(f"register() failed: {describe(exc)}; vLLM runs without sndr's checks",
                     once_key="register-internal")
         state.register_ms = (time.perf_counter() - t0) * 1000
         state.ready = True
@@ -317,7 +320,7 @@ def _startup(state: _Process, environ) -> None:
     if root is None or not os.path.isdir(os.path.join(root, "vllm")):
         state.missing.append("tree: vllm is not importable here; nothing can be verified")
         return
-    cache = importer.open_cache(environ)
+    cache = open_cache(environ)
     profile = _use_process_profile(state, environ)
     state.record_path = _record_path(state, root, environ)
     finder = importer.active_finder()
@@ -326,7 +329,7 @@ def _startup(state: _Process, environ) -> None:
     if ledger is not None:
         state.mode = "disk"
         state.version = ledger.get("vllm_version", "")
-        resolved = importer.resolve_set(state.version, importer.tree_identity(root), environ, cache)
+        resolved = resolve_set(state.version, tree_identity(root), environ, cache)
         _check_disk(state, root, ledger, resolved)
     elif finder is not None and finder.memory:
         if not finder.activated and "vllm" in sys.modules:
@@ -346,7 +349,7 @@ def _startup(state: _Process, environ) -> None:
         from ..tree import open_tree
 
         state.version = open_tree(root).version
-        resolved = importer.resolve_set(state.version, importer.tree_identity(root), environ, cache)
+        resolved = resolve_set(state.version, tree_identity(root), environ, cache)
         text_ids = [pid for pid in resolved["enabled"] if resolved["patches"][pid]["files"]]
         why = "no ledger (not applied on disk) and no in-memory hook"
         if finder is not None and finder.memory and finder.inert_reason:
@@ -494,11 +497,11 @@ def _status_body(argv: list[str] | None) -> int:
     try:
         directory = status.run_dir_for(args.run_dir, args.tree)
     except Exception as exc:  # noqa: BLE001
-        print(f"sndr status: {importer._describe(exc)}", file=sys.stderr)
+        print(f"sndr status: {describe(exc)}", file=sys.stderr)
         return 2
     try:
         st = status.read_status(directory, live=args.live, prune=args.prune)
-    except importer.UnsafeDirError as exc:
+    except UnsafeDirError as exc:
         print(f"sndr status: {exc}; its records cannot be trusted", file=sys.stderr)
         return 2
     if args.prometheus:
@@ -559,13 +562,13 @@ def _hook_body(argv: list[str] | None) -> int:
             print(f"sndr hook: {args.python} cannot import sndr; install sndr into that environment first",
                   file=sys.stderr)
             return 2
-        importer.atomic_write(path, PTH_TEXT.encode(), mode=0o644)
+        atomic_write(path, PTH_TEXT.encode(), mode=0o644)
         print(f"installed {path}")
         if os.path.exists(statemod.state_path(site, statemod.LEDGER)):
             print(f"note: {site} is patched on disk (it has a ledger); the hook stays inert there")
         return 0
     except Exception as exc:  # noqa: BLE001
-        print(f"sndr hook: {importer._describe(exc)}", file=sys.stderr)
+        print(f"sndr hook: {describe(exc)}", file=sys.stderr)
         return getattr(exc, "exit_code", 3)
 
 

@@ -123,7 +123,7 @@ def _gauges() -> dict[str, Any]:
     multiproc = bool(os.environ.get(MULTIPROC_ENV))
     if multiproc and getattr(values, "ValueClass", None) is getattr(values, "MutexValue", object()) and not _WARNED:
         _WARNED = True
-        from .importer import log
+        from .common import log
 
         log(f"prometheus_client was imported before {MULTIPROC_ENV} was set: sndr's metrics stay in this "
             f"process's own registry", once_key="metrics-late-multiproc")
@@ -168,9 +168,9 @@ def publish(record: dict[str, Any]) -> bool:
         gauges[CANARY_SKIPPED].labels(f.role).set(f.canary_skipped)
         return True
     except Exception as exc:  # noqa: BLE001 - metrics must never break vLLM's startup
-        from .importer import _describe, log
+        from .common import describe, log
 
-        log(f"could not publish patch-set metrics: {_describe(exc)}", once_key="metrics-failed")
+        log(f"could not publish patch-set metrics: {describe(exc)}", once_key="metrics-failed")
         return False
 
 

@@ -276,7 +276,7 @@ class RuntimePatcher:
             msg = f"runtime patch {o.key} on {o.target} is {verdict}: {reason}"
             if self.strict:
                 raise StrictError(f"sndr: {msg} (SNDR_STRICT=1: a required patch is not active, refusing to start)")
-            from .importer import log
+            from .common import log
 
             log(f"{msg}; this process runs WITHOUT it", once_key="rt:" + o.key)
 

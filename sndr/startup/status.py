@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from .. import env as envmod
 from .. import state as statemod
-from . import importer
+from .common import sha256
+from .hookcache import secure_dir
 
 
 @dataclass
@@ -57,12 +58,12 @@ def run_dir_for(run_dir: str | None, tree: str | None) -> str:
 
 def read_status(directory: str, *, live: bool = False, prune: bool = False) -> Status:
     """Every record of ``directory`` and the findings. ``prune`` deletes the records of exited processes,
-    ``live`` leaves them out. Raises :class:`importer.UnsafeDirError` when the directory cannot be trusted."""
+    ``live`` leaves them out. Raises :class:`sndr.fsio.UnsafeDirError` when the directory cannot be trusted."""
     from ..state import pid_alive
     from .attest import read_records
 
     if os.path.isdir(directory):
-        importer.secure_dir(directory, "attestation")
+        secure_dir(directory, "attestation")
     records, bad = read_records(directory)  # every record is validated: its pid is a positive int
     for r in records:
         r["_alive"] = pid_alive(r["pid"])
@@ -160,7 +161,7 @@ def tree_sha(path: str) -> str | None:
     from ..fsio import FileProblem, read_regular
 
     try:
-        return importer._sha256(read_regular(path, None, "file", follow_symlinks=False))
+        return sha256(read_regular(path, None, "file", follow_symlinks=False))
     except FileProblem as exc:
         if exc.code == "not_found":
             return None

@@ -5,9 +5,9 @@ pydantic through :mod:`sndr.model`, against ~4 ms of checking. When the tree is
 in the ordinary state this path answers from what the startup hook already
 keeps warm:
 
-* the tree's vLLM version, memoised under :func:`importer.tree_identity` by an
+* the tree's vLLM version, memoised under :func:`resolve.tree_identity` by an
   earlier full verify (the very ``open_tree(root).version`` it computed);
-* the resolved patch set: :func:`importer.resolve_set`'s memo, under the same
+* the resolved patch set: :func:`resolve.resolve_set`'s memo, under the same
   fingerprint every vLLM process uses (patch files, ``SNDR_ENABLE_*``, profile,
   packs, sndr's own code), read without loading it;
 * the ledger, checked as the hook checks it: its checksum (so a hand edit is
@@ -33,7 +33,9 @@ import sys
 from collections.abc import Callable, Mapping
 
 from .. import state as statemod
-from . import importer
+from .common import read_bytes, sha256
+from .hookcache import HookCache, open_cache
+from .resolve import code_stamp, memo_key, package_root, patches_dir, resolve_set, tree_identity
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -84,17 +86,17 @@ def _version_key(root: str) -> str:
     # The tree's identity, and sndr's own code (the stamp, plus treeview.py, where the version is read): an
     # upgrade of sndr never reuses a version an older rule computed.
     try:
-        st = os.stat(os.path.join(importer._package_root(), "treeview.py"))
+        st = os.stat(os.path.join(package_root(), "treeview.py"))
         tree_py = (st.st_mtime_ns, st.st_size)
     except OSError:
         tree_py = (0, 0)
-    key = repr((importer.tree_identity(root), importer._code_stamp(), tree_py))
-    return "treever-" + importer._sha256(key.encode())
+    key = repr((tree_identity(root), code_stamp(), tree_py))
+    return "treever-" + sha256(key.encode())
 
 
-def _set_key(root: str, version: str, environ: Mapping[str, str], cache: importer.HookCache, pdir: str) -> str:
+def _set_key(root: str, version: str, environ: Mapping[str, str], cache: HookCache, pdir: str) -> str:
     # resolve_set's key, exactly (the memo every vLLM process reads and writes).
-    return importer.memo_key("set-", pdir, importer.tree_identity(root) + "\0" + version, environ, cache)[0]
+    return memo_key("set-", pdir, tree_identity(root) + "\0" + version, environ, cache)[0]
 
 
 def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
@@ -102,14 +104,14 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
     root = _root(args.tree)
     if root is None:
         return None
-    cache = importer.open_cache(environ)
+    cache = open_cache(environ)
     if cache is None:
         return None
     memo = cache.load_memo(_version_key(root))
     version = memo.get("version") if memo is not None else None
     if not isinstance(version, str) or not version:
         return None
-    pdir = os.path.abspath(args.patches) if args.patches else importer.patches_dir(environ)
+    pdir = os.path.abspath(args.patches) if args.patches else patches_dir(environ)
     resolved = cache.load_memo(_set_key(root, version, environ, cache, pdir))
     if resolved is None or resolved.get("format") != 1 or not isinstance(resolved.get("digest"), str):
         return None
@@ -145,8 +147,8 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
                     or led["patch_set_digest"] != resolved["digest"]:
                 return None
             for rel, entry in led["files"].items():
-                data = importer._read(os.path.join(root, rel))
-                if data is None or importer._sha256(data) != entry["patched_sha256"]:
+                data = read_bytes(os.path.join(root, rel))
+                if data is None or sha256(data) != entry["patched_sha256"]:
                     return None
             if statemod.find_probes(root, led["files"]):
                 return None
@@ -164,7 +166,7 @@ def prime(args: Args, environ: Mapping[str, str]) -> None:
     root = _root(args.tree)
     if root is None:
         return
-    cache = importer.open_cache(environ)
+    cache = open_cache(environ)
     if cache is None:
         return
     from ..errors import SndrError
@@ -173,8 +175,8 @@ def prime(args: Args, environ: Mapping[str, str]) -> None:
     try:
         version = open_tree(root).version
         cache.store_memo(_version_key(root), {"version": version})
-        pdir = os.path.abspath(args.patches) if args.patches else importer.patches_dir(environ)
-        importer.resolve_set(version, importer.tree_identity(root), environ, cache, pdir)
+        pdir = os.path.abspath(args.patches) if args.patches else patches_dir(environ)
+        resolve_set(version, tree_identity(root), environ, cache, pdir)
     except SndrError:
         pass  # the full verifier has already reported what is wrong with this tree or set
 

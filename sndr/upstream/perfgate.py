@@ -15,7 +15,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .pin import PinGate, _norm_version, benchmark_ref_problem
+from .gates import PinGate, benchmark_ref_problem, norm_version
 
 
 def _perf_ref_facts(path: Path) -> tuple[set[str], str | None, str | None]:
@@ -52,7 +52,7 @@ def gate_performance(pre: dict, preflight: Path | None, refs: list[Path], waived
         return PinGate("performance", False, f"{preflight} has no performance section (a preflight of an older "
                        "sndr): re-run the preflight"), [], []
     due = sorted(str(p.get("id")) for p in section if isinstance(p, dict) and p.get("verdict") == "re-measure")
-    target = _norm_version(to)
+    target = norm_version(to)
     covered: dict[str, str] = {}
     problems: list[str] = []
     for path in refs:
@@ -63,7 +63,7 @@ def gate_performance(pre: dict, preflight: Path | None, refs: list[Path], waived
         if why is not None:
             problems.append(why)
             continue
-        if vllm is not None and _norm_version(vllm) != target:
+        if vllm is not None and norm_version(vllm) != target:
             problems.append(f"performance reference {path} measured against vLLM {vllm}'s kernels, not {target}")
             continue
         if preflight is not None and preflight.is_file() and path.stat().st_mtime < preflight.stat().st_mtime:

@@ -30,97 +30,20 @@ import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, bad_input
+from ..pinrecord import PIN_FILE_NAME, PinRecord, default_pin_path, read_pin, writable_pin_path
 from .decisions import DECISIONS_NAME, Decisions, load_decisions
+from .gates import PinGate, benchmark_ref_problem, norm_version
 from .report import QUEUED, QueueReport
 
-__all__ = ["PIN_FILE_NAME", "PinGate", "PinRecord", "advance", "default_pin_path", "gate_benchmark",
-           "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "pin_main", "read_pin"]
-
-PIN_FILE_NAME = "_pin.toml"  # '_' keeps load.patch_files() from reading it as a patch
-
-
-
-
-class PinRecord(BaseModel):
-    """``patches/_pin.toml``: the vLLM build the patch set is validated on."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: str = Field(min_length=1)
-    sha: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$")
-    tree_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    benchmark_ref: str | None = Field(default=None, description="the re-measured benchmark reference (path)")
-    benchmark_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    benchmark_waived: str | None = Field(default=None, description="why no benchmark reference was required")
-    perf_refs: list[str] | None = Field(default=None, description="per plugin to re-measure: 'ID path sha256' of "
-                                        "its benchmark against the target's kernels (--perf-ref)")
-    perf_waived: list[str] | None = Field(default=None, description="per plugin to re-measure: 'ID: reason' it "
-                                          "was not re-measured (--no-perf-ref ID=REASON)")
-
-    def to_toml(self) -> str:
-        lines = ["# The pin: written by `python -m sndr pin advance` when every gate passes."]
-        for k, v in self.model_dump(exclude_none=True).items():
-            lines.append(f"{k} = {json.dumps(v)}")
-        return "\n".join(lines) + "\n"
-
-
-def default_pin_path(patches: Path | str | None = None) -> Path:
-    """``<patch dir>/_pin.toml`` to READ (default dir: :func:`sndr.env.patches_dir`); writes go through
-    :func:`writable_pin_path`."""
-    from ..env import patches_dir
-
-    return (Path(patches) if patches is not None else patches_dir()) / PIN_FILE_NAME
-
-
-def writable_pin_path(pin_file: Path | str | None = None, patches: Path | str | None = None) -> Path:
-    """The pin file to WRITE: ``pin_file``, else ``<patches>/_pin.toml`` (default dir: ``$SNDR_PATCHES``);
-    never an installed sndr's shipped data (``shipped_data_write``)."""
-    from ..env import refuse_shipped_write, writable_patches_dir
-
-    if pin_file is not None:
-        refuse_shipped_write(pin_file, flag="--pin-file PATH")
-        return Path(pin_file)
-    return writable_patches_dir(patches, flag="--patches DIR (or --pin-file PATH)") / PIN_FILE_NAME
-
-
-def read_pin(path: Path | str) -> PinRecord | None:
-    import tomllib
-
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        return PinRecord.model_validate(data)
-    except tomllib.TOMLDecodeError as exc:
-        raise bad_input("toml_syntax", f"malformed TOML: {exc}", file=str(path)) from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise bad_input("bad_pin", err.get("msg", "invalid"), file=str(path),
-                        key=".".join(str(p) for p in err.get("loc", ())) or None) from None
-
+__all__ = ["advance", "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "pin_main"]
 
 _SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
-
-
-def _norm_version(v: str) -> str:
-    v = v.strip()
-    v = v[len("vllm=="):] if v.startswith("vllm==") else v
-    return v[1:] if v[:1] == "v" and v[1:2].isdigit() else v
-
-
-@dataclass
-class PinGate:
-    name: str
-    ok: bool
-    reason: str
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -140,7 +63,7 @@ def _target_matches(to: str, version: str | None, sha: str | None) -> bool | Non
     if _SHA_RE.match(to) and sha:
         return sha.startswith(to) or to.startswith(sha)
     if version:
-        return _norm_version(version) == _norm_version(to) or (sha is not None and sha.startswith(to))
+        return norm_version(version) == norm_version(to) or (sha is not None and sha.startswith(to))
     return None
 
 
@@ -216,7 +139,7 @@ FAILING_VERDICTS = ("drifted", "ambiguous", "file_missing", "conflict")
 
 def rebuild_hint(path: Path, to: str, patch_set=None) -> str:
     """The command that rebuilds the manifest ``path`` of ``to`` (``python -m sndr manifest build``)."""
-    tree = f"git:REPO@{to}" if _SHA_RE.match(to) else f"vllm=={_norm_version(to)}"
+    tree = f"git:REPO@{to}" if _SHA_RE.match(to) else f"vllm=={norm_version(to)}"
     pdir = getattr(patch_set, "directory", None)
     return (f"python -m sndr manifest build --tree {tree}{' --patches ' + str(pdir) if pdir else ''} "
             f"--out {path}")
@@ -342,7 +265,7 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> P
         if dev is None:
             continue  # dropped: discharged or no longer a deviation
         r = dev.reviewed
-        if r and (_norm_version(r) == _norm_version(to) or (_SHA_RE.match(r) and _SHA_RE.match(to)
+        if r and (norm_version(r) == norm_version(to) or (_SHA_RE.match(r) and _SHA_RE.match(to)
                                                             and (to.startswith(r) or r.startswith(to)))):
             continue
         dis = f"; its discharge {hit.discharge_in_range[:10]} is in range: drop it if it is discharged" \
@@ -355,52 +278,6 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> P
                     + f" (run `sync deviation PATCH --reviewed {to}` after checking each)")
     return PinGate("deviations", True, f"{len(rep.deviations)} touched deviation(s), all reviewed for {to} or dropped"
                 if rep.deviations else "the range touches no deviation")
-
-
-def _has_number(obj: Any) -> bool:
-    stack = [obj]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, (int, float)) and not isinstance(cur, bool):
-            return True
-        if isinstance(cur, dict):
-            stack.extend(cur.values())
-        elif isinstance(cur, list):
-            stack.extend(cur)
-    return False
-
-
-def benchmark_ref_problem(path: Path) -> str | None:
-    """Why ``path`` is no benchmark reference (None when it is one).
-
-    A reference records at least one measurement: it is non-empty (not only
-    whitespace); a ``.json`` one parses as JSON and holds at least one number
-    (``{}`` or ``[]`` measures nothing); any other text one (``.md``, ``.csv``,
-    ``.txt``...) holds at least one digit. A file that is not UTF-8 text (a
-    binary trace) only has to be non-empty.
-    """
-    from ..fsio import FileProblem, decode_strict, read_regular
-
-    data = read_regular(path, what="benchmark reference")
-    if not data.strip():
-        return f"benchmark reference {path} is empty: re-measure on the target and write the results into it"
-    try:
-        text = decode_strict(data, path, "benchmark reference").removeprefix("\ufeff")
-    except FileProblem:  # not UTF-8: a binary trace passes on being non-empty; JSON must be text
-        return f"benchmark reference {path} is not UTF-8 JSON" if path.suffix.lower() == ".json" else None
-    if path.suffix.lower() == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return f"benchmark reference {path} is not valid JSON ({exc.msg} at line {exc.lineno})"
-        except (ValueError, RecursionError) as exc:  # a 5,000-digit integer, nesting too deep
-            return f"benchmark reference {path} is not usable JSON ({str(exc).split(';')[0]})"
-        if not _has_number(obj):
-            return f"benchmark reference {path} holds no measurement (a JSON reference needs at least one number)"
-        return None
-    if not re.search(r"[0-9]", text):
-        return f"benchmark reference {path} holds no measurement (no number in it)"
-    return None
 
 
 def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None = None) -> PinGate:
@@ -435,7 +312,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
         from packaging.version import InvalidVersion, Version
 
         try:
-            Version(_norm_version(to))
+            Version(norm_version(to))
         except InvalidVersion:
             raise bad_input("bad_target", f"--to {to!r} is neither a PEP 440 version nor a commit sha", key="to") from None
     target = None if dry_run else writable_pin_path(pin_path, getattr(patch_set, "directory", None))
@@ -454,7 +331,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
             from ..load import shipped_anchors_dir
 
             anchors_dir = shipped_anchors_dir()
-        manifest = Path(anchors_dir) / _manifest_name(_norm_version(to) if not is_sha else to)
+        manifest = Path(anchors_dir) / _manifest_name(norm_version(to) if not is_sha else to)
     gates.append(gate_manifest(Path(manifest), to, patch_set, cand_digest))
     if not isinstance(decisions, Decisions):
         decisions = load_decisions(decisions).model
@@ -463,7 +340,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     gates.append(gate_deviations(rep, to, decisions))
     gates.append(gate_benchmark(Path(benchmark) if benchmark is not None else None,
                                 Path(preflight) if preflight is not None else None, benchmark_waived))
-    from .perfgate import gate_performance  # (it imports this module's PinGate)
+    from .perfgate import gate_performance  # imported when advance runs (pin show never needs it)
 
     pg, used_refs, waivers = gate_performance(pre, Path(preflight) if preflight is not None else None,
                                               [Path(p) for p in perf_refs or []], dict(perf_waived or {}), to)
@@ -471,7 +348,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     if not all(g.ok for g in gates):
         return gates, None
     if version is None:
-        version = _norm_version(to) if not is_sha else (
+        version = norm_version(to) if not is_sha else (
             cand if isinstance(cand, str) else (cand or {}).get("version") if isinstance(cand, dict) else None)
     if not version:
         raise bad_input("no_version", f"--to {to} is a commit; give --version for the pin record", key="version")
@@ -481,7 +358,7 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
         d = _read_json(Path(manifest), "manifest").get("tree_digest")
         tree_digest = d if isinstance(d, str) and re.fullmatch(r"[0-9a-f]{64}", d) else None
     bench_sha = hashlib.sha256(Path(benchmark).read_bytes()).hexdigest() if benchmark is not None else None
-    record = PinRecord(version=_norm_version(version), sha=to if is_sha else None, tree_digest=tree_digest,
+    record = PinRecord(version=norm_version(version), sha=to if is_sha else None, tree_digest=tree_digest,
                        benchmark_ref=str(benchmark) if benchmark is not None else None, benchmark_sha256=bench_sha,
                        benchmark_waived=benchmark_waived if benchmark is None else None,
                        perf_refs=used_refs or None, perf_waived=waivers or None)

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, bad_input
+from ..pinrecord import PIN_FILE_NAME, PinRecord, default_pin_path, read_pin
 from .decisions import (
     DECISIONS_NAME,
     Decision,
@@ -35,23 +36,11 @@ from .decisions import (
     set_deviation,
 )
 from .diff import Hunk, parse_hunks
+from .gates import PinGate
 from .gitio import EMPTY_TREE, CommitInfo, Git, GitFileChange
 from .judge import FUZZ_MIN_CHARS, FileResult, HunkResult, SimTree, classify_change, classify_hunk
 from .lines import LineTracker, net_zero, superseded
-from .pin import (
-    PIN_FILE_NAME,
-    PinGate,
-    PinRecord,
-    advance,
-    default_pin_path,
-    gate_benchmark,
-    gate_deviations,
-    gate_manifest,
-    gate_preflight,
-    gate_queue,
-    pin_main,
-    read_pin,
-)
+from .pin import advance, gate_benchmark, gate_deviations, gate_manifest, gate_preflight, gate_queue, pin_main
 from .queue import SYNC_CONFIG_NAME, Surface, load_sync_config, patch_surface, plan_queue
 from .report import QUEUED, CommitEntry, Disposition, QueueReport, QueueStatus, Wave, render_markdown
 from .reverts import pair_reverts

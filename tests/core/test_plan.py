@@ -10,7 +10,7 @@ import pytest
 from sndr.classify import diff_spans
 from sndr.load import PatchSet
 from sndr.model import Patch, Verdict
-from sndr.plan import build_plan, order_patches, resolve_gates
+from sndr.plan import build_plan, enabled_set, order_patches
 from sndr.profile import parse_profile
 
 REL = "vllm/v1/core/block_pool.py"
@@ -150,11 +150,41 @@ def test_when_with_profile(read):
 
 
 def test_env_hint_names_the_real_variable(read):
-    _, gates = resolve_gates(PatchSet(patches=[P("P23_WIRE-1", POP, POP + "#\n", default=False)]), "0.32.0", {})
+    gates = enabled_set(PatchSet(patches=[P("P23_WIRE-1", POP, POP + "#\n", default=False)]), "0.32.0", {}).gates
     assert "SNDR_ENABLE_P23_WIRE_1=1" in gates["P23_WIRE-1"].reason
-    _, gates = resolve_gates(PatchSet(patches=[P("P23_WIRE-1", POP, POP + "#\n")]), "0.32.0",
-                             {"SNDR_ENABLE_P23_WIRE_1": "0"})
+    gates = enabled_set(PatchSet(patches=[P("P23_WIRE-1", POP, POP + "#\n")]), "0.32.0",
+                        {"SNDR_ENABLE_P23_WIRE_1": "0"}).gates
     assert gates["P23_WIRE-1"].reason == "disabled by SNDR_ENABLE_P23_WIRE_1=0"
+
+
+def test_the_enabled_set_is_computed_in_one_place_and_every_consumer_reads_the_same(read):
+    """ids, digest and gates: the planner, the startup resolution and verify's mismatch all take
+    them from plan.enabled_set, so they agree (--only and an explicit profile included)."""
+    from sndr.startup.resolve import build_resolved
+
+    prof = parse_profile('platform = "cuda"\n', "p.toml")
+    ps = PatchSet(patches=[P("B", "        # A\n", "        # A\n        # B\n", after=["A"]),
+                           P("A", POP, POP + "        # A\n"),
+                           P("C", WATCH, "        # C\n" + WATCH, default=False),
+                           P("D", WATCH, WATCH + "        # D\n", when={"platform": "rocm"})])
+    es = enabled_set(ps, "0.32.0", {}, profile=prof)
+    assert [p.id for p in es.ordered] == ["A", "B", "C", "D"] and es.ids == ("A", "B")
+    assert es.digest == ps.digest(["A", "B"]) != ps.digest()
+    assert es.reasons() == {"C": "disabled_by_default: default = false (enable with SNDR_ENABLE_C=1)",
+                            "D": es.gates["D"].code + ": " + es.gates["D"].reason}
+    assert es.gates["D"].code == "when_mismatch"
+    plan = plan_of(read, ps.patches, profile=prof)
+    assert (plan.enabled, plan.digest) == (list(es.ids), es.digest)
+    on = enabled_set(ps, "0.32.0", {"SNDR_ENABLE_C": "1"}, only=["c"], profile=prof)
+    assert on.ids == ("C",) and on.gates["A"].code == "not_selected" and on.digest == ps.digest(["C"])
+    plan = plan_of(read, ps.patches, {"SNDR_ENABLE_C": "1"}, only=["c"], profile=prof)
+    assert (plan.enabled, plan.digest) == (["C"], on.digest)
+    # the startup hook's resolution (no explicit profile: every `when` key unknown)
+    plain = enabled_set(ps, "0.32.0", {})
+    resolved = build_resolved(ps, "0.32.0", {})
+    assert (resolved["enabled"], resolved["digest"], resolved["gate_reasons"]) == (
+        list(plain.ids), plain.digest, plain.reasons())
+    assert plain.gates["D"].code == "when_unknown"
 
 
 def test_order_is_topological_over_requires_and_after_dependencies_just_before_their_dependent():

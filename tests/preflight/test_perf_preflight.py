@@ -17,9 +17,9 @@ import pytest
 
 from sndr.load import load_patch_set
 from sndr.model import Patch
+from sndr.pinrecord import read_pin
 from sndr.preflight.perf import performance_section, plugin_entry
 from sndr.upstream.perfgate import gate_performance
-from sndr.upstream.pin import read_pin
 
 REPO = Path(__file__).resolve().parents[2]
 

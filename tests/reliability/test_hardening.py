@@ -187,7 +187,7 @@ def test_cache_ancestors_follow_the_strict_modes_rule(tmp_path):
 
 def test_cache_dir_swapped_after_open_is_never_used(tmp_path):
     """The held fd is what is read: renaming the cache away and planting another changes nothing."""
-    from sndr.startup.importer import HookCache
+    from sndr.startup.hookcache import HookCache
 
     cache = HookCache(str(tmp_path / "c"))
     code = compile("x = 1\n", "/t/x.py", "exec")

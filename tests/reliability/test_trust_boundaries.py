@@ -246,7 +246,7 @@ def test_every_cache_under_a_refused_root_is_refused(tmp_path, monkeypatch, caps
     tree caches alike, and a vllm==X tree is refused with exit 2 (cache_unsafe)."""
     from sndr.errors import SndrError
     from sndr.preflight import lineindex
-    from sndr.startup import importer
+    from sndr.startup import hookcache
     from sndr.tree import fetch_version
 
     root = tmp_path / "cache"
@@ -254,8 +254,8 @@ def test_every_cache_under_a_refused_root_is_refused(tmp_path, monkeypatch, caps
     os.chmod(root, 0o775)
     monkeypatch.setenv("SNDR_CACHE_DIR", str(root))
     monkeypatch.setattr(errors, "_SAID", set())  # the said-once memory of errors.say
-    monkeypatch.setattr(importer, "_CACHES", {})
-    assert importer.open_cache() is None
+    monkeypatch.setattr(hookcache, "_CACHES", {})
+    assert hookcache.open_cache() is None
     assert caches.open_plan_cache() is None
     assert caches.open_dir("cubin", "cubin cache") is None
     assert lineindex.tree_index("f" * 64, lambda: ["a.py"], lambda rel: "import os\n") is None

@@ -21,7 +21,7 @@ from sndr.apply import run_apply, run_revert, run_verify
 from sndr.errors import SndrError
 from sndr.load import load_patch_set
 from sndr.model import Ledger, Verdict
-from sndr.plan import build_plan, resolve_gates
+from sndr.plan import build_plan, enabled_set
 from sndr.profile import load_profile, parse_profile
 from tests.conftest import copy_tree
 from tests.stack.stackgen import BLOCK_POOL, PROFILE, stack_paths, write_stack
@@ -115,11 +115,11 @@ def test_stack_is_recognised_after_a_changed_set_replans_from_pristine(stack, tr
 def test_after_orders_but_never_gates(stack):
     d, _ = stack
     ps = load_patch_set(d / "patches", packs=False)
-    ordered, gates = resolve_gates(ps, "0.32.0", {"SNDR_ENABLE_HA1": "0"})
-    order = [p.id for p in ordered]
+    es = enabled_set(ps, "0.32.0", {"SNDR_ENABLE_HA1": "0"})
+    order, gates = [p.id for p in es.ordered], es.gates
     assert order.index("HA1") < order.index("HA2") < order.index("HA3") < order.index("HA4")
     assert not gates["HA1"].enabled and gates["HA2"].enabled and gates["HA4"].enabled  # after never gates
-    ordered, gates = resolve_gates(ps, "0.32.0", {"SNDR_ENABLE_K2": "1"})
+    gates = enabled_set(ps, "0.32.0", {"SNDR_ENABLE_K2": "1"}).gates
     assert gates["K2"].code == "requires_gated"  # requires does
 
 
@@ -248,7 +248,7 @@ def test_keep_going_cli_lists_what_was_left_out(stack, tree):
 
 def test_hook_attests_left_out_and_strict_refuses_a_required_one(stack, tree):
     """The startup hook's disk check: on_failure = fail left out by --keep-going is a missing required patch."""
-    from sndr.startup import hook, importer
+    from sndr.startup import hook, resolve
 
     d, _ = stack
     ps = load_patch_set(d / "patches", packs=False)
@@ -260,7 +260,7 @@ def test_hook_attests_left_out_and_strict_refuses_a_required_one(stack, tree):
 
     use_process_profile(prof)
     try:
-        resolved = importer.build_resolved(ps, "0.32.0", env)
+        resolved = resolve.build_resolved(ps, "0.32.0", env)
     finally:
         use_process_profile(None)
     state = hook._Process(strict=True)
@@ -318,11 +318,11 @@ def test_manifest_out_file_or_directory(stack, tmp_path):
 def test_when_without_profile_is_gated_unknown_never_guessed(stack):
     d, _ = stack
     ps = load_patch_set(d / "patches", packs=False)
-    _, gates = resolve_gates(ps, "0.32.0", _env())
+    gates = enabled_set(ps, "0.32.0", _env()).gates
     for pid in ("W1", "W2", "W3", "W4", "W5", "W6"):
         assert gates[pid].code == "when_unknown" and "no deployment profile" in gates[pid].reason
     prof = parse_profile('gpu_capability = "8.6"\nkv_cache_dtype = "auto"\n', "partial.toml")
-    _, gates = resolve_gates(ps, "0.32.0", _env(), profile=prof)
+    gates = enabled_set(ps, "0.32.0", _env(), profile=prof).gates
     assert gates["W1"].code == "when_mismatch" and gates["W2"].code == "when_mismatch"
     assert gates["W3"].code == "when_unknown" and "partial.toml does not set it" in gates["W3"].reason
 
@@ -330,9 +330,10 @@ def test_when_without_profile_is_gated_unknown_never_guessed(stack):
 def test_profile_from_environ_matches_explicit(stack):
     d, _ = stack
     ps = load_patch_set(d / "patches", packs=False)
-    _, explicit = resolve_gates(ps, "0.32.0", _env(), profile=load_profile(d / "prod.toml"))
-    _, via_env = resolve_gates(ps, "0.32.0", dict(_env(), SNDR_PROFILE=str(d / "prod.toml")))
-    assert explicit == via_env
+    explicit = enabled_set(ps, "0.32.0", _env(), profile=load_profile(d / "prod.toml"))
+    via_env = enabled_set(ps, "0.32.0", dict(_env(), SNDR_PROFILE=str(d / "prod.toml")))
+    assert explicit.gates == via_env.gates and explicit.digest == via_env.digest
+    explicit = explicit.gates
     assert [i for i, g in explicit.items() if g.enabled and i.startswith("W")] == ["W1", "W2", "W3", "W4", "W6"]
 
 

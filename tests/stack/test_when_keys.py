@@ -11,7 +11,7 @@ import pytest
 from sndr.errors import SndrError
 from sndr.load import PatchSet, load_patch_set
 from sndr.model import Patch
-from sndr.plan import resolve_gates
+from sndr.plan import enabled_set
 from sndr.profile import Profile, check_when, evaluate, parse_profile, process_profile
 
 
@@ -61,7 +61,7 @@ def test_force_enables_despite_unknown_keys_never_despite_a_mismatch(tmp_path):
     ps = PatchSet(patches=[P("A", {"is_hybrid": True, "model_class": "qwen3_*"}),
                            P("B", {"model_class": "llama", "is_hybrid": True}),
                            P("C", {"is_hybrid": True})])
-    _, gates = resolve_gates(ps, "0.32.0", {}, profile=prof)
+    gates = enabled_set(ps, "0.32.0", {}, profile=prof).gates
     assert gates["A"].enabled and gates["A"].code == "when_forced" and "is_hybrid" in gates["A"].reason
     assert (gates["B"].enabled, gates["B"].code) == (False, "when_mismatch")  # known and different: still gated
     assert (gates["C"].enabled, gates["C"].code) == (False, "when_unknown")  # not in the force list

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from hook_fixtures import Box, box, make_venv, out_of, replace_file, tree_bytes  # noqa: F401 (box is a fixture)
-from sndr.startup import importer
+from sndr.fsio import UnsafeDirError
+from sndr.startup import hookcache, resolve
 
 SERVE = """
     import sys, traceback
@@ -75,20 +76,20 @@ def test_tampered_cache_entries_are_recompiled_never_trusted(box):
 
 
 def test_cache_key_covers_source_digest_python_and_filename():
-    k = importer.HookCache.code_key("a" * 64, "d1", "/t/vllm/x.py")
-    assert k != importer.HookCache.code_key("b" * 64, "d1", "/t/vllm/x.py")
-    assert k != importer.HookCache.code_key("a" * 64, "d2", "/t/vllm/x.py")
-    assert k != importer.HookCache.code_key("a" * 64, "d1", "/u/vllm/x.py")
-    assert sys.implementation.cache_tag in importer._py_tag()
+    k = hookcache.HookCache.code_key("a" * 64, "d1", "/t/vllm/x.py")
+    assert k != hookcache.HookCache.code_key("b" * 64, "d1", "/t/vllm/x.py")
+    assert k != hookcache.HookCache.code_key("a" * 64, "d2", "/t/vllm/x.py")
+    assert k != hookcache.HookCache.code_key("a" * 64, "d1", "/u/vllm/x.py")
+    assert sys.implementation.cache_tag in hookcache.py_tag()
 
 
 def test_code_cache_roundtrip_and_checks(tmp_path):
-    cache = importer.HookCache(str(tmp_path / "c"))
+    cache = hookcache.HookCache(str(tmp_path / "c"))
     code = compile("x = 1\n", "/t/x.py", "exec")
-    key = importer.HookCache.code_key("0" * 64, "d", "/t/x.py")
+    key = hookcache.HookCache.code_key("0" * 64, "d", "/t/x.py")
     cache.store_code(key, code)
     assert cache.load_code(key) == code
-    other = importer.HookCache.code_key("1" * 64, "d", "/t/x.py")
+    other = hookcache.HookCache.code_key("1" * 64, "d", "/t/x.py")
     os.link(os.path.join(cache.code_dir, key), os.path.join(cache.code_dir, other))
     assert cache.load_code(other) is None  # an entry must carry its own key
     sha = cache.store_source("y = 2\n")
@@ -169,7 +170,7 @@ def test_unsafe_cache_is_refused_loudly_and_serving_still_works(box):
 
 
 def test_secure_dir_creates_0700(tmp_path):
-    d = importer.secure_dir(str(tmp_path / "a" / "b"))
+    d = hookcache.secure_dir(str(tmp_path / "a" / "b"))
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
 
 
@@ -177,15 +178,15 @@ def test_secure_dir_refuses_group_writable(tmp_path):
     d = tmp_path / "g"
     d.mkdir()
     os.chmod(d, 0o775)
-    with pytest.raises(importer.UnsafeDirError, match="writable by group or others"):
-        importer.secure_dir(str(d))
+    with pytest.raises(UnsafeDirError, match="writable by group or others"):
+        hookcache.secure_dir(str(d))
 
 
 def test_secure_dir_refuses_symlink(tmp_path):
     (tmp_path / "real").mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    with pytest.raises(importer.UnsafeDirError, match="symlink"):
-        importer.secure_dir(str(tmp_path / "link"))
+    with pytest.raises(UnsafeDirError, match="symlink"):
+        hookcache.secure_dir(str(tmp_path / "link"))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
@@ -193,24 +194,66 @@ def test_secure_dir_refuses_another_owner(tmp_path):
     d = tmp_path / "o"
     d.mkdir(mode=0o700)
     os.chown(d, 4242, -1)
-    with pytest.raises(importer.UnsafeDirError, match="owned by uid 4242"):
-        importer.secure_dir(str(d))
+    with pytest.raises(UnsafeDirError, match="owned by uid 4242"):
+        hookcache.secure_dir(str(d))
 
 
 def test_secure_dir_refuses_world_writable_parent_without_sticky_bit(tmp_path):
     parent = tmp_path / "p"
     parent.mkdir()
     os.chmod(parent, 0o777)
-    with pytest.raises(importer.UnsafeDirError, match="sticky"):
-        importer.secure_dir(str(parent / "c"))
+    with pytest.raises(UnsafeDirError, match="sticky"):
+        hookcache.secure_dir(str(parent / "c"))
     os.chmod(parent, 0o1777)
-    importer.secure_dir(str(parent / "d"))
+    hookcache.secure_dir(str(parent / "d"))
 
 
 def test_shipped_patches_dir_agrees_with_the_loader():
     from sndr.load import shipped_patches_dir
 
-    assert importer.shipped_patches_dir() == str(shipped_patches_dir())
+    assert resolve.shipped_patches_dir() == str(shipped_patches_dir())
+
+
+def test_editing_the_cli_shell_keeps_the_memo_and_editing_the_planner_drops_it(box, tmp_path, monkeypatch):
+    """The memo's fingerprint stamps the code that decides a resolution (the planner, the loader, ...),
+    not the CLI shell: a new --help text in apply.py keeps every process warm; a planner edit does not."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(resolve.package_root())
+    copy = tmp_path / "sndr"
+    for name in set(resolve.STAMP_MODULES) | {"apply.py", "__main__.py", "cli.py"}:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, copy / name)
+    monkeypatch.setattr(resolve, "package_root", lambda: str(copy))
+    env = {"SNDR_CACHE_DIR": str(tmp_path / "cache")}
+    tid = resolve.tree_identity(str(box.root))
+
+    def fingerprint() -> str:
+        return resolve.set_fingerprint(str(box.patches), tid, env, None, profile=False)
+
+    before = fingerprint()
+    for name in ("apply.py", "__main__.py", "cli.py"):
+        text = (copy / name).read_text()
+        (copy / name).write_text(text.replace('"""', '"""An edited help text. ', 1))
+        os.utime(copy / name, ns=(1, 1))  # another size and mtime: whatever the stamp read, it changed
+    assert fingerprint() == before
+    (copy / "plan.py").write_text((copy / "plan.py").read_text() + "\n# a planner edit\n")
+    assert fingerprint() != before
+
+
+def test_the_startup_resolution_never_imports_the_cli_shell(box):
+    """resolve_set (the cold path: pydantic and the planner) imports the core below the CLI, and every sndr
+    module it runs is on the code stamp (errors.py holds messages and exit codes, not what resolves)."""
+    out = out_of(box.py("""
+        import json, os, sys
+        from sndr.startup import resolve
+        resolve.resolve_set("0.32.0", resolve.tree_identity(os.environ["TREE_ROOT"]))
+        print("OUT" + json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("sndr."))}))
+    """, TREE_ROOT=str(box.root)))["modules"]
+    assert "sndr.apply" not in out and "sndr.plan" in out
+    stamped = {n[:-3].replace("/", ".") for n in resolve.STAMP_MODULES}
+    assert {m[len("sndr."):] for m in out} - stamped <= {"startup", "errors"}, out
 
 
 # ----------------------------------------------------------------------------- .pth, spawn, boot failure
@@ -300,15 +343,15 @@ def test_memo_key_ignores_the_process_argv_unless_a_patch_has_when(box, tmp_path
     from sndr import profile as profmod
 
     env = {"SNDR_CACHE_DIR": str(tmp_path / "cache")}
-    cache = importer.open_cache(env)
-    tid = importer.tree_identity(str(box.root)) + "\0" + "0.32.0"
+    cache = hookcache.open_cache(env)
+    tid = resolve.tree_identity(str(box.root)) + "\0" + "0.32.0"
     pdir = str(box.patches)
 
     def resolve_as(argv):
         profmod.use_process_profile(profmod.process_profile(env, argv=argv))
         try:
-            resolved = importer.resolve_set("0.32.0", importer.tree_identity(str(box.root)), env, cache, pdir)
-            return importer.memo_key("set-", pdir, tid, env, cache)[0], resolved
+            resolved = resolve.resolve_set("0.32.0", resolve.tree_identity(str(box.root)), env, cache, pdir)
+            return resolve.memo_key("set-", pdir, tid, env, cache)[0], resolved
         finally:
             profmod.use_process_profile(None)
 

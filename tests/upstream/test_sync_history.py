@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from sndr.errors import SndrError
+from sndr.pinrecord import read_pin
 from sndr.upstream.decisions import EMPTY, load_decisions, parse_decisions, set_deviation
 from sndr.upstream.diff import parse_hunks
 from sndr.upstream.judge import classify_hunk
-from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue, read_pin
+from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue
 from sndr.upstream.reverts import revert_target_subject, strip_pr
 from sndr.upstream.sync import Surface, cli_main, pin_main, plan_queue, render_markdown
 from upstream.test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
