@@ -35,7 +35,7 @@ import os
 from pathlib import Path
 
 from . import env, fsio
-from .errors import say
+from .stderr import say
 
 __all__ = ["dir_path", "disable", "enable", "open_dir", "open_plan_cache", "require_dir", "root_path"]
 

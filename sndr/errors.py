@@ -8,7 +8,6 @@ Every problem sndr can report is a :class:`Problem`. Code that must stop raises
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,24 +252,3 @@ def registered_exit(code: str, default: int = EXIT_BAD_INPUT) -> int:
     """The exit status registered for ``code`` (``default`` for an unregistered one)."""
     entry = CODES.get(code)
     return entry.exit if entry is not None else default
-
-
-_SAID: set[str] = set()
-
-
-def say(message: str, once_key: str | None = None) -> None:
-    """A loud, dependency-free ``sndr: message`` line on stderr, at most once per ``once_key``.
-
-    For the paths where ``logging`` may not be configured yet or a problem must
-    not stop the work (a refused cache, a startup warning). A closed or broken
-    stderr never raises out of it.
-    """
-    if once_key is not None:
-        if once_key in _SAID:
-            return
-        _SAID.add(once_key)
-    try:
-        sys.stderr.write(f"sndr: {message}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed stderr must never break a cache lookup or an import
-        pass

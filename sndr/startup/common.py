@@ -6,22 +6,9 @@ Standard library only (imported at interpreter start by the ``.pth`` boot, throu
 
 from __future__ import annotations
 
-import sys
+from ..stderr import say as log  # the one stderr warning line (stdlib only)
 
-_logged: set[str] = set()
-
-
-def log(msg: str, once_key: str | None = None) -> None:
-    """Loud, dependency-free message to stderr (logging may not be configured yet)."""
-    if once_key is not None:
-        if once_key in _logged:
-            return
-        _logged.add(once_key)
-    try:
-        sys.stderr.write(f"sndr: {msg}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed stderr must never break an import
-        pass
+__all__ = ["describe", "log", "read_bytes", "sha256"]
 
 
 def sha256(data: bytes) -> str:

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from sndr import errors, fsio  # noqa: E402
+from sndr import fsio, stderr  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import _cudart  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -61,7 +61,7 @@ def fresh(monkeypatch):
         pytest.skip(f"no NVRTC: {exc}")
     monkeypatch.setattr(_cudart, "_CUBIN_DIRS", {})
     monkeypatch.setattr(_cudart, "_MODULES", {})
-    monkeypatch.setattr(errors, "_SAID", set())  # the said-once memory of errors.say
+    monkeypatch.setattr(stderr, "_SAID", set())  # the said-once memory of sndr.stderr.say
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another uid, chown)")

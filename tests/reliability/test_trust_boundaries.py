@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sndr import caches, errors, fsio
+from sndr import caches, fsio, stderr
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another uid, chown)")
 NOBODY = 65534
@@ -94,7 +94,7 @@ def cudart(monkeypatch):
     monkeypatch.setattr(_cudart, "nvrtc_version", lambda: NVRTC)
     monkeypatch.setattr(_cudart, "_nvrtc_compile", compile_)
     monkeypatch.setattr(_cudart, "_CUBIN_DIRS", {})
-    monkeypatch.setattr(errors, "_SAID", set())  # the said-once memory of errors.say
+    monkeypatch.setattr(stderr, "_SAID", set())  # the said-once memory of sndr.stderr.say
     _cudart.compiled = calls  # type: ignore[attr-defined]
     return _cudart
 
@@ -253,7 +253,7 @@ def test_every_cache_under_a_refused_root_is_refused(tmp_path, monkeypatch, caps
     root.mkdir()
     os.chmod(root, 0o775)
     monkeypatch.setenv("SNDR_CACHE_DIR", str(root))
-    monkeypatch.setattr(errors, "_SAID", set())  # the said-once memory of errors.say
+    monkeypatch.setattr(stderr, "_SAID", set())  # the said-once memory of sndr.stderr.say
     monkeypatch.setattr(hookcache, "_CACHES", {})
     assert hookcache.open_cache() is None
     assert caches.open_plan_cache() is None

@@ -244,7 +244,7 @@ def test_editing_the_cli_shell_keeps_the_memo_and_editing_the_planner_drops_it(b
 
 def test_the_startup_resolution_never_imports_the_cli_shell(box):
     """resolve_set (the cold path: pydantic and the planner) imports the core below the CLI, and every sndr
-    module it runs is on the code stamp (errors.py holds messages and exit codes, not what resolves)."""
+    module it runs is on the code stamp (errors.py holds messages and exit codes, stderr.py the warning line: neither decides what resolves)."""
     out = out_of(box.py("""
         import json, os, sys
         from sndr.startup import resolve
@@ -253,7 +253,7 @@ def test_the_startup_resolution_never_imports_the_cli_shell(box):
     """, TREE_ROOT=str(box.root)))["modules"]
     assert "sndr.apply" not in out and "sndr.plan" in out
     stamped = {n[:-3].replace("/", ".") for n in resolve.STAMP_MODULES}
-    assert {m[len("sndr."):] for m in out} - stamped <= {"startup", "errors"}, out
+    assert {m[len("sndr."):] for m in out} - stamped <= {"startup", "errors", "stderr"}, out
 
 
 # ----------------------------------------------------------------------------- .pth, spawn, boot failure
