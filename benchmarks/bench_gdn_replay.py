@@ -54,10 +54,10 @@ class ReplayCell:
            c1.eps, "silu")
         return c.out
 
-    def replay_step(self, c, acc):
+    def replay_step(self, c, acc, block_v=None, num_warps=None):
         c1 = self.c1
         return self.rep.step(c.mixed, c.a, c.b, c1.A_log, c1.dt_bias, c1.idx, c1.cu, acc, c1.state, c.gate, c1.w,
-                             c.out, c1.scale, c1.eps, "silu")
+                             c.out, c1.scale, c1.eps, "silu", block_v=block_v, num_warps=num_warps)
 
     def ref_step(self, c, acc, st64):
         c1 = self.c1
@@ -125,10 +125,15 @@ def main() -> int:
                 except Exception as exc:  # noqa: BLE001 - reported in the row
                     row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 bg.timed(row, "replay_graph", lambda c=cell: c.replay_step(c.c2, c.acc_all), True, rep)
+                # the same with num_accepted random in [1, T] (bench_gdn.LayerCell's): less replay work
+                bg.timed(row, "replay_rand_graph", lambda c=cell: c.replay_step(c.c2, c.c1.num_acc), True, rep)
                 if op is not None:
                     bg.timed(row, "op_graph", lambda c=cell: c.op_step(op, c.c2, c.acc_all), True, rep)
                 if row.get("replay_graph") and row.get("op_graph"):
                     row["ratio"] = row["replay_graph"] / row["op_graph"]
+                    if row.get("replay_rand_graph"):
+                        row["ratio_rand"] = row["replay_rand_graph"] / row["op_graph"]
+                row["mean_accepted"] = float(cell.c1.num_acc.float().mean())
                 rows.append(row)
                 bg.log(json.dumps(row))
                 del cell
@@ -144,8 +149,8 @@ def main() -> int:
 
 def fmt(rows) -> str:
     out = ["| state | batch | T | op bound µs | replay bound µs | bound ratio | op µs | replay µs | replay/op "
-           "| target | replay vs f64 | op vs f64 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| target | replay µs, random acc (mean) | ratio | replay vs f64 | op vs f64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r.get("ratio")
         target = {2: 0.85, 4: 0.6}.get(r["T"]) if r["batch"] >= 32 else None
@@ -155,6 +160,8 @@ def fmt(rows) -> str:
             f"| {r['state']} | {r['batch']} | {r['T']} | {r['op_bound_us']:.1f} | {r['replay_bound_us']:.1f} "
             f"| {r['replay_bound_us'] / r['op_bound_us']:.2f} | {r.get('op_graph', float('nan')):.1f} "
             f"| {r.get('replay_graph', float('nan')):.1f} | {ratio if ratio is None else f'{ratio:.2f}'} | {verdict} "
+            f"| {r.get('replay_rand_graph', float('nan')):.1f} ({r.get('mean_accepted', float('nan')):.1f}) "
+            f"| {r.get('ratio_rand', float('nan')):.2f} "
             f"| {ck.get('replay_vs_f64_out', float('nan')):.1e} | {ck.get('op_vs_f64_out', float('nan')):.1e} |")
     return "\n".join(out)
 

@@ -309,7 +309,7 @@ class GdnReplay:
 
     def step(self, mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state,
              output_gate, norm_weight, out, scale: float, norm_eps: float, activation: str = "silu",
-             block_v: int | None = None):
+             block_v: int | None = None, num_warps: int | None = None):
         """The replayed verify step (returns ``out``: the gated RMSNorm of every token's output)."""
         assert state is self.state or state.data_ptr() == self.state.data_ptr(), "a GdnReplay serves one pool"
         n_req = state_indices.shape[0]
@@ -333,7 +333,8 @@ class GdnReplay:
             side.k.stride(0), side.v.stride(0), side.gb.stride(0),
             H=self.H, HV=self.HV, K=self.K, V=self.V, BV=bv, COLS=cols, TM=self.TM, NVP=nvp,
             TP=min(triton.next_power_of_2(cols), 8), SIGMOID_GATE=activation == "sigmoid",
-            ROUND_BASE=state.dtype != torch.float32, num_warps=1 if bv * self.K <= 4096 else 4, num_stages=1)
+            ROUND_BASE=state.dtype != torch.float32,
+            num_warps=num_warps or (1 if bv * self.K <= 4096 else 4), num_stages=1)
         return out
 
     def materialize(self, slots: torch.Tensor, block_v: int = 16) -> None:
