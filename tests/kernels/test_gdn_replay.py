@@ -94,9 +94,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, dtype=st.sampled_from([torch.float32, BF]), seed=st.integers(0, 2**16))
-def test_replay_equals_snapshots_over_random_schedules(ops, dtype, seed):
+def _property(ops, dtype, seed):
     # two requests up front, so that every schedule verifies something
     sim = sim_mod.Sim(H=H, HV=HV, K=K, V=V, cols=COLS, n_slots=1 + 4 * COLS, state_dtype=dtype, device="cpu",
                       seed=seed)
@@ -106,7 +104,21 @@ def test_replay_equals_snapshots_over_random_schedules(ops, dtype, seed):
     _final(sim, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, BF])
+# The interpreter runs a step in about a second: a few schedules in the fast tier, 40 with --slow.
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, dtype=st.sampled_from([torch.float32, BF]), seed=st.integers(0, 2**16))
+def test_replay_equals_snapshots_over_random_schedules(ops, dtype, seed):
+    _property(ops, dtype, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS, dtype=st.sampled_from([torch.float32, BF]), seed=st.integers(0, 2**16))
+def test_replay_equals_snapshots_over_many_random_schedules(ops, dtype, seed):
+    _property(ops, dtype, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(BF, marks=pytest.mark.slow)])
 def test_long_schedule_with_slot_reuse(dtype):
     """Twelve steps: every request finishes once and its slots go to a new one; two mixed steps."""
     sim = sim_mod.Sim(H=H, HV=HV, K=K, V=V, cols=COLS, n_slots=1 + 3 * COLS, state_dtype=dtype, device="cpu",

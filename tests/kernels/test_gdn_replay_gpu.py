@@ -31,6 +31,8 @@ import _gdn_replay_sim as sim_mod  # noqa: E402
 
 from sndr.kernels.gdn import replay  # noqa: E402
 
+pytestmark = pytest.mark.gpu
+
 H, HV, K, V = 16, 32, 128, 128
 BF = torch.bfloat16
 #: relative L2, per step. vs float64: the bf16 outputs are rounded before and after the norm.
