@@ -239,3 +239,25 @@ def test_fallback_codes_are_registered_and_returned():
     assert replay.why_not(state.half(), mixed, idx) == "gdn_replay_unsupported"
     assert replay.why_not(state, mixed, torch.ones(2, 9, dtype=torch.int32)) == "gdn_replay_unsupported"
     assert replay.why_not(torch.zeros(4, 3, V, K), mixed, idx) == "gdn_replay_unsupported"  # HV % H
+
+
+def test_step_refuses_calls_outside_its_contract():
+    c = _one_step_setup(torch.float32)
+    rep = replay.GdnReplay(c["state"], H, max_tokens=COLS, max_requests=8)
+    out = torch.empty(9, HV, V, dtype=BF)
+    acc = torch.ones(3, dtype=torch.int32)
+    before = c["state"].clone()
+    with pytest.raises(ValueError, match="activations are torch.float32"):
+        rep.step(c["mixed"].float(), c["a"], c["b"], c["A_log"], c["dt_bias"], c["idx"], c["cu"], acc, c["state"],
+                 c["gate"], c["w"], out, K**-0.5, 1e-6)
+    with pytest.raises(ValueError, match="another state pool"):
+        rep.step(c["mixed"], c["a"], c["b"], c["A_log"], c["dt_bias"], c["idx"], c["cu"], acc, c["state"].clone(),
+                 c["gate"], c["w"], out, K**-0.5, 1e-6)
+    with pytest.raises(ValueError, match="more requests than max_requests"):
+        small = replay.GdnReplay(c["state"], H, max_tokens=COLS, max_requests=2)
+        small.step(c["mixed"], c["a"], c["b"], c["A_log"], c["dt_bias"], c["idx"], c["cu"], acc, c["state"],
+                   c["gate"], c["w"], out, K**-0.5, 1e-6)
+    with pytest.raises(ValueError, match="out must be"):
+        rep.step(c["mixed"], c["a"], c["b"], c["A_log"], c["dt_bias"], c["idx"], c["cu"], acc, c["state"],
+                 c["gate"], c["w"], out[:, :1], K**-0.5, 1e-6)
+    assert torch.equal(c["state"], before)  # nothing ran

@@ -297,6 +297,7 @@ class GdnReplay:
             counter=torch.zeros(max_requests * hv, dtype=torch.int32, device=dev),
         )
         self._ws: torch.Tensor | None = None
+        self._retired: list[torch.Tensor] = []
 
     def side_bytes_per_token(self) -> int:
         """Bytes of side-buffer inputs one verify token writes (and a replayed one reads)."""
@@ -310,20 +311,26 @@ class GdnReplay:
     def step(self, mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state,
              output_gate, norm_weight, out, scale: float, norm_eps: float, activation: str = "silu",
              block_v: int | None = None, num_warps: int | None = None):
-        """The replayed verify step (returns ``out``: the gated RMSNorm of every token's output)."""
-        assert state is self.state or state.data_ptr() == self.state.data_ptr(), "a GdnReplay serves one pool"
+        """The replayed verify step (returns ``out``: the gated RMSNorm of every token's output).
+
+        Raises ValueError for a call outside this buffer's contract (another pool, more
+        requests or columns than it was made for, another activation dtype, layouts the
+        kernel does not address)."""
+        why = self._why_bad(mixed_qkv, state_indices, state, output_gate, out)
+        if why:
+            raise ValueError(f"GdnReplay.step: {why}")
         n_req = state_indices.shape[0]
         if n_req == 0:
             return out
         side = self.side
-        assert n_req * self.HV <= side.counter.numel(), "more requests than max_requests"
         cols = state_indices.shape[1]
-        assert cols <= self.TM and mixed_qkv.stride(1) == 1 and state_indices.stride(1) == 1
         bv = block_v or self.block_v(n_req)
         nv = self.V // bv
         nvp = triton.next_power_of_2(nv)
         n_parts = out.shape[0] * self.HV * nvp
         if self._ws is None or self._ws.numel() < n_parts:
+            if self._ws is not None:  # a captured CUDA graph may still point at it: never freed
+                self._retired.append(self._ws)
             self._ws = torch.empty(max(n_parts, 1 << 16), dtype=torch.float32, device=state.device)
         _replay_step_kernel[(n_req * self.HV * nv,)](
             mixed_qkv, a, b, A_log, dt_bias, out, state, state_indices, num_accepted_tokens, cu_seqlens,
@@ -336,6 +343,24 @@ class GdnReplay:
             ROUND_BASE=state.dtype != torch.float32,
             num_warps=num_warps or (1 if bv * self.K <= 4096 else 4), num_stages=1)
         return out
+
+    def _why_bad(self, mixed_qkv, state_indices, state, output_gate, out) -> str | None:
+        if state.data_ptr() != self.state.data_ptr() or state.shape != self.state.shape:
+            return "another state pool than the one this GdnReplay was made for"
+        if state_indices.dim() != 2 or state_indices.stride(1) != 1 or state_indices.shape[1] > self.TM:
+            return f"state_indices must be [N, <= {self.TM}] with unit column stride"
+        if state_indices.shape[0] * self.HV > self.side.counter.numel():
+            return "more requests than max_requests"
+        if mixed_qkv.dtype != self.side.v.dtype:
+            # the side buffer keeps v as given: another dtype would round it and break exactness
+            return f"activations are {mixed_qkv.dtype}, the side buffer was made for {self.side.v.dtype}"
+        if mixed_qkv.stride(1) != 1 or mixed_qkv.shape[1] != 2 * self.H * self.K + self.HV * self.V:
+            return "mixed_qkv must be [tokens, 2 H K + HV V] with a unit last stride"
+        if not out.is_contiguous() or tuple(out.shape) != (mixed_qkv.shape[0], self.HV, self.V):
+            return "out must be a contiguous [tokens, HV, V]"
+        if output_gate.stride(2) != 1 or tuple(output_gate.shape) != tuple(out.shape):
+            return "output_gate must be [tokens, HV, V] with a unit last stride"
+        return None
 
     def materialize(self, slots: torch.Tensor, block_v: int = 16) -> None:
         """vLLM's snapshots of each listed column-0 slot's pending step, then no entry (slots <= 0 skipped)."""
