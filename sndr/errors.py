@@ -243,6 +243,11 @@ CODES: dict[str, Code] = {
     "import_no_series": Code(_B, "sndr import found no series (quilt series file, *.patch files) or an empty one"),
     "import_bad_series": Code(_B, "a quilt series line has an option sndr import does not understand"),
     "import_unreadable": Code(_B, "sndr import cannot read a series file or a patch it names"),
+    # -- GDN replayed spec verify (sndr/kernels/gdn/replay.py): why a batch keeps vLLM's snapshots --
+    "gdn_replay_prefix_caching": Code(_F, "GDN replay: mamba_cache_mode 'align' copies snapshot blocks between steps"),
+    "gdn_replay_mixed_batch": Code(_F, "GDN replay: prefills or plain decodes in the batch read snapshots"),
+    "gdn_replay_kv_transfer": Code(_F, "GDN replay: a KV connector or state offload reads snapshot slots"),
+    "gdn_replay_unsupported": Code(_F, "GDN replay: state dtype, layout, heads, device or T outside the kernel's set"),
     # -- internal -------------------------------------------------------------------------------
     "internal": Code(_I, "a bug in sndr; please report it with the traceback"),
 }

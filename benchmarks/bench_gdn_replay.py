@@ -1,0 +1,170 @@
+"""Replayed GDN spec verify (experimental) vs vLLM 0.32.0's CUDA op, a whole verify step each.
+
+    python benchmarks/bench_gdn_replay.py [--out DIR] [--batches 1,8,32,64,256] [--ts 2,3,4,5,6,7,8] [--cpu-smoke]
+
+Per cell (35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128; bf16 activations
+as the Qwen GDN layer hands them, built by ``bench_gdn.LayerCell``; fp32 and bf16 state):
+
+* ``op``: ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (update + T snapshot writes +
+  gated RMSNorm), loaded from the wheel's library by ``bench_gdn.load_cuda_op``;
+* ``replay``: ``replay.GdnReplay.step`` in steady state (every request has a side entry of
+  T tokens from the previous step) with **every token accepted** (num_accepted = T: the most
+  replay work), i.e. replay T tokens + base write + T new tokens + side writes + the fused norm.
+
+Bounds, at the copy bandwidth measured in the run: the op's is one state read + T snapshot
+writes; replay's is one state read + one state write + the side buffer's T tokens read and
+T written. Before timing, each cell runs two consecutive steps both ways from the same pool
+(step 1 with random num_accepted, step 2 with num_accepted = T) and compares step 2's outputs
+(replay vs op and both vs the float64 snapshot recurrence). Timing: CUDA-graph replay,
+``triton.testing.do_bench`` medians with L2 flushed (``bench_gdn.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import bench_gdn as bg  # noqa: E402  (sets DEV / TRITON_INTERPRET from --cpu-smoke)
+import torch  # noqa: E402
+
+from sndr.kernels.gdn import reference, replay  # noqa: E402
+
+DEV = bg.DEV
+
+
+def _rel(x, ref) -> float:
+    return bg._rel(x, ref)
+
+
+class ReplayCell:
+    """Two steps' inputs on one pool (``bench_gdn.LayerCell``), and a replay side buffer for it."""
+
+    def __init__(self, n: int, t: int, dtype: torch.dtype):
+        self.c1 = bg.LayerCell(n, t, dtype, seed=0)
+        self.c2 = bg.LayerCell(n, t, dtype, seed=1)
+        self.n, self.t = n, t
+        self.acc_all = torch.full((n,), t, dtype=torch.int32, device=DEV)
+        self.rep = replay.GdnReplay(self.c1.state, bg.H, max_tokens=max(t, 2), max_requests=max(n, 1))
+
+    def op_step(self, op, c, acc):
+        c1 = self.c1
+        op(c.mixed, c.a, c.b, c1.A_log, c1.dt_bias, c1.idx, c1.cu, acc, c1.state, c.gate, c1.w, c.out, c1.scale,
+           c1.eps, "silu")
+        return c.out
+
+    def replay_step(self, c, acc, block_v=None, num_warps=None):
+        c1 = self.c1
+        return self.rep.step(c.mixed, c.a, c.b, c1.A_log, c1.dt_bias, c1.idx, c1.cu, acc, c1.state, c.gate, c1.w,
+                             c.out, c1.scale, c1.eps, "silu", block_v=block_v, num_warps=num_warps)
+
+    def ref_step(self, c, acc, st64):
+        c1 = self.c1
+        return reference.post_conv_mtp_dense(c.mixed, c.a, c.b, c1.A_log, c1.dt_bias, c1.idx, acc, st64, c.gate,
+                                             c1.w, c1.scale, c1.eps, "silu")
+
+    def check(self, op) -> dict:
+        c1, c2 = self.c1, self.c2
+        s0 = c1.state.clone()
+        st64 = s0.double()
+        self.ref_step(c1, c1.num_acc, st64)
+        o64 = self.ref_step(c2, self.acc_all, st64)
+        res = {}
+        if op is not None:
+            self.op_step(op, c1, c1.num_acc)
+            o_op = self.op_step(op, c2, self.acc_all).clone()
+            res["op_vs_f64_out"] = _rel(o_op, o64)
+        c1.state.copy_(s0)
+        self.rep.invalidate(c1.idx[:, 0])
+        self.replay_step(c1, c1.num_acc)
+        o_rep = self.replay_step(c2, self.acc_all).clone()
+        res["replay_vs_f64_out"] = _rel(o_rep, o64)
+        # the base the second step wrote: float64's state after step 1's accepted tokens
+        if op is not None:
+            res["replay_vs_op_out"] = _rel(o_rep, o_op)
+        c1.state.copy_(s0)
+        self.rep.invalidate(c1.idx[:, 0])
+        self.replay_step(c1, self.acc_all)  # steady state for the timing: entries of T tokens everywhere
+        return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=bg.OUT)
+    ap.add_argument("--batches", type=str, default="1,8,32,64,256")
+    ap.add_argument("--ts", type=str, default="2,3,4,5,6,7,8")
+    ap.add_argument("--rep", type=int, default=60, help="do_bench ms per timed function")
+    ap.add_argument("--cpu-smoke", action="store_true")
+    args = ap.parse_args()
+    if args.cpu_smoke:
+        bg.H, bg.HV, bg.K, bg.V = 2, 4, 16, 16
+        batches, ts, rep = (1, 2), (2,), 1
+    else:
+        batches = tuple(int(x) for x in args.batches.split(","))
+        ts = tuple(int(x) for x in args.ts.split(","))
+        rep = args.rep
+    args.out.mkdir(parents=True, exist_ok=True)
+    dl = bg.device_line()
+    bw = bg.copy_bandwidth()
+    op, op_note = bg.load_cuda_op()
+    bg.log(f"device: {dl}\ncopy bandwidth (read + write): {bw:.0f} GB/s\nvLLM CUDA op: {op_note}")
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in batches:
+            for t in ts:
+                cell = ReplayCell(n, t, dtype)
+                sb = cell.c1.state_bytes()
+                side = n * cell.rep.side_bytes_per_token() * t * 2
+                row = {"state": str(dtype).split(".")[-1], "batch": n, "T": t,
+                       "op_bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
+                       "replay_bound_us": (2 * sb + side) / (bw * 1e9) * 1e6,
+                       "block_v": cell.rep.block_v(n)}
+                try:
+                    row["check"] = cell.check(op)
+                except Exception as exc:  # noqa: BLE001 - reported in the row
+                    row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                bg.timed(row, "replay_graph", lambda c=cell: c.replay_step(c.c2, c.acc_all), True, rep)
+                # the same with num_accepted random in [1, T] (bench_gdn.LayerCell's): less replay work
+                bg.timed(row, "replay_rand_graph", lambda c=cell: c.replay_step(c.c2, c.c1.num_acc), True, rep)
+                if op is not None:
+                    bg.timed(row, "op_graph", lambda c=cell: c.op_step(op, c.c2, c.acc_all), True, rep)
+                if row.get("replay_graph") and row.get("op_graph"):
+                    row["ratio"] = row["replay_graph"] / row["op_graph"]
+                    if row.get("replay_rand_graph"):
+                        row["ratio_rand"] = row["replay_rand_graph"] / row["op_graph"]
+                row["mean_accepted"] = float(cell.c1.num_acc.float().mean())
+                rows.append(row)
+                bg.log(json.dumps(row))
+                del cell
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
+    result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv), "rows": rows}
+    (args.out / "bench_gdn_replay.json").write_text(json.dumps(result, indent=1))
+    text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n\n" + fmt(rows)
+    (args.out / "bench_gdn_replay.md").write_text(text)
+    bg.log(text)
+    return 0
+
+
+def fmt(rows) -> str:
+    out = ["| state | batch | T | op bound µs | replay bound µs | bound ratio | op µs | replay µs | replay/op "
+           "| target | replay µs, random acc (mean) | ratio | replay vs f64 | op vs f64 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r.get("ratio")
+        target = {2: 0.85, 4: 0.6}.get(r["T"]) if r["batch"] >= 32 else None
+        verdict = "" if target is None or ratio is None else ("hit" if ratio <= target else "miss") + f" (≤ {target})"
+        ck = r.get("check", {})
+        out.append(
+            f"| {r['state']} | {r['batch']} | {r['T']} | {r['op_bound_us']:.1f} | {r['replay_bound_us']:.1f} "
+            f"| {r['replay_bound_us'] / r['op_bound_us']:.2f} | {r.get('op_graph', float('nan')):.1f} "
+            f"| {r.get('replay_graph', float('nan')):.1f} | {ratio if ratio is None else f'{ratio:.2f}'} | {verdict} "
+            f"| {r.get('replay_rand_graph', float('nan')):.1f} ({r.get('mean_accepted', float('nan')):.1f}) "
+            f"| {r.get('ratio_rand', float('nan')):.2f} "
+            f"| {ck.get('replay_vs_f64_out', float('nan')):.1e} | {ck.get('op_vs_f64_out', float('nan')):.1e} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
