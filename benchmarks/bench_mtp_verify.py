@@ -21,9 +21,9 @@ the full context, the K + 1 new tokens included), Hq/Hk 32/8 and 64/8, head dim
 ``triton.testing.do_bench`` (L2 flushed before each call) for (a), (c), (d) and of
 CUDA-event-timed eager calls for (b). GB/s = the cache bytes one step must read
 (B x context x Hk x 196 B, the same for all four variants) / time; %BW against
-the device-to-device copy bandwidth measured in the same run. (a0): today's block plan
-(``chunk_warps=1``: one warp per KV head, a block per 16-row chunk), timed in the same run
-where (a) runs another plan (G (K + 1) > 16 rows per KV head).
+the device-to-device copy bandwidth measured in the same run. (a0): the kernel before issue 27
+(``chunk_warps=1, kchain=1``: one warp per KV head, a block per 16-row chunk, one score
+accumulator chain), timed in the same run.
 
 vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
 wheel, never committed). ``--check`` first compares (a), (c), (d) against a
@@ -230,14 +230,14 @@ def check(vl) -> list[dict]:
     return rows
 
 
-TODAY = mtp_verify.VerifyConfig(chunk_warps=1)  # (a0): one warp per KV head, a block per 16-row chunk
+TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1)  # (a0): one warp per KV head, a block per 16-row chunk
 PROBE = {
     "default": mtp_verify.VerifyConfig(),
     "today": TODAY,
     "hpb4": mtp_verify.VerifyConfig(heads_per_block=4),  # 4 KV heads a block: more, smaller blocks
-    "hpb2": mtp_verify.VerifyConfig(heads_per_block=2),
-    "stages4": mtp_verify.VerifyConfig(stages=4),
-    "hpb4_stages5": mtp_verify.VerifyConfig(heads_per_block=4, stages=5),
+    "kchain2": mtp_verify.VerifyConfig(kchain=2),  # two score accumulator chains per n-tile
+    "kchain1": mtp_verify.VerifyConfig(kchain=1),
+    "hpb4_kchain2": mtp_verify.VerifyConfig(heads_per_block=4, kchain=2),
 }
 
 
@@ -247,13 +247,13 @@ def plan_of(hq: int, k: int, cfg) -> str:
 
 
 def probe(vl, pools) -> list[dict]:
-    """Block plans on the cells with more than 16 query rows per KV head (B >= 8)."""
+    """Block plans and variants on the cells with 16 or more query rows per KV head (B >= 8)."""
     rows = []
     for ctx in CTXS:
         for b in (8, 32):
             for hq in HQS:
                 for k in (3, 5, 7):
-                    if (hq // HK) * (k + 1) <= 16:
+                    if (hq // HK) * (k + 1) < 16:
                         continue
                     cell = Cell(pools[ctx], b, k, hq, vl)
                     ts = {}
@@ -278,7 +278,7 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                         continue
                     cell = Cell(pools[ctx], b, k, hq, vl)
                     ta = graph_us(cell.a)
-                    same = plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, TODAY)
+                    same = mtp_verify.DEFAULT == TODAY
                     ta0 = ta if same else graph_us(lambda cell=cell: mtp_verify.verify_attention(
                         cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=TODAY))
                     tb = eager_us(cell.b_vllm, n=3 if b * ctx >= 32 * 32768 else 5)
@@ -299,7 +299,7 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
 
 
 HEADER = ("| Hq/Hk | B | ctx | K | plan (heads x warps / chunk blocks) | (a) sndr verify, graph us | "
-          "(a0) today's plan, graph us | GB/s | %BW | (b) vLLM path, eager us | "
+          "(a0) before issue 27, graph us | GB/s | %BW | (b) vLLM path, eager us | "
           "(c) synthetic rows PK0001, graph us | (d) PK0001 plain decode, graph us | a/d | a0/d | c/a | b/a | targets |")
 
 # issue 27: a/d limits per K (B >= 8, ctx >= 8K)
@@ -356,9 +356,9 @@ def main(argv=None) -> int:
     shapes = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
     if args.probe:
         shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in (3, 5, 7)
-                   for cfg in PROBE.values() if (hq // HK) * (k + 1) > 16]
+                   for cfg in PROBE.values() if (hq // HK) * (k + 1) >= 16]
     if not args.no_table:
-        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, TODAY) for hq in HQS for k in KS if (hq // HK) * (k + 1) > 16]
+        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, TODAY) for hq in HQS for k in KS]
     mtp_verify.precompile(shapes, workers=12)
     log(f"compiled {len(shapes)} verify builds in {time.time() - t0:.0f} s")
     pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}

@@ -72,6 +72,7 @@ class VerifyConfig:
     chunk_warps: int = -1
     heads_per_block: int = 0  # 0: all KV heads where HK * chunk warps <= max_warps, else the largest group that fits
     max_warps: int = 16  # warps per block of the shared-tile CTA (16 x 128 registers fill the register file)
+    kchain: int = 2  # score MMA accumulator chains per n-tile (even / odd k-steps): 2 halves the dependent MMA chain
 
 
 DEFAULT = VerifyConfig()
@@ -204,6 +205,7 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
+        "KCHAIN": cfg.kchain,
     }
 
 

@@ -81,6 +81,10 @@ static_assert(HPB == HK ? CB == SP : (ROWCOPY == 1 && CB == HPB * HS && CB % 16 
               "a head group's bytes are whole 16-byte rows copied per token (ROWCOPY)");
 
 #define VR (QL * GQ)              // query rows per KV head
+#ifndef KCHAIN
+#define KCHAIN 1                  // score MMA accumulator chains per n-tile (1 or 2)
+#endif
+static_assert(KCHAIN == 1 || KCHAIN == 2, "one or two accumulator chains");
 #ifndef QSMEM
 #define QSMEM 0                   // 1: Q fragments in shared memory (read per tile), not registers
 #endif
@@ -138,9 +142,11 @@ static __device__ __forceinline__ void attend_tile_causal(
     const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
 
     // ---- S^T, k-step by k-step: each key word converted right before its MMAs
-    float c[NH][4];
+    float c[KCHAIN][NH][4];  // KCHAIN independent accumulator chains (even / odd k-steps): shorter MMA chains
 #pragma unroll
-    for (int nh = 0; nh < NH; ++nh) c[nh][0] = c[nh][1] = c[nh][2] = c[nh][3] = 0.f;
+    for (int x = 0; x < KCHAIN; ++x)
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) c[x][nh][0] = c[x][nh][1] = c[x][nh][2] = c[x][nh][3] = 0.f;
 #pragma unroll
     for (int k = 0; k < KSTEPS; k += 2) {
         u32 bq[NH][4];
@@ -159,14 +165,20 @@ static __device__ __forceinline__ void attend_tile_causal(
             const u32 a0 = e4m3x2_to_f16x2(kw[0][k + kk]), a1 = e4m3x2_to_f16x2(kw[1][k + kk]);
             const u32 a2 = e4m3x2_to_f16x2(kw[0][k + kk] >> 16), a3 = e4m3x2_to_f16x2(kw[1][k + kk] >> 16);
 #pragma unroll
-            for (int nh = 0; nh < NH; ++nh) mma(c[nh], a0, a1, a2, a3, bq[nh][2 * kk], bq[nh][2 * kk + 1]);
+            for (int nh = 0; nh < NH; ++nh) mma(c[kk % KCHAIN][nh], a0, a1, a2, a3, bq[nh][2 * kk], bq[nh][2 * kk + 1]);
         }
     }
+#if KCHAIN == 2
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[0][nh][i] += c[1][nh][i];
+#endif
     float t[NH][4];  // [tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1]
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) t[nh][i] = c[nh][i] * qk_scale;
+        for (int i = 0; i < 4; ++i) t[nh][i] = c[0][nh][i] * qk_scale;
         if (MASKED) {
             const int p0 = tok0 + g, p1 = tok0 + g + 8;
             if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
