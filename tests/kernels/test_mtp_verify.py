@@ -69,7 +69,7 @@ OTHER = [(64, 4, 8, 3, 16, False), (256, 8, 4, 3, 16, True), (256, 4, 8, 1, 32, 
 
 # the block plans the GPU tests and the benchmark's probe compare (G (K + 1) > 16 rows per KV head)
 PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(heads_per_block=4), mv.VerifyConfig(chunk_warps=2),
-             mv.VerifyConfig(heads_per_block=2, stages=4), mv.VerifyConfig(chunk_warps=1, kchain=1)]
+             mv.VerifyConfig(heads_per_block=2, stages=4), mv.VerifyConfig(kchain=2)]
 PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
 
 
@@ -114,7 +114,7 @@ def test_defines_and_register_budget():
     assert mv.defines(8, 8, 128, 16, 8 * 196, True, 1)["QSMEM"] == 0
     assert mv.smem_bytes(mv.DEFAULT, 8 * 196, 8, 16, 128) == 3 * 16 * 1584 + 48 + 8 * 2 * 8 * 2 * 32 * 4
     assert (d["ROWP"], d["ROWCOPY"]) == (1584, 1)
-    assert d["KCHAIN"] == 2 and mv.defines(32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(kchain=1))["KCHAIN"] == 1
+    assert d["KCHAIN"] == 1 and mv.defines(32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(kchain=2))["KCHAIN"] == 2
 
 
 def test_block_plan_per_shape():

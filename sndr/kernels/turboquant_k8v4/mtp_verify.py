@@ -72,7 +72,9 @@ class VerifyConfig:
     chunk_warps: int = -1
     heads_per_block: int = 0  # 0: all KV heads where HK * chunk warps <= max_warps, else the largest group that fits
     max_warps: int = 16  # warps per block of the shared-tile CTA (16 x 128 registers fill the register file)
-    kchain: int = 2  # score MMA accumulator chains per n-tile (even / odd k-steps): 2 halves the dependent MMA chain
+    # score MMA accumulator chains per n-tile: 2 (even / odd k-steps) halves the dependent MMA chain, but measured
+    # 0-7% slower on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
+    kchain: int = 1
 
 
 DEFAULT = VerifyConfig()
