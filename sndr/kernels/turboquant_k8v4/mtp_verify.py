@@ -8,10 +8,12 @@ times. :func:`verify_attention` reads it once:
 
 * CUDA (sm_90, the cache rows TMA can copy): ``verify_k8v4.cu``, compiled by
   NVRTC together with ``decode_k8v4.cu`` (whose page-kernel ring, fragment
-  loaders and merge it reuses). A block per (request, split, row chunk), a
-  warp per KV head; the ``QL * G`` query rows of a KV head are the n dimension
-  of the score MMA (16 rows per warp, more rows: more chunks, whose tiles then
-  come from L2). Split-KV, then ``decode_k8v4.cu``'s merge.
+  loaders and merge it reuses). The ``QL * G`` query rows of a KV head are the
+  n dimension of the score MMA, 16 rows per warp. Up to 16 rows: a block per
+  (request, split), a warp per KV head. More rows (:func:`block_plan`): the
+  shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
+  tile (up to 16 warps a block, all or a group of the KV heads), so a tile is
+  copied once for up to 64 rows. Split-KV, then ``decode_k8v4.cu``'s merge.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
   :func:`dispatch.decode_attention` (CUDA or Triton; Triton's interpreter on the
   CPU), with lengths ``seq_len - K + t`` built on the device.
@@ -73,7 +75,7 @@ class VerifyConfig:
     heads_per_block: int = 0  # 0: all KV heads where HK * chunk warps <= max_warps, else the largest group that fits
     max_warps: int = 16  # warps per block of the shared-tile CTA (16 x 128 registers fill the register file)
     # score MMA accumulator chains per n-tile: 2 (even / odd k-steps) halves the dependent MMA chain, but measured
-    # 0-7% slower on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
+    # up to 7.8% slower in 20 of 24 probed cells on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
     kchain: int = 1
 
 
