@@ -28,7 +28,8 @@ accumulator chain), timed in the same run.
 vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
 wheel, never committed). ``--check`` first compares (a), (c), (d) against a
 float64 reference ("errors equal to (d)'s"). ``--probe`` times kernel variants
-(register budget, ring depth) on the B >= 8 cells before the table.
+(block plans, heads per block, score accumulator chains) on the B = 8 and 32 cells with
+16 or more query rows per KV head before the table.
 """
 
 from __future__ import annotations
