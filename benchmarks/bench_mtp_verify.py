@@ -15,18 +15,21 @@ cached tokens. Every variant runs in this one process, on the same caches:
   vLLM-signature entry ``vllm_entry.decode``, vLLM-shaped workspace), captured;
 * (d) one plain decode step (K = 0) of PK0001, captured.
 
-Cells: B in {1, 8, 32, 64}, K in {1, 3, 5}, context 8K and 32K (every request at
+Cells: B in {1, 8, 32, 64}, K in {1, 3, 5, 7}, context 8K and 32K (every request at
 the full context, the K + 1 new tokens included), Hq/Hk 32/8 and 64/8, head dim
 128, page 16, block tables random permutations of pages. Times are medians of
 ``triton.testing.do_bench`` (L2 flushed before each call) for (a), (c), (d) and of
 CUDA-event-timed eager calls for (b). GB/s = the cache bytes one step must read
 (B x context x Hk x 196 B, the same for all four variants) / time; %BW against
-the device-to-device copy bandwidth measured in the same run.
+the device-to-device copy bandwidth measured in the same run. (a0): the kernel before issue 27
+(``chunk_warps=1, kchain=1``: one warp per KV head, a block per 16-row chunk, one score
+accumulator chain), timed in the same run.
 
 vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
 wheel, never committed). ``--check`` first compares (a), (c), (d) against a
 float64 reference ("errors equal to (d)'s"). ``--probe`` times kernel variants
-(register budget, ring depth) on the B >= 8 cells before the table.
+(block plans, heads per block, score accumulator chains) on the B = 8 and 32 cells with
+16 or more query rows per KV head before the table.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ HK = 8
 SLOT = Layout(D).slot_size_aligned
 VLLM_SPLITS = 32  # vLLM's attention_config.tq_max_kv_splits_for_cuda_graph default
 BS = (1, 8, 32, 64)
-KS = (1, 3, 5)
+KS = (1, 3, 5, 7)
 CTXS = (8192, 32768)
 HQS = (32, 64)
 LAYERS = 40
@@ -192,7 +195,7 @@ def rel(a, b):
 def check(vl) -> list[dict]:
     """(a), (b), (c), (d) against float64 on real (stored) data; ragged lengths."""
     rows = []
-    for hq, k in ((32, 3), (64, 3), (32, 1), (64, 5)):
+    for hq, k in ((32, 3), (64, 3), (32, 1), (64, 5), (64, 7), (32, 7)):
         gen = torch.Generator(device="cuda").manual_seed(hq + k)
         lens = [8192, 5000, 777]
         ql = k + 1
@@ -228,28 +231,41 @@ def check(vl) -> list[dict]:
     return rows
 
 
+TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1)  # (a0): one warp per KV head, a block per 16-row chunk
 PROBE = {
     "default": mtp_verify.VerifyConfig(),
-    "q_in_regs": mtp_verify.VerifyConfig(qsmem=0),  # the first version: 173 registers, one block per SM
-    "stages4": mtp_verify.VerifyConfig(stages=4),
-    "splits<=16": mtp_verify.VerifyConfig(max_splits=16),  # less merge traffic at small B
+    "today": TODAY,
+    "hpb4": mtp_verify.VerifyConfig(heads_per_block=4),  # 4 KV heads a block: more, smaller blocks
+    "kchain2": mtp_verify.VerifyConfig(kchain=2),  # two score accumulator chains per n-tile
+    "kchain1": mtp_verify.VerifyConfig(kchain=1),
+    "hpb4_kchain2": mtp_verify.VerifyConfig(heads_per_block=4, kchain=2),
 }
 
 
-def probe(vl, pools) -> None:
-    """Kernel variants on the B >= 8 cells (K = 3)."""
-    variants = PROBE
+def plan_of(hq: int, k: int, cfg) -> str:
+    p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
+    return f"{p.hpb}x{p.ncw}w/{p.nchb}b"
+
+
+def probe(vl, pools) -> list[dict]:
+    """Block plans and variants on the cells with 16 or more query rows per KV head (B >= 8)."""
+    rows = []
     for ctx in CTXS:
-        for b in (1, 8, 32):
+        for b in (8, 32):
             for hq in HQS:
-                cell = Cell(pools[ctx], b, 3, hq, vl)
-                ts = {}
-                for name, cfg in variants.items():
-                    cap = cfg.max_splits
-                    ts[name] = graph_us(lambda cfg=cfg, cap=cap: mtp_verify.verify_attention(
-                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, 3, out=cell.out, config=cfg,
-                        max_splits=cap))
-                log(f"probe B {b} ctx {ctx} Hq {hq} K 3: " + "  ".join(f"{n} {t:.1f}" for n, t in ts.items()))
+                for k in (3, 5, 7):
+                    if (hq // HK) * (k + 1) < 16:
+                        continue
+                    cell = Cell(pools[ctx], b, k, hq, vl)
+                    ts = {}
+                    for name, cfg in PROBE.items():
+                        ts[name] = graph_us(lambda cfg=cfg, cell=cell, k=k: mtp_verify.verify_attention(
+                            cell.q, cell.cache, cell.bt, cell.sl, cell.scale, k, out=cell.out, config=cfg))
+                    rows.append(dict(b=b, ctx=ctx, hq=hq, k=k, **ts))
+                    log(f"probe B {b} ctx {ctx} Hq {hq} K {k}: " + "  ".join(
+                        f"{n}[{plan_of(hq, k, PROBE[n])}] {t:.1f}" for n, t in ts.items()))
+                    del cell
+    return rows
 
 
 def table(vl, pools, bw, quick=False) -> list[dict]:
@@ -263,6 +279,9 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                         continue
                     cell = Cell(pools[ctx], b, k, hq, vl)
                     ta = graph_us(cell.a)
+                    same = mtp_verify.DEFAULT == TODAY
+                    ta0 = ta if same else graph_us(lambda cell=cell: mtp_verify.verify_attention(
+                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=TODAY))
                     tb = eager_us(cell.b_vllm, n=3 if b * ctx >= 32 * 32768 else 5)
                     tc = graph_us(cell.c)
                     key = (hq, ctx, b)
@@ -270,8 +289,9 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                         d_cache[key] = graph_us(cell.d)
                     td = d_cache[key]
                     gbs = cell.bytes / (ta * 1e-6) / 1e9
-                    r = dict(hq=hq, ctx=ctx, b=b, k=k, a=ta, b_vllm=tb, c=tc, d=td, gbs=gbs, pct=100 * gbs / bw,
-                             a_over_d=ta / td, c_over_a=tc / ta, b_over_a=tb / ta)
+                    r = dict(hq=hq, ctx=ctx, b=b, k=k, a=ta, a0=ta0, same_plan=same, plan=plan_of(hq, k, mtp_verify.DEFAULT),
+                             b_vllm=tb, c=tc, d=td, gbs=gbs, pct=100 * gbs / bw,
+                             a_over_d=ta / td, a0_over_d=ta0 / td, c_over_a=tc / ta, b_over_a=tb / ta)
                     rows.append(r)
                     log(fmt(r))
                     del cell
@@ -279,16 +299,23 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
     return rows
 
 
-HEADER = ("| Hq/Hk | B | ctx | K | (a) sndr verify, graph us | GB/s | %BW | (b) vLLM path, eager us | "
-          "(c) synthetic rows PK0001, graph us | (d) PK0001 plain decode, graph us | a/d | c/a | b/a | targets |")
+HEADER = ("| Hq/Hk | B | ctx | K | plan (heads x warps / chunk blocks) | (a) sndr verify, graph us | "
+          "(a0) before issue 27, graph us | GB/s | %BW | (b) vLLM path, eager us | "
+          "(c) synthetic rows PK0001, graph us | (d) PK0001 plain decode, graph us | a/d | a0/d | c/a | b/a | targets |")
+
+# issue 27: a/d limits per K (B >= 8, ctx >= 8K)
+AD_LIMIT = {3: 1.3, 5: 1.5, 7: 1.8}
 
 
 def goals(r) -> str:
     out = []
     big = r["b"] >= 8 and r["ctx"] >= 8192
-    if big and r["k"] == 3:
-        out.append(f"<=1.3x d {'ok' if r['a_over_d'] <= 1.3 else 'MISS'}")
-    if big:
+    lim = AD_LIMIT.get(r["k"])
+    if big and lim:
+        out.append(f"<={lim}x d {'ok' if r['a_over_d'] <= lim else 'MISS'}")
+        if r["a0_over_d"] <= lim:  # met by today's plan: may not get > 3% slower
+            out.append(f"<=+3% vs a0 {'ok' if r['a'] <= 1.03 * r['a0'] else 'MISS'}")
+    if big and r["k"] >= 3:
         out.append(f">=2x vs c {'ok' if r['c_over_a'] >= 2 else 'MISS'}")
     if r["b"] == 32 and r["ctx"] == 8192 and r["k"] == 3:
         out.append(f">=30x vs b {'ok' if r['b_over_a'] >= 30 else 'MISS'}")
@@ -296,9 +323,10 @@ def goals(r) -> str:
 
 
 def fmt(r) -> str:
-    return (f"| {r['hq']}/{HK} | {r['b']} | {r['ctx'] // 1024}K | {r['k']} | {r['a']:.1f} | {r['gbs']:.0f} | "
-            f"{r['pct']:.0f}% | {r['b_vllm']:.0f} | {r['c']:.1f} | {r['d']:.1f} | {r['a_over_d']:.2f} | "
-            f"{r['c_over_a']:.2f} | {r['b_over_a']:.1f} | {goals(r)} |")
+    a0 = "=" if r["same_plan"] else f"{r['a0']:.1f}"
+    return (f"| {r['hq']}/{HK} | {r['b']} | {r['ctx'] // 1024}K | {r['k']} | {r['plan']} | {r['a']:.1f} | {a0} | "
+            f"{r['gbs']:.0f} | {r['pct']:.0f}% | {r['b_vllm']:.0f} | {r['c']:.1f} | {r['d']:.1f} | "
+            f"{r['a_over_d']:.2f} | {r['a0_over_d']:.2f} | {r['c_over_a']:.2f} | {r['b_over_a']:.1f} | {goals(r)} |")
 
 
 def main(argv=None) -> int:
@@ -328,15 +356,18 @@ def main(argv=None) -> int:
     sp = HK * SLOT
     shapes = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
     if args.probe:
-        shapes += [(hq, HK, D, PAGE, sp, True, 4, cfg) for hq in HQS for cfg in PROBE.values()]
+        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in (3, 5, 7)
+                   for cfg in PROBE.values() if (hq // HK) * (k + 1) >= 16]
+    if not args.no_table:
+        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, TODAY) for hq in HQS for k in KS]
     mtp_verify.precompile(shapes, workers=12)
     log(f"compiled {len(shapes)} verify builds in {time.time() - t0:.0f} s")
     pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}
     if args.probe:
-        probe(vl, pools)
+        out["probe"] = probe(vl, pools)
     if not args.no_table:
         log(HEADER)
-        log("|" + "---|" * 15)
+        log("|" + "---|" * 17)
         rows = table(vl, pools, bw, args.quick)
         out["table"] = rows
         for hq in HQS:

@@ -1,9 +1,10 @@
 """The TurboQuant k8v4 spec-verify decode (``mtp_verify``), on a machine without a GPU.
 
 * ``verify_k8v4.cu`` (with ``decode_k8v4.cu``, as ``mtp_verify`` builds it)
-  compiles with NVRTC for sm_90 for K in {0, 1, 3, 7} x G in {1, 4, 6, 8}
-  and other head dims, group sizes, pages and dtypes, with no local-memory
-  spills. The kernel uses TMA bulk copies: sm_89 is not a target; there the
+  compiles with NVRTC for sm_90 for K in {0, 1, 3, 5, 7} x G in {1, 4, 6, 8}
+  and other head dims, group sizes, pages and dtypes, and for every block
+  plan (one warp per KV head; the shared-tile CTA with all or a group of the
+  KV heads), with no local-memory spills. The kernel uses TMA bulk copies: sm_89 is not a target; there the
   call runs PK0001's decode on synthetic rows (checked below).
 * The kernel's algorithm (split boundaries, per-row causal limits, empty
   rows, merge) emulated in float64 against the reference of K + 1 separate
@@ -61,17 +62,23 @@ def _usage(cubin: bytes, tmp_path: Path) -> list[str]:
 
 
 # (head dim, Hk, G, K, page, bf16)
-GRID = [(128, 8, g, k, 16, True) for k in (0, 1, 3, 7) for g in (1, 4, 6, 8)]
+GRID = [(128, 8, g, k, 16, True) for k in (0, 1, 3, 5, 7) for g in (1, 4, 6, 8)]
 OTHER = [(64, 4, 8, 3, 16, False), (256, 8, 4, 3, 16, True), (256, 4, 8, 1, 32, True), (128, 16, 2, 3, 64, True),
          (128, 2, 16, 3, 16, False), (128, 1, 4, 15, 16, True), (128, 8, 8, 5, 16, True)]
 
 
-@pytest.mark.parametrize("d,hk,g,k,page,bf16", GRID + OTHER)
-def test_verify_source_compiles_for_sm90_without_spills(d, hk, g, k, page, bf16, tmp_path, monkeypatch):
+# the block plans the GPU tests and the benchmark's probe compare (G (K + 1) > 16 rows per KV head)
+PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(heads_per_block=4), mv.VerifyConfig(chunk_warps=2),
+             mv.VerifyConfig(heads_per_block=2, stages=4), mv.VerifyConfig(kchain=2)]
+PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
+
+
+@pytest.mark.parametrize("d,hk,g,k,page,bf16,cfg", [s + (-1,) for s in GRID + OTHER] + PLANNED)
+def test_verify_source_compiles_for_sm90_without_spills(d, hk, g, k, page, bf16, cfg, tmp_path, monkeypatch):
     _nvrtc_or_skip()
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
     sp = hk * Layout(d).slot_size_aligned
-    defs = mv.defines(hk * g, hk, d, page, sp, bf16, k + 1)
+    defs = mv.defines(hk * g, hk, d, page, sp, bf16, k + 1, mv.DEFAULT if cfg < 0 else PLAN_CFGS[cfg])
     cubin = _cudart.compile_cubin(mv.source(), mv.KERNEL, "90", defs)
     assert cubin[:4] == b"\x7fELF"
     usage = _usage(cubin, tmp_path)
@@ -107,6 +114,33 @@ def test_defines_and_register_budget():
     assert mv.defines(8, 8, 128, 16, 8 * 196, True, 1)["QSMEM"] == 0
     assert mv.smem_bytes(mv.DEFAULT, 8 * 196, 8, 16, 128) == 3 * 16 * 1584 + 48 + 8 * 2 * 8 * 2 * 32 * 4
     assert (d["ROWP"], d["ROWCOPY"]) == (1584, 1)
+    assert d["KCHAIN"] == 1 and mv.defines(32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(kchain=2))["KCHAIN"] == 2
+
+
+def test_block_plan_per_shape():
+    # <= 16 rows per KV head: today's kernel, one warp per head, one block per (request, split)
+    for g, k in ((1, 7), (4, 3), (8, 1), (16, 0)):
+        p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196)
+        assert (p.hpb, p.ncw, p.nchb, p.blocks(8)) == (8, 1, 1, 1)
+    # more rows: every chunk of a KV head on one copied tile; 16 warps at most, so 3-4 chunks take 4 heads
+    # a block (their 4 x 196 = 784 bytes of each token row: 16-byte aligned pieces)
+    for g, k, hpb, ncw in ((8, 3, 8, 2), (4, 5, 8, 2), (4, 7, 8, 2), (6, 3, 8, 2), (8, 5, 4, 3), (6, 7, 4, 3),
+                           (8, 7, 4, 4)):
+        p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196)
+        assert (p.hpb, p.ncw, p.nchb, p.warps) == (hpb, ncw, 1, hpb * ncw), (g, k)
+        assert p.blocks(8) == 8 // hpb
+        d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)
+        assert (d["HPB"], d["NCW"], d["NCHB"], d["MINB"]) == (hpb, ncw, 1, 1)
+        assert d["CB"] == (8 * 196 if hpb == 8 else hpb * 196) and d["HS"] == (0 if hpb == 8 else 196)
+    # head dim 256 (twice the accumulators) keeps a block per chunk; so does chunk_warps=1
+    assert mv.block_plan(64, 8, 256, 4, 8 * 516, 516).ncw == 1
+    assert mv.block_plan(64, 8, 128, 4, 8 * 196, 196, mv.VerifyConfig(chunk_warps=1)).nchb == 2
+    # a head group whose slots are not 16-byte pieces of the row: all heads, fewer chunk warps
+    odd = mv.block_plan(64, 8, 128, 8, 8 * 198, 198)
+    assert (odd.hpb, odd.ncw, odd.nchb) == (8, 2, 2)
+    # 16 KV heads and 32 rows: two groups of 8 heads
+    wide = mv.block_plan(64, 16, 128, 8, 16 * 196, 196)
+    assert (wide.hpb, wide.ncw, wide.blocks(16)) == (8, 2, 2)
 
 
 def test_split_count_depends_on_shape_only():
@@ -140,7 +174,7 @@ def _rel(a, b):
     return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("k", [0, 1, 3, 7])
+@pytest.mark.parametrize("k", [0, 1, 3, 5, 7])
 @pytest.mark.parametrize("g", [1, 4, 6, 8])
 def test_kernel_algorithm_matches_k_plus_1_decodes(k, g):
     # ragged; 37, 70: pages end mid-block; 3: shorter than K + 1 for K = 3, 7; 0: padding

@@ -93,19 +93,22 @@ def _verify(q, cache, bt, sl, scale, k, out_dtype=None, **kw):
 
 def _cuda_used(q, cache, k):
     key = mv._key(q.device.index or 0, q.dtype, q.shape[1], cache.shape[2], q.shape[2], cache.shape[1],
-                  cache.stride(1), k + 1, mv.DEFAULT)
+                  cache.stride(1), cache.stride(2), k + 1, mv.DEFAULT)
     return key in mv._PLANS
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _precompiled():
     """Every shape below, compiled in parallel threads first (NVRTC, a few seconds each)."""
-    shapes = [(8 * g, 8, 128, 16, 8 * 196, True, k + 1) for k in (0, 1, 3, 7) for g in (1, 4, 6, 8)]
+    shapes = [(8 * g, 8, 128, 16, 8 * 196, True, k + 1) for k in (0, 1, 3, 5, 7) for g in (1, 4, 6, 8)]
     shapes += [(hk * g, hk, d, page, hk * Layout(d).slot_size_aligned, dt == torch.bfloat16, k + 1)
                for d, hk, g, k, page, dt in OTHER]
     shapes += [(32, 8, 128, 16, 8 * 196, True, 4), (64, 8, 128, 16, 8 * 196, True, 2),
                (64, 8, 128, 16, 8 * 196, True, 6), (32, 8, 128, 32, 8 * 196, True, 3),
                (32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(qsmem=0))]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in ((8, 3), (4, 5), (8, 7), (6, 5))
+               for cfg in PLANS.values()]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, TWO_CHAINS) for g, k in ((4, 3), (8, 7))]
     mv.precompile(shapes, workers=12)
 
 
@@ -114,7 +117,16 @@ def _cuda_backend(monkeypatch):
     monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")  # a kernel that cannot run fails the test, no fallback
 
 
-@pytest.mark.parametrize("k", [0, 1, 3, 7])
+PLANS = {  # the same split count (8) for all, so the same tiles meet in the same order
+    "one warp per head, a block per chunk": mv.VerifyConfig(chunk_warps=1, max_splits=8),
+    "shared tile, 4 heads per block": mv.VerifyConfig(heads_per_block=4, max_splits=8),
+    "shared tile, 2 chunk warps": mv.VerifyConfig(chunk_warps=2, max_splits=8),
+    "shared tile, 2 heads, 4 stages": mv.VerifyConfig(heads_per_block=2, stages=4, max_splits=8),
+}
+TWO_CHAINS = mv.VerifyConfig(kchain=2)  # the probe variant with two score accumulator chains (not the default)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5, 7])
 @pytest.mark.parametrize("g", [1, 4, 6, 8])
 def test_verify_matches_float64(k, g):
     # ragged, pages ending mid-block, one request shorter than K + 1, one of exactly K + 1
@@ -152,10 +164,38 @@ def test_q_fragments_in_registers_or_shared_memory(qsmem):
     assert _rel(out, _ref(q, cache, bt, sl, 0.088, 3)) < 1e-2
 
 
+@pytest.mark.parametrize("g,k", [(8, 3), (4, 5), (8, 7), (6, 5)])
+def test_every_block_plan_gives_the_same_rows(g, k):
+    """The one-warp-per-head kernel (a block per 16-row chunk) and the shared-tile CTAs (chunk warps of one or
+    several KV heads on one copied tile, partial token rows) compute the same tiles in the same order: the
+    outputs are bitwise equal, and match float64."""
+    lens = [4100, 37, 5, k + 1, 1000]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=7 * g + k)
+    ref = _ref(q, cache, bt, sl, 0.088, k)
+    outs = {}
+    for name, cfg in PLANS.items():
+        outs[name] = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg, max_splits=8)
+        plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
+        assert not outs[name].isnan().any(), name
+        assert _rel(outs[name], ref) < 1e-2, (name, plan)
+    first = next(iter(outs.values()))
+    for name, o in outs.items():
+        assert torch.equal(o, first), name
+
+
+@pytest.mark.parametrize("g,k", [(4, 3), (8, 7)])
+def test_two_accumulator_chains_match_float64(g, k):
+    lens = [3000, 45, 1, k + 1]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=40 + g + k)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=TWO_CHAINS)
+    assert not out.isnan().any()
+    assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
+
+
 def test_errors_equal_to_plain_decode():
     """The verify kernel's error against float64 is PK0001's (same tiles, same arithmetic)."""
     lens = [8192, 5000, 777, 16384]
-    for g, k in ((4, 3), (8, 1), (8, 5)):
+    for g, k in ((4, 3), (8, 1), (8, 5), (8, 7)):
         q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=g + k)
         ref = _ref(q, cache, bt, sl, 0.088, k)
         ours = _rel(_verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32), ref)
@@ -165,8 +205,8 @@ def test_errors_equal_to_plain_decode():
         assert ours < 1.25 * theirs + 1e-4, (g, k, ours, theirs)
 
 
-def test_graph_capture_then_replay_with_new_lengths():
-    k, g = 3, 4
+@pytest.mark.parametrize("g,k", [(4, 3), (8, 7)])
+def test_graph_capture_then_replay_with_new_lengths(g, k):
     lens0 = [64, 64, 64, 64]
     q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=5, max_len=9000)
     out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=DEV)

@@ -8,10 +8,12 @@ times. :func:`verify_attention` reads it once:
 
 * CUDA (sm_90, the cache rows TMA can copy): ``verify_k8v4.cu``, compiled by
   NVRTC together with ``decode_k8v4.cu`` (whose page-kernel ring, fragment
-  loaders and merge it reuses). A block per (request, split, row chunk), a
-  warp per KV head; the ``QL * G`` query rows of a KV head are the n dimension
-  of the score MMA (16 rows per warp, more rows: more chunks, whose tiles then
-  come from L2). Split-KV, then ``decode_k8v4.cu``'s merge.
+  loaders and merge it reuses). The ``QL * G`` query rows of a KV head are the
+  n dimension of the score MMA, 16 rows per warp. Up to 16 rows: a block per
+  (request, split), a warp per KV head. More rows (:func:`block_plan`): the
+  shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
+  tile (up to 16 warps a block, all or a group of the KV heads), so a tile is
+  copied once for up to 64 rows. Split-KV, then ``decode_k8v4.cu``'s merge.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
   :func:`dispatch.decode_attention` (CUDA or Triton; Triton's interpreter on the
   CPU), with lengths ``seq_len - K + t`` built on the device.
@@ -66,6 +68,15 @@ class VerifyConfig:
     waves: int = 1  # the split count aims at this many full waves of blocks
     max_splits: int = 128  # may exceed the caller's cap
     qsmem: int = -1  # Q fragments in shared memory: 1, 0, -1 = where a warp holds more than 8 rows
+    # The shared-tile CTA (G (K + 1) > 16 rows per KV head): warps per KV head in one block, each 16 rows,
+    # all on the same TMA-copied tile. -1: every row chunk (up to max_warps per block), 1: the one-warp-per-
+    # head kernel with one block per row chunk (today's kernel, always used at <= 16 rows).
+    chunk_warps: int = -1
+    heads_per_block: int = 0  # 0: all KV heads where HK * chunk warps <= max_warps, else the largest group that fits
+    max_warps: int = 16  # warps per block of the shared-tile CTA (16 x 128 registers fill the register file)
+    # score MMA accumulator chains per n-tile: 2 (even / odd k-steps) halves the dependent MMA chain, but measured
+    # up to 7.8% slower in 20 of 24 probed cells on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
+    kchain: int = 1
 
 
 DEFAULT = VerifyConfig()
@@ -97,6 +108,54 @@ def row_chunks(ql: int, g: int) -> tuple[int, int]:
     return rc, -(-rows // rc)
 
 
+@dataclass(frozen=True)
+class BlockPlan:
+    """How one (request, split) is cut into blocks: ``hpb`` KV heads x ``ncw`` row-chunk warps per block,
+    ``nhg`` head groups x ``nchb`` chunk blocks of them. ``hpb == hk and ncw == 1``: the one-warp-per-head kernel."""
+    rc: int
+    nch: int
+    hpb: int
+    ncw: int
+
+    @property
+    def nchb(self) -> int:
+        return -(-self.nch // self.ncw)
+
+    @property
+    def warps(self) -> int:
+        return self.hpb * self.ncw
+
+    def blocks(self, hk: int) -> int:
+        """Blocks per (request, split)."""
+        return (hk // self.hpb) * self.nchb
+
+
+def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyConfig = DEFAULT) -> BlockPlan:
+    """The kernel for a shape: the one-warp-per-head kernel where G (K + 1) <= 16 (or the head dim is outside
+    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`), else the shared-tile CTA. A head group smaller than Hk copies
+    part of each token row, which needs 16-byte aligned pieces (``sp`` and ``hpb * hs`` multiples of 16)."""
+    from .dispatch import VERIFY_SHARED_TILE_HEAD_DIMS
+
+    rc, nch = row_chunks(ql, hq // hk)
+    if nch == 1 or cfg.chunk_warps == 1 or d not in VERIFY_SHARED_TILE_HEAD_DIMS:
+        return BlockPlan(rc, nch, hk, 1)
+    mw = max(1, cfg.max_warps)
+    ncw = min(nch, mw) if cfg.chunk_warps < 0 else max(1, min(cfg.chunk_warps, nch, mw))
+
+    def aligned(h: int) -> bool:
+        return h == hk or (sp % 16 == 0 and (h * hs) % 16 == 0)
+
+    if cfg.heads_per_block and hk % cfg.heads_per_block == 0 and aligned(cfg.heads_per_block):
+        hpb = cfg.heads_per_block
+    elif hk * ncw <= mw:
+        hpb = hk
+    else:
+        fits = [h for h in range(hk, 0, -1) if hk % h == 0 and h * ncw <= mw and aligned(h)]
+        hpb = fits[0] if fits else hk
+    ncw = max(1, min(ncw, mw // hpb))
+    return BlockPlan(rc, nch, hpb, ncw)
+
+
 def row_pitch(sp: int) -> tuple[int, int]:
     """(ROWP, ROWCOPY): as the page kernel (cuda_decode.row_pitch), rows padded to 4 or 12 words mod 16."""
     if sp % 16:
@@ -111,32 +170,46 @@ def q_in_smem(cfg: VerifyConfig, rc: int) -> bool:
     return bool(cfg.qsmem) if cfg.qsmem >= 0 else rc > 8
 
 
-def smem_bytes(cfg: VerifyConfig, sp: int, hk: int = 0, rc: int = 0, d: int = 128) -> int:
-    ring = cfg.stages * 16 * row_pitch(sp)[0] + 16 * cfg.stages
-    if hk and q_in_smem(cfg, rc):
-        ring += hk * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
+def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128) -> int:
+    """Dynamic shared memory: the ring of 16-row stages of ``cb`` bytes per row, its barriers, and the Q
+    fragments of ``warps`` warps where they live in shared memory."""
+    ring = cfg.stages * 16 * row_pitch(cb)[0] + 16 * cfg.stages
+    if warps and q_in_smem(cfg, rc):
+        ring += warps * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
     return ring
 
 
-def min_blocks(cfg: VerifyConfig, hk: int, rc: int, d: int) -> int:
-    """Blocks per SM asked of the register allocator: more than 8 rows per warp hold twice the
-    accumulators; with Q in shared memory they still fit two blocks of 8 warps (no spills)."""
-    n = max(1, (cfg.min_blocks * 8) // hk)
+def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int) -> int:
+    """Blocks per SM asked of the register allocator (``warps`` per block): more than 8 rows per warp hold
+    twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills)."""
+    n = max(1, (cfg.min_blocks * 8) // warps)
     if d > 128:
         n = max(1, n // 2)
     return n if rc <= 8 or q_in_smem(cfg, rc) and d <= 128 else max(1, n // 2)
 
 
+def copy_bytes(plan: BlockPlan, hk: int, sp: int, hs: int) -> int:
+    """Bytes of each token row a block copies: the whole row, or its head group's slots."""
+    return sp if plan.hpb == hk else plan.hpb * hs
+
+
 def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
-            cfg: VerifyConfig = DEFAULT) -> dict[str, int | str]:
+            cfg: VerifyConfig = DEFAULT, hs: int | None = None) -> dict[str, int | str]:
+    """NVRTC macros of one build. ``hs``: bytes between two KV heads' slots (default: the aligned slot)."""
     g = hq // hk
-    rc, nch = row_chunks(ql, g)
-    rowp, rowcopy = row_pitch(sp)
+    hs = Layout(d).slot_size_aligned if hs is None else hs
+    plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
+    cb = copy_bytes(plan, hk, sp, hs)
+    rowp, rowcopy = row_pitch(cb)
+    if plan.hpb < hk:
+        rowcopy = 1  # block_plan only splits heads where sp is a multiple of 16
     return {
-        "D": d, "SP": sp, "PAGE": page, "G": rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
-        "MINB": min_blocks(cfg, hk, rc, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
+        "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
+        "MINB": min_blocks(cfg, plan.warps, plan.rc, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
-        "QL": ql, "GQ": g, "RC": rc, "NCH": nch, "QSMEM": int(q_in_smem(cfg, rc)),
+        "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
+        "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
+        "KCHAIN": cfg.kchain,
     }
 
 
@@ -208,19 +281,19 @@ def unsupported(query, kv_cache, block_table, seq_lens, num_spec) -> str | None:
     return shape_problem(query, kv_cache, block_table, seq_lens, num_spec)
 
 
-def _key(idx, dtype, hq, hk, d, page, sp, ql, cfg) -> tuple:
-    return (idx, dtype, hq, hk, d, page, sp, ql, cfg)
+def _key(idx, dtype, hq, hk, d, page, sp, hs, ql, cfg) -> tuple:
+    return (idx, dtype, hq, hk, d, page, sp, hs, ql, cfg)
 
 
 def _build(key) -> tuple:
-    idx, dtype, hq, hk, d, page, sp, ql, cfg = key
-    defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg)
-    rc, nch = defs["RC"], defs["NCH"]
-    assert isinstance(rc, int) and isinstance(nch, int)  # of the defines only TAU is a string
-    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem_bytes(cfg, sp, hk, rc, d), label="verify_k8v4")
+    idx, dtype, hq, hk, d, page, sp, hs, ql, cfg = key
+    defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
+    plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
+    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.warps, plan.rc, d)
+    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4")
     merge = k.module.kernel(MERGE)
-    blocks = max(1, k.blocks_per_sm(32 * hk))
-    return k, merge, blocks, nch
+    blocks = max(1, k.blocks_per_sm(32 * plan.warps))
+    return k, merge, blocks, plan.blocks(hk), plan.warps
 
 
 def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -231,7 +304,8 @@ def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_
     idx = device if isinstance(device, int) else (device.index if device.index is not None
                                                   else torch.cuda.current_device())
     sp = row_stride if row_stride is not None else num_kv_heads * Layout(head_dim).slot_size_aligned
-    key = _key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, num_spec + 1, config or DEFAULT)
+    hs = Layout(head_dim).slot_size_aligned
+    key = _key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, config or DEFAULT)
     if key in _PLANS:
         return True
     try:
@@ -303,8 +377,8 @@ def verify_attention(
         why = unsupported(query, kv_cache, block_table, seq_lens, num_spec)
         if why is None and out.stride(2) == 1 and out.stride(0) == hq * out.stride(1) and out.dtype in _OUT_KIND:
             idx = _device_index(query)
-            key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1), ql,
-                       config or DEFAULT)
+            key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1),
+                       kv_cache.stride(2), ql, config or DEFAULT)
             if key not in _PLANS and _capturing():
                 if choice == "cuda":
                     raise RuntimeError("SNDR_TQ_BACKEND=cuda: first verify call of this shape inside a CUDA-graph "
@@ -327,12 +401,11 @@ def verify_attention(
 
 
 def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, workspace, b, max_splits) -> None:
-    k, merge, blocks_per_sm, nch = plan
+    k, merge, blocks_per_sm, per_split, warps = plan
     n, hq, d = query.shape
-    hk = kv_cache.shape[2]
     ql = n // b
     idx = _device_index(query)
-    splits = num_splits(b * nch, blocks_per_sm, _sm_count(idx), min(MAX_SPLITS, max(max_splits, cfg.max_splits)),
+    splits = num_splits(b * per_split, blocks_per_sm, _sm_count(idx), min(MAX_SPLITS, max(max_splits, cfg.max_splits)),
                         cfg.waves)
     min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
     rows = n * hq
@@ -359,10 +432,10 @@ def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, works
     ]
     if idx != torch.cuda.current_device():
         with torch.cuda.device(idx):
-            k.launch(b * splits * nch, 32 * hk, stream, args)
+            k.launch(b * splits * per_split, 32 * warps, stream, args)
             merge.launch(b * ql * hq, 256, stream, margs)
         return
-    k.launch(b * splits * nch, 32 * hk, stream, args)
+    k.launch(b * splits * per_split, 32 * warps, stream, args)
     merge.launch(b * ql * hq, 256, stream, margs)
 
 

@@ -20,9 +20,21 @@
 //   QL   query tokens per request (K + 1, 1..16)
 //   GQ   query heads per KV head (the model's group size)
 //   RC   rows per warp (min(QL * GQ, 16)); decode_k8v4.cu's G, so NH = ceil(RC / 8)
-//   NCH  row chunks: ceil(QL * GQ / RC). Chunk c of every KV head runs in
-//        block (b, s, c); the NCH blocks of one (request, split) are adjacent in
-//        launch order, so chunks after the first find the tiles in L2.
+//   NCH  row chunks: ceil(QL * GQ / RC).
+//   HPB  KV heads per block (divides HK); HPB < HK copies only those heads'
+//        bytes of each token row (CB bytes from byte HS * HPB * group)
+//   NCW  chunk warps per KV head in a block (the shared-tile CTA)
+//   NCHB chunk blocks: ceil(NCH / NCW)
+//   CB   bytes of a token row one block copies (SP when HPB == HK)
+//   HS   bytes between the slots of two KV heads in a row (cache stride 2)
+//
+// A block runs HPB * NCW warps: warp w serves KV head hg * HPB + w % HPB and
+// row chunk cb * NCW + w / HPB, where (b, s, hg, cb) is the block. All its
+// warps consume the same TMA-copied stage, so a tile is copied once per block
+// for NCW * 16 query rows per KV head (up to 64 at G = 8, K = 7), not once per
+// 16-row chunk. NCW = 1, HPB = HK is the one-warp-per-head kernel (chosen
+// where G (K + 1) <= 16). Chunk blocks of one (request, split) are adjacent in
+// launch order, so chunk blocks after the first find the tiles in L2.
 //
 // Rows are token-major: row r = t * GQ + h (token t, head h of the group).
 // Each row keeps its own softmax state (State's per-column m, l, z, sp), so the
@@ -45,8 +57,34 @@ static_assert(GQ >= 1 && GQ <= 16, "1..16 query heads per KV head");
 static_assert(RC == G, "decode_k8v4.cu's G is the row chunk");
 static_assert(NCH * RC >= QL * GQ && (NCH - 1) * RC < QL * GQ, "row chunks cover the rows");
 static_assert(PAGE_CTA == 1, "built on the page kernel's TMA ring");
+#ifndef HPB
+#define HPB HK
+#endif
+#ifndef NCW
+#define NCW 1
+#endif
+#ifndef NCHB
+#define NCHB NCH
+#endif
+#ifndef CB
+#define CB SP
+#endif
+#ifndef HS
+#define HS 0
+#endif
+#define NWB (HPB * NCW)           // warps per block
+#define NHG (HK / HPB)            // KV-head groups (blocks per (request, split, chunk block))
+static_assert(HK % HPB == 0, "heads per block divide the KV heads");
+static_assert(NCHB * NCW >= NCH && (NCHB - 1) * NCW < NCH, "chunk blocks cover the row chunks");
+static_assert(NWB <= 32, "at most 32 warps per block");
+static_assert(HPB == HK ? CB == SP : (ROWCOPY == 1 && CB == HPB * HS && CB % 16 == 0 && (HS * HPB) % 16 == 0),
+              "a head group's bytes are whole 16-byte rows copied per token (ROWCOPY)");
 
 #define VR (QL * GQ)              // query rows per KV head
+#ifndef KCHAIN
+#define KCHAIN 1                  // score MMA accumulator chains per n-tile (1 or 2)
+#endif
+static_assert(KCHAIN == 1 || KCHAIN == 2, "one or two accumulator chains");
 #ifndef QSMEM
 #define QSMEM 0                   // 1: Q fragments in shared memory (read per tile), not registers
 #endif
@@ -104,9 +142,11 @@ static __device__ __forceinline__ void attend_tile_causal(
     const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
 
     // ---- S^T, k-step by k-step: each key word converted right before its MMAs
-    float c[NH][4];
+    float c[KCHAIN][NH][4];  // KCHAIN independent accumulator chains (even / odd k-steps): shorter MMA chains
 #pragma unroll
-    for (int nh = 0; nh < NH; ++nh) c[nh][0] = c[nh][1] = c[nh][2] = c[nh][3] = 0.f;
+    for (int x = 0; x < KCHAIN; ++x)
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) c[x][nh][0] = c[x][nh][1] = c[x][nh][2] = c[x][nh][3] = 0.f;
 #pragma unroll
     for (int k = 0; k < KSTEPS; k += 2) {
         u32 bq[NH][4];
@@ -125,14 +165,20 @@ static __device__ __forceinline__ void attend_tile_causal(
             const u32 a0 = e4m3x2_to_f16x2(kw[0][k + kk]), a1 = e4m3x2_to_f16x2(kw[1][k + kk]);
             const u32 a2 = e4m3x2_to_f16x2(kw[0][k + kk] >> 16), a3 = e4m3x2_to_f16x2(kw[1][k + kk] >> 16);
 #pragma unroll
-            for (int nh = 0; nh < NH; ++nh) mma(c[nh], a0, a1, a2, a3, bq[nh][2 * kk], bq[nh][2 * kk + 1]);
+            for (int nh = 0; nh < NH; ++nh) mma(c[kk % KCHAIN][nh], a0, a1, a2, a3, bq[nh][2 * kk], bq[nh][2 * kk + 1]);
         }
     }
+#if KCHAIN == 2
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[0][nh][i] += c[1][nh][i];
+#endif
     float t[NH][4];  // [tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1]
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) t[nh][i] = c[nh][i] * qk_scale;
+        for (int i = 0; i < 4; ++i) t[nh][i] = c[0][nh][i] * qk_scale;
         if (MASKED) {
             const int p0 = tok0 + g, p1 = tok0 + g + 8;
             if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
@@ -261,7 +307,7 @@ static __device__ __forceinline__ void write_rows(
 
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
-extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
     const int* __restrict__ BT, const int* __restrict__ SL,
     float* __restrict__ MID_O, float* __restrict__ MID_L,
@@ -269,8 +315,10 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
     long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
-    const int c = blockIdx.x % NCH, bs = blockIdx.x / NCH;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int hl = w % HPB;                         // KV head within the block's group
+    const int cb = blockIdx.x % NCHB, hg = (blockIdx.x / NCHB) % NHG, bs = blockIdx.x / (NCHB * NHG);
+    const int hk = hg * HPB + hl, c = cb * NCW + w / HPB;
     const int s = bs % S, b = bs / S;
     const int seq_len = SL[b];
     const Split split = split_of(seq_len, S, min_tiles);
@@ -288,26 +336,27 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
     const int* bt_row = BT + b * bt_sb;
     if (threadIdx.x == 0) {
 #pragma unroll
-        for (int i = 0; i < STAGES; ++i) { mbar_init(bars + 8 * i, 1); mbar_init(bars + 8 * (STAGES + i), HK); }
+        for (int i = 0; i < STAGES; ++i) { mbar_init(bars + 8 * i, 1); mbar_init(bars + 8 * (STAGES + i), NWB); }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     int pg_pre = 0;
-    if (hk == 0 && lane < STAGES - 1) pg_pre = bt_row[(16 * min(t_begin + lane, t_end - 1)) / PAGE];
+    if (w == 0 && lane < STAGES - 1) pg_pre = bt_row[(16 * min(t_begin + lane, t_end - 1)) / PAGE];
     __syncthreads();
 
     auto produce = [&](int T, int slot, int pg) {
-        const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP;
+        const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP
+                                   + (HPB < HK ? hg * (HPB * HS) : 0);
         const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
-        if (lane == 0) mbar_expect(full, 16 * SP);
+        if (lane == 0) mbar_expect(full, 16 * CB);
         __syncwarp();
 #if ROWCOPY
-        if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, SP, full);
+        if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, CB, full);
 #else
         if (lane == 0) bulk_copy(dst, src, 16 * SP, full);
 #endif
     };
 
-    if (hk == 0) {
+    if (w == 0) {
 #pragma unroll
         for (int i = 0; i < STAGES - 1; ++i) {
             const int pg = __shfl_sync(0xffffffffu, pg_pre, i);
@@ -315,13 +364,13 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
         }
     }
     int pg_next = 0;
-    if (hk == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
+    if (w == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
 
     QOp qop;
 #if QSMEM
     {
         uint4* qsm = reinterpret_cast<uint4*>(smem + STAGES * STAGE_BYTES + 16 * STAGES)
-                     + hk * (NH * (KSTEPS / 2) * 32) + lane;
+                     + w * (NH * (KSTEPS / 2) * 32) + lane;
         u32 qb[NH][KSTEPS][2];
         load_q_rows(qb, Q, b, hk, c, q_st, q_sh, g, t4);
 #pragma unroll
@@ -349,12 +398,12 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_verify_page(
         }
     }
 
-    const unsigned char* my = smem + hk * kv_shead;
+    const unsigned char* my = smem + hl * kv_shead;
     int slot = 0;
     u32 phase = 0;
     u32 empty_phase = 0;
     for (int T = t_begin; T < t_end; ++T) {
-        if (hk == 0) {
+        if (w == 0) {
             const int Tn = T + STAGES - 1;
             const int sn = slot == 0 ? STAGES - 1 : slot - 1;
             const int pg = __shfl_sync(0xffffffffu, pg_next, 0);
