@@ -203,12 +203,12 @@ def check(vl) -> list[dict]:
         nb = len(lens) * pages + 2
         cache = torch.full((nb, PAGE, HK, SLOT), 0xFF, dtype=torch.uint8, device="cuda")
         bt = torch.randperm(nb, generator=gen, device="cuda")[: len(lens) * pages].to(torch.int32).view(len(lens), pages)
-        from sndr.kernels.turboquant_k8v4 import kernels
+        from sndr.kernels.turboquant_k8v4 import cache_store
 
         for i, n in enumerate(lens):
             pos = torch.arange(n, device="cuda")
             slots = (bt[i, pos // PAGE].long() * PAGE + pos % PAGE).to(torch.int32)
-            kernels.store((torch.randn(n, HK, D, generator=gen, device="cuda") * 1.5).bfloat16(),
+            cache_store.store((torch.randn(n, HK, D, generator=gen, device="cuda") * 1.5).bfloat16(),
                           (torch.randn(n, HK, D, generator=gen, device="cuda") * 0.5 + 0.2).bfloat16(), cache, slots)
         sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
         q = torch.randn(len(lens) * ql, hq, D, generator=gen, device="cuda").bfloat16()

@@ -54,6 +54,7 @@ import _tq_gpu  # noqa: E402
 
 from sndr.kernels.turboquant_k8v4 import (  # noqa: E402
     _vllm_baseline,
+    cache_store,
     cuda_decode,
     dispatch,
     kernels,
@@ -138,7 +139,7 @@ class Cell:
                 k = torch.randn(ctx, HK, D, generator=g, device=dev).to(torch.bfloat16)
                 v = torch.randn(ctx, HK, D, generator=g, device=dev).to(torch.bfloat16)
             slots = (self.block_table[i, pos // PAGE].long() * PAGE + pos % PAGE).to(torch.int32)
-            kernels.store(k.contiguous(), v.contiguous(), self.kv_cache, slots)
+            cache_store.store(k.contiguous(), v.contiguous(), self.kv_cache, slots)
         # vLLM-style preallocated workspace (WorkspaceManager shapes)
         self.mid = torch.empty(b, hq, VLLM_SPLITS, D + 1, dtype=torch.float32, device=dev)
         self.out = torch.empty(b, hq, D, dtype=torch.bfloat16, device=dev)
@@ -235,7 +236,7 @@ def check(vl) -> dict:
     slots[::97] = -1
     a = torch.zeros(nb, PAGE, HK, SLOT, dtype=torch.uint8, device=DEV)
     b_ = a.clone()
-    kernels.store(key, val, a, slots)
+    cache_store.store(key, val, a, slots)
     vl.store(key, val, b_, slots, torch.eye(D, device=DEV), torch.zeros(15, device=DEV),
              mse_bits=0, key_packed_size=D, value_quant_bits=4, key_fp8=True)
     sync()
@@ -297,7 +298,7 @@ def check(vl) -> dict:
         lay = Layout(d)
         cache = torch.zeros(nb, page, hk, lay.slot_size_aligned, dtype=torch.uint8, device=DEV)
         n = nb * page
-        kernels.store(torch.randn(n, hk, d, generator=gen, device=DEV).to(torch.bfloat16) * 2,
+        cache_store.store(torch.randn(n, hk, d, generator=gen, device=DEV).to(torch.bfloat16) * 2,
                       torch.randn(n, hk, d, generator=gen, device=DEV).to(torch.bfloat16), cache,
                       torch.arange(n, device=DEV, dtype=torch.int32))
         bt = torch.randperm(nb, generator=gen, device=DEV).reshape(b, nbp).to(torch.int32)

@@ -57,8 +57,6 @@ LARGE_MODULES = {
     "sndr/apply.py",
     # watchlist lint/set/check: one file format and its rules
     "sndr/upstream/watchlist.py",
-    # the TurboQuant k8v4 Triton kernels: one kernel family and its launch logic
-    "sndr/kernels/turboquant_k8v4/kernels.py",
 }
 
 #: Function-level imports that close an import cycle today: (importer, imported) -> why it is still there.

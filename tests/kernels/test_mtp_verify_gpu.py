@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
     pytest.skip("needs a CUDA GPU with sm_90 (the verify kernel copies tiles with TMA)", allow_module_level=True)
 
-from sndr.kernels.turboquant_k8v4 import kernels, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import cache_store, reference  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import mtp_verify as mv
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
@@ -47,7 +47,7 @@ def _fill(cache, bt, lens, gen, start=None):
         slots = (bt[i, pos // page].long() * page + pos % page).to(torch.int32)
         k = torch.randn(n - lo, hk, d, generator=gen, device=DEV) * 1.5
         v = torch.randn(n - lo, hk, d, generator=gen, device=DEV) * 0.5 + 0.2
-        kernels.store(k.to(torch.bfloat16), v.to(torch.bfloat16), cache, slots)
+        cache_store.store(k.to(torch.bfloat16), v.to(torch.bfloat16), cache, slots)
 
 
 def _head_dim(cache):

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs a CUDA GPU with sm_89+", allow_module_level=True)
 
-from sndr.kernels.turboquant_k8v4 import cuda_decode, dispatch, kernels, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import cache_store, cuda_decode, dispatch, reference  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +38,7 @@ def _case(d, hk, g, page, lens, qdtype=torch.bfloat16, seed=0, extra_pages=3):
         slots = (bt[i, pos // page].long() * page + pos % page).to(torch.int32)
         k = torch.randn(n, hk, d, generator=gen, device=DEV) * 1.5
         v = torch.randn(n, hk, d, generator=gen, device=DEV) * 0.5 + 0.2
-        kernels.store(k.to(torch.bfloat16), v.to(torch.bfloat16), cache, slots)
+        cache_store.store(k.to(torch.bfloat16), v.to(torch.bfloat16), cache, slots)
     q = torch.randn(b, hk * g, d, generator=gen, device=DEV).to(qdtype)
     sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
     return q, cache, bt, sl

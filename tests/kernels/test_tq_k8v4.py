@@ -39,7 +39,15 @@ try:
 except ImportError as exc:  # e.g. triton present but numpy (its interpreter needs it) missing
     pytest.skip(f"triton unavailable: {exc} (install the [kernels] extra)", allow_module_level=True)
 
-from sndr.kernels.turboquant_k8v4 import _interp, _vllm_baseline, dispatch, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import (  # noqa: E402
+    _interp,
+    _vllm_baseline,
+    cache_store,
+    dispatch,
+    kernels,
+    reference,
+    vllm_entry,
+)
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +97,7 @@ def test_fp8_encoder_matches_torch_on_every_bf16_value():
     @triton.jit
     def enc(X, Y, N: tl.constexpr):
         i = tl.arange(0, N)
-        tl.store(Y + i, kernels._e4m3_rtne_bits(tl.load(X + i)))
+        tl.store(Y + i, cache_store._e4m3_rtne_bits(tl.load(X + i)))
 
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     every = every[torch.isfinite(every)]
@@ -116,7 +124,7 @@ def test_store_bit_exact_vs_reference(d, dtype):
     slots[[3, 7]] = -1  # padding tokens are skipped
     garbage = torch.randint(0, 256, (nb, page, h, Layout(d).slot_size_aligned), generator=g, dtype=torch.uint8)
     got, want = garbage.clone(), garbage.clone()
-    kernels.store(key, value, got, slots)
+    cache_store.store(key, value, got, slots)
     reference.store(key, value, want, slots)
     assert torch.equal(got, want)
     # the padding tokens' slots and the alignment byte kept their old contents
@@ -149,7 +157,7 @@ def test_store_byte_identical_to_vllm_store(vllm_tq):
     slots[2] = -1
     ours = torch.zeros(nb, page, h, Layout(d).slot_size_aligned, dtype=torch.uint8)
     theirs = ours.clone()
-    kernels.store(key, value, ours, slots)
+    cache_store.store(key, value, ours, slots)
     vllm_tq.store(key, value, theirs, slots, torch.eye(d), torch.zeros(15), mse_bits=0,
                   key_packed_size=d, value_quant_bits=4, key_fp8=True)
     assert torch.equal(ours, theirs)

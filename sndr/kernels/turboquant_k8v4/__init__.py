@@ -29,7 +29,7 @@ __all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode",
            "verify_attention"]
 
 _LAZY: dict[str, str | None] = {
-    "store": ".kernels",
+    "store": ".cache_store",
     "decode_attention": ".dispatch",
     "DecodeConfig": ".kernels",
     "decode": ".vllm_entry",

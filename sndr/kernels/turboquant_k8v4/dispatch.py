@@ -29,7 +29,7 @@ from typing import NoReturn
 import torch
 
 from ... import env as sndr_env
-from . import _cudart, cuda_decode, kernels
+from . import _cudart, cache_store, cuda_decode, kernels
 
 __all__ = ["decode_attention", "route", "route_why", "gate", "gate_why", "fast", "remember", "reset"]
 
@@ -299,7 +299,7 @@ def decode_attention(
     hq, hk = query.shape[1], kv_cache.shape[2]
     if hq % hk:
         raise ValueError(f"Hq={hq} is not a multiple of Hk={hk}")
-    kernels._check_cache(kv_cache, query.shape[2], hk)
+    cache_store.check_cache(kv_cache, query.shape[2], hk)
     if config is None and not kernels.interpreting() and query.device.type == "cuda":
         given = out
         done = _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits)
