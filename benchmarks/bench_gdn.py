@@ -485,7 +485,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             sb = cell.state_bytes()
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
-                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True))}
+                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True, tokens=t))}
             try:
                 row["check"] = check_default(cell, op, vl, norm)
             except Exception as exc:  # noqa: BLE001
@@ -571,34 +571,58 @@ def fmt_default(rows) -> str:
 NORM_SWEEP = [(8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4)]
 
 
+def _fused_step(cell: LayerCell, cfg):
+    """The fused step of this cell's call at launch shape ``cfg``: the packed decode + norm at T = 1, the MTP call
+    at T >= 2 (what ``try_packed_decode_norm`` / ``try_post_conv_mtp`` launch)."""
+    if cell.t == 1:
+        return kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state,
+                                cell.idx1, cell.out, scale=cell.scale, n_seqs=cell.n, config=cfg,
+                                output_gate=cell.gate, norm_weight=cell.w, norm_eps=cell.eps)
+    return kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state, cell.idx,
+                            cell.out, scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu,
+                            num_accepted_tokens=cell.num_acc, idx_tok_stride=1, config=cfg, output_gate=cell.gate,
+                            norm_weight=cell.w, norm_eps=cell.eps, strict_accepted=True, tokens_per_seq=cell.t)
+
+
+def _label(shape) -> str:
+    """BVxWARPS, or BVxWARPSxDEFER where the snapshots are deferred."""
+    return "x".join(str(x) for x in (shape if len(shape) < 3 or shape[2] else shape[:2]))
+
+
 def norm_sweep(args, bw, op):
-    """(BV, warps) of the fused-norm step on a subset of cells (graph replay), next to the CUDA op."""
+    """(BV, warps) of the fused-norm step on a subset of cells (graph replay), next to the CUDA op.
+
+    Each shape's outputs and written states are first compared with the shipped pick's (relative L2)."""
     log("\n## fused-norm launch-shape sweep (graph replay, µs); heuristic choice marked *")
     res = []
-    for dt in (torch.float32, torch.bfloat16):
+    for dt in args.sweep_dtypes:
         for n in args.sweep_batches:
-            for t in (1, 2, 4):
+            for t in args.sweep_ts:
                 cell = LayerCell(n, t, dt)
-                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True)
-                times = {}
-                for bv, w in NORM_SWEEP:
-                    cfg = kernels.StepConfig(bv, w)
-
-                    def fn(cfg=cfg, cell=cell):
-                        kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state,
-                                         cell.idx, cell.out, scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu,
-                                         num_accepted_tokens=cell.num_acc, idx_tok_stride=1, config=cfg,
-                                         output_gate=cell.gate, norm_weight=cell.w, norm_eps=cell.eps,
-                                         strict_accepted=True, tokens_per_seq=cell.t)
-                    times[(bv, w)] = bench(fn, True, rep=40, warmup=10)
+                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True, tokens=t)
+                s0 = cell.state.clone()
+                written = (cell.idx1 if t == 1 else cell.idx.reshape(-1)).long()
+                _fused_step(cell, pick)
+                o_ref, st_ref = cell.out.clone(), cell.state[written].clone()
+                times, errs = {}, {}
+                for shape in args.sweep_shapes:
+                    cfg = kernels.StepConfig(*shape)
+                    cell.state.copy_(s0)
+                    _fused_step(cell, cfg)
+                    errs[shape] = max(_rel(cell.out, o_ref), _rel(cell.state[written], st_ref))
+                    times[shape] = bench(lambda cfg=cfg, cell=cell: _fused_step(cell, cfg), True, rep=40, warmup=10)
+                cell.state.copy_(s0)
                 o = bench(lambda cell=cell: cell.op(op), True, rep=40, warmup=10) if op is not None else None
                 best = min(times, key=times.get)
-                line = " ".join(f"{bv}x{w}{'*' if (bv, w) == (pick.block_v, pick.num_warps) else ''}:{us:.1f}"
-                                for (bv, w), us in times.items())
+                mine = (pick.block_v, pick.num_warps, pick.defer)
+                line = " ".join(f"{_label(sh)}{'*' if sh + (0,) * (3 - len(sh)) == mine else ''}:{us:.1f}"
+                                for sh, us in times.items())
+                bad = {_label(sh): f"{e:.1e}" for sh, e in errs.items() if e > 1e-2}
                 log(f"{str(dt)[6:]} batch {n:4d} T {t}: op {'-' if o is None else f'{o:.1f}'}; best {best} "
-                    f"{times[best]:.1f}; {line}")
-                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": f"{pick.block_v}x{pick.num_warps}",
-                            "times": {f"{bv}x{w}": us for (bv, w), us in times.items()}})
+                    f"{times[best]:.1f}; {line}" + (f"; DIFFERS from the pick: {bad}" if bad else ""))
+                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": _label(mine),
+                            "times": {_label(sh): us for sh, us in times.items()},
+                            "max_rel_vs_pick": {_label(sh): e for sh, e in errs.items()}})
                 torch.cuda.empty_cache()
     return res
 
@@ -615,8 +639,18 @@ def main() -> int:
     ap.add_argument("--bf16-state", action="store_true", help="(--triton-baselines) also a bf16 state pool")
     ap.add_argument("--max-t", type=int, default=8, help="largest T of the default-path table (the op takes <= 8)")
     ap.add_argument("--batches", type=str, default=None, help="comma-separated batches (default 1,8,32,64,256)")
+    ap.add_argument("--sweep-shapes", type=str, default=None,
+                    help="(--norm-sweep) comma-separated BVxWARPS[xDEFER] launch shapes (default: NORM_SWEEP)")
+    ap.add_argument("--sweep-cells", type=str, default=None,
+                    help="(--norm-sweep) DTYPES/BATCHES/TS, e.g. fp32,bf16/8,32/1,2,4 (default: both/1,8,32,256/1,2,4)")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
+    args.sweep_shapes = ([tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
+                         if args.sweep_shapes else NORM_SWEEP)
+    dts, sb, sts = (args.sweep_cells or "fp32,bf16/1,8,32,256/1,2,4").split("/")
+    args.sweep_dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in dts.split(",")]
+    sweep_batches = tuple(int(x) for x in sb.split(","))
+    args.sweep_ts = tuple(int(x) for x in sts.split(","))
     global H, HV, K, V
     if args.cpu_smoke:
         H, HV, K, V = 2, 4, 16, 16
@@ -625,7 +659,7 @@ def main() -> int:
         rep = 1
     else:
         args.batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else BATCHES
-        args.ts, args.sweep_batches = TS, (1, 8, 32, 256)
+        args.ts, args.sweep_batches = TS, sweep_batches
         args.default_ts = tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t)
         rep = 100
     args.out.mkdir(parents=True, exist_ok=True)
@@ -639,7 +673,7 @@ def main() -> int:
     op, op_note = load_cuda_op()
     log(f"vLLM CUDA op: {op_note if op is None else 'loaded: ' + op_note}")
     result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv)}
-    if args.norm_sweep and DEV == "cuda":
+    if args.norm_sweep:
         result["norm_sweep"] = norm_sweep(args, bw, op)
     if args.sweep:
         result["sweep"] = sweep(args, bw)
