@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sndr.kernels.gdn import _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import _vllm_baseline, kernels, reference, routing, vllm_entry  # noqa: E402
 
 if kernels.interpreting():  # the interpreter's scalar masked loads, as the CPU tests set them up
     from sndr.kernels.turboquant_k8v4 import _interp
@@ -527,6 +527,40 @@ def _verdict(r) -> str:
     return "; ".join(notes)
 
 
+def fmt_targets(rows) -> str:
+    """Issue 26's targets over the graph-replay cells: hits and misses, every cell named."""
+    def name(r):
+        return f"{r['state_dtype'][:4].replace('floa', 'fp32').replace('bflo', 'bf16')} b{r['batch']} T{r['T']}"
+
+    g = [r for r in rows if r.get("ratio_graph")]
+    t14 = [r for r in g if r["T"] <= 4]
+    miss = [f"{name(r)} {r['ratio_graph']:.2f}" for r in t14 if r["ratio_graph"] > 0.97]
+    small = [r for r in g if r["batch"] <= 8 and r["T"] >= 2]
+    s_hit = [f"{name(r)} {1 / r['ratio_graph']:.2f}x" for r in small if 1 / r["ratio_graph"] >= 1.15]
+    s_miss = [f"{name(r)} {1 / r['ratio_graph']:.2f}x" for r in small if 1 / r["ratio_graph"] < 1.15]
+    big = [r for r in g if r["batch"] >= 32 and r.get("sndr_graph")]
+
+    def frac(r):
+        return r["bound_us"] / r["sndr_graph"]
+
+    def need(r):
+        return 0.85 if r["state_dtype"] == "float32" else 0.75
+
+    b_hit = [f"{name(r)} {frac(r):.0%}" for r in big if frac(r) >= need(r)]
+    b_miss = [f"{name(r)} {frac(r):.0%}" for r in big if frac(r) < need(r)]
+    won = [r for r in g if round(r["ratio_graph"], 2) < 1.0]
+    return "\n".join([
+        f"- **<= 0.97x vLLM's default path, every T = 1..4 cell**: {len(t14) - len(miss)} of {len(t14)} hit. "
+        f"Misses: {'; '.join(miss) or 'none'}.",
+        f"- **>= 1.15x faster at batch <= 8 with T >= 2**: {len(s_hit)} of {len(small)} hit "
+        f"({'; '.join(s_hit) or 'none'}). Misses: {'; '.join(s_miss) or 'none'} (speed-up over the op; below 1 "
+        "is slower).",
+        f"- **From batch 32 up, >= 85% of the snapshot bound (fp32 state) / >= 75% (bf16)**: {len(b_hit)} of "
+        f"{len(big)} hit ({'; '.join(b_hit) or 'none'}). Misses: {'; '.join(b_miss) or 'none'}.",
+        f"- Cells where sndr / default printed below 1.00 (the routed graph cells): {len(won)} of {len(g)}.",
+    ])
+
+
 def fmt_default(rows) -> str:
     lines = []
     for mode in ("graph", "eager"):
@@ -673,6 +707,9 @@ def main() -> int:
     op, op_note = load_cuda_op()
     log(f"vLLM CUDA op: {op_note if op is None else 'loaded: ' + op_note}")
     result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv)}
+    # every cell measured: the routing table is what this run decides (routing.WINS, written below)
+    cells = routing.measuring()
+    cells.__enter__()
     if args.norm_sweep:
         result["norm_sweep"] = norm_sweep(args, bw, op)
     if args.sweep:
@@ -695,7 +732,10 @@ def main() -> int:
     (args.out / "bench_gdn.json").write_text(json.dumps(result, indent=1))
     text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
     if rows:
-        text += fmt_default(rows) + "\n"
+        text += "\n## Targets (graph replay)\n\n" + fmt_targets(rows) + "\n" + fmt_default(rows) + "\n"
+        wins = routing.wins_literal(rows)
+        (args.out / "routing_wins.txt").write_text(wins + "\n")
+        text += "\n## The routing table of this run (sndr.kernels.gdn.routing.WINS)\n\n```\n" + wins + "\n```\n"
     if old_rows:
         text += fmt_table(old_rows, bw) + "\n"
     (args.out / "bench_gdn.md").write_text(text)

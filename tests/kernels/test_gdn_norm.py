@@ -28,30 +28,17 @@ nothing of sndr's.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import types
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
-if torch.cuda.is_available():
-    pytest.skip("CPU-interpreter tests (a GPU is present: test_gdn_gpu.py)", allow_module_level=True)
-if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run this file alone",
-                allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")
-try:
-    import triton  # noqa: F401
-except ImportError as exc:
-    pytest.skip(f"triton unavailable: {exc} (install the [kernels] extra)", allow_module_level=True)
+pytest.importorskip("triton", reason="triton unavailable (install the [kernels] extra)")
 
 from sndr.kernels.gdn import kernels, reference, vllm_entry, vllm_layer  # noqa: E402
-from sndr.kernels.turboquant_k8v4 import _interp  # noqa: E402
 from sndr.runtime_patches import gdn as rp_gdn  # noqa: E402
 
-if kernels.interpreting():
-    _interp.fix_scalar_index()
+pytestmark = pytest.mark.cpu_interpreter  # tests/kernels/conftest.py: interpreter only, its fix applied
 
 H, HV, K, V = 2, 4, 32, 64
 BF = torch.bfloat16
@@ -342,12 +329,21 @@ def _with_globals(factory, original, glob):
     return wrapped
 
 
-def test_init_wrapper_routes_only_layers_vllm_accepted_for_its_cuda_decode():
+def test_init_wrapper_routes_only_layers_vllm_accepted_for_its_cuda_decode(monkeypatch):
     def init(self, config, vllm_config, prefix="", gqa_interleaved_layout=False, reduce_results=True):
         self.args = (config, vllm_config, prefix, reduce_results)
 
     w = rp_gdn.wrap_layer_init(init)
     state = torch.zeros(2, HV, V, K)
+    # on by default (no SNDR_ENABLE_PK0003=1) no layer changes forward
+    monkeypatch.delenv("SNDR_ENABLE_PK0003", raising=False)
+    monkeypatch.setattr(vllm_entry, "_SCOPE", {})
+    ok = _layer(state, torch.ones(V))
+    w(ok, 1, 2, prefix="p", reduce_results=False)
+    assert ok.args == (1, 2, "p", False) and ok.enable_fused_gdn_spec_decode is False
+    # opted in explicitly: the layers vLLM accepted for its CUDA decode
+    monkeypatch.setenv("SNDR_ENABLE_PK0003", "1")
+    monkeypatch.setattr(vllm_entry, "_SCOPE", {})
     ok = _layer(state, torch.ones(V))
     w(ok, 1, 2, prefix="p", reduce_results=False)
     assert ok.args == (1, 2, "p", False) and ok.enable_fused_gdn_spec_decode is True
