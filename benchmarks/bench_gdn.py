@@ -677,6 +677,7 @@ def main() -> int:
                     help="(--norm-sweep) comma-separated BVxWARPS[xDEFER] launch shapes (default: NORM_SWEEP)")
     ap.add_argument("--sweep-cells", type=str, default=None,
                     help="(--norm-sweep) DTYPES/BATCHES/TS, e.g. fp32,bf16/8,32/1,2,4 (default: both/1,8,32,256/1,2,4)")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench's rep (ms) per timing")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.sweep_shapes = ([tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
@@ -695,7 +696,7 @@ def main() -> int:
         args.batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else BATCHES
         args.ts, args.sweep_batches = TS, sweep_batches
         args.default_ts = tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t)
-        rep = 100
+        rep = args.rep
     args.out.mkdir(parents=True, exist_ok=True)
     dl = device_line()
     log(f"device: {dl}")
