@@ -272,7 +272,7 @@ def _patch():
 
 def test_patch_declares_the_wrappers_with_vllm_signatures():
     data = _patch()
-    assert data["id"] == "PK0003" and data["default"] is False and data["lifecycle"] == "experimental"
+    assert data["id"] == "PK0003" and data["default"] is True and data["lifecycle"] == "active"
     by = {r["name"]: r for r in data["runtime"]}
     assert set(by) == {"packed-decode", "sigmoid-gating-update", "post-conv-mtp", "decode-fused-norm",
                        "plain-decode-routing"}

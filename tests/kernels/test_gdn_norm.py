@@ -393,3 +393,37 @@ def test_fused_norm_launch_shapes_agree(bv, warps, state_dtype):
     else:
         assert within_ulp(p.state[w], st_ref[w])
     assert all(int((c != 0).sum()) == 0 for _, c in kernels._WORKSPACES.values())
+
+
+# ----------------------------------------------------------------------------- PK0003's canary problem
+
+
+@pytest.mark.parametrize("decode,t", [(True, 1), (False, 3)])
+def test_canary_problem_passes_the_kernel_and_catches_a_wrong_one(decode, t, monkeypatch):
+    """The canary's fixed problem (``gdn.canary.step_check``) on the interpreter: sndr's step is within the
+    tolerance of float64 by a wide margin; a step that drops the gated norm's weight, or one token's state
+    update, is caught."""
+    from sndr.kernels.gdn import canary
+
+    err, tol = canary.step_check(H, HV, K, V, torch.float32, t, decode, "cpu")
+    assert err <= tol / 4, err
+    real = kernels.gdn_step
+
+    def no_weight(*args, **kw):
+        kw["norm_weight"] = torch.ones_like(kw["norm_weight"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(kernels, "gdn_step", no_weight)
+    err, tol = canary.step_check(H, HV, K, V, torch.float32, t, decode, "cpu")
+    assert err > tol, err
+
+    def stale_state(*args, **kw):
+        state = args[7]
+        before = state.clone()
+        out = real(*args, **kw)
+        state.copy_(before)  # no state written
+        return out
+
+    monkeypatch.setattr(kernels, "gdn_step", stale_state)
+    err, tol = canary.step_check(H, HV, K, V, torch.float32, t, decode, "cpu")
+    assert err > tol, err
