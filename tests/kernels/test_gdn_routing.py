@@ -168,6 +168,24 @@ def test_capture_before_any_canary_keeps_vllm_and_is_not_remembered(stubbed):
     assert stubbed.calls == [(16, 1, True), (16, 1, True)]
 
 
+def test_graph_only_cell_warms_once_eagerly(stubbed, monkeypatch):
+    """A cell only the graph table won: the first eager call of the layout runs sndr (compiled, canary passed)
+    for the capture that follows; later eager calls keep vLLM's path; the capture takes sndr."""
+    wins = dict(routing.WINS[("float32", "graph")])
+    monkeypatch.setitem(routing.WINS, ("float32", "eager"), {**wins, 2: ()})
+    args = ("fused_gdn_decode_post_conv_mtp", ("g",), PLAN, _cuda_state(), 8, 2)
+    assert vllm_entry._cell_taken(*args, decode=False) is True
+    assert vllm_entry._cell_taken(*args, decode=False) is False
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken(*args, decode=False) is True
+    assert stubbed.calls == [(16, 2, False), (16, 2, False)]
+    # a cell both tables lost never runs sndr, not even once
+    stubbed.capturing["v"] = False
+    assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("h",), PLAN, _cuda_state(), 1, 2,
+                                  decode=False) is False
+    assert len(stubbed.calls) == 2
+
+
 def test_failed_canary_is_remembered(stubbed):
     stubbed.verdict["v"] = False
     for _ in range(2):

@@ -13,7 +13,10 @@ an eager call), the batches of each T where sndr / vLLM's default printed below 
 Between measured points a call is taken only where every measured neighbour won: batch
 ``n`` between two measured batches needs both (batch 16: 8 and 32), T = 5 and 7 need
 T = 4 and 6 / 6 and 8; beyond the largest measured batch (256) or T (8) nothing is
-taken. Every other call keeps vLLM's path, logged once per (entry, reason).
+taken. Every other call keeps vLLM's path, logged once per (entry, reason). (One exception,
+in ``vllm_entry``: where only the graph cell won, the first eager call of a layout, vLLM's
+warm-up before it captures that size, runs sndr's step once so that its kernel is compiled
+and its canary passed before the capture.)
 
 On by default (no ``SNDR_ENABLE_PK0003=1``) the cells apply only on the GPU class that
 was measured (:data:`MEASURED_CAPABILITIES`: the H200, sm_90); an explicit opt-in takes

@@ -102,9 +102,16 @@ def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: 
     ck = (key, mode)
     ok = _CELLS.get(ck) if key is not None else None
     if ok is None:
-        why = routing.cell_why(str(state.dtype).replace("torch.", ""), mode, n, t)
+        dtype = str(state.dtype).replace("torch.", "")
+        why = routing.cell_why(dtype, mode, n, t)
+        # vLLM runs each CUDA-graph size eagerly once before it captures it. Where only the graph cell
+        # wins, that first eager call of the layout runs sndr's step, so that its kernel is compiled and
+        # its canary has passed before the capture (no compile inside a capture); later eager calls of
+        # the layout keep vLLM's path.
+        warm = bool(why) and mode == "eager" and key is not None and routing.cell_why(dtype, "graph", n, t) is None
         if why:
             _refuse(fn, why)
+        if why and not warm:
             ok = False
         else:
             from . import canary
@@ -116,7 +123,7 @@ def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: 
         if key is not None:
             if len(_CELLS) >= _MAX_PLANS:
                 _CELLS.clear()
-            _CELLS[ck] = ok
+            _CELLS[ck] = ok and not warm
     return ok
 
 
