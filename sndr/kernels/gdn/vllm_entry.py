@@ -505,12 +505,15 @@ def try_packed_decode_norm(
     norm_weight: torch.Tensor,
     norm_eps: float,
     activation: str = "silu",
+    checked: bool = False,
 ):
     """vLLM's packed decode (l2norm on) followed by its gated RMSNorm, in one launch; ``out`` or None.
 
     ``out`` and ``output_gate`` are [tokens, HV, V]; the result equals
     ``fused_recurrent_gated_delta_rule_packed_decode`` then ``layer_norm_fwd``
     (``is_rms_norm``, ``norm_before_gate``, group = V) on that output.
+    ``checked``: :func:`packed_decode_norm_ok` just took this call (its cell and canary
+    verdict stand; not asked twice).
     """
     try:
         key = ("packed_norm", _layout(mixed_qkv), _layout(a), _layout(b), _layout(A_log), _layout(dt_bias),
@@ -522,8 +525,8 @@ def try_packed_decode_norm(
     if plan is None:
         plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
                                                 ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
-    if plan is False or not _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state,
-                                        mixed_qkv.shape[0], 1, decode=True):
+    if plan is False or not (checked or _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state,
+                                                    mixed_qkv.shape[0], 1, decode=True)):
         return None
     _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state,
                         ssm_state_indices, cache_key=key, z=output_gate, norm_w=norm_weight)

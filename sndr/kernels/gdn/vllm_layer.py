@@ -71,7 +71,7 @@ def decode_fused_norm(layer, module_globals: dict, mixed_qkv: torch.Tensor, b: t
     x = module_globals["causal_conv1d_update"](
         x, conv_state, conv_weights, layer.conv1d.bias, layer.activation, conv_state_indices=idx,
         validate_data=False)
-    if vllm_entry.try_packed_decode_norm(x, *args) is None:
+    if vllm_entry.try_packed_decode_norm(x, *args, checked=True) is None:
         # the conv returned another layout than its input (never for vLLM's bf16 activations):
         # finish the batch exactly as vLLM's method would
         module_globals["fused_recurrent_gated_delta_rule_packed_decode"](
