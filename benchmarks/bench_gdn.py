@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sndr.kernels.gdn import _vllm_baseline, kernels, reference, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import _vllm_baseline, kernels, reference, routing, vllm_entry  # noqa: E402
 
 if kernels.interpreting():  # the interpreter's scalar masked loads, as the CPU tests set them up
     from sndr.kernels.turboquant_k8v4 import _interp
@@ -485,7 +485,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             sb = cell.state_bytes()
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
-                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True))}
+                   "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True, tokens=t))}
             try:
                 row["check"] = check_default(cell, op, vl, norm)
             except Exception as exc:  # noqa: BLE001
@@ -525,6 +525,40 @@ def _verdict(r) -> str:
         got = r["bound_us"] / r["sndr_graph"]
         notes.append(f">={need:.0%} of bound " + ("hit" if got >= need else "MISS"))
     return "; ".join(notes)
+
+
+def fmt_targets(rows) -> str:
+    """Issue 26's targets over the graph-replay cells: hits and misses, every cell named."""
+    def name(r):
+        return f"{r['state_dtype'][:4].replace('floa', 'fp32').replace('bflo', 'bf16')} b{r['batch']} T{r['T']}"
+
+    g = [r for r in rows if r.get("ratio_graph")]
+    t14 = [r for r in g if r["T"] <= 4]
+    miss = [f"{name(r)} {r['ratio_graph']:.2f}" for r in t14 if r["ratio_graph"] > 0.97]
+    small = [r for r in g if r["batch"] <= 8 and r["T"] >= 2]
+    s_hit = [f"{name(r)} {1 / r['ratio_graph']:.2f}x" for r in small if 1 / r["ratio_graph"] >= 1.15]
+    s_miss = [f"{name(r)} {1 / r['ratio_graph']:.2f}x" for r in small if 1 / r["ratio_graph"] < 1.15]
+    big = [r for r in g if r["batch"] >= 32 and r.get("sndr_graph")]
+
+    def frac(r):
+        return r["bound_us"] / r["sndr_graph"]
+
+    def need(r):
+        return 0.85 if r["state_dtype"] == "float32" else 0.75
+
+    b_hit = [f"{name(r)} {frac(r):.0%}" for r in big if frac(r) >= need(r)]
+    b_miss = [f"{name(r)} {frac(r):.0%}" for r in big if frac(r) < need(r)]
+    won = [r for r in g if round(r["ratio_graph"], 2) < 1.0]
+    return "\n".join([
+        f"- **<= 0.97x vLLM's default path, every T = 1..4 cell**: {len(t14) - len(miss)} of {len(t14)} hit. "
+        f"Misses: {'; '.join(miss) or 'none'}.",
+        f"- **>= 1.15x faster at batch <= 8 with T >= 2**: {len(s_hit)} of {len(small)} hit "
+        f"({'; '.join(s_hit) or 'none'}). Misses: {'; '.join(s_miss) or 'none'} (speed-up over the op; below 1 "
+        "is slower).",
+        f"- **From batch 32 up, >= 85% of the snapshot bound (fp32 state) / >= 75% (bf16)**: {len(b_hit)} of "
+        f"{len(big)} hit ({'; '.join(b_hit) or 'none'}). Misses: {'; '.join(b_miss) or 'none'}.",
+        f"- Cells where sndr / default printed below 1.00 (the routed graph cells): {len(won)} of {len(g)}.",
+    ])
 
 
 def fmt_default(rows) -> str:
@@ -571,34 +605,58 @@ def fmt_default(rows) -> str:
 NORM_SWEEP = [(8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4)]
 
 
+def _fused_step(cell: LayerCell, cfg):
+    """The fused step of this cell's call at launch shape ``cfg``: the packed decode + norm at T = 1, the MTP call
+    at T >= 2 (what ``try_packed_decode_norm`` / ``try_post_conv_mtp`` launch)."""
+    if cell.t == 1:
+        return kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state,
+                                cell.idx1, cell.out, scale=cell.scale, n_seqs=cell.n, config=cfg,
+                                output_gate=cell.gate, norm_weight=cell.w, norm_eps=cell.eps)
+    return kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state, cell.idx,
+                            cell.out, scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu,
+                            num_accepted_tokens=cell.num_acc, idx_tok_stride=1, config=cfg, output_gate=cell.gate,
+                            norm_weight=cell.w, norm_eps=cell.eps, strict_accepted=True, tokens_per_seq=cell.t)
+
+
+def _label(shape) -> str:
+    """BVxWARPS, or BVxWARPSxDEFER where the snapshots are deferred."""
+    return "x".join(str(x) for x in (shape if len(shape) < 3 or shape[2] else shape[:2]))
+
+
 def norm_sweep(args, bw, op):
-    """(BV, warps) of the fused-norm step on a subset of cells (graph replay), next to the CUDA op."""
+    """(BV, warps) of the fused-norm step on a subset of cells (graph replay), next to the CUDA op.
+
+    Each shape's outputs and written states are first compared with the shipped pick's (relative L2)."""
     log("\n## fused-norm launch-shape sweep (graph replay, µs); heuristic choice marked *")
     res = []
-    for dt in (torch.float32, torch.bfloat16):
+    for dt in args.sweep_dtypes:
         for n in args.sweep_batches:
-            for t in (1, 2, 4):
+            for t in args.sweep_ts:
                 cell = LayerCell(n, t, dt)
-                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True)
-                times = {}
-                for bv, w in NORM_SWEEP:
-                    cfg = kernels.StepConfig(bv, w)
-
-                    def fn(cfg=cfg, cell=cell):
-                        kernels.gdn_step(cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state,
-                                         cell.idx, cell.out, scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu,
-                                         num_accepted_tokens=cell.num_acc, idx_tok_stride=1, config=cfg,
-                                         output_gate=cell.gate, norm_weight=cell.w, norm_eps=cell.eps,
-                                         strict_accepted=True, tokens_per_seq=cell.t)
-                    times[(bv, w)] = bench(fn, True, rep=40, warmup=10)
+                pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True, tokens=t)
+                s0 = cell.state.clone()
+                written = (cell.idx1 if t == 1 else cell.idx.reshape(-1)).long()
+                _fused_step(cell, pick)
+                o_ref, st_ref = cell.out.clone(), cell.state[written].clone()
+                times, errs = {}, {}
+                for shape in args.sweep_shapes:
+                    cfg = kernels.StepConfig(*shape)
+                    cell.state.copy_(s0)
+                    _fused_step(cell, cfg)
+                    errs[shape] = max(_rel(cell.out, o_ref), _rel(cell.state[written], st_ref))
+                    times[shape] = bench(lambda cfg=cfg, cell=cell: _fused_step(cell, cfg), True, rep=40, warmup=10)
+                cell.state.copy_(s0)
                 o = bench(lambda cell=cell: cell.op(op), True, rep=40, warmup=10) if op is not None else None
                 best = min(times, key=times.get)
-                line = " ".join(f"{bv}x{w}{'*' if (bv, w) == (pick.block_v, pick.num_warps) else ''}:{us:.1f}"
-                                for (bv, w), us in times.items())
+                mine = (pick.block_v, pick.num_warps, pick.defer)
+                line = " ".join(f"{_label(sh)}{'*' if sh + (0,) * (3 - len(sh)) == mine else ''}:{us:.1f}"
+                                for sh, us in times.items())
+                bad = {_label(sh): f"{e:.1e}" for sh, e in errs.items() if e > 1e-2}
                 log(f"{str(dt)[6:]} batch {n:4d} T {t}: op {'-' if o is None else f'{o:.1f}'}; best {best} "
-                    f"{times[best]:.1f}; {line}")
-                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": f"{pick.block_v}x{pick.num_warps}",
-                            "times": {f"{bv}x{w}": us for (bv, w), us in times.items()}})
+                    f"{times[best]:.1f}; {line}" + (f"; DIFFERS from the pick: {bad}" if bad else ""))
+                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": _label(mine),
+                            "times": {_label(sh): us for sh, us in times.items()},
+                            "max_rel_vs_pick": {_label(sh): e for sh, e in errs.items()}})
                 torch.cuda.empty_cache()
     return res
 
@@ -615,8 +673,19 @@ def main() -> int:
     ap.add_argument("--bf16-state", action="store_true", help="(--triton-baselines) also a bf16 state pool")
     ap.add_argument("--max-t", type=int, default=8, help="largest T of the default-path table (the op takes <= 8)")
     ap.add_argument("--batches", type=str, default=None, help="comma-separated batches (default 1,8,32,64,256)")
+    ap.add_argument("--sweep-shapes", type=str, default=None,
+                    help="(--norm-sweep) comma-separated BVxWARPS[xDEFER] launch shapes (default: NORM_SWEEP)")
+    ap.add_argument("--sweep-cells", type=str, default=None,
+                    help="(--norm-sweep) DTYPES/BATCHES/TS, e.g. fp32,bf16/8,32/1,2,4 (default: both/1,8,32,256/1,2,4)")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench's rep (ms) per timing")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
+    args.sweep_shapes = ([tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
+                         if args.sweep_shapes else NORM_SWEEP)
+    dts, sb, sts = (args.sweep_cells or "fp32,bf16/1,8,32,256/1,2,4").split("/")
+    args.sweep_dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in dts.split(",")]
+    sweep_batches = tuple(int(x) for x in sb.split(","))
+    args.sweep_ts = tuple(int(x) for x in sts.split(","))
     global H, HV, K, V
     if args.cpu_smoke:
         H, HV, K, V = 2, 4, 16, 16
@@ -625,9 +694,9 @@ def main() -> int:
         rep = 1
     else:
         args.batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else BATCHES
-        args.ts, args.sweep_batches = TS, (1, 8, 32, 256)
+        args.ts, args.sweep_batches = TS, sweep_batches
         args.default_ts = tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t)
-        rep = 100
+        rep = args.rep
     args.out.mkdir(parents=True, exist_ok=True)
     dl = device_line()
     log(f"device: {dl}")
@@ -639,7 +708,10 @@ def main() -> int:
     op, op_note = load_cuda_op()
     log(f"vLLM CUDA op: {op_note if op is None else 'loaded: ' + op_note}")
     result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv)}
-    if args.norm_sweep and DEV == "cuda":
+    # every cell measured: the routing table is what this run decides (routing.WINS, written below)
+    cells = routing.measuring()
+    cells.__enter__()
+    if args.norm_sweep:
         result["norm_sweep"] = norm_sweep(args, bw, op)
     if args.sweep:
         result["sweep"] = sweep(args, bw)
@@ -661,7 +733,10 @@ def main() -> int:
     (args.out / "bench_gdn.json").write_text(json.dumps(result, indent=1))
     text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
     if rows:
-        text += fmt_default(rows) + "\n"
+        text += "\n## Targets (graph replay)\n\n" + fmt_targets(rows) + "\n" + fmt_default(rows) + "\n"
+        wins = routing.wins_literal(rows)
+        (args.out / "routing_wins.txt").write_text(wins + "\n")
+        text += "\n## The routing table of this run (sndr.kernels.gdn.routing.WINS)\n\n```\n" + wins + "\n```\n"
     if old_rows:
         text += fmt_table(old_rows, bw) + "\n"
     (args.out / "bench_gdn.md").write_text(text)

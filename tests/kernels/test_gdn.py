@@ -24,8 +24,6 @@ takes the call and vLLM's original otherwise.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import tomllib
 import types
 from pathlib import Path
@@ -33,24 +31,13 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
-if torch.cuda.is_available():
-    pytest.skip("CPU-interpreter tests (a GPU is present: test_gdn_gpu.py)", allow_module_level=True)
-if sys.modules.get("triton") is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run this file alone",
-                allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")
-try:
-    import triton  # noqa: F401
-except ImportError as exc:
-    pytest.skip(f"triton unavailable: {exc} (install the [kernels] extra)", allow_module_level=True)
+pytest.importorskip("triton", reason="triton unavailable (install the [kernels] extra)")
 
 from sndr.binding import signature_of_callable  # noqa: E402
 from sndr.kernels.gdn import kernels, reference, vllm_entry  # noqa: E402
-from sndr.kernels.turboquant_k8v4 import _interp  # noqa: E402
 from sndr.runtime_patches import gdn as rp_gdn  # noqa: E402
 
-if kernels.interpreting():
-    _interp.fix_scalar_index()
+pytestmark = pytest.mark.cpu_interpreter  # tests/kernels/conftest.py: interpreter only, its fix applied
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "patches" / "PK0003-gdn-decode-kernels.toml"
@@ -285,7 +272,7 @@ def _patch():
 
 def test_patch_declares_the_wrappers_with_vllm_signatures():
     data = _patch()
-    assert data["id"] == "PK0003" and data["default"] is False and data["lifecycle"] == "experimental"
+    assert data["id"] == "PK0003" and data["default"] is True and data["lifecycle"] == "active"
     by = {r["name"]: r for r in data["runtime"]}
     assert set(by) == {"packed-decode", "sigmoid-gating-update", "post-conv-mtp", "decode-fused-norm",
                        "plain-decode-routing"}

@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
     pytest.skip("needs a CUDA GPU with sm_80+", allow_module_level=True)
 
-from sndr.kernels.gdn import reference, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import canary, reference, routing, vllm_entry  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -46,6 +46,17 @@ try:
     OP = _op()
 except Exception:  # noqa: BLE001 - reported by the tests that need it
     OP = None
+
+
+@pytest.fixture(autouse=True)
+def _every_cell(request):
+    """The correctness tests take every cell (``routing.measuring``); the routing tests (marked
+    ``routed``) run the entries as vLLM's calls reach them."""
+    if "routed" in request.keywords:
+        yield
+        return
+    with routing.measuring():
+        yield
 
 
 def rel(a, b):
@@ -200,3 +211,42 @@ def test_decode_graph_replay_with_new_slots():
         assert rel(c.out[valid], o64[valid]) <= 4e-3 and (c.out[~valid] == 0).all()
         w = [int(s) for s in idx.tolist() if s > 0]
         assert rel(c.state[w], st64[w]) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- routing and the canary, on the GPU
+
+
+def test_canary_passes_for_both_entries_on_this_gpu():
+    for state_dtype in (torch.float32, BF):
+        for t, decode in ((1, True), (4, False), (8, False)):
+            err, tol = canary.step_check(H, HV, K, V, state_dtype, t, decode, "cuda")
+            assert err <= tol / 4, (state_dtype, t, decode, err)
+
+
+def _cells(state_dtype, mode, win):
+    """(batch, T) measured cells of the routing table that sndr won (``win``) or lost, T >= 2."""
+    wins = routing.WINS[(str(state_dtype).replace("torch.", ""), mode)]
+    return [(b, t) for t in routing.TS if t >= 2 for b in routing.BATCHES if (b in wins.get(t, ())) == win]
+
+
+@pytest.mark.routed
+@pytest.mark.parametrize("state_dtype", [torch.float32, BF])
+def test_entries_take_exactly_the_winning_cells(state_dtype, monkeypatch):
+    """Eager calls of the MTP entry on the H200: a cell the committed benchmark lost returns None (vLLM's op
+    runs), a won cell runs sndr (after its canary passed); a capture follows the graph table."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the routing table's default scope is sm_90")
+    monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
+    monkeypatch.setattr(vllm_entry, "_CELLS", {})
+    lost, won = _cells(state_dtype, "eager", False), _cells(state_dtype, "eager", True)
+    for (b, t), want in [(c, False) for c in lost[:2]] + [(c, True) for c in won[:2]]:
+        c = Cell(b, t, state_dtype, seed=b + t)
+        res = c.mtp()
+        assert (res is c.out) == want, (b, t, want)
+    glost = _cells(state_dtype, "graph", False)
+    if glost:
+        b, t = glost[0]
+        c = Cell(b, t, state_dtype, seed=3)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            assert c.mtp() is None

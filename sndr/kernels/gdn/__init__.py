@@ -13,6 +13,10 @@ Public surface:
   ``fused_sigmoid_gating_delta_rule_update`` on that kernel (same arguments,
   same results), or ``None`` where it does not take the call. Patch PK0003
   routes vLLM's Qwen GDN layer through them;
+* ``try_post_conv_mtp`` / ``try_packed_decode_norm`` (``vllm_entry``): vLLM's
+  default path (its fused CUDA MTP op; the packed decode + gated RMSNorm) on the
+  same kernel with the norm fused, taken only in the measured winning cells
+  (``routing``) and after the first-use canary (``canary``);
 * ``reference``: the naive recurrence in PyTorch (float32 / float64).
 
 torch and triton load on first attribute access, so importing this package

@@ -38,7 +38,8 @@ With an output gate (``FUSE_NORM``) the step also applies vLLM's gated RMSNorm
 stores its rows of the output (rounded to the output dtype, as vLLM's unfused
 path stores them before its norm) and their sum of squares; the last of a
 head's programs to finish (an arrival counter per sequence and head) reads the
-head's rows back and writes them normalised and gated.
+head's rows back and writes them normalised and gated. A program that holds the
+whole head (BV >= V) normalises its outputs in registers, token by token.
 
 The launch never synchronises with the host and allocates nothing but the
 fused norm's workspace, once per device and stream (``norm_workspace``):
@@ -143,6 +144,12 @@ def _gdn_step_kernel(
     p_a = a + bos * s_a_tok + i_hv
     p_b = b + bos * s_b_tok + i_hv
 
+    # one program per head (NV == 1): the gated RMSNorm stays in the program, token by token
+    HEAD_NORM: tl.constexpr = FUSE_NORM and NV == 1
+    if HEAD_NORM:
+        p_z = z + bos * s_z_tok + i_hv * s_z_head + o_v
+        b_w = tl.load(norm_w + o_v, mask=mask_v, other=0).to(tl.float32)
+
     # token 0's inputs; each iteration then loads the next token's before it computes
     b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
     b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
@@ -187,11 +194,21 @@ def _gdn_step_kernel(
         b_o = hq + u * kq
         b_h = b_h * decay + u[:, None] * b_k[None, :]
         b_o = b_o.to(o.dtype.element_ty)
-        tl.store(p_o + t * s_o_tok, b_o, mask=mask_v)
-        if FUSE_NORM:  # this program's part of the token's sum of squares (of the stored, rounded output)
+        if HEAD_NORM:  # the whole head's rows are here: norm and gate now, no second pass
+            b_z = tl.load(p_z + t * s_z_tok, mask=mask_v, other=0).to(tl.float32)
+            b_of = b_o.to(tl.float32)  # the rounded output, as vLLM's unfused path stores it before its norm
+            rstd = 1.0 / tl.sqrt(tl.sum(b_of * b_of) / V + norm_eps)
+            if SIGMOID_GATE:
+                gate = tl.sigmoid(b_z)
+            else:
+                gate = b_z * tl.sigmoid(b_z)
+            tl.store(p_o + t * s_o_tok, (b_of * rstd * b_w * gate).to(o.dtype.element_ty), mask=mask_v)
+        else:
+            tl.store(p_o + t * s_o_tok, b_o, mask=mask_v)
+        if FUSE_NORM and not HEAD_NORM:  # this program's part of the token's sum of squares (of the rounded output)
             b_of = b_o.to(tl.float32)
             tl.store(ws + ((bos + t) * HV + i_hv) * NVP + i_v, tl.sum(b_of * b_of))
-        if FUSE_NORM:  # the last token's state is stored after the norm's release (below)
+        if FUSE_NORM and not HEAD_NORM:  # the last token's state is stored after the norm's release (below)
             store_now = (slot_t > 0) & (t + 1 < n_tok)
         else:
             store_now = slot_t > 0
@@ -205,7 +222,7 @@ def _gdn_step_kernel(
 
         b_q, b_k, b_v, b_x, b_b = n_q, n_k, n_v, n_x, n_b
 
-    if FUSE_NORM:  # (needs NVP * BV >= V: NVP is the programs per head rounded up to a power of 2)
+    if FUSE_NORM and not HEAD_NORM:  # (needs NVP * BV >= V: NVP is the programs per head rounded up to a power of 2)
         # The gated RMSNorm needs the whole head's V outputs, which NV programs wrote. The
         # last of them to arrive (a per-head counter; acq_rel orders every program's output
         # and partial sums before its increment) normalises the head's rows of every token
@@ -214,6 +231,8 @@ def _gdn_step_kernel(
         arrived = tl.atomic_add(counter + i_n.to(tl.int64) * HV + i_hv, 1, sem="acq_rel")
         # The last token's state store is issued only now: the release above waits for this
         # program's outstanding stores, and the state (read by nobody here) need not be among them.
+        # (Storing every snapshot after the release instead, re-evolved from the initial state and
+        # each token's u_t, measured 5-70% slower on the H200 in every swept cell.)
         if slot_last > 0:
             p_hl = state + slot_last * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
@@ -254,8 +273,8 @@ class StepConfig:
 
 
 def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device,
-                state_dtype: torch.dtype | None = None, fused_norm: bool = False) -> StepConfig:
-    """BV and warps from the number of (sequence, value head) tiles.
+                state_dtype: torch.dtype | None = None, fused_norm: bool = False, tokens: int = 1) -> StepConfig:
+    """BV and warps from the number of (sequence, value head) tiles (and, with the fused norm, T).
 
     One warp per program (on an H200 it beat 2-8 warps in every swept cell;
     the per-row reductions then stay inside the warp). Up to 64 tiles
@@ -264,16 +283,24 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device,
     BV = 16 (64 state values per thread at K = 128). Swept on an H200, fp32
     state, K = V = 128, batch 1-256, T 1 and 4 (docs/bench-gdn-h200.md): the
     best shape or within 2% of it except batch 1 / T = 1 (8x2 0.7 µs
-    faster). The fused-norm step with a bf16 pool takes BV = 32 beyond 64
-    tiles (the H200 sweep of bench_gdn.py --norm-sweep: 32x1 best in every
-    bf16 cell from batch 8, by 5-25%).
+    faster).
+
+    The fused-norm step (``bench_gdn.py --norm-sweep`` on the H200, graph
+    replay, batch 8-256, T 1/2/4, shapes 8x1 ... 32x1 and one program per head
+    128x4 ... 128x16): fp32 state keeps BV = 8 up to 256 tiles (batch 8) when
+    T >= 2 (3-7% faster than 16 there, 15% slower at T = 1); a bf16 pool takes
+    BV = 32 beyond 64 tiles for T >= 2 (best in every bf16 cell from batch 8,
+    by 5-25%) and BV = 16 for T = 1 (4-7% faster than 32 from batch 32; one
+    program per head, 128x8, within 1% of it).
     """
     tiles = n_seqs * hv
     vp = triton.next_power_of_2(v)
     kp = triton.next_power_of_2(k)
     bv = 8 if tiles <= 64 else 16
-    if fused_norm and state_dtype == torch.bfloat16 and tiles > 64:
+    if fused_norm and state_dtype == torch.bfloat16 and tiles > 64 and tokens >= 2:
         bv = 32
+    if fused_norm and state_dtype != torch.bfloat16 and tiles <= 256 and tokens >= 2:
+        bv = 8
     bv = min(bv, vp)
     warps = 1
     # at most 128 state values per thread for wide K
@@ -317,7 +344,8 @@ def make_plan(
         H = k.shape[1]
         sq, sk, sv = q.stride()[:2], k.stride()[:2], v.stride()[:2]
     fuse = gate is not None
-    cfg = config or pick_config(n_seqs, HV, V, K, state.device, state_dtype=state.dtype, fused_norm=fuse)
+    cfg = config or pick_config(n_seqs, HV, V, K, state.device, state_dtype=state.dtype, fused_norm=fuse,
+                                tokens=1 if packed and not varlen else max(int(tokens_per_seq), 1))
     BK = triton.next_power_of_2(K)
     BV = min(cfg.block_v, triton.next_power_of_2(V))
     sz = (gate.stride(0), gate.stride(1)) if fuse else (0, 0)
@@ -331,8 +359,9 @@ def make_plan(
               fuse, bool(sigmoid_gate), bool(strict_accepted), triton.next_power_of_2(triton.cdiv(V, BV)),
               # the fused norm's chunk of tokens: one token (packed decode) or the index columns / T
               1 if (packed and not varlen) or not fuse else min(triton.next_power_of_2(max(int(tokens_per_seq), 1)), 8))
+    # one program per head (BV >= V) normalises in the program: no workspace
     return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed,
-                consts[-2] if fuse else 0)
+                consts[-2] if fuse and BV < V else 0)
 
 
 # Launches bypass JITFunction.run's binder once a plan has compiled: the

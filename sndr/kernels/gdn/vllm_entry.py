@@ -14,6 +14,12 @@ dtype, ROCm, no Triton, a CPU tensor outside the interpreter, KDA gating,
 The first refusal of each kind is logged once. Patch PK0003
 (``sndr.runtime_patches.gdn``) installs wrappers that do exactly that.
 
+On CUDA, the entries of vLLM's default path (:func:`try_post_conv_mtp`,
+:func:`try_packed_decode_norm`) take a call only in the cells where sndr measured
+faster than vLLM's default path (``routing``: state dtype, batch, T, graph capture
+or eager), and, on by default, only on the measured GPU class (sm_90); the Triton
+fallback entries only with ``SNDR_ENABLE_PK0003=1``.
+
 Differences from vLLM, all outside what vLLM's callers read: output rows of a
 padded sequence (state slot <= 0) are zeros where vLLM's spec path leaves
 ``torch.empty`` memory; ``num_accepted_tokens`` below 1 is read as 1 (vLLM
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger("sndr.kernels")
 _LOGGED: set[str] = set()
+_SCOPE: dict[str, bool] = {}  # "explicit": SNDR_ENABLE_PK0003=1 (read once per process)
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 _IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CAPABLE: dict[int, bool] = {}
@@ -45,6 +52,79 @@ def _refuse(fn: str, why: str) -> Literal[False]:
         _LOGGED.add(key)
         LOG.warning("sndr PK0003: %s falls through to vLLM's own kernel: %s (logged once)", fn, why)
     return False
+
+
+def _explicit() -> bool:
+    ex = _SCOPE.get("explicit")
+    if ex is None:
+        from . import routing
+
+        ex = _SCOPE["explicit"] = routing.explicit_opt_in()
+    return ex
+
+
+def _scope_why(t: torch.Tensor, default_path: bool) -> str | None:
+    """None where PK0003's scope takes a CUDA call on ``t``'s device (CPU: the interpreter's tests), else why not.
+
+    ``default_path``: an entry of vLLM's default path (the measured GPU class, unless
+    opted in explicitly); else a Triton fallback entry (only opted in explicitly)."""
+    if t.device.type != "cuda":
+        return None
+    from . import routing
+
+    if routing._MEASURING[-1]:
+        return None
+    if not default_path:
+        if _explicit():
+            return None
+        return ("vLLM's Triton fallback kernels are outside the measured default set; SNDR_ENABLE_PK0003=1 "
+                "takes them")
+    if torch.version.hip is not None:
+        return "ROCm"
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return routing.capability_why(torch.cuda.get_device_capability(idx), _explicit())
+
+
+# cell verdicts per (plan key, mode): True taken, False refused (logged once per reason)
+_CELLS: dict[tuple, bool] = {}
+
+
+def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: int, t: int, decode: bool) -> bool:
+    """Whether the measured cells take this CUDA call (``n`` requests, ``t`` tokens each) now, and
+    PK0003's canary passed for its shape (``sndr.kernels.gdn.canary``)."""
+    if state.device.type != "cuda":
+        return True
+    from . import routing
+
+    if routing._MEASURING[-1]:
+        return True
+    mode = "graph" if torch.cuda.is_current_stream_capturing() else "eager"
+    ck = (key, mode)
+    ok = _CELLS.get(ck) if key is not None else None
+    if ok is None:
+        dtype = str(state.dtype).replace("torch.", "")
+        why = routing.cell_why(dtype, mode, n, t)
+        # vLLM runs each CUDA-graph size eagerly once before it captures it. Where only the graph cell
+        # wins, that first eager call of the layout runs sndr's step, so that its kernel is compiled and
+        # its canary has passed before the capture (no compile inside a capture); later eager calls of
+        # the layout keep vLLM's path.
+        warm = bool(why) and mode == "eager" and key is not None and routing.cell_why(dtype, "graph", n, t) is None
+        if why:
+            _refuse(fn, why)
+        if why and not warm:
+            ok = False
+        else:
+            from . import canary
+
+            verdict = canary.step_ok(state, plan.consts[0], t, decode)
+            if verdict is None:  # first call of the shape inside a capture: vLLM's kernel is captured
+                return False
+            ok = verdict  # a failed canary is logged and attested by sndr.kernels.canary
+        if key is not None:
+            if len(_CELLS) >= _MAX_PLANS:
+                _CELLS.clear()
+            _CELLS[ck] = ok and not warm
+    return ok
 
 
 def _kernels():
@@ -178,7 +258,8 @@ def _packed_args_why(mixed_qkv, a, b, A_log, dt_bias, state, ssm_state_indices) 
 def _packed_plan(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
                  use_qk_l2norm_in_kernel) -> Plan | Literal[False]:
     fn = "fused_recurrent_gated_delta_rule_packed_decode"
-    why = _packed_args_why(mixed_qkv, a, b, A_log, dt_bias, initial_state, ssm_state_indices)
+    why = (_packed_args_why(mixed_qkv, a, b, A_log, dt_bias, initial_state, ssm_state_indices)
+           or _scope_why(mixed_qkv, default_path=False))
     if why:
         return _refuse(fn, why)
     n, hv, vd = mixed_qkv.shape[0], initial_state.shape[1], initial_state.shape[2]
@@ -258,7 +339,7 @@ def _sigmoid_plan(A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial
         return _refuse(fn, "inplace_final_state=False")
     if ssm_state_indices is None:
         return _refuse(fn, "no ssm_state_indices")
-    why = _state_ok(initial_state) or _device_ok(q)
+    why = _state_ok(initial_state) or _device_ok(q) or _scope_why(q, default_path=False)
     if why:
         return _refuse(fn, why)
     if k.dim() != 4 or q.shape != k.shape or v.dim() != 4 or v.shape[:2] != k.shape[:2]:
@@ -348,7 +429,8 @@ def try_post_conv_mtp(
         plan = _remember(key, _mtp_plan(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens,
                                         num_accepted_tokens, state, output_gate, norm_weight, out, scale, norm_eps,
                                         output_gate_activation))
-    if plan is False:
+    if plan is False or not _cell_taken("fused_gdn_decode_post_conv_mtp", key, cast("Plan", plan), state,
+                                        cu_seqlens.shape[0] - 1, state_indices.shape[1], decode=False):
         return None
     _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state, state_indices,
                         num_accepted_tokens, cu_seqlens, cache_key=key, z=output_gate, norm_w=norm_weight)
@@ -373,7 +455,7 @@ def _norm_args_why(output_gate, norm_weight, out, n_tok: int, hv: int, vd: int, 
 def _mtp_plan(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens, state, output_gate,
               norm_weight, out, scale, norm_eps, act) -> Plan | Literal[False]:
     fn = "fused_gdn_decode_post_conv_mtp"
-    why = _state_ok(state) or _device_ok(mixed_qkv)
+    why = _state_ok(state) or _device_ok(mixed_qkv) or _scope_why(mixed_qkv, default_path=True)
     if why:
         return _refuse(fn, why)
     hv, vd, kd = state.shape[1], state.shape[2], state.shape[3]
@@ -423,12 +505,15 @@ def try_packed_decode_norm(
     norm_weight: torch.Tensor,
     norm_eps: float,
     activation: str = "silu",
+    checked: bool = False,
 ):
     """vLLM's packed decode (l2norm on) followed by its gated RMSNorm, in one launch; ``out`` or None.
 
     ``out`` and ``output_gate`` are [tokens, HV, V]; the result equals
     ``fused_recurrent_gated_delta_rule_packed_decode`` then ``layer_norm_fwd``
     (``is_rms_norm``, ``norm_before_gate``, group = V) on that output.
+    ``checked``: :func:`packed_decode_norm_ok` just took this call (its cell and canary
+    verdict stand; not asked twice).
     """
     try:
         key = ("packed_norm", _layout(mixed_qkv), _layout(a), _layout(b), _layout(A_log), _layout(dt_bias),
@@ -440,7 +525,8 @@ def try_packed_decode_norm(
     if plan is None:
         plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
                                                 ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
-    if plan is False:
+    if plan is False or not (checked or _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state,
+                                                    mixed_qkv.shape[0], 1, decode=True)):
         return None
     _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state,
                         ssm_state_indices, cache_key=key, z=output_gate, norm_w=norm_weight)
@@ -460,13 +546,15 @@ def packed_decode_norm_ok(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ss
     if plan is None:
         plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
                                                 ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
-    return plan is not False
+    return plan is not False and _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state,
+                                             mixed_qkv.shape[0], 1, decode=True)
 
 
 def _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
                       norm_weight, norm_eps, act) -> Plan | Literal[False]:
     fn = "packed decode + gated RMSNorm"
-    why = _packed_args_why(mixed_qkv, a, b, A_log, dt_bias, state, ssm_state_indices)
+    why = (_packed_args_why(mixed_qkv, a, b, A_log, dt_bias, state, ssm_state_indices)
+           or _scope_why(mixed_qkv, default_path=True))
     if why:
         return _refuse(fn, why)
     n, hv, vd = mixed_qkv.shape[0], state.shape[1], state.shape[2]

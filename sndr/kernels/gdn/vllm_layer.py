@@ -71,7 +71,7 @@ def decode_fused_norm(layer, module_globals: dict, mixed_qkv: torch.Tensor, b: t
     x = module_globals["causal_conv1d_update"](
         x, conv_state, conv_weights, layer.conv1d.bias, layer.activation, conv_state_indices=idx,
         validate_data=False)
-    if vllm_entry.try_packed_decode_norm(x, *args) is None:
+    if vllm_entry.try_packed_decode_norm(x, *args, checked=True) is None:
         # the conv returned another layout than its input (never for vLLM's bf16 activations):
         # finish the batch exactly as vLLM's method would
         module_globals["fused_recurrent_gated_delta_rule_packed_decode"](
@@ -95,9 +95,16 @@ def route_plain_decode(layer) -> None:
     quantised (``quant_config is None``), so plain decode
     batches reach :func:`decode_fused_norm`; every other batch runs vLLM's
     ``_forward_core`` and its ``_rms_norm_gated_cuda`` (the same Triton norm as
-    ``RMSNormGated.forward_cuda``).
+    ``RMSNormGated.forward_cuda``). Only with ``SNDR_ENABLE_PK0003=1``: on by default
+    the layer keeps the forward vLLM picked.
     """
     if getattr(layer, "enable_fused_gdn_spec_decode", True):
+        return
+    if not vllm_entry._explicit():
+        # on by default PK0003 replaces kernels in its measured cells and never changes which forward vLLM
+        # picks (this one would also carry prefill and mixed batches, which the benchmark does not measure)
+        LOG.info("sndr PK0003: a layer without a spec config keeps vLLM's forward (SNDR_ENABLE_PK0003=1 routes "
+                 "its plain decode through the fused norm)")
         return
     if getattr(layer, "gdn_decode_kernel", None) != "cuda" or getattr(layer, "gqa_interleaved_layout", True):
         return

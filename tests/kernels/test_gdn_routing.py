@@ -1,0 +1,217 @@
+"""PK0003's routing: the cells where sndr takes vLLM's default-path GDN calls (``sndr.kernels.gdn.routing``).
+
+* :data:`routing.WINS` is exactly the set of cells where the committed benchmark
+  (``docs/bench-gdn-h200.md``, CUDA-graph replay and eager tables, both state dtypes)
+  printed sndr / vLLM's default path below 1.00; its measured batches and T are the doc's;
+* between measured batches / T a call is taken only where every measured neighbour
+  won, beyond them never; another state dtype is never taken;
+* on by default the cells apply on sm_90 only (the measured GPU class), vLLM's Triton
+  fallback entries only with ``SNDR_ENABLE_PK0003=1``;
+* the entries' per-call check on CUDA (stubbed here: no GPU needed): a losing cell
+  falls back, logged once per reason; a winning cell runs the canary once per shape;
+  a first call inside a CUDA-graph capture with no canary verdict keeps vLLM's kernel
+  and is not remembered; a failed canary is.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
+
+from sndr.kernels.gdn import canary, routing, vllm_entry  # noqa: E402
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "bench-gdn-h200.md"
+_HEAD = re.compile(r"^### (float32|bfloat16) state, (CUDA-graph replay|eager Python call), µs")
+
+
+def measured_tables() -> dict[tuple[str, str], dict[int, dict[int, float]]]:
+    """{(state dtype, mode): {T: {batch: sndr / default}}} from the doc's tables."""
+    tables: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
+    cur = None
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        m = _HEAD.match(line)
+        if m:
+            cur = tables.setdefault((m.group(1), "graph" if m.group(2).startswith("CUDA") else "eager"), {})
+            continue
+        if line.startswith("### "):
+            cur = None
+        if cur is None or not line.startswith("| ") or line.startswith("| batch"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        ratio = re.fullmatch(r"\*\*(\d+\.\d\d)\*\*", cells[6])
+        assert ratio, line
+        cur.setdefault(int(cells[1]), {})[int(cells[0])] = float(ratio.group(1))
+    return tables
+
+
+def test_routing_table_is_the_benchmarks_winning_cells():
+    tables = measured_tables()
+    assert set(tables) == {(d, m) for d in ("float32", "bfloat16") for m in routing.MODES}
+    for key, per_t in tables.items():
+        assert tuple(sorted(per_t)) == routing.TS, key
+        for t, per_batch in per_t.items():
+            assert tuple(sorted(per_batch)) == routing.BATCHES, (key, t)
+            wins = tuple(b for b, r in sorted(per_batch.items()) if r < 1.0)
+            assert routing.WINS[key].get(t, ()) == wins, (key, t, per_batch)
+    assert set(routing.WINS) == set(tables)
+
+
+@pytest.fixture
+def table(monkeypatch):
+    wins = {1: (1, 8, 32), 2: (8,), 4: (1, 8, 256), 6: (1, 8, 256), 8: (256,)}
+    monkeypatch.setattr(routing, "WINS", {("float32", "graph"): wins, ("float32", "eager"): {**wins, 6: ()}})
+    return routing
+
+
+def test_between_measured_cells_every_neighbour_must_win(table):
+    assert table.cell_why("float32", "graph", 16, 1) is None  # 8 and 32 won
+    assert table.cell_why("float32", "graph", 8, 2) is None
+    why = table.cell_why("float32", "graph", 40, 1)  # 32 won, 64 lost
+    assert "batch 64 T = 1" in why and "batch 32 T = 1" not in why
+    assert table.cell_why("float32", "graph", 4, 2) == (
+        "float32 state, graph: vLLM's default path measured faster at batch 1 T = 2 (docs/bench-gdn-h200.md)")
+    assert table.cell_why("float32", "graph", 8, 5) is None  # T = 4 and 6 won at batch 8
+    assert "batch 1 T = 8" in table.cell_why("float32", "graph", 1, 7)
+    assert "outside the measured cells" in table.cell_why("float32", "graph", 257, 4)
+    assert "outside the measured cells" in table.cell_why("float32", "graph", 8, 9)
+    assert "batch 8 T = 6" in table.cell_why("float32", "eager", 8, 6)  # the eager table is its own
+    assert table.cell_why("float16", "graph", 8, 2) == "float16 state is not measured"
+    with table.measuring():
+        assert table.cell_why("float32", "graph", 40, 1) is None
+        assert table.cell_why("float16", "graph", 1000, 20) is None
+    assert table.cell_why("float32", "graph", 40, 1) is not None
+
+
+def test_default_scope_is_the_measured_gpu_class():
+    assert routing.capability_why((9, 0), explicit=False) is None
+    why = routing.capability_why((8, 0), explicit=False)
+    assert "sm_80 is outside the measured default set (sm_90)" in why and "SNDR_ENABLE_PK0003=1" in why
+    assert routing.capability_why((8, 0), explicit=True) is None
+    assert routing.capability_why((10, 0), explicit=True) is None
+    assert routing.capability_why(None, explicit=False).startswith("not an NVIDIA GPU")
+
+
+def test_wins_literal_from_benchmark_rows():
+    rows = [{"state_dtype": "float32", "batch": b, "T": t, "ratio_graph": r, "ratio_eager": 2.0}
+            for b, t, r in ((1, 1, 0.81), (8, 1, 0.994), (8, 2, 0.996), (1, 2, 1.2))]
+    src = routing.wins_literal(rows)
+    ns: dict = {}
+    exec(src, ns)  # noqa: S102 - the literal the benchmark writes for routing.py
+    # 0.994 prints as 0.99 (a win), 0.996 as 1.00 (not below 1.00)
+    assert ns["WINS"] == {("float32", "graph"): {1: (1, 8), 2: ()}, ("float32", "eager"): {1: (), 2: ()}}
+
+
+# ----------------------------------------------------------------------------- the entries' per-call check
+
+
+def _cuda_state(dtype=torch.float32):
+    return types.SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, shape=(9, 32, 128, 128))
+
+
+@pytest.fixture
+def stubbed(monkeypatch, table):
+    calls = []
+    verdict = {"v": True}
+
+    def step_ok(state, h, t, decode):
+        calls.append((h, t, decode))
+        return verdict["v"]
+
+    capturing = {"v": False}
+    monkeypatch.setattr(canary, "step_ok", step_ok)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["v"])
+    monkeypatch.setattr(vllm_entry, "_CELLS", {})
+    monkeypatch.setattr(vllm_entry, "_LOGGED", set())
+    return types.SimpleNamespace(calls=calls, verdict=verdict, capturing=capturing)
+
+
+PLAN = types.SimpleNamespace(consts=(16,))
+
+
+def test_losing_cell_falls_back_logged_once(stubbed, caplog):
+    with caplog.at_level(logging.WARNING, logger="sndr.kernels"):
+        for key in ("k1", "k1", "k2"):  # another layout of the same cell: the same reason, not logged again
+            assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", (key,), PLAN, _cuda_state(), 4, 2,
+                                          decode=False) is False
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "measured faster at batch 1 T = 2" in msgs[0] and "falls through" in msgs[0]
+    assert stubbed.calls == []  # no canary for a cell sndr does not take
+
+
+def test_winning_cell_runs_the_canary_once(stubbed):
+    for _ in range(3):
+        assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("k",), PLAN, _cuda_state(), 8, 2,
+                                      decode=False) is True
+    assert stubbed.calls == [(16, 2, False)]
+    # graph capture is its own verdict (the same cell here)
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("k",), PLAN, _cuda_state(), 8, 2,
+                                  decode=False) is True
+    assert len(stubbed.calls) == 2
+
+
+def test_capture_before_any_canary_keeps_vllm_and_is_not_remembered(stubbed):
+    stubbed.capturing["v"] = True
+    stubbed.verdict["v"] = None
+    assert vllm_entry._cell_taken("packed decode + gated RMSNorm", ("d",), PLAN, _cuda_state(), 16, 1,
+                                  decode=True) is False
+    assert vllm_entry._CELLS == {}
+    stubbed.verdict["v"] = True
+    assert vllm_entry._cell_taken("packed decode + gated RMSNorm", ("d",), PLAN, _cuda_state(), 16, 1,
+                                  decode=True) is True
+    assert stubbed.calls == [(16, 1, True), (16, 1, True)]
+
+
+def test_graph_only_cell_warms_once_eagerly(stubbed, monkeypatch):
+    """A cell only the graph table won: the first eager call of the layout runs sndr (compiled, canary passed)
+    for the capture that follows; later eager calls keep vLLM's path; the capture takes sndr."""
+    wins = dict(routing.WINS[("float32", "graph")])
+    monkeypatch.setitem(routing.WINS, ("float32", "eager"), {**wins, 2: ()})
+    args = ("fused_gdn_decode_post_conv_mtp", ("g",), PLAN, _cuda_state(), 8, 2)
+    assert vllm_entry._cell_taken(*args, decode=False) is True
+    assert vllm_entry._cell_taken(*args, decode=False) is False
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken(*args, decode=False) is True
+    assert stubbed.calls == [(16, 2, False), (16, 2, False)]
+    # a cell both tables lost never runs sndr, not even once
+    stubbed.capturing["v"] = False
+    assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("h",), PLAN, _cuda_state(), 1, 2,
+                                  decode=False) is False
+    assert len(stubbed.calls) == 2
+
+
+def test_failed_canary_is_remembered(stubbed):
+    stubbed.verdict["v"] = False
+    for _ in range(2):
+        assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("f",), PLAN, _cuda_state(), 1, 4,
+                                      decode=False) is False
+    assert len(stubbed.calls) == 1
+
+
+def test_cpu_tensors_are_the_interpreters_tests(stubbed):
+    cpu = types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, shape=(9, 32, 128, 128))
+    assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("c",), PLAN, cpu, 40, 2, decode=False) is True
+    assert stubbed.calls == []
+
+
+def test_scope_of_the_entries(monkeypatch):
+    t = types.SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
+    monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
+    assert vllm_entry._scope_why(t, default_path=True) is None
+    assert "SNDR_ENABLE_PK0003=1" in vllm_entry._scope_why(t, default_path=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (8, 6))
+    assert "sm_86 is outside the measured default set" in vllm_entry._scope_why(t, default_path=True)
+    monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": True})
+    assert vllm_entry._scope_why(t, default_path=True) is None
+    assert vllm_entry._scope_why(t, default_path=False) is None
+    monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
+    with routing.measuring():
+        assert vllm_entry._scope_why(t, default_path=False) is None
