@@ -46,7 +46,7 @@ def _fresh_process(drop_identity: bool) -> None:
     canary._OK.clear()
     if drop_identity:
         canary._HASH.clear()
-        canary._IDENT.clear()
+        generic._IDENT.clear()
 
 
 def _ms(f) -> float:
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
             mtp_verify.prepare(0, torch.bfloat16, HQ, HK, D, PAGE, K)
             torch.cuda.synchronize()
             out["build_ms"] = (time.perf_counter() - t0) * 1000
-            out["device"] = canary.identity(0)[1]
+            out["device"] = generic.identity(0)[1]
             runs = {"PK0001": lambda: canary.decode_ok(q, kv, "cuda"),
                     "PK0002": lambda: canary.verify_ok(0, torch.bfloat16, HQ, HK, D, PAGE, K)}
         else:

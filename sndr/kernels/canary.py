@@ -92,10 +92,11 @@ def results() -> list[dict]:
 
 
 def reset() -> None:
-    """Forget this process's verdicts and open caches (tests)."""
+    """Forget this process's verdicts, open caches and device identities (tests)."""
     with _LOCK:
         _RESULTS.clear()
         _STORES.clear()
+        _IDENT.clear()
 
 
 def known(plugin: str, config: str) -> Result | None:
@@ -105,6 +106,54 @@ def known(plugin: str, config: str) -> Result | None:
 
 
 # ----------------------------------------------------------------------------- identity and the cache
+
+_IDENT: dict[int, tuple[dict, str]] = {}
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver release (``/proc/driver/nvidia/version``), else the driver API version."""
+    try:
+        with open("/proc/driver/nvidia/version", "rb") as fh:
+            head = fh.read(4096).decode("ascii", "replace")
+        import re
+
+        m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", head)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    try:
+        import ctypes
+
+        from .turboquant_k8v4 import _cudart
+
+        v = ctypes.c_int()
+        if _cudart._driver().cuDriverGetVersion(ctypes.byref(v)) == 0:
+            return f"{v.value // 1000}.{(v.value % 1000) // 10}"
+    except Exception:  # noqa: BLE001 - no driver library: the kernel cannot run either, the canary says so
+        pass
+    return "unknown"
+
+
+def identity(idx: int) -> tuple[dict, str]:
+    """(what a cached pass must match, a device line for people) of CUDA device ``idx``: GPU name, compute
+    capability, driver, CUDA, torch and triton versions. Shared by every plugin's canary (torch imported here)."""
+    if idx not in _IDENT:
+        import torch
+
+        name = torch.cuda.get_device_name(idx)
+        cap = torch.cuda.get_device_capability(idx)
+        drv = _driver_version()
+        try:
+            import triton
+
+            tri = triton.__version__
+        except ImportError:
+            tri = "none"
+        ident = {"gpu": name, "capability": f"{cap[0]}.{cap[1]}", "driver": drv, "cuda": str(torch.version.cuda),
+                 "torch": torch.__version__, "triton": tri}
+        _IDENT[idx] = (ident, f"{name} (cuda:{idx}, sm_{cap[0]}{cap[1]}, driver {drv}, CUDA {torch.version.cuda})")
+    return _IDENT[idx]
 
 
 def source_hash(paths: Iterable[str | os.PathLike]) -> str:

@@ -107,11 +107,10 @@ def step_ok(state: torch.Tensor, h: int, t: int, decode: bool) -> bool | None:
     hit = _OK.get(key)
     if hit is not None:
         return hit
-    from ..turboquant_k8v4.canary import identity
 
     what = "packed decode + norm" if decode else f"MTP T={t}"
     config = f"{what} H={h} HV={hv} K={k} V={v} {str(state.dtype).replace('torch.', '')} state"
-    ident, device = identity(idx)
+    ident, device = _canary.identity(idx)
     if _capturing():
         _canary.skip(PK0003, config, device, "first call of this shape inside a CUDA-graph capture; vLLM's "
                      "kernel is captured for it and the canary runs at the next eager call", remember=False)

@@ -34,7 +34,6 @@ TOLERANCE = 2e-2
 _HERE = Path(__file__).resolve().parent
 _OK: dict[tuple, bool] = {}
 _HASH: list[str] = []
-_IDENT: dict[int, tuple[dict, str]] = {}
 
 
 def kernel_hash() -> str:
@@ -42,49 +41,6 @@ def kernel_hash() -> str:
     if not _HASH:
         _HASH.append(_canary.source_hash(p for p in _HERE.iterdir() if p.suffix in (".cu", ".py")))
     return _HASH[0]
-
-
-def _driver_version() -> str:
-    """The NVIDIA driver release (``/proc/driver/nvidia/version``), else the driver API version."""
-    try:
-        with open("/proc/driver/nvidia/version", "rb") as fh:
-            head = fh.read(4096).decode("ascii", "replace")
-        import re
-
-        m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", head)
-        if m:
-            return m.group(1)
-    except OSError:
-        pass
-    try:
-        import ctypes
-
-        from . import _cudart
-
-        v = ctypes.c_int()
-        if _cudart._driver().cuDriverGetVersion(ctypes.byref(v)) == 0:
-            return f"{v.value // 1000}.{(v.value % 1000) // 10}"
-    except Exception:  # noqa: BLE001 - no driver library: the kernel cannot run either, the canary says so
-        pass
-    return "unknown"
-
-
-def identity(idx: int) -> tuple[dict, str]:
-    """(what a cached pass must match, a device line for people) of CUDA device ``idx``."""
-    if idx not in _IDENT:
-        name = torch.cuda.get_device_name(idx)
-        cap = torch.cuda.get_device_capability(idx)
-        drv = _driver_version()
-        try:
-            import triton
-
-            tri = triton.__version__
-        except ImportError:
-            tri = "none"
-        ident = {"gpu": name, "capability": f"{cap[0]}.{cap[1]}", "driver": drv, "cuda": str(torch.version.cuda),
-                 "torch": torch.__version__, "triton": tri}
-        _IDENT[idx] = (ident, f"{name} (cuda:{idx}, sm_{cap[0]}{cap[1]}, driver {drv}, CUDA {torch.version.cuda})")
-    return _IDENT[idx]
 
 
 # ----------------------------------------------------------------------------- the fixed problems
@@ -174,7 +130,7 @@ def decode_ok(query: torch.Tensor, kv_cache: torch.Tensor, how: str) -> bool:
     if hit is not None:
         return hit
     config = f"{how} d={d} Hq={hq} Hk={hk} page={page} {str(query.dtype).replace('torch.', '')}"
-    ident, device = identity(idx)
+    ident, device = _canary.identity(idx)
     if _capturing():
         _canary.skip(PK0001, config, device, "first call of this shape inside a CUDA-graph capture; vLLM's "
                      "kernel is captured for it and the canary runs at the next eager call", remember=False)
@@ -210,7 +166,7 @@ def verify_ok(idx: int, dtype: torch.dtype, hq: int, hk: int, d: int, page: int,
     if hit is not None:
         return hit
     config = f"{backend} K={num_spec} d={d} Hq={hq} Hk={hk} page={page} {str(dtype).replace('torch.', '')}"
-    ident, device = identity(idx)
+    ident, device = _canary.identity(idx)
 
     def kernel(q, kv, bt, sl, scale, k):
         from . import mtp_verify
@@ -227,4 +183,3 @@ def verify_ok(idx: int, dtype: torch.dtype, hq: int, hk: int, d: int, page: int,
 
 def reset() -> None:
     _OK.clear()
-    _IDENT.clear()
