@@ -191,10 +191,10 @@ def test_cli_set_on_a_copy(tmp_path, text, capsys):
     ("vllm#39598", "notes", "two\nlines\n", 18),  # a block scalar stays a block scalar
     ("vllm#45466", "notes", "it's: a 'quoted' # note", 8),
 ])
-def test_set_keeps_every_other_line(text, selector, key, value, n_changed):
+def test_set_keeps_every_other_line(text, loaded, selector, key, value, n_changed):
     new = set_field(text, selector, key, value)
     assert len(changed_lines(text, new)) == n_changed, changed_lines(text, new)
-    loaded, after = parse_watchlist(text), parse_watchlist(new)
+    after = parse_watchlist(new)  # `loaded` (the fixture's text, parsed once per module) is the before
     section, index = find_row(loaded.model, selector)
     before_data, after_data = loaded.model.to_data(), after.model.to_data()
     assert after_data[section][index][key] == value
