@@ -86,6 +86,11 @@ def pytest_collection_modifyitems(config, items):
                 or (rel and rel[0] in WHEEL_DIRS) or item.nodeid.startswith(WHEEL_TESTS)
                 or "vllm_install" in item.keywords or "gpu" in item.keywords):
             item.add_marker(needs_wheels)
+    if _fast_tier(config):  # the inner loop leaves out the full_only variants (their reason names what stays)
+        left_out = [item for item in items if item.get_closest_marker("full_only")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("full_only")]
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="long variant; run with --slow")
