@@ -1,7 +1,9 @@
 """The tests mirror the package: each sndr module has a test file named after it (issue 29, finding 6).
 
 ``sndr/a/b.py`` has one when ``tests/`` holds ``test_b.py`` or ``test_b_<more>.py`` anywhere (a leading
-underscore of the module's name is dropped: ``_boot.py`` -> ``test_boot.py``). By convention it sits in
+underscore of the module's name is dropped: ``_boot.py`` -> ``test_boot.py``). A part split off a module,
+``sndr/a/b_<part>.py`` beside ``sndr/a/b.py``, is tested in ``test_b.py`` (``vendor_place.py`` in
+``test_vendor.py``, ``tree_git.py`` in ``test_tree.py``). By convention it sits in
 the folder that mirrors the package (``tests/startup/`` for ``sndr/startup/``, ``tests/preflight/``,
 ``tests/upstream/``, ``tests/kernels/``; the core's in ``tests/`` and ``tests/core/``); this file checks
 the name only. ``__init__.py`` and ``__main__.py`` are left out.
@@ -36,7 +38,7 @@ WITHOUT_TEST_FILE = frozenset({
     "sndr/upstream/decisions.py", "sndr/upstream/diff.py", "sndr/upstream/gitio.py", "sndr/upstream/judge.py",
     "sndr/upstream/lines.py", "sndr/upstream/perfgate.py", "sndr/upstream/pin.py", "sndr/upstream/queue.py",
     "sndr/upstream/report.py", "sndr/upstream/reverts.py", "sndr/upstream/treecheck.py",
-    "sndr/upstream/triggers.py", "sndr/upstream/watchlist_lint.py", "sndr/upstream/yamledit.py",
+    "sndr/upstream/triggers.py", "sndr/upstream/yamledit.py",
     # runtime patches: tested through patches/test_runtime_patches.py and patches/test_guard_*.py
     "sndr/runtime_patches/sampling.py", "sndr/runtime_patches/turboquant.py",
     # kernels: tested per family (kernels/test_gdn*.py, kernels/test_tq_*.py, kernels/test_canary_*.py)
@@ -62,8 +64,12 @@ def file_names_of_tests() -> list[str]:
 
 
 def has_test_file(module: str, tests: list[str]) -> bool:
-    name = "test_" + Path(module).stem.lstrip("_")
-    return any(t == name or t.startswith(name + "_") for t in tests)
+    stem = Path(module).stem.lstrip("_")
+    name = "test_" + stem
+    if any(t == name or t.startswith(name + "_") for t in tests):
+        return True
+    whole, _, part = stem.partition("_")  # a part split off sndr/a/<whole>.py, tested in test_<whole>.py
+    return bool(part) and (REPO / Path(module).parent / f"{whole}.py").is_file() and f"test_{whole}" in tests
 
 
 def without_test_file() -> list[str]:
@@ -91,4 +97,8 @@ def test_the_rule_reads_names_as_documented():
     assert has_test_file("sndr/_boot.py", tests)
     assert not has_test_file("sndr/upstream/syncer.py", tests)  # a prefix of a name is not the name
     assert not has_test_file("sndr/hooks.py", tests)
+    # a split-off part: beside its module, tested in that module's file (not in test_<module>_<more>.py)
+    assert has_test_file("sndr/upstream/watchlist_lint.py", ["test_watchlist"])
+    assert not has_test_file("sndr/upstream/watchlist_lint.py", ["test_watchlist_more"])
+    assert not has_test_file("sndr/kernels/gdn/_vllm_baseline.py", ["test_vllm"])  # no sndr/kernels/gdn/vllm.py
     assert len(modules()) > 50 and "sndr/commit.py" in modules()
