@@ -6,13 +6,23 @@ Trees are fetched once into sndr's cache ($XDG_CACHE_HOME/sndr/trees) by
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 PIN = "0.32.0"
 CANDIDATE = "0.33.0"
+
+# The suite starts a few hundred Python children (``python -m sndr ...``, the hook's synthetic trees), each
+# importing sndr. Under PYTHONDONTWRITEBYTECODE every child compiled the package from source again and
+# pytest rewrote every test module on every run (9 s of the inner loop's CPU). The tests write bytecode
+# (into the git-ignored __pycache__/) whatever the caller's setting; hook_fixtures.Box did so already
+# for its children. Set here, before any test module is imported and before xdist starts its workers.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def pytest_addoption(parser):
@@ -50,6 +60,13 @@ def _fast_tier(config) -> bool:
     return "not needs_wheels" in (config.getoption("markexpr", "") or "")
 
 
+@pytest.fixture(scope="session")
+def inner_loop(request) -> bool:
+    """True in the inner-loop tier (``-m "not slow and not needs_wheels"``). A test that repeats a race
+    (rounds of an attack, of a crash) runs fewer rounds there; the full suite runs them all."""
+    return _fast_tier(request.config)
+
+
 def pytest_ignore_collect(collection_path, config):
     """In the fast tier, the wheel-only folders are not even imported (torch, triton, vLLM)."""
     here = Path(__file__).resolve().parent
@@ -69,6 +86,11 @@ def pytest_collection_modifyitems(config, items):
                 or (rel and rel[0] in WHEEL_DIRS) or item.nodeid.startswith(WHEEL_TESTS)
                 or "vllm_install" in item.keywords or "gpu" in item.keywords):
             item.add_marker(needs_wheels)
+    if _fast_tier(config):  # the inner loop leaves out the full_only variants (their reason names what stays)
+        left_out = [item for item in items if item.get_closest_marker("full_only")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("full_only")]
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="long variant; run with --slow")

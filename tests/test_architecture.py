@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pytest
 
+from source_scan import parse
+
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "sndr"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -138,7 +140,7 @@ def _imports(path: Path, *, type_checking: bool = True) -> list[tuple[ast.Import
                             if isinstance(h, (ast.ExceptHandler, ast.match_case)):
                                 walk(h.body, top)
 
-    walk(ast.parse(path.read_text(encoding="utf-8")).body, True)
+    walk(parse(path).body, True)
     return out
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from sndr.errors import CODES
+from source_scan import parse
 
 SNDR = Path(__file__).resolve().parents[1] / "sndr"
 #: Constructors whose first positional argument (or ``code=``) is a reason code.
@@ -33,7 +34,7 @@ def raised_codes() -> dict[str, list[str]]:
     """code -> ['path:line', ...] for every literal code passed to a constructor in CALLS."""
     out: dict[str, list[str]] = {}
     for path in sorted(SNDR.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = parse(path)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call) or _name(node.func) not in CALLS:
                 continue

@@ -12,6 +12,7 @@ import ast
 from pathlib import Path
 
 from sndr import env
+from source_scan import parse
 
 REPO = Path(__file__).resolve().parents[1]
 HOME = REPO / "sndr" / "env.py"
@@ -19,7 +20,7 @@ HOME = REPO / "sndr" / "env.py"
 
 def _code_strings(path: Path) -> list[tuple[int, str]]:
     """String constants of ``path`` that are not docstrings (what code can use as a path)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse(path)
     docs = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:

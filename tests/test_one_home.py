@@ -34,6 +34,7 @@ import pytest
 from hook_fixtures import REPO, Box, out_of
 from sndr import packs
 from sndr.__main__ import main as sndr_main
+from source_scan import parse
 
 PKG = REPO / "sndr"
 
@@ -260,7 +261,7 @@ def test_empty_sndr_patches_is_the_shipped_set_for_everyone(monkeypatch):
 
 
 def _sources() -> dict[str, ast.Module]:
-    return {p.relative_to(REPO).as_posix(): ast.parse(p.read_text(encoding="utf-8"))
+    return {p.relative_to(REPO).as_posix(): parse(p)
             for p in sorted(PKG.rglob("*.py")) if "_data" not in p.parts}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hook_fixtures import REPO, box, out_of  # noqa: F401 (box is a fixture)
+from hook_fixtures import REPO, Box, box, out_of  # noqa: F401 (box is a fixture)
 from sndr.startup.attest import FORMAT, MAX_RECORD_BYTES, validate_record
 from sndr.startup.hook import status_main
 
@@ -163,6 +163,14 @@ def _valid_record(box) -> dict:
     return rec
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One applied box and the valid record of a registered process, shared by the record-shape cases
+    (each writes its own bad record and removes it): one apply and one child for the nine, not nine."""
+    box = Box(tmp_path_factory.mktemp("recorded"))
+    return box, _valid_record(box)
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"pid": -1, "start": 0}, "pid: Input should be greater than 0"),
     ({"pid": "12"}, "pid: Input should be a valid integer"),
@@ -174,17 +182,23 @@ def _valid_record(box) -> dict:
     ({"files": None}, "files: Input should be a valid dictionary"),
     ({"format": 1}, "format 1, this sndr reads format 2"),
 ])
-def test_a_record_of_the_wrong_shape_is_a_finding_never_ok(box, capsys, change, why):
-    rec = _valid_record(box)
+def test_a_record_of_the_wrong_shape_is_a_finding_never_ok(recorded, capsys, change, why):
+    box, valid = recorded
+    rec = dict(valid)
     rec.update(change)
-    (box.run_dir / f"{os.getpid()}-1.json").write_text(json.dumps(rec))
-    for extra in ([], ["--live"], ["--json"]):
-        rc, out = _status(box, capsys, *extra)
-        assert rc == 1, out
-        assert "not a valid attestation record" in out and why in out, out
-        if extra == ["--json"]:
-            data = json.loads(out)
-            assert data["ok"] is False and data["processes"] == []
+    path = box.run_dir / f"{os.getpid()}-1.json"
+    path.write_text(json.dumps(rec))
+    try:
+        assert [p.name for p in box.run_dir.iterdir()] == [path.name]  # the only record status reads
+        for extra in ([], ["--live"], ["--json"]):
+            rc, out = _status(box, capsys, *extra)
+            assert rc == 1, out
+            assert "not a valid attestation record" in out and why in out, out
+            if extra == ["--json"]:
+                data = json.loads(out)
+                assert data["ok"] is False and data["processes"] == []
+    finally:
+        path.unlink()
 
 
 def test_the_bogus_record_of_the_issue_is_a_finding(box, capsys):
