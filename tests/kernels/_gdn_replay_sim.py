@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sndr.kernels.gdn import reference, replay, vllm_entry
+from sndr.kernels.gdn import reference, replay, routing, vllm_entry
 
 
 @dataclass
@@ -122,14 +122,16 @@ class Sim:
         o_ref = reference.post_conv_mtp(mixed, a, b, self.A_log, self.dt_bias, idx, cu, acc, self.ref, gate,
                                         self.w, self.scale, self.eps, self.act, dtype=torch.float64)
         out_s = torch.full((n_tok, self.HV, self.V), float("nan"), dtype=torch.bfloat16, device=dev)
-        r = vllm_entry.try_post_conv_mtp(mixed, a, b, self.A_log, self.dt_bias, idx, cu, acc, self.snap, gate,
-                                         self.w, out_s, self.scale, self.eps, self.act)
+        with routing.measuring():  # PK0003's kernel itself, in every cell (its default routing is not the point)
+            r = vllm_entry.try_post_conv_mtp(mixed, a, b, self.A_log, self.dt_bias, idx, cu, acc, self.snap, gate,
+                                             self.w, out_s, self.scale, self.eps, self.act)
         assert r is not None, "PK0003's kernel refused the call"
         out_r = torch.full_like(out_s, float("nan"))
         if mixed_batch:  # leaves replay: vLLM's snapshot path runs this step
             self.rep.materialize(idx[:, 0])
-            r2 = vllm_entry.try_post_conv_mtp(mixed, a, b, self.A_log, self.dt_bias, idx, cu, acc, self.rep_state,
-                                              gate, self.w, out_r, self.scale, self.eps, self.act)
+            with routing.measuring():
+                r2 = vllm_entry.try_post_conv_mtp(mixed, a, b, self.A_log, self.dt_bias, idx, cu, acc,
+                                                  self.rep_state, gate, self.w, out_r, self.scale, self.eps, self.act)
             assert r2 is not None
         else:
             self.rep.step(mixed, a, b, self.A_log, self.dt_bias, idx, cu, acc, self.rep_state, gate, self.w, out_r,

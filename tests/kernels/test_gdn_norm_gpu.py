@@ -233,16 +233,25 @@ def _cells(state_dtype, mode, win):
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 def test_entries_take_exactly_the_winning_cells(state_dtype, monkeypatch):
     """Eager calls of the MTP entry on the H200: a cell the committed benchmark lost returns None (vLLM's op
-    runs), a won cell runs sndr (after its canary passed); a capture follows the graph table."""
+    runs), a won cell runs sndr (after its canary passed); where only the graph cell won, the layout's first
+    eager call (vLLM's warm-up) runs sndr once and later ones keep vLLM's path; a capture follows the graph
+    table."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the routing table's default scope is sm_90")
     monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
     monkeypatch.setattr(vllm_entry, "_CELLS", {})
     lost, won = _cells(state_dtype, "eager", False), _cells(state_dtype, "eager", True)
-    for (b, t), want in [(c, False) for c in lost[:2]] + [(c, True) for c in won[:2]]:
+    graph_won = set(_cells(state_dtype, "graph", True))
+    both_lost = [c for c in lost if c not in graph_won]
+    warm_up = [c for c in lost if c in graph_won]  # vLLM warms a graph size up eagerly before it captures it
+    for (b, t), want in [(c, False) for c in both_lost[:2]] + [(c, True) for c in won[:2]]:
         c = Cell(b, t, state_dtype, seed=b + t)
         res = c.mtp()
         assert (res is c.out) == want, (b, t, want)
+    for b, t in warm_up[:2]:  # the first eager call of the layout runs sndr once (compiled, canary passed)
+        c = Cell(b, t, state_dtype, seed=b + t)
+        assert c.mtp() is c.out, (b, t, "warm-up")
+        assert c.mtp() is None, (b, t, "after the warm-up, eager calls keep vLLM's path")
     glost = _cells(state_dtype, "graph", False)
     if glost:
         b, t = glost[0]
