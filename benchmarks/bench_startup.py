@@ -126,7 +126,7 @@ def main(argv=None) -> int:
 def _run(args, work: Path) -> int:
     from sndr.apply import run_apply
     from sndr.load import load_patch_set
-    from sndr.startup.hook import cli_main
+    from sndr.__main__ import main as sndr_main
 
     install = vllm_env.probe(args.python)
     print(f"vLLM install: {install.vllm_dir} (python {install.pyver}); work dir {work}", flush=True)
@@ -135,7 +135,7 @@ def _run(args, work: Path) -> int:
     mem = vllm_env.make_env(install, master, work / "mem")
     report = run_apply(disk.site, load_patch_set(args.patches, packs=False), environ={})
     assert report.ok, report.model_dump_json(indent=1)
-    assert cli_main(["install", "--site", str(mem.site)]) == 0
+    assert sndr_main(["hook", "install", "--site", str(mem.site)]) == 0
     common = {"SNDR_PATCHES": str(args.patches), "SNDR_RUN_DIR": str(work / "run")}
     disk.extra_env.update(common, SNDR_CACHE_DIR=str(work / "cache-disk"))
     mem.extra_env.update(common, SNDR_CACHE_DIR=str(work / "cache-mem"))

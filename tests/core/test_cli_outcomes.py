@@ -18,10 +18,11 @@ import pytest
 
 from hook_fixtures import box, out_of, replace_file  # noqa: F401 (box is a fixture)
 from sndr import apply as applymod
+from sndr.__main__ import main as sndr_main
 from sndr.apply import run_apply, run_verify
 from sndr.env import BOOL_WORDS
 from sndr.load import load_patch_set
-from sndr.startup.hook import active_summary, status_main
+from sndr.startup.hook import active_summary
 
 from .test_apply import DATA, FILES, sndr_apply, vllm_hash
 
@@ -90,13 +91,13 @@ def test_every_apply_mode_writes_pure_json_to_stdout(tree, tmp_path):
 
 def test_other_commands_json_is_pure(tree, tmp_path):
     procs = [
-        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "--patches", str(DATA)], capture_output=True,
+        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "-", "--patches", str(DATA)], capture_output=True,
                        text=True),
-        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "--patches", str(DATA), "--tree", str(tree)],
+        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "-", "--patches", str(DATA), "--tree", str(tree)],
                        capture_output=True, text=True),
-        subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json"], capture_output=True, text=True),
+        subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json", "-"], capture_output=True, text=True),
         subprocess.run([sys.executable, "-m", "sndr", "schema", "report"], capture_output=True, text=True),
-        subprocess.run([sys.executable, "-m", "sndr", "status", "--json", "--run-dir", str(tmp_path / "run")],
+        subprocess.run([sys.executable, "-m", "sndr", "status", "--json", "-", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True),
     ]
     for p in procs:
@@ -161,7 +162,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tree, monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(applymod, "run_apply", interrupted)
-    assert applymod.cli_main(["--tree", str(tree), "--patches", str(DATA)]) == 130
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sndr apply: interrupted; the tree is whole")
     assert "python -m sndr.apply --verify" in err[0]
@@ -256,7 +257,7 @@ def test_startup_warning_names_the_fix_and_status_names_the_missing_patch(box, c
     # Changed by someone else: apply alone refuses (modified_since_apply), so the hint says --force.
     assert "changed since apply by someone else: inspect the change" in proc.stderr
     assert "`python -m sndr.apply --force`" in proc.stderr
-    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 1
     text = capsys.readouterr().out
     line = next(ln for ln in text.splitlines() if ln.startswith("  pid "))
     assert "MISSING 1" in line and "NOT active: F0001" in line and "applied=" not in line

@@ -442,11 +442,10 @@ def _warm_fast_path(box, **env) -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     from sndr.startup import verify
 
-    args = verify.parse(["--verify", "--tree", str(box.root)])
     old = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
     try:
-        assert verify.check(args, os.environ) is not None  # the next verify is answered by the fast path
+        assert verify.check(str(box.root), None, os.environ) is not None  # the next verify is answered by the fast path
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
