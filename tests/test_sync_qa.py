@@ -271,7 +271,7 @@ def test_decide_refuses_a_ported_as_of_an_unknown_patch(tmp_path, scripted, caps
 
 
 def test_manifest_rebuild_hint_is_a_runnable_command(tmp_path):
-    from sndr.manifest import build_parser
+    from sndr.__main__ import build_parser
 
     pdir = tmp_path / "gp"
     _write_patch(pdir, "GP1", BLOCK_POOL, "        return ret\n")
@@ -281,6 +281,6 @@ def test_manifest_rebuild_hint_is_a_runnable_command(tmp_path):
     cmd = g.reason.split("(", 1)[1].rsplit(")", 1)[0]
     argv = shlex.split(cmd)
     assert argv[:4] == ["python", "-m", "sndr", "manifest"]
-    args = build_parser().parse_args(argv[4:])
+    args = build_parser(argv[3:]).parse_args(argv[3:])
     assert (args.cmd, args.tree, args.patches, args.out) == (
         "build", "vllm==0.33.0", pdir, tmp_path / "anchors" / "vllm-0.33.0.json")

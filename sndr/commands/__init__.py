@@ -43,7 +43,3 @@ def add_json_option(parser: argparse.ArgumentParser, what: str = "the report") -
     parser.add_argument("--json", metavar="FILE|-",
                         help=f"write {what} as JSON to FILE, or to stdout for '-' (stdout then holds the JSON only)")
 
-
-def json_to_stdout(args: argparse.Namespace) -> bool:
-    """Whether ``--json -`` was given: stdout is the JSON document's, human text goes elsewhere."""
-    return getattr(args, "json", None) == "-"

@@ -307,7 +307,7 @@ def _plan_cmd(args) -> int:
     text_md = render_markdown(rep)
     from ..cli import write_output
 
-    if args.json and args.json != "-":
+    if args.json:
         write_output(args.json, text_json + "\n", "--json")
     if args.md and args.md != "-":
         write_output(args.md, text_md + "\n", "--md")
@@ -317,10 +317,9 @@ def _plan_cmd(args) -> int:
                f"in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided, {c.get('undecided', 0)} undecided"
                + (f"; {c['blocked']} blocked by a by-hand commit" if c.get("blocked") else ""))
     if args.json == "-":
-        print(text_json)
         print(summary, file=sys.stderr)
     elif args.md == "-" or not (args.json or args.md):
-        print(text_md)
+        write_output("-", text_md + "\n", "--md")
     else:
         print(summary)
     return EXIT_FINDINGS if (c.get("undecided", 0) or rep.findings) else EXIT_OK
