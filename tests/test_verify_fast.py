@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from hook_fixtures import REPO, Box, replace_file
+from hook_fixtures import REPO, Box, make_tree, replace_file
 from sndr.__main__ import build_parser
 from sndr.__main__ import main as sndr_main
 from sndr.commands import apply as apply_command
@@ -171,3 +171,25 @@ def test_a_warm_verify_process_imports_no_pydantic(applied, capsys):
         imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
         assert "pydantic" not in imported and "sndr.model" not in imported and "sndr.plan" not in imported
         assert "rich" not in imported and "sndr.startup.verify" in imported
+
+
+def _verify_process(box, *extra, **env):
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sndr", "apply", "--verify", *extra],
+                          capture_output=True, text=True, env=box.environ(**env), cwd="/", timeout=300)
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    return proc, "pydantic" in imported
+
+
+def test_without_tree_the_installed_vllm_is_verified_on_the_warm_path(applied):
+    """``apply --verify`` with no --tree (the deploy recipe's and operators' call): the vLLM this interpreter
+    imports is found without importing it, and taken only when it is the root the last full verify found."""
+    cold, cold_pydantic = _verify_process(applied)
+    assert cold.returncode == 0 and cold_pydantic, cold.stderr[-2000:]  # the full verifier, which primes
+    warm, warm_pydantic = _verify_process(applied)
+    assert warm.returncode == 0 and not warm_pydantic, warm.stderr[-2000:]
+    lines = cold.stdout.splitlines()
+    assert warm.stdout.splitlines() == [lines[0], lines[-1]] and lines[0].startswith(f"sndr verify: {applied.root} ")
+    # Another vLLM ahead of it on the path: not the root the memo holds -> the full verifier names the new one.
+    other = make_tree(applied.tmp / "other")
+    moved, moved_pydantic = _verify_process(applied, PYTHONPATH=f"{other}{os.pathsep}{applied.root}{os.pathsep}{REPO}")
+    assert moved_pydantic and moved.returncode != 0 and f"sndr verify: {other} " in moved.stdout + moved.stderr
