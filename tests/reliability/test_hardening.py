@@ -623,8 +623,8 @@ def test_ledger_corrupt_hint_is_a_recovery_path_that_works(tmp_path, pin_subtree
     data["files"][FILE]["patched_sha256"] = "0" * 64
     ledger.write_text(json.dumps(data))
     rc, text = _cli(tree, pdir, "--revert", "--force")
-    _assert_clean_error(rc, text, "(ledger_corrupt)", "--salvage-ledger")
-    hint = next(line for line in text.splitlines() if "--salvage-ledger" in line)
+    _assert_clean_error(rc, text, "(ledger_corrupt)", "sndr salvage-ledger")
+    hint = next(line for line in text.splitlines() if "sndr salvage-ledger" in line)
     cmd = hint[hint.index("`") + 1:hint.rindex("`")]
     assert cmd.startswith("python -m sndr salvage-ledger ")
     proc = subprocess.run([sys.executable, *cmd.split()[1:]], capture_output=True, text=True, timeout=60)
