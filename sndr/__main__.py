@@ -54,7 +54,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = ap.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True)
     chosen = argv[0] if argv else None
     for name in COMMANDS:
-        sp = sub.add_parser(name, help=_summary(name), formatter_class=_Formatter)
+        # The summaries show only in `python -m sndr --help`: a command run never fills them in.
+        summary = COMMANDS[name][1] if chosen in COMMANDS else _summary(name)
+        sp = sub.add_parser(name, help=summary, formatter_class=_Formatter)
         if name == chosen:
             _configure(sp, _command(name))
     return ap
