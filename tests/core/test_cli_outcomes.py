@@ -300,3 +300,30 @@ def test_help_lists_every_schema_name():
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("schema "))
     assert line.rsplit(" ", 1)[-1].split("|") == [*SCHEMAS, "codes"]
     assert {"config", "profile", "codes"} <= set(line.rsplit(" ", 1)[-1].split("|"))
+
+
+def test_json_means_file_or_dash_in_every_command():
+    """Issue 29: ``--json`` was FILE-or-- in four commands and an on/off flag in three. Every ``--json`` of
+    every command (and subcommand) of the one parser now takes FILE|- (one helper adds it)."""
+    import argparse
+
+    from sndr.__main__ import build_parser
+    from sndr.commands import COMMANDS
+
+    def parsers(p):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from parsers(sub)
+
+    found = []
+    for name in COMMANDS:
+        for p in parsers(build_parser([name])):
+            for a in p._actions:
+                if "--json" in a.option_strings:
+                    found.append(p.prog)
+                    assert type(a) is argparse._StoreAction and a.nargs is None and a.metavar == "FILE|-", p.prog
+    assert len(found) >= 9 and {"python -m sndr status", "python -m sndr list", "python -m sndr schema",
+                                "python -m sndr watchlist lint", "python -m sndr watchlist check",
+                                "python -m sndr apply", "python -m sndr sync plan"} <= set(found), found

@@ -373,6 +373,14 @@ OUTPUT_COMMANDS = {
     "preflight --markdown": ["preflight", "--pin", "/x", "--candidate", "/y", "--markdown", "{out}"],
     "preflight --sarif": ["preflight", "--pin", "/x", "--candidate", "/y", "--sarif", "{out}"],
     "manifest build --out": ["manifest", "build", "--tree", "/nonexistent", "--out", "{out}"],
+    "status --json": ["status", "--run-dir", "/nonexistent-run", "--prune", "--json", "{out}"],
+    "list --json": ["list", "--patches", "/nonexistent-patches", "--json", "{out}"],
+    "watchlist lint --json": ["watchlist", "lint", "--watchlist", "/nonexistent.yaml", "--json", "{out}"],
+    "watchlist check --json": ["watchlist", "check", "--preflight", "/x.json", "--watchlist", "/y.yaml",
+                               "--json", "{out}"],
+    "schema codes --json": ["schema", "codes", "--json", "{out}"],
+    "import --json": ["import", "quilt", "/nonexistent-series", "--to", "/nonexistent-out", "--tree", "/x",
+                      "--json", "{out}"],
 }
 
 
