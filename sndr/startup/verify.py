@@ -69,7 +69,11 @@ def _search_path() -> list[str]:
 
 
 def _installed_key() -> str:
-    return "installed-" + importer._sha256(repr((sys.executable, _search_path(), importer._code_stamp())).encode())
+    # The interpreter, the path it searches and the finders on sys.meta_path (an editable install's or a .pth's
+    # finder can serve vllm from elsewhere): any change is a new key, so the full verifier finds the root again.
+    finders = [f"{type(f).__module__}.{type(f).__qualname__}" for f in sys.meta_path]
+    return "installed-" + importer._sha256(
+        repr((sys.executable, _search_path(), finders, importer._code_stamp())).encode())
 
 
 def _find_installed() -> str | None:
