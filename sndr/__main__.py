@@ -8,6 +8,11 @@ an alias of ``python -m sndr apply`` (:func:`alias`: the same parser and run).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # until sndr.cli's early handler is in (main): Ctrl-C ends the process, never a traceback
+    import _signal  # the builtin (always loaded): importing signal.py would itself be a window for a traceback
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+
 import argparse
 import importlib
 import sys

@@ -7,6 +7,9 @@ pure planner, and hand the result to :mod:`sndr.commit`.
 from __future__ import annotations
 
 if __name__ == "__main__":  # `python -m sndr.apply`: an alias of `python -m sndr apply` (the same parser and run)
+    import _signal  # the builtin (always loaded): importing signal.py would itself be a window for a traceback
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # until sndr.cli's early handler is in: Ctrl-C ends it, no traceback
     from sndr.__main__ import alias
 
     alias("apply")
