@@ -1,71 +1,104 @@
-"""``python -m sndr <command>``: a thin dispatcher.
+"""``python -m sndr <command>`` (and the ``sndr`` console script): one parser, built from a lazy table.
 
-Each command lives in its own module and exposes ``cli_main(argv) -> int``;
-modules are imported lazily so ``sndr status`` never pays for the planner.
+:data:`sndr.commands.COMMANDS` names each command's module and summary; only the
+module of the command being run is imported, so ``sndr status`` never pays for
+the planner and ``--help`` never imports the engine. ``python -m sndr.apply`` is
+an alias of ``python -m sndr apply`` (:func:`alias`: the same parser and run).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # until sndr.cli's early handler is in (main): Ctrl-C ends the process, never a traceback
+    import _signal  # the builtin (always loaded): importing signal.py would itself be a window for a traceback
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+
+import argparse
 import importlib
 import sys
+from types import ModuleType
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "apply": ("sndr.apply", "apply, dry-run, verify or revert the patch set on a tree"),
-    "schema": ("sndr.schema", "print the JSON Schema of {schemas}"),  # names filled in from sndr.schema
-    "list": ("sndr.listing", "list the patch set (id, title, kind, default, upstream, files)"),
-    "manifest": ("sndr.manifest", "build or check anchors/<pin>.json"),
-    "preflight": ("sndr.preflight.cli", "classify the patch set on a pin and a candidate tree"),
-    "vendor": ("sndr.upstream.vendor", "turn a unified diff into a patch file"),
-    "import": ("sndr.upstream.series", "turn a quilt or git format-patch series into patch files"),
-    "watchlist": ("sndr.upstream.watchlist", "lint, edit and evaluate the upstream watchlist"),
-    "sync": ("sndr.upstream.sync", "plan the port queue of an upstream range"),
-    "pin": ("sndr.upstream.pin", "advance the pin when every gate passes"),
-    "status": ("sndr.startup.hook", "per-process attestations of the active patch set"),
-    "hook": ("sndr.startup.hook", "install or remove the in-memory import hook (.pth)"),
-}
+from .commands import COMMANDS
+
+PROG = "python -m sndr"
 
 
-def _usage() -> str:
-    lines = ["usage: python -m sndr <command> [options]", "", "commands:"]
-    from .schema import schema_names  # a dict of names: no model is imported
+def _summary(name: str) -> str:
+    text = COMMANDS[name][1]
+    if "{schemas}" in text:
+        from .schema import schema_names  # a dict of names: no model is imported
 
-    names = "|".join(schema_names())
-    lines += [f"  {name:<10} {doc.replace('{schemas}', names)}" for name, (_, doc) in COMMANDS.items()]
-    return "\n".join(lines)
+        text = text.replace("{schemas}", "|".join(schema_names()))
+    return text
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, wide enough that a command's summary stays on its line."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=26, width=120)
+
+
+def _command(name: str) -> ModuleType:
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def _configure(parser: argparse.ArgumentParser, module: ModuleType) -> argparse.ArgumentParser:
+    parser.description = module.HELP
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return parser
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The one parser: every command is listed; only the one ``argv`` names gets its options (its module
+    is the only one imported)."""
+    ap = argparse.ArgumentParser(prog=PROG, description="sndr: a transactional text-patch engine for a pinned "
+                                 "vLLM tree. `python -m sndr COMMAND --help` for a command's options.",
+                                 formatter_class=_Formatter)
+    sub = ap.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True)
+    chosen = argv[0] if argv else None
+    for name in COMMANDS:
+        # The summaries show only in `python -m sndr --help`: a command run never fills them in.
+        summary = COMMANDS[name][1] if chosen in COMMANDS else _summary(name)
+        sp = sub.add_parser(name, help=summary, formatter_class=_Formatter)
+        if name == chosen:
+            _configure(sp, _command(name))
+    return ap
+
+
+def run(argv: list[str], parser: argparse.ArgumentParser) -> int:
+    """Parse ``argv`` (a usage error exits 2, with one JSON document on stdout under ``--json -``) and run."""
+    from .cli import parse_args
+
+    try:
+        args = parse_args(parser, argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, argparse's message on stderr): a status, not a raise
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    code: int = args._run(args)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    process = argv is None  # a process (python -m sndr, the console script), not a library call
+    """The entry point: ``python -m sndr``, the ``sndr`` console script, and in-process calls (``argv``)."""
+    process = argv is None  # a process, not a library call: the early Ctrl-C handler is its own
     argv = list(sys.argv[1:] if argv is None else argv)
-    if process:  # Ctrl-C while the command imports: one line, exit 130
+    if process:
         from .cli import catch_early_interrupt
 
-        catch_early_interrupt(f"sndr {argv[0]}" if argv else "sndr")
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"sndr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    if name == "apply" and "--verify" in rest:  # the warm fast path: no pydantic, no planner
-        from .startup.verify import verify_main
+        catch_early_interrupt(f"sndr {argv[0]}" if argv and argv[0] in COMMANDS else "sndr")
+    if argv[:1] == ["help"]:  # `sndr help` and `sndr help COMMAND`
+        argv = [*argv[1:2], "--help"]
+    return run(argv, build_parser(argv))
 
-        if process:
-            from .cli import _restore_interrupt
 
-            _restore_interrupt()
-        return verify_main(rest, lambda argv: importlib.import_module("sndr.apply").cli_main(argv))
-    module = importlib.import_module(COMMANDS[name][0])
-    if process:
-        from .cli import _restore_interrupt
+def alias(name: str) -> None:
+    """``python -m sndr.<module>`` for a command: its own prog name, the command's parser and run."""
+    from .cli import catch_early_interrupt, exit_with
 
-        _restore_interrupt()  # the command's own boundary (cli.run) handles Ctrl-C from here on
-    if name == "pin":
-        return module.pin_main(rest)
-    if name == "status":
-        return module.status_main(rest)
-    return module.cli_main(rest)
+    catch_early_interrupt(f"sndr {name}")
+    parser = argparse.ArgumentParser(prog=f"{PROG}.{name}", formatter_class=_Formatter)
+    exit_with(lambda: run(sys.argv[1:], _configure(parser, _command(name))))
 
 
 if __name__ == "__main__":

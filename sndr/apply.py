@@ -1,37 +1,20 @@
-"""``python -m sndr.apply``: apply, dry-run, verify or revert the patch set on a tree.
+"""Apply, dry-run, verify or revert the patch set on a tree (the command: :mod:`sndr.commands.apply`).
 
 The functions here are the imperative shell: they read the tree, call the
-pure planner, and hand the result to :mod:`sndr.commit`. The CLI is thin.
+pure planner, and hand the result to :mod:`sndr.commit`.
 """
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # `python -m sndr.apply`: a Ctrl-C during the imports below is one line, exit 130
-    import signal as _signal
+if __name__ == "__main__":  # `python -m sndr.apply`: an alias of `python -m sndr apply` (the same parser and run)
+    import _signal  # the builtin (always loaded): importing signal.py would itself be a window for a traceback
 
-    def _early_interrupt(signum, frame):  # stdlib only: nothing is imported or written yet
-        import os as _os
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # until sndr.cli's early handler is in: Ctrl-C ends it, no traceback
+    from sndr.__main__ import alias
 
-        _os.write(2, b"sndr apply: interrupted while starting; nothing was changed\n")
-        _os._exit(130)
+    alias("apply")
 
-    _signal.signal(_signal.SIGINT, _early_interrupt)
-
-    import sys as _sys
-
-    if "--verify" in _sys.argv[1:]:  # the warm fast path first: no pydantic, no planner (sndr/startup/verify.py)
-        from sndr.startup.verify import verify_main as _verify_main
-
-        _code = _verify_main(_sys.argv[1:], lambda argv: __import__("sndr.apply").apply.cli_main(argv))
-        # sndr.cli.exit_with's rule, without importing sndr.cli (the fast path stays light): the last
-        # line is printed, so a Ctrl-C during shutdown must not change the exit status.
-        _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
-        _sys.exit(_code)
-
-import argparse
-import json
 import os
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -759,7 +742,7 @@ def _unpatched_files(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, result
     return dict(sorted(counts.items()))
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- the --tree of the command
 
 
 def _default_root() -> tuple[Path, bool]:
@@ -769,150 +752,9 @@ def _default_root() -> tuple[Path, bool]:
     return default_root(PIN_VERSION)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sndr.apply",
-                                 description="Apply the sndr patch set to a vLLM tree, transactionally.")
-    ap.add_argument("--tree", metavar="TREE",
-                    help="the directory containing vllm/, or installed[:PYTHON] for the vLLM that interpreter imports "
-                         "(default: where `import vllm` finds it, without importing it); with --dry-run also "
-                         "vllm==X.Y.Z (sndr's cached copy). Apply writes, so it needs a directory: wheels and git: "
-                         "trees are for `python -m sndr list` and `python -m sndr preflight`")
-    ap.add_argument("--patches", type=Path, help="patch directory (default: $SNDR_PATCHES, else the shipped set)")
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="simulate only; never writes")
-    mode.add_argument("--verify", action="store_true", help="check the tree holds exactly this patch set")
-    mode.add_argument("--revert", action="store_true", help="restore every touched file to pristine, byte-exact")
-    ap.add_argument("--only", nargs="+", metavar="ID", help="only these patches (and what they require)")
-    ap.add_argument("--force", action="store_true", help="proceed over files changed by someone else")
-    ap.add_argument("--keep-going", action="store_true",
-                    help="leave out whole every patch that cannot apply (and what requires it), apply the rest, "
-                         "listing what was left out and why; exit 1 when one has on_failure = fail")
-    ap.add_argument("--profile", type=Path, metavar="FILE",
-                    help="deployment profile for `when` predicates (TOML/JSON; default: $SNDR_PROFILE; "
-                         "python -m sndr schema profile)")
-    ap.add_argument("--allow-empty", action="store_true",
-                    help="accept an empty patch set (applying it reverts every file the ledger holds)")
-    ap.add_argument("--json", type=Path, metavar="FILE",
-                    help="write the report as JSON ('-' for stdout; the human report then goes to stderr)")
-    ap.add_argument("-q", "--quiet", action="store_true")
-    ap.add_argument("-v", "--verbose", action="store_true", help="list every edit")
-    return ap
-
-
 def resolve_tree(spec: str, *, dry_run: bool) -> Path:
     """``--tree`` -> the directory that contains ``vllm/`` (:func:`sndr.tree.directory`: the one rule, with
     the reason when the spec is not a directory apply may use)."""
     from .tree import directory
 
     return directory(spec, dry_run=dry_run)
-
-
-def _mode(args) -> str:
-    return "revert" if args.revert else "verify" if args.verify else "dry-run" if args.dry_run else "apply"
-
-
-def _interrupted(args) -> str:
-    """The line printed after Ctrl-C: what state the tree is in and what to run."""
-    if _mode(args) in ("dry-run", "verify"):
-        return "nothing was written; run the command again"
-    return ("the tree is whole: a commit that was in flight is rolled back (now, or by the next apply, verify or "
-            "revert from its journal); run `python -m sndr.apply --verify` to see which set it holds")
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    from .cli import parse_args, run
-
-    args = parse_args(build_parser(), argv)
-    return run("sndr apply", lambda: _cli_body(args), on_interrupt=lambda: _interrupted(args))
-
-
-def _cli_body(args) -> int:
-    from . import caches
-
-    if args.json:
-        from .cli import check_output
-
-        check_output(args.json, "--json")  # before any work: a refused output path changes nothing
-    caches.enable()  # the shell hands the core its caches (compile-ok memo, scopes); the tree is never one
-    to_stdout = str(args.json) == "-" if args.json else False
-    try:
-        report = _run_cli(args)
-    except SndrError as exc:
-        if args.json:  # the JSON reader still gets one document; the problems also go to stderr (cli.run)
-            _write_json(args.json, {"ok": False, "exit_code": exc.exit_code,
-                                    "problems": [p.to_json() for p in exc.problems]})
-        raise
-    if args.json:
-        _write_json(args.json, json.loads(report.model_dump_json()))
-    if not args.quiet or report.exit_code:
-        from .render import print_report
-
-        # JSON on stdout means nothing else on stdout: the human report goes to stderr.
-        print_report(report, verbose=args.verbose, console=_console(to_stderr=to_stdout))
-    return report.exit_code
-
-
-def _run_cli(args) -> Report:
-    from .load import load_patch_set
-
-    if args.tree is not None:
-        root = resolve_tree(args.tree, dry_run=args.dry_run)
-    else:
-        root, fallback = _default_root()
-        if fallback:
-            if args.verify or args.revert:
-                raise SndrError(Problem("vllm_not_found", "no installed vLLM to verify or revert", key="--tree",
-                                        hint="pass --tree DIR (the directory containing vllm/)"))
-            print(f"sndr apply: no vLLM is installed for this interpreter; dry-run of the patch set against the "
-                  f"pinned vLLM {PIN_VERSION} tree ({root})", file=sys.stderr)
-            args.dry_run = True
-    if args.revert:
-        return run_revert(root, force=args.force)
-    patch_set = load_patch_set(args.patches)
-    from .plan import unknown_enable_vars
-
-    ignored = unknown_enable_vars(patch_set, os.environ)  # said in the report, never silently ignored
-    ignored += [w.render() for w in patch_set.warnings]
-    if not patch_set.patches and not args.allow_empty:
-        where = args.patches if args.patches is not None else "the patch directory in effect"
-        raise SndrError(Problem("empty_patch_set", f"the patch set is empty (no patch in {where}); applying it would "
-                                "revert every file sndr patched", key="--patches",
-                                hint="pass --allow-empty to do that on purpose (or --revert), or fix --patches / "
-                                     "$SNDR_PATCHES"))
-    from .profile import load_profile, profile_from_environ
-
-    # $SNDR_PROFILE is read now, as --profile is: a profile that cannot be read is an error
-    # (exit 2) even when no patch of the set uses `when`, never silently ignored.
-    profile = load_profile(args.profile) if args.profile else (
-        profile_from_environ(os.environ) if os.environ.get(env.PROFILE) else None)
-    if args.verify:
-        report = run_verify(root, patch_set, only=args.only, profile=profile,
-                            edits=args.verbose or args.json is not None)
-    else:
-        announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
-        report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
-                           keep_going=args.keep_going, profile=profile, announce=announce)
-    report.notes[:0] = ignored
-    return report
-
-
-def _console(to_stderr: bool):
-    from .render import make_console
-
-    return make_console(stderr=to_stderr)
-
-
-def _write_json(target: Path, data: dict) -> None:
-    from .cli import write_output
-
-    write_output(target, json.dumps(data, indent=2, sort_keys=False) + "\n", "--json")
-
-
-def main() -> None:
-    from .cli import exit_with
-
-    exit_with(cli_main)
-
-
-if __name__ == "__main__":
-    main()

@@ -65,7 +65,7 @@ def _restore_interrupt() -> None:
     try:
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             handler = signal.getsignal(signal.SIGINT)
-            if getattr(handler, "__name__", "") in ("early", "_early_interrupt"):
+            if getattr(handler, "__name__", "") == "early":  # catch_early_interrupt's, the only one
                 signal.signal(signal.SIGINT, signal.default_int_handler)
     except (ValueError, OSError):
         pass

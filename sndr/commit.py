@@ -7,7 +7,7 @@ Layout of the state directory, ``<root>/.sndr/`` (``root`` contains ``vllm/``)::
     journal.json      present only while a commit is in flight
     created-dirs.json directories sndr created for ``create`` files (removed again on revert)
     objects/<sha>     content-addressed copies of pristine and before-commit bytes, and of every
-                      ledger written (``--salvage-ledger`` finds the last one that matches the tree)
+                      ledger written (``sndr salvage-ledger`` finds the last one that matches the tree)
 
 Protocol of :func:`commit` (check everything, then touch anything):
 probe writability -> re-check the before-hashes -> store before-bytes as
@@ -522,7 +522,7 @@ class TreeRoot(Tree):
         raw = self.read_state(LEDGER)
         if raw is None:
             return None
-        hint = (f"run `python -m sndr.commit --salvage-ledger {self.root}` to put back the last ledger sndr "
+        hint = (f"run `python -m sndr salvage-ledger {self.root}` to put back the last ledger sndr "
                 f"wrote that matches the tree (kept in .sndr/objects), then --verify or --revert; if it finds "
                 f"none, reinstall vLLM and delete .sndr/")
         found = statemod.check_ledger(raw, str(self.ledger_path))
@@ -1249,7 +1249,7 @@ def _journal_too_large(tree: TreeRoot, why: str) -> SndrError:
     return SndrError(Problem(
         "journal_too_large", f"the journal of an interrupted commit is too large to be sndr's ({why}; sndr writes at "
         f"most {MAX_JOURNAL_FILES} files, {MAX_JOURNAL_BYTES // 2**20} MiB)", file=str(tree.journal_path),
-        hint=f"move it out of .sndr/ and inspect it; then run `python -m sndr.commit --salvage-ledger {tree.root}` "
+        hint=f"move it out of .sndr/ and inspect it; then run `python -m sndr salvage-ledger {tree.root}` "
              f"and --verify to see what the tree holds"))
 
 
@@ -1524,33 +1524,3 @@ def salvage_ledger(root: Path | str) -> str | None:
         tree.write_state(LEDGER, best[2])
         tree.fsync_state()
         return best[1]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sndr.commit --salvage-ledger TREE``: the recovery path of ``ledger_corrupt``."""
-    import argparse
-
-    from .cli import run
-
-    ap = argparse.ArgumentParser(prog="python -m sndr.commit",
-                                 description="Repair sndr's state in a tree (the ledger_corrupt recovery path).")
-    ap.add_argument("--salvage-ledger", metavar="TREE", required=True, type=Path,
-                    help="put back the last ledger sndr wrote that matches the tree's files")
-    args = ap.parse_args(argv)
-
-    def body() -> int:
-        sha = salvage_ledger(args.salvage_ledger)
-        if sha is None:
-            print(f"sndr: no stored ledger matches the files of {args.salvage_ledger}; reinstall vLLM and delete "
-                  f"{args.salvage_ledger / STATE_DIR}/ to start from a pristine tree")
-            return EXIT_FINDINGS
-        print(f"sndr: restored the ledger {sha[:12]} from .sndr/objects; the tree verifies against it again")
-        return 0
-
-    return run("sndr commit", body)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

@@ -148,6 +148,11 @@ def shipped_patches_dir() -> Path:
     return shipped_dir("patches")
 
 
+#: The pin record in a patch directory ('_' keeps load.patch_files() from reading it as a patch); stdlib-only
+#: here so that a command's parser names it without importing the pin model (sndr.pinrecord).
+PIN_FILE_NAME = "_pin.toml"
+
+
 def patches_dir(environ: Mapping[str, str] | None = None) -> Path:
     """The patch set in effect: ``$SNDR_PATCHES`` when set and non-empty, else the shipped set.
 

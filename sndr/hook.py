@@ -4,4 +4,4 @@ Kept so that a vLLM image whose installed metadata still names
 ``sndr.hook:register`` keeps loading the plugin after an upgrade of sndr.
 """
 
-from sndr.startup.hook import cli_main, register, status_main  # noqa: F401
+from sndr.startup.hook import register  # noqa: F401

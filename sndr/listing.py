@@ -1,4 +1,4 @@
-"""``python -m sndr list``: the patch set at a glance.
+"""The patch set at a glance (the command: :mod:`sndr.commands.list`).
 
 One row per patch: id, title, kind, default, upstream references and the
 files (or runtime targets, or plugin module) it touches. With ``--tree`` each
@@ -22,7 +22,6 @@ optional plan; the CLI around it is thin.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -39,7 +38,7 @@ PATCH_STATUSES = ("applies", "applied", "merged", "gated", "failed", "partial", 
 EDIT_VERDICTS = tuple(v.value for v in Verdict)
 VERDICTS = tuple(dict.fromkeys(PATCH_STATUSES + EDIT_VERDICTS))
 
-__all__ = ["Row", "VERDICTS", "cli_main", "list_rows", "render_table"]
+__all__ = ["Row", "VERDICTS", "list_rows", "render_table", "run_list"]
 
 
 @dataclass
@@ -147,30 +146,11 @@ def summary(rows: list[Row], with_verdict: bool) -> str:
 # ----------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sndr list",
-                                 description="List the patch set: id, title, kind, default, upstream and files; "
-                                             "with --tree, each patch's verdict on that tree.")
-    ap.add_argument("--patches", help="patch directory (default: the shipped set)")
-    ap.add_argument("--tree", help="a vLLM tree: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
-    ap.add_argument("--verdict", choices=VERDICTS, metavar="VERDICT",
-                    help=f"with --tree: only patches with this status or edit verdict ({', '.join(VERDICTS)})")
-    ap.add_argument("--kind", choices=("text", "runtime", "plugin"), help="only patches of this kind")
-    ap.add_argument("--profile", metavar="FILE",
-                    help="a deployment profile (TOML/JSON, see python -m sndr schema profile): which patches it "
-                         "gets (enabled) and why the others are gated; default: $SNDR_PROFILE with --tree")
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    return ap
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    from .cli import run
-
-    args = build_parser().parse_args(argv)
-    return run("sndr list", lambda: _cli_body(args), on_interrupt=lambda: "nothing was written; run it again")
-
-
-def _cli_body(args) -> int:
+def run_list(args) -> int:
+    """``sndr list`` (its options: :mod:`sndr.commands.list`): the rows, as a table or ``--json FILE|-``."""
+    if args.verdict and args.verdict not in VERDICTS:
+        raise SndrError(Problem("usage", f"--verdict {args.verdict!r}: choose from {', '.join(VERDICTS)}",
+                                key="--verdict"))
     if args.verdict and not (args.tree or args.profile):
         raise SndrError(Problem("usage", "--verdict needs --tree (or --profile): a verdict is about one tree",
                                 key="--verdict",
@@ -219,8 +199,11 @@ def _cli_body(args) -> int:
         if ledger is not None:
             doc["patched_by_sndr"] = {"enabled_set_digest": ledger.patch_set_digest, "patches": list(ledger.patches),
                                       "files_not_holding_patched_bytes": sorted(set(ledger.files) - patched)}
-        print(json.dumps(doc, indent=2))
-        return EXIT_OK
+        from .cli import write_output
+
+        write_output(args.json, json.dumps(doc, indent=2) + "\n", "--json")
+        if args.json == "-":
+            return EXIT_OK  # stdout holds the JSON document only
     with_verdict = plan is not None or gates is not None
     if args.tree:
         print(f"tree: {args.tree} (vLLM {version})")
@@ -284,13 +267,3 @@ def _patched_line(ledger, patched: set[str], plan) -> str:
     if plan is not None and plan.digest != ledger.patch_set_digest:
         line += f"; this patch set's enabled set is {plan.digest[:12]}, not the ledger's"
     return line
-
-
-def main() -> None:
-    from .cli import exit_with
-
-    exit_with(cli_main)
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,6 @@ read as a directory, a wheel or a git revision gives byte-identical output.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -368,21 +367,6 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
 # ----------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sndr manifest", description="Build or check anchors/vllm-<version>.json.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="write anchors/vllm-<version>.json for a pristine tree")
-    b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed manifest)")
-    b.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
-    b.add_argument("--out", type=Path, help="output directory (vllm-<version>.json is written into it) or a "
-                                            "FILE.json (default: the shipped anchors/)")
-    c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
-    c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
-    c.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
-    c.add_argument("--anchors", type=Path, help="manifest directory (default: the shipped anchors/)")
-    return ap
-
-
 def _build_cmd(args) -> int:
     out = args.out or shipped_anchors_dir()
     from .env import refuse_shipped_write
@@ -437,15 +421,8 @@ def _same_release(a: str, b: str) -> bool:
         return a == b
 
 
-def cli_main(argv: list[str] | None = None) -> int:
-    from .cli import run
-
-    args = build_parser().parse_args(argv)
-    return run("sndr manifest", lambda: _cli_body(args),
-               on_interrupt=lambda: "a manifest is written atomically: the old one or the new one is in place")
-
-
-def _cli_body(args) -> int:
+def run_manifest(args) -> int:
+    """``sndr manifest build|check`` (its options: :mod:`sndr.commands.manifest`)."""
     if args.cmd == "build":
         return _build_cmd(args)
     code, lines = check(args.tree, args.patches, args.anchors or shipped_anchors_dir())
@@ -455,6 +432,6 @@ def _cli_body(args) -> int:
 
 __all__ = [
     "Manifest", "ManifestEdit", "ManifestPatch", "ManifestFile", "ManifestLocation",
-    "build_manifest", "check", "cli_main", "diff_manifests", "load_manifest", "manifest_schema",
+    "build_manifest", "check", "run_manifest", "diff_manifests", "load_manifest", "manifest_schema",
     "trusted_offsets", "write_manifest",
 ]

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .env import PIN_FILE_NAME
 from .errors import bad_input
 
-PIN_FILE_NAME = "_pin.toml"  # '_' keeps load.patch_files() from reading it as a patch
+__all__ = ["PIN_FILE_NAME", "PinRecord", "default_pin_path", "read_pin", "writable_pin_path"]
+
 
 
 class PinRecord(BaseModel):

@@ -1,11 +1,10 @@
-"""``python -m sndr schema patch|report|preflight|ledger|manifest|config|profile``: JSON Schemas from the models;
-``python -m sndr schema codes [--json]``: the reason-code registry (:data:`sndr.errors.CODES`)."""
+"""JSON Schemas from the models, and the reason-code registry (:data:`sndr.errors.CODES`) as a table or JSON
+(the command: :mod:`sndr.commands.schema`)."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import sys
 
 # name -> (module, model class)
 SCHEMAS = {
@@ -44,26 +43,6 @@ def codes_table(as_json: bool = False) -> str:
     return "\n".join(lines)
 
 
-def cli_main(argv: list[str] | None = None) -> int:
-    from .cli import run
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return run("sndr schema", lambda: _cli_body(argv))
-
-
 def schema_names() -> list[str]:
     """Every name ``python -m sndr schema`` takes: the model schemas, then ``codes``."""
     return [*SCHEMAS, "codes"]
-
-
-def _cli_body(argv: list[str]) -> int:
-    names = schema_names()
-    if argv[:1] == ["codes"] and argv[1:] in ([], ["--json"]):
-        print(codes_table(as_json=argv[1:] == ["--json"]))
-        return 0
-    if len(argv) != 1 or argv[0] not in SCHEMAS:
-        print(f"usage: python -m sndr schema {{{'|'.join(names)}}}   (codes [--json]: every reason code, "
-              f"its exit status and meaning)", file=sys.stderr)
-        return 2
-    print(json.dumps(schema_of(argv[0]), indent=2, sort_keys=True))
-    return 0

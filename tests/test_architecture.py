@@ -17,6 +17,10 @@ included), so a lazy import cannot hide from these rules. The rules:
   runs on the cold path only (a memo miss: ``resolve.resolve_set`` loading the
   patch set); ``tests/startup/test_hook.py`` checks a warm start never runs it.
 * The core never imports ``sndr.kernels`` or ``sndr.runtime_patches`` at module level.
+* **Commands are the one upward arrow.** ``sndr.__main__`` and ``sndr/commands/*`` call down into the
+  engines; no engine imports them. A command module imports only the stdlib and ``sndr.commands`` at module
+  level (its engine inside ``run``), so every ``--help`` is light; a module's ``if __name__ == "__main__":``
+  block (``python -m sndr.apply``) only hands over to ``sndr.__main__``.
 * No import cycle among sndr modules, function-level imports included (an
   import inside a function is a cycle all the same, only deferred). The cycles
   that remain are listed edge by edge in :data:`CYCLE_EDGES`, each with why it
@@ -55,22 +59,14 @@ LARGE_MODULES = {
     # the planner: gates, after/requires order, stacked edits, conflict and on_failure re-planning; one pure
     # build_plan whose re-planning loop (_plan_once, _settle_conflicts) needs every step's simulated file state
     "sndr/plan.py",
-    # the apply/verify/revert shell and its CLI; the ledger checks share its helpers
+    # the apply/verify/revert shell; the ledger checks share its helpers (its CLI: sndr/commands/apply.py)
     "sndr/apply.py",
-    # watchlist lint/set/check: one file format and its rules
-    "sndr/upstream/watchlist.py",
 }
 
 #: Function-level imports that close an import cycle today: (importer, imported) -> why it is still there.
 #: Only a function-level import can be listed (a module-level cycle always fails); an entry whose import is
 #: gone, or no longer closes a cycle, fails too.
-CYCLE_EDGES = {
-    ("sndr.upstream.watchlist", "sndr.upstream.triggers"):
-        "the watchlist CLI (cli_main) lives in the model's module and runs triggers.check, which reads that "
-        "model; goes when the CLI moves to its own module",
-    ("sndr.upstream.watchlist", "sndr.upstream.watchlist_lint"):
-        "the same CLI runs watchlist_lint.lint, which reads the model; goes with the CLI move above",
-}
+CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 #: Third-party imports allowed in sndr/startup, each inside a function only: (file, top-level module) -> why.
 STARTUP_THIRD_PARTY = {
@@ -116,9 +112,24 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _is_main_guard(test: ast.expr) -> bool:
+    """``if __name__ == "__main__":``"""
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
+
+
+def _main_blocks(path: Path) -> list[ast.If]:
+    """The module-level ``if __name__ == "__main__":`` blocks of a file (what runs only as ``python -m``)."""
+    return [n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, ast.If)
+            and _is_main_guard(n.test)]
+
+
 def _imports(path: Path, *, type_checking: bool = True) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
     """Every import statement of a file, with True when it runs at import time (module level).
-    ``type_checking=False`` leaves out the ``if TYPE_CHECKING:`` blocks (they never run)."""
+    ``type_checking=False`` leaves out the ``if TYPE_CHECKING:`` blocks (they never run). A module-level
+    ``if __name__ == "__main__":`` block is left out too: it runs only when the module is the program, never
+    when it is imported (:func:`test_a_main_block_only_hands_over_to_the_dispatcher` checks what it imports)."""
     out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
 
     def walk(nodes: list[ast.stmt], top: bool) -> None:
@@ -127,6 +138,8 @@ def _imports(path: Path, *, type_checking: bool = True) -> list[tuple[ast.Import
                 out.append((n, top))
             elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 walk(n.body, False)
+            elif isinstance(n, ast.If) and top and _is_main_guard(n.test):
+                continue
             elif isinstance(n, ast.If) and _is_type_checking(n.test):
                 if type_checking:
                     walk(n.body, False)  # never runs
@@ -285,6 +298,51 @@ def test_the_core_never_imports_kernels_or_runtime_patches_at_module_level():
     assert not bad, f"core modules import kernels/runtime patches at module level: {bad}"
 
 
+COMMAND_LAYER = {m for m in MODULES if m == "sndr.__main__" or m == "sndr.commands" or m.startswith("sndr.commands.")}
+
+
+def test_only_the_dispatcher_and_the_commands_import_the_command_layer():
+    """The one upward arrow: ``sndr.__main__`` and ``sndr/commands/*`` call down into the engines; no engine
+    imports a command or the dispatcher, at module or function level."""
+    bad = {m: sorted(d for d in FULL_GRAPH[m] if d in COMMAND_LAYER)
+           for m in sorted(MODULES) if m not in COMMAND_LAYER}
+    bad = {m: d for m, d in bad.items() if d}
+    assert not bad, f"engines import the command layer (only __main__ and sndr.commands may): {bad}"
+
+
+@pytest.mark.parametrize("mod", sorted(m for m in COMMAND_LAYER if m.startswith("sndr.commands.")))
+def test_a_command_module_imports_its_engine_inside_run(mod):
+    """A command's module-level imports are the stdlib and ``sndr.commands``: its parser costs no engine import
+    (``--help`` and a usage error), and it has ``HELP``, ``add_arguments`` and ``run``."""
+    path = MODULES[mod]
+    top = sorted({t for node, is_top in _imports(path, type_checking=False) if is_top
+                  for t in _targets(mod, path, node)[:1]
+                  if t.split(".")[0] not in STDLIB and t != "sndr.commands"})
+    assert not top, f"{mod} imports {top} at module level: import the engine inside run()"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    assert {"HELP", "add_arguments", "run"} <= names, f"{mod} lacks {sorted({'HELP', 'add_arguments', 'run'} - names)}"
+
+
+def test_every_command_is_in_the_table_and_every_table_entry_is_a_command():
+    from sndr.commands import COMMANDS
+
+    files = {m for m in COMMAND_LAYER if m.startswith("sndr.commands.")}
+    assert {module for module, _ in COMMANDS.values()} == files
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_a_main_block_only_hands_over_to_the_dispatcher(mod):
+    """``python -m sndr.apply`` is an alias: a module's ``if __name__ == "__main__":`` block imports only
+    ``sndr.__main__`` (the one parser and run) and the stdlib, never a second entry point of its own."""
+    path = MODULES[mod]
+    for block in _main_blocks(path):
+        targets = {t for n in ast.walk(block) if isinstance(n, (ast.Import, ast.ImportFrom))
+                   for t in _targets(mod, path, n)[:1] if t.split(".")[0] not in STDLIB}
+        assert mod == "sndr.__main__" or targets <= {"sndr.__main__"}, f"{mod}'s __main__ block imports {targets}"
+
+
 def _import_lines(mod: str, targets: set[str]) -> list[str]:
     """``line N (function|module level): target`` for each import of ``mod`` that takes one of ``targets``."""
     path = MODULES[mod]
@@ -381,11 +439,17 @@ def test_modules_over_the_size_limit_are_on_the_allow_list():
     assert not gone, f"LARGE_MODULES names modules that no longer exist: {gone}"
 
 
-@pytest.mark.parametrize("argv", [["sndr", "schema", "codes"], ["sndr", "status", "--help"], ["sndr", "hook", "--help"],
-                                  ["sndr", "apply", "--help"], ["sndr.apply", "--help"]])
+def _commands() -> list[str]:
+    from sndr.commands import COMMANDS
+
+    return sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [["sndr", "schema", "codes"], ["sndr", "--help"], ["sndr.apply", "--help"]]
+                         + [["sndr", name, "--help"] for name in _commands()])
 def test_light_subcommands_never_import_the_models_or_the_renderer(argv):
-    """Each subcommand imports only what it needs: these read JSON and records, never patch models; and
-    ``apply --help`` (a parser, nothing else) never imports the engine that apply runs."""
+    """Each subcommand imports only what it needs: ``schema codes`` reads the code table, never a model; and
+    every command's ``--help`` (a parser, nothing else) never imports the engine that command runs."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", *argv], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

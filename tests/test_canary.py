@@ -19,6 +19,7 @@ import os
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.kernels import canary
 from sndr.startup import hook, metrics, status
 from sndr.startup.runtime import StrictError
@@ -159,7 +160,7 @@ def test_status_prints_the_canary_lines(tmp_path, monkeypatch, capsys):
     check(Kernel(exc=RuntimeError("nvrtc: compilation failed")))
     rec = state.record()
     write_record(str(run_dir / f"{os.getpid()}-1.json"), rec)
-    assert hook.status_main(["--run-dir", str(run_dir)]) in (0, 1)
+    assert sndr_main(["status", "--run-dir", str(run_dir)]) in (0, 1)
     out = capsys.readouterr().out
     assert "PK0001 canary_failed: RuntimeError: nvrtc: compilation failed" in out
 

@@ -78,6 +78,6 @@ def test_schema_codes_prints_the_registry():
     assert len(rows) == len(CODES) + 1
     line = next(r for r in rows if r.startswith("empty_patch_set "))
     assert line.split()[1] == "2" and CODES["empty_patch_set"].meaning in line
-    js = subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json"], capture_output=True, text=True)
+    js = subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json", "-"], capture_output=True, text=True)
     data = json.loads(js.stdout)
     assert data["modified_since_apply"] == {"exit": 1, "meaning": CODES["modified_since_apply"].meaning}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sndr.listing import cli_main, list_rows, render_table
+from sndr.__main__ import main as sndr_main
+from sndr.listing import list_rows, render_table
 from sndr.load import load_patch_set
 from sndr.plan import build_plan
 from sndr.tree import open_tree
@@ -56,14 +57,14 @@ def test_table_has_one_line_per_patch_plus_files(shipped):
 
 
 def test_cli_plain(capsys):
-    assert cli_main([]) == 0
+    assert sndr_main(["list"]) == 0
     out = capsys.readouterr().out
     assert "PN0004" in out and "vllm#52412" in out and "vllm/v1/core/sched/scheduler.py" in out
     assert out.rstrip().splitlines()[-1].startswith(f"{len(load_patch_set().patches)} patch(es)")
 
 
 def test_cli_json_with_tree_on_the_pin(capsys, vllm_pin_root):
-    assert cli_main(["--tree", str(vllm_pin_root), "--json"]) == 0
+    assert sndr_main(["list", "--tree", str(vllm_pin_root), "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["vllm_version"] == "0.32.0"
     verdicts = {p["id"]: p["verdict"] for p in doc["patches"]}
@@ -72,21 +73,20 @@ def test_cli_json_with_tree_on_the_pin(capsys, vllm_pin_root):
 
 
 def test_cli_verdict_filter_and_kind(capsys, vllm_candidate_root):
-    assert cli_main(["--tree", str(vllm_candidate_root), "--verdict", "drifted"]) == 0
+    assert sndr_main(["list", "--tree", str(vllm_candidate_root), "--verdict", "drifted"]) == 0
     out = capsys.readouterr().out
     assert "VERDICT" in out and "PR0001" in out and "PN0001" not in out
-    assert cli_main(["--tree", str(vllm_candidate_root), "--kind", "runtime", "--json"]) == 0
+    assert sndr_main(["list", "--tree", str(vllm_candidate_root), "--kind", "runtime", "--json", "-"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {p["id"] for p in doc["patches"]} == {"PR0001", "PR0002"}
 
 
 def test_cli_usage_errors(capsys):
-    assert cli_main(["--verdict", "merged"]) == 2
+    assert sndr_main(["list", "--verdict", "merged"]) == 2
     assert "--verdict needs --tree" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:
-        cli_main(["--tree", ".", "--verdict", "nonsense"])
-    assert exc.value.code == 2
-    assert cli_main(["--patches", "/nonexistent/patches"]) == 2
+    assert sndr_main(["list", "--tree", ".", "--verdict", "nonsense"]) == 2
+    assert "--verdict 'nonsense': choose from applies, applied, merged" in capsys.readouterr().err
+    assert sndr_main(["list", "--patches", "/nonexistent/patches"]) == 2
 
 
 def test_module_entry_point():
@@ -103,18 +103,18 @@ def test_list_on_a_tree_sndr_patched_reads_its_pristine_copies(capsys, pin_tree,
     from sndr.apply import run_apply
 
     tree = pin_tree
-    before_rc = cli_main(["--tree", str(tree), "--json"])
+    before_rc = sndr_main(["list", "--tree", str(tree), "--json", "-"])
     before = {r["id"]: r["verdict"] for r in json.loads(capsys.readouterr().out)["patches"]}
     report = run_apply(tree, shipped, environ={})
     assert report.ok, report.problems
-    assert cli_main(["--tree", str(tree), "--json"]) == before_rc == 0
+    assert sndr_main(["list", "--tree", str(tree), "--json", "-"]) == before_rc == 0
     doc = json.loads(capsys.readouterr().out)
     after = {r["id"]: r["verdict"] for r in doc["patches"]}
     assert "merged" not in after.values()
     assert after == {i: ("applied" if v == "applies" else v) for i, v in before.items()}
     assert doc["patched_by_sndr"]["enabled_set_digest"] == report.patch_set_digest
     assert doc["patched_by_sndr"]["files_not_holding_patched_bytes"] == []
-    cli_main(["--tree", str(tree)])
+    sndr_main(["list", "--tree", str(tree)])
     out = capsys.readouterr().out
     assert f"patched by sndr: enabled set {report.patch_set_digest[:12]}" in out
     assert "merged" not in out.splitlines()[-1]

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.errors import SndrError
 from sndr.load import load_patch_set
-from sndr.manifest import Manifest, build_manifest, cli_main, load_manifest, trusted_offsets, write_manifest
+from sndr.manifest import Manifest, build_manifest, load_manifest, trusted_offsets, write_manifest
 from sndr.model import Verdict
 from sndr.plan import build_plan
 from sndr.tree import open_tree
@@ -102,7 +103,7 @@ def pin():
 
 
 def _cli(*args) -> int:
-    return cli_main([str(a) for a in args])
+    return sndr_main(["manifest", *(str(a) for a in args)])
 
 
 # ----------------------------------------------------------------------------- determinism

@@ -191,7 +191,7 @@ def test_hook_and_cli_resolve_the_same_set_and_digest(name, changes, applied, tm
     packs.refresh()
     try:
         root = str(box.root)
-        code, listed = _cli_json(capsys, ["list", "--json", "--tree", root])
+        code, listed = _cli_json(capsys, ["list", "--json", "-", "--tree", root])
         assert code == 0
         cli_enabled, cli_digest = listed["enabled"], listed["patch_set_digest"]
 

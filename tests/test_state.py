@@ -18,7 +18,7 @@ import pytest
 
 from hook_fixtures import Box, out_of, replace_file
 from sndr import state
-from sndr.apply import cli_main as full_cli
+from sndr.__main__ import main as sndr_main
 from sndr.commit import TreeRoot
 from sndr.errors import SndrError
 from sndr.startup import hook, status, verify
@@ -113,14 +113,17 @@ def applied(tmp_path, monkeypatch):
     return box
 
 
-def _fast_args(box) -> verify.Args:
-    return verify.Args(str(box.root), None, True)
+def full_cli(argv: list[str]) -> int:
+    """``python -m sndr apply ARGV`` answered by the full verifier (the warm path is told it has no answer)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verify, "answer", lambda *a, **k: None)
+        return sndr_main(["apply", *argv])
 
 
 def _warm_fast_path(box, capsys) -> None:
     argv = ["--verify", "--tree", str(box.root), "-q"]
-    assert verify.verify_main(argv, full_cli) == 0  # cold: the full verifier answers and primes the memos
-    assert verify.check(_fast_args(box), os.environ) is not None  # warm: the fast path answers
+    assert sndr_main(["apply", *argv]) == 0  # cold: the full verifier answers and primes the memos
+    assert verify.check(str(box.root), None, os.environ) is not None  # warm: the fast path answers
     capsys.readouterr()
 
 
@@ -152,7 +155,7 @@ def answers(box, capsys) -> dict[str, object]:
     except SndrError as exc:
         out["TreeRoot.read_ledger"] = exc.problems[0].code
 
-    fast = verify.check(_fast_args(box), os.environ)
+    fast = verify.check(root, None, os.environ)
     capsys.readouterr()
     code = full_cli(["--verify", "--tree", root])
     text = capsys.readouterr()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bump preflight: classify every patch on the pin and on a candidate vLLM.
 
-A thin wrapper over ``python -m sndr preflight`` (see sndr/preflight.py):
+A thin wrapper over ``python -m sndr preflight`` (see sndr/commands/preflight.py):
 
     python tools/bump_preflight.py --pin vllm==0.32.0 --candidate vllm==0.33.0 \\
         [--patches DIR] [--json OUT] [--markdown OUT] [--sarif OUT] [--github] \\
@@ -16,7 +16,7 @@ from pathlib import Path
 # Run from a checkout without installing sndr.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sndr.preflight.cli import cli_main  # noqa: E402
+from sndr.__main__ import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))
+    sys.exit(main(["preflight", *sys.argv[1:]]))

@@ -6,7 +6,7 @@
 * :mod:`.hops` - ``--via``: anchors followed release by release;
 * :mod:`.render` - Markdown and terminal;
 * :mod:`.annotations` - SARIF and GitHub annotations;
-* :mod:`.cli` - ``python -m sndr preflight``;
+* the command, ``python -m sndr preflight``: :mod:`sndr.commands.preflight`;
 * :mod:`.suggest` - where drifted code most likely went;
 * :mod:`.configdrift` - configuration drift between two trees (:mod:`.configmodels` the models and
   watch list, :mod:`.configsource` the static readers, :mod:`.configrender` the rendering).
@@ -24,7 +24,6 @@ import importlib
 _HOME: dict[str, str] = {
     **dict.fromkeys(("exit_code", "marker_changes", "run_preflight"), ".analysis"),
     **dict.fromkeys(("github_annotations", "render_sarif"), ".annotations"),
-    **dict.fromkeys(("build_parser", "cli_main"), ".cli"),
     **dict.fromkeys(("FAIL_ON_CHOICES", "FORMAT", "ChainBreak", "EditEntry", "EditRef", "MarkerChange", "PatchEntry",
                      "PatchSetInfo", "PreflightReport", "SuggestionModel", "Summary", "TreeInfo"), ".models"),
     **dict.fromkeys(("render_markdown", "render_terminal", "suggestion_diff"), ".render"),

@@ -467,33 +467,12 @@ def _apply_runtime(state: _Process, root: str, resolved: dict, cache, finder) ->
 # ----------------------------------------------------------------------------- sndr status
 
 
-def status_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
-
-    return run("sndr status", lambda: _status_body(argv),
-               on_interrupt=lambda: "nothing was changed (status only reads attestation records)")
-
-
-def _status_body(argv: list[str] | None) -> int:
-    import argparse
-
+def run_status(args) -> int:
+    """``sndr status`` (its options: :mod:`sndr.commands.status`): the verdict over the attestation records,
+    computed and rendered by :mod:`sndr.startup.status`."""
+    from ..cli import write_output
     from . import status
 
-    ap = argparse.ArgumentParser(prog="python -m sndr status",
-                                 description="One line per vLLM process: the patch set it attested. "
-                                             "Exit 1 if processes disagree, one misses a required patch, a record "
-                                             "is not valid, or the tree no longer holds the set and the file "
-                                             "hashes a live process attested (re-applied, reverted or changed "
-                                             "under it).")
-    ap.add_argument("--run-dir", help="attestation directory (default: $SNDR_RUN_DIR, or the default for --tree)")
-    ap.add_argument("--tree", help="directory containing vllm/ (default: where `import vllm` finds it)")
-    ap.add_argument("--live", action="store_true", help="only processes that are still running")
-    ap.add_argument("--prune", action="store_true", help="delete the records of processes that have exited")
-    ap.add_argument("--json", action="store_true", help="print the records and the verdict as JSON")
-    ap.add_argument("--prometheus", metavar="FILE",
-                    help="also write the live processes' patch-set gauges to FILE in the Prometheus text format, "
-                         "atomically (for node_exporter's textfile collector; see docs/deploy.md)")
-    args = ap.parse_args(argv)
     try:
         directory = status.run_dir_for(args.run_dir, args.tree)
     except Exception as exc:  # noqa: BLE001
@@ -515,51 +494,37 @@ def _status_body(argv: list[str] | None) -> int:
         except OSError as exc:
             print(f"sndr status: {args.prometheus}: {exc.strerror} (os_error)", file=sys.stderr)
             return 2
-    print(status.render_json(st) if args.json else status.render_text(st))
+    if args.json:
+        write_output(args.json, status.render_json(st) + "\n", "--json")
+    if args.json != "-":  # --json - : stdout holds the JSON document only
+        print(status.render_text(st))
     return 0 if st.ok else 1
 
 
 # ----------------------------------------------------------------------------- sndr hook install|uninstall
 
 
-def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
-
-    return run("sndr hook", lambda: _hook_body(argv),
-               on_interrupt=lambda: "the .pth is either written whole or not at all; run `python -m sndr hook "
-                                    "install` or `uninstall` again")
-
-
-def _hook_body(argv: list[str] | None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m sndr hook",
-                                 description="Install or remove the in-memory import hook (.pth) of an environment.")
-    ap.add_argument("action", choices=["install", "uninstall"])
-    ap.add_argument("--site", help="site-packages directory to write the .pth into "
-                                   "(default: the directory that holds vllm/ for --python)")
-    ap.add_argument("--python", help="interpreter of the target environment (default: this one)")
-    args = ap.parse_args(argv)
+def run_hook(action: str, site: str | None, python: str | None) -> int:
+    """``sndr hook install|uninstall`` (its options: :mod:`sndr.commands.hook`): write or remove the .pth."""
     try:
-        site = args.site
         if site is None:
             from ..tree import find_installed_root
 
-            site = str(find_installed_root(args.python))
+            site = str(find_installed_root(python))
         site = os.path.abspath(site)
         if not os.path.isdir(site):
             print(f"sndr hook: {site}: not a directory", file=sys.stderr)
             return 2
         path = os.path.join(site, PTH_NAME)
-        if args.action == "uninstall":
+        if action == "uninstall":
             if os.path.exists(path):
                 os.unlink(path)
                 print(f"removed {path}")
             else:
                 print(f"no hook installed in {site}")
             return 0
-        if args.python and not _python_sees_sndr(args.python):
-            print(f"sndr hook: {args.python} cannot import sndr; install sndr into that environment first",
+        if python and not _python_sees_sndr(python):
+            print(f"sndr hook: {python} cannot import sndr; install sndr into that environment first",
                   file=sys.stderr)
             return 2
         atomic_write(path, PTH_TEXT.encode(), mode=0o644)

@@ -1,10 +1,16 @@
-"""``python -m sndr.apply --verify --tree DIR``: the warm fast path (no pydantic, no planner).
+"""``python -m sndr apply --verify [--tree DIR]``: the warm fast path (no pydantic, no planner).
 
 A whole ``--verify`` process used to cost ~400 ms, nearly all of it importing
 pydantic through :mod:`sndr.model`, against ~4 ms of checking. When the tree is
 in the ordinary state this path answers from what the startup hook already
 keeps warm:
 
+* the tree: ``--tree DIR``, or without ``--tree`` the vLLM this interpreter
+  would import, found with :func:`importlib.machinery.PathFinder.find_spec`
+  (which locates a top-level package without importing it) and taken only when
+  it is the root an earlier full verify found with :func:`sndr.tree.find_installed_root`
+  for the same interpreter and ``sys.path`` (the deploy recipe and operators call
+  ``apply --verify`` without ``--tree``);
 * the tree's vLLM version, memoised under :func:`resolve.tree_identity` by an
   earlier full verify (the very ``open_tree(root).version`` it computed);
 * the resolved patch set: :func:`resolve.resolve_set`'s memo, under the same
@@ -19,10 +25,10 @@ It prints the full report's first and last lines (``sndr verify: TREE (vllm V)``
 full verifier, which prints the detailed report: a cold memo, no ledger, a
 pending journal, probe files, ``left_out`` patches, any mismatch, and every
 option other than ``--tree DIR``, ``--patches DIR`` and ``-q`` (``--json``,
-``-v``, ``--only``, ``--profile``, no ``--tree``). After a fallback the memos
-are primed, so the next verify is fast. The fast path never says ok where the
-full verifier would not: ``tests/test_verify_fast.py`` runs both on the same
-trees.
+``-v``, ``--only``, ``--profile``; :mod:`sndr.commands.apply` decides, on the one
+parser's arguments). After a fallback the memos are primed, so the next verify
+is fast. The fast path never says ok where the full verifier would not:
+``tests/startup/test_verify_fast.py`` runs both on the same trees.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from .. import state as statemod
 from .common import read_bytes, sha256
@@ -41,45 +47,46 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-class Args:
-    __slots__ = ("tree", "patches", "quiet")
-
-    def __init__(self, tree: str, patches: str | None, quiet: bool):
-        self.tree, self.patches, self.quiet = tree, patches, quiet
-
-
-def parse(argv: list[str]) -> Args | None:
-    """The arguments when the fast path may answer: ``--verify --tree DIR [--patches DIR] [-q]``; else None."""
-    tree = patches = None
-    quiet = verify = False
-    it = iter(argv)
-    for a in it:
-        if a == "--verify":
-            verify = True
-        elif a in ("-q", "--quiet"):
-            quiet = True
-        elif a in ("--tree", "--patches") or a.startswith(("--tree=", "--patches=")):
-            name, _, value = a.partition("=")
-            if not value:
-                value = next(it, "")
-            if not value or value.startswith("-"):
-                return None
-            if name == "--tree":
-                tree = value
-            else:
-                patches = value
-        else:
-            return None
-    if not verify or tree is None:
-        return None
-    return Args(tree, patches, quiet)
-
-
 def _root(spec: str) -> str | None:
     """A plain directory holding ``vllm/`` (:func:`sndr.treespec.plain_dir`: ``sndr.tree.directory``'s rule), else None."""
     from ..treespec import plain_dir  # stdlib only
 
     return plain_dir(spec)
+
+
+def _search_path() -> list[str]:
+    """``sys.path`` as :func:`sndr.tree.find_installed_root`'s child interpreter sees it: without the entry of
+    the script or the current directory (the child runs in a neutral directory), so neither shadows vLLM."""
+    return list(sys.path if sys.flags.safe_path else sys.path[1:])
+
+
+def _installed_key() -> str:
+    # The interpreter, the path it searches and the finders on sys.meta_path (an editable install's or a .pth's
+    # finder can serve vllm from elsewhere): any change is a new key, so the full verifier finds the root again.
+    finders = [f"{type(f).__module__}.{type(f).__qualname__}" for f in sys.meta_path]
+    return "installed-" + sha256(repr((sys.executable, _search_path(), finders, code_stamp())).encode())
+
+
+def _find_installed() -> str | None:
+    """The directory holding the ``vllm/`` this interpreter would import, located without importing it."""
+    from importlib.machinery import PathFinder
+
+    try:
+        spec = PathFinder.find_spec("vllm", _search_path())
+    except (ImportError, ValueError, OSError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from pathlib import Path  # str(Path(...).parent): the spelling the full report prints
+
+    return str(Path(list(spec.submodule_search_locations)[0]).parent)
+
+
+def _installed_root(cache: HookCache) -> str | None:
+    """No ``--tree``: the installed vLLM's root, when it is the one the last full verify found; else None."""
+    found = _find_installed()
+    memo = cache.load_memo(_installed_key())
+    return found if found is not None and memo is not None and memo.get("root") == found else None
 
 
 def _version_key(root: str) -> str:
@@ -99,19 +106,19 @@ def _set_key(root: str, version: str, environ: Mapping[str, str], cache: HookCac
     return memo_key("set-", pdir, tree_identity(root) + "\0" + version, environ, cache)[0]
 
 
-def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
+def check(tree: str | None, patches: str | None, environ: Mapping[str, str]) -> tuple[str, str, str] | None:
     """(root, version, digest) when the tree verifies on the warm path; None: ask the full verifier."""
-    root = _root(args.tree)
-    if root is None:
-        return None
     cache = open_cache(environ)
     if cache is None:
+        return None
+    root = _root(tree) if tree is not None else _installed_root(cache)
+    if root is None:
         return None
     memo = cache.load_memo(_version_key(root))
     version = memo.get("version") if memo is not None else None
     if not isinstance(version, str) or not version:
         return None
-    pdir = os.path.abspath(args.patches) if args.patches else patches_dir(environ)
+    pdir = os.path.abspath(patches) if patches else patches_dir(environ)
     resolved = cache.load_memo(_set_key(root, version, environ, cache, pdir))
     if resolved is None or resolved.get("format") != 1 or not isinstance(resolved.get("digest"), str):
         return None
@@ -161,38 +168,41 @@ def check(args: Args, environ: Mapping[str, str]) -> tuple[str, str, str] | None
     return root, version, resolved["digest"]
 
 
-def prime(args: Args, environ: Mapping[str, str]) -> None:
-    """After a full verify: memoise the tree's version and the resolved set (what the fast path reads)."""
-    root = _root(args.tree)
-    if root is None:
-        return
+def prime(tree: str | None, patches: str | None, environ: Mapping[str, str]) -> None:
+    """After a full verify: memoise the tree's version and the resolved set (what the fast path reads), and
+    without ``--tree`` the installed root :func:`sndr.tree.find_installed_root` found."""
     cache = open_cache(environ)
     if cache is None:
         return
     from ..errors import SndrError
-    from ..tree import open_tree
+    from ..tree import find_installed_root, open_tree
 
     try:
+        if tree is None:
+            root: str | None = str(find_installed_root())
+            if root != _find_installed():
+                return  # this interpreter's own lookup disagrees: the fast path cannot name the tree
+            cache.store_memo(_installed_key(), {"root": root})
+        else:
+            root = _root(tree)
+        if root is None:
+            return
         version = open_tree(root).version
         cache.store_memo(_version_key(root), {"version": version})
-        pdir = os.path.abspath(args.patches) if args.patches else patches_dir(environ)
+        pdir = os.path.abspath(patches) if patches else patches_dir(environ)
         resolve_set(version, tree_identity(root), environ, cache, pdir)
     except SndrError:
         pass  # the full verifier has already reported what is wrong with this tree or set
 
 
-def verify_main(argv: list[str], full: Callable[[list[str]], int], environ: Mapping[str, str] | None = None) -> int:
-    """``--verify``: the warm answer when there is one, else ``full(argv)`` (the full verifier) and prime the memos."""
+def answer(tree: str | None, patches: str | None, quiet: bool, environ: Mapping[str, str] | None = None) -> int | None:
+    """The warm answer (exit 0, the full report's head and verdict lines) when there is one; None: run the full
+    verifier, then :func:`prime`."""
     environ = os.environ if environ is None else environ
-    args = parse(argv)
-    if args is None:
-        return full(argv)
-    found = check(args, environ)
+    found = check(tree, patches, environ)
     if found is None:
-        code = full(argv)
-        prime(args, environ)
-        return code
+        return None
     root, version, digest = found
-    if not args.quiet:
+    if not quiet:
         sys.stdout.write(f"sndr verify: {root} (vllm {version})\nok  enabled set {digest[:12]}\n")
     return 0

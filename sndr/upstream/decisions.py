@@ -34,13 +34,14 @@ from typing import Annotated, Any, Final, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from ..errors import Problem, SndrError, bad_input
+from .defaults import DECISIONS_NAME  # its one home: stdlib only, read by the parser
 from .yamledit import append_row, checked, load_rt, remove_row, row_node, rt_yaml, splice_field, to_plain
 
 __all__ = ["DECISIONS_NAME", "Decision", "Decisions", "Deviation", "LoadedDecisions", "RESOLUTION_PATTERN",
            "TIERS", "default_decisions_path", "deviation_set", "drop_deviation", "load_decisions",
            "parse_decisions", "set_decision", "set_deviation"]
 
-DECISIONS_NAME = "sync-decisions.yaml"
+
 Tier = Literal["PORT-NOW", "INVENTORY", "IGNORE"]
 TIERS: tuple[Tier, ...] = get_args(Tier)
 RESOLUTION_PATTERN = r"^(?:ported-as [A-Za-z][A-Za-z0-9_-]*|not-needed \S.*|deferred)$"

@@ -25,7 +25,6 @@ every gate passes, and names each gate that fails:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
@@ -41,7 +40,7 @@ from .decisions import DECISIONS_NAME, Decisions, load_decisions
 from .gates import PinGate, benchmark_ref_problem, norm_version
 from .report import QUEUED, QueueReport
 
-__all__ = ["advance", "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "pin_main"]
+__all__ = ["advance", "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "run_pin"]
 
 _SHA_RE = re.compile(r"^[0-9a-f]{7,40}$")
 
@@ -370,48 +369,6 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
     return gates, record
 
 
-def pin_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sndr pin", description="show or advance the pin")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sh = sub.add_parser("show", help="print the recorded pin")
-    sh.add_argument("--pin-file", metavar="PATH")
-    sh.add_argument("--patches", metavar="DIR", help=f"patch set whose {PIN_FILE_NAME} to read (default: "
-                    "$SNDR_PATCHES, else the shipped set)")
-    ad = sub.add_parser("advance", help="record a new pin when the preflight, manifest, queue, deviation and benchmark gates pass")
-    ad.add_argument("--to", required=True, metavar="VERSION|SHA")
-    ad.add_argument("--preflight", metavar="REPORT.json", help="preflight of the patch set on the target")
-    ad.add_argument("--queue", metavar="QUEUE.json", help="`sync plan --json` of the range up to the target")
-    ad.add_argument("--manifest", metavar="PATH", help="manifest of the target (default: anchors/<to>.json)")
-    ad.add_argument("--patches", metavar="DIR", help="patch set being advanced: the preflight, manifest and queue "
-                    "must be of it (default: the queue's recorded patch dir, else $SNDR_PATCHES, else the shipped "
-                    "set)")
-    ad.add_argument("--pin-file", metavar="PATH", help=f"pin record to write (default: <patches>/{PIN_FILE_NAME}; "
-                    "never an installed sndr's shipped data)")
-    ad.add_argument("--version", help="vLLM version to record when --to is a commit")
-    ad.add_argument("--tree", help="target tree to take the digest from (any tree spec)")
-    ad.add_argument("--decisions", metavar="PATH", help="kept decisions and deviations (default: "
-                    "<patches>/sync-decisions.yaml)")
-    bench = ad.add_mutually_exclusive_group()  # a reference and a waiver of it cannot both hold
-    bench.add_argument("--benchmark-ref", metavar="FILE", help="benchmark reference re-measured on the target "
-                    "(required; must be newer than the preflight)")
-    bench.add_argument("--no-benchmark-ref", metavar="REASON", help="advance without a benchmark reference; the "
-                    "reason is recorded in the pin")
-    ad.add_argument("--perf-ref", metavar="FILE", action="append", default=[],
-                    help="a performance plugin's benchmark JSON ({\"plugin\": ID, \"vllm\": X, ...}) measured "
-                         "against the target's kernels, newer than the preflight; needed for each plugin the "
-                         "preflight marks re-measure (repeatable)")
-    ad.add_argument("--no-perf-ref", metavar="ID=REASON", action="append", default=[],
-                    help="advance without re-measuring plugin ID; the reason is recorded in the pin (repeatable)")
-    ad.add_argument("--dry-run", action="store_true", help="check the gates, write nothing")
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) and EXIT_BAD_INPUT
-    from ..cli import run
-
-    return run("sndr pin", lambda: _pin(args), on_interrupt=lambda: "the pin file is unchanged (written atomically)")
-
-
 def _waivers(items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -423,7 +380,8 @@ def _waivers(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _pin(args) -> int:
+def run_pin(args) -> int:
+    """``sndr pin show|advance`` (its options: :mod:`sndr.commands.pin`)."""
     if args.cmd == "show":
         path = Path(args.pin_file) if args.pin_file else default_pin_path(args.patches)
         rec = read_pin(path)

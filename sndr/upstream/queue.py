@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..errors import Problem, SndrError, bad_input
 from .decisions import Decisions, deviation_set
+from .defaults import SYNC_CONFIG_NAME  # its one home: stdlib only, read by the parser
 from .diff import parse_hunks
 from .gitio import CommitInfo, Git
 from .judge import LocalMarks, SimTree, aggregate, classify_change, commit_reason, distinctive, tree_reader
@@ -54,7 +55,6 @@ from .treecheck import check_tree
 
 __all__ = ["SYNC_CONFIG_NAME", "Surface", "load_sync_config", "patch_surface", "plan_queue"]
 
-SYNC_CONFIG_NAME = "_sync.toml"
 
 
 def patch_surface(patches: Iterable) -> set[str]:

@@ -19,14 +19,13 @@ input (no series, an unreadable patch).
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, Problem, SndrError
+from ..errors import EXIT_FINDINGS, EXIT_OK, Problem, SndrError
 from ..fsio import FileProblem, atomic_write, read_text_strict
 from ..model import ID_PATTERN
 
@@ -174,37 +173,8 @@ def _title_of(source: str) -> str:
     return re.sub(r"[-_]+", " ", stem).strip() or stem
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sndr import",
-                                 description="Turn a patch series (quilt, git format-patch) into sndr patch files, "
-                                             "in series order with after chains.")
-    ap.add_argument("kind", choices=["quilt", "mbox", "genesis"],
-                    help="quilt: a directory with a series file; mbox: numbered format-patch files, or one mbox "
-                         "file; genesis: a checkout of the seed system (its text patchers and registry, read "
-                         "statically)")
-    ap.add_argument("src", type=Path, help="the series (genesis: the checkout's root)")
-    ap.add_argument("--to", required=True, type=Path, dest="out", help="directory to write the patch files into")
-    ap.add_argument("--tree", help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
-                                   "place each hunk on it; genesis converts without a tree)")
-    ap.add_argument("--prefix", default=None, help="id prefix (default: Q for quilt, M for mbox): Q001, Q002, ...")
-    ap.add_argument("--force", action="store_true", help="overwrite existing patch files")
-    ap.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout)")
-    ap.add_argument("-q", "--quiet", action="store_true")
-    return ap
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
-
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) and EXIT_BAD_INPUT
-    return run("sndr import", lambda: _main(args),
-               on_interrupt=lambda: "each patch file is written atomically; the report may be missing")
-
-
-def _main(args) -> int:
+def run_import(args) -> int:
+    """``sndr import`` (its options: :mod:`sndr.commands.import_`)."""
     from ..tree import open_tree
 
     if args.kind == "genesis":
@@ -238,11 +208,9 @@ def _main(args) -> int:
     done = sum(r.ok for r in results)
     print(f"imported {done} of {len(results)} into {args.out} (report: {args.out / '_import.json'})", file=err)
     if args.json:
-        data = json.dumps([asdict(r) for r in results], indent=2) + "\n"
-        if args.json == "-":
-            sys.stdout.write(data)
-        else:
-            atomic_write(args.json, data.encode("utf-8"), durable=False)
+        from ..cli import write_output
+
+        write_output(args.json, json.dumps([asdict(r) for r in results], indent=2) + "\n", "--json")
     return code
 
 
@@ -295,9 +263,7 @@ def _genesis(args) -> int:
           f"{args.out}; {len(res.skipped)} registry entr(ies) not imported, {len(res.notes)} construct(s) not "
           f"expressed (report: {args.out / '_import.json'})", file=err)
     if args.json:
-        data = json.dumps(report, indent=2) + "\n"
-        if args.json == "-":
-            sys.stdout.write(data)
-        else:
-            atomic_write(args.json, data.encode("utf-8"), durable=False)
+        from ..cli import write_output
+
+        write_output(args.json, json.dumps(report, indent=2) + "\n", "--json")
     return EXIT_OK if not res.notes and not res.skipped else EXIT_FINDINGS

@@ -18,7 +18,6 @@ from it before the split.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from .gates import PinGate
 from .gitio import EMPTY_TREE, CommitInfo, Git, GitFileChange
 from .judge import FUZZ_MIN_CHARS, FileResult, HunkResult, SimTree, classify_change, classify_hunk
 from .lines import LineTracker, net_zero, superseded
-from .pin import advance, gate_benchmark, gate_deviations, gate_manifest, gate_preflight, gate_queue, pin_main
+from .pin import advance, gate_benchmark, gate_deviations, gate_manifest, gate_preflight, gate_queue
 from .queue import SYNC_CONFIG_NAME, Surface, load_sync_config, patch_surface, plan_queue
 from .report import QUEUED, CommitEntry, Disposition, QueueReport, QueueStatus, Wave, render_markdown
 from .reverts import pair_reverts
@@ -49,82 +48,15 @@ __all__ = [
     "DECISIONS_NAME", "EMPTY_TREE", "FUZZ_MIN_CHARS", "PIN_FILE_NAME", "QUEUED", "SYNC_CONFIG_NAME", "CommitEntry",
     "CommitInfo", "Decision", "Decisions", "Deviation", "Disposition", "GitFileChange", "FileResult", "PinGate", "Git",
     "Hunk", "HunkResult", "LineTracker", "PinRecord", "QueueReport", "QueueStatus", "SimTree", "Surface", "Wave",
-    "advance", "classify_change", "classify_hunk", "cli_main", "default_decisions_path", "default_pin_path",
+    "advance", "classify_change", "classify_hunk", "default_decisions_path", "default_pin_path",
     "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "load_decisions",
-    "load_sync_config", "net_zero", "pair_reverts", "parse_hunks", "patch_surface", "pin_main", "plan_queue", "read_pin",
+    "load_sync_config", "net_zero", "pair_reverts", "parse_hunks", "patch_surface", "plan_queue", "read_pin",
     "render_markdown", "superseded",
 ]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sndr sync", description="plan the port queue of an upstream range")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    pl = sub.add_parser("plan", help="list, judge and order the commits of an upstream range")
-    pl.add_argument("--repo", required=True, help="a vLLM git checkout holding the range")
-    pl.add_argument("--from", dest="from_ref", required=True, metavar="PIN",
-                    help="the pin (tag or sha); the range is FROM..TO, as git log reads it")
-    pl.add_argument("--to", dest="to_ref", required=True, metavar="TARGET")
-    pl.add_argument("--tree", help="the pin's tree the commits are judged against (default: the repo's working "
-                    "tree; required for a bare repository); a tree of another version than the pin is refused")
-    pl.add_argument("--patches", metavar="DIR", help="patch set whose files are mirrored (default: shipped set)")
-    pl.add_argument("--surface", action="append", default=[], metavar="GLOB",
-                    help="extra mirrored files (fnmatch; '*' crosses '/'); repeatable")
-    pl.add_argument("--config", metavar="FILE",
-                    help=f"TOML with surface = [globs] (default: <patches>/{SYNC_CONFIG_NAME} if present)")
-    pl.add_argument("--decisions", metavar="PATH", help=f"kept decisions and deviations (default: "
-                    f"<patches>/{DECISIONS_NAME} if present)")
-    pl.add_argument("--select", metavar="SHA,...",
-                    help="queue only these commits (refused if it splits a revert pair or a series)")
-    pl.add_argument("--json", metavar="PATH", help="write the JSON report here ('-' for stdout)")
-    pl.add_argument("--md", metavar="PATH", help="write the Markdown report here ('-' for stdout)")
-
-    de = sub.add_parser("decide", help="record the decision on one queued commit (kept across re-plans)")
-    de.add_argument("sha", nargs="?", help="the upstream commit (7 to 40 hex digits)")
-    de.add_argument("--from-file", metavar="FILE", help="record many decisions at once: a YAML list of rows with "
-                    "the decisions file's keys (sha, tier, resolution, note), checked first, written once")
-    de.add_argument("--repo", metavar="REPO", help="without --queue: the vLLM git checkout that resolves the sha "
-                    "(refused when it names no commit there)")
-    de.add_argument("--tier", choices=("PORT-NOW", "INVENTORY", "IGNORE"))
-    de.add_argument("--resolution", metavar="TEXT",
-                    help="'ported-as PN0123', 'not-needed <reason>' or 'deferred'")
-    de.add_argument("--note", metavar="TEXT")
-    de.add_argument("--queue", metavar="QUEUE.json", help="resolve a short sha and take the subject from this "
-                    "`sync plan --json` report; its recorded patch dir is the default --patches")
-    de.add_argument("--patches", metavar="DIR", help="patch set the decisions belong to (default: the queue's "
-                    "recorded patch dir, else $SNDR_PATCHES; never an installed sndr's shipped data)")
-    de.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
-    de.add_argument("--allow-unknown", action="store_true", help="accept 'ported-as ID' for an id the patch set "
-                    "does not have yet (pin advance still refuses it until the patch exists)")
-
-    dv = sub.add_parser("deviation", help="record, review or drop a deviation from upstream")
-    dv.add_argument("patch", help="the patch id that carries the deviation")
-    dv.add_argument("--upstream", metavar="vllm#N", help="the upstream PR it deviates from")
-    dv.add_argument("--why", metavar="TEXT")
-    dv.add_argument("--discharge", metavar="SHA|vllm#N", help="the upstream commit that will discharge it")
-    dv.add_argument("--paths", metavar="FILE,...", help="files it lives in (default: the patch's files)")
-    dv.add_argument("--reviewed", metavar="TARGET", help="the target it was reviewed for (gates pin advance)")
-    dv.add_argument("--drop", action="store_true", help="remove it (discharged upstream)")
-    dv.add_argument("--patches", metavar="DIR", help="patch set the deviation belongs to (default: $SNDR_PATCHES; "
-                    "never an installed sndr's shipped data)")
-    dv.add_argument("--allow-unknown", action="store_true", help="accept a patch id the patch set does not have "
-                    "(yet); give --paths, or the deviation lives in no file")
-    dv.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
-    return p
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import parse_args, run
-
-    try:
-        args = parse_args(_parser(), argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) and EXIT_BAD_INPUT
-    return run("sndr sync", lambda: _run(args),
-               on_interrupt=lambda: "nothing was written (reports and the decisions file are written at the end, "
-               "atomically); run the command again")
-
-
-def _run(args) -> int:
+def run_sync(args) -> int:
+    """``sndr sync plan|decide|deviation`` (its options: :mod:`sndr.commands.sync`)."""
     if args.cmd == "plan":
         return _plan_cmd(args)
     from ..cli import write_output
@@ -365,7 +297,7 @@ def _plan_cmd(args) -> int:
     text_md = render_markdown(rep)
     from ..cli import write_output
 
-    if args.json and args.json != "-":
+    if args.json:
         write_output(args.json, text_json + "\n", "--json")
     if args.md and args.md != "-":
         write_output(args.md, text_md + "\n", "--md")
@@ -375,10 +307,9 @@ def _plan_cmd(args) -> int:
                f"in {len(rep.waves)} wave(s), {c.get('decided', 0)} decided, {c.get('undecided', 0)} undecided"
                + (f"; {c['blocked']} blocked by a by-hand commit" if c.get("blocked") else ""))
     if args.json == "-":
-        print(text_json)
         print(summary, file=sys.stderr)
     elif args.md == "-" or not (args.json or args.md):
-        print(text_md)
+        write_output("-", text_md + "\n", "--md")
     else:
         print(summary)
     return EXIT_FINDINGS if (c.get("undecided", 0) or rep.findings) else EXIT_OK

@@ -27,7 +27,6 @@ checks); the round trip of one file is here, next to the function it drives.
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import re
@@ -42,22 +41,19 @@ from ..load import PatchSet
 from ..locate import scopes
 from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
 from ..plan import Reader
+from .defaults import DEFAULT_FUZZ, DEFAULT_MAX_CONTEXT  # their one home: stdlib only, read by the parser
 from .diff import DiffFile
 from .vendor_anchor import WORD, choose_marker, edit_name, slug, widen
 from .vendor_check import EditReport, VendorResult, verify
 from .vendor_place import DiffHunk, parse_diff, place, resolve_path, split_lines, to_pin_line, unified_diff
 
-#: Lines of the pin's file an anchor may take on each side of a hunk's changed lines.
-DEFAULT_MAX_CONTEXT = 20
-#: Lines of the diff's context that may be dropped on each side when the pin differs from the diff's base.
-DEFAULT_FUZZ = 2
 _PACKAGE = "vllm/"
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
     "EditReport",
     "VendorResult",
-    "cli_main",
+    "run_vendor",
     "parse_diff",
     "roundtrip_file",
     "roundtrip_result",
@@ -387,35 +383,6 @@ def roundtrip_result(path: str, old: str | None, new: str, *, version: str = "",
 # ----------------------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sndr vendor",
-                                 description="Turn a unified diff (git format-patch, git diff, diff -u) into a "
-                                             "patch file for a pinned vLLM tree.")
-    ap.add_argument("--diff", required=True, help="the diff file ('-' for stdin)")
-    ap.add_argument("--id", required=True, dest="patch_id", help="patch id, e.g. PN0101")
-    ap.add_argument("--title", help="patch title (default: the Subject: of a format-patch mail)")
-    ap.add_argument("--upstream", action="append", metavar="REF",
-                    help="upstream reference, e.g. vllm#12345 (repeatable; default: the (#N) of the Subject)")
-    ap.add_argument("--tree", required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
-    ap.add_argument("--out", default="patches", help="directory to write <ID>-<slug>.toml into, or a .toml path")
-    ap.add_argument("--marker", action="append", default=[], metavar="EDIT=TEXT",
-                    help="merged marker for an edit (by name, or by hunk number across the diff); repeatable")
-    ap.add_argument("--vllm", default="", metavar="SPEC", help="PEP 440 specifier for the patch's vllm key")
-    ap.add_argument("--max-context", type=int, default=DEFAULT_MAX_CONTEXT,
-                    help=f"lines of context an anchor may take on each side (default {DEFAULT_MAX_CONTEXT})")
-    ap.add_argument("--fuzz", type=int, default=DEFAULT_FUZZ,
-                    help=f"diff context lines that may be dropped to place a hunk (default {DEFAULT_FUZZ})")
-    ap.add_argument("-p", "--strip", type=int, default=None, metavar="N",
-                    help="strip N leading path components (default: git's a/ b/, then from the first vllm/)")
-    ap.add_argument("--include", action="append", default=[], metavar="GLOB", help="only files matching (repeatable)")
-    ap.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="drop files matching (repeatable)")
-    ap.add_argument("--stdout", action="store_true", help="print the patch file instead of writing it")
-    ap.add_argument("--force", action="store_true", help="overwrite an existing patch file")
-    ap.add_argument("--json", metavar="FILE", help="write the vendor report as JSON ('-' for stdout)")
-    ap.add_argument("-q", "--quiet", action="store_true")
-    return ap
-
-
 def _parse_markers(items: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in items:
@@ -463,18 +430,8 @@ def _print_result(res: VendorResult, target: Path | None, quiet: bool) -> None:
         print("nothing written", file=err)
 
 
-def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import parse_args, run
-
-    try:
-        args = parse_args(build_parser(), argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) and EXIT_BAD_INPUT
-    return run("sndr vendor", lambda: _vendor(args),
-               on_interrupt=lambda: "no patch file was written (it is written atomically at the end)")
-
-
-def _vendor(args) -> int:
+def run_vendor(args) -> int:
+    """``sndr vendor`` (its options: :mod:`sndr.commands.vendor`): write the patch file, print the report."""
     from ..cli import check_output, write_output
     from ..tree import open_tree
 

@@ -24,11 +24,8 @@ import their names from there.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
-import json
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +33,7 @@ from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, bad_input
+from ..errors import Problem, SndrError, bad_input
 from .yamledit import (  # noqa: F401 - to_plain and the editor helpers are public here too
     checked,
     content_end,
@@ -520,114 +517,3 @@ def write_atomic(path: Path, text: str) -> None:
     from ..cli import write_output
 
     write_output(path, text, "the watchlist")
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--watchlist", metavar="PATH", help="watchlist file (default: patches/watchlist.yaml)")
-    p = argparse.ArgumentParser(prog="python -m sndr watchlist", description="lint, edit and evaluate the upstream watchlist",
-                                parents=[common])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    lp = sub.add_parser("lint", parents=[common], help="flag unknown patches, contradictions, duplicates, retired patches")
-    lp.add_argument("--patches", metavar="DIR", help="patch directory for the registry checks (default: shipped set)")
-    lp.add_argument("--no-registry", action="store_true", help="skip the checks that need the patch set")
-    lp.add_argument("--json", action="store_true", help="print findings as JSON")
-    sp = sub.add_parser("set", parents=[common], help="set one key of one row, keeping every comment")
-    sp.add_argument("row", help="vllm#N (watch row) or #N (sweep row)")
-    sp.add_argument("key")
-    sp.add_argument("value", help="lists are comma-separated; '' is an empty list")
-    sp.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
-    cp = sub.add_parser("check", parents=[common], help="which triggers fired on a preflight's candidate")
-    cp.add_argument("--preflight", required=True, metavar="REPORT.json")
-    cp.add_argument("--json", action="store_true")
-    sh = sub.add_parser("show", parents=[common], help="print the watchlist (or one row) as JSON")
-    sh.add_argument("row", nargs="?")
-    sub.add_parser("schema", parents=[common], help="print the JSON Schema of the watchlist")
-    return p
-
-
-def _print_problems(problems: list[Problem], stream=None) -> None:
-    stream = stream or sys.stdout
-    for p in problems:
-        print(p.render(), file=stream)
-
-
-def _unified(old: str, new: str, name: str) -> str:
-    import difflib
-
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{name}", f"b/{name}"))
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
-
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) and EXIT_BAD_INPUT
-    return run("sndr watchlist", lambda: _run(args),
-               on_interrupt=lambda: "the watchlist is unchanged (edits are written atomically)")
-
-
-def _run(args) -> int:
-    if args.cmd == "schema":
-        print(json.dumps(json_schema(), indent=2))
-        return EXIT_OK
-    path = Path(args.watchlist) if args.watchlist else default_watchlist_path()
-    if args.cmd == "set":
-        text = read_text_file(path, "watchlist")
-        loaded = parse_watchlist(text, str(path))
-        section, _ = find_row(loaded.model, args.row, str(path))
-        value = parse_cli_value(section, args.key, args.value)
-        new = set_field(text, args.row, args.key, value, str(path))
-        if new == text:
-            print(f"{path}: {args.row} [{args.key}] already {args.value!r}; nothing to do")
-            return EXIT_OK
-        if args.dry_run:
-            sys.stdout.write(_unified(text, new, path.name))
-            return EXIT_OK
-        write_atomic(path, new)
-        print(f"{path}: {args.row} [{args.key}] = {args.value!r}")
-        return EXIT_OK
-    loaded = load_watchlist(path)
-    if args.cmd == "show":
-        data = loaded.model.to_data()
-        if args.row:
-            section, index = find_row(loaded.model, args.row, str(path))
-            data = data[section][index]
-        print(json.dumps(data, indent=2, default=str, ensure_ascii=False))
-        return EXIT_OK
-    if args.cmd == "lint":
-        from .watchlist_lint import lint, load_registry
-
-        registry = None if args.no_registry else load_registry(args.patches)
-        problems = lint(loaded, registry)
-        if args.json:
-            print(json.dumps({"watchlist": str(path), "registry": registry is not None,
-                              "findings": [p.to_json() for p in problems]}, indent=2, ensure_ascii=False))
-        else:
-            _print_problems(problems)
-            counts: dict[str, int] = {}
-            for p in problems:
-                counts[p.code] = counts.get(p.code, 0) + 1
-            summary = ", ".join(f"{n} {c}" for c, n in sorted(counts.items())) or "no findings"
-            print(f"{path}: {len(loaded.model.watch)} watch rows, {len(loaded.model.sweep)} sweep rows: {summary}")
-        return EXIT_FINDINGS if problems else EXIT_OK
-    if args.cmd == "check":
-        from .triggers import check, load_preflight
-
-        facts = load_preflight(args.preflight)
-        report = check(loaded, facts, str(args.preflight))
-        if args.json:
-            print(report.model_dump_json(indent=2))
-        else:
-            for f in report.fired:
-                print(f"{path}:{f.line}: {f.where()}: {f.trigger} fired: {f.reason}")
-            for n in report.notes:
-                print(f"note: {n}")
-            print(f"{len(report.fired)} trigger(s) fired on {report.candidate or 'the candidate'}")
-        return EXIT_FINDINGS if report.fired else EXIT_OK
-    raise SndrError(Problem("internal", f"unhandled command {args.cmd}"), EXIT_INTERNAL)  # pragma: no cover

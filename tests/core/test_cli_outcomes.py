@@ -18,10 +18,10 @@ import pytest
 
 from hook_fixtures import box, out_of, replace_file  # noqa: F401 (box is a fixture)
 from sndr import apply as applymod
+from sndr.__main__ import main as sndr_main
 from sndr.apply import run_apply, run_verify
 from sndr.env import BOOL_WORDS
 from sndr.load import load_patch_set
-from sndr.startup.hook import status_main
 from sndr.startup.status import active_summary
 
 from .test_apply import DATA, FILES, sndr_apply, vllm_hash
@@ -91,13 +91,13 @@ def test_every_apply_mode_writes_pure_json_to_stdout(tree, tmp_path):
 
 def test_other_commands_json_is_pure(tree, tmp_path):
     procs = [
-        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "--patches", str(DATA)], capture_output=True,
+        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "-", "--patches", str(DATA)], capture_output=True,
                        text=True),
-        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "--patches", str(DATA), "--tree", str(tree)],
+        subprocess.run([sys.executable, "-m", "sndr", "list", "--json", "-", "--patches", str(DATA), "--tree", str(tree)],
                        capture_output=True, text=True),
-        subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json"], capture_output=True, text=True),
+        subprocess.run([sys.executable, "-m", "sndr", "schema", "codes", "--json", "-"], capture_output=True, text=True),
         subprocess.run([sys.executable, "-m", "sndr", "schema", "report"], capture_output=True, text=True),
-        subprocess.run([sys.executable, "-m", "sndr", "status", "--json", "--run-dir", str(tmp_path / "run")],
+        subprocess.run([sys.executable, "-m", "sndr", "status", "--json", "-", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True),
     ]
     for p in procs:
@@ -162,7 +162,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tree, monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(applymod, "run_apply", interrupted)
-    assert applymod.cli_main(["--tree", str(tree), "--patches", str(DATA)]) == 130
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sndr apply: interrupted; the tree is whole")
     assert "python -m sndr.apply --verify" in err[0]
@@ -257,7 +257,7 @@ def test_startup_warning_names_the_fix_and_status_names_the_missing_patch(box, c
     # Changed by someone else: apply alone refuses (modified_since_apply), so the hint says --force.
     assert "changed since apply by someone else: inspect the change" in proc.stderr
     assert "`python -m sndr.apply --force`" in proc.stderr
-    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 1
     text = capsys.readouterr().out
     line = next(ln for ln in text.splitlines() if ln.startswith("  pid "))
     assert "MISSING 1" in line and "NOT active: F0001" in line and "applied=" not in line
@@ -300,3 +300,30 @@ def test_help_lists_every_schema_name():
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("schema "))
     assert line.rsplit(" ", 1)[-1].split("|") == [*SCHEMAS, "codes"]
     assert {"config", "profile", "codes"} <= set(line.rsplit(" ", 1)[-1].split("|"))
+
+
+def test_json_means_file_or_dash_in_every_command():
+    """Issue 29: ``--json`` was FILE-or-- in four commands and an on/off flag in three. Every ``--json`` of
+    every command (and subcommand) of the one parser now takes FILE|- (one helper adds it)."""
+    import argparse
+
+    from sndr.__main__ import build_parser
+    from sndr.commands import COMMANDS
+
+    def parsers(p):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from parsers(sub)
+
+    found = []
+    for name in COMMANDS:
+        for p in parsers(build_parser([name])):
+            for a in p._actions:
+                if "--json" in a.option_strings:
+                    found.append(p.prog)
+                    assert type(a) is argparse._StoreAction and a.nargs is None and a.metavar == "FILE|-", p.prog
+    assert len(found) >= 9 and {"python -m sndr status", "python -m sndr list", "python -m sndr schema",
+                                "python -m sndr watchlist lint", "python -m sndr watchlist check",
+                                "python -m sndr apply", "python -m sndr sync plan"} <= set(found), found

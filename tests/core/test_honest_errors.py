@@ -9,7 +9,7 @@ import os
 import pytest
 
 from hook_fixtures import make_patches, make_tree, tree_bytes
-from sndr.apply import cli_main
+from sndr.__main__ import main as sndr_main
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def patches(tmp_path):
 
 
 def _apply(capsys, *args) -> tuple[int, str, str]:
-    rc = cli_main(list(args))
+    rc = sndr_main(["apply", *(list(args))])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -238,10 +238,9 @@ def test_dry_run_over_an_interrupted_commit_plans_what_apply_plans(site, patches
 
 
 def test_list_says_an_enable_variable_naming_no_patch(patches, capsys, monkeypatch):
-    from sndr.listing import cli_main as list_main
 
     monkeypatch.setenv("SNDR_ENABLE_F001", "1")
-    assert list_main(["--patches", str(patches), "--json"]) == 0
+    assert sndr_main(["list", "--patches", str(patches), "--json", "-"]) == 0
     out = capsys.readouterr()
     assert "sndr list: note: SNDR_ENABLE_F001 names no patch of the set; it is ignored" in out.err
     import json

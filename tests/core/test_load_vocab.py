@@ -67,7 +67,7 @@ def test_a_profile_fact_outside_the_vocabulary_is_an_error_with_its_line():
 def test_a_file_name_that_disagrees_with_its_id_is_said(tmp_path, capsys):
     """Was accepted silently. A warning (a set may order its files by name), in every apply report."""
     from hook_fixtures import make_patches, make_tree
-    from sndr.apply import cli_main
+    from sndr.__main__ import main as sndr_main
     from sndr.load import load_patch_set
 
     site = make_tree(tmp_path / "site")
@@ -78,7 +78,7 @@ def test_a_file_name_that_disagrees_with_its_id_is_said(tmp_path, capsys):
     assert (w.code, w.line, w.key) == ("name_mismatch", 1, "id")
     assert "the file name F0009-answer.toml does not start with its id F0001" in w.message
     for mode in (["--dry-run"], [], ["--verify"]):
-        assert cli_main(["--patches", str(patches), "--tree", str(site), *mode]) == 0
+        assert sndr_main(["apply", "--patches", str(patches), "--tree", str(site), *mode]) == 0
         out = capsys.readouterr().out
         assert "F0009-answer.toml:1 [id]: F0001: the file name F0009-answer.toml does not start with its id" in out
     (patches / "F0009-answer.toml").rename(patches / "F0001.toml")

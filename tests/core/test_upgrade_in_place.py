@@ -133,7 +133,7 @@ def test_list_after_an_in_place_upgrade_reads_like_a_clean_tree(tmp_path, vllm_p
     """``sndr list --tree`` took the same shortcut as apply's verdict table: merged edits read applied."""
     import json
 
-    from sndr.listing import cli_main
+    from sndr.__main__ import main as sndr_main
 
     tree = copy_tree(vllm_pin_root, tmp_path / "site")
     assert run_apply(tree, shipped, environ={}).ok
@@ -141,7 +141,7 @@ def test_list_after_an_in_place_upgrade_reads_like_a_clean_tree(tmp_path, vllm_p
     clean = copy_tree(vllm_candidate_root, tmp_path / "clean")
     docs = []
     for root in (tree, clean):
-        assert cli_main(["--tree", str(root), "--json"]) == 0
+        assert sndr_main(["list", "--tree", str(root), "--json", "-"]) == 0
         docs.append(json.loads(capsys.readouterr().out))
     assert docs[0]["patches"] == docs[1]["patches"]
     assert docs[0]["patch_set_digest"] == docs[1]["patch_set_digest"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sndr.startup.hook import cli_main, status_main
+from sndr.__main__ import main as sndr_main
 from vllm_env import HOOK_PATCHES
 
 pytestmark = pytest.mark.vllm_install
@@ -126,12 +126,12 @@ def test_on_disk_mode_every_process_attests_the_same_digest(make_vllm_env, capsy
     assert sorted(r["pid"] for r in recs) == sorted([out["pid"], child["pid"]])
     assert {r["patch_set_digest"] for r in recs} == {ledger["patch_set_digest"]}
     assert all(r["missing_required"] == [] for r in recs)
-    assert status_main(["--run-dir", str(run_dir)]) == 0
+    assert sndr_main(["status", "--run-dir", str(run_dir)]) == 0
     assert capsys.readouterr().out.count(" disk ") == 2
     # Tamper with one patched file: status re-hashes the tree and fails.
     sched = env.site / SCHED
     _replace(sched, sched.read_text() + "\n# tampered\n")
-    assert status_main(["--run-dir", str(run_dir)]) == 1
+    assert sndr_main(["status", "--run-dir", str(run_dir)]) == 1
     assert "scheduler.py: changed since it was patched" in capsys.readouterr().out
 
 
@@ -139,7 +139,7 @@ def test_in_memory_mode_patches_without_touching_the_tree(make_vllm_env, capsys)
     env = make_vllm_env()
     before = _py_bytes(env.site)
     pycs_before = _target_pycs(env.site)
-    assert cli_main(["install", "--site", str(env.site)]) == 0
+    assert sndr_main(["hook", "install", "--site", str(env.site)]) == 0
     out = _out(env.run(PARENT, CHECK_TRACEBACK="1"))
     assert out["mode"] == "memory" and out["missing"] == [], out
     assert out["probe"] == "H0001 active" and out["loader"] == "PatchedLoader" and out["calls"] == 1
@@ -154,7 +154,7 @@ def test_in_memory_mode_patches_without_touching_the_tree(make_vllm_env, capsys)
     assert not (env.site / ".sndr").exists()
     assert _target_pycs(env.site) == pycs_before  # no bytecode written for the patched modules
     run_dir = Path(env.extra_env["SNDR_RUN_DIR"])
-    assert status_main(["--run-dir", str(run_dir)]) == 0
+    assert sndr_main(["status", "--run-dir", str(run_dir)]) == 0
     # Warm start: served from the code cache, same answers.
     out2 = _out(env.run(PARENT))
     assert out2["probe"] == "H0001 active" and out2["digest"] == out["digest"] and out2["missing"] == []

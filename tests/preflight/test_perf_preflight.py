@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.load import load_patch_set
 from sndr.model import Patch
 from sndr.pinrecord import read_pin
@@ -191,12 +192,12 @@ def test_pin_advance_cli_refuses_then_records_the_waiver(tmp_path, monkeypatch, 
     monkeypatch.setattr(pinmod, "load_patch_set", lambda d: None, raising=False)
     base = ["advance", "--to", "0.33.0", "--preflight", str(pre), "--patches", str(tmp_path),
             "--pin-file", str(tmp_path / "_pin.toml")]
-    assert pinmod.pin_main(base) == 1
+    assert sndr_main(["pin", *base]) == 1
     assert "gate performance: FAIL: PK0003" in capsys.readouterr().out
-    assert pinmod.pin_main(base + ["--no-perf-ref", "PK0003=GDN runs vLLM's CUDA op by default here"]) == 0
+    assert sndr_main(["pin", *(base + ["--no-perf-ref", "PK0003=GDN runs vLLM's CUDA op by default here"])]) == 0
     rec = read_pin(tmp_path / "_pin.toml")
     assert rec is not None and rec.perf_waived == ["PK0003: GDN runs vLLM's CUDA op by default here"]
-    assert pinmod.pin_main(base + ["--no-perf-ref", "PK0003"]) == 2  # ID=REASON, never a bare id
+    assert sndr_main(["pin", *(base + ["--no-perf-ref", "PK0003"])]) == 2  # ID=REASON, never a bare id
 
 
 def test_changes_are_listed_once_layer_level_first(section):

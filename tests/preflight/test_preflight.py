@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.load import load_patch_set
 from sndr.model import Verdict
 from sndr.preflight.analysis import exit_code, run_preflight
 from sndr.preflight.annotations import github_annotations, render_sarif
-from sndr.preflight.cli import cli_main
 from sndr.preflight.models import PreflightReport
 from sndr.preflight.render import render_markdown
 from tests.preflight_oracle import true_location
@@ -330,12 +330,12 @@ def test_cli_exit_codes_and_outputs(tmp_path, vllm_pin_root, vllm_candidate_root
     md = tmp_path / "r.md"
     args = ["--patches", str(DATA / "bump_032_033"), "--pin", str(vllm_pin_root),
             "--candidate", str(vllm_candidate_root), "--json", str(out), "--markdown", str(md), "-q", "--no-config"]
-    assert cli_main(args) == 1
+    assert sndr_main(["preflight", *args]) == 1
     assert json.loads(out.read_text())["summary"]["exit_code"] == 1
     assert md.read_text().startswith("# sndr bump preflight")
-    assert cli_main(args + ["--fail-on", "none"]) == 0
-    assert cli_main(args + ["--fail-on", "bogus"]) == 2
-    assert cli_main(["--patches", str(DATA / "bump_032_033"), "--pin", str(tmp_path / "nope"),
+    assert sndr_main(["preflight", *(args + ["--fail-on", "none"])]) == 0
+    assert sndr_main(["preflight", *(args + ["--fail-on", "bogus"])]) == 2
+    assert sndr_main(["preflight", "--patches", str(DATA / "bump_032_033"), "--pin", str(tmp_path / "nope"),
                      "--candidate", str(vllm_candidate_root)]) == 2
     capsys.readouterr()
 
@@ -427,7 +427,7 @@ replacement = '''\n    value_3 = compute_thing_3(alpha, beta)\n    value_4 = com
 
 
 def test_bad_tree_spec_is_exit_2(tmp_path, capsys):
-    assert cli_main(["--patches", str(DATA / "bump_0100_0101"), "--pin", "vllm>=1", "--candidate", "vllm>=2"]) == 2
+    assert sndr_main(["preflight", "--patches", str(DATA / "bump_0100_0101"), "--pin", "vllm>=1", "--candidate", "vllm>=2"]) == 2
     assert "exact version" in capsys.readouterr().err
 
 
@@ -527,7 +527,7 @@ def test_auto_releases_take_the_last_patch_of_each_minor_in_between():
 
 
 def test_two_stdout_outputs_are_refused(capsys):
-    assert cli_main(["--pin", "vllm==0.32.0", "--candidate", "vllm==0.33.0", "--json", "-", "--github"]) == 2
+    assert sndr_main(["preflight", "--pin", "vllm==0.32.0", "--candidate", "vllm==0.33.0", "--json", "-", "--github"]) == 2
     assert "stdout_conflict" in capsys.readouterr().err
 
 

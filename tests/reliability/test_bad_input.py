@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sndr.apply import cli_main
+from sndr.__main__ import main as sndr_main
 
 BASE = '''id = "{id}"
 title = "bad input case"
@@ -190,7 +190,7 @@ def test_bad_input(case: Case, pin_subtree, tmp_path, capsys, monkeypatch):
     for name, text in case.patches.items():
         (pdir / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     if case.prepatch:
-        assert cli_main(["--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
+        assert sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
     if case.setup:
         case.setup(tree)
     for k, v in case.env.items():
@@ -198,7 +198,7 @@ def test_bad_input(case: Case, pin_subtree, tmp_path, capsys, monkeypatch):
     before = snapshot(tree)
     capsys.readouterr()
     try:
-        rc = cli_main(["--tree", str(tree), "--patches", str(pdir), *case.args])
+        rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), *case.args])
         out = capsys.readouterr()
         text = out.out + out.err
     finally:
@@ -225,7 +225,7 @@ def test_target_deleted_between_plan_and_commit(pin_subtree, tmp_path, capsys, m
 
     monkeypatch.setattr(commit_mod, "commit", racing_commit)
     before = {k: v for k, v in snapshot(tree).items() if k != FILE and not k.startswith(".sndr")}
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir)])
     text = capsys.readouterr().err
     assert rc == 2 and FILE in text and "between plan and commit" in text
     after = {k: v for k, v in snapshot(tree).items() if k != FILE and not k.startswith(".sndr")}
@@ -246,7 +246,7 @@ def test_overlapping_patches_are_a_finding_not_bad_input(pin_subtree, tmp_path, 
     (pdir / "PB0002-x.toml").write_text(patch_text(id="PB0002", anchor=REPL, replacement="        return 0\n"))
     before = snapshot(tree)
     capsys.readouterr()
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir)])
     out = capsys.readouterr()
     text = out.out + out.err
     assert rc == 1, f"exit {rc}\n{text}"
@@ -267,13 +267,13 @@ def test_declared_conflicts_both_enabled_are_a_finding_as_in_the_preflight(pin_s
                                                    replacement="            curr_hit_length = int(hit_length)\n"))
     before = snapshot(tree)
     capsys.readouterr()
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir)])
     out = capsys.readouterr()
     text = out.out + out.err
     assert rc == 1, f"exit {rc}\n{text}"
     assert "PB0001 conflicts with PB0002" in text and "SNDR_ENABLE_PB0002=0" in text
     assert snapshot(tree) == before
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir), "--keep-going"])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "--keep-going"])
     text = capsys.readouterr().out
     assert rc == 1 and "left out 1 patch(es) whole: PB0002 (conflicts_enabled, keep_going: " in text, text
     after = snapshot(tree)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from sndr import commit as commit_mod
-from sndr.apply import cli_main, run_apply, run_revert
+from sndr.__main__ import main as sndr_main
+from sndr.apply import run_apply, run_revert
 from sndr.load import load_patch_set
 
 from .test_bad_input import ANCHOR, FILE, FILES, REPL, patch_text, snapshot
@@ -386,7 +387,7 @@ def test_foreign_write_in_the_commit_window_is_put_back_and_the_set_rolled_back(
     pristine = {rel: (tree / rel).read_bytes() for rel in (FILE, SECOND)}
     appended = b"# a line the operator's config tool appended\n"
     monkeypatch.setattr(commit_mod, "_window", _appender_at("staged", tree / SECOND, appended))
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir)])
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert rc == 1, err
@@ -400,11 +401,11 @@ def test_foreign_write_in_the_commit_window_is_put_back_and_the_set_rolled_back(
 def test_foreign_write_during_revert_is_never_lost(tmp_path, pin_subtree, monkeypatch, capsys):
     tree = pin_subtree(FILES)
     pdir = _patches(tmp_path, _two_files())
-    assert cli_main(["--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
     patched = (tree / SECOND).read_bytes()
     appended = b"# appended during revert\n"
     monkeypatch.setattr(commit_mod, "_window", _appender_at("staged", tree / SECOND, appended))
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir), "--revert"])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "--revert"])
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert rc == 1 and "foreign_write_lost" in err and SECOND in err, err
@@ -622,10 +623,10 @@ def test_ledger_corrupt_hint_is_a_recovery_path_that_works(tmp_path, pin_subtree
     data["files"][FILE]["patched_sha256"] = "0" * 64
     ledger.write_text(json.dumps(data))
     rc, text = _cli(tree, pdir, "--revert", "--force")
-    _assert_clean_error(rc, text, "(ledger_corrupt)", "--salvage-ledger")
-    hint = next(line for line in text.splitlines() if "--salvage-ledger" in line)
+    _assert_clean_error(rc, text, "(ledger_corrupt)", "sndr salvage-ledger")
+    hint = next(line for line in text.splitlines() if "sndr salvage-ledger" in line)
     cmd = hint[hint.index("`") + 1:hint.rindex("`")]
-    assert cmd.startswith("python -m sndr.commit --salvage-ledger ")
+    assert cmd.startswith("python -m sndr salvage-ledger ")
     proc = subprocess.run([sys.executable, *cmd.split()[1:]], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _cli(tree, pdir, "--verify")[0] == 0
@@ -674,7 +675,7 @@ def test_io_errors_are_one_line_exit_2_and_the_tree_is_as_it_was(tmp_path, pin_s
     tree = pin_subtree(FILES)
     pdir = _patches(tmp_path, _two_files())
     if op == "revert":
-        assert cli_main(["--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
+        assert sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
     def state() -> dict:
         return {k: v for k, v in snapshot(tree).items()
                 if not k.startswith((".sndr/objects", ".sndr/lock", ".sndr/created-dirs"))}
@@ -686,7 +687,7 @@ def test_io_errors_are_one_line_exit_2_and_the_tree_is_as_it_was(tmp_path, pin_s
         monkeypatch.undo()
         fail = _FailingOS(monkeypatch, name, err, nth)
         args = ["--tree", str(tree), "--patches", str(pdir)] + (["--revert"] if op == "revert" else [])
-        rc = cli_main(args)
+        rc = sndr_main(["apply", *args])
         monkeypatch.undo()
         out = capsys.readouterr()
         if fail.count < nth:  # the command never got that far: every failure point was tried
@@ -696,10 +697,10 @@ def test_io_errors_are_one_line_exit_2_and_the_tree_is_as_it_was(tmp_path, pin_s
             assert not (tree / ".sndr/journal.json").exists()
             done = done or state()
             assert state() == done
-            assert cli_main(args[:4] + (["--revert"] if op == "apply" else []) + ["-q"]) == 0  # back to the start
+            assert sndr_main(["apply", *(args[:4] + (["--revert"] if op == "apply" else []) + ["-q"])]) == 0  # back to the start
             assert state() == before or op == "revert"
             if op == "revert":
-                assert cli_main(args[:4] + ["-q"]) == 0
+                assert sndr_main(["apply", *(args[:4] + ["-q"])]) == 0
             capsys.readouterr()
             continue
         _assert_clean_error(rc, out.out + out.err, os.strerror(err), "(os_error)")

@@ -101,7 +101,7 @@ def test_an_oversized_journal_is_refused_at_once_with_a_salvage_hint(tmp_path, p
         t0 = time.monotonic()
         rc, text = _cli(tree, pdir, *args)
         took = time.monotonic() - t0
-        _assert_clean_error(rc, text, ".sndr/journal.json", "(journal_too_large)", "--salvage-ledger")
+        _assert_clean_error(rc, text, ".sndr/journal.json", "(journal_too_large)", "sndr salvage-ledger")
         assert took < 15, f"{args}: {took:.1f} s (the issue's journal cost 69 s of CPU)"
         assert snapshot(tree) == before
 

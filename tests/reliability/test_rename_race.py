@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from sndr import commit as commit_mod
-from sndr.apply import cli_main, run_apply, run_revert, run_verify
+from sndr.__main__ import main as sndr_main
+from sndr.apply import run_apply, run_revert, run_verify
 from sndr.load import load_patch_set
 
 from .test_bad_input import ANCHOR, FILE, FILES, REPL
@@ -68,7 +69,7 @@ def test_a_foreign_write_at_each_point_of_the_window_is_never_lost(tmp_path, pin
     pdir = _patches(tmp_path, _two_files())
     args = ["--tree", str(tree), "--patches", str(pdir)]
     if op == "revert":
-        assert cli_main(args + ["-q"]) == 0
+        assert sndr_main(["apply", *(args + ["-q"])]) == 0
         args.append("--revert")
     capsys.readouterr()
     start = {rel: (tree / rel).read_bytes() for rel in (FILE, SECOND)}
@@ -88,7 +89,7 @@ def test_a_foreign_write_at_each_point_of_the_window_is_never_lost(tmp_path, pin
         fired.append(data)
 
     monkeypatch.setattr(commit_mod, "_window", land)
-    rc = cli_main(args)
+    rc = sndr_main(["apply", *args])
     monkeypatch.undo()
     out = capsys.readouterr()
     text = out.out + out.err
@@ -132,7 +133,7 @@ def test_a_foreign_rename_on_a_created_or_removed_file_is_never_lost(tmp_path, p
     pdir = _patches(tmp_path, {"PB0001-x.toml": text})
     args = ["--tree", str(tree), "--patches", str(pdir)]
     if op == "revert":
-        assert cli_main(args + ["-q"]) == 0
+        assert sndr_main(["apply", *(args + ["-q"])]) == 0
         args.append("--revert")
     capsys.readouterr()
     data = b"Y = 2  # another process's file\n"
@@ -144,7 +145,7 @@ def test_a_foreign_rename_on_a_created_or_removed_file_is_never_lost(tmp_path, p
             (tree / rel).with_name("done").touch()
 
     monkeypatch.setattr(commit_mod, "_window", land)
-    rc = cli_main(args)
+    rc = sndr_main(["apply", *args])
     monkeypatch.undo()
     out = capsys.readouterr()
     assert rc == 1 and "Traceback" not in out.err, out.out + out.err
@@ -292,7 +293,7 @@ def test_a_writer_holding_the_old_file_open_never_loses_its_write(tmp_path, pin_
     pdir = _patches(tmp_path, _two_files())
     args = ["--tree", str(tree), "--patches", str(pdir)]
     if op == "revert":
-        assert cli_main(args + ["-q"]) == 0
+        assert sndr_main(["apply", *(args + ["-q"])]) == 0
         args.append("--revert")
     capsys.readouterr()
     line = b"# written through a file descriptor opened before sndr's swap\n"
@@ -310,7 +311,7 @@ def test_a_writer_holding_the_old_file_open_never_loses_its_write(tmp_path, pin_
                 threading.Thread(target=write_soon).start()
 
     monkeypatch.setattr(commit_mod, "_window", seam)
-    rc = cli_main(args)
+    rc = sndr_main(["apply", *args])
     monkeypatch.undo()
     if late:
         held[0].write(line)
@@ -344,7 +345,7 @@ def test_a_foreign_write_found_mid_swap_still_checks_the_files_swapped_before(tm
             _rename_over(path, foreign)
 
     monkeypatch.setattr(commit_mod, "_window", seam)
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir)])
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert rc == 1, err
@@ -387,7 +388,7 @@ def test_a_foreign_write_during_recovery_is_put_back_and_named(tmp_path, pin_sub
             landed.append(data)
 
     monkeypatch.setattr(commit_mod, "_window", seam)
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir), "--verify"])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "--verify"])
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert landed and rc == 1 and "foreign_write_lost" in err and SECOND in err and "Traceback" not in err, err
@@ -456,7 +457,7 @@ def test_a_foreign_write_and_an_os_error_in_one_commit_keep_the_foreign_bytes_an
 
     monkeypatch.setattr(commit_mod, "_window", seam)
     monkeypatch.setattr(commit_mod, "_exchange", failing_second)
-    rc = cli_main(["--tree", str(tree), "--patches", str(pdir)])
+    rc = sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir)])
     monkeypatch.undo()
     err = capsys.readouterr().err
     assert rc == 2 and "(os_error)" in err and "Traceback" not in err, err

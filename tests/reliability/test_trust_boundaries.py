@@ -373,6 +373,14 @@ OUTPUT_COMMANDS = {
     "preflight --markdown": ["preflight", "--pin", "/x", "--candidate", "/y", "--markdown", "{out}"],
     "preflight --sarif": ["preflight", "--pin", "/x", "--candidate", "/y", "--sarif", "{out}"],
     "manifest build --out": ["manifest", "build", "--tree", "/nonexistent", "--out", "{out}"],
+    "status --json": ["status", "--run-dir", "/nonexistent-run", "--prune", "--json", "{out}"],
+    "list --json": ["list", "--patches", "/nonexistent-patches", "--json", "{out}"],
+    "watchlist lint --json": ["watchlist", "lint", "--watchlist", "/nonexistent.yaml", "--json", "{out}"],
+    "watchlist check --json": ["watchlist", "check", "--preflight", "/x.json", "--watchlist", "/y.yaml",
+                               "--json", "{out}"],
+    "schema codes --json": ["schema", "codes", "--json", "{out}"],
+    "import --json": ["import", "quilt", "/nonexistent-series", "--to", "/nonexistent-out", "--tree", "/x",
+                      "--json", "{out}"],
 }
 
 
@@ -449,11 +457,10 @@ def _warm_fast_path(box, **env) -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     from sndr.startup import verify
 
-    args = verify.parse(["--verify", "--tree", str(box.root)])
     old = {k: os.environ.get(k) for k in env}
     os.environ.update({k: str(v) for k, v in env.items()})
     try:
-        assert verify.check(args, os.environ) is not None  # the next verify is answered by the fast path
+        assert verify.check(str(box.root), None, os.environ) is not None  # the next verify is answered by the fast path
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)

@@ -340,7 +340,7 @@ def test_profile_from_environ_matches_explicit(stack):
 def test_list_profile_shows_what_a_profile_gets(stack):
     d, _ = stack
     r = subprocess.run([sys.executable, "-m", "sndr", "list", "--patches", str(d / "patches"), "--profile",
-                        str(d / "prod.toml"), "--json"], capture_output=True, text=True, cwd=REPO, env=_env(),
+                        str(d / "prod.toml"), "--json", "-"], capture_output=True, text=True, cwd=REPO, env=_env(),
                        timeout=300)
     assert r.returncode == 0, r.stderr
     rows = {row["id"]: row for row in json.loads(r.stdout)["patches"]}

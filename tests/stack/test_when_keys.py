@@ -161,7 +161,7 @@ def test_list_shows_a_forced_patch_with_its_reason(tmp_path):
     (tmp_path / "p.toml").write_text('force = ["A"]\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNDR_")}
     r = subprocess.run([sys.executable, "-m", "sndr", "list", "--patches", str(d), "--profile", str(tmp_path / "p.toml"),
-                        "--json"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], env=env,
+                        "--json", "-"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], env=env,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)["patches"]

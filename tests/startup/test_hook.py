@@ -7,7 +7,8 @@ import os
 import stat
 
 from hook_fixtures import REPO, Box, box, out_of, replace_file  # noqa: F401 (box is a fixture)
-from sndr.startup.hook import PTH_NAME, PTH_TEXT, cli_main, status_main
+from sndr.__main__ import main as sndr_main
+from sndr.startup.hook import PTH_NAME, PTH_TEXT
 
 REGISTER = """
     import json, sys
@@ -40,16 +41,16 @@ def test_register_on_a_patched_tree_attests_once(box):
     # Warm: the second process neither plans nor loads pydantic models.
     out = out_of(box.py(REGISTER))
     assert out["planner"] is False and out["pydantic"] is False and out["missing"] == []
-    assert status_main(["--run-dir", str(box.run_dir)]) == 0
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 0
 
 
 def test_tampered_file_is_missing_and_status_fails(box, capsys):
     box.apply()
     box.py(REGISTER)
-    assert status_main(["--run-dir", str(box.run_dir)]) == 0
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 0
     eng = box.root / "vllm" / "engine.py"
     replace_file(eng, eng.read_text() + "# tampered\n")
-    assert status_main(["--run-dir", str(box.run_dir)]) == 1  # re-hashes the tree even before a new process
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 1  # re-hashes the tree even before a new process
     assert "changed since it was patched" in capsys.readouterr().out
     proc = box.py(REGISTER)
     out = out_of(proc)
@@ -68,7 +69,7 @@ def test_processes_that_disagree_fail_status(box, capsys):
     assert out["calls"] is None  # runtime patch gated off in that process
     assert "F0003" not in json.dumps(out["missing"])
     assert "this process enables patch set" in out["problems"][0]
-    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 1
     text = capsys.readouterr().out
     assert "disagree" in text and text.count("pid ") >= 2
 
@@ -79,7 +80,7 @@ def test_one_process_on_another_set_than_the_ledger_fails_status(box, capsys):
     out = out_of(box.py(REGISTER, SNDR_ENABLE_F0003="0"))
     assert "this process enables patch set" in out["problems"][0]
     assert len(box.records()) == 1
-    assert status_main(["--run-dir", str(box.run_dir)]) == 1
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 1
     text = capsys.readouterr().out
     assert f"enables patch set {out['digest'][:12]} but the tree was patched with " \
            f"{box.ledger()['patch_set_digest'][:12]}" in text
@@ -160,37 +161,37 @@ def test_unsafe_run_dir_is_refused_loudly(box, capsys):
     proc = box.py(REGISTER)
     assert "NOT attested" in proc.stderr and "writable by group or others" in proc.stderr
     assert box.records() == []
-    assert status_main(["--run-dir", str(box.run_dir)]) == 2
+    assert sndr_main(["status", "--run-dir", str(box.run_dir)]) == 2
     assert "cannot be trusted" in capsys.readouterr().err
 
 
 def test_status_with_no_records_is_a_finding(tmp_path, capsys):
-    assert status_main(["--run-dir", str(tmp_path / "none")]) == 1
+    assert sndr_main(["status", "--run-dir", str(tmp_path / "none")]) == 1
     assert "no attestation records" in capsys.readouterr().out
 
 
 def test_status_json_and_prune(box, capsys):
     box.apply()
     box.py(REGISTER)
-    assert status_main(["--run-dir", str(box.run_dir), "--json"]) == 0
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] is True and len(data["processes"]) == 1
-    assert status_main(["--run-dir", str(box.run_dir), "--prune"]) == 1  # the process exited: nothing left
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prune"]) == 1  # the process exited: nothing left
     assert box.records() == []
 
 
 def test_hook_install_and_uninstall(tmp_path, capsys):
     site = tmp_path / "site"
     site.mkdir()
-    assert cli_main(["install", "--site", str(site)]) == 0
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 0
     assert (site / PTH_NAME).read_text() == PTH_TEXT
     lines = [ln for ln in PTH_TEXT.splitlines() if ln and not ln.startswith("#")]
     assert lines == ["import sndr._boot"]  # the .pth does nothing but import sndr's boot module
-    assert cli_main(["install", "--site", str(site)]) == 0  # idempotent
-    assert cli_main(["uninstall", "--site", str(site)]) == 0
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 0  # idempotent
+    assert sndr_main(["hook", "uninstall", "--site", str(site)]) == 0
     assert not (site / PTH_NAME).exists()
-    assert cli_main(["uninstall", "--site", str(site)]) == 0
-    assert cli_main(["install", "--site", str(tmp_path / "missing")]) == 2
+    assert sndr_main(["hook", "uninstall", "--site", str(site)]) == 0
+    assert sndr_main(["hook", "install", "--site", str(tmp_path / "missing")]) == 2
 
 
 def test_register_never_raises_outside_a_vllm_process(tmp_path):

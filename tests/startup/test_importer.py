@@ -264,9 +264,9 @@ def venv_box(tmp_path):
     box = Box(tmp_path)
     python, site = make_venv(tmp_path)
     (site / "01-fake-tree.pth").write_text(str(box.root) + "\n")
-    from sndr.startup.hook import cli_main
+    from sndr.__main__ import main as sndr_main
 
-    assert cli_main(["install", "--site", str(site)]) == 0
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 0
     return box, python, site
 
 

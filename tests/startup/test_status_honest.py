@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from hook_fixtures import REPO, Box, box, out_of  # noqa: F401 (box is a fixture)
+from sndr.__main__ import main as sndr_main
 from sndr.startup.attest import FORMAT, MAX_RECORD_BYTES, validate_record
-from sndr.startup.hook import status_main
 
 REGISTER = """
     import json, sys
@@ -70,7 +70,7 @@ def live(box):
 
 
 def _status(box, capsys, *extra) -> tuple[int, str]:
-    rc = status_main(["--run-dir", str(box.run_dir), *extra])
+    rc = sndr_main(["status", "--run-dir", str(box.run_dir), *extra])
     return rc, capsys.readouterr().out
 
 
@@ -190,11 +190,11 @@ def test_a_record_of_the_wrong_shape_is_a_finding_never_ok(recorded, capsys, cha
     path.write_text(json.dumps(rec))
     try:
         assert [p.name for p in box.run_dir.iterdir()] == [path.name]  # the only record status reads
-        for extra in ([], ["--live"], ["--json"]):
+        for extra in ([], ["--live"], ["--json", "-"]):
             rc, out = _status(box, capsys, *extra)
             assert rc == 1, out
             assert "not a valid attestation record" in out and why in out, out
-            if extra == ["--json"]:
+            if extra == ["--json", "-"]:
                 data = json.loads(out)
                 assert data["ok"] is False and data["processes"] == []
     finally:

@@ -1,7 +1,8 @@
 """``apply --verify``'s warm fast path (sndr/startup/verify.py) never disagrees with the full verifier.
 
-Each scenario runs the full verifier (``sndr.apply.cli_main``) and the fast
-path's entry (``verify_main``) on the same tree and environment and compares
+Each scenario runs ``python -m sndr apply --verify`` (in-process, :func:`sndr.__main__.main`) twice on
+the same tree and environment, once as it runs (the warm path first) and once with the warm path
+told it has no answer (the full verifier), and compares
 exit status and verdict lines; the fast path must answer only the ordinary
 case and hand everything else to the full verifier.
 """
@@ -15,18 +16,29 @@ import sys
 
 import pytest
 
-from hook_fixtures import REPO, Box, replace_file
-from sndr.apply import cli_main as full_cli
+from hook_fixtures import REPO, Box, make_tree, replace_file
+from sndr.__main__ import build_parser
+from sndr.__main__ import main as sndr_main
+from sndr.commands import apply as apply_command
 from sndr.startup import verify
 
 
 class Calls:
+    """Counts the runs of the full command (sndr.commands.apply._full)."""
+
     def __init__(self):
         self.full = 0
+        self.real = apply_command._full
 
-    def __call__(self, argv):
+    def __call__(self, args):
         self.full += 1
-        return full_cli(argv)
+        return self.real(args)
+
+
+def full_cli(argv: list[str]) -> int:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verify, "answer", lambda *a, **k: None)
+        return sndr_main(["apply", *argv])
 
 
 @pytest.fixture
@@ -45,7 +57,9 @@ def run_both(box, capsys, *extra) -> tuple[tuple[int, list[str], int], tuple[int
     argv = ["--verify", "--tree", str(box.root), *extra]
     capsys.readouterr()
     calls = Calls()
-    code = verify.verify_main(argv, calls)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(apply_command, "_full", calls)
+        code = sndr_main(["apply", *argv])
     fast_out = capsys.readouterr().out.splitlines()
     full_code = full_cli(argv)
     full_out = capsys.readouterr().out.splitlines()
@@ -111,11 +125,14 @@ def test_anything_unusual_goes_to_the_full_verifier(applied, capsys, monkeypatch
 @pytest.mark.parametrize("extra", [["--json", "-"], ["-v"], ["--only", "F0001"], ["--profile", "x.toml"]])
 def test_options_other_than_tree_patches_quiet_go_to_the_full_verifier(applied, capsys, extra):
     _warm(applied, capsys)
-    assert verify.parse(["--verify", "--tree", str(applied.root), *extra]) is None
-    assert verify.parse(["--verify"]) is None  # no --tree: the installed vLLM is found by the full CLI
-    args = verify.parse(["--verify", "--tree=" + str(applied.root), "--patches", str(applied.patches), "-q"])
-    assert args is not None and args.quiet and args.patches == str(applied.patches)
+    def eligible(*argv: str) -> bool:
+        return apply_command._fast_eligible(build_parser(["apply", *argv]).parse_args(["apply", *argv]))
 
+    assert not eligible("--verify", "--tree", str(applied.root), *extra)
+    assert eligible("--verify")  # no --tree: the installed vLLM, found without importing it
+    assert eligible("--verify", "--tree=" + str(applied.root), "--patches", str(applied.patches), "-q")
+    (code, out, calls), (full_code, full_out) = run_both(applied, capsys, *extra)
+    assert calls == 1 and code == full_code
 
 def test_the_hook_and_the_fast_path_attest_the_same_digest(applied, capsys):
     _warm(applied, capsys)
@@ -154,3 +171,25 @@ def test_a_warm_verify_process_imports_no_pydantic(applied, capsys):
         imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
         assert "pydantic" not in imported and "sndr.model" not in imported and "sndr.plan" not in imported
         assert "rich" not in imported and "sndr.startup.verify" in imported
+
+
+def _verify_process(box, *extra, **env):
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sndr", "apply", "--verify", *extra],
+                          capture_output=True, text=True, env=box.environ(**env), cwd="/", timeout=300)
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    return proc, "pydantic" in imported
+
+
+def test_without_tree_the_installed_vllm_is_verified_on_the_warm_path(applied):
+    """``apply --verify`` with no --tree (the deploy recipe's and operators' call): the vLLM this interpreter
+    imports is found without importing it, and taken only when it is the root the last full verify found."""
+    cold, cold_pydantic = _verify_process(applied)
+    assert cold.returncode == 0 and cold_pydantic, cold.stderr[-2000:]  # the full verifier, which primes
+    warm, warm_pydantic = _verify_process(applied)
+    assert warm.returncode == 0 and not warm_pydantic, warm.stderr[-2000:]
+    lines = cold.stdout.splitlines()
+    assert warm.stdout.splitlines() == [lines[0], lines[-1]] and lines[0].startswith(f"sndr verify: {applied.root} ")
+    # Another vLLM ahead of it on the path: not the root the memo holds -> the full verifier names the new one.
+    other = make_tree(applied.tmp / "other")
+    moved, moved_pydantic = _verify_process(applied, PYTHONPATH=f"{other}{os.pathsep}{applied.root}{os.pathsep}{REPO}")
+    assert moved_pydantic and moved.returncode != 0 and f"sndr verify: {other} " in moved.stdout + moved.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.errors import SndrError
 from sndr.load import PatchSet
 from sndr.upstream.sync import (
@@ -23,16 +24,11 @@ from sndr.upstream.sync import (
     Surface,
     advance,
     classify_hunk,
-    cli_main,
     parse_hunks,
     patch_surface,
-    pin_main,
     plan_queue,
     read_pin,
     render_markdown,
-)
-from sndr.upstream.sync import (
-    cli_main as sync_cli,
 )
 
 BLOCK_POOL = "vllm/v1/core/block_pool.py"
@@ -410,7 +406,7 @@ def test_cli_plan_writes_json_and_markdown(scripted, tmp_path, capsys):
     _write_patch(pdir, "PN2", STM, "        return ids\n")
     (pdir / "_sync.toml").write_text('surface = ["vllm/v1/core/kv_cache_coord*.py"]\n')
     out_json, out_md = tmp_path / "q.json", tmp_path / "q.md"
-    rc = cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+    rc = sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
                    "--patches", str(pdir), "--json", str(out_json), "--md", str(out_md)])
     assert rc == 1  # work is queued
     data = json.loads(out_json.read_text())
@@ -418,7 +414,7 @@ def test_cli_plan_writes_json_and_markdown(scripted, tmp_path, capsys):
     assert data["surface"]["globs"] == ["vllm/v1/core/kv_cache_coord*.py"]
     assert [w["commits"] for w in data["waves"]][0][0] == c["series1"]
     assert "## Wave 2" in out_md.read_text()
-    rc = cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+    rc = sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
                    "--patches", str(pdir), "--select", c["series2"]])
     assert rc == 2
     assert "series_split" in capsys.readouterr().err
@@ -430,7 +426,7 @@ def test_cli_plan_on_an_empty_queue_exits_0(tmp_path, source, capsys):
     pdir = tmp_path / "patches"
     _write_patch(pdir, "PN1", BLOCK_POOL, "        return ret\n")
     repo.git("checkout", "-q", "pin")  # the work tree is the pin's (a checkout of --to is refused: tree_not_pin)
-    rc = cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--patches", str(pdir)])
+    rc = sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--patches", str(pdir)])
     assert rc == 0
     assert "0 applicable" in capsys.readouterr().out
 
@@ -469,7 +465,7 @@ def gates_ok(tmp_path, scripted):
     q = _queue(tmp_path, scripted, port_all=True)
     # the one conflict left is decided; the benchmark was re-measured after the preflight
     decisions = tmp_path / "sync-decisions.yaml"
-    assert sync_cli(["decide", scripted[2]["conflict"], "--tier", "INVENTORY", "--resolution",
+    assert sndr_main(["sync", "decide", scripted[2]["conflict"], "--tier", "INVENTORY", "--resolution",
                      "not-needed the local message wins", "--decisions", str(decisions)]) == 0
     bench = tmp_path / "bench-0.33.0.json"
     bench.write_text(BENCH)
@@ -505,7 +501,7 @@ def test_pin_advance_refuses_and_names_the_gate(tmp_path, gates_ok, scripted, ga
         (tree / STM_NEW).rename(tree / STM)  # un-port the rename: it is applicable again
         q = _queue(tmp_path, scripted)
     pin_file = tmp_path / PIN_FILE_NAME
-    rc = pin_main(["advance", "--to", "0.33.0", "--preflight", str(pre), "--queue", str(q),
+    rc = sndr_main(["pin", "advance", "--to", "0.33.0", "--preflight", str(pre), "--queue", str(q),
                    "--manifest", str(anchors / "vllm-0.33.0.json"), "--patches", str(_empty_patches(tmp_path)),
                    "--pin-file", str(pin_file), "--decisions", str(tmp_path / "sync-decisions.yaml"),
                    "--benchmark-ref", str(tmp_path / "bench-0.33.0.json")])
@@ -568,4 +564,4 @@ def test_pin_advance_to_a_sha_needs_a_version(tmp_path, gates_ok, scripted):
     gates, rec = advance(sha, preflight=pre, queue=q, anchors_dir=anchors, pin_path=tmp_path / "p.toml",
                          version="0.33.0rc1.dev5", **_kw(tmp_path))
     assert rec.sha == sha and rec.version == "0.33.0rc1.dev5"
-    assert pin_main(["show", "--pin-file", str(tmp_path / "p.toml")]) == 0
+    assert sndr_main(["pin", "show", "--pin-file", str(tmp_path / "p.toml")]) == 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.errors import SndrError
 from sndr.pinrecord import read_pin
 from sndr.upstream.decisions import EMPTY, load_decisions, parse_decisions, set_deviation
@@ -22,7 +23,7 @@ from sndr.upstream.diff import parse_hunks
 from sndr.upstream.judge import classify_hunk
 from sndr.upstream.pin import gate_benchmark, gate_deviations, gate_queue
 from sndr.upstream.reverts import revert_target_subject, strip_pr
-from sndr.upstream.sync import Surface, cli_main, pin_main, plan_queue, render_markdown
+from sndr.upstream.sync import Surface, plan_queue, render_markdown
 from upstream.test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     BENCH,
     BLOCK_POOL,
@@ -106,7 +107,7 @@ def test_plan_json_on_stdout_is_the_only_stdout(releases, capsys):
     repo, tree, c = releases
     pdir = tree.parent / "patches"
     pdir.mkdir()
-    rc = cli_main(["plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
+    rc = sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
                    "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-"])
     out = capsys.readouterr()
     assert rc == 1
@@ -251,17 +252,17 @@ def test_conflict_blocks_pin_advance_until_a_decision_is_recorded(scripted, tmp_
     g = gate_queue(rep, "0.33.0", empty)
     assert not g.ok and "1 queued commit(s) without a decision (1 conflict:" in g.reason and c["conflict"][:10] in g.reason
     dfile = tmp_path / "sync-decisions.yaml"
-    assert cli_main(["decide", c["conflict"][:10], "--queue", str(q), "--tier", "INVENTORY", "--decisions",
+    assert sndr_main(["sync", "decide", c["conflict"][:10], "--queue", str(q), "--tier", "INVENTORY", "--decisions",
                      str(dfile)]) == 0
     assert not gate_queue(rep, "0.33.0", load_decisions(dfile).model).ok  # a tier alone decides nothing
-    assert cli_main(["decide", c["conflict"][:10], "--resolution", "deferred", "--note", "after 0.33",
+    assert sndr_main(["sync", "decide", c["conflict"][:10], "--resolution", "deferred", "--note", "after 0.33",
                      "--decisions", str(dfile)]) == 0
     d = load_decisions(dfile).model.decisions
     assert [(x.sha, x.subject, x.tier, x.resolution, x.note) for x in d] == [
         (c["conflict"], "Say how many blocks are free", "INVENTORY", "deferred", "after 0.33")]
     assert gate_queue(rep, "0.33.0", load_decisions(dfile).model).ok
     capsys.readouterr()
-    rc = pin_main(["advance", "--to", "0.33.0", "--preflight", str(_pre(tmp_path)), "--queue", str(q),
+    rc = sndr_main(["pin", "advance", "--to", "0.33.0", "--preflight", str(_pre(tmp_path)), "--queue", str(q),
                    "--manifest", str(_manifest(tmp_path)), "--patches", str(_empty(tmp_path)),
                    "--decisions", str(dfile), "--no-benchmark-ref", "CPU-only bump", "--pin-file",
                    str(tmp_path / "_pin.toml")])
@@ -286,9 +287,9 @@ def test_decisions_are_kept_across_replans_and_shown_apart(scripted, tmp_path):
     repo, tree, c = scripted
     dfile = tmp_path / "sync-decisions.yaml"
     dfile.write_text(EMPTY.replace("decisions: []", "# reviewed in the 0.33 bump meeting\ndecisions: []"))
-    assert cli_main(["decide", c["series1"], "--tier", "PORT-NOW", "--resolution", "ported-as PN0099",
+    assert sndr_main(["sync", "decide", c["series1"], "--tier", "PORT-NOW", "--resolution", "ported-as PN0099",
                      "--decisions", str(dfile), "--allow-unknown"]) == 0  # the port is not written yet
-    assert cli_main(["decide", c["conflict"], "--tier", "IGNORE", "--resolution",
+    assert sndr_main(["sync", "decide", c["conflict"], "--tier", "IGNORE", "--resolution",
                      "not-needed the local message wins", "--decisions", str(dfile)]) == 0
     before = dfile.read_text()
     assert "# reviewed in the 0.33 bump meeting" in before
@@ -304,7 +305,7 @@ def test_decisions_are_kept_across_replans_and_shown_apart(scripted, tmp_path):
     assert f"`{c['series1'][:10]}`" not in undecided and f"`{c['series2'][:10]}`" in undecided
     assert "ported-as PN0099" in decided
     # a bad resolution is refused with the accepted forms, and the file is left alone
-    assert cli_main(["decide", c["series2"], "--resolution", "later", "--decisions", str(dfile)]) == 2
+    assert sndr_main(["sync", "decide", c["series2"], "--resolution", "later", "--decisions", str(dfile)]) == 2
     assert dfile.read_text() == before
 
 
@@ -379,7 +380,7 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     c2 = repo.edit(*USAGE, "[Bugfix] Float usage (#55002)")
     c3 = repo.edit(COORD, PROBE_OLD, PROBE_NEW, "[Core] Upstream's own probe (#55999)")
     dfile = tmp_path / "sync-decisions.yaml"
-    assert cli_main(["deviation", "PN0005", "--upstream", "vllm#55999", "--why", "we probe differently",
+    assert sndr_main(["sync", "deviation", "PN0005", "--upstream", "vllm#55999", "--why", "we probe differently",
                      "--discharge", "vllm#55999", "--decisions", str(dfile)]) == 0
     tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
     rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
@@ -394,10 +395,10 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     text = set_deviation(dfile.read_text(), "PN0005", str(dfile), reviewed="0.33.0")
     assert gate_deviations(rep, "0.33.0", parse_decisions(text).model).ok
     assert not gate_deviations(rep, "0.34.0", load_decisions(dfile).model).ok
-    assert cli_main(["deviation", "PN0005", "--drop", "--decisions", str(dfile)]) == 0
+    assert sndr_main(["sync", "deviation", "PN0005", "--drop", "--decisions", str(dfile)]) == 0
     assert gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok
     # explicit paths override the patch's files
-    assert cli_main(["deviation", "PN0006", "--why", "pool accounting", "--paths", BLOCK_POOL,
+    assert sndr_main(["sync", "deviation", "PN0006", "--why", "pool accounting", "--paths", BLOCK_POOL,
                      "--decisions", str(dfile)]) == 0
     rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
                decisions=load_decisions(dfile).model)
@@ -439,7 +440,7 @@ def test_readme_pin_bump_on_a_clone_with_release_branches(tmp_path, vllm_pin_roo
         if (vllm_candidate_root / f).is_file():
             assert git(clone, "show", f"v0.33.0:{f}") == (vllm_candidate_root / f).read_text().rstrip("\n")
     q = tmp_path / "queue.json"
-    rc = cli_main(["plan", "--repo", str(clone), "--from", "v0.32.0", "--to", "v0.33.0", "--json", str(q)])
+    rc = sndr_main(["sync", "plan", "--repo", str(clone), "--from", "v0.32.0", "--to", "v0.33.0", "--json", str(q)])
     out = capsys.readouterr()
     assert rc == 1, out.err  # work is queued, nothing decided yet
     rep = json.loads(q.read_text())
@@ -459,7 +460,7 @@ def test_readme_pin_bump_on_a_clone_with_release_branches(tmp_path, vllm_pin_roo
 
 
 def _plan_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = cli_main(["plan", *argv])
+    rc = sndr_main(["sync", "plan", *argv])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -535,7 +536,6 @@ def test_a_tree_without_version_that_holds_the_target_is_warned_about(releases, 
 
 
 def test_manifest_build_on_a_target_tree_does_not_say_on_the_pin(tmp_path, source, capsys):
-    from sndr.manifest import cli_main as manifest_main
 
     pdir = tmp_path / "patches"
     _write_patch(pdir, "PX0001", BLOCK_POOL, "        this anchor is nowhere\n")
@@ -543,11 +543,11 @@ def test_manifest_build_on_a_target_tree_does_not_say_on_the_pin(tmp_path, sourc
     out = tmp_path / "anchors"
     out.mkdir()
     _version_file(tree, "0.33.0")
-    assert manifest_main(["build", "--tree", str(tree), "--patches", str(pdir), "--out", str(out)]) == 1
+    assert sndr_main(["manifest", "build", "--tree", str(tree), "--patches", str(pdir), "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert "PX0001.e: drifted on vllm 0.33.0 (a target tree, not the pin 0.32.0)" in err, err
     _version_file(tree, "0.32.0")
-    assert manifest_main(["build", "--tree", str(tree), "--patches", str(pdir), "--out", str(out)]) == 1
+    assert sndr_main(["manifest", "build", "--tree", str(tree), "--patches", str(pdir), "--out", str(out)]) == 1
     assert "PX0001.e: drifted on the pin" in capsys.readouterr().err
 
 
@@ -772,7 +772,7 @@ def test_commits_that_stand_on_a_by_hand_commit_are_blocked_by_it(tmp_path, sour
     assert md.count(f"| blocked by `{a[:10]}` |") == 3
     g = gate_queue(rep, "main", load_decisions(tmp_path / "none.yaml").model)
     assert f"3 blocked by {a[:10]}: " in g.reason and "1 conflict: " in g.reason
-    assert cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+    assert sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
                      "--patches", str(_empty(tmp_path)), "--surface", BLOCK_POOL, "--json",
                      str(tmp_path / "q.json")]) == 1
     assert "4 queued in 4 wave(s), 0 decided, 4 undecided; 3 blocked by a by-hand commit" in capsys.readouterr().out
@@ -816,14 +816,14 @@ def test_deviation_refuses_an_unknown_patch_id(tmp_path, capsys):
     _write_patch(pdir, "PX0060", BLOCK_POOL, "        return ret\n")
     dfile = tmp_path / "d.yaml"
     base = ["deviation", "--why", "we do it differently", "--patches", str(pdir), "--decisions", str(dfile)]
-    assert cli_main([*base, "PX0061"]) == 2
+    assert sndr_main(["sync", *base, "PX0061"]) == 2
     err = capsys.readouterr().err
     assert "unknown_id" in err and "deviation PX0061: no patch PX0061" in err and "PX0060" in err, err
     assert not dfile.exists()
-    assert cli_main([*base, "PX0061", "--allow-unknown"]) == 2  # it would live in no file
+    assert sndr_main(["sync", *base, "PX0061", "--allow-unknown"]) == 2  # it would live in no file
     assert "--allow-unknown needs --paths" in capsys.readouterr().err and not dfile.exists()
-    assert cli_main([*base, "PX0061", "--allow-unknown", "--paths", BLOCK_POOL]) == 0
-    assert cli_main([*base, "PX0060"]) == 0
+    assert sndr_main(["sync", *base, "PX0061", "--allow-unknown", "--paths", BLOCK_POOL]) == 0
+    assert sndr_main(["sync", *base, "PX0060"]) == 0
     assert [d.patch for d in load_decisions(dfile).model.deviations] == ["PX0061", "PX0060"]
 
 
@@ -846,27 +846,27 @@ def test_decide_checks_the_sha_without_a_queue(scripted, tmp_path, capsys):
     repo, tree, c = scripted
     dfile = tmp_path / "d.yaml"
     common = ["--tier", "INVENTORY", "--decisions", str(dfile)]
-    assert cli_main(["decide", "12", *common]) == 2
+    assert sndr_main(["sync", "decide", "12", *common]) == 2
     assert "'12' is too short to name a commit: give 7 to 40 hex digits" in capsys.readouterr().err
-    assert cli_main(["decide", "xyz1234", *common]) == 2
+    assert sndr_main(["sync", "decide", "xyz1234", *common]) == 2
     assert "is not a commit sha" in capsys.readouterr().err
-    assert cli_main(["decide", "1234567", *common]) == 2  # any hex prefix: nothing to check it against
+    assert sndr_main(["sync", "decide", "1234567", *common]) == 2  # any hex prefix: nothing to check it against
     err = capsys.readouterr().err
     assert "names no commit of the decisions file" in err and "--queue" in err and "--repo" in err, err
-    assert cli_main(["decide", "1234567", "--repo", str(repo.path), *common]) == 2
+    assert sndr_main(["sync", "decide", "1234567", "--repo", str(repo.path), *common]) == 2
     assert f"'1234567' names no commit in {repo.path}" in capsys.readouterr().err
     assert not dfile.exists()
-    assert cli_main(["decide", c["conflict"][:9], "--repo", str(repo.path), *common]) == 0
+    assert sndr_main(["sync", "decide", c["conflict"][:9], "--repo", str(repo.path), *common]) == 0
     [d] = load_decisions(dfile).model.decisions
     assert (d.sha, d.subject) == (c["conflict"], "Say how many blocks are free")  # resolved, subject taken
     # a prefix of a decision the file already has names it
-    assert cli_main(["decide", c["conflict"][:8], "--resolution", "deferred", "--decisions", str(dfile)]) == 0
+    assert sndr_main(["sync", "decide", c["conflict"][:8], "--resolution", "deferred", "--decisions", str(dfile)]) == 0
     assert load_decisions(dfile).model.decisions[0].resolution == "deferred"
     # with --queue, a short prefix says too short, not 'more than one'
     rep = plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree))
     q = tmp_path / "q.json"
     q.write_text(rep.model_dump_json())
-    assert cli_main(["decide", c["conflict"][:4], "--queue", str(q), *common]) == 2
+    assert sndr_main(["sync", "decide", c["conflict"][:4], "--queue", str(q), *common]) == 2
     assert "too short" in capsys.readouterr().err
 
 
@@ -880,24 +880,24 @@ def test_decide_from_file_records_a_batch_at_once(scripted, tmp_path, capsys):
     batch.write_text(f"# the 0.33 bump meeting\n- sha: {c['series1'][:10]}\n  tier: PORT-NOW\n  resolution: deferred\n"
                      f"- sha: {c['series2'][:10]}\n  resolution: not-needed covered by series1\n"
                      f"- sha: {c['conflict'][:10]}\n  tier: IGNORE\n  resolution: later\n")
-    assert cli_main(["decide", "--from-file", str(batch), "--queue", str(q), "--decisions", str(dfile)]) == 2
+    assert sndr_main(["sync", "decide", "--from-file", str(batch), "--queue", str(q), "--decisions", str(dfile)]) == 2
     err = capsys.readouterr().err
     assert f"{batch}:9 [resolution]: row 3:" in err and "resolution" in err, err  # the file and the line
     assert not dfile.exists()  # nothing written while one row is bad
     batch.write_text(batch.read_text().replace("resolution: later", "resolution: not-needed local message wins"))
-    assert cli_main(["decide", "--from-file", str(batch), "--queue", str(q), "--decisions", str(dfile)]) == 0
+    assert sndr_main(["sync", "decide", "--from-file", str(batch), "--queue", str(q), "--decisions", str(dfile)]) == 0
     assert "3 decision(s) recorded" in capsys.readouterr().out
     got = {d.sha: (d.subject, d.tier, d.resolution) for d in load_decisions(dfile).model.decisions}
     assert got == {c["series1"]: ("Clarify touch() comment", "PORT-NOW", "deferred"),
                    c["series2"]: ("touch(): spell out the increment", None, "not-needed covered by series1"),
                    c["conflict"]: ("Say how many blocks are free", "IGNORE", "not-needed local message wins")}
-    assert cli_main(["decide", c["series1"], "--from-file", str(batch), "--decisions", str(dfile)]) == 2
+    assert sndr_main(["sync", "decide", c["series1"], "--from-file", str(batch), "--decisions", str(dfile)]) == 2
 
 
 def test_benchmark_ref_and_its_waiver_are_exclusive(tmp_path, capsys):
     bench = tmp_path / "bench.json"
     bench.write_text(BENCH)
-    assert pin_main(["advance", "--to", "0.33.0", "--benchmark-ref", str(bench), "--no-benchmark-ref", "CPU only",
+    assert sndr_main(["pin", "advance", "--to", "0.33.0", "--benchmark-ref", str(bench), "--no-benchmark-ref", "CPU only",
                      "--dry-run"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
 
@@ -905,7 +905,7 @@ def test_benchmark_ref_and_its_waiver_are_exclusive(tmp_path, capsys):
 def test_markdown_sections_sit_under_the_title(scripted, tmp_path):
     repo, tree, c = scripted
     dfile = tmp_path / "d.yaml"
-    assert cli_main(["decide", c["conflict"], "--resolution", "deferred", "--decisions", str(dfile)]) == 0
+    assert sndr_main(["sync", "decide", c["conflict"], "--resolution", "deferred", "--decisions", str(dfile)]) == 0
     md = render_markdown(plan_queue(repo.path, "pin", "main", SURFACE, _dir_tree(tree),
                                     decisions=load_decisions(dfile).model))
     heads = [ln for ln in md.splitlines() if ln.startswith("#")]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from sndr.__main__ import main as sndr_main
 from sndr.load import load_patch_set
 from sndr.upstream.pin import gate_benchmark, gate_manifest, gate_queue, load_queue, rebuild_hint
-from sndr.upstream.sync import cli_main, pin_main
 from upstream.test_sync import (  # noqa: F401, F811 - scripted and source are fixtures
     BENCH,
     BLOCK_POOL,
@@ -73,7 +73,7 @@ def test_pin_advance_refuses_a_preflight_and_manifest_of_another_set(tmp_path, g
                                                                "digest": sub.digest()}}))
     os.utime(pre, (1_000_000, 1_000_000))
     manifest = _gp_manifest(anchors / "vllm-0.33.0.json", gp)
-    rc = pin_main(_advance(tmp_path, pre, q, manifest, gp_dir))
+    rc = sndr_main(["pin", *(_advance(tmp_path, pre, q, manifest, gp_dir))])
     out = capsys.readouterr()
     assert rc == 1, out
     assert "pin advanced" not in out.out and not (tmp_path / PIN_FILE_NAME).exists()
@@ -89,7 +89,7 @@ def test_a_preflight_without_a_patch_set_digest_is_not_evidence(tmp_path, gates_
     _, gp_dir = _sets(tmp_path)
     pre.write_text(json.dumps({k: v for k, v in GOOD_PREFLIGHT.items() if k != "patch_set"}))
     os.utime(pre, (1_000_000, 1_000_000))
-    assert pin_main(_advance(tmp_path, pre, q, anchors / "vllm-0.33.0.json", gp_dir)) == 1
+    assert sndr_main(["pin", *(_advance(tmp_path, pre, q, anchors / "vllm-0.33.0.json", gp_dir))]) == 1
     assert "records no patch-set digest" in capsys.readouterr().out
 
 
@@ -113,7 +113,7 @@ def test_queue_gate_refuses_a_queue_planned_for_another_set(tmp_path, scripted, 
     repo, tree, c = scripted
     sub_dir, gp_dir = _sets(tmp_path)
     q = tmp_path / "q.json"
-    cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+    sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
               "--patches", str(sub_dir), "--json", str(q)])
     rep = load_queue(q)
     sub, gp = load_patch_set(sub_dir), load_patch_set(gp_dir)
@@ -160,7 +160,7 @@ def test_pin_advance_refuses_an_empty_benchmark_reference(tmp_path, gates_ok, ca
     bench = tmp_path / "empty.json"
     bench.write_text("")
     (tmp_path / "empty_patches").mkdir()
-    rc = pin_main(_advance(tmp_path, pre, q, anchors / "vllm-0.33.0.json", tmp_path / "empty_patches", bench))
+    rc = sndr_main(["pin", *(_advance(tmp_path, pre, q, anchors / "vllm-0.33.0.json", tmp_path / "empty_patches", bench))])
     out = capsys.readouterr()
     assert rc == 1 and "gate benchmark: FAIL" in out.out and "is empty" in out.out
     assert not (tmp_path / PIN_FILE_NAME).exists()
@@ -195,7 +195,7 @@ def test_is_shipped_data_is_the_installed_data_only(tmp_path, installed):
 def test_sync_decide_never_writes_into_the_installed_package(tmp_path, installed, scripted, capsys):
     repo, tree, c = scripted
     before = sorted(p.name for p in installed.iterdir())
-    rc = cli_main(["decide", c["conflict"], "--tier", "PORT-NOW", "--resolution", "not-needed covered"])
+    rc = sndr_main(["sync", "decide", c["conflict"], "--tier", "PORT-NOW", "--resolution", "not-needed covered"])
     err = capsys.readouterr().err
     assert rc == 2 and "shipped_data_write" in err and "--decisions FILE or --patches DIR" in err, err
     assert sorted(p.name for p in installed.iterdir()) == before
@@ -203,18 +203,18 @@ def test_sync_decide_never_writes_into_the_installed_package(tmp_path, installed
     _, gp = _sets(tmp_path)
     _write_patch(gp, "PX0041", BLOCK_POOL, "        return ret\n")
     q = tmp_path / "q.json"
-    cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+    sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
               "--patches", str(gp), "--json", str(q)])
     capsys.readouterr()
-    assert cli_main(["decide", c["conflict"][:10], "--queue", str(q), "--tier", "PORT-NOW",
+    assert sndr_main(["sync", "decide", c["conflict"][:10], "--queue", str(q), "--tier", "PORT-NOW",
                      "--resolution", "ported-as PX0041"]) == 0, capsys.readouterr().err
     assert (gp / "sync-decisions.yaml").is_file() and sorted(p.name for p in installed.iterdir()) == before
-    cli_main(["plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
+    sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "pin", "--to", "main", "--tree", str(tree),
               "--patches", str(gp), "--json", str(q)])
     assert "1 decided" in capsys.readouterr().out
     # deviations too
-    assert cli_main(["deviation", "PN1", "--why", "local", "--upstream", "vllm#1"]) == 2
-    assert cli_main(["deviation", "PX0041", "--why", "local", "--upstream", "vllm#1", "--patches", str(gp)]) == 0
+    assert sndr_main(["sync", "deviation", "PN1", "--why", "local", "--upstream", "vllm#1"]) == 2
+    assert sndr_main(["sync", "deviation", "PX0041", "--why", "local", "--upstream", "vllm#1", "--patches", str(gp)]) == 0
     assert sorted(p.name for p in installed.iterdir()) == before
 
 
@@ -223,16 +223,15 @@ def test_pin_advance_and_manifest_build_never_write_into_the_installed_package(t
     pre, anchors, q = gates_ok
     args = ["advance", "--to", "0.33.0", "--preflight", str(pre), "--queue", str(q), "--manifest",
             str(anchors / "vllm-0.33.0.json"), "--benchmark-ref", str(tmp_path / "bench-0.33.0.json")]
-    assert pin_main(args) == 2
+    assert sndr_main(["pin", *args]) == 2
     err = capsys.readouterr().err
     assert "shipped_data_write" in err and "--patches DIR (or --pin-file PATH)" in err, err
-    assert pin_main([*args, "--pin-file", str(installed / PIN_FILE_NAME)]) == 2
+    assert sndr_main(["pin", *args, "--pin-file", str(installed / PIN_FILE_NAME)]) == 2
     assert not (installed / PIN_FILE_NAME).exists()
-    assert pin_main(["show"]) == 1  # reading the shipped set is fine: no pin recorded there
+    assert sndr_main(["pin", "show"]) == 1  # reading the shipped set is fine: no pin recorded there
     assert str(installed / PIN_FILE_NAME) in capsys.readouterr().out
-    from sndr.manifest import cli_main as manifest_main
 
-    assert manifest_main(["build", "--tree", str(tmp_path), "--patches", str(installed)]) == 2
+    assert sndr_main(["manifest", "build", "--tree", str(tmp_path), "--patches", str(installed)]) == 2
     assert "shipped_data_write" in capsys.readouterr().err
 
 
@@ -244,7 +243,7 @@ def test_sync_plan_warns_when_the_range_runs_backwards(releases, tmp_path, capsy
     pdir = tmp_path / "patches"
     _write_patch(pdir, "PN1", BLOCK_POOL, "        return ret\n")
     q, md = tmp_path / "q.json", tmp_path / "q.md"
-    cli_main(["plan", "--repo", str(repo.path), "--from", "v0.33.0", "--to", "v0.32.0", "--tree", str(tree),
+    sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "v0.33.0", "--to", "v0.32.0", "--tree", str(tree),
               "--patches", str(pdir), "--json", str(q), "--md", str(md)])
     err = capsys.readouterr().err
     assert "warning: the range runs backwards: --to v0.32.0" in err and "mostly the pin's own side" in err, err
@@ -252,7 +251,7 @@ def test_sync_plan_warns_when_the_range_runs_backwards(releases, tmp_path, capsy
     # the third: the tree (v0.32.0's content) looks like --to, not like --from, the pin the command names
     assert len(warnings) == 3 and "## Warnings" in md.read_text()
     assert "looks like --to v0.32.0, not the pin" in warnings[0]
-    cli_main(["plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
+    sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree", str(tree),
               "--patches", str(pdir), "--json", str(q)])
     assert "warning" not in capsys.readouterr().err and json.loads(q.read_text())["warnings"] == []
 
@@ -263,16 +262,16 @@ def test_decide_refuses_a_ported_as_of_an_unknown_patch(tmp_path, scripted, caps
     _write_patch(pdir, "PX0040", BLOCK_POOL, "        return ret\n")
     dfile = tmp_path / "d.yaml"
     base = ["decide", c["conflict"], "--patches", str(pdir), "--decisions", str(dfile)]
-    assert cli_main([*base, "--resolution", "ported-as PX0041"]) == 2
+    assert sndr_main(["sync", *base, "--resolution", "ported-as PX0041"]) == 2
     err = capsys.readouterr().err
     assert "unknown_id" in err and "PX0040" in err and "--allow-unknown" in err, err
     assert not dfile.exists()
-    assert cli_main([*base, "--resolution", "ported-as PX0041", "--allow-unknown"]) == 0
-    assert cli_main([*base, "--resolution", "ported-as PX0040"]) == 0
+    assert sndr_main(["sync", *base, "--resolution", "ported-as PX0041", "--allow-unknown"]) == 0
+    assert sndr_main(["sync", *base, "--resolution", "ported-as PX0040"]) == 0
 
 
 def test_manifest_rebuild_hint_is_a_runnable_command(tmp_path):
-    from sndr.manifest import build_parser
+    from sndr.__main__ import build_parser
 
     pdir = tmp_path / "gp"
     _write_patch(pdir, "GP1", BLOCK_POOL, "        return ret\n")
@@ -282,6 +281,6 @@ def test_manifest_rebuild_hint_is_a_runnable_command(tmp_path):
     cmd = g.reason.split("(", 1)[1].rsplit(")", 1)[0]
     argv = shlex.split(cmd)
     assert argv[:4] == ["python", "-m", "sndr", "manifest"]
-    args = build_parser().parse_args(argv[4:])
+    args = build_parser(argv[3:]).parse_args(argv[3:])
     assert (args.cmd, args.tree, args.patches, args.out) == (
         "build", "vllm==0.33.0", pdir, tmp_path / "anchors" / "vllm-0.33.0.json")

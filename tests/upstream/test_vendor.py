@@ -21,13 +21,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sndr.__main__ import main as sndr_main
 from sndr.classify import classify_edit
 from sndr.load import PatchSet, load_patch_file, parse_patch
 from sndr.model import Patch, Verdict
 from sndr.plan import build_plan
 from sndr.tomlwrite import dumps_patch, toml_multiline, toml_string
 from sndr.upstream.vendor import (
-    cli_main,
     parse_diff,
     roundtrip_file,
     split_lines,
@@ -222,7 +222,7 @@ def test_format_patch_with_several_files_and_a_new_file(tmp_path, capsys):
     diff = tmp_path / "0001-clamp.patch"
     diff.write_text(series_diff())
     out = tmp_path / "patches"
-    rc = cli_main(["--diff", str(diff), "--id", "PN0101", "--tree", str(tree), "--out", str(out)])
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0101", "--tree", str(tree), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 0, err
     written = sorted(out.glob("*.toml"))
@@ -298,7 +298,7 @@ def test_deleted_file_is_refused(tmp_path, capsys):
     diff.write_text(unified_diff(SCHED, SCHED_NEW, "vllm/v1/core/sched/scheduler.py")
                     + unified_diff(UTILS, None, "vllm/v1/core/kv_cache_utils.py"))
     out = tmp_path / "patches"
-    rc = cli_main(["--diff", str(diff), "--id", "PN0105", "--title", "t", "--tree", str(tree), "--out", str(out)])
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0105", "--title", "t", "--tree", str(tree), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 1
     assert "refused: vllm/v1/core/kv_cache_utils.py: deleted file refused" in err
@@ -328,7 +328,7 @@ def test_hunk_that_cannot_be_made_unique_is_refused(tmp_path, capsys):
     diff = tmp_path / "rep.patch"
     diff.write_text(unified_diff(text, new, "vllm/rep.py"))
     out = tmp_path / "patches"
-    rc = cli_main(["--diff", str(diff), "--id", "PN0107", "--title", "t", "--tree", str(tree), "--out", str(out),
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0107", "--title", "t", "--tree", str(tree), "--out", str(out),
                    "--max-context", "3"])
     err = capsys.readouterr().err
     assert rc == 1 and not out.exists()
@@ -449,7 +449,7 @@ def test_no_marker_is_invented_when_every_added_line_exists(tmp_path, capsys):
     diff = tmp_path / "n.patch"
     diff.write_text(unified_diff(old, new, "vllm/n.py"))
     out = tmp_path / "p"
-    rc = cli_main(["--diff", str(diff), "--id", "PN0116", "--title", "t", "--tree", str(tree), "--out", str(out)])
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0116", "--title", "t", "--tree", str(tree), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 0
     assert "no merged marker" in err and "none was invented" in err and "--marker f=TEXT" in err
@@ -462,10 +462,10 @@ def test_no_marker_is_invented_when_every_added_line_exists(tmp_path, capsys):
         assert res.ok and res.patch.files[0].edits[0].merged_markers == ["def f():\n    return x\n    return x"]
         assert res.edits[0].marker_source == "--marker"
     # A marker already in the pin would read as merged there: refused, exit 2.
-    rc = cli_main(["--diff", str(diff), "--id", "PN0117", "--title", "t", "--tree", str(tree), "--out", str(out),
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0117", "--title", "t", "--tree", str(tree), "--out", str(out),
                    "--marker", "f=return x"])
     assert rc == 2 and "already in the pin's file" in capsys.readouterr().err
-    rc = cli_main(["--diff", str(diff), "--id", "PN0117", "--title", "t", "--tree", str(tree), "--out", str(out),
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0117", "--title", "t", "--tree", str(tree), "--out", str(out),
                    "--marker", "nosuch=abc"])
     assert rc == 2 and "no edit of this patch" in capsys.readouterr().err
 
@@ -496,17 +496,17 @@ def test_cli_stdout_and_overwrite(tmp_path, capsys):
     diff = tmp_path / "d.patch"
     diff.write_text(unified_diff(UTILS, UTILS_NEW, "vllm/v1/core/kv_cache_utils.py"))
     base = ["--diff", str(diff), "--id", "PN0120", "--title", "Hash extras", "--tree", str(tree)]
-    assert cli_main(base + ["--stdout", "--upstream", "vllm#1"]) == 0
+    assert sndr_main(["vendor", *(base + ["--stdout", "--upstream", "vllm#1"])]) == 0
     text = capsys.readouterr().out
     assert parse_patch(text, "stdout").upstream == ["vllm#1"]
     target = tmp_path / "out" / "x.toml"
-    assert cli_main(base + ["--out", str(target)]) == 0
-    assert cli_main(base + ["--out", str(target)]) == 2
+    assert sndr_main(["vendor", *(base + ["--out", str(target)])]) == 0
+    assert sndr_main(["vendor", *(base + ["--out", str(target)])]) == 2
     assert "already exists" in capsys.readouterr().err
-    assert cli_main(base + ["--out", str(target), "--force"]) == 0
-    assert cli_main(["--diff", str(tmp_path / "missing.patch"), "--id", "PN1", "--title", "t",
+    assert sndr_main(["vendor", *(base + ["--out", str(target), "--force"])]) == 0
+    assert sndr_main(["vendor", "--diff", str(tmp_path / "missing.patch"), "--id", "PN1", "--title", "t",
                      "--tree", str(tree)]) == 2
-    assert cli_main(["--diff", str(diff), "--id", "9bad", "--title", "t", "--tree", str(tree), "--stdout"]) == 2
+    assert sndr_main(["vendor", "--diff", str(diff), "--id", "9bad", "--title", "t", "--tree", str(tree), "--stdout"]) == 2
 
 
 def test_dispatcher_maps_vendor(tmp_path):
@@ -679,7 +679,7 @@ def test_include_exclude_and_json_report(tmp_path, capsys):
     diff = tmp_path / "s.patch"
     diff.write_text(series_diff())
     report = tmp_path / "r.json"
-    rc = cli_main(["--diff", str(diff), "--id", "PN0126", "--tree", str(tree), "--stdout", "--json", str(report),
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0126", "--tree", str(tree), "--stdout", "--json", str(report),
                    "--exclude", "vllm/v1/core/kv_cache_utils.py", "--exclude", "vllm/v1/core/clamp.py"])
     out = capsys.readouterr().out
     assert rc == 0

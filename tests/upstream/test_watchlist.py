@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from sndr.__main__ import main as sndr_main
 from sndr.errors import SndrError
 from sndr.upstream.triggers import PreflightFacts, check
 from sndr.upstream.watchlist import (
-    cli_main,
     find_row,
     json_schema,
     load_watchlist,
@@ -167,12 +167,12 @@ def test_set_status_changes_only_that_line(text):
 def test_cli_set_on_a_copy(tmp_path, text, capsys):
     wl = tmp_path / "watchlist.yaml"
     shutil.copy(FIXTURE, wl)
-    assert cli_main(["set", "vllm#40886", "status", "merged", "--watchlist", str(wl)]) == 0
+    assert sndr_main(["watchlist", "set", "vllm#40886", "status", "merged", "--watchlist", str(wl)]) == 0
     assert len(changed_lines(text, wl.read_text())) == 2
-    assert cli_main(["set", "vllm#40886", "status", "bogus", "--watchlist", str(wl)]) == 2
+    assert sndr_main(["watchlist", "set", "vllm#40886", "status", "bogus", "--watchlist", str(wl)]) == 2
     assert "'bogus' is not a known value" in capsys.readouterr().err
-    assert cli_main(["set", "vllm#99999", "status", "open", "--watchlist", str(wl)]) == 2
-    assert cli_main(["set", "#47462", "trigger", "retire-on-merge", "--watchlist", str(wl), "--dry-run"]) == 0
+    assert sndr_main(["watchlist", "set", "vllm#99999", "status", "open", "--watchlist", str(wl)]) == 2
+    assert sndr_main(["watchlist", "set", "#47462", "trigger", "retire-on-merge", "--watchlist", str(wl), "--dry-run"]) == 0
     assert "+  trigger: retire-on-merge" in capsys.readouterr().out
     assert len(changed_lines(text, wl.read_text())) == 2  # the dry run wrote nothing
 
@@ -276,13 +276,13 @@ def test_cli_lint_real_fixture(tmp_path, capsys):
     (pdir / "PN129.toml").write_text(
         'id = "PN129"\ntitle = "t"\nlifecycle = "retired"\n\n[[files]]\npath = "vllm/x.py"\n\n'
         "[[files.edits]]\nname = \"e\"\nanchor = '''\na\n'''\nreplacement = '''\nb\n'''\n")
-    rc = cli_main(["lint", "--watchlist", str(FIXTURE), "--patches", str(pdir), "--json"])
+    rc = sndr_main(["watchlist", "lint", "--watchlist", str(FIXTURE), "--patches", str(pdir), "--json", "-"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1
     codes = [f["code"] for f in out["findings"]]
     assert codes.count("retired_patch") == 1 and codes.count("action_contradicts_status") == 7
     assert "unknown_patch" in codes
-    assert cli_main(["lint", "--watchlist", str(FIXTURE), "--no-registry"]) == 1
+    assert sndr_main(["watchlist", "lint", "--watchlist", str(FIXTURE), "--no-registry"]) == 1
     assert "7 action_contradicts_status" in capsys.readouterr().out
 
 
@@ -346,7 +346,7 @@ def test_check_rejects_what_is_not_a_preflight():
 def test_cli_check(tmp_path, capsys):
     pre = tmp_path / "pre.json"
     pre.write_text(json.dumps(_preflight(retired_upstream=[{"patch": "PN129", "file": "f", "name": "e"}])))
-    assert cli_main(["check", "--preflight", str(pre), "--watchlist", str(FIXTURE)]) == 1
+    assert sndr_main(["watchlist", "check", "--preflight", str(pre), "--watchlist", str(FIXTURE)]) == 1
     out = capsys.readouterr().out
     # one line per fired trigger, naming both rows (issue 17, defect 7)
     lines = [ln for ln in out.splitlines() if "retire-on-merge fired" in ln]
@@ -354,10 +354,10 @@ def test_cli_check(tmp_path, capsys):
     assert "watch vllm#46446 + sweep #46446 (line " in lines[0]
     assert out.count("fired:") == int(out.strip().splitlines()[-1].split()[0])
     pre.write_text(json.dumps(_preflight()))
-    assert cli_main(["check", "--preflight", str(pre), "--watchlist", str(FIXTURE), "--json"]) == 0
+    assert sndr_main(["watchlist", "check", "--preflight", str(pre), "--watchlist", str(FIXTURE), "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["fired"] == []
     pre.write_text("{not json")
-    assert cli_main(["check", "--preflight", str(pre), "--watchlist", str(FIXTURE)]) == 2
+    assert sndr_main(["watchlist", "check", "--preflight", str(pre), "--watchlist", str(FIXTURE)]) == 2
 
 
 def test_check_on_a_real_preflight_report(tmp_path, vllm_pin_root, vllm_candidate_root):

@@ -1,23 +1,22 @@
-"""``python -m sndr preflight``: arguments, outputs, exit status (through :func:`sndr.cli.run`)."""
+"""``python -m sndr preflight``: arguments, outputs, exit status (through :func:`sndr.cli.run`).
+
+The engine (:mod:`sndr.preflight`: the models, the analysis, the renderers) is imported inside
+:func:`run`, so ``--help`` and a usage error import none of it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 
-from ..errors import EXIT_BAD_INPUT, EXIT_OK, bad_input
-from ..load import load_patch_set
-from .analysis import run_preflight
-from .annotations import github_annotations, render_sarif
-from .models import FAIL_ON_CHOICES
-from .render import render_markdown, render_terminal
+from . import add_json_option
 
-# ============================================================================ CLI
+HELP = "Classify the patch set on a pin and a candidate vLLM tree."
 
 
 def _parse_fail_on(values: list[str] | None) -> list[str]:
+    from ..errors import bad_input
+    from ..preflight.models import FAIL_ON_CHOICES
+
     out: list[str] = []
     for v in values or ["drift"]:
         for part in v.split(","):
@@ -31,19 +30,11 @@ def _parse_fail_on(values: list[str] | None) -> list[str]:
     return out or ["drift"]
 
 
-def _write(dest: str, text: str, flag: str) -> None:
-    from ..cli import write_output
-
-    write_output(dest, text, flag)  # the one output writer: '-', or an atomic replace of a path of ours
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sndr preflight",
-                                 description="Classify the patch set on a pin and a candidate vLLM tree.")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--patches", metavar="DIR", help="patch directory (default: the shipped set)")
     ap.add_argument("--pin", required=True, metavar="TREE", help="dir, wheel, vllm==X, git:REPO@REV or installed")
     ap.add_argument("--candidate", required=True, metavar="TREE")
-    ap.add_argument("--json", metavar="OUT", help="write the JSON report ('-' for stdout)")
+    add_json_option(ap, "the preflight report")
     ap.add_argument("--markdown", metavar="OUT", help="write the Markdown report ('-' for stdout)")
     ap.add_argument("--sarif", metavar="OUT", help="write SARIF 2.1.0 ('-' for stdout)")
     ap.add_argument("--github", action="store_true", help="print GitHub workflow annotations")
@@ -60,10 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "and candidate, or 'auto' for the published releases in between (last patch of each minor)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
     ap.add_argument("-v", "--verbose", action="store_true")
-    return ap
 
 
-def _stdout_outputs(args) -> list[str]:
+def _stdout_outputs(args: argparse.Namespace) -> list[str]:
     named = [f"--{k} -" for k in ("json", "markdown", "sarif") if getattr(args, k) == "-"]
     return named + (["--github"] if args.github else [])
 
@@ -72,6 +62,8 @@ def _via(value: str | None) -> list[str] | str | None:
     """``--via auto`` or ``--via 0.27.0,0.30.0`` (versions or any tree specs)."""
     if value is None:
         return None
+    from ..errors import bad_input
+
     if value.strip().lower() == "auto":
         return "auto"
     parts = [v.strip() for v in value.split(",") if v.strip()]
@@ -81,35 +73,36 @@ def _via(value: str | None) -> list[str] | str | None:
     return parts
 
 
-def _enable_caches() -> None:
-    """The shell turns on the planner's disk caches (qualname spans, compile memo); the core never does."""
-    try:
-        from .. import caches
-    except ImportError:  # pragma: no cover - an older core without the cache module
-        return
-    caches.enable()
+def run(args: argparse.Namespace) -> int:
+    from ..cli import run as boundary
+
+    return boundary("sndr preflight", lambda: _body(args),
+                    on_interrupt=lambda: "nothing was written to any tree; run the preflight again")
 
 
-def _main(argv: list[str]) -> int:
-    from ..cli import parse_args
+def _body(args: argparse.Namespace) -> int:
+    import json
+    import time
 
-    ap = build_parser()
-    try:
-        args = parse_args(ap, argv)
-    except SystemExit as exc:
-        return EXIT_OK if exc.code == 0 else EXIT_BAD_INPUT
+    from .. import caches
+    from ..cli import check_output, write_output
+    from ..errors import bad_input
+    from ..load import load_patch_set
+    from ..preflight.analysis import run_preflight
+    from ..preflight.annotations import github_annotations, render_sarif
+    from ..preflight.render import render_markdown, render_terminal
+
     fail_on = _parse_fail_on(args.fail_on)
     to_stdout = _stdout_outputs(args)
     if len(to_stdout) > 1:
         raise bad_input("stdout_conflict", f"{' and '.join(to_stdout)} would both write to stdout",
                         hint="send all but one to a file")
     via = _via(args.via)
-    from ..cli import check_output
 
     for flag in ("json", "markdown", "sarif"):
         if getattr(args, flag):
             check_output(getattr(args, flag), f"--{flag}")  # before any work
-    _enable_caches()
+    caches.enable()  # the shell turns on the planner's disk caches (qualname spans, compile memo)
     patch_set = load_patch_set(args.patches)
     only = [i.strip() for i in args.only.split(",") if i.strip()] if args.only else None
     t0 = time.perf_counter()
@@ -118,11 +111,11 @@ def _main(argv: list[str]) -> int:
                            enable_all=args.enable_all, fail_on=fail_on, via=via)
     elapsed = time.perf_counter() - t0
     if args.json:
-        _write(args.json, report.model_dump_json(indent=2) + "\n", "--json")
+        write_output(args.json, report.model_dump_json(indent=2) + "\n", "--json")
     if args.markdown:
-        _write(args.markdown, render_markdown(report, patch_set), "--markdown")
+        write_output(args.markdown, render_markdown(report, patch_set), "--markdown")
     if args.sarif:
-        _write(args.sarif, json.dumps(render_sarif(report), indent=2) + "\n", "--sarif")
+        write_output(args.sarif, json.dumps(render_sarif(report), indent=2) + "\n", "--sarif")
     if args.github:
         for line in github_annotations(report):
             print(line)
@@ -135,17 +128,3 @@ def _main(argv: list[str]) -> int:
         if args.verbose:
             console.print(f"({elapsed:.2f}s)")
     return report.summary.exit_code
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    from ..cli import run
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return run("sndr preflight", lambda: _main(argv),
-               on_interrupt=lambda: "nothing was written to any tree; run the preflight again")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from ..cli import exit_with
-
-    exit_with(cli_main)

@@ -1,0 +1,45 @@
+"""Every ``python -m sndr`` subcommand, one module each.
+
+A command module ``sndr/commands/<name>.py`` has
+
+* ``HELP``: the description ``python -m sndr <name> --help`` prints;
+* ``add_arguments(parser)``: its options, on an :class:`argparse.ArgumentParser`;
+* ``run(args) -> int``: the command, which imports its engine inside the function, so
+  ``--help`` and a usage error cost no engine import (pip's ``commands_dict``, LibCST's
+  ``CodemodCommand``).
+
+:data:`COMMANDS` is the lazy table ``sndr/__main__.py`` builds its one parser from:
+name -> (module, one-line summary). Only the module of the command being run is
+imported. Adding a subcommand is one file here and one line in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+#: name -> (module, the one line ``python -m sndr --help`` shows). ``{schemas}`` is filled in from sndr.schema.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "apply": ("sndr.commands.apply", "apply, dry-run, verify or revert the patch set on a tree"),
+    "schema": ("sndr.commands.schema", "print the JSON Schema of {schemas}"),
+    "list": ("sndr.commands.list", "list the patch set (id, title, kind, default, upstream, files)"),
+    "manifest": ("sndr.commands.manifest", "build or check anchors/<pin>.json"),
+    "preflight": ("sndr.commands.preflight", "classify the patch set on a pin and a candidate tree"),
+    "vendor": ("sndr.commands.vendor", "turn a unified diff into a patch file"),
+    "import": ("sndr.commands.import_", "turn a quilt or git format-patch series into patch files"),
+    "watchlist": ("sndr.commands.watchlist", "lint, edit and evaluate the upstream watchlist"),
+    "sync": ("sndr.commands.sync", "plan the port queue of an upstream range"),
+    "pin": ("sndr.commands.pin", "advance the pin when every gate passes"),
+    "status": ("sndr.commands.status", "per-process attestations of the active patch set"),
+    "hook": ("sndr.commands.hook", "install or remove the in-memory import hook (.pth)"),
+    "salvage-ledger": ("sndr.commands.salvage_ledger",
+                       "put back the last ledger sndr wrote that matches a tree's files (ledger_corrupt)"),
+}
+
+
+def add_json_option(parser: argparse.ArgumentParser, what: str = "the report") -> None:
+    """``--json FILE|-``, the one meaning of ``--json`` in every command: write ``what`` as JSON to FILE
+    (atomically, :func:`sndr.cli.write_output`) or to stdout for ``-`` (the human text then goes to stderr
+    or is left out, so stdout holds one JSON document)."""
+    parser.add_argument("--json", metavar="FILE|-",
+                        help=f"write {what} as JSON to FILE, or to stdout for '-' (stdout then holds the JSON only)")
+

@@ -1,0 +1,33 @@
+"""``python -m sndr salvage-ledger TREE``: the recovery path of ``ledger_corrupt`` (and ``journal_too_large``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = ("Repair sndr's state in a tree: put back the last ledger sndr wrote (kept in .sndr/objects) that matches "
+        "the tree's files. Exit 1 when none matches.")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("tree", metavar="TREE", type=Path, help="the directory containing vllm/ and .sndr/")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import run as boundary
+
+    return boundary("sndr salvage-ledger", lambda: _body(args.tree))
+
+
+def _body(tree: Path) -> int:
+    from ..commit import salvage_ledger
+    from ..errors import EXIT_FINDINGS
+    from ..state import STATE_DIR
+
+    sha = salvage_ledger(tree)
+    if sha is None:
+        print(f"sndr: no stored ledger matches the files of {tree}; reinstall vLLM and delete "
+              f"{tree / STATE_DIR}/ to start from a pristine tree")
+        return EXIT_FINDINGS
+    print(f"sndr: restored the ledger {sha[:12]} from .sndr/objects; the tree verifies against it again")
+    return 0

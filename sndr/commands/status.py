@@ -1,0 +1,36 @@
+"""``python -m sndr status``: one line per vLLM process, the patch set it attested."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import add_json_option
+
+HELP = ("One line per vLLM process: the patch set it attested. Exit 1 if processes disagree, one misses a required "
+        "patch, a record is not valid, or the tree no longer holds the set and the file hashes a live process "
+        "attested (re-applied, reverted or changed under it).")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--run-dir", help="attestation directory (default: $SNDR_RUN_DIR, or the default for --tree)")
+    ap.add_argument("--tree", help="directory containing vllm/ (default: where `import vllm` finds it)")
+    ap.add_argument("--live", action="store_true", help="only processes that are still running")
+    ap.add_argument("--prune", action="store_true", help="delete the records of processes that have exited")
+    add_json_option(ap, "the records and the verdict")
+    ap.add_argument("--prometheus", metavar="FILE",
+                    help="also write the live processes' patch-set gauges to FILE in the Prometheus text format, "
+                         "atomically (for node_exporter's textfile collector; see docs/deploy.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import check_output
+    from ..cli import run as boundary
+    from ..startup.hook import run_status
+
+    def body() -> int:
+        if args.json:
+            check_output(args.json, "--json")  # before any work (--prune deletes records)
+        return run_status(args)
+
+    return boundary("sndr status", body, on_interrupt=lambda: "nothing was changed (status only reads attestation "
+                                                               "records)")
