@@ -34,8 +34,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, bad_input
-from ..pinrecord import PIN_FILE_NAME, PinRecord, default_pin_path, read_pin, writable_pin_path
+from ..errors import EXIT_FINDINGS, EXIT_OK, bad_input
+from ..pinrecord import PinRecord, default_pin_path, read_pin, writable_pin_path
 from .decisions import DECISIONS_NAME, Decisions, load_decisions
 from .gates import PinGate, benchmark_ref_problem, norm_version
 from .report import QUEUED, QueueReport

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, bad_input
+from ..errors import EXIT_FINDINGS, EXIT_OK, bad_input
 from ..pinrecord import PIN_FILE_NAME, PinRecord, default_pin_path, read_pin
 from .decisions import (
     DECISIONS_NAME,
