@@ -38,6 +38,7 @@ from .yamledit import (  # noqa: F401 - to_plain and the editor helpers are publ
     checked,
     content_end,
     load_rt,
+    load_rt_nodes,
     render_scalar,
     row_node,
     rt_yaml,
@@ -268,6 +269,8 @@ class LoadedWatchlist:
     text: str
     file: str
     raw: Any  # ruamel CommentedMap (line/column info)
+    #: The node tree ``raw`` was built from (the positions an edit splices at); None: compose ``text`` again.
+    nodes: Any = None
 
     def line_of(self, section: str, index: int, key: str | None = None) -> int | None:
         try:
@@ -354,7 +357,7 @@ def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
     """Parse and validate watchlist text; every problem names the row and the key."""
     from ruamel.yaml.comments import CommentedMap
 
-    raw = load_rt(text, file)
+    raw, nodes = load_rt_nodes(text, file)
     if not isinstance(raw, CommentedMap):  # the round-trip loader gives every mapping as a CommentedMap
         raise bad_input("bad_watchlist", "a watchlist is a mapping with 'watch', 'sweep' and '__sentinel__'",
                         file=file, line=1)
@@ -404,7 +407,7 @@ def parse_watchlist(text: str, file: str = "<watchlist>") -> LoadedWatchlist:
         raise SndrError(problems)
     data = {k: sections[k] for k in ("watch", "sweep") if k in raw}
     wl = Watchlist.model_validate({**data, SENTINEL_KEY: SENTINEL_VALUE})
-    return LoadedWatchlist(model=wl, text=text, file=file, raw=raw)
+    return LoadedWatchlist(model=wl, text=text, file=file, raw=raw, nodes=nodes)
 
 
 def read_text_file(path: Path, what: str = "file") -> str:
@@ -488,7 +491,12 @@ def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watc
     Only the lines of that value change. The result is re-parsed and must equal
     the old data with exactly this one change, or nothing is returned.
     """
-    loaded = parse_watchlist(text, file)
+    return edit_field(parse_watchlist(text, file), selector, key, value)
+
+
+def edit_field(loaded: LoadedWatchlist, selector: str, key: str, value: Any) -> str:
+    """:func:`set_field` on an already parsed watchlist (its text and file name): the new text."""
+    text, file = loaded.text, loaded.file
     section, index = find_row(loaded.model, selector, file)
     model = SECTIONS[section]
     if key not in model.model_fields:
@@ -506,7 +514,7 @@ def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watc
     if expected[section][index].get(key, object()) == value and key in expected[section][index]:
         return text
     expected[section][index] = row
-    root = rt_yaml().compose(text)
+    root = loaded.nodes if loaded.nodes is not None else rt_yaml().compose(text)
     new_text = splice_field(text, row_node(root, section, index), key, value, list(model.model_fields))
     return checked(new_text, expected, lambda t: parse_watchlist(t, file).model.to_data(), f"{label} [{key}]", file)
 

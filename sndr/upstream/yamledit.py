@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import EXIT_INTERNAL, Problem, SndrError
 
-__all__ = ["append_row", "checked", "content_end", "key_node", "load_rt", "remove_row", "render_scalar",
+__all__ = ["append_row", "checked", "content_end", "key_node", "load_rt", "load_rt_nodes", "remove_row", "render_scalar",
            "row_node", "rt_yaml", "splice_field", "to_plain", "yaml_problem"]
 
 
@@ -198,14 +198,56 @@ def splice_field(text: str, row_node, key: str, value: Any, field_order: list[st
 
 def load_rt(text: str, file: str) -> Any:
     """The round-trip data of ``text`` (line and column info kept); malformed YAML -> ``yaml_syntax``."""
+    return load_rt_nodes(text, file)[0]
+
+
+def _has_merge_key(root) -> bool:
+    """True when a mapping of the node tree has a merge key (``<<``): ruamel's constructor deletes those
+    pairs from the mapping nodes while it builds the data."""
+    from ruamel.yaml.nodes import MappingNode, SequenceNode
+
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            for k, v in node.value:
+                if k.tag == "tag:yaml.org,2002:merge":
+                    return True
+                todo += (k, v)
+        elif isinstance(node, SequenceNode):
+            todo += node.value
+    return False
+
+
+def load_rt_nodes(text: str, file: str) -> tuple[Any, Any]:
+    """``(data, root)``: the round-trip data of ``text`` (as :func:`load_rt`) and the node tree it was built
+    from, the positions :func:`splice_field` edits at, from one parse. ``root`` is None when the tree is not
+    the one a fresh ``compose`` gives (a merge key, which construction rewrites); compose ``text`` then."""
     from ruamel.yaml.error import YAMLError
 
+    y = rt_yaml()
+    composer = y.composer
+    compose_one = composer.get_single_node
+    kept: list[Any] = []
+
+    def keep() -> Any:  # the node tree ruamel's load() builds its data from, before construction reads it
+        node = compose_one()
+        if node is not None and not _has_merge_key(node):
+            kept.append(node)
+        return node
+
+    composer.get_single_node = keep
     try:
-        return rt_yaml().load(text)
+        data = y.load(text)
     except YAMLError as exc:
         raise SndrError(yaml_problem(exc, file)) from None
     except Exception as exc:  # ruamel raises a few non-YAMLError types (e.g. DuplicateKeyError)
         raise SndrError(yaml_problem(exc, file)) from None
+    return data, (kept[0] if kept else None)
 
 
 def _section(text: str, section: str):

@@ -20,6 +20,7 @@ from sndr.__main__ import main as sndr_main
 from sndr.errors import SndrError
 from sndr.upstream.triggers import PreflightFacts, check
 from sndr.upstream.watchlist import (
+    edit_field,
     find_row,
     json_schema,
     load_watchlist,
@@ -193,7 +194,8 @@ def test_cli_set_on_a_copy(tmp_path, text, capsys):
     ("vllm#45466", "notes", "it's: a 'quoted' # note", 8),
 ])
 def test_set_keeps_every_other_line(text, loaded, selector, key, value, n_changed):
-    new = set_field(text, selector, key, value)
+    new = edit_field(loaded, selector, key, value)  # set_field on the text parsed once per module
+    assert loaded.text == text and loaded.nodes is not None
     assert len(changed_lines(text, new)) == n_changed, changed_lines(text, new)
     after = parse_watchlist(new)  # `loaded` (the fixture's text, parsed once per module) is the before
     section, index = find_row(loaded.model, selector)
@@ -202,6 +204,36 @@ def test_set_keeps_every_other_line(text, loaded, selector, key, value, n_change
     after_data[section][index].pop(key)
     before_data[section][index].pop(key, None)
     assert after_data == before_data
+
+
+def test_edit_splices_at_the_node_tree_of_the_one_parse(text, loaded):
+    """parse_watchlist keeps the node tree its data was built from; it is the tree a fresh compose gives
+    (every position an edit splices at), and set_field and edit_field give the same text."""
+    from ruamel.yaml.nodes import MappingNode, SequenceNode
+
+    from sndr.upstream.yamledit import rt_yaml
+
+    def shape(node):
+        kids = ([(shape(k), shape(v)) for k, v in node.value] if isinstance(node, MappingNode)
+                else [shape(v) for v in node.value] if isinstance(node, SequenceNode) else node.value)
+        return (type(node).__name__, str(node.tag), node.start_mark.index, node.end_mark.index,
+                getattr(node, "style", None), getattr(node, "flow_style", None), kids)
+
+    assert shape(loaded.nodes) == shape(rt_yaml().compose(text))
+    assert edit_field(loaded, "#47462", "note", "short note") == set_field(text, "#47462", "note", "short note")
+
+
+def test_set_on_a_row_with_a_merge_key_composes_the_text_again():
+    """ruamel's constructor deletes merge keys (``<<``) from the nodes it builds from; such a text is
+    composed afresh for the edit, and the edit still changes only its line."""
+    wl = ("watch:\n- &base\n  upstream: vllm#1\n  status: open\n  action: watch\n"
+          "- <<: *base\n  upstream: vllm#2\n  status: open   # merged row\n"
+          "sweep: []\n__sentinel__: complete\n")
+    loaded = parse_watchlist(wl)
+    assert loaded.nodes is None and loaded.model.watch[1].action == "watch"
+    new = edit_field(loaded, "vllm#2", "status", "merged")
+    assert changed_lines(wl, new) == ["-  status: open   # merged row", "+  status: merged # merged row"]
+    assert parse_watchlist(new).model.watch[1].status == "merged"
 
 
 def test_set_refuses_duplicates_and_unknown_keys(text):
