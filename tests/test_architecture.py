@@ -34,6 +34,7 @@ included), so a lazy import cannot hide from these rules. The rules:
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -170,8 +171,17 @@ def _graph(*, module_level: bool) -> dict[str, set[str]]:
     return graph
 
 
-GRAPH = _graph(module_level=True)
-FULL_GRAPH = _graph(module_level=False)
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """The module-level import graph, built on first use (not at collection: only the worker that runs these
+    tests pays for reading the package)."""
+    return _graph(module_level=True)
+
+
+@functools.cache
+def full_graph() -> dict[str, set[str]]:
+    """Every import that can run, function level included (the cycle graph), built on first use."""
+    return _graph(module_level=False)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -257,7 +267,7 @@ def _closure(start: list[str]) -> set[str]:
         if m in seen:
             continue
         seen.add(m)
-        todo.extend(GRAPH.get(m, ()))
+        todo.extend(graph().get(m, ()))
     return seen
 
 
@@ -292,7 +302,7 @@ def test_importing_every_startup_module_loads_only_the_stdlib_and_sndr():
 
 
 def test_the_core_never_imports_kernels_or_runtime_patches_at_module_level():
-    bad = {m: sorted(d for d in GRAPH[m] if d.startswith(("sndr.kernels", "sndr.runtime_patches")))
+    bad = {m: sorted(d for d in graph()[m] if d.startswith(("sndr.kernels", "sndr.runtime_patches")))
            for m in sorted(CORE | {"sndr"})}
     bad = {m: d for m, d in bad.items() if d}
     assert not bad, f"core modules import kernels/runtime patches at module level: {bad}"
@@ -304,7 +314,7 @@ COMMAND_LAYER = {m for m in MODULES if m == "sndr.__main__" or m == "sndr.comman
 def test_only_the_dispatcher_and_the_commands_import_the_command_layer():
     """The one upward arrow: ``sndr.__main__`` and ``sndr/commands/*`` call down into the engines; no engine
     imports a command or the dispatcher, at module or function level."""
-    bad = {m: sorted(d for d in FULL_GRAPH[m] if d in COMMAND_LAYER)
+    bad = {m: sorted(d for d in full_graph()[m] if d in COMMAND_LAYER)
            for m in sorted(MODULES) if m not in COMMAND_LAYER}
     bad = {m: d for m, d in bad.items() if d}
     assert not bad, f"engines import the command layer (only __main__ and sndr.commands may): {bad}"
@@ -357,7 +367,7 @@ def _without(graph: dict[str, set[str]], edges) -> dict[str, set[str]]:
 
 def test_no_import_cycles_among_sndr_modules():
     """Function-level imports count: the only cycles left are the edges of CYCLE_EDGES, each with its reason."""
-    cycles = _cycles(_without(FULL_GRAPH, CYCLE_EDGES))
+    cycles = _cycles(_without(full_graph(), CYCLE_EDGES))
     detail = []
     for comp in cycles:
         detail.append(" <-> ".join(comp) + ":\n" + "\n".join(
@@ -382,10 +392,10 @@ def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
 def test_each_allowed_cycle_edge_is_a_function_level_import_that_still_closes_a_cycle(edge):
     src, dst = edge
     assert CYCLE_EDGES[edge].strip(), f"CYCLE_EDGES[{edge}] needs its reason"
-    assert dst in FULL_GRAPH.get(src, set()), f"{src} no longer imports {dst}: drop the CYCLE_EDGES entry"
-    assert dst not in GRAPH[src], (f"{src} imports {dst} at module level ({_import_lines(src, {dst})}): "
-                                   "a module-level cycle is never allowed")
-    others = _without(FULL_GRAPH, set(CYCLE_EDGES) - {edge})
+    assert dst in full_graph().get(src, set()), f"{src} no longer imports {dst}: drop the CYCLE_EDGES entry"
+    assert dst not in graph()[src], (f"{src} imports {dst} at module level ({_import_lines(src, {dst})}): "
+                                     "a module-level cycle is never allowed")
+    others = _without(full_graph(), set(CYCLE_EDGES) - {edge})
     assert _reaches(others, dst, src), f"{src} -> {dst} closes no cycle any more: drop the CYCLE_EDGES entry"
 
 
@@ -402,12 +412,12 @@ def test_the_import_reader_sees_function_level_and_relative_imports():
     assert ("sndr.load", False) in found  # `from ..load import load_patch_set` inside resolve_set
     assert ("os", True) in found
     # the cycle graph takes function-level imports and leaves out `if TYPE_CHECKING:` ones
-    assert "sndr.load" in FULL_GRAPH["sndr.startup.resolve"]
-    assert "sndr.load" not in GRAPH["sndr.startup.resolve"]
+    assert "sndr.load" in full_graph()["sndr.startup.resolve"]
+    assert "sndr.load" not in graph()["sndr.startup.resolve"]
     revs = PKG / "upstream" / "reverts.py"
     assert any(t == "sndr.upstream.gitio" for node, _ in _imports(revs)
                for t in _targets("sndr.upstream.reverts", revs, node))
-    assert "sndr.upstream.gitio" not in FULL_GRAPH["sndr.upstream.reverts"]  # CommitInfo, annotations only
+    assert "sndr.upstream.gitio" not in full_graph()["sndr.upstream.reverts"]  # CommitInfo, annotations only
 
 
 def test_the_code_stamp_names_modules_that_exist():
