@@ -20,15 +20,17 @@ HOME = REPO / "sndr" / "env.py"
 
 def _code_strings(path: Path) -> list[tuple[int, str]]:
     """String constants of ``path`` that are not docstrings (what code can use as a path)."""
-    tree = parse(path)
     docs = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+    strings = []
+    for node in ast.walk(parse(path)):  # one walk: a file's docstrings and its string constants
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, str):
+                strings.append(node)
+        elif isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docs.add(id(first.value))
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+    return [(n.lineno, n.value) for n in strings if id(n) not in docs]
 
 
 def test_the_readme_default_is_the_one_default():
