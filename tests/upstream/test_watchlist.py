@@ -220,7 +220,9 @@ def test_edit_splices_at_the_node_tree_of_the_one_parse(text, loaded):
                 getattr(node, "style", None), getattr(node, "flow_style", None), kids)
 
     assert shape(loaded.nodes) == shape(rt_yaml().compose(text))
-    assert edit_field(loaded, "#47462", "note", "short note") == set_field(text, "#47462", "note", "short note")
+    small = "watch:\n- upstream: vllm#1\n  status: open  # why\n  action: watch\nsweep: []\n__sentinel__: complete\n"
+    assert edit_field(parse_watchlist(small), "vllm#1", "status", "merged") == set_field(small, "vllm#1", "status",
+                                                                                         "merged")
 
 
 def test_set_on_a_row_with_a_merge_key_composes_the_text_again():
