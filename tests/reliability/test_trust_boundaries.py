@@ -384,11 +384,23 @@ OUTPUT_COMMANDS = {
 }
 
 
+#: Outputs that one command checks in the same loop as another of its flags (one check_output loop over the
+#: flags, before any work): the inner loop runs the FIFO case of the flag named here, the full suite all of them.
+SAME_LOOP = {"preflight --markdown": "preflight --json", "preflight --sarif": "preflight --json",
+             "sync plan --md": "sync plan --json"}
+
+
+def _output_marks(name: str, target: str):
+    if name in SAME_LOOP:
+        return pytest.mark.full_only(f"{SAME_LOOP[name]}-fifo: the same check_output loop over this command's flags")
+    if target == "fifo" or name == "apply --json":
+        return ()
+    return pytest.mark.full_only("the FIFO case of this command and the device case of apply")
+
+
 #: Every command with a FIFO, and with a character device; the inner loop runs the device case of one command
 #: (the writer's check is one function: test_write_output_refuses_what_is_not_a_regular_file_of_ours has every kind).
-OUTPUT_CASES = [pytest.param(name, target, id=f"{name}-{target}",
-                             marks=() if target == "fifo" or name == "apply --json" else
-                             pytest.mark.full_only("the FIFO case of this command and the device case of apply"))
+OUTPUT_CASES = [pytest.param(name, target, id=f"{name}-{target}", marks=_output_marks(name, target))
                 for name in sorted(OUTPUT_COMMANDS) for target in ("fifo", "chr")]
 
 
