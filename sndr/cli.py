@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     import argparse
 
-from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
 
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -176,6 +175,8 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> ar
         if said and any(a == "--json=-" or (a == "--json" and argv[i + 1:i + 2] == ["-"]) for i, a in enumerate(argv)):
             import json
 
+            from .errors import EXIT_BAD_INPUT
+
             sys.stdout.write(json.dumps({"ok": False, "exit_code": EXIT_BAD_INPUT, "problems": [
                 {"code": "usage", "message": said[0], "key": "argv"}]}, indent=2) + "\n")
             sys.stdout.flush()
@@ -217,6 +218,9 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
     returns the line printed after Ctrl-C: the state the command left (for
     apply: "the tree is unchanged" or "rolled back") and what to run next.
     """
+    # imported here, not at module level: `--help` and a usage error never need them (sndr.errors pulls in
+    # dataclasses and inspect, about a fifth of a command's --help)
+    from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
     from .fsio import FileProblem
 
     try:
