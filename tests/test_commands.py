@@ -37,3 +37,27 @@ def test_top_level_help_names_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in COMMANDS), out
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["apply", "--no-such-option"], "usage: python -m sndr apply "),
+    (["watchlist", "lint", "stray.yaml"], "usage: python -m sndr watchlist lint "),
+    (["pin", "show", "--json", "-"], "usage: python -m sndr pin show "),
+])
+def test_a_commands_unknown_argument_is_that_commands_usage_error(argv, usage, capsys):
+    # argparse hands a subparser's leftovers to the top parser, whose usage names no command: the
+    # command's own parser reports them, with its usage line.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "unrecognized arguments" in err, err
+    assert "COMMAND ..." not in err, err
+
+
+def test_the_apply_alias_reports_its_own_usage(capsys, monkeypatch):
+    from sndr.__main__ import alias
+
+    monkeypatch.setattr("sys.argv", ["python -m sndr.apply", "--no-such-option"])
+    with pytest.raises(SystemExit) as exc:
+        alias("apply")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: python -m sndr.apply ")
