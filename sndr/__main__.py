@@ -89,12 +89,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def run(argv: list[str], parser: argparse.ArgumentParser) -> int:
     """Parse ``argv`` (a usage error exits 2, with one JSON document on stdout under ``--json -``) and run."""
-    from .cli import parse_args
+    from .cli import expect_json, parse_args
 
     try:
         args = parse_args(parser, argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, argparse's message on stderr): a status, not a raise
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    expect_json(getattr(args, "json", None))  # an error that ends the command still answers --json -
     code: int = args._run(args)
     return code
 

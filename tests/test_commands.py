@@ -61,3 +61,29 @@ def test_the_apply_alias_reports_its_own_usage(capsys, monkeypatch):
         alias("apply")
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith("usage: python -m sndr.apply ")
+
+
+@pytest.mark.parametrize("argv", [
+    ["apply", "--tree", "{missing}"],
+    ["list", "--tree", "{missing}"],
+    ["status", "--tree", "{missing}"],
+    ["preflight", "--pin", "{missing}", "--candidate", "{missing}"],
+    ["watchlist", "check", "--preflight", "{missing}"],
+    ["watchlist", "lint", "--watchlist", "{missing}"],
+    ["sync", "plan", "--repo", "{missing}", "--from", "v0.32.0", "--to", "v0.33.0"],
+    ["vendor", "--diff", "{missing}", "--id", "PX0001", "--title", "t", "--tree", "{missing}"],
+    ["import", "quilt", "{missing}", "--to", "{out}"],
+])
+def test_an_error_under_json_dash_is_one_json_document_on_stdout(argv, tmp_path, capsys):
+    """`--json -` means stdout holds one JSON document: also when bad input ends the command (only apply, and
+    usage errors caught by the parser, wrote one before; the others left stdout empty)."""
+    import json
+
+    argv = [a.format(missing=tmp_path / "missing", out=tmp_path / "out") for a in argv]
+    assert main([*argv, "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # exactly one document: json.loads refuses trailing data
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["problems"], doc
+    assert doc["problems"][0]["code"] in err, err  # the same problem, said on stderr too
+    assert main([*argv]) == 2
+    assert capsys.readouterr().out == ""  # without --json -, nothing of it on stdout
