@@ -87,3 +87,15 @@ def test_an_error_under_json_dash_is_one_json_document_on_stdout(argv, tmp_path,
     assert doc["problems"][0]["code"] in err, err  # the same problem, said on stderr too
     assert main([*argv]) == 2
     assert capsys.readouterr().out == ""  # without --json -, nothing of it on stdout
+
+
+def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
+    """salvage-ledger TREE reads TREE by the one tree rule: ``vllm/`` itself names its parent (apply --tree's
+    rule; it was not_a_tree, exit 2)."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    assert main(["salvage-ledger", str(tmp_path / "vllm")]) == 1  # a tree, with no stored ledger to put back
+    out = capsys.readouterr().out
+    assert f"no stored ledger matches the files of {tmp_path};" in out, out
+    assert main(["salvage-ledger", str(tmp_path / "missing")]) == 2
+    assert "tree_not_found" in capsys.readouterr().err
