@@ -99,3 +99,15 @@ def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
     assert f"no stored ledger matches the files of {tmp_path};" in out, out
     assert main(["salvage-ledger", str(tmp_path / "missing")]) == 2
     assert "tree_not_found" in capsys.readouterr().err
+
+
+def test_the_old_salvage_spelling_is_not_a_silent_success():
+    """`python -m sndr.commit --salvage-ledger TREE` was the recovery path every ledger_corrupt error named;
+    after the move to `python -m sndr salvage-ledger` it ran the module, did nothing and exited 0."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sndr.commit", "--salvage-ledger", "/nonexistent"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "python -m sndr salvage-ledger TREE" in proc.stderr, proc.stderr
