@@ -240,6 +240,13 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
     returns the line printed after Ctrl-C: the state the command left (for
     apply: "the tree is unchanged" or "rolled back") and what to run next.
     """
+    try:
+        return _run(prog, body, on_interrupt)
+    finally:
+        expect_json(None)  # the command's --json ends with it: a later in-process run never inherits it
+
+
+def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | None) -> int:
     # imported here, not at module level: `--help` and a usage error never need them (sndr.errors pulls in
     # dataclasses and inspect, about a fifth of a command's --help)
     from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit

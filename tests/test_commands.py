@@ -111,3 +111,19 @@ def test_the_old_salvage_spelling_is_not_a_silent_success():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "python -m sndr salvage-ledger TREE" in proc.stderr, proc.stderr
+
+
+def test_a_commands_json_dash_does_not_outlive_it(tmp_path, capsys):
+    """The error document answers the command's own --json -: an in-process run after it (tests, tools) that
+    fails writes nothing to stdout."""
+    from sndr import cli
+    from sndr.errors import bad_input
+
+    assert main(["list", "--tree", str(tmp_path / "missing"), "--json", "-"]) == 2
+    assert capsys.readouterr().out.startswith("{")
+
+    def fails() -> int:
+        raise bad_input("usage", "no")
+
+    assert cli.run("sndr x", fails) == 2
+    assert capsys.readouterr().out == ""
