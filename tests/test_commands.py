@@ -127,3 +127,7 @@ def test_a_commands_json_dash_does_not_outlive_it(tmp_path, capsys):
 
     assert cli.run("sndr x", fails) == 2
     assert capsys.readouterr().out == ""
+    cli.expect_json("-")  # a command given --json - that ends without writing its document
+    assert cli.run("sndr y", lambda: 0) == 0
+    assert cli.run("sndr x", fails) == 2  # the next run was given no --json
+    assert capsys.readouterr().out == ""
