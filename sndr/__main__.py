@@ -113,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     return run(argv, build_parser(argv))
 
 
+def console() -> None:
+    """The ``sndr`` console script: :func:`main` under the same process boundary as ``python -m sndr``
+    (:func:`sndr.cli.exit_with`: once the command returned, its last line and exit status stand)."""
+    from .cli import exit_with
+
+    exit_with(main)
+
+
 def alias(name: str) -> None:
     """``python -m sndr.<module>`` for a command: its own prog name, the command's parser and run."""
     from .cli import catch_early_interrupt, exit_with
