@@ -17,6 +17,7 @@ import argparse
 import importlib
 import sys
 from types import ModuleType
+from typing import Any
 
 from .commands import COMMANDS
 
@@ -39,6 +40,24 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=26, width=120)
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser (and its subcommands', which inherit the class): an argument it does not know is
+    its own usage error. Plain argparse hands a subparser's leftovers back to the top parser, whose message
+    (``usage: python -m sndr [-h] COMMAND ...``) names no command and none of its options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(
+        self, args: Any = None, namespace: Any = None,
+    ) -> tuple[Any, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def _command(name: str) -> ModuleType:
     return importlib.import_module(COMMANDS[name][0])
 
@@ -56,12 +75,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description="sndr: a transactional text-patch engine for a pinned "
                                  "vLLM tree. `python -m sndr COMMAND --help` for a command's options.",
                                  formatter_class=_Formatter)
-    sub = ap.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True)
+    sub = ap.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True,
+                            parser_class=_CommandParser)
     chosen = argv[0] if argv else None
     for name in COMMANDS:
         # The summaries show only in `python -m sndr --help`: a command run never fills them in.
         summary = COMMANDS[name][1] if chosen in COMMANDS else _summary(name)
-        sp = sub.add_parser(name, help=summary, formatter_class=_Formatter)
+        sp = sub.add_parser(name, help=summary)
         if name == chosen:
             _configure(sp, _command(name))
     return ap
@@ -69,12 +89,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def run(argv: list[str], parser: argparse.ArgumentParser) -> int:
     """Parse ``argv`` (a usage error exits 2, with one JSON document on stdout under ``--json -``) and run."""
-    from .cli import parse_args
+    from .cli import expect_json, parse_args
 
     try:
         args = parse_args(parser, argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, argparse's message on stderr): a status, not a raise
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    expect_json(getattr(args, "json", None))  # an error that ends the command still answers --json -
     code: int = args._run(args)
     return code
 
@@ -92,12 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     return run(argv, build_parser(argv))
 
 
+def console() -> None:
+    """The ``sndr`` console script: :func:`main` under the same process boundary as ``python -m sndr``
+    (:func:`sndr.cli.exit_with`: once the command returned, its last line and exit status stand)."""
+    from .cli import exit_with
+
+    exit_with(main)
+
+
 def alias(name: str) -> None:
     """``python -m sndr.<module>`` for a command: its own prog name, the command's parser and run."""
     from .cli import catch_early_interrupt, exit_with
 
     catch_early_interrupt(f"sndr {name}")
-    parser = argparse.ArgumentParser(prog=f"{PROG}.{name}", formatter_class=_Formatter)
+    parser = _CommandParser(prog=f"{PROG}.{name}")
     exit_with(lambda: run(sys.argv[1:], _configure(parser, _command(name))))
 
 

@@ -86,11 +86,17 @@ def _plan_exit(plan: Plan) -> int:
     return EXIT_FINDINGS
 
 
-def _foreign_changes(tree: TreeRoot, ledger: Ledger) -> list[Problem]:
-    return _foreign_problems(tree, _ledger_state(tree, ledger).foreign)
+#: What --force does over a file someone else changed: apply plans from its current bytes; revert puts the
+#: pristine bytes back over it.
+FORCE_APPLY_HINT = "inspect the change; --force takes the current bytes as the new pristine"
+FORCE_REVERT_HINT = "inspect the change; --force puts the pristine bytes back over it (the change is lost)"
 
 
-def _foreign_problems(tree: TreeRoot, rels: list[str]) -> list[Problem]:
+def _foreign_changes(tree: TreeRoot, ledger: Ledger, hint: str = FORCE_APPLY_HINT) -> list[Problem]:
+    return _foreign_problems(tree, _ledger_state(tree, ledger).foreign, hint)
+
+
+def _foreign_problems(tree: TreeRoot, rels: list[str], hint: str = FORCE_APPLY_HINT) -> list[Problem]:
     out = []
     for rel in rels:
         gone = tree.read_bytes(rel) is None
@@ -98,7 +104,7 @@ def _foreign_problems(tree: TreeRoot, rels: list[str]) -> list[Problem]:
                            "file was deleted since sndr patched it" if gone else
                            "file was changed by someone else since sndr patched it (it holds neither the pristine "
                            "nor the patched bytes the ledger records)",
-                           file=rel, hint="inspect the change; --force takes the current bytes as the new pristine"))
+                           file=rel, hint=hint))
     return out
 
 
@@ -551,7 +557,7 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
         if ledger is None:
             return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK,
                            notes=notes + ["no ledger: the tree is pristine as far as sndr knows; nothing to revert"])
-        foreign = _foreign_changes(tree, ledger)
+        foreign = _foreign_changes(tree, ledger, FORCE_REVERT_HINT)
         if foreign and not force:
             return _report("revert", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
                            digest=ledger.patch_set_digest, notes=notes + ["refused: nothing was written"])

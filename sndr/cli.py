@@ -32,10 +32,29 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     import argparse
 
-from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
 
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+
+#: The running command's ``--json`` (:func:`expect_json`), and whether its JSON document is on stdout yet.
+_json_dest: str | None = None
+_json_written = False
+
+
+def expect_json(dest: str | None) -> None:
+    """Tell :func:`run` the command's ``--json`` (``sndr.__main__`` does, before each command): under ``-``,
+    an error that ends the command still leaves one JSON document on stdout (``ok`` false, its exit status
+    and problems), unless the command already wrote its own there."""
+    global _json_dest, _json_written
+    _json_dest, _json_written = dest, False
+
+
+def _json_error(exit_code: int, problems: list[dict[str, object]]) -> None:
+    if _json_dest != "-" or _json_written:
+        return
+    import json
+
+    write_output("-", json.dumps({"ok": False, "exit_code": exit_code, "problems": problems}, indent=2) + "\n")
 
 
 def catch_early_interrupt(prog: str) -> None:
@@ -112,8 +131,10 @@ def check_output(dest: str | os.PathLike[str], flag: str = "output") -> None:
 def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "output", *,
                  mode: int | None = None) -> None:
     """The one output writer of every command: ``-`` is stdout, else an atomic replace (see the module doc)."""
+    global _json_written
     dest = os.fspath(dest)
     if dest == "-":
+        _json_written = True
         if isinstance(text, str):
             sys.stdout.write(text)
         else:
@@ -176,6 +197,8 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> ar
         if said and any(a == "--json=-" or (a == "--json" and argv[i + 1:i + 2] == ["-"]) for i, a in enumerate(argv)):
             import json
 
+            from .errors import EXIT_BAD_INPUT
+
             sys.stdout.write(json.dumps({"ok": False, "exit_code": EXIT_BAD_INPUT, "problems": [
                 {"code": "usage", "message": said[0], "key": "argv"}]}, indent=2) + "\n")
             sys.stdout.flush()
@@ -217,6 +240,16 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
     returns the line printed after Ctrl-C: the state the command left (for
     apply: "the tree is unchanged" or "rolled back") and what to run next.
     """
+    try:
+        return _run(prog, body, on_interrupt)
+    finally:
+        expect_json(None)  # the command's --json ends with it: a later in-process run never inherits it
+
+
+def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | None) -> int:
+    # imported here, not at module level: `--help` and a usage error never need them (sndr.errors pulls in
+    # dataclasses and inspect, about a fifth of a command's --help)
+    from .errors import EXIT_BAD_INPUT, EXIT_INTERNAL, SndrError, registered_exit
     from .fsio import FileProblem
 
     try:
@@ -226,11 +259,15 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
     except SndrError as exc:
         for p in exc.problems:
             print(f"{prog}: {p.render()}", file=sys.stderr)
+        _json_error(exc.exit_code, [p.to_json() for p in exc.problems])
         return exc.exit_code
     except FileProblem as exc:
         where = f"{exc.path}:{exc.line}" if exc.line else exc.path
         say(prog, f"{where}: {exc.message} ({exc.code})")
-        return registered_exit(exc.code, EXIT_BAD_INPUT)
+        code = registered_exit(exc.code, EXIT_BAD_INPUT)
+        _json_error(code, [{k: v for k, v in (("code", exc.code), ("message", exc.message), ("file", exc.path),
+                                               ("line", exc.line)) if v is not None}])
+        return code
     except KeyboardInterrupt:
         detail = ""
         if on_interrupt is not None:
@@ -251,11 +288,14 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
         return 0
     except RecursionError:
         say(prog, "input nested too deeply to process (recursion limit); nothing was changed (too_deep)")
+        _json_error(EXIT_BAD_INPUT, [{"code": "too_deep", "message": "input nested too deeply to process"}])
         return EXIT_BAD_INPUT
     except OSError as exc:
         name = exc.filename or ""
         where = f"{name}: " if name else ""
         say(prog, f"{where}{exc.strerror or exc} (os_error, errno {exc.errno})")
+        _json_error(EXIT_BAD_INPUT, [{"code": "os_error", "message": str(exc.strerror or exc),
+                                      **({"file": str(name)} if name else {})}])
         return EXIT_BAD_INPUT
     except Exception:  # noqa: BLE001 - the last-resort boundary: a traceback and exit 3, never a silent exit
         import traceback

@@ -1524,3 +1524,11 @@ def salvage_ledger(root: Path | str) -> str | None:
         tree.write_state(LEDGER, best[2])
         tree.fsync_state()
         return best[1]
+
+
+if __name__ == "__main__":  # `python -m sndr.commit --salvage-ledger TREE`, the old spelling: say where it went
+    import sys
+
+    print("sndr: `python -m sndr.commit` is no longer a command; the ledger salvage is "
+          "`python -m sndr salvage-ledger TREE`", file=sys.stderr)
+    sys.exit(2)

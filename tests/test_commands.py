@@ -37,3 +37,97 @@ def test_top_level_help_names_every_command(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in COMMANDS), out
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["apply", "--no-such-option"], "usage: python -m sndr apply "),
+    (["watchlist", "lint", "stray.yaml"], "usage: python -m sndr watchlist lint "),
+    (["pin", "show", "--json", "-"], "usage: python -m sndr pin show "),
+])
+def test_a_commands_unknown_argument_is_that_commands_usage_error(argv, usage, capsys):
+    # argparse hands a subparser's leftovers to the top parser, whose usage names no command: the
+    # command's own parser reports them, with its usage line.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "unrecognized arguments" in err, err
+    assert "COMMAND ..." not in err, err
+
+
+def test_the_apply_alias_reports_its_own_usage(capsys, monkeypatch):
+    from sndr.__main__ import alias
+
+    monkeypatch.setattr("sys.argv", ["python -m sndr.apply", "--no-such-option"])
+    with pytest.raises(SystemExit) as exc:
+        alias("apply")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: python -m sndr.apply ")
+
+
+@pytest.mark.parametrize("argv", [
+    ["apply", "--tree", "{missing}"],
+    ["list", "--tree", "{missing}"],
+    ["status", "--tree", "{missing}"],
+    ["preflight", "--pin", "{missing}", "--candidate", "{missing}"],
+    ["watchlist", "check", "--preflight", "{missing}"],
+    ["watchlist", "lint", "--watchlist", "{missing}"],
+    ["sync", "plan", "--repo", "{missing}", "--from", "v0.32.0", "--to", "v0.33.0"],
+    ["vendor", "--diff", "{missing}", "--id", "PX0001", "--title", "t", "--tree", "{missing}"],
+    ["import", "quilt", "{missing}", "--to", "{out}"],
+])
+def test_an_error_under_json_dash_is_one_json_document_on_stdout(argv, tmp_path, capsys):
+    """`--json -` means stdout holds one JSON document: also when bad input ends the command (only apply, and
+    usage errors caught by the parser, wrote one before; the others left stdout empty)."""
+    import json
+
+    argv = [a.format(missing=tmp_path / "missing", out=tmp_path / "out") for a in argv]
+    assert main([*argv, "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # exactly one document: json.loads refuses trailing data
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["problems"], doc
+    assert doc["problems"][0]["code"] in err, err  # the same problem, said on stderr too
+    assert main([*argv]) == 2
+    assert capsys.readouterr().out == ""  # without --json -, nothing of it on stdout
+
+
+def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
+    """salvage-ledger TREE reads TREE by the one tree rule: ``vllm/`` itself names its parent (apply --tree's
+    rule; it was not_a_tree, exit 2)."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    assert main(["salvage-ledger", str(tmp_path / "vllm")]) == 1  # a tree, with no stored ledger to put back
+    out = capsys.readouterr().out
+    assert f"no stored ledger matches the files of {tmp_path};" in out, out
+    assert main(["salvage-ledger", str(tmp_path / "missing")]) == 2
+    assert "tree_not_found" in capsys.readouterr().err
+
+
+def test_the_old_salvage_spelling_is_not_a_silent_success():
+    """`python -m sndr.commit --salvage-ledger TREE` was the recovery path every ledger_corrupt error named;
+    after the move to `python -m sndr salvage-ledger` it ran the module, did nothing and exited 0."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sndr.commit", "--salvage-ledger", "/nonexistent"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "python -m sndr salvage-ledger TREE" in proc.stderr, proc.stderr
+
+
+def test_a_commands_json_dash_does_not_outlive_it(tmp_path, capsys):
+    """The error document answers the command's own --json -: an in-process run after it (tests, tools) that
+    fails writes nothing to stdout."""
+    from sndr import cli
+    from sndr.errors import bad_input
+
+    assert main(["list", "--tree", str(tmp_path / "missing"), "--json", "-"]) == 2
+    assert capsys.readouterr().out.startswith("{")
+
+    def fails() -> int:
+        raise bad_input("usage", "no")
+
+    assert cli.run("sndr x", fails) == 2
+    assert capsys.readouterr().out == ""
+    cli.expect_json("-")  # a command given --json - that ends without writing its document
+    assert cli.run("sndr y", lambda: 0) == 0
+    assert cli.run("sndr x", fails) == 2  # the next run was given no --json
+    assert capsys.readouterr().out == ""

@@ -10,7 +10,8 @@ HELP = ("Repair sndr's state in a tree: put back the last ledger sndr wrote (kep
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("tree", metavar="TREE", type=Path, help="the directory containing vllm/ and .sndr/")
+    ap.add_argument("tree", metavar="TREE", help="the directory containing vllm/ and .sndr/ (or vllm/ itself), "
+                                                 "or installed[:PYTHON], as apply's --tree")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -19,11 +20,13 @@ def run(args: argparse.Namespace) -> int:
     return boundary("sndr salvage-ledger", lambda: _body(args.tree))
 
 
-def _body(tree: Path) -> int:
+def _body(spec: str) -> int:
     from ..commit import salvage_ledger
     from ..errors import EXIT_FINDINGS
     from ..state import STATE_DIR
+    from ..tree import directory
 
+    tree: Path = directory(spec, dry_run=False)  # the one tree rule: vllm/ itself means its parent
     sha = salvage_ledger(tree)
     if sha is None:
         print(f"sndr: no stored ledger matches the files of {tree}; reinstall vLLM and delete "

@@ -6,15 +6,15 @@ import argparse
 
 from . import add_json_option
 
-HELP = ("Print the JSON Schema of a file sndr reads or writes; `codes`: every reason code, its exit status and "
-        "meaning (a table, or JSON with --json).")
+HELP = ("Print the JSON Schema of a file sndr reads or writes (or write it to --json FILE); `codes`: every reason "
+        "code, its exit status and meaning (a table, or JSON with --json).")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     from ..schema import schema_names  # a dict of names: no model is imported
 
     ap.add_argument("name", choices=schema_names(), metavar="NAME", help="|".join(schema_names()))
-    add_json_option(ap, "the codes (codes only; a schema is always JSON)")
+    add_json_option(ap, "the schema (codes: the table as JSON)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,15 +26,13 @@ def run(args: argparse.Namespace) -> int:
 def _body(args: argparse.Namespace) -> int:
     import json
 
-    from ..cli import write_output
-    from ..errors import bad_input
+    from ..cli import check_output, write_output
     from ..schema import codes_table, schema_of
 
+    dest = args.json or "-"  # --json FILE|- as in every command; a schema is JSON either way
+    check_output(dest, "--json")
     if args.name == "codes":
-        write_output(args.json or "-", codes_table(as_json=args.json is not None) + "\n", "--json")
+        write_output(dest, codes_table(as_json=args.json is not None) + "\n", "--json")
         return 0
-    if args.json is not None:
-        raise bad_input("usage", f"--json is for `schema codes`; `schema {args.name}` prints JSON already",
-                        key="--json")
-    write_output("-", json.dumps(schema_of(args.name), indent=2, sort_keys=True) + "\n")
+    write_output(dest, json.dumps(schema_of(args.name), indent=2, sort_keys=True) + "\n", "--json")
     return 0

@@ -15,7 +15,10 @@ HELP = "Lint, edit and evaluate the upstream watchlist."
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--watchlist", metavar="PATH", help="watchlist file (default: patches/watchlist.yaml)")
+    # SUPPRESS: a subcommand that is not given --watchlist leaves the one given before it (`watchlist --watchlist
+    # X lint`) in place; a default of None there overwrote it, and the default watchlist was linted instead.
+    common.add_argument("--watchlist", metavar="PATH", default=argparse.SUPPRESS,
+                        help="watchlist file (default: patches/watchlist.yaml)")
     ap.add_argument("--watchlist", metavar="PATH", help="watchlist file (default: patches/watchlist.yaml)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("lint", parents=[common],

@@ -473,11 +473,7 @@ def run_status(args) -> int:
     from ..cli import write_output
     from . import status
 
-    try:
-        directory = status.run_dir_for(args.run_dir, args.tree)
-    except Exception as exc:  # noqa: BLE001
-        print(f"sndr status: {describe(exc)}", file=sys.stderr)
-        return 2
+    directory = status.run_dir_for(args.run_dir, args.tree)  # a bad --tree: SndrError, rendered by cli.run
     try:
         st = status.read_status(directory, live=args.live, prune=args.prune)
     except UnsafeDirError as exc:
@@ -505,36 +501,43 @@ def run_status(args) -> int:
 
 
 def run_hook(action: str, site: str | None, python: str | None) -> int:
-    """``sndr hook install|uninstall`` (its options: :mod:`sndr.commands.hook`): write or remove the .pth."""
-    try:
-        if site is None:
-            from ..tree import find_installed_root
+    """``sndr hook install|uninstall`` (its options: :mod:`sndr.commands.hook`): write or remove the .pth.
 
+    Bad input raises :class:`sndr.errors.SndrError` and an OS error stays one; the command's boundary
+    (:func:`sndr.cli.run`) renders both, and shows the traceback of anything else (exit 3)."""
+    if site is None:
+        from ..errors import SndrError
+        from ..tree import find_installed_root
+
+        try:
             site = str(find_installed_root(python))
-        site = os.path.abspath(site)
-        if not os.path.isdir(site):
-            print(f"sndr hook: {site}: not a directory", file=sys.stderr)
-            return 2
-        path = os.path.join(site, PTH_NAME)
-        if action == "uninstall":
-            if os.path.exists(path):
-                os.unlink(path)
-                print(f"removed {path}")
-            else:
-                print(f"no hook installed in {site}")
-            return 0
-        if python and not _python_sees_sndr(python):
-            print(f"sndr hook: {python} cannot import sndr; install sndr into that environment first",
-                  file=sys.stderr)
-            return 2
-        atomic_write(path, PTH_TEXT.encode(), mode=0o644)
-        print(f"installed {path}")
-        if os.path.exists(statemod.state_path(site, statemod.LEDGER)):
-            print(f"note: {site} is patched on disk (it has a ledger); the hook stays inert there")
+        except SndrError as exc:  # its hint names --tree, an option of the tree commands; hook's are these
+            import dataclasses
+
+            hint = "pass --python, the interpreter of the vLLM environment, or --site, its site-packages directory"
+            raise SndrError([dataclasses.replace(p, hint=hint) if p.code == "vllm_not_found" else p
+                             for p in exc.problems], exc.exit_code) from None
+    site = os.path.abspath(site)
+    if not os.path.isdir(site):
+        print(f"sndr hook: {site}: not a directory", file=sys.stderr)
+        return 2
+    path = os.path.join(site, PTH_NAME)
+    if action == "uninstall":
+        if os.path.exists(path):
+            os.unlink(path)
+            print(f"removed {path}")
+        else:
+            print(f"no hook installed in {site}")
         return 0
-    except Exception as exc:  # noqa: BLE001
-        print(f"sndr hook: {describe(exc)}", file=sys.stderr)
-        return getattr(exc, "exit_code", 3)
+    if python and not _python_sees_sndr(python):
+        print(f"sndr hook: {python} cannot import sndr; install sndr into that environment first",
+              file=sys.stderr)
+        return 2
+    atomic_write(path, PTH_TEXT.encode(), mode=0o644)
+    print(f"installed {path}")
+    if os.path.exists(statemod.state_path(site, statemod.LEDGER)):
+        print(f"note: {site} is patched on disk (it has a ledger); the hook stays inert there")
+    return 0
 
 
 def _python_sees_sndr(python: str) -> bool:

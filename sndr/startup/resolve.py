@@ -41,7 +41,10 @@ def patches_dir(environ=None) -> str:
 # vLLM process down the cold path.
 STAMP_MODULES = ("model.py", "load.py", "plan.py", "profile.py", "classify.py", "binding.py", "packs.py", "env.py",
                  "fsio.py", "locate.py", "state.py", "startup/common.py", "startup/hookcache.py", "startup/resolve.py",
-                 "startup/importer.py", "startup/runtime.py")
+                 "startup/importer.py", "startup/runtime.py",
+                 # the in-memory plan reads the tree's version and decodes its files through these
+                 "commit.py", "tree.py", "treespec.py", "treeview.py", "tree_git.py", "tree_installed.py",
+                 "tree_release.py", "tree_wheel.py")
 
 
 def package_root() -> str:

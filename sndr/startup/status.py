@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import env as envmod
 from .. import state as statemod
@@ -48,12 +49,30 @@ def run_dir_for(run_dir: str | None, tree: str | None) -> str:
         return os.path.abspath(run_dir)
     if os.environ.get(envmod.RUN_DIR):
         return default_run_dir(None)
-    root = tree
-    if root is None:
-        from ..tree import find_installed_root
+    return default_run_dir(str(_tree_root(tree)))
 
-        root = str(find_installed_root())
-    return default_run_dir(root)
+
+def _tree_root(tree: str | None) -> Path:
+    """The directory holding ``vllm/`` whose processes' records ``status`` reads: the one the hook keys them
+    by (:func:`sndr.startup.attest.tree_key`). ``tree`` is a directory (``vllm/`` itself means its parent,
+    :func:`sndr.treespec.vllm_root`) or ``installed[:PYTHON]``; None: where ``import vllm`` finds it. A
+    spelling of the same tree never leads to another (empty) run directory, and a path without ``vllm/``
+    is an error, not "no attestation records"."""
+    from ..errors import bad_input
+    from ..tree import directory, find_installed_root
+    from ..treespec import parse, vllm_root
+
+    if tree is None:
+        return find_installed_root()
+    if parse(tree).kind not in ("installed", "path"):
+        raise bad_input("bad_tree_spec", f"{tree!r} is not an installed tree: status reads the attestations of "
+                        "the vLLM processes that run from one", key="--tree",
+                        hint="pass the directory that contains vllm/, or installed:/path/to/python")
+    root = directory(tree, dry_run=False)  # tree_not_found, a file, installed:PYTHON's vllm_not_found
+    if vllm_root(root) is None:
+        raise bad_input("not_a_tree", f"{tree} does not contain a vllm/ package", file=tree, key="--tree",
+                        hint="pass the directory that contains vllm/ (site-packages or a checkout)")
+    return root
 
 
 def read_status(directory: str, *, live: bool = False, prune: bool = False) -> Status:

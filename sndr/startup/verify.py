@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from .. import state as statemod
 from .common import read_bytes, sha256
 from .hookcache import HookCache, open_cache
-from .resolve import code_stamp, memo_key, package_root, patches_dir, resolve_set, tree_identity
+from .resolve import code_stamp, memo_key, patches_dir, resolve_set, tree_identity
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -90,15 +90,9 @@ def _installed_root(cache: HookCache) -> str | None:
 
 
 def _version_key(root: str) -> str:
-    # The tree's identity, and sndr's own code (the stamp, plus treeview.py, where the version is read): an
+    # The tree's identity and sndr's own code (the stamp names the tree views the version is read with): an
     # upgrade of sndr never reuses a version an older rule computed.
-    try:
-        st = os.stat(os.path.join(package_root(), "treeview.py"))
-        tree_py = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        tree_py = (0, 0)
-    key = repr((tree_identity(root), code_stamp(), tree_py))
-    return "treever-" + sha256(key.encode())
+    return "treever-" + sha256(repr((tree_identity(root), code_stamp())).encode())
 
 
 def _set_key(root: str, version: str, environ: Mapping[str, str], cache: HookCache, pdir: str) -> str:

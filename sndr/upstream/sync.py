@@ -262,6 +262,9 @@ def _plan_cmd(args) -> int:
     from ..cli import check_output
     from ..load import load_patch_set
 
+    if args.json == "-" and args.md == "-":  # one stdout: the Markdown was silently dropped
+        raise bad_input("stdout_conflict", "--json - and --md - would both write to stdout", key="--md",
+                        hint="send one of them to a file")
     for flag, dest in (("--json", args.json), ("--md", args.md)):
         if dest:
             check_output(dest, flag)  # before any work: a refused output path changes nothing

@@ -437,6 +437,9 @@ def run_vendor(args) -> int:
 
     if args.json:
         check_output(args.json, "--json")  # before any work: a refused output path changes nothing
+    if args.stdout and args.json == "-":  # --json - means stdout holds the JSON document only
+        raise SndrError(Problem("stdout_conflict", "--stdout and --json - would both write to stdout",
+                                key="--json", hint="send the report to a file: --json FILE"))
 
     if args.diff == "-":
         diff_text = sys.stdin.buffer.read().decode("utf-8")

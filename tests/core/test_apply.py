@@ -150,9 +150,13 @@ def test_foreign_change_is_refused_unless_forced(tree, patch_set):
     r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--revert")
     assert r.returncode == 1
     assert "vllm/v1/core/block_pool.py" in r.stdout and "changed by someone else" in r.stdout
+    # revert's --force puts the pristine bytes back over the change; apply's takes the change as pristine
+    assert "--force puts the pristine bytes back over it" in r.stdout and "new pristine" not in r.stdout
     assert vllm_hash(tree) == before
+    assert "--force takes the current bytes as the new pristine" in run_apply(tree, patch_set).problems[0].hint
     forced = run_revert(tree, force=True)
     assert forced.ok
+    assert b"# local hotfix" not in target.read_bytes()  # what the hint said: the change is gone
 
 
 def test_failed_required_edit_writes_nothing(tree, tmp_path):

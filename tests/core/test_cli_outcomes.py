@@ -327,3 +327,17 @@ def test_json_means_file_or_dash_in_every_command():
     assert len(found) >= 9 and {"python -m sndr status", "python -m sndr list", "python -m sndr schema",
                                 "python -m sndr watchlist lint", "python -m sndr watchlist check",
                                 "python -m sndr apply", "python -m sndr sync plan"} <= set(found), found
+
+
+def test_schema_json_writes_the_schema_to_file_or_stdout(tmp_path, capsys):
+    """``schema NAME --json FILE|-`` writes the schema there, as --json does in every command (it was refused
+    with "--json is for `schema codes`", exit 2, though the help promised FILE|-)."""
+    from sndr.__main__ import main as sndr_main
+
+    assert sndr_main(["schema", "patch"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed)["title"]
+    assert sndr_main(["schema", "patch", "--json", "-"]) == 0
+    assert capsys.readouterr().out == printed
+    assert sndr_main(["schema", "patch", "--json", str(tmp_path / "patch.json")]) == 0
+    assert capsys.readouterr().out == "" and (tmp_path / "patch.json").read_text() == printed

@@ -163,7 +163,7 @@ def make_env(install: Install, master: Path, dest: Path, runner_python: str | No
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sndr\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[vllm.general_plugins]\nsndr = sndr.startup.hook:register\n\n"
-                                           "[console_scripts]\nsndr = sndr.__main__:main\n")
+                                           "[console_scripts]\nsndr = sndr.__main__:console\n")
     (site / "zz-vllm-base.pth").write_text(f"import site; site.addsitedir({str(install.site)!r})\n")
     if install.missing:
         deps = dest / "sndr-deps"

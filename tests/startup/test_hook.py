@@ -227,3 +227,15 @@ def test_fix_hint_tells_a_restored_file_from_a_tampered_one(box):
     assert "vllm/engine.py changed since apply by someone else: inspect the change" in proc.stderr
     assert "`python -m sndr.apply --force`" in proc.stderr
     assert "fix: run `python -m sndr.apply` (it patches again" not in proc.stderr
+
+
+def test_hook_without_vllm_names_its_own_options(tmp_path, capsys):
+    """No vLLM for --python: one problem naming hook's options (--python, --site), its hint on its own line,
+    rendered by the command boundary (not the tree commands' --tree hint folded into one line)."""
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\necho '{}'\n")  # an interpreter whose vllm lookup finds nothing
+    py.chmod(0o755)
+    assert sndr_main(["hook", "install", "--python", str(py)]) == 2
+    err = capsys.readouterr().err
+    assert "(vllm_not_found)\n    hint: pass --python" in err and "--site" in err, err
+    assert "--tree" not in err, err

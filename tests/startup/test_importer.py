@@ -242,6 +242,21 @@ def test_editing_the_cli_shell_keeps_the_memo_and_editing_the_planner_drops_it(b
     assert fingerprint() != before
 
 
+def test_every_module_the_cold_memory_plan_runs_is_on_the_code_stamp(box):
+    """The in-memory plan (the read-only image's path) reads the tree's version and decodes its files through
+    the tree views and commit.decode: a change to any module it runs must invalidate the memo, so each one it
+    loads is on the code stamp (errors and stderr hold messages only)."""
+    out = out_of(box.py("""
+        import json, os, sys
+        from sndr.startup import resolve
+        resolve.memory_plan(os.environ["TREE_ROOT"])
+        print("OUT" + json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("sndr."))}))
+    """, TREE_ROOT=str(box.root)))["modules"]
+    assert "sndr.plan" in out and "sndr.apply" not in out
+    stamped = {n[:-3].replace("/", ".") for n in resolve.STAMP_MODULES}
+    assert {m[len("sndr."):] for m in out} - stamped <= {"startup", "errors", "stderr"}, out
+
+
 def test_the_startup_resolution_never_imports_the_cli_shell(box):
     """resolve_set (the cold path: pydantic and the planner) imports the core below the CLI, and every sndr
     module it runs is on the code stamp (errors.py holds messages and exit codes, stderr.py the warning line: neither decides what resolves)."""

@@ -281,3 +281,28 @@ def test_status_never_signals_a_process_group(box, capsys, monkeypatch):
         (box.run_dir / f"{pid}-1.json").write_text(json.dumps({"format": FORMAT, "pid": pid, "start": 1}))
     rc, _ = _status(box, capsys, "--live")
     assert rc == 1 and asked == []  # neither record is trusted, so no pid of theirs is probed
+
+
+def test_status_tree_follows_the_one_tree_rule(tmp_path, monkeypatch, capsys):
+    """``status --tree`` finds the run directory the hook keys by the directory holding vllm/: naming
+    ``vllm/`` itself reads the same records; a path that is no tree is exit 2 naming it, not "no
+    attestation records" in a run directory nobody writes to."""
+    from sndr.errors import SndrError
+    from sndr.startup import attest, status
+
+    monkeypatch.delenv("SNDR_RUN_DIR", raising=False)
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    (tmp_path / "site" / "vllm" / "__init__.py").write_text("")
+    site = tmp_path / "site"
+    expected = attest.run_dir(str(site))
+    assert status.run_dir_for(None, str(site)) == expected
+    assert status.run_dir_for(None, str(site / "vllm")) == expected
+    for tree, code in [(str(tmp_path / "missing"), "tree_not_found"), (str(tmp_path), "not_a_tree"),
+                       ("vllm==0.32.0", "bad_tree_spec")]:
+        with pytest.raises(SndrError) as exc:
+            status.run_dir_for(None, tree)
+        assert exc.value.problems[0].code == code, (tree, exc.value.problems)
+    assert sndr_main(["status", "--tree", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "tree_not_found" in err and str(tmp_path / "missing") in err, err

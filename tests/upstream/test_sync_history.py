@@ -114,6 +114,11 @@ def test_plan_json_on_stdout_is_the_only_stdout(releases, capsys):
     data = json.loads(out.out)  # nothing but the JSON document
     assert data["merge_base"] == c["base"] and data["counts"]["cherry_picked"] == 1
     assert f"merge-base {c['base'][:10]}" in out.err and "3 queued" in out.err
+    # --md - as well: one stdout cannot hold both; refused before any work (the Markdown was silently dropped)
+    rc = sndr_main(["sync", "plan", "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                    str(tree), "--patches", str(pdir), "--json", "-", "--md", "-"])
+    out = capsys.readouterr()
+    assert rc == 2 and json.loads(out.out)["problems"][0]["code"] == "stdout_conflict", out
 
 
 def test_backwards_range_is_refused(releases):

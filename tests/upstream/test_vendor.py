@@ -509,6 +509,23 @@ def test_cli_stdout_and_overwrite(tmp_path, capsys):
     assert sndr_main(["vendor", "--diff", str(diff), "--id", "9bad", "--title", "t", "--tree", str(tree), "--stdout"]) == 2
 
 
+def test_cli_stdout_and_json_dash_are_refused_together(tmp_path, capsys):
+    """--stdout prints the patch file and --json - the report: both on stdout was a TOML text followed by a
+    JSON document that no reader could parse. Refused (stdout_conflict, exit 2) with one JSON document."""
+    import json
+
+    tree = make_tree(tmp_path / "site", PIN_FILES)
+    diff = tmp_path / "d.patch"
+    diff.write_text(unified_diff(UTILS, UTILS_NEW, "vllm/v1/core/kv_cache_utils.py"))
+    argv = ["vendor", "--diff", str(diff), "--id", "PN0121", "--title", "t", "--tree", str(tree), "--stdout"]
+    assert sndr_main([*argv, "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["problems"][0]["code"] == "stdout_conflict" and "stdout_conflict" in err
+    assert sndr_main([*argv, "--json", str(tmp_path / "r.json")]) == 0  # the report to a file: fine
+    assert parse_patch(capsys.readouterr().out, "stdout").id == "PN0121"
+    assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
+
+
 def test_dispatcher_maps_vendor(tmp_path):
     tree = make_tree(tmp_path / "site", PIN_FILES)
     diff = tmp_path / "d.patch"

@@ -415,3 +415,14 @@ def test_check_on_a_real_preflight_report(tmp_path, vllm_pin_root, vllm_candidat
     fired = {(f.row, f.trigger): f.patches or f.markers for f in out.fired}
     assert fired == {("vllm#1", "retire-on-merge"): ["PF12"], ("vllm#2", "reanchor-on-merge"): ["PF09"],
                      ("#3", "review-on-merge"): ["trim_null_head("]}
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_watchlist_option_counts_before_and_after_the_subcommand(before, capsys):
+    """`watchlist --watchlist X lint` and `watchlist lint --watchlist X` read X (the subcommand's default of
+    None overwrote an option given before it, and the default watchlist was linted instead)."""
+    where = ["--watchlist", str(FIXTURE)]
+    argv = ["watchlist", *where, "lint", "--no-registry"] if before else ["watchlist", "lint", *where, "--no-registry"]
+    sndr_main(argv)
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith(f"{FIXTURE}: "), out[-300:]
