@@ -502,7 +502,9 @@ def test_a_tree_of_another_version_than_the_pin_is_refused(releases, tmp_path, c
     _version_file(tree, "0.33.0")  # the target's tree given as --tree
     rc, out, err = _plan_cli(capsys, *args)
     assert rc == 2 and "tree_not_pin" in err and "is vLLM 0.33.0, but the pin (--from v0.32.0) is 0.32.0" in err
-    assert "--tree vllm==0.32.0" in err and out == ""
+    assert "--tree vllm==0.32.0" in err
+    data = json.loads(out)  # --json -: stdout holds one document, the refusal (no queue)
+    assert data["ok"] is False and data["exit_code"] == 2 and [p["code"] for p in data["problems"]] == ["tree_not_pin"]
     _version_file(tree, "0.32.0+cpu")  # a local build of the pin is the pin
     rc, out, err = _plan_cli(capsys, *args)
     assert rc == 1 and json.loads(out)["warnings"] == [], err
