@@ -145,6 +145,7 @@ CODES: dict[str, Code] = {
     "object_missing": Code(_B, "a stored pristine copy is missing"),
     "object_corrupt": Code(_B, "a stored pristine copy does not match its hash"),
     "state_unsafe": Code(_B, "sndr's state directory (.sndr) is not a plain directory sndr can trust"),
+    "extra_missing": Code(_B, "an option needs an optional dependency that is not installed (the hint names it)"),
     "ledger_stale": Code(_F, "the ledger records another vLLM version or tree than the one installed now"),
     # -- applying, verifying, reverting (findings) ---------------------------------------------
     "hash_mismatch": Code(_F, "a file does not hold the patched bytes the ledger records"),

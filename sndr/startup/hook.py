@@ -474,22 +474,22 @@ def run_status(args) -> int:
     from . import status
 
     directory = status.run_dir_for(args.run_dir, args.tree)  # a bad --tree: SndrError, rendered by cli.run
+    from ..errors import bad_input
+
+    # Every refusal below is a SndrError (or an OSError) for the command boundary (cli.run): one line on stderr,
+    # exit 2, and under --json - one JSON document on stdout.
     try:
         st = status.read_status(directory, live=args.live, prune=args.prune)
     except UnsafeDirError as exc:
-        print(f"sndr status: {exc}; its records cannot be trusted", file=sys.stderr)
-        return 2
+        raise bad_input(exc.code, f"{exc.message}; its records cannot be trusted", file=exc.path) from None
     if args.prometheus:
         from .metrics import write_textfile
 
         try:
             write_textfile(args.prometheus, st.live(), st.findings)
         except ImportError:
-            print("sndr status: --prometheus needs prometheus_client (pip install prometheus-client)", file=sys.stderr)
-            return 2
-        except OSError as exc:
-            print(f"sndr status: {args.prometheus}: {exc.strerror} (os_error)", file=sys.stderr)
-            return 2
+            raise bad_input("extra_missing", "--prometheus needs prometheus_client", key="--prometheus",
+                            hint="pip install prometheus-client") from None
     if args.json:
         write_output(args.json, status.render_json(st) + "\n", "--json")
     if args.json != "-":  # --json - : stdout holds the JSON document only

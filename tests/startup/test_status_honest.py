@@ -306,3 +306,15 @@ def test_status_tree_follows_the_one_tree_rule(tmp_path, monkeypatch, capsys):
     assert sndr_main(["status", "--tree", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert "tree_not_found" in err and str(tmp_path / "missing") in err, err
+
+
+def test_an_untrusted_run_directory_is_refused_with_one_json_document(box, capsys):
+    """A run directory another user could write: exit 2 naming it (state_unsafe), and under --json - stdout
+    holds one document saying so (it printed its own line and left stdout empty before)."""
+    box.run_dir.mkdir(mode=0o700)
+    os.chmod(box.run_dir, 0o777)
+    rc, out = _status(box, capsys, "--json", "-")
+    assert rc == 2
+    data = json.loads(out)
+    assert data["ok"] is False and [p["code"] for p in data["problems"]] == ["state_unsafe"]
+    assert str(box.run_dir) in data["problems"][0]["file"] and "cannot be trusted" in data["problems"][0]["message"]
