@@ -45,7 +45,7 @@ def _fresh_process(drop_identity: bool) -> None:
     generic.reset()
     canary._OK.clear()
     if drop_identity:
-        canary._HASH.clear()
+        generic._PACKAGE_HASH.clear()
         generic._IDENT.clear()
 
 

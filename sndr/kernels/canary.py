@@ -46,6 +46,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 PASSED = "canary_passed"
 FAILED = "canary_failed"
@@ -165,6 +166,17 @@ def source_hash(paths: Iterable[str | os.PathLike]) -> str:
         h.update(f"{os.path.basename(p)}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()
+
+
+_PACKAGE_HASH: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def package_hash(directory: Path, suffixes: tuple[str, ...]) -> str:
+    """:func:`source_hash` of a kernel package's files with these suffixes, computed once per process."""
+    key = (str(directory), suffixes)
+    if key not in _PACKAGE_HASH:
+        _PACKAGE_HASH[key] = source_hash(p for p in directory.iterdir() if p.suffix in suffixes)
+    return _PACKAGE_HASH[key]
 
 
 def entry_name(plugin: str, config: str, identity: Mapping[str, str], kernel_hash: str) -> str:

@@ -23,14 +23,11 @@ PK0003 = "PK0003"
 TOLERANCE = 2e-2
 _HERE = Path(__file__).resolve().parent
 _OK: dict[tuple, bool] = {}
-_HASH: list[str] = []
 
 
 def kernel_hash() -> str:
     """sha256 of this package's kernel and launch code (every ``.py`` here)."""
-    if not _HASH:
-        _HASH.append(_canary.source_hash(p for p in _HERE.iterdir() if p.suffix == ".py"))
-    return _HASH[0]
+    return _canary.package_hash(_HERE, (".py",))
 
 
 def problem(h: int, hv: int, k: int, v: int, state_dtype: torch.dtype, t: int, seed: int = 20261201) -> dict:

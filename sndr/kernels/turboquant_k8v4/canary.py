@@ -33,14 +33,11 @@ PK0002 = "PK0002"
 TOLERANCE = 2e-2
 _HERE = Path(__file__).resolve().parent
 _OK: dict[tuple, bool] = {}
-_HASH: list[str] = []
 
 
 def kernel_hash() -> str:
     """sha256 of this package's kernel sources and launch code (every ``.cu`` and ``.py`` here)."""
-    if not _HASH:
-        _HASH.append(_canary.source_hash(p for p in _HERE.iterdir() if p.suffix in (".cu", ".py")))
-    return _HASH[0]
+    return _canary.package_hash(_HERE, (".cu", ".py"))
 
 
 # ----------------------------------------------------------------------------- the fixed problems
