@@ -499,6 +499,9 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
                     timed(row, f"sndr_mtp_{mode}", cell.sndr_mtp, gr, rep)
                     if vl is not None and norm is not None:
                         timed(row, f"vllm_decode_{mode}", lambda: cell.vllm_decode(vl, norm), gr, rep)
+            # sndr replayed once more, after the eager timings: a replay slower than the same launch eager
+            # (the last run's fp32 batch 256, T >= 3) that this one does not repeat was the order, not the graph
+            timed(row, "sndr_graph_again", cell.sndr, True, rep)
             dflt = "vllm_decode" if t == 1 else "op"
             for mode in ("graph", "eager"):
                 s, d = row.get(f"sndr_{mode}"), row.get(f"{dflt}_{mode}")
@@ -602,7 +605,20 @@ def fmt_default(rows) -> str:
     return "\n".join(lines)
 
 
-NORM_SWEEP = [(8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4)]
+NORM_SWEEP = ["8x1", "16x1", "16x2", "32x1", "32x2", "32x4", "64x2", "64x4"]
+
+
+def parse_shape(spec: str) -> kernels.StepConfig:
+    """``BVxWARPS`` plus flags: ``n`` no next-token prefetch, ``s`` streaming state traffic, ``rN`` a register
+    cap of N per thread (e.g. ``32x1s``, ``32x1r168``)."""
+    import re
+
+    m = re.fullmatch(r"(\d+)x(\d+)([ns]*)(?:r(\d+))?", spec)
+    if not m:
+        raise SystemExit(f"launch shape {spec!r}: BVxWARPS, then n (no prefetch), s (streaming), rN (register cap)")
+    flags = m.group(3)
+    return kernels.StepConfig(int(m.group(1)), int(m.group(2)), prefetch="n" not in flags, stream="s" in flags,
+                              maxnreg=int(m.group(4) or 0))
 
 
 def _fused_step(cell: LayerCell, cfg):
@@ -618,9 +634,10 @@ def _fused_step(cell: LayerCell, cfg):
                             norm_weight=cell.w, norm_eps=cell.eps, strict_accepted=True, tokens_per_seq=cell.t)
 
 
-def _label(shape) -> str:
-    """BVxWARPS, or BVxWARPSxDEFER where the snapshots are deferred."""
-    return "x".join(str(x) for x in (shape if len(shape) < 3 or shape[2] else shape[:2]))
+def _label(cfg: kernels.StepConfig) -> str:
+    """BVxWARPS, then n (no prefetch) and s (streaming state traffic) where set."""
+    return (f"{cfg.block_v}x{cfg.num_warps}{'' if cfg.prefetch else 'n'}{'s' if cfg.stream else ''}"
+            f"{f'r{cfg.maxnreg}' if cfg.maxnreg else ''}")
 
 
 def norm_sweep(args, bw, op):
@@ -640,7 +657,7 @@ def norm_sweep(args, bw, op):
                 o_ref, st_ref = cell.out.clone(), cell.state[written].clone()
                 times, errs = {}, {}
                 for shape in args.sweep_shapes:
-                    cfg = kernels.StepConfig(*shape)
+                    cfg = parse_shape(shape)
                     cell.state.copy_(s0)
                     _fused_step(cell, cfg)
                     errs[shape] = max(_rel(cell.out, o_ref), _rel(cell.state[written], st_ref))
@@ -648,17 +665,89 @@ def norm_sweep(args, bw, op):
                 cell.state.copy_(s0)
                 o = bench(lambda cell=cell: cell.op(op), True, rep=40, warmup=10) if op is not None else None
                 best = min(times, key=times.get)
-                mine = (pick.block_v, pick.num_warps, pick.defer)
-                line = " ".join(f"{_label(sh)}{'*' if sh + (0,) * (3 - len(sh)) == mine else ''}:{us:.1f}"
+                mine = _label(pick)
+                line = " ".join(f"{_label(parse_shape(sh))}{'*' if _label(parse_shape(sh)) == mine else ''}:{us:.1f}"
                                 for sh, us in times.items())
-                bad = {_label(sh): f"{e:.1e}" for sh, e in errs.items() if e > 1e-2}
+                bad = {sh: f"{e:.1e}" for sh, e in errs.items() if e > 1e-2}
                 log(f"{str(dt)[6:]} batch {n:4d} T {t}: op {'-' if o is None else f'{o:.1f}'}; best {best} "
                     f"{times[best]:.1f}; {line}" + (f"; DIFFERS from the pick: {bad}" if bad else ""))
-                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": _label(mine),
-                            "times": {_label(sh): us for sh, us in times.items()},
-                            "max_rel_vs_pick": {_label(sh): e for sh, e in errs.items()}})
+                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": mine,
+                            "times": dict(times), "max_rel_vs_pick": dict(errs)})
                 torch.cuda.empty_cache()
     return res
+
+
+def _bench_on(fn, stream: torch.cuda.Stream, rep: int = 40) -> float:
+    """Graph replay of one call captured on ``stream`` (warmed up on it, so nothing is allocated in the capture)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        fn()
+    sync()
+    return triton.testing.do_bench(g.replay, warmup=10, rep=rep, return_mode="median") * 1e3
+
+
+def replay_diag(args, op):
+    """Why a replayed step can be slower than the same launch eager (fp32 batch 256, T >= 3 in the last run):
+    the fused step replayed with its capture-stream workspace made inside / before the capture, the step
+    without the norm (no workspace), a second pool placement, and the CUDA op, each eager and replayed."""
+    log("\n## replay vs eager diagnosis (µs, L2 flushed)")
+    res = []
+    for dt, n, t in args.diag_cells:
+        cell = LayerCell(n, t, dt)
+        pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True, tokens=t)
+        r: dict = {"state_dtype": str(dt), "batch": n, "T": t, "pick": _label(pick)}
+        fused = lambda cell=cell: _fused_step(cell, pick)  # noqa: E731
+        r["fused_eager"] = bench(fused, False, rep=40, warmup=10)
+        r["fused_graph"] = bench(fused, True, rep=40, warmup=10)  # workspace made inside the capture (first time)
+        r["fused_graph_again"] = bench(fused, True, rep=40, warmup=10)  # the same workspace, captured again
+        r["fused_graph_own_stream"] = _bench_on(fused, torch.cuda.Stream())  # workspace made before the capture
+        plain = lambda cell=cell: kernels.gdn_step(  # noqa: E731
+            cell.mixed, None, None, cell.a, cell.b, cell.A_log, cell.dt_bias, cell.state, cell.idx, cell.out,
+            scale=cell.scale, n_seqs=cell.n, cu_seqlens=cell.cu, num_accepted_tokens=cell.num_acc, idx_tok_stride=1,
+            config=pick, strict_accepted=True, tokens_per_seq=cell.t)
+        r["update_only_eager"] = bench(plain, False, rep=40, warmup=10)
+        r["update_only_graph"] = bench(plain, True, rep=40, warmup=10)
+        if op is not None:
+            r["op_eager"] = bench(lambda cell=cell: cell.op(op), False, rep=40, warmup=10)
+            r["op_graph"] = bench(lambda cell=cell: cell.op(op), True, rep=40, warmup=10)
+        spacer = torch.empty(768 << 20, dtype=torch.uint8, device=DEV)  # a second placement of the pool
+        cell.state = cell.state.clone()
+        r["moved_fused_eager"] = bench(fused, False, rep=40, warmup=10)
+        r["moved_fused_graph"] = bench(fused, True, rep=40, warmup=10)
+        del spacer
+        r["counters_left_nonzero"] = sum(int((c != 0).sum()) for _, c in kernels._WORKSPACES.values())
+        r["workspaces"] = [(int(w.numel()), int(c.numel())) for w, c in kernels._WORKSPACES.values()]
+        log(json.dumps(r))
+        res.append(r)
+        del cell
+        torch.cuda.empty_cache()
+    return res
+
+
+def ncu_cells(args, op):
+    """One launch each of sndr's fused step (its pick) and of the CUDA op per cell, inside an NVTX range
+    ``prof`` (for ``ncu --nvtx --nvtx-include prof/``); compiled and warmed up outside it."""
+    for dt, n, t in args.diag_cells:
+        cell = LayerCell(n, t, dt)
+        pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True, tokens=t)
+        _fused_step(cell, pick)
+        if op is not None:
+            cell.op(op)
+        sync()
+        log(f"ncu cell {dt} batch {n} T {t}: sndr {_label(pick)}, then the op")
+        torch.cuda.nvtx.range_push("prof")
+        _fused_step(cell, pick)
+        if op is not None:
+            cell.op(op)
+        sync()
+        torch.cuda.nvtx.range_pop()
+        del cell
+        torch.cuda.empty_cache()
 
 
 def main() -> int:
@@ -674,18 +763,26 @@ def main() -> int:
     ap.add_argument("--max-t", type=int, default=8, help="largest T of the default-path table (the op takes <= 8)")
     ap.add_argument("--batches", type=str, default=None, help="comma-separated batches (default 1,8,32,64,256)")
     ap.add_argument("--sweep-shapes", type=str, default=None,
-                    help="(--norm-sweep) comma-separated BVxWARPS[xDEFER] launch shapes (default: NORM_SWEEP)")
+                    help="(--norm-sweep) comma-separated BVxWARPS[n][s] launch shapes (default: NORM_SWEEP)")
     ap.add_argument("--sweep-cells", type=str, default=None,
                     help="(--norm-sweep) DTYPES/BATCHES/TS, e.g. fp32,bf16/8,32/1,2,4 (default: both/1,8,32,256/1,2,4)")
     ap.add_argument("--rep", type=int, default=100, help="do_bench's rep (ms) per timing")
+    ap.add_argument("--replay-diag", action="store_true", help="replayed vs eager step, with the suspects varied")
+    ap.add_argument("--ncu-launches", action="store_true",
+                    help="only one launch of sndr's step and of the op per --diag-cells cell, in an NVTX range 'prof'")
+    ap.add_argument("--diag-cells", type=str, default="fp32/256/4,fp32/256/2",
+                    help="(--replay-diag, --ncu-launches) DTYPE/BATCH/T cells, comma-separated")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
-    args.sweep_shapes = ([tuple(int(x) for x in s.split("x")) for s in args.sweep_shapes.split(",")]
-                         if args.sweep_shapes else NORM_SWEEP)
+    args.sweep_shapes = args.sweep_shapes.split(",") if args.sweep_shapes else NORM_SWEEP
+    for sh in args.sweep_shapes:
+        parse_shape(sh)
     dts, sb, sts = (args.sweep_cells or "fp32,bf16/1,8,32,256/1,2,4").split("/")
     args.sweep_dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in dts.split(",")]
     sweep_batches = tuple(int(x) for x in sb.split(","))
     args.sweep_ts = tuple(int(x) for x in sts.split(","))
+    args.diag_cells = [({"fp32": torch.float32, "bf16": torch.bfloat16}[c.split("/")[0]], int(c.split("/")[1]),
+                         int(c.split("/")[2])) for c in args.diag_cells.split(",")]
     global H, HV, K, V
     if args.cpu_smoke:
         H, HV, K, V = 2, 4, 16, 16
@@ -711,6 +808,11 @@ def main() -> int:
     # every cell measured: the routing table is what this run decides (routing.WINS, written below)
     cells = routing.measuring()
     cells.__enter__()
+    if args.ncu_launches:
+        ncu_cells(args, op)
+        return 0
+    if args.replay_diag:
+        result["replay_diag"] = replay_diag(args, op)
     if args.norm_sweep:
         result["norm_sweep"] = norm_sweep(args, bw, op)
     if args.sweep:

@@ -372,20 +372,26 @@ def test_dense_reference_equals_the_naive_one(t):
     assert rel(st, st_naive) <= 1e-12
 
 
-@pytest.mark.parametrize("bv,warps,state_dtype", [(8, 1, torch.float32), (32, 1, torch.float32), (64, 2, torch.float32),
-                                                 (16, 1, BF), (64, 2, BF)])
-def test_fused_norm_launch_shapes_agree(bv, warps, state_dtype):
+@pytest.mark.parametrize("bv,warps,state_dtype,prefetch,stream,t_arg",
+                         [(8, 1, torch.float32, True, False, 3), (32, 1, torch.float32, True, False, 3),
+                          (64, 2, torch.float32, True, False, 3), (16, 1, BF, True, False, 3),
+                          (64, 2, BF, True, False, 3), (8, 1, torch.float32, False, True, 3),
+                          (16, 1, BF, False, False, 3), (64, 2, torch.float32, False, True, 3),
+                          (64, 2, BF, True, False, 2)])
+def test_fused_norm_launch_shapes_agree(bv, warps, state_dtype, prefetch, stream, t_arg):
     """1, 2, 4 or 8 programs per head (V = 64): the arrival counter picks the last one in each case,
-    and leaves every counter at zero for the next launch; one program per head (64 x 2) normalises
-    in the program, token by token. A request whose initial state's column is also its last
-    token's (accepted = T) and one with accepted = 1."""
+    and leaves every counter at zero for the next launch; one program per head (64 x 2) keeps its
+    outputs in registers and normalises them after the token loop (with ``t_arg`` = 2 < 3 tokens,
+    the third token is normalised on its own, in the loop). Without the next-token prefetch and with
+    streaming state traffic the results are the same. A request whose initial state's column is also
+    its last token's (accepted = T) and one with accepted = 1."""
     p = MTP([3, 3, 1, 2], 3, state_dtype, seed=37)
     p.num_acc[0], p.num_acc[1] = 3, 1
     o_ref, st_ref = p.ref()
     kernels.gdn_step(p.mixed_qkv, None, None, p.a, p.b, p.A_log, p.dt_bias, p.state, p.idx, p.out, scale=K**-0.5,
-                     n_seqs=4, tokens_per_seq=3, cu_seqlens=p.cu, num_accepted_tokens=p.num_acc, idx_tok_stride=1,
-                     config=kernels.StepConfig(bv, warps), output_gate=p.gate, norm_weight=p.w,
-                     norm_eps=p.eps, strict_accepted=True)
+                     n_seqs=4, tokens_per_seq=t_arg, cu_seqlens=p.cu, num_accepted_tokens=p.num_acc, idx_tok_stride=1,
+                     config=kernels.StepConfig(bv, warps, prefetch=prefetch, stream=stream), output_gate=p.gate,
+                     norm_weight=p.w, norm_eps=p.eps, strict_accepted=t_arg == 3)
     assert normed_close(p.out, o_ref)
     w = p.written()
     if state_dtype == torch.float32:

@@ -36,6 +36,10 @@ FILES = ("fused_recurrent.py", "fused_sigmoid_gating.py")
 NORM_FILE = "layernorm_guard.py"
 _PKG = "vllm.third_party.flash_linear_attention.ops"
 _REL = "vllm/third_party/flash_linear_attention/ops"
+# vLLM's Qwen GDN layer and its op wrappers: read (never imported) by the layer harness test,
+# tests/kernels/test_gdn_vllm_layer_gpu.py, which executes the layer's decode methods from them
+LAYER_FILES = {"qwen_gdn_linear_attn.py": "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py",
+               "_custom_ops.py": "vllm/_custom_ops.py"}
 FUNCTIONS = {
     "fused_recurrent_gated_delta_rule_packed_decode": "fused_recurrent.py",
     "fused_sigmoid_gating_delta_rule_update": "fused_sigmoid_gating.py",
@@ -65,17 +69,19 @@ def find_dir(repo_root: Path | None = None) -> Path | None:
 
 
 def copy_from(src: Path, dest: Path) -> list[Path]:
-    """Copy the two files from a site-packages folder, a vLLM tree root or a wheel into ``dest``."""
+    """Copy the kernel files, the norm's file and the layer files (:data:`LAYER_FILES`) from a
+    site-packages folder, a vLLM tree root or a wheel into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
+    pairs = [(f, f"{_REL}/{f}") for f in (*FILES, NORM_FILE)] + list(LAYER_FILES.items())
     out = []
     if src.is_file() and src.suffix == ".whl":
         with zipfile.ZipFile(src) as zf:
-            for f in (*FILES, NORM_FILE):
-                (dest / f).write_bytes(zf.read(f"{_REL}/{f}"))
+            for f, rel in pairs:
+                (dest / f).write_bytes(zf.read(rel))
                 out.append(dest / f)
         return out
-    for f in (*FILES, NORM_FILE):
-        shutil.copyfile(src / _REL / f, dest / f)
+    for f, rel in pairs:
+        shutil.copyfile(src / rel, dest / f)
         out.append(dest / f)
     return out
 

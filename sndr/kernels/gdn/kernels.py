@@ -76,7 +76,7 @@ def _gdn_step_kernel(
     IS_VARLEN: tl.constexpr, IS_SPEC: tl.constexpr, L2NORM: tl.constexpr,
     ZERO_PADDED_OUT: tl.constexpr, PACKED: tl.constexpr,
     FUSE_NORM: tl.constexpr, SIGMOID_GATE: tl.constexpr, STRICT_ACC: tl.constexpr, NVP: tl.constexpr,
-    TP: tl.constexpr,
+    TP: tl.constexpr, PREFETCH: tl.constexpr, STREAM: tl.constexpr,
 ):
     # 1-D grid, V blocks fastest: neighbouring programs stream neighbouring rows of one state
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -125,11 +125,15 @@ def _gdn_step_kernel(
         return
 
     tile = i_hv * (V * K) + o_v[:, None] * K + o_k[None, :]
+    # STREAM: the state is read once and its snapshots are read by nobody in this step: evict-first
+    # loads and streaming stores leave L2 to the activations and the norm's hand-off
+    EVICT: tl.constexpr = "evict_first" if STREAM else ""
+    ST_CM: tl.constexpr = ".cs" if STREAM else ""
     if BK == K and BV * (V // BV) == V:
-        b_h = tl.load(state + slot0 * s_state_slot + tile).to(tl.float32)
+        b_h = tl.load(state + slot0 * s_state_slot + tile, eviction_policy=EVICT).to(tl.float32)
     else:
         mask_h = mask_v[:, None] & mask_k[None, :]
-        b_h = tl.load(state + slot0 * s_state_slot + tile, mask=mask_h, other=0).to(tl.float32)
+        b_h = tl.load(state + slot0 * s_state_slot + tile, mask=mask_h, other=0, eviction_policy=EVICT).to(tl.float32)
 
     neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -144,11 +148,15 @@ def _gdn_step_kernel(
     p_a = a + bos * s_a_tok + i_hv
     p_b = b + bos * s_b_tok + i_hv
 
-    # one program per head (NV == 1): the gated RMSNorm stays in the program, token by token
+    # one program per head (NV == 1): the gated RMSNorm stays in the program. The outputs of the
+    # first TP tokens stay in registers and are normalised together after the token loop (one
+    # reduction across the program's warps, not one per token); later tokens token by token.
     HEAD_NORM: tl.constexpr = FUSE_NORM and NV == 1
+    o_tp = tl.arange(0, TP)
     if HEAD_NORM:
         p_z = z + bos * s_z_tok + i_hv * s_z_head + o_v
         b_w = tl.load(norm_w + o_v, mask=mask_v, other=0).to(tl.float32)
+        acc_o = tl.zeros([BV, TP], dtype=tl.float32)  # [rows, tokens]: the state tile's row layout
 
     # token 0's inputs; each iteration then loads the next token's before it computes
     b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
@@ -161,6 +169,18 @@ def _gdn_step_kernel(
     for t in range(n_tok):
         if PACKED and not IS_VARLEN:  # the one token's snapshot slot is slot0; there is no next token
             slot_t = slot0
+            n_q, n_k, n_v, n_x, n_b = b_q, b_k, b_v, b_x, b_b
+        elif not PREFETCH:  # this token's inputs now (token 0's are loaded above): fewer live registers
+            if IS_SPEC:
+                slot_t = tl.load(p_idx + t * s_idx_tok).to(tl.int64)
+            else:
+                slot_t = tl.where(t == 0, slot0, tl.load(p_idx + t * s_idx_tok, mask=t > 0, other=0).to(tl.int64))
+            if t > 0:
+                b_q = tl.load(p_q + t * s_q_tok, mask=mask_k, other=0).to(tl.float32)
+                b_k = tl.load(p_k + t * s_k_tok, mask=mask_k, other=0).to(tl.float32)
+                b_v = tl.load(p_v + t * s_v_tok, mask=mask_v, other=0).to(tl.float32)
+                b_x = tl.load(p_a + t * s_a_tok).to(tl.float32)
+                b_b = tl.load(p_b + t * s_b_tok).to(tl.float32)
             n_q, n_k, n_v, n_x, n_b = b_q, b_k, b_v, b_x, b_b
         else:
             if IS_SPEC:
@@ -194,15 +214,17 @@ def _gdn_step_kernel(
         b_o = hq + u * kq
         b_h = b_h * decay + u[:, None] * b_k[None, :]
         b_o = b_o.to(o.dtype.element_ty)
-        if HEAD_NORM:  # the whole head's rows are here: norm and gate now, no second pass
-            b_z = tl.load(p_z + t * s_z_tok, mask=mask_v, other=0).to(tl.float32)
+        if HEAD_NORM:  # the whole head's rows are here: no workspace, no second pass
             b_of = b_o.to(tl.float32)  # the rounded output, as vLLM's unfused path stores it before its norm
-            rstd = 1.0 / tl.sqrt(tl.sum(b_of * b_of) / V + norm_eps)
-            if SIGMOID_GATE:
-                gate = tl.sigmoid(b_z)
-            else:
-                gate = b_z * tl.sigmoid(b_z)
-            tl.store(p_o + t * s_o_tok, (b_of * rstd * b_w * gate).to(o.dtype.element_ty), mask=mask_v)
+            acc_o = tl.where((o_tp == t)[None, :], b_of[:, None], acc_o)
+            if t >= TP:  # beyond the chunk kept in registers: this token's norm now
+                b_z = tl.load(p_z + t * s_z_tok, mask=mask_v, other=0).to(tl.float32)
+                rstd = 1.0 / tl.sqrt(tl.sum(b_of * b_of) / V + norm_eps)
+                if SIGMOID_GATE:
+                    gate = tl.sigmoid(b_z)
+                else:
+                    gate = b_z * tl.sigmoid(b_z)
+                tl.store(p_o + t * s_o_tok, (b_of * rstd * b_w * gate).to(o.dtype.element_ty), mask=mask_v)
         else:
             tl.store(p_o + t * s_o_tok, b_o, mask=mask_v)
         if FUSE_NORM and not HEAD_NORM:  # this program's part of the token's sum of squares (of the rounded output)
@@ -215,12 +237,25 @@ def _gdn_step_kernel(
         if store_now:
             p_ht = state + slot_t * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
-                tl.store(p_ht, b_h.to(state.dtype.element_ty))
+                tl.store(p_ht, b_h.to(state.dtype.element_ty), cache_modifier=ST_CM)
             else:
-                tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+                tl.store(p_ht, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :],
+                         cache_modifier=ST_CM)
         slot_last = slot_t
 
         b_q, b_k, b_v, b_x, b_b = n_q, n_k, n_v, n_x, n_b
+
+    if HEAD_NORM:  # the first TP tokens' norm: one sum of squares per token over the head's rows
+        m_t = o_tp < n_tok
+        rstd_t = 1.0 / tl.sqrt(tl.sum(acc_o * acc_o, 0) / V + norm_eps)
+        m2h = mask_v[:, None] & m_t[None, :]
+        b_zt = tl.load(p_z[:, None] + o_tp[None, :] * s_z_tok, mask=m2h, other=0).to(tl.float32)
+        if SIGMOID_GATE:
+            gate_t = tl.sigmoid(b_zt)
+        else:
+            gate_t = b_zt * tl.sigmoid(b_zt)
+        tl.store(p_o[:, None] + o_tp[None, :] * s_o_tok,
+                 (acc_o * rstd_t[None, :] * b_w[:, None] * gate_t).to(o.dtype.element_ty), mask=m2h)
 
     if FUSE_NORM and not HEAD_NORM:  # (needs NVP * BV >= V: NVP is the programs per head rounded up to a power of 2)
         # The gated RMSNorm needs the whole head's V outputs, which NV programs wrote. The
@@ -236,9 +271,10 @@ def _gdn_step_kernel(
         if slot_last > 0:
             p_hl = state + slot_last * s_state_slot + tile
             if BK == K and BV * (V // BV) == V:
-                tl.store(p_hl, b_h.to(state.dtype.element_ty))
+                tl.store(p_hl, b_h.to(state.dtype.element_ty), cache_modifier=ST_CM)
             else:
-                tl.store(p_hl, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :])
+                tl.store(p_hl, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :],
+                         cache_modifier=ST_CM)
         if arrived == NV - 1:  # all TP tokens of a chunk at once: one round of loads, not one per token
             o_all = tl.arange(0, NVP * BV)
             m_all = o_all < V
@@ -266,10 +302,15 @@ def _gdn_step_kernel(
 
 @dataclass(frozen=True)
 class StepConfig:
-    """Launch shape: value rows per program and warps per program."""
+    """Launch shape: value rows per program and warps per program; ``prefetch``: each token loads the
+    next token's inputs before it computes; ``stream``: evict-first state loads, streaming snapshot stores;
+    ``maxnreg``: a register cap per thread for ptxas (0: none), which buys occupancy with a few spills."""
 
     block_v: int
     num_warps: int
+    prefetch: bool = True
+    stream: bool = False
+    maxnreg: int = 0
 
 
 def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device,
@@ -285,32 +326,34 @@ def pick_config(n_seqs: int, hv: int, v: int, k: int, device: torch.device,
     best shape or within 2% of it except batch 1 / T = 1 (8x2 0.7 µs
     faster).
 
-    The fused-norm step (``bench_gdn.py --norm-sweep`` on the H200, graph
-    replay, batch 8-256, T 1/2/4, shapes 8x1 ... 32x1 and one program per head
-    128x4 ... 128x16): fp32 state keeps BV = 8 up to 256 tiles (batch 8) when
-    T >= 2 (3-7% faster than 16 there, 15% slower at T = 1); a bf16 pool takes
-    BV = 32 beyond 64 tiles for T >= 2 (best in every bf16 cell from batch 8,
-    by 5-25%) and BV = 16 for T = 1 (4-7% faster than 32 from batch 32; one
-    program per head, 128x8, within 1% of it).
+    The fused-norm step is occupancy-bound (ncu on the H200: 218 registers per
+    thread at BV = 32 with a bf16 pool, 12.5% theoretical occupancy, against 50%
+    for vLLM's CUDA op; the same DRAM bytes). Beyond 64 tiles with T >= 2 it
+    takes BV = 16 with ptxas capped at 128 registers per thread (168 uncapped:
+    12 -> 16 warps per multiprocessor, no spills at fp32, a few bytes at bf16),
+    ``bench_gdn.py --norm-sweep`` on the H200, graph replay, batch 8-256, T 2
+    and 4: the best shape in 12 of 14 cells (the other two within 1%), up to 9%
+    faster than the previous picks (fp32: BV = 8 at batch 8, 16 beyond; bf16:
+    BV = 32); caps of 112 at BV = 16 and of 128-168 at BV = 32 were slower
+    (spills). T = 1 keeps BV = 16 uncapped (caps of 96-112 were 1-7% slower).
     """
     tiles = n_seqs * hv
     vp = triton.next_power_of_2(v)
     kp = triton.next_power_of_2(k)
     bv = 8 if tiles <= 64 else 16
-    if fused_norm and state_dtype == torch.bfloat16 and tiles > 64 and tokens >= 2:
-        bv = 32
-    if fused_norm and state_dtype != torch.bfloat16 and tiles <= 256 and tokens >= 2:
-        bv = 8
+    maxnreg = 0
+    if fused_norm and tiles > 64 and tokens >= 2 and vp == 128 and kp == 128:
+        maxnreg = 128  # (measured at K = V = 128 only)
     bv = min(bv, vp)
     warps = 1
     # at most 128 state values per thread for wide K
     while bv * kp > 128 * 32 * warps and warps < 8:
         warps *= 2
-    return StepConfig(bv, warps)
+    return StepConfig(bv, warps, maxnreg=maxnreg)
 
 
 _CONST_NAMES = ("H", "HV", "K", "V", "BK", "BV", "IS_VARLEN", "IS_SPEC", "L2NORM", "ZERO_PADDED_OUT", "PACKED",
-                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC", "NVP", "TP")
+                "FUSE_NORM", "SIGMOID_GATE", "STRICT_ACC", "NVP", "TP", "PREFETCH", "STREAM")
 
 
 @dataclass(frozen=True)
@@ -323,6 +366,7 @@ class Plan:
     num_warps: int
     packed: bool
     norm_parts: int = 0  # fused norm: partial sums per (token, value head) in the workspace; 0 without
+    maxnreg: int = 0  # ptxas register cap per thread (0: none)
 
 
 def make_plan(
@@ -355,13 +399,15 @@ def make_plan(
     ints = (float(scale), float(sp_beta), float(sp_threshold), int(tokens_per_seq),
             sq[0], sq[1], sk[0], sk[1], sv[0], sv[1], a.stride(0), b.stride(0), out.stride(0), out.stride(1),
             state.stride(0), idx.stride(0), idx_tok_stride, sz[0], sz[1], float(norm_eps))
+    nvp = triton.next_power_of_2(triton.cdiv(V, BV))
     consts = (H, HV, K, V, BK, BV, bool(varlen), bool(spec), bool(l2norm), bool(zero_padded_out), packed,
-              fuse, bool(sigmoid_gate), bool(strict_accepted), triton.next_power_of_2(triton.cdiv(V, BV)),
+              fuse, bool(sigmoid_gate), bool(strict_accepted), nvp,
               # the fused norm's chunk of tokens: one token (packed decode) or the index columns / T
-              1 if (packed and not varlen) or not fuse else min(triton.next_power_of_2(max(int(tokens_per_seq), 1)), 8))
+              1 if (packed and not varlen) or not fuse else min(triton.next_power_of_2(max(int(tokens_per_seq), 1)), 8),
+              bool(cfg.prefetch), bool(cfg.stream))
     # one program per head (BV >= V) normalises in the program: no workspace
     return Plan((n_seqs * HV * triton.cdiv(V, BV), 1), ints, consts, cfg.num_warps, packed,
-                consts[-2] if fuse and BV < V else 0)
+                nvp if fuse and BV < V else 0, int(cfg.maxnreg))
 
 
 # Launches bypass JITFunction.run's binder once a plan has compiled: the
@@ -426,8 +472,9 @@ def run_plan(plan: Plan, q, k, v, a, b, A_log, dt_bias, out, state, idx, num_acc
                    *tensors, *plan.ints, *plan.consts)
             STATS["fast"] += 1
             return
+    opts = {"maxnreg": plan.maxnreg} if plan.maxnreg and not interpreting() else {}
     compiled = _gdn_step_kernel[plan.grid](
-        *tensors, *plan.ints, **dict(zip(_CONST_NAMES, plan.consts)), num_warps=plan.num_warps, num_stages=1)
+        *tensors, *plan.ints, **dict(zip(_CONST_NAMES, plan.consts)), num_warps=plan.num_warps, num_stages=1, **opts)
     STATS["jit"] += 1
     if fast and compiled is not None and hasattr(compiled, "packed_metadata") and _hooks_off():
         _COMPILED[key] = compiled
