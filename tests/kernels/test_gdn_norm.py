@@ -380,11 +380,11 @@ def test_dense_reference_equals_the_naive_one(t):
                           (64, 2, BF, True, False, 2)])
 def test_fused_norm_launch_shapes_agree(bv, warps, state_dtype, prefetch, stream, t_arg):
     """1, 2, 4 or 8 programs per head (V = 64): the arrival counter picks the last one in each case,
-    and leaves every counter at zero for the next launch; one program per head (64 x 2) keeps its
-    outputs in registers and normalises them after the token loop (with ``t_arg`` = 2 < 3 tokens,
-    the third token is normalised on its own, in the loop). Without the next-token prefetch and with
-    streaming state traffic the results are the same. A request whose initial state's column is also
-    its last token's (accepted = T) and one with accepted = 1."""
+    and leaves every counter at zero for the next launch; one program per head (64 x 2) normalises
+    in the program, token by token (also with ``t_arg`` = 2, fewer index columns than a request's
+    3 tokens). Without the next-token prefetch and with streaming state traffic the results are
+    the same. A request whose initial state's column is also its last token's (accepted = T) and
+    one with accepted = 1."""
     p = MTP([3, 3, 1, 2], 3, state_dtype, seed=37)
     p.num_acc[0], p.num_acc[1] = 3, 1
     o_ref, st_ref = p.ref()
