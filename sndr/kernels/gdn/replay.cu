@@ -131,10 +131,11 @@ __device__ __forceinline__ void lds4(float (&r)[4], const float* p) {
 
 // One token of the delta rule on the thread's part of a state row:
 //   hk = (S k) d;  u = (v - hk) beta;  [hq = (S q) d;  o = hq + u (k.q)];  S = S d + u k
-// (the order of PK0003's and vLLM's kernels). NEW: also the output (q given).
+// (the order of PK0003's and vLLM's kernels). NEW: also the output (q given). upd false: no
+// state update (a step's last token: its state is never read; the next step replays it).
 template <bool NEW>
 __device__ __forceinline__ float pass(float (&S)[E], const float* ks, const float* qs, float v, float d, float beta,
-                                      float kq, int p) {
+                                      float kq, int p, bool upd = true) {
     float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < NCH; ++i) {
@@ -160,6 +161,7 @@ __device__ __forceinline__ float pass(float (&S)[E], const float* ks, const floa
         const float hq = __fmul_rn(row_sum(b[0], b[1], b[2], b[3]), d);
         o = __fmaf_rn(u, kq, hq);
     }
+    if (!upd) return o;
 #pragma unroll
     for (int i = 0; i < NCH; ++i) {
         const int c = (p + P * i) * EPC;
@@ -327,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step(
     store_row((char*)state + (s0 * s_state_slot + tile) * SB, S, p);
 
     for (int t = 0; t < ntok; ++t) {
-        const float o = pass<true>(S, kn[t], qn[t], vn[t][row], sn[t][0], sn[t][1], sn[t][2], p);
+        const float o = pass<true>(S, kn[t], qn[t], vn[t][row], sn[t][0], sn[t][1], sn[t][2], p, t + 1 < ntok);
         if (p == 0) on[t][row] = roundf_kind<O_KIND>(o);  // the output is rounded before the norm
     }
     __syncthreads();
