@@ -194,11 +194,20 @@ def _batch(n, cols, dtype, seed):
     return pool, idx, inputs, A_log, dt_bias, w
 
 
-#: the CUDA kernel configs the benchmark may pick (lanes per state row, blocks per SM, L2 prefetch)
-CFGS = [(2, 2, True), (2, 3, True), (4, 2, True), (2, 3, False)]
+#: the CUDA kernel configs the benchmark may pick (lanes per state row, rows per thread, blocks per SM,
+#: L2 prefetch)
+CFGS = [(8, 4, 2, True), (8, 2, 2, True), (4, 2, 2, True), (16, 8, 2, True), (2, 1, 3, True), (8, 4, 2, False)]
 
 
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"P{c[0]}xM{c[1]}{'' if c[2] else '-nopf'}")
+def _cfg_id(c):
+    return f"P{c[0]}R{c[1]}M{c[2]}{'' if c[3] else '-nopf'}"
+
+
+def _kw(cfg):
+    return {"threads_per_row": cfg[0], "rows_per_thread": cfg[1], "min_blocks": cfg[2], "prefetch": cfg[3]}
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=_cfg_id)
 @pytest.mark.parametrize("cols", [4, 8])
 def test_cuda_replay_reproduces_its_own_token_pass_bit_for_bit(cols, cfg):
     """One step of `cols` tokens (then materialised) vs `cols` one-token steps, each replaying the
@@ -210,7 +219,7 @@ def test_cuda_replay_reproduces_its_own_token_pass_bit_for_bit(cols, cfg):
     x, a, b, z = inputs()
     one = torch.ones(n, dtype=torch.int32, device="cuda")
     pool_a = pool0.clone()
-    kw = {"threads_per_row": cfg[0], "min_blocks": cfg[1], "prefetch": cfg[2]}
+    kw = _kw(cfg)
     rep_a = replay.GdnReplay(pool_a, H, max_tokens=cols, max_requests=n, **kw)
     assert rep_a.backend == "cuda"
     out_a = torch.empty(n * cols, HV, V, dtype=BF, device="cuda")
@@ -237,7 +246,7 @@ def test_cuda_replay_reproduces_its_own_token_pass_bit_for_bit(cols, cfg):
     assert torch.equal(pool_b[s0], pool_a[idx[:, cols - 1].long()])
 
 
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: f"P{c[0]}xM{c[1]}{'' if c[2] else '-nopf'}")
+@pytest.mark.parametrize("cfg", CFGS, ids=_cfg_id)
 @pytest.mark.parametrize("dtype", [torch.float32, BF])
 def test_cuda_replayed_base_equals_the_materialised_snapshot(dtype, cfg):
     """After a step of 4 tokens, the next step's base (acc tokens replayed, rounded to the pool
@@ -250,7 +259,7 @@ def test_cuda_replayed_base_equals_the_materialised_snapshot(dtype, cfg):
     step1, step2 = inputs(), inputs()
     out = torch.empty(n * cols, HV, V, dtype=BF, device="cuda")
     pool1, pool2 = pool0.clone(), pool0.clone()
-    kw = {"threads_per_row": cfg[0], "min_blocks": cfg[1], "prefetch": cfg[2]}
+    kw = _kw(cfg)
     rep1 = replay.GdnReplay(pool1, H, max_tokens=cols, max_requests=n, **kw)
     rep2 = replay.GdnReplay(pool2, H, max_tokens=cols, max_requests=n, **kw)
     rep1.step(*step1[:3], A_log, dt_bias, idx, cu, one, pool1, step1[3], w, out, K**-0.5, 1e-6)

@@ -1,38 +1,48 @@
 // GDN replayed spec verify (sndr/kernels/gdn/replay.py, docs/gdn-replay.md): the CUDA kernel.
 //
-// One block per (request, value head); V * P threads; thread (row, p) owns state row `row` of
-// the [V, K] tile, 16-byte chunks c = p, p + P, p + 2P, ... of it (K / P elements in registers).
-// So the reductions over K (S k, S q) are thread-local sums plus log2(P) shuffles inside the
-// row's P lanes, and a warp's state load/store instruction covers 32 / P rows x P * 16
-// contiguous bytes (whole 32-byte sectors). The step's per-token vectors (normalised k and
-// q, v, decay, beta, k.q) are built once per block in shared memory before the passes.
+// One block per (request, value head); (V / R) * P threads. Thread (g, p) owns R rows of the
+// [V, K] state tile (rows g R .. g R + R - 1) and, in each, the 16-byte chunks c = p, p + P,
+// p + 2P, ... (C = K / P columns): R * C float32 values in registers. So the reductions over
+// K (S k, S q) are thread-local sums plus log2(P) xor shuffles among the row's P lanes, and a
+// warp's state load/store instruction covers whole P * 16-byte runs of 32 / P row groups.
+// The step's per-token vectors (normalised k and q, v, decay, beta, k.q) are built once per
+// block in shared memory before the passes. With R > 1 a thread keeps its C values of k in
+// registers through a token's pass (the dot and the update) and uses each for its R rows: a
+// shared-memory load feeds 2 R FMAs instead of 1, which is what bounds R = 1 (the load path
+// returns 128 bytes per SM and cycle, a quarter of what the FMA pipes consume).
 //
 // Exactness: the replay of a token and the token's own pass in the step that first ran it
 // are the same function (`pass` below) on the same float32 inputs (the side buffer keeps
 // the normalised k, decay and beta in float32 and v as given), with every operation of the
 // recurrence written as an explicit round-to-nearest intrinsic (__fmaf_rn, __fmul_rn, ...),
 // so no compiler contraction can make them differ: the replayed state is bit for bit the
-// state the step's outputs were computed from. The reduction order over K is fixed (four
-// interleaved partial sums per thread, then the row's lanes by xor shuffles; float addition
-// is commutative, so every lane of a row gets the same bits).
+// state the step's outputs were computed from. The reduction order over K is fixed (NA
+// interleaved partial sums per row and thread, then the row's lanes by xor shuffles; float
+// addition is commutative, so every lane of a row gets the same bits).
 //
-// Macros: H, HV, K, V, P (threads per state row), TM (side-buffer tokens), MINB (blocks per
-// SM for the register allocator), PREFETCH (1: the tile to L2 as soon as its slot is known),
-// SIGMOID_GATE, and per tensor a kind (0 float32, 1 float16,
-// 2 bfloat16): X_KIND (mixed_qkv and the side buffer's v), AB_KIND (a, b), ALOG_KIND,
-// DT_KIND, Z_KIND (output_gate), W_KIND (norm weight), O_KIND (out), S_KIND (state: 0 or 2).
+// Macros: H, HV, K, V, P (lanes per state row), R (rows per thread), TM (side-buffer tokens),
+// MINB (blocks per SM for the register allocator), PREFETCH (1: the tile to L2 as soon as its
+// slot is known), SIGMOID_GATE, and per tensor a kind (0 float32, 1 float16, 2 bfloat16):
+// X_KIND (mixed_qkv and the side buffer's v), AB_KIND (a, b), ALOG_KIND, DT_KIND, Z_KIND
+// (output_gate), W_KIND (norm weight), O_KIND (out), S_KIND (state: 0 or 2).
 
-#define NT (V * P)
-#define NWARPS (NT / 32)
-#define SB (S_KIND == 0 ? 4 : 2)
-#define EPC (16 / SB)
-#define NCH (K / (EPC * P))
-#define E (NCH * EPC)
-#define MW (2 + TM)
-#define Z_BYTES (Z_KIND == 0 ? 4 : 2)
+#ifndef R
+#define R 1
+#endif
 #ifndef PREFETCH
 #define PREFETCH 1
 #endif
+#define NT ((V / R) * P)
+#define NWARPS (NT / 32)
+#define SB (S_KIND == 0 ? 4 : 2)
+#define EPC (16 / SB)
+#define C (K / P)
+#define NCH (C / EPC)
+#define E (R * C)
+#define NA (R >= 4 ? 1 : 4 / R)
+#define KREG (R > 1)
+#define MW (2 + TM)
+#define Z_BYTES (Z_KIND == 0 ? 4 : 2)
 
 typedef long long i64;
 
@@ -75,108 +85,133 @@ template <int KIND> __device__ __forceinline__ void cpy(void* dst, i64 j, const 
     else ((unsigned short*)dst)[j] = ((const unsigned short*)src)[i];
 }
 
-__device__ __forceinline__ float row_sum(float a0, float a1, float a2, float a3) {
-    float s = __fadd_rn(__fadd_rn(a0, a1), __fadd_rn(a2, a3));
+// The NA partial sums of one row (fixed tree), then the row's P lanes (xor shuffles).
+__device__ __forceinline__ float row_sum(const float (&a)[NA]) {
+    float s = a[0];
+    if (NA == 2) s = __fadd_rn(a[0], a[1 % NA]);
+    if (NA == 4) s = __fadd_rn(__fadd_rn(a[0], a[1 % NA]), __fadd_rn(a[2 % NA], a[3 % NA]));
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
     return s;
 }
 
-// The state row's chunks from/to memory (pool dtype), as float32 registers.
-__device__ __forceinline__ void load_row(float (&S)[E], const void* rowp, int p) {
+// The thread's chunks of its R rows from/to memory (pool dtype), as float32 registers:
+// S[i * C + j * EPC + e] = element (p + P j) EPC + e of row g R + i.
+__device__ __forceinline__ void load_rows(float (&S)[E], const char* tilep, int g, int p) {
 #pragma unroll
-    for (int i = 0; i < NCH; ++i) {
-        const uint4 r = ((const uint4*)rowp)[p + P * i];
-        if (S_KIND == 0) {
-            S[i * EPC + 0] = __uint_as_float(r.x);
-            S[i * EPC + 1] = __uint_as_float(r.y);
-            S[i * EPC + 2] = __uint_as_float(r.z);
-            S[i * EPC + 3] = __uint_as_float(r.w);
-        } else {
-            const unsigned w[4] = {r.x, r.y, r.z, r.w};
+    for (int i = 0; i < R; ++i) {
+        const uint4* rowp = (const uint4*)(tilep + (i64)(g * R + i) * K * SB);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                S[i * EPC + 2 * j] = __uint_as_float(w[j] << 16);
-                S[i * EPC + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+        for (int j = 0; j < NCH; ++j) {
+            const uint4 r = rowp[p + P * j];
+            float* d = S + i * C + j * EPC;
+            if (S_KIND == 0) {
+                d[0] = __uint_as_float(r.x);
+                d[1] = __uint_as_float(r.y);
+                d[2] = __uint_as_float(r.z);
+                d[3] = __uint_as_float(r.w);
+            } else {
+                const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    d[2 * q] = __uint_as_float(w[q] << 16);
+                    d[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+                }
             }
         }
     }
 }
-__device__ __forceinline__ void store_row(void* rowp, const float (&S)[E], int p) {
+__device__ __forceinline__ void store_rows(char* tilep, const float (&S)[E], int g, int p) {
 #pragma unroll
-    for (int i = 0; i < NCH; ++i) {
-        uint4 r;
-        if (S_KIND == 0) {
-            r.x = __float_as_uint(S[i * EPC + 0]);
-            r.y = __float_as_uint(S[i * EPC + 1]);
-            r.z = __float_as_uint(S[i * EPC + 2]);
-            r.w = __float_as_uint(S[i * EPC + 3]);
-        } else {
-            unsigned w[4];
+    for (int i = 0; i < R; ++i) {
+        uint4* rowp = (uint4*)(tilep + (i64)(g * R + i) * K * SB);
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                w[j] = (unsigned)f2bf(S[i * EPC + 2 * j]) | ((unsigned)f2bf(S[i * EPC + 2 * j + 1]) << 16);
-            r.x = w[0]; r.y = w[1]; r.z = w[2]; r.w = w[3];
+        for (int j = 0; j < NCH; ++j) {
+            const float* d = S + i * C + j * EPC;
+            uint4 r;
+            if (S_KIND == 0) {
+                r.x = __float_as_uint(d[0]);
+                r.y = __float_as_uint(d[1]);
+                r.z = __float_as_uint(d[2]);
+                r.w = __float_as_uint(d[3]);
+            } else {
+                unsigned w[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) w[q] = (unsigned)f2bf(d[2 * q]) | ((unsigned)f2bf(d[2 * q + 1]) << 16);
+                r.x = w[0]; r.y = w[1]; r.z = w[2]; r.w = w[3];
+            }
+            rowp[p + P * j] = r;
         }
-        ((uint4*)rowp)[p + P * i] = r;
     }
 }
 
 // A 16-byte shared-memory load that ptxas may not merge with an earlier one of the same address
-// (it would keep the E values of k in registers between the dot and the update, and spill).
-__device__ __forceinline__ void lds4(float (&r)[4], const float* p) {
+// (with R = 1 it would keep the C values of k in registers between the dot and the update, and spill).
+__device__ __forceinline__ void lds4(float* r, const float* p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]) : "r"(a));
 }
 
-// One token of the delta rule on the thread's part of a state row:
+// One token of the delta rule on the thread's R rows:
 //   hk = (S k) d;  u = (v - hk) beta;  [hq = (S q) d;  o = hq + u (k.q)];  S = S d + u k
-// (the order of PK0003's and vLLM's kernels). NEW: also the output (q given). upd false: no
-// state update (a step's last token: its state is never read; the next step replays it).
+// (the order of PK0003's and vLLM's kernels). NEW: also the outputs o[R] (q given). upd
+// false: no state update (a step's last token: its state is never read; the next step
+// replays it).
 template <bool NEW>
-__device__ __forceinline__ float pass(float (&S)[E], const float* ks, const float* qs, float v, float d, float beta,
-                                      float kq, int p, bool upd = true) {
-    float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
+__device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float* qs, const float (&v)[R], float d,
+                                     float beta, float kq, int p, bool upd, float (&o)[R]) {
+    float kk[KREG ? C : 4];
+    float a[R][NA], b[R][NA];
 #pragma unroll
-    for (int i = 0; i < NCH; ++i) {
-        const int c = (p + P * i) * EPC;
+    for (int i = 0; i < R; ++i)
 #pragma unroll
-        for (int j = 0; j < EPC; j += 4) {
-            float kk[4];
-            lds4(kk, ks + c + j);
+        for (int x = 0; x < NA; ++x) a[i][x] = b[i][x] = 0.f;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) a[e] = __fmaf_rn(S[i * EPC + j + e], kk[e], a[e]);
-            if (NEW) {
-                float qq[4];
-                lds4(qq, qs + c + j);
+    for (int j = 0; j < NCH; ++j) {
+        const int c = (p + P * j) * EPC;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) b[e] = __fmaf_rn(S[i * EPC + j + e], qq[e], b[e]);
-            }
-        }
-    }
-    const float hk = __fmul_rn(row_sum(a[0], a[1], a[2], a[3]), d);
-    const float u = __fmul_rn(__fsub_rn(v, hk), beta);
-    float o = 0.f;
-    if (NEW) {
-        const float hq = __fmul_rn(row_sum(b[0], b[1], b[2], b[3]), d);
-        o = __fmaf_rn(u, kq, hq);
-    }
-    if (!upd) return o;
-#pragma unroll
-    for (int i = 0; i < NCH; ++i) {
-        const int c = (p + P * i) * EPC;
-#pragma unroll
-        for (int j = 0; j < EPC; j += 4) {
-            float kk[4];
-            lds4(kk, ks + c + j);  // again, not kept from the dot above: E more live registers
+        for (int jj = 0; jj < EPC; jj += 4) {
+            float* k4 = KREG ? kk + j * EPC + jj : kk;
+            lds4(k4, ks + c + jj);
+            float q4[4];
+            if (NEW) lds4(q4, qs + c + jj);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float& s = S[i * EPC + j + e];
-                s = __fmaf_rn(u, kk[e], __fmul_rn(s, d));
+                const int col = j * EPC + jj + e;
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    a[i][col % NA] = __fmaf_rn(S[i * C + col], k4[e], a[i][col % NA]);
+                    if (NEW) b[i][col % NA] = __fmaf_rn(S[i * C + col], q4[e], b[i][col % NA]);
+                }
             }
         }
     }
-    return o;
+    float u[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float hk = __fmul_rn(row_sum(a[i]), d);
+        u[i] = __fmul_rn(__fsub_rn(v[i], hk), beta);
+        if (NEW) o[i] = __fmaf_rn(u[i], kq, __fmul_rn(row_sum(b[i]), d));
+    }
+    if (!upd) return;
+#pragma unroll
+    for (int j = 0; j < NCH; ++j) {
+        const int c = (p + P * j) * EPC;
+#pragma unroll
+        for (int jj = 0; jj < EPC; jj += 4) {
+            float* k4 = KREG ? kk + j * EPC + jj : kk;
+            if (!KREG) lds4(k4, ks + c + jj);  // again, not kept from the dot above (R = 1)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = j * EPC + jj + e;
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    float& s_ = S[i * C + col];
+                    s_ = __fmaf_rn(u[i], k4[e], __fmul_rn(s_, d));
+                }
+            }
+        }
+    }
 }
 
 struct ReplaySmem {
@@ -222,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step(
     __shared__ float sn[TM][3];  // decay, beta, k.q
     __shared__ float rstd[TM];
 
-    const int tid = threadIdx.x, row = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
     const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
     const i64 bos = cu_seqlens[n];
     int ntok = cu_seqlens[n + 1] - (int)bos;
@@ -316,21 +351,30 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step(
     }
     __syncthreads();
     // the state after the staging: its 64 KiB of loads would otherwise hold E registers through it
-    const i64 tile = (i64)hv * V * K + (i64)row * K;
-    float S[E];
-    load_row(S, (const char*)state + (base_slot * s_state_slot + tile) * SB, p);
+    const i64 tile = (i64)hv * V * K;
+    float S[E], vv[R], o[R];
+    load_rows(S, (const char*)state + (base_slot * s_state_slot + tile) * SB, g, p);
 
-    for (int j = 0; j < n_rep; ++j) pass<false>(S, rs.k[j], nullptr, rs.v[j][row], rs.db[j][0], rs.db[j][1], 0.f, p);
+    for (int j = 0; j < n_rep; ++j) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = rs.v[j][g * R + i];
+        pass<false>(S, rs.k[j], nullptr, vv, rs.db[j][0], rs.db[j][1], 0.f, p, true, o);
+    }
     if (S_KIND != 0 && n_rep > 0) {  // vLLM's snapshot of column acc - 1 is stored in the pool dtype
 #pragma unroll
         for (int e = 0; e < E; ++e) S[e] = roundf_kind<S_KIND>(S[e]);
     }
     // the one state write of the step: the base of the next
-    store_row((char*)state + (s0 * s_state_slot + tile) * SB, S, p);
+    store_rows((char*)state + (s0 * s_state_slot + tile) * SB, S, g, p);
 
     for (int t = 0; t < ntok; ++t) {
-        const float o = pass<true>(S, kn[t], qn[t], vn[t][row], sn[t][0], sn[t][1], sn[t][2], p, t + 1 < ntok);
-        if (p == 0) on[t][row] = roundf_kind<O_KIND>(o);  // the output is rounded before the norm
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = vn[t][g * R + i];
+        pass<true>(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, t + 1 < ntok, o);
+        if (p == 0) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
+        }
     }
     __syncthreads();
     // the gated RMSNorm over V of each token's output
@@ -363,7 +407,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_materialize(
     void* state, const int* __restrict__ slots, const float* side_k, const void* side_v, const float* side_gb,
     const int* meta, i64 s_state_slot, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
     __shared__ __align__(16) ReplaySmem rs;
-    const int tid = threadIdx.x, row = tid / P, p = tid % P;
+    const int tid = threadIdx.x, g = tid / P, p = tid % P;
     const i64 s0 = slots[blockIdx.x / HV];
     const int hv = blockIdx.x % HV, h = hv / (HV / H);
     if (s0 <= 0) return;
@@ -371,19 +415,21 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_materialize(
     const int par = mrow[0];
     const int pending = min(mrow[1], TM);
     if (pending <= 0) return;
-    const i64 tile = (i64)hv * V * K + (i64)row * K;
-    float S[E];
-    load_row(S, (const char*)state + (s0 * s_state_slot + tile) * SB, p);
+    const i64 tile = (i64)hv * V * K;
+    float S[E], vv[R], o[R];
+    load_rows(S, (const char*)state + (s0 * s_state_slot + tile) * SB, g, p);
     stage_replay(rs, pending, s0, par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
     __syncthreads();
     for (int j = 0; j < pending; ++j) {
-        pass<false>(S, rs.k[j], nullptr, rs.v[j][row], rs.db[j][0], rs.db[j][1], 0.f, p);
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = rs.v[j][g * R + i];
+        pass<false>(S, rs.k[j], nullptr, vv, rs.db[j][0], rs.db[j][1], 0.f, p, true, o);
         const i64 col = mrow[2 + j];
         if (col > 0) {
-            float R[E];
+            float Rs[E];
 #pragma unroll
-            for (int e = 0; e < E; ++e) R[e] = roundf_kind<S_KIND>(S[e]);
-            store_row((char*)state + (col * s_state_slot + tile) * SB, R, p);
+            for (int e = 0; e < E; ++e) Rs[e] = roundf_kind<S_KIND>(S[e]);
+            store_rows((char*)state + (col * s_state_slot + tile) * SB, Rs, g, p);
         }
     }
 }

@@ -292,7 +292,8 @@ def cuda_smem_bytes(K: int, V: int, TM: int) -> int:
     return 4 * (TM * K + TM * V + 2 * TM + 2 * TM * K + 2 * TM * V + 4 * TM)
 
 
-def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: torch.dtype, P: int) -> str | None:
+def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: torch.dtype, P: int,
+                     R: int = 1) -> str | None:
     """Why the CUDA kernel does not take this layer (the Triton kernel then does), or None."""
     if state.device.type != "cuda" or _k.interpreting():
         return "not a CUDA device (or the Triton interpreter is on)"
@@ -300,8 +301,10 @@ def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: 
     if state.dtype not in (torch.float32, torch.bfloat16) or act_dtype not in _KIND:
         return f"state {state.dtype} / activations {act_dtype}"
     epc = 16 // state.element_size()
-    if kd % 32 or kd > 256 or P & (P - 1) or P > 32 or kd % (epc * P) or (vd * P) % 32 or vd * P > 1024:
-        return f"K = {kd}, V = {vd} with {P} lanes per row"
+    nt = (vd // R) * P if R > 0 and vd % R == 0 else 0
+    if kd % 32 or kd > 256 or P & (P - 1) or P > 32 or kd % (epc * P) or nt % 32 or not 0 < nt <= 1024 \
+            or R * kd // P > 64:
+        return f"K = {kd}, V = {vd} with {P} lanes per row and {R} rows per thread"
     if TM > 8 or cuda_smem_bytes(kd, vd, TM) > 48 * 1024 or num_k_heads <= 0 or hv % num_k_heads:
         return f"TM = {TM}, K = {kd}, V = {vd}, HV = {hv}, H = {num_k_heads}"
     try:
@@ -323,19 +326,23 @@ class GdnReplay:
 
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
                  act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
-                 threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool = True):
+                 threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool = True,
+                 rows_per_thread: int | None = None):
         """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
         :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
-        ``threads_per_row``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per state row), the
-        blocks per SM asked of its register allocator and its early L2 prefetch of the state tile
-        (defaults: K / 64 lanes, 3 blocks, on)."""
+        ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
+        state row), R (rows per thread), the blocks per SM asked of its register allocator and its early L2
+        prefetch of the state tile (defaults: K / 16 lanes, 4 rows, 2 blocks, on: 16 columns x 4 rows of
+        float32 per thread, each k value loaded from shared memory once per token for 8 FMAs)."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
-        self.P = threads_per_row or max(1, kd // 64)
-        self.min_blocks = min_blocks or (3 if vd * self.P <= 256 else 1)
+        self.P = threads_per_row or max(1, kd // 16)
+        self.R = rows_per_thread or 4
+        self.threads = (vd // self.R) * self.P if vd % self.R == 0 else 0
+        self.min_blocks = min_blocks or (2 if self.threads <= 256 else 1)
         self.prefetch = prefetch
-        why = cuda_unsupported(state, num_k_heads, self.TM, act_dtype, self.P)
+        why = cuda_unsupported(state, num_k_heads, self.TM, act_dtype, self.P, self.R)
         if backend is None:
             backend = "triton" if why else "cuda"
             if why and state.device.type == "cuda" and why not in _LOGGED:
@@ -409,7 +416,7 @@ class GdnReplay:
         return out
 
     def _cuda_kernel(self, name: str, kinds: dict[str, int]) -> _cudart.Kernel:
-        defs = {"H": self.H, "HV": self.HV, "K": self.K, "V": self.V, "P": self.P, "TM": self.TM,
+        defs = {"H": self.H, "HV": self.HV, "K": self.K, "V": self.V, "P": self.P, "R": self.R, "TM": self.TM,
                 "MINB": self.min_blocks, "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
                 "AB_KIND": 0, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 0, "W_KIND": 0, "O_KIND": 0,
                 "SIGMOID_GATE": 0}
@@ -442,7 +449,7 @@ class GdnReplay:
         args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), z.stride(0), z.stride(1),
                                                 st.stride(0), idx.stride(0), side.k.stride(0), side.v.stride(0),
                                                 side.gb.stride(0))]
-        kern.launch(idx.shape[0] * self.HV, self.V * self.P, torch.cuda.current_stream(st.device).cuda_stream, args)
+        kern.launch(idx.shape[0] * self.HV, self.threads, torch.cuda.current_stream(st.device).cuda_stream, args)
 
     def _why_bad(self, mixed_qkv, state_indices, state, output_gate, out) -> str | None:
         if state.data_ptr() != self.state.data_ptr() or state.shape != self.state.shape:
@@ -475,8 +482,7 @@ class GdnReplay:
             args: list = [ctypes.c_void_p(t.data_ptr()) for t in (st, slots32, side.k, side.v, side.gb, side.meta)]
             args += [ctypes.c_longlong(x) for x in (st.stride(0), side.k.stride(0), side.v.stride(0),
                                                     side.gb.stride(0))]
-            kern.launch(slots.numel() * self.HV, self.V * self.P, torch.cuda.current_stream(st.device).cuda_stream,
-                        args)
+            kern.launch(slots.numel() * self.HV, self.threads, torch.cuda.current_stream(st.device).cuda_stream, args)
             self.invalidate(slots)
             return
         bv = min(block_v, self.V)
