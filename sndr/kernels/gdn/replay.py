@@ -287,9 +287,16 @@ def cuda_source() -> str:
     return CUDA_SOURCE.read_text()
 
 
+#: threads of the split step's ``gdn_replay_prep`` blocks (replay.cu's PREP_NT)
+PREP_THREADS = 128
+
+
 def cuda_smem_bytes(K: int, V: int, TM: int) -> int:
-    """Static shared memory of ``gdn_replay_step`` (replay k, v, decay/beta; new k, q, v, o; scalars)."""
-    return 4 * (TM * K + TM * V + 2 * TM + 2 * TM * K + 2 * TM * V + 4 * TM)
+    """Static shared memory of ``gdn_replay_step`` or ``gdn_replay_main``, the larger (replay and new
+    tokens' k, v, decay/beta; q, outputs, gates; scalars)."""
+    step = 4 * (TM * K + TM * V + 2 * TM + 2 * TM * K + 2 * TM * V + 4 * TM)
+    main = 4 * (3 * TM * K + 4 * TM * V + 6 * TM)
+    return max(step, main)
 
 
 def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: torch.dtype, P: int,
@@ -327,13 +334,16 @@ class GdnReplay:
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
                  act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool = True,
-                 rows_per_thread: int | None = None):
+                 rows_per_thread: int | None = None, split: bool = True):
         """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
         :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
         ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
         state row), R (rows per thread), the blocks per SM asked of its register allocator and its early L2
         prefetch of the state tile (defaults: K / 16 lanes, 4 rows, 2 blocks, on: 16 columns x 4 rows of
-        float32 per thread, each k value loaded from shared memory once per token for 8 FMAs)."""
+        float32 per thread, each k value loaded from shared memory once per token for 8 FMAs). ``split``: the
+        step as two kernels (``gdn_replay_prep``: the dependent small loads, q/k normalisation, the side
+        writes; ``gdn_replay_main``: the state, the passes, the norm), else the one ``gdn_replay_step``;
+        both give the same bits."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
@@ -342,6 +352,7 @@ class GdnReplay:
         self.threads = (vd // self.R) * self.P if vd % self.R == 0 else 0
         self.min_blocks = min_blocks or (2 if self.threads <= 256 else 1)
         self.prefetch = prefetch
+        self.split = split
         why = cuda_unsupported(state, num_k_heads, self.TM, act_dtype, self.P, self.R)
         if backend is None:
             backend = "triton" if why else "cuda"
@@ -354,6 +365,9 @@ class GdnReplay:
             raise ValueError(f"GdnReplay: backend must be 'cuda' or 'triton', not {backend!r}")
         self.backend = backend
         self._cuda_kernels: dict[tuple, _cudart.Kernel] = {}
+        # the split step's per-(request, value head) header and the new tokens' normalised q (+ k.q)
+        self._hdr = torch.zeros(max_requests * hv * 4, dtype=torch.int32, device=state.device)
+        self._qs: torch.Tensor | None = None
         dev = state.device
         tm = self.TM
         self.side = _Side(
@@ -441,15 +455,39 @@ class GdnReplay:
         kinds = {"AB_KIND": _KIND[a.dtype], "ALOG_KIND": _KIND[A_log.dtype], "DT_KIND": _KIND[dt_bias.dtype],
                  "Z_KIND": _KIND[z.dtype], "W_KIND": _KIND[w.dtype], "O_KIND": _KIND[out.dtype],
                  "SIGMOID_GATE": int(activation == "sigmoid")}
-        kern = self._cuda_kernel("gdn_replay_step", kinds)
         side, st = self.side, self.state
+        stream = torch.cuda.current_stream(st.device).cuda_stream
+        grid = idx.shape[0] * self.HV
+        if self.split:
+            n_qs = x.shape[0] * self.H * (self.K + 1)
+            if self._qs is None or self._qs.numel() < n_qs:
+                if self._qs is not None:  # a captured CUDA graph may still point at it: never freed
+                    self._retired.append(self._qs)
+                self._qs = torch.empty(max(n_qs, 1 << 16), dtype=torch.float32, device=st.device)
+            prep = self._cuda_kernel("gdn_replay_prep", kinds)
+            prep_ptrs = (x, a, b, A_log, dt_bias, out, idx, acc, cu, side.k, side.v, side.gb, side.meta, self._qs,
+                         self._hdr)
+            args: list = [ctypes.c_void_p(t.data_ptr()) for t in prep_ptrs]
+            args += [ctypes.c_float(scale), ctypes.c_int(idx.shape[1])]
+            args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), idx.stride(0),
+                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
+            prep.launch(grid, PREP_THREADS, stream, args)
+            main = self._cuda_kernel("gdn_replay_main", kinds)
+            main_ptrs = (out, st, idx, cu, z, w, side.k, side.v, side.gb, self._qs, self._hdr)
+            args = [ctypes.c_void_p(t.data_ptr()) for t in main_ptrs]
+            args += [ctypes.c_float(eps)]
+            args += [ctypes.c_longlong(v) for v in (z.stride(0), z.stride(1), st.stride(0), idx.stride(0),
+                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
+            main.launch(grid, self.threads, stream, args)
+            return
+        kern = self._cuda_kernel("gdn_replay_step", kinds)
         ptrs = (x, a, b, A_log, dt_bias, out, st, idx, acc, cu, z, w, side.k, side.v, side.gb, side.meta)
-        args: list = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
+        args = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
         args += [ctypes.c_float(scale), ctypes.c_float(eps), ctypes.c_int(idx.shape[1])]
         args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), z.stride(0), z.stride(1),
                                                 st.stride(0), idx.stride(0), side.k.stride(0), side.v.stride(0),
                                                 side.gb.stride(0))]
-        kern.launch(idx.shape[0] * self.HV, self.threads, torch.cuda.current_stream(st.device).cuda_stream, args)
+        kern.launch(grid, self.threads, stream, args)
 
     def _why_bad(self, mixed_qkv, state_indices, state, output_gate, out) -> str | None:
         if state.data_ptr() != self.state.data_ptr() or state.shape != self.state.shape:
