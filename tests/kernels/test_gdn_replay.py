@@ -272,7 +272,8 @@ def test_the_cpu_path_is_triton_and_cuda_is_refused_here():
     pool = torch.zeros(4, HV, V, K)
     assert replay.GdnReplay(pool, H, max_tokens=COLS, max_requests=4).backend == "triton"
     assert "not a CUDA device" in replay.cuda_unsupported(pool, H, 4, torch.bfloat16, 1)
-    assert replay.GdnReplay(pool, H, max_tokens=COLS).threads == (V // 4) * max(1, K // 16)
+    assert replay.GdnReplay(pool, H, max_tokens=COLS).threads == (V // 2) * max(1, K // 16)  # fp32: 2 rows
+    assert replay.GdnReplay(pool.to(BF), H, max_tokens=COLS).threads == (V // 4) * max(1, K // 16)
     with pytest.raises(ValueError, match="backend 'cuda': not a CUDA device"):
         replay.GdnReplay(pool, H, max_tokens=COLS, backend="cuda")
     with pytest.raises(ValueError, match="backend must be"):
