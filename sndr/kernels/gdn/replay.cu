@@ -369,6 +369,10 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next,
     const i64 tile_off = (i64)hv * V * K;
     float S[E], vv[R], o[R];
     load_rows(S, (const char*)state + (base_slot * s_state_slot + tile_off) * SB, g, p);
+    if (next_s0 > 0) {  // the next tile's state to L2 while this one's passes run
+        const char* tb = (const char*)state + (next_s0 * s_state_slot + (i64)(next % HV) * V * K) * SB;
+        for (int off = tid * 128; off < V * K * SB; off += NT * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(tb + off));
+    }
 
     for (int j = 0; j < n_rep; ++j) {
 #pragma unroll
@@ -378,10 +382,6 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next,
     if (S_KIND != 0 && n_rep > 0) {  // vLLM's snapshot of column acc - 1 is stored in the pool dtype
 #pragma unroll
         for (int e = 0; e < E; ++e) S[e] = roundf_kind<S_KIND>(S[e]);
-    }
-    if (next_s0 > 0) {
-        const char* tb = (const char*)state + (next_s0 * s_state_slot + (i64)(next % HV) * V * K) * SB;
-        for (int off = tid * 128; off < V * K * SB; off += NT * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(tb + off));
     }
     // the one state write of the step: the base of the next
     store_rows((char*)state + (s0 * s_state_slot + tile_off) * SB, S, g, p);
