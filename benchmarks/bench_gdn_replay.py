@@ -38,23 +38,22 @@ DEV = bg.DEV
 
 
 #: a CUDA kernel config: lanes per state row, rows per thread, blocks per SM, L2 prefetch (one-kernel
-#: step), split step, persistent grid (None: GdnReplay's default)
-Cfg = tuple[int | None, int | None, int | None, int | None, int | None, int | None]
-DEFAULT_CFG: Cfg = (None, None, None, None, None, None)
+#: step), split step (None: GdnReplay's default)
+Cfg = tuple[int | None, int | None, int | None, int | None, int | None]
+DEFAULT_CFG: Cfg = (None, None, None, None, None)
 #: an autotune candidate counts only if its outputs are this close to the op's (relative L2; the
 #: measured agreement is 1e-5 to 5e-5)
 PROBE_MAX_VS_OP = 2e-3
 
 
 def parse_cfgs(text: str) -> list[Cfg]:
-    """``PxRxM[xF[xS[xG]]]`` (F: early L2 prefetch 0/1; S: split step 0/1; G: persistent grid 0/1), comma
-    separated."""
+    """``PxRxM[xF[xS]]`` (F: early L2 prefetch 0/1; S: split step 0/1), comma separated."""
     out: list[Cfg] = []
     for c in text.split(","):
         if c:
             f: list[int | None] = [int(x) for x in c.split("x")]
-            f += [None] * (6 - len(f))
-            out.append((f[0], f[1], f[2], f[3], f[4], f[5]))
+            f += [None] * (5 - len(f))
+            out.append((f[0], f[1], f[2], f[3], f[4]))
     return out
 
 
@@ -73,8 +72,8 @@ class ReplayCell:
         self.new_replay(backend, cfg)
 
     def new_replay(self, backend: str | None, cfg: Cfg) -> None:
-        p, r, minb, pf, split, pers = cfg
-        kw = {k: bool(v) for k, v in (("prefetch", pf), ("split", split), ("persistent", pers)) if v is not None}
+        p, r, minb, pf, split = cfg
+        kw = {k: bool(v) for k, v in (("prefetch", pf), ("split", split)) if v is not None}
         self.rep = replay.GdnReplay(self.c1.state, bg.H, max_tokens=max(self.t, 2), max_requests=max(self.n, 1),
                                     backend=backend, threads_per_row=p, rows_per_thread=r, min_blocks=minb, **kw)
 
@@ -128,9 +127,9 @@ def main() -> int:
     ap.add_argument("--backend", choices=("cuda", "triton"), default=None,
                     help="replay's backend (default: GdnReplay's choice, the CUDA kernel on a GPU)")
     ap.add_argument("--configs", type=str, default="",
-                    help="CUDA kernel configs PxRxM[xF[xS[xG]]] (lanes per state row x rows per thread x blocks "
-                         "per SM [x L2 prefetch 0/1 [x split step 0/1 [x persistent grid 0/1]]]), comma separated, "
-                         "a row each; default: GdnReplay's")
+                    help="CUDA kernel configs PxRxM[xF[xS]] (lanes per state row x rows per thread x blocks per "
+                         "SM [x L2 prefetch 0/1 [x split step 0/1]]), comma separated, a row each; default: "
+                         "GdnReplay's")
     ap.add_argument("--autotune", type=str, default="",
                     help="CUDA kernel configs (as --configs) timed first per state dtype on the probe cells "
                          "(batch 32 T 2, batch 256 T 4); the best by summed replay/op ratio runs the table")
@@ -210,7 +209,7 @@ def one_row(cell: ReplayCell, op, op_us, bw: float, rep: int, no_rand: bool) -> 
            "op_bound_us": (1 + t) * sb / (bw * 1e9) * 1e6, "replay_bound_us": (2 * sb + side) / (bw * 1e9) * 1e6,
            "backend": r.backend,
            "config": (f"P={r.P} R={r.R} minb={r.min_blocks}"
-                      + (" split" if r.split else " persistent" if r.persistent else " one-kernel")
+                      + (" split" if r.split else " one-kernel")
                       + ("" if r.prefetch or r.split else " no-prefetch")
                       if r.backend == "cuda" else f"block_v={r.block_v(n)}")}
     try:
@@ -218,8 +217,7 @@ def one_row(cell: ReplayCell, op, op_us, bw: float, rep: int, no_rand: bool) -> 
     except Exception as exc:  # noqa: BLE001 - reported in the row
         row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if r.backend == "cuda" and DEV == "cuda":
-        k = r._cuda_kernel("gdn_replay_main" if r.split else
-                           "gdn_replay_step_persistent" if r.persistent else "gdn_replay_step",
+        k = r._cuda_kernel("gdn_replay_main" if r.split else "gdn_replay_step",
                            {"AB_KIND": 2, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2})
         row["regs"], row["spill_bytes"], row["blocks_per_sm"] = k.registers, k.spill_bytes, k.blocks_per_sm(
             r.threads)

@@ -242,38 +242,23 @@ __device__ __forceinline__ float warp_sum(float s) {
     return s;
 }
 
-struct StepSmem {
-    __align__(16) ReplaySmem rs;
-    __align__(16) float kn[TM][K];
-    __align__(16) float qn[TM][K];
-    __align__(16) float vn[TM][V];
-    __align__(16) float on[TM][V];
-    __align__(16) float sn[TM][4];  // decay, beta, k.q
-    __align__(16) float rstd[TM];
-};
-
-// One (request, value head) tile of the step. next >= 0: the tile this block runs after this
-// one (the persistent kernel); its state is prefetched to L2 while this one's passes run.
-__device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next,
+extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step(
     const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
     const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const int* __restrict__ indices,
     const int* __restrict__ num_accepted, const int* __restrict__ cu_seqlens, const void* __restrict__ z,
     const void* __restrict__ norm_w, float* side_k, void* side_v, float* side_gb, int* meta,
     float scale, float norm_eps, int cols, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok, i64 s_z_tok, i64 s_z_head,
     i64 s_state_slot, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
-    ReplaySmem& rs = sm.rs;
-    float(&kn)[TM][K] = sm.kn;
-    float(&qn)[TM][K] = sm.qn;
-    float(&vn)[TM][V] = sm.vn;
-    float(&on)[TM][V] = sm.on;
-    float(&sn)[TM][4] = sm.sn;
-    float(&rstd)[TM] = sm.rstd;
+    __shared__ __align__(16) ReplaySmem rs;
+    __shared__ __align__(16) float kn[TM][K];
+    __shared__ __align__(16) float qn[TM][K];
+    __shared__ float vn[TM][V];
+    __shared__ float on[TM][V];
+    __shared__ float sn[TM][3];  // decay, beta, k.q
+    __shared__ float rstd[TM];
 
     const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
-    const int n = tile / HV, hv = tile % HV, h = hv / (HV / H);
-    // the next tile's column-0 slot: loaded now, used after this tile's replay (its base in
-    // steady state; a first step's snapshot column is not worth a second dependent load)
-    const i64 next_s0 = next >= 0 ? indices[(i64)(next / HV) * s_idx_seq] : 0;
+    const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
     const i64 bos = cu_seqlens[n];
     int ntok = cu_seqlens[n + 1] - (int)bos;
     if (ntok <= 0) return;
@@ -366,13 +351,9 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next,
     }
     __syncthreads();
     // the state after the staging: its 64 KiB of loads would otherwise hold E registers through it
-    const i64 tile_off = (i64)hv * V * K;
+    const i64 tile = (i64)hv * V * K;
     float S[E], vv[R], o[R];
-    load_rows(S, (const char*)state + (base_slot * s_state_slot + tile_off) * SB, g, p);
-    if (next_s0 > 0) {  // the next tile's state to L2 while this one's passes run
-        const char* tb = (const char*)state + (next_s0 * s_state_slot + (i64)(next % HV) * V * K) * SB;
-        for (int off = tid * 128; off < V * K * SB; off += NT * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(tb + off));
-    }
+    load_rows(S, (const char*)state + (base_slot * s_state_slot + tile) * SB, g, p);
 
     for (int j = 0; j < n_rep; ++j) {
 #pragma unroll
@@ -384,7 +365,7 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next,
         for (int e = 0; e < E; ++e) S[e] = roundf_kind<S_KIND>(S[e]);
     }
     // the one state write of the step: the base of the next
-    store_rows((char*)state + (s0 * s_state_slot + tile_off) * SB, S, g, p);
+    store_rows((char*)state + (s0 * s_state_slot + tile) * SB, S, g, p);
 
     for (int t = 0; t < ntok; ++t) {
 #pragma unroll
@@ -417,39 +398,6 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next,
         for (int c = 0; c < TM; ++c) mrow[2 + c] = c < cols ? idxrow[c] : 0;
         mrow[1] = cu_seqlens[n + 1] - (int)bos;
         mrow[0] = wpar;
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step(
-    const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
-    const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const int* __restrict__ indices,
-    const int* __restrict__ num_accepted, const int* __restrict__ cu_seqlens, const void* __restrict__ z,
-    const void* __restrict__ norm_w, float* side_k, void* side_v, float* side_gb, int* meta,
-    float scale, float norm_eps, int cols, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok, i64 s_z_tok, i64 s_z_head,
-    i64 s_state_slot, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
-    __shared__ __align__(16) StepSmem sm;
-    step_tile(sm, blockIdx.x, -1, x, a, b, A_log, dt_bias, out, state, indices, num_accepted, cu_seqlens, z, norm_w, side_k, side_v, side_gb, meta,
-                  scale, norm_eps, cols, s_x_tok, s_a_tok, s_b_tok, s_z_tok, s_z_head, s_state_slot, s_idx_seq,
-                  s_sk_slot, s_sv_slot, s_sg_slot);
-}
-
-// The same step with a grid of (blocks per SM) x (SMs) blocks, each running tiles blockIdx.x,
-// blockIdx.x + gridDim.x, ...: a block prefetches its next tile's state to L2 during this
-// tile's passes, so the DRAM read of one tile overlaps the passes of another (with two blocks
-// per SM and one tile each, a block's load and its passes follow each other).
-extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step_persistent(
-    const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
-    const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const int* __restrict__ indices,
-    const int* __restrict__ num_accepted, const int* __restrict__ cu_seqlens, const void* __restrict__ z,
-    const void* __restrict__ norm_w, float* side_k, void* side_v, float* side_gb, int* meta,
-    float scale, float norm_eps, int cols, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok, i64 s_z_tok, i64 s_z_head,
-    i64 s_state_slot, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot, int n_tiles) {
-    __shared__ __align__(16) StepSmem sm;
-    for (int t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        step_tile(sm, t, t + (int)gridDim.x < n_tiles ? t + (int)gridDim.x : -1, x, a, b, A_log, dt_bias, out, state, indices, num_accepted, cu_seqlens, z, norm_w, side_k, side_v, side_gb, meta,
-                  scale, norm_eps, cols, s_x_tok, s_a_tok, s_b_tok, s_z_tok, s_z_head, s_state_slot, s_idx_seq,
-                  s_sk_slot, s_sv_slot, s_sg_slot);
-        __syncthreads();  // the shared buffers are the next tile's
     }
 }
 
