@@ -36,6 +36,13 @@ and writes each snapshot to the column slot it would have had in vLLM's step (so
 vLLM path runs next finds exactly the memory its snapshot path would have left), then clears
 ``pending``; :meth:`GdnReplay.invalidate` clears ``pending`` without writing (a slot whose
 owner changed: a new request's prefill, ``has_initial_state`` false).
+
+Backends: on a GPU the CUDA kernels of ``replay.cu`` (NVRTC, via ``sndr/kernels/_cudart.py``):
+a block per (request, value head), each thread holding R rows x K / P columns of the state in
+registers, so the sums over K are thread-local; a replayed token and its own pass are the same
+function with explicit round-to-nearest operations, so the replayed state is bit for bit the
+state the step's outputs came from (GPU tests). On the CPU (Triton interpreter) the Triton
+kernels below, which the Hypothesis proofs run, bit for bit against PK0003's snapshot kernel.
 """
 
 from __future__ import annotations
@@ -344,7 +351,7 @@ class GdnReplay:
         once per token for 2 R FMAs). ``split``: the
         step as two kernels (``gdn_replay_prep``: the dependent small loads, q/k normalisation, the side
         writes; ``gdn_replay_main``: the state, the passes, the norm), else the one ``gdn_replay_step``;
-        both give the same bits (measured 1.03-1.13x slower on the H200: off)."""
+        both give the same bits (measured 1.06-1.23x slower on the H200: off)."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
