@@ -1,13 +1,16 @@
 """Replayed GDN spec verify (experimental) vs vLLM 0.32.0's CUDA op, a whole verify step each.
 
-    python benchmarks/bench_gdn_replay.py [--out DIR] [--batches 1,8,32,64,256] [--ts 2,3,4,5,6,7,8] [--cpu-smoke]
+    python benchmarks/bench_gdn_replay.py [--out DIR] [--batches 1,8,32,64,256] [--ts 2,3,4,5,6,7,8]
+        [--states float32,bfloat16] [--backend cuda|triton] [--configs 2x2,4x1] [--cpu-smoke]
 
 Per cell (35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128; bf16 activations
 as the Qwen GDN layer hands them, built by ``bench_gdn.LayerCell``; fp32 and bf16 state):
 
 * ``op``: ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (update + T snapshot writes +
   gated RMSNorm), loaded from the wheel's library by ``bench_gdn.load_cuda_op``;
-* ``replay``: ``replay.GdnReplay.step`` in steady state (every request has a side entry of
+* ``replay``: ``replay.GdnReplay.step`` (its CUDA kernel ``replay.cu`` on the GPU, or ``--backend
+  triton``; ``--configs PxM,...``: the CUDA kernel's lanes per state row x blocks per SM, one row
+  each) in steady state (every request has a side entry of
   T tokens from the previous step) with **every token accepted** (num_accepted = T: the most
   replay work), i.e. replay T tokens + base write + T new tokens + side writes + the fused norm.
 
@@ -34,6 +37,26 @@ from sndr.kernels.gdn import reference, replay  # noqa: E402
 DEV = bg.DEV
 
 
+#: a CUDA kernel config: lanes per state row, rows per thread, blocks per SM, L2 prefetch (one-kernel
+#: step), split step (None: GdnReplay's default)
+Cfg = tuple[int | None, int | None, int | None, int | None, int | None]
+DEFAULT_CFG: Cfg = (None, None, None, None, None)
+#: an autotune candidate counts only if its outputs are this close to the op's (relative L2; the
+#: measured agreement is 1e-5 to 5e-5)
+PROBE_MAX_VS_OP = 2e-3
+
+
+def parse_cfgs(text: str) -> list[Cfg]:
+    """``PxRxM[xF[xS]]`` (F: early L2 prefetch 0/1; S: split step 0/1), comma separated."""
+    out: list[Cfg] = []
+    for c in text.split(","):
+        if c:
+            f: list[int | None] = [int(x) for x in c.split("x")]
+            f += [None] * (5 - len(f))
+            out.append((f[0], f[1], f[2], f[3], f[4]))
+    return out
+
+
 def _rel(x, ref) -> float:
     return bg._rel(x, ref)
 
@@ -41,12 +64,18 @@ def _rel(x, ref) -> float:
 class ReplayCell:
     """Two steps' inputs on one pool (``bench_gdn.LayerCell``), and a replay side buffer for it."""
 
-    def __init__(self, n: int, t: int, dtype: torch.dtype):
+    def __init__(self, n: int, t: int, dtype: torch.dtype, backend: str | None = None, cfg: Cfg = DEFAULT_CFG):
         self.c1 = bg.LayerCell(n, t, dtype, seed=0)
         self.c2 = bg.LayerCell(n, t, dtype, seed=1)
         self.n, self.t = n, t
         self.acc_all = torch.full((n,), t, dtype=torch.int32, device=DEV)
-        self.rep = replay.GdnReplay(self.c1.state, bg.H, max_tokens=max(t, 2), max_requests=max(n, 1))
+        self.new_replay(backend, cfg)
+
+    def new_replay(self, backend: str | None, cfg: Cfg) -> None:
+        p, r, minb, pf, split = cfg
+        kw = {k: bool(v) for k, v in (("prefetch", pf), ("split", split)) if v is not None}
+        self.rep = replay.GdnReplay(self.c1.state, bg.H, max_tokens=max(self.t, 2), max_requests=max(self.n, 1),
+                                    backend=backend, threads_per_row=p, rows_per_thread=r, min_blocks=minb, **kw)
 
     def op_step(self, op, c, acc):
         c1 = self.c1
@@ -94,6 +123,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=bg.OUT)
     ap.add_argument("--batches", type=str, default="1,8,32,64,256")
     ap.add_argument("--ts", type=str, default="2,3,4,5,6,7,8")
+    ap.add_argument("--states", type=str, default="float32,bfloat16")
+    ap.add_argument("--backend", choices=("cuda", "triton"), default=None,
+                    help="replay's backend (default: GdnReplay's choice, the CUDA kernel on a GPU)")
+    ap.add_argument("--configs", type=str, default="",
+                    help="CUDA kernel configs PxRxM[xF[xS]] (lanes per state row x rows per thread x blocks per "
+                         "SM [x L2 prefetch 0/1 [x split step 0/1]]), comma separated, a row each; default: "
+                         "GdnReplay's")
+    ap.add_argument("--autotune", type=str, default="",
+                    help="CUDA kernel configs (as --configs) timed first per state dtype on the probe cells "
+                         "(batch 32 T 2, batch 256 T 4); the best by summed replay/op ratio runs the table")
+    ap.add_argument("--no-rand", action="store_true", help="skip the random-acceptance timing")
     ap.add_argument("--rep", type=int, default=60, help="do_bench ms per timed function")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
@@ -109,37 +149,49 @@ def main() -> int:
     bw = bg.copy_bandwidth()
     op, op_note = bg.load_cuda_op()
     bg.log(f"device: {dl}\ncopy bandwidth (read + write): {bw:.0f} GB/s\nvLLM CUDA op: {op_note}")
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
+    configs = parse_cfgs(args.configs) or [DEFAULT_CFG]
+    rows, probes, tuned = [], [], {}
+    for dtype in [getattr(torch, s) for s in args.states.split(",")]:
+        if args.autotune:
+            score: dict[Cfg, float] = {}
+            for n, t in ((1, 2),) if args.cpu_smoke else ((32, 2), (256, 4)):
+                cell = ReplayCell(n, t, dtype, args.backend)
+                op_us = None
+                for cfg in parse_cfgs(args.autotune):
+                    cell.new_replay(args.backend, cfg)
+                    row = one_row(cell, op, op_us, bw, 25, True)
+                    op_us = row.get("op_graph")
+                    row["probe_cfg"] = list(cfg)
+                    probes.append(row)
+                    bg.log("probe " + json.dumps(row))
+                    ck = row.get("check", {})
+                    if "ratio" in row and ck.get("replay_vs_op_out", 1.0) <= PROBE_MAX_VS_OP:
+                        score[cfg] = score.get(cfg, 0.0) + row["ratio"]
+                    else:  # a config that failed, was not timed or disagreed with the op is never chosen
+                        score[cfg] = float("inf")
+                del cell
+            best = min(score, key=lambda c: score[c]) if score else DEFAULT_CFG
+            if score and score[best] == float("inf"):  # nothing timed against the op (the CPU smoke)
+                best = DEFAULT_CFG
+            tuned[str(dtype)] = {"chosen": list(best), "scores": {"x".join(map(str, c)): v for c, v in score.items()}}
+            configs = [best]
+            bg.log(f"autotune {dtype}: {tuned[str(dtype)]}")
         for n in batches:
             for t in ts:
-                cell = ReplayCell(n, t, dtype)
-                sb = cell.c1.state_bytes()
-                side = n * cell.rep.side_bytes_per_token() * t * 2
-                row = {"state": str(dtype).split(".")[-1], "batch": n, "T": t,
-                       "op_bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
-                       "replay_bound_us": (2 * sb + side) / (bw * 1e9) * 1e6,
-                       "block_v": cell.rep.block_v(n)}
-                try:
-                    row["check"] = cell.check(op)
-                except Exception as exc:  # noqa: BLE001 - reported in the row
-                    row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                bg.timed(row, "replay_graph", lambda c=cell: c.replay_step(c.c2, c.acc_all), True, rep)
-                # the same with num_accepted random in [1, T] (bench_gdn.LayerCell's): less replay work
-                bg.timed(row, "replay_rand_graph", lambda c=cell: c.replay_step(c.c2, c.c1.num_acc), True, rep)
-                if op is not None:
-                    bg.timed(row, "op_graph", lambda c=cell: c.op_step(op, c.c2, c.acc_all), True, rep)
-                if row.get("replay_graph") and row.get("op_graph"):
-                    row["ratio"] = row["replay_graph"] / row["op_graph"]
-                    if row.get("replay_rand_graph"):
-                        row["ratio_rand"] = row["replay_rand_graph"] / row["op_graph"]
-                row["mean_accepted"] = float(cell.c1.num_acc.float().mean())
-                rows.append(row)
-                bg.log(json.dumps(row))
+                cell = ReplayCell(n, t, dtype, args.backend, configs[0])
+                op_us = None
+                for ci, cfg in enumerate(configs):
+                    if ci:
+                        cell.new_replay(args.backend, cfg)
+                    row = one_row(cell, op, op_us, bw, rep, args.no_rand)
+                    op_us = row.get("op_graph")
+                    rows.append(row)
+                    bg.log(json.dumps(row))
                 del cell
                 if DEV == "cuda":
                     torch.cuda.empty_cache()
-    result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv), "rows": rows}
+    result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv), "rows": rows,
+              "autotune": tuned, "probes": probes}
     (args.out / "bench_gdn_replay.json").write_text(json.dumps(result, indent=1))
     text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n\n" + fmt(rows)
     (args.out / "bench_gdn_replay.md").write_text(text)
@@ -147,17 +199,55 @@ def main() -> int:
     return 0
 
 
+def one_row(cell: ReplayCell, op, op_us, bw: float, rep: int, no_rand: bool) -> dict:
+    """One cell and replay config: the checks, then the graph-replay timings (the op's reused from op_us)."""
+    n, t = cell.n, cell.t
+    sb = cell.c1.state_bytes()
+    side = n * cell.rep.side_bytes_per_token() * t * 2
+    r = cell.rep
+    row = {"state": str(cell.c1.state.dtype).split(".")[-1], "batch": n, "T": t,
+           "op_bound_us": (1 + t) * sb / (bw * 1e9) * 1e6, "replay_bound_us": (2 * sb + side) / (bw * 1e9) * 1e6,
+           "backend": r.backend,
+           "config": (f"P={r.P} R={r.R} minb={r.min_blocks}"
+                      + (" split" if r.split else " one-kernel")
+                      + ("" if r.prefetch or r.split else " no-prefetch")
+                      if r.backend == "cuda" else f"block_v={r.block_v(n)}")}
+    try:
+        row["check"] = cell.check(op)
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    if r.backend == "cuda" and DEV == "cuda":
+        k = r._cuda_kernel("gdn_replay_main" if r.split else "gdn_replay_step",
+                           {"AB_KIND": 2, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2})
+        row["regs"], row["spill_bytes"], row["blocks_per_sm"] = k.registers, k.spill_bytes, k.blocks_per_sm(
+            r.threads)
+    bg.timed(row, "replay_graph", lambda c=cell: c.replay_step(c.c2, c.acc_all), True, rep)
+    if not no_rand:  # the same with num_accepted random in [1, T] (bench_gdn.LayerCell's): less replay work
+        bg.timed(row, "replay_rand_graph", lambda c=cell: c.replay_step(c.c2, c.c1.num_acc), True, rep)
+    if op is not None and op_us is None:
+        bg.timed(row, "op_graph", lambda c=cell: c.op_step(op, c.c2, c.acc_all), True, rep)
+    elif op_us is not None:
+        row["op_graph"] = op_us
+    if row.get("replay_graph") and row.get("op_graph"):
+        row["ratio"] = row["replay_graph"] / row["op_graph"]
+        if row.get("replay_rand_graph"):
+            row["ratio_rand"] = row["replay_rand_graph"] / row["op_graph"]
+    row["mean_accepted"] = float(cell.c1.num_acc.float().mean())
+    return row
+
+
 def fmt(rows) -> str:
-    out = ["| state | batch | T | op bound µs | replay bound µs | bound ratio | op µs | replay µs | replay/op "
+    out = ["| state | batch | T | replay kernel | op bound µs | replay bound µs | bound ratio | op µs | replay µs | replay/op "
            "| target | replay µs, random acc (mean) | ratio | replay vs f64 | op vs f64 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r.get("ratio")
         target = {2: 0.85, 4: 0.6}.get(r["T"]) if r["batch"] >= 32 else None
         verdict = "" if target is None or ratio is None else ("hit" if ratio <= target else "miss") + f" (≤ {target})"
         ck = r.get("check", {})
         out.append(
-            f"| {r['state']} | {r['batch']} | {r['T']} | {r['op_bound_us']:.1f} | {r['replay_bound_us']:.1f} "
+            f"| {r['state']} | {r['batch']} | {r['T']} | {r.get('backend', '')} {r.get('config', '')} "
+            f"| {r['op_bound_us']:.1f} | {r['replay_bound_us']:.1f} "
             f"| {r['replay_bound_us'] / r['op_bound_us']:.2f} | {r.get('op_graph', float('nan')):.1f} "
             f"| {r.get('replay_graph', float('nan')):.1f} | {ratio if ratio is None else f'{ratio:.2f}'} | {verdict} "
             f"| {r.get('replay_rand_graph', float('nan')):.1f} ({r.get('mean_accepted', float('nan')):.1f}) "

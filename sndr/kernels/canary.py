@@ -126,7 +126,7 @@ def _driver_version() -> str:
     try:
         import ctypes
 
-        from .turboquant_k8v4 import _cudart
+        from . import _cudart
 
         v = ctypes.c_int()
         if _cudart._driver().cuDriverGetVersion(ctypes.byref(v)) == 0:

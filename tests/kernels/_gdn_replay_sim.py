@@ -48,6 +48,7 @@ class Sim:
     device: str
     seed: int
     act: str = "silu"
+    backend: str | None = None  # GdnReplay's choice: the CUDA kernel on a GPU, Triton on the CPU
     log: list = field(default_factory=list)
 
     def __post_init__(self):
@@ -64,7 +65,8 @@ class Sim:
         self.w = (torch.rand(self.V, generator=g) + 0.5).to(torch.bfloat16).to(dev)
         self.scale = self.K ** -0.5
         self.eps = 1e-6
-        self.rep = replay.GdnReplay(self.rep_state, self.H, max_tokens=self.cols, max_requests=64)
+        self.rep = replay.GdnReplay(self.rep_state, self.H, max_tokens=self.cols, max_requests=64,
+                                    backend=self.backend)
         self.free = list(range(1, self.n_slots))
         self.rng.shuffle(self.free)
         self.live: dict[int, Req] = {}

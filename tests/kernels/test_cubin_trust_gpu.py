@@ -26,7 +26,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from sndr import fsio, stderr  # noqa: E402
-from sndr.kernels.turboquant_k8v4 import _cudart  # noqa: E402
+from sndr.kernels import _cudart  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NOBODY = 65534

@@ -261,3 +261,39 @@ def test_step_refuses_calls_outside_its_contract():
         rep.step(c["mixed"], c["a"], c["b"], c["A_log"], c["dt_bias"], c["idx"], c["cu"], acc, c["state"],
                  c["gate"], c["w"], out[:, :1], K**-0.5, 1e-6)
     assert torch.equal(c["state"], before)  # nothing ran
+
+
+# ----------------------------------------------------------------------------- the CUDA kernel (NVRTC)
+
+
+def test_the_cpu_path_is_triton_and_cuda_is_refused_here():
+    """On the CPU (and under the interpreter) GdnReplay runs the Triton kernels, which the proofs
+    above exercise; asking for the CUDA kernel here is an error naming why."""
+    pool = torch.zeros(4, HV, V, K)
+    assert replay.GdnReplay(pool, H, max_tokens=COLS, max_requests=4).backend == "triton"
+    assert "not a CUDA device" in replay.cuda_unsupported(pool, H, 4, torch.bfloat16, 1)
+    assert replay.GdnReplay(pool, H, max_tokens=COLS).threads == (V // 2) * max(1, K // 16)  # fp32: 2 rows
+    assert replay.GdnReplay(pool.to(BF), H, max_tokens=COLS).threads == (V // 4) * max(1, K // 16)
+    with pytest.raises(ValueError, match="backend 'cuda': not a CUDA device"):
+        replay.GdnReplay(pool, H, max_tokens=COLS, backend="cuda")
+    with pytest.raises(ValueError, match="backend must be"):
+        replay.GdnReplay(pool, H, max_tokens=COLS, backend="cutlass")
+
+
+@pytest.mark.parametrize("state_kind,p,r,minb", [(0, 8, 4, 2), (2, 8, 4, 2), (0, 8, 2, 2), (2, 4, 2, 2),
+                                                 (0, 2, 1, 3), (2, 2, 1, 3)])
+def test_cuda_kernel_compiles_for_sm90_at_the_35b_shape(state_kind, p, r, minb):
+    """NVRTC compiles replay.cu (step and materialize) for sm_90 with the 35B-A3B head shape, both
+    pool dtypes and the lane/row layouts the benchmark sweeps (no GPU needed; the GPU test runs it)."""
+    from sndr.kernels import _cudart
+
+    try:
+        _cudart.nvrtc_version()
+    except _cudart.CudaUnavailable as exc:
+        pytest.skip(f"no NVRTC on this machine: {exc}")
+    defs = {"H": 16, "HV": 32, "K": 128, "V": 128, "P": p, "R": r, "TM": 8, "MINB": minb, "S_KIND": state_kind,
+            "X_KIND": 2, "AB_KIND": 2, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2,
+            "SIGMOID_GATE": 0}
+    cubin = _cudart.compile_cubin(replay.cuda_source(), "gdn_replay", "90", defs, cache=False)
+    for name in (b"gdn_replay_step", b"gdn_replay_prep", b"gdn_replay_main", b"gdn_replay_materialize"):
+        assert name in cubin

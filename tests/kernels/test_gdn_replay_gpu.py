@@ -5,10 +5,16 @@ rejection, finishes with slot reuse, mixed steps that leave replay through ``mat
 with compiled kernels: after every step the replayed outputs against PK0003's snapshot
 kernel and against vLLM's snapshot semantics in float64 arithmetic
 (``reference.post_conv_mtp``), and at the end every live request's materialised snapshots.
-Compiled code may contract the float32 operations of the two kernels differently, so the
-comparison with the snapshot kernel is a tolerance here (stated below), bit for bit on the
-CPU. Also: the replayed step captured in a CUDA graph and replayed over steps with new
-accepted counts and slots gives the eager results.
+On the GPU, GdnReplay runs its CUDA kernel (``replay.cu``), whose reduction order over K
+differs from the Triton snapshot kernel's, so the comparison with the snapshot kernel is a
+tolerance here (stated below), bit for bit on the CPU (where both are Triton).
+
+The CUDA kernel's own exactness, bit for bit: a token replayed at the next step gives the
+state the token's own pass had in registers (one T-token step vs T one-token steps that each
+replay the previous token: equal outputs and states), and the base a step writes after
+replaying ``acc`` tokens equals the snapshot ``materialize`` writes for column ``acc - 1``,
+for both pool dtypes. Also: the replayed step captured in a CUDA graph and replayed over
+steps with new accepted counts and slots gives the eager results.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ OPS = st.lists(
 def test_replay_property_35b_shape(ops, dtype, cols, seed):
     sim = sim_mod.Sim(H=H, HV=HV, K=K, V=V, cols=cols, n_slots=1 + 6 * cols, state_dtype=dtype, device="cuda",
                       seed=seed)
+    assert sim.rep.backend == "cuda"
     for _ in range(3):
         sim.admit()
     sim_mod.run_schedule(sim, [("step", 7)] + list(ops), _check)
@@ -166,3 +173,157 @@ def test_graph_capture_and_replay_new_accepted_and_slots(dtype):
     for i, (e, gr) in enumerate(zip(eager, graphed)):
         assert torch.equal(e, gr), i
     assert torch.equal(pool_e, pool_g)
+
+
+def _batch(n, cols, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    slots = 1 + n * cols
+    pool = (torch.randn(slots, HV, V, K, generator=g, device="cuda") * 0.1).to(dtype)
+    idx = (torch.randperm(slots - 1, generator=g, device="cuda") + 1).to(torch.int32).reshape(n, cols).contiguous()
+    width = 2 * H * K + HV * V
+
+    def inputs():
+        qkvz = torch.randn(n * cols, width + HV * V, generator=g, device="cuda").to(BF)
+        ba = torch.randn(n * cols, 2 * HV, generator=g, device="cuda").to(BF)
+        b, a = ba.chunk(2, dim=-1)
+        return qkvz[:, :width], a, b, qkvz[:, width:].view(n * cols, HV, V)
+
+    A_log = torch.rand(HV, generator=g, device="cuda") * 2 - 1
+    dt_bias = torch.rand(HV, generator=g, device="cuda") * 2 - 1
+    w = (torch.rand(V, generator=g, device="cuda") + 0.5).to(BF)
+    return pool, idx, inputs, A_log, dt_bias, w
+
+
+#: the CUDA kernel configs the benchmark may pick (lanes per state row, rows per thread, blocks per SM,
+#: L2 prefetch, split step)
+CFGS = [(8, 4, 2, True, True), (8, 2, 2, True, True), (4, 2, 2, True, True), (8, 4, 2, True, False),
+        (8, 2, 2, True, False), (8, 4, 2, False, False)]
+
+
+def _cfg_id(c):
+    return f"P{c[0]}R{c[1]}M{c[2]}{'' if c[3] else '-nopf'}{'-split' if c[4] else '-one'}"
+
+
+def _kw(cfg):
+    return {"threads_per_row": cfg[0], "rows_per_thread": cfg[1], "min_blocks": cfg[2], "prefetch": cfg[3],
+            "split": cfg[4]}
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=_cfg_id)
+@pytest.mark.parametrize("cols", [4, 8])
+def test_cuda_replay_reproduces_its_own_token_pass_bit_for_bit(cols, cfg):
+    """One step of `cols` tokens (then materialised) vs `cols` one-token steps, each replaying the
+    previous token from the side buffer: the outputs of every token and the base after every
+    replay are bit-identical to the in-register trajectory of the one step (fp32 pool: no
+    step-boundary rounding in between)."""
+    n = 8
+    pool0, idx, inputs, A_log, dt_bias, w = _batch(n, cols, torch.float32, 11)
+    x, a, b, z = inputs()
+    one = torch.ones(n, dtype=torch.int32, device="cuda")
+    pool_a = pool0.clone()
+    kw = _kw(cfg)
+    rep_a = replay.GdnReplay(pool_a, H, max_tokens=cols, max_requests=n, **kw)
+    assert rep_a.backend == "cuda"
+    out_a = torch.empty(n * cols, HV, V, dtype=BF, device="cuda")
+    cu_a = torch.arange(0, n * cols + 1, cols, dtype=torch.int32, device="cuda")
+    rep_a.step(x, a, b, A_log, dt_bias, idx, cu_a, one, pool_a, z, w, out_a, K**-0.5, 1e-6)
+    rep_a.materialize(idx[:, 0])
+    out_a = out_a.view(n, cols, HV, V)
+
+    pool_b = pool0.clone()
+    rep_b = replay.GdnReplay(pool_b, H, max_tokens=cols, max_requests=n, **kw)
+    cu_b = torch.arange(0, n + 1, dtype=torch.int32, device="cuda")
+    col0 = idx[:, :1]
+    s0 = idx[:, 0].long()
+    for j in range(cols):
+        def sl(t, j=j):
+            return t.view(n, cols, *t.shape[1:])[:, j]
+
+        out_b = torch.empty(n, HV, V, dtype=BF, device="cuda")
+        rep_b.step(sl(x), sl(a), sl(b), A_log, dt_bias, col0, cu_b, one, pool_b, sl(z), w, out_b, K**-0.5, 1e-6)
+        assert torch.equal(out_b, out_a[:, j]), j
+        if j:  # the base this step wrote: token j - 1 replayed, == the one step's state after token j - 1
+            assert torch.equal(pool_b[s0], pool_a[idx[:, j - 1].long()]), j
+    rep_b.materialize(idx[:, 0])
+    assert torch.equal(pool_b[s0], pool_a[idx[:, cols - 1].long()])
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=_cfg_id)
+@pytest.mark.parametrize("dtype", [torch.float32, BF])
+def test_cuda_replayed_base_equals_the_materialised_snapshot(dtype, cfg):
+    """After a step of 4 tokens, the next step's base (acc tokens replayed, rounded to the pool
+    dtype) equals, bit for bit, the snapshot ``materialize`` writes for column acc - 1."""
+    n, cols = 8, 4
+    pool0, idx, inputs, A_log, dt_bias, w = _batch(n, cols, dtype, 12)
+    cu = torch.arange(0, n * cols + 1, cols, dtype=torch.int32, device="cuda")
+    one = torch.ones(n, dtype=torch.int32, device="cuda")
+    acc = (torch.arange(n, device="cuda") % cols + 1).to(torch.int32)
+    step1, step2 = inputs(), inputs()
+    out = torch.empty(n * cols, HV, V, dtype=BF, device="cuda")
+    pool1, pool2 = pool0.clone(), pool0.clone()
+    kw = _kw(cfg)
+    rep1 = replay.GdnReplay(pool1, H, max_tokens=cols, max_requests=n, **kw)
+    rep2 = replay.GdnReplay(pool2, H, max_tokens=cols, max_requests=n, **kw)
+    rep1.step(*step1[:3], A_log, dt_bias, idx, cu, one, pool1, step1[3], w, out, K**-0.5, 1e-6)
+    rep1.materialize(idx[:, 0])
+    rep2.step(*step1[:3], A_log, dt_bias, idx, cu, one, pool2, step1[3], w, out, K**-0.5, 1e-6)
+    rep2.step(*step2[:3], A_log, dt_bias, idx, cu, acc, pool2, step2[3], w, out, K**-0.5, 1e-6)
+    want = idx[torch.arange(n, device="cuda"), acc.long() - 1].long()
+    assert torch.equal(pool2[idx[:, 0].long()], pool1[want])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF])
+def test_cuda_and_triton_replay_agree(dtype):
+    """The two backends on the same two steps: outputs and written bases within float32 reduction-order
+    differences (their sums over K run in different orders)."""
+    n, cols = 8, 4
+    pool0, idx, inputs, A_log, dt_bias, w = _batch(n, cols, dtype, 13)
+    cu = torch.arange(0, n * cols + 1, cols, dtype=torch.int32, device="cuda")
+    one = torch.ones(n, dtype=torch.int32, device="cuda")
+    acc = (torch.arange(n, device="cuda") % cols + 1).to(torch.int32)
+    steps = [(inputs(), one), (inputs(), acc)]
+    res = {}
+    for backend in ("cuda", "triton"):
+        pool = pool0.clone()
+        rep = replay.GdnReplay(pool, H, max_tokens=cols, max_requests=n, backend=backend)
+        outs = []
+        for (x, a, b, z), ac in steps:
+            out = torch.empty(n * cols, HV, V, dtype=BF, device="cuda")
+            rep.step(x, a, b, A_log, dt_bias, idx, cu, ac, pool, z, w, out, K**-0.5, 1e-6)
+            outs.append(out)
+        res[backend] = (outs, pool)
+    for oc, ot in zip(res["cuda"][0], res["triton"][0]):
+        assert _rel(oc, ot) <= REP_SNAP_OUT
+    assert _rel(res["cuda"][1], res["triton"][1]) <= REP_SNAP_STATE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF])
+def test_split_step_equals_the_one_kernel_step_bit_for_bit(dtype):
+    """gdn_replay_prep + gdn_replay_main and gdn_replay_step on the same three steps (first step,
+    then partial and full acceptance, a padding row and an out-of-range count): equal outputs,
+    pools and side buffers."""
+    n, cols = 8, 4
+    pool0, idx, inputs, A_log, dt_bias, w = _batch(n, cols, dtype, 14)
+    idx[3, 0] = 0  # a padding row
+    cu = torch.arange(0, n * cols + 1, cols, dtype=torch.int32, device="cuda")
+    accs = [torch.ones(n, dtype=torch.int32, device="cuda"),
+            (torch.arange(n, device="cuda") % cols + 1).to(torch.int32),
+            torch.full((n,), cols, dtype=torch.int32, device="cuda")]
+    accs[1][5] = cols + 1  # outside [1, cols]: zero outputs, no state
+    steps = [inputs() for _ in accs]
+    res = {}
+    for split in (True, False):
+        pool = pool0.clone()
+        rep = replay.GdnReplay(pool, H, max_tokens=cols, max_requests=n, split=split)
+        outs = []
+        for (x, a, b, z), ac in zip(steps, accs):
+            out = torch.full((n * cols, HV, V), float("nan"), dtype=BF, device="cuda")
+            rep.step(x, a, b, A_log, dt_bias, idx, cu, ac, pool, z, w, out, K**-0.5, 1e-6)
+            outs.append(out)
+        res[split] = (outs, pool, rep.side)
+    for o1, o2 in zip(res[True][0], res[False][0]):
+        assert torch.equal(o1, o2)
+    assert torch.equal(res[True][1], res[False][1])
+    s1, s2 = res[True][2], res[False][2]
+    assert torch.equal(s1.meta, s2.meta) and torch.equal(s1.k, s2.k) and torch.equal(s1.v, s2.v)
+    assert torch.equal(s1.gb, s2.gb)

@@ -26,8 +26,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from sndr.kernels.turboquant_k8v4 import _cudart, reference  # noqa: E402
+from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import mtp_verify as mv
+from sndr.kernels.turboquant_k8v4 import reference  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 

@@ -21,7 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from sndr.kernels.turboquant_k8v4 import _cudart, cuda_decode, dispatch, kernels  # noqa: E402
+from sndr.kernels import _cudart  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import cuda_decode, dispatch, kernels  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 

@@ -83,7 +83,7 @@ def _stand_in_launch(cubin: bytes) -> list[int]:
 
 @pytest.fixture
 def cudart(monkeypatch):
-    from sndr.kernels.turboquant_k8v4 import _cudart
+    from sndr.kernels import _cudart
 
     calls: list[str] = []
 

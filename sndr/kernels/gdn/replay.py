@@ -36,17 +36,35 @@ and writes each snapshot to the column slot it would have had in vLLM's step (so
 vLLM path runs next finds exactly the memory its snapshot path would have left), then clears
 ``pending``; :meth:`GdnReplay.invalidate` clears ``pending`` without writing (a slot whose
 owner changed: a new request's prefill, ``has_initial_state`` false).
+
+Backends: on a GPU the CUDA kernels of ``replay.cu`` (NVRTC, via ``sndr/kernels/_cudart.py``):
+a block per (request, value head), each thread holding R rows x K / P columns of the state in
+registers, so the sums over K are thread-local; a replayed token and its own pass are the same
+function with explicit round-to-nearest operations, so the replayed state is bit for bit the
+state the step's outputs came from (GPU tests). On the CPU (Triton interpreter) the Triton
+kernels below, which the Hypothesis proofs run, bit for bit against PK0003's snapshot kernel.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import _cudart
 from . import kernels as _k
+
+LOG = logging.getLogger("sndr.kernels")
+#: The CUDA kernel (NVRTC): the GPU backend of :class:`GdnReplay`; the Triton kernels below
+#: are the CPU-interpreter backend (the Hypothesis proofs) and the GPU fallback.
+CUDA_SOURCE = Path(__file__).with_name("replay.cu")
+_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_LOGGED: set[str] = set()
 
 #: The reason codes (registered in sndr/errors.py CODES) for each case the replayed step
 #: does not take; the caller then keeps (or returns to) vLLM's snapshot path.
@@ -272,6 +290,44 @@ def why_not(state: torch.Tensor, mixed_qkv: torch.Tensor, state_indices: torch.T
     return None
 
 
+def cuda_source() -> str:
+    return CUDA_SOURCE.read_text()
+
+
+#: threads of the split step's ``gdn_replay_prep`` blocks (replay.cu's PREP_NT)
+PREP_THREADS = 128
+
+
+def cuda_smem_bytes(K: int, V: int, TM: int) -> int:
+    """Static shared memory of ``gdn_replay_step`` or ``gdn_replay_main``, the larger (replay and new
+    tokens' k, v, decay/beta; q, outputs, gates; scalars)."""
+    step = 4 * (TM * K + TM * V + 2 * TM + 2 * TM * K + 2 * TM * V + 4 * TM)
+    main = 4 * (3 * TM * K + 4 * TM * V + 6 * TM)
+    return max(step, main)
+
+
+def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: torch.dtype, P: int,
+                     R: int = 1) -> str | None:
+    """Why the CUDA kernel does not take this layer (the Triton kernel then does), or None."""
+    if state.device.type != "cuda" or _k.interpreting():
+        return "not a CUDA device (or the Triton interpreter is on)"
+    _, hv, vd, kd = state.shape
+    if state.dtype not in (torch.float32, torch.bfloat16) or act_dtype not in _KIND:
+        return f"state {state.dtype} / activations {act_dtype}"
+    epc = 16 // state.element_size()
+    nt = (vd // R) * P if R > 0 and vd % R == 0 else 0
+    if kd % 32 or kd > 256 or P & (P - 1) or P > 32 or kd % (epc * P) or nt % 32 or not 0 < nt <= 1024 \
+            or R * kd // P > 64:
+        return f"K = {kd}, V = {vd} with {P} lanes per row and {R} rows per thread"
+    if TM > 8 or cuda_smem_bytes(kd, vd, TM) > 48 * 1024 or num_k_heads <= 0 or hv % num_k_heads:
+        return f"TM = {TM}, K = {kd}, V = {vd}, HV = {hv}, H = {num_k_heads}"
+    try:
+        _cudart.nvrtc_version()
+    except _cudart.CudaUnavailable as exc:
+        return str(exc)
+    return None
+
+
 class GdnReplay:
     """One GDN layer's replay side buffer over its state pool ``[slots, HV, V, K]``.
 
@@ -283,10 +339,45 @@ class GdnReplay:
     """
 
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
-                 act_dtype: torch.dtype = torch.bfloat16):
+                 act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
+                 threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool | None = None,
+                 rows_per_thread: int | None = None, split: bool = False):
+        """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
+        :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
+        ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
+        state row), R (rows per thread), the blocks per SM asked of its register allocator and its early L2
+        prefetch of the state tile (defaults: K / 16 lanes, 2 rows (fp32 pool) or 4 (bf16), 2 blocks, prefetch
+        with an fp32 pool: 16 columns x R rows of float32 per thread, each k value loaded from shared memory
+        once per token for 2 R FMAs). ``split``: the
+        step as two kernels (``gdn_replay_prep``: the dependent small loads, q/k normalisation, the side
+        writes; ``gdn_replay_main``: the state, the passes, the norm), else the one ``gdn_replay_step``;
+        both give the same bits (measured 1.06-1.23x slower on the H200: off)."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
+        # defaults: the configs the H200 autotune chose per pool dtype (docs/gdn-replay.md)
+        f32 = state.dtype == torch.float32
+        self.P = threads_per_row or max(1, kd // 16)
+        self.R = rows_per_thread or (2 if f32 else 4)
+        self.threads = (vd // self.R) * self.P if vd % self.R == 0 else 0
+        self.min_blocks = min_blocks or (2 if self.threads <= 512 else 1)
+        self.prefetch = f32 if prefetch is None else prefetch
+        self.split = split
+        why = cuda_unsupported(state, num_k_heads, self.TM, act_dtype, self.P, self.R)
+        if backend is None:
+            backend = "triton" if why else "cuda"
+            if why and state.device.type == "cuda" and why not in _LOGGED:
+                _LOGGED.add(why)
+                LOG.warning("sndr GDN replay: the Triton kernel instead of the CUDA one: %s (logged once)", why)
+        elif backend == "cuda" and why:
+            raise ValueError(f"GdnReplay: backend 'cuda': {why}")
+        elif backend not in ("cuda", "triton"):
+            raise ValueError(f"GdnReplay: backend must be 'cuda' or 'triton', not {backend!r}")
+        self.backend = backend
+        self._cuda_kernels: dict[tuple, _cudart.Kernel] = {}
+        # the split step's per-(request, value head) header and the new tokens' normalised q (+ k.q)
+        self._hdr = torch.zeros(max_requests * hv * 4, dtype=torch.int32, device=state.device)
+        self._qs: torch.Tensor | None = None
         dev = state.device
         tm = self.TM
         self.side = _Side(
@@ -324,6 +415,10 @@ class GdnReplay:
             return out
         side = self.side
         cols = state_indices.shape[1]
+        if self.backend == "cuda":
+            self._cuda_step(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens, num_accepted_tokens,
+                            output_gate, norm_weight, out, scale, norm_eps, activation)
+            return out
         bv = block_v or self.block_v(n_req)
         nv = self.V // bv
         nvp = triton.next_power_of_2(nv)
@@ -343,6 +438,66 @@ class GdnReplay:
             ROUND_BASE=state.dtype != torch.float32,
             num_warps=num_warps or (1 if bv * self.K <= 4096 else 4), num_stages=1)
         return out
+
+    def _cuda_kernel(self, name: str, kinds: dict[str, int]) -> _cudart.Kernel:
+        defs = {"H": self.H, "HV": self.HV, "K": self.K, "V": self.V, "P": self.P, "R": self.R, "TM": self.TM,
+                "MINB": self.min_blocks, "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
+                "AB_KIND": 0, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 0, "W_KIND": 0, "O_KIND": 0,
+                "SIGMOID_GATE": 0}
+        defs.update(kinds)
+        key = (name, tuple(sorted(defs.items())))
+        k = self._cuda_kernels.get(key)
+        if k is None:
+            idx = self.state.device.index
+            k = self._cuda_kernels[key] = _cudart.load_kernel(
+                cuda_source(), name, defs, torch.cuda.current_device() if idx is None else idx, label="gdn_replay")
+        return k
+
+    def _cuda_step(self, x, a, b, A_log, dt_bias, idx, cu, acc, z, w, out, scale, eps, activation) -> None:
+        for name, t in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias), ("norm_weight", w)):
+            if t.dtype not in _KIND or t.stride(-1) != 1:
+                raise ValueError(f"GdnReplay.step: {name} must be float32/16 or bfloat16 with a unit last stride")
+        if a.dtype != b.dtype or out.dtype not in _KIND or z.dtype not in _KIND:
+            raise ValueError("GdnReplay.step: a and b of one dtype; out and output_gate float32/16 or bfloat16")
+        for name, t in (("state_indices", idx), ("cu_seqlens", cu), ("num_accepted_tokens", acc)):
+            if t.dtype != torch.int32 or (name != "state_indices" and not t.is_contiguous()):
+                raise ValueError(f"GdnReplay.step: {name} must be int32 (contiguous)")
+        kinds = {"AB_KIND": _KIND[a.dtype], "ALOG_KIND": _KIND[A_log.dtype], "DT_KIND": _KIND[dt_bias.dtype],
+                 "Z_KIND": _KIND[z.dtype], "W_KIND": _KIND[w.dtype], "O_KIND": _KIND[out.dtype],
+                 "SIGMOID_GATE": int(activation == "sigmoid")}
+        side, st = self.side, self.state
+        stream = torch.cuda.current_stream(st.device).cuda_stream
+        grid = idx.shape[0] * self.HV
+        if self.split:
+            n_qs = x.shape[0] * self.H * (self.K + 1)
+            if self._qs is None or self._qs.numel() < n_qs:
+                if self._qs is not None:  # a captured CUDA graph may still point at it: never freed
+                    self._retired.append(self._qs)
+                self._qs = torch.empty(max(n_qs, 1 << 16), dtype=torch.float32, device=st.device)
+            prep = self._cuda_kernel("gdn_replay_prep", kinds)
+            prep_ptrs = (x, a, b, A_log, dt_bias, out, idx, acc, cu, side.k, side.v, side.gb, side.meta, self._qs,
+                         self._hdr)
+            args: list = [ctypes.c_void_p(t.data_ptr()) for t in prep_ptrs]
+            args += [ctypes.c_float(scale), ctypes.c_int(idx.shape[1])]
+            args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), idx.stride(0),
+                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
+            prep.launch(grid, PREP_THREADS, stream, args)
+            main = self._cuda_kernel("gdn_replay_main", kinds)
+            main_ptrs = (out, st, idx, cu, z, w, side.k, side.v, side.gb, self._qs, self._hdr)
+            args = [ctypes.c_void_p(t.data_ptr()) for t in main_ptrs]
+            args += [ctypes.c_float(eps)]
+            args += [ctypes.c_longlong(v) for v in (z.stride(0), z.stride(1), st.stride(0), idx.stride(0),
+                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
+            main.launch(grid, self.threads, stream, args)
+            return
+        kern = self._cuda_kernel("gdn_replay_step", kinds)
+        ptrs = (x, a, b, A_log, dt_bias, out, st, idx, acc, cu, z, w, side.k, side.v, side.gb, side.meta)
+        args = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
+        args += [ctypes.c_float(scale), ctypes.c_float(eps), ctypes.c_int(idx.shape[1])]
+        args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), z.stride(0), z.stride(1),
+                                                st.stride(0), idx.stride(0), side.k.stride(0), side.v.stride(0),
+                                                side.gb.stride(0))]
+        kern.launch(grid, self.threads, stream, args)
 
     def _why_bad(self, mixed_qkv, state_indices, state, output_gate, out) -> str | None:
         if state.data_ptr() != self.state.data_ptr() or state.shape != self.state.shape:
@@ -368,6 +523,16 @@ class GdnReplay:
         if slots.numel() == 0:
             return
         side = self.side
+        if self.backend == "cuda":
+            # the same kernel source as the step's: the snapshots are the bits its passes had
+            kern = self._cuda_kernel("gdn_replay_materialize", {})
+            st, slots32 = self.state, slots.to(torch.int32)
+            args: list = [ctypes.c_void_p(t.data_ptr()) for t in (st, slots32, side.k, side.v, side.gb, side.meta)]
+            args += [ctypes.c_longlong(x) for x in (st.stride(0), side.k.stride(0), side.v.stride(0),
+                                                    side.gb.stride(0))]
+            kern.launch(slots.numel() * self.HV, self.threads, torch.cuda.current_stream(st.device).cuda_stream, args)
+            self.invalidate(slots)
+            return
         bv = min(block_v, self.V)
         _materialize_kernel[(slots.numel() * self.HV * (self.V // bv),)](
             self.state, slots, side.k, side.v, side.gb, side.meta, self.state.stride(0), side.k.stride(0),

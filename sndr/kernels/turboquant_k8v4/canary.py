@@ -19,6 +19,7 @@ runs at the next eager call.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +37,10 @@ _OK: dict[tuple, bool] = {}
 
 
 def kernel_hash() -> str:
-    """sha256 of this package's kernel sources and launch code (every ``.cu`` and ``.py`` here)."""
-    return _canary.package_hash(_HERE, (".cu", ".py"))
+    """sha256 of this package's kernel sources and launch code (every ``.cu`` and ``.py`` here) and of the
+    shared NVRTC/driver runtime ``sndr/kernels/_cudart.py`` that compiles and launches them."""
+    shared = _canary.source_hash([_HERE.parent / "_cudart.py"])
+    return hashlib.sha256((_canary.package_hash(_HERE, (".cu", ".py")) + shared).encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------- the fixed problems

@@ -36,7 +36,7 @@ import torch
 import triton
 
 from ... import env as sndr_env
-from . import _cudart
+from .. import _cudart
 from ._layout import LOG2E, workspace_numel
 
 SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")

@@ -29,7 +29,8 @@ from typing import NoReturn
 import torch
 
 from ... import env as sndr_env
-from . import _cudart, cache_store, cuda_decode, kernels
+from .. import _cudart
+from . import cache_store, cuda_decode, kernels
 
 __all__ = ["decode_attention", "route", "route_why", "gate", "gate_why", "fast", "remember", "reset"]
 

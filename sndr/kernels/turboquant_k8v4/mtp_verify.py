@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ... import env as sndr_env
-from . import _cudart
+from .. import _cudart
 from ._layout import Layout
 
 DECODE_SOURCE = Path(__file__).with_name("decode_k8v4.cu")

@@ -26,8 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
-from ... import env as sndr_env
-from ... import fsio
+from .. import env as sndr_env
+from .. import fsio
 
 __all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "Launch", "compile_cubin", "cubin_cache", "cubin_key",
            "load_module", "load_kernel", "nvrtc_version"]
@@ -136,7 +136,7 @@ _CUBIN_DIRS: dict[str, fsio.PrivateDir | None] = {}
 def cubin_cache() -> fsio.PrivateDir | None:
     """``<cache root>/cubin`` under the cache-root rule (:func:`sndr.caches.open_dir`), opened once per
     process and root; None when the root or the directory is refused (then every kernel is compiled)."""
-    from ... import caches
+    from .. import caches
 
     root = caches.root_path()
     if root not in _CUBIN_DIRS:

@@ -1,0 +1,609 @@
+// GDN replayed spec verify (sndr/kernels/gdn/replay.py, docs/gdn-replay.md): the CUDA kernel.
+//
+// One block per (request, value head); (V / R) * P threads. Thread (g, p) owns R rows of the
+// [V, K] state tile (rows g R .. g R + R - 1) and, in each, the 16-byte chunks c = p, p + P,
+// p + 2P, ... (C = K / P columns): R * C float32 values in registers. So the reductions over
+// K (S k, S q) are thread-local sums plus log2(P) xor shuffles among the row's P lanes, and a
+// warp's state load/store instruction covers whole P * 16-byte runs of 32 / P row groups.
+// The step's per-token vectors (normalised k and q, v, decay, beta, k.q) are built once per
+// block in shared memory before the passes. With R > 1 a thread keeps its C values of k in
+// registers through a token's pass (the dot and the update) and uses each for its R rows: a
+// shared-memory load feeds 2 R FMAs instead of 1, which is what bounds R = 1 (the load path
+// returns 128 bytes per SM and cycle, a quarter of what the FMA pipes consume).
+//
+// Exactness: the replay of a token and the token's own pass in the step that first ran it
+// are the same function (`pass` below) on the same float32 inputs (the side buffer keeps
+// the normalised k, decay and beta in float32 and v as given), with every operation of the
+// recurrence written as an explicit round-to-nearest intrinsic (__fmaf_rn, __fmul_rn, ...),
+// so no compiler contraction can make them differ: the replayed state is bit for bit the
+// state the step's outputs were computed from. The reduction order over K is fixed (NA
+// interleaved partial sums per row and thread, then the row's lanes by xor shuffles; float
+// addition is commutative, so every lane of a row gets the same bits).
+//
+// Macros: H, HV, K, V, P (lanes per state row), R (rows per thread), TM (side-buffer tokens),
+// MINB (blocks per SM for the register allocator), PREFETCH (1: the tile to L2 as soon as its
+// slot is known), SIGMOID_GATE, and per tensor a kind (0 float32, 1 float16, 2 bfloat16):
+// X_KIND (mixed_qkv and the side buffer's v), AB_KIND (a, b), ALOG_KIND, DT_KIND, Z_KIND
+// (output_gate), W_KIND (norm weight), O_KIND (out), S_KIND (state: 0 or 2).
+
+#ifndef R
+#define R 1
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
+#endif
+#define NT ((V / R) * P)
+#define NWARPS (NT / 32)
+#define SB (S_KIND == 0 ? 4 : 2)
+#define EPC (16 / SB)
+#define C (K / P)
+#define NCH (C / EPC)
+#define E (R * C)
+#define NA (R >= 4 ? 1 : 4 / R)
+#define KREG (R > 1)
+#define MW (2 + TM)
+#define Z_BYTES (Z_KIND == 0 ? 4 : 2)
+
+typedef long long i64;
+
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ unsigned short f2bf(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <int KIND> __device__ __forceinline__ float ldf(const void* p, i64 i) {
+    if (KIND == 0) return ((const float*)p)[i];
+    if (KIND == 1) return h2f(((const unsigned short*)p)[i]);
+    return bf2f(((const unsigned short*)p)[i]);
+}
+template <int KIND> __device__ __forceinline__ void stf(void* p, i64 i, float f) {
+    if (KIND == 0) ((float*)p)[i] = f;
+    else if (KIND == 1) ((unsigned short*)p)[i] = f2h(f);
+    else ((unsigned short*)p)[i] = f2bf(f);
+}
+// f rounded to the tensor kind's precision and back (what a store and a load give)
+template <int KIND> __device__ __forceinline__ float roundf_kind(float f) {
+    if (KIND == 0) return f;
+    if (KIND == 1) return h2f(f2h(f));
+    return bf2f(f2bf(f));
+}
+// copy one element's bits (the side buffer keeps v as given)
+template <int KIND> __device__ __forceinline__ void cpy(void* dst, i64 j, const void* src, i64 i) {
+    if (KIND == 0) ((float*)dst)[j] = ((const float*)src)[i];
+    else ((unsigned short*)dst)[j] = ((const unsigned short*)src)[i];
+}
+
+// The NA partial sums of one row (fixed tree), then the row's P lanes (xor shuffles).
+__device__ __forceinline__ float row_sum(const float (&a)[NA]) {
+    float s = a[0];
+    if (NA == 2) s = __fadd_rn(a[0], a[1 % NA]);
+    if (NA == 4) s = __fadd_rn(__fadd_rn(a[0], a[1 % NA]), __fadd_rn(a[2 % NA], a[3 % NA]));
+#pragma unroll
+    for (int m = 1; m < P; m <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
+    return s;
+}
+
+// The thread's chunks of its R rows from/to memory (pool dtype), as float32 registers:
+// S[i * C + j * EPC + e] = element (p + P j) EPC + e of row g R + i.
+__device__ __forceinline__ void load_rows(float (&S)[E], const char* tilep, int g, int p) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const uint4* rowp = (const uint4*)(tilep + (i64)(g * R + i) * K * SB);
+#pragma unroll
+        for (int j = 0; j < NCH; ++j) {
+            const uint4 r = rowp[p + P * j];
+            float* d = S + i * C + j * EPC;
+            if (S_KIND == 0) {
+                d[0] = __uint_as_float(r.x);
+                d[1] = __uint_as_float(r.y);
+                d[2] = __uint_as_float(r.z);
+                d[3] = __uint_as_float(r.w);
+            } else {
+                const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    d[2 * q] = __uint_as_float(w[q] << 16);
+                    d[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+                }
+            }
+        }
+    }
+}
+__device__ __forceinline__ void store_rows(char* tilep, const float (&S)[E], int g, int p) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        uint4* rowp = (uint4*)(tilep + (i64)(g * R + i) * K * SB);
+#pragma unroll
+        for (int j = 0; j < NCH; ++j) {
+            const float* d = S + i * C + j * EPC;
+            uint4 r;
+            if (S_KIND == 0) {
+                r.x = __float_as_uint(d[0]);
+                r.y = __float_as_uint(d[1]);
+                r.z = __float_as_uint(d[2]);
+                r.w = __float_as_uint(d[3]);
+            } else {
+                unsigned w[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) w[q] = (unsigned)f2bf(d[2 * q]) | ((unsigned)f2bf(d[2 * q + 1]) << 16);
+                r.x = w[0]; r.y = w[1]; r.z = w[2]; r.w = w[3];
+            }
+            rowp[p + P * j] = r;
+        }
+    }
+}
+
+// A 16-byte shared-memory load that ptxas may not merge with an earlier one of the same address
+// (with R = 1 it would keep the C values of k in registers between the dot and the update, and spill).
+__device__ __forceinline__ void lds4(float* r, const float* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]) : "r"(a));
+}
+
+// One token of the delta rule on the thread's R rows:
+//   hk = (S k) d;  u = (v - hk) beta;  [hq = (S q) d;  o = hq + u (k.q)];  S = S d + u k
+// (the order of PK0003's and vLLM's kernels). NEW: also the outputs o[R] (q given). upd
+// false: no state update (a step's last token: its state is never read; the next step
+// replays it).
+template <bool NEW>
+__device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float* qs, const float (&v)[R], float d,
+                                     float beta, float kq, int p, bool upd, float (&o)[R]) {
+    float kk[KREG ? C : 4];
+    float a[R][NA], b[R][NA];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int x = 0; x < NA; ++x) a[i][x] = b[i][x] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NCH; ++j) {
+        const int c = (p + P * j) * EPC;
+#pragma unroll
+        for (int jj = 0; jj < EPC; jj += 4) {
+            float* k4 = KREG ? kk + j * EPC + jj : kk;
+            lds4(k4, ks + c + jj);
+            float q4[4];
+            if (NEW) lds4(q4, qs + c + jj);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = j * EPC + jj + e;
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    a[i][col % NA] = __fmaf_rn(S[i * C + col], k4[e], a[i][col % NA]);
+                    if (NEW) b[i][col % NA] = __fmaf_rn(S[i * C + col], q4[e], b[i][col % NA]);
+                }
+            }
+        }
+    }
+    float u[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        const float hk = __fmul_rn(row_sum(a[i]), d);
+        u[i] = __fmul_rn(__fsub_rn(v[i], hk), beta);
+        if (NEW) o[i] = __fmaf_rn(u[i], kq, __fmul_rn(row_sum(b[i]), d));
+    }
+    if (!upd) return;
+#pragma unroll
+    for (int j = 0; j < NCH; ++j) {
+        const int c = (p + P * j) * EPC;
+#pragma unroll
+        for (int jj = 0; jj < EPC; jj += 4) {
+            float* k4 = KREG ? kk + j * EPC + jj : kk;
+            if (!KREG) lds4(k4, ks + c + jj);  // again, not kept from the dot above (R = 1)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = j * EPC + jj + e;
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    float& s_ = S[i * C + col];
+                    s_ = __fmaf_rn(u[i], k4[e], __fmul_rn(s_, d));
+                }
+            }
+        }
+    }
+}
+
+struct ReplaySmem {
+    float k[TM][K];
+    float v[TM][V];
+    float db[TM][2];
+};
+
+// The pending tokens' inputs of half `par` of slot s0's side entry, for value head hv.
+__device__ __forceinline__ void stage_replay(ReplaySmem& sm, int n_rep, i64 s0, int par, int h, int hv,
+                                             const float* side_k, const void* side_v, const float* side_gb,
+                                             i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
+    const int tid = threadIdx.x;
+    const float* skr = side_k + s0 * s_sk_slot + ((i64)par * TM * H + h) * K;
+    const i64 svr = s0 * s_sv_slot + ((i64)par * TM * HV + hv) * V;
+    const float* sgr = side_gb + s0 * s_sg_slot + ((i64)par * TM * HV + hv) * 2;
+    for (int i = tid; i < n_rep * K; i += NT) sm.k[i / K][i % K] = skr[(i64)(i / K) * H * K + i % K];
+    for (int i = tid; i < n_rep * V; i += NT) sm.v[i / V][i % V] = ldf<X_KIND>(side_v, svr + (i64)(i / V) * HV * V + i % V);
+    if (tid < n_rep) {
+        sm.db[tid][0] = sgr[(i64)tid * HV * 2];
+        sm.db[tid][1] = sgr[(i64)tid * HV * 2 + 1];
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step(
+    const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
+    const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const int* __restrict__ indices,
+    const int* __restrict__ num_accepted, const int* __restrict__ cu_seqlens, const void* __restrict__ z,
+    const void* __restrict__ norm_w, float* side_k, void* side_v, float* side_gb, int* meta,
+    float scale, float norm_eps, int cols, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok, i64 s_z_tok, i64 s_z_head,
+    i64 s_state_slot, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
+    __shared__ __align__(16) ReplaySmem rs;
+    __shared__ __align__(16) float kn[TM][K];
+    __shared__ __align__(16) float qn[TM][K];
+    __shared__ float vn[TM][V];
+    __shared__ float on[TM][V];
+    __shared__ float sn[TM][3];  // decay, beta, k.q
+    __shared__ float rstd[TM];
+
+    const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
+    const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
+    const i64 bos = cu_seqlens[n];
+    int ntok = cu_seqlens[n + 1] - (int)bos;
+    if (ntok <= 0) return;
+    ntok = min(ntok, TM);  // the host contract: tokens per request == columns <= TM
+    const int* idxrow = indices + (i64)n * s_idx_seq;
+    const i64 s0 = idxrow[0];
+    const int acc = num_accepted[n];
+    const bool ok = s0 > 0 && acc >= 1 && acc <= cols;
+    int* mrow = meta + (s0 * HV + hv) * MW;
+    int par = 0, pending = 0;
+    i64 src = 0;
+    if (ok) {
+        par = mrow[0];
+        pending = mrow[1];
+        if (pending <= 0) src = idxrow[acc - 1];
+    }
+    // padding, or num_accepted outside [1, cols] (vLLM's CUDA op then reads and writes no
+    // state), or no entry and no snapshot to read: zero outputs, as PK0003's step
+    if (!ok || (pending <= 0 && src <= 0)) {
+        for (int i = tid; i < ntok * V; i += NT) stf<O_KIND>(out, ((bos + i / V) * HV + hv) * V + i % V, 0.f);
+        return;
+    }
+    const i64 base_slot = pending > 0 ? s0 : src;
+#if PREFETCH
+    // The tile to L2 now, while the staging below waits on its small dependent loads; the
+    // register loads after the barrier then hit L2 (the kernel's time is otherwise the sum of
+    // that latency, the DRAM read and the passes: two blocks per SM hide little of it). The
+    // gate rows of the norm (read last) too.
+    {
+        const char* tb = (const char*)state + (base_slot * s_state_slot + (i64)hv * V * K) * SB;
+        for (int off = tid * 128; off < V * K * SB; off += NT * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(tb + off));
+        const int zl = (V * Z_BYTES + 127) / 128;
+        if (tid < ntok * zl) {
+            const char* zr = (const char*)z + ((bos + tid / zl) * s_z_tok + hv * s_z_head) * Z_BYTES + (tid % zl) * 128;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(zr));
+        }
+    }
+#endif
+    const int n_rep = pending > 0 ? min(acc, min(pending, TM)) : 0;
+    stage_replay(rs, n_rep, s0, par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
+    // this step's tokens: normalised q, k (a warp per token), v, decay, beta, k.q; and their
+    // inputs to the side entry's other half, for the next step's replay
+    const int wpar = 1 - par;
+    const bool write_k = hv % (HV / H) == 0;
+    float* skw = side_k + s0 * s_sk_slot + ((i64)wpar * TM * H + h) * K;
+    const i64 svw = s0 * s_sv_slot + ((i64)wpar * TM * HV + hv) * V;
+    float* sgw = side_gb + s0 * s_sg_slot + ((i64)wpar * TM * HV + hv) * 2;
+    for (int t = warp; t < ntok; t += NWARPS) {
+        const i64 xr = (bos + t) * s_x_tok;
+        // the gate inputs first: their loads then overlap q's and k's
+        const float a_t = ldf<AB_KIND>(a, (bos + t) * s_a_tok + hv), b_t = ldf<AB_KIND>(b, (bos + t) * s_b_tok + hv);
+        float qv[K / 32], kv[K / 32];
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int m = 0; m < K / 32; ++m) {
+            qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
+            kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
+            sq = __fmaf_rn(qv[m], qv[m], sq);
+            sk = __fmaf_rn(kv[m], kv[m], sk);
+        }
+        const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
+        float kq = 0.f;
+#pragma unroll
+        for (int m = 0; m < K / 32; ++m) {
+            const float kk = __fdiv_rn(kv[m], nk);
+            const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
+            kn[t][lane + 32 * m] = kk;
+            qn[t][lane + 32 * m] = qq;
+            if (write_k) skw[(i64)t * H * K + lane + 32 * m] = kk;
+            kq = __fmaf_rn(kk, qq, kq);
+        }
+        kq = warp_sum(kq);
+        if (lane == 0) {
+            const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
+            const float xx = __fadd_rn(a_t, ldf<DT_KIND>(dt_bias, hv));
+            const float sp = xx <= 20.f ? logf(1.f + expf(xx)) : xx;
+            const float decay = expf(neg_A * sp);
+            const float beta = 1.f / (1.f + expf(-b_t));
+            sn[t][0] = decay;
+            sn[t][1] = beta;
+            sn[t][2] = kq;
+            sgw[(i64)t * HV * 2] = decay;
+            sgw[(i64)t * HV * 2 + 1] = beta;
+        }
+    }
+    for (int i = tid; i < ntok * V; i += NT) {
+        const i64 xi = (bos + i / V) * s_x_tok + 2 * H * K + hv * V + i % V;
+        vn[i / V][i % V] = ldf<X_KIND>(x, xi);
+        cpy<X_KIND>(side_v, svw + (i64)(i / V) * HV * V + i % V, x, xi);
+    }
+    __syncthreads();
+    // the state after the staging: its 64 KiB of loads would otherwise hold E registers through it
+    const i64 tile = (i64)hv * V * K;
+    float S[E], vv[R], o[R];
+    load_rows(S, (const char*)state + (base_slot * s_state_slot + tile) * SB, g, p);
+
+    for (int j = 0; j < n_rep; ++j) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = rs.v[j][g * R + i];
+        pass<false>(S, rs.k[j], nullptr, vv, rs.db[j][0], rs.db[j][1], 0.f, p, true, o);
+    }
+    if (S_KIND != 0 && n_rep > 0) {  // vLLM's snapshot of column acc - 1 is stored in the pool dtype
+#pragma unroll
+        for (int e = 0; e < E; ++e) S[e] = roundf_kind<S_KIND>(S[e]);
+    }
+    // the one state write of the step: the base of the next
+    store_rows((char*)state + (s0 * s_state_slot + tile) * SB, S, g, p);
+
+    for (int t = 0; t < ntok; ++t) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = vn[t][g * R + i];
+        pass<true>(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, t + 1 < ntok, o);
+        if (p == 0) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
+        }
+    }
+    __syncthreads();
+    // the gated RMSNorm over V of each token's output
+    for (int t = warp; t < ntok; t += NWARPS) {
+        float ss = 0.f;
+        for (int v = lane; v < V; v += 32) ss = __fmaf_rn(on[t][v], on[t][v], ss);
+        ss = warp_sum(ss);
+        if (lane == 0) rstd[t] = 1.f / sqrtf(ss / V + norm_eps);
+    }
+    __syncthreads();
+    for (int i = tid; i < ntok * V; i += NT) {
+        const int t = i / V, v = i % V;
+        const float zz = ldf<Z_KIND>(z, (bos + t) * s_z_tok + hv * s_z_head + v);
+        const float sg = 1.f / (1.f + expf(-zz));
+        const float gate = SIGMOID_GATE ? sg : zz * sg;
+        const float y = on[t][v] * rstd[t] * ldf<W_KIND>(norm_w, v) * gate;
+        stf<O_KIND>(out, ((bos + t) * HV + hv) * V + v, y);
+    }
+    if (tid == 0) {
+#pragma unroll
+        for (int c = 0; c < TM; ++c) mrow[2 + c] = c < cols ? idxrow[c] : 0;
+        mrow[1] = cu_seqlens[n + 1] - (int)bos;
+        mrow[0] = wpar;
+    }
+}
+
+// Per listed slot with a side entry: vLLM's snapshots of that step, each to its column slot
+// (the same `pass` as the step, so the same bits as the state its outputs came from).
+extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_materialize(
+    void* state, const int* __restrict__ slots, const float* side_k, const void* side_v, const float* side_gb,
+    const int* meta, i64 s_state_slot, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
+    __shared__ __align__(16) ReplaySmem rs;
+    const int tid = threadIdx.x, g = tid / P, p = tid % P;
+    const i64 s0 = slots[blockIdx.x / HV];
+    const int hv = blockIdx.x % HV, h = hv / (HV / H);
+    if (s0 <= 0) return;
+    const int* mrow = meta + (s0 * HV + hv) * MW;
+    const int par = mrow[0];
+    const int pending = min(mrow[1], TM);
+    if (pending <= 0) return;
+    const i64 tile = (i64)hv * V * K;
+    float S[E], vv[R], o[R];
+    load_rows(S, (const char*)state + (s0 * s_state_slot + tile) * SB, g, p);
+    stage_replay(rs, pending, s0, par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
+    __syncthreads();
+    for (int j = 0; j < pending; ++j) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = rs.v[j][g * R + i];
+        pass<false>(S, rs.k[j], nullptr, vv, rs.db[j][0], rs.db[j][1], 0.f, p, true, o);
+        const i64 col = mrow[2 + j];
+        if (col > 0) {
+            float Rs[E];
+#pragma unroll
+            for (int e = 0; e < E; ++e) Rs[e] = roundf_kind<S_KIND>(S[e]);
+            store_rows((char*)state + (col * s_state_slot + tile) * SB, Rs, g, p);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The same step as two kernels (GdnReplay(split=True)): gdn_replay_prep does everything that
+// waits on small dependent loads (the slot, the side entry's parity and count, the new
+// tokens' q and k normalised, decay and beta, the side-buffer writes, the parity flip) with
+// small blocks and no state registers, many per SM; gdn_replay_main then holds the state in
+// registers only for two load round trips (a header, then the state and the staged inputs
+// together), the passes and the norm. In one kernel a block held its 2 x 64 KiB of register
+// file through 4 to 5 dependent round trips: two such blocks per SM hid little of that.
+// The passes are the same `pass` on the same float32 inputs (k, decay and beta read back from
+// the side buffer, as the replay reads them; q and k.q from `qs`), the norm the same
+// operations in the same order: bit for bit the one-kernel step.
+
+#define PREP_NT 128
+#define PREP_WARPS (PREP_NT / 32)
+#define HDR 4  // run (0: zero outputs written), parity read, tokens to replay, base slot
+
+extern "C" __global__ void __launch_bounds__(PREP_NT) gdn_replay_prep(
+    const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
+    const void* __restrict__ dt_bias, void* __restrict__ out, const int* __restrict__ indices,
+    const int* __restrict__ num_accepted, const int* __restrict__ cu_seqlens, float* side_k, void* side_v,
+    float* side_gb, int* meta, float* __restrict__ qs, int* __restrict__ hdr, float scale, int cols, i64 s_x_tok,
+    i64 s_a_tok, i64 s_b_tok, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
+    int* hp = hdr + (i64)blockIdx.x * HDR;
+    const i64 bos = cu_seqlens[n];
+    const int ntok_all = cu_seqlens[n + 1] - (int)bos;
+    if (ntok_all <= 0) {
+        if (tid == 0) hp[0] = 0;
+        return;
+    }
+    const int ntok = min(ntok_all, TM);
+    const int* idxrow = indices + (i64)n * s_idx_seq;
+    const i64 s0 = idxrow[0];
+    const int acc = num_accepted[n];
+    const bool ok = s0 > 0 && acc >= 1 && acc <= cols;
+    int* mrow = meta + (s0 * HV + hv) * MW;
+    int par = 0, pending = 0;
+    i64 src = 0;
+    if (ok) {
+        par = mrow[0];
+        pending = mrow[1];
+        if (pending <= 0) src = idxrow[acc - 1];
+    }
+    if (!ok || (pending <= 0 && src <= 0)) {  // as gdn_replay_step: zero outputs, no state
+        for (int i = tid; i < ntok * V; i += PREP_NT) stf<O_KIND>(out, ((bos + i / V) * HV + hv) * V + i % V, 0.f);
+        if (tid == 0) hp[0] = 0;
+        return;
+    }
+    const int wpar = 1 - par;
+    const bool write_k = hv % (HV / H) == 0;
+    float* skw = side_k + s0 * s_sk_slot + ((i64)wpar * TM * H + h) * K;
+    const i64 svw = s0 * s_sv_slot + ((i64)wpar * TM * HV + hv) * V;
+    float* sgw = side_gb + s0 * s_sg_slot + ((i64)wpar * TM * HV + hv) * 2;
+    for (int t = warp; t < ntok; t += PREP_WARPS) {
+        const i64 xr = (bos + t) * s_x_tok;
+        const float a_t = ldf<AB_KIND>(a, (bos + t) * s_a_tok + hv), b_t = ldf<AB_KIND>(b, (bos + t) * s_b_tok + hv);
+        if (write_k) {  // q and k of this key head: once per group of value heads
+            float qv[K / 32], kv[K / 32];
+            float sq = 0.f, sk = 0.f;
+#pragma unroll
+            for (int m = 0; m < K / 32; ++m) {
+                qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
+                kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
+                sq = __fmaf_rn(qv[m], qv[m], sq);
+                sk = __fmaf_rn(kv[m], kv[m], sk);
+            }
+            const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
+            float kq = 0.f;
+            float* qrow = qs + ((bos + t) * H + h) * (K + 1);
+#pragma unroll
+            for (int m = 0; m < K / 32; ++m) {
+                const float kk = __fdiv_rn(kv[m], nk);
+                const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
+                qrow[lane + 32 * m] = qq;
+                skw[(i64)t * H * K + lane + 32 * m] = kk;
+                kq = __fmaf_rn(kk, qq, kq);
+            }
+            kq = warp_sum(kq);
+            if (lane == 0) qrow[K] = kq;
+        }
+        if (lane == 0) {
+            const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
+            const float xx = __fadd_rn(a_t, ldf<DT_KIND>(dt_bias, hv));
+            const float sp = xx <= 20.f ? logf(1.f + expf(xx)) : xx;
+            sgw[(i64)t * HV * 2] = expf(neg_A * sp);
+            sgw[(i64)t * HV * 2 + 1] = 1.f / (1.f + expf(-b_t));
+        }
+    }
+    for (int i = tid; i < ntok * V; i += PREP_NT)
+        cpy<X_KIND>(side_v, svw + (i64)(i / V) * HV * V + i % V, x, (bos + i / V) * s_x_tok + 2 * H * K + hv * V + i % V);
+    __syncthreads();  // every thread has read the meta row
+    if (tid == 0) {
+        hp[0] = 1;
+        hp[1] = par;
+        hp[2] = pending > 0 ? min(acc, min(pending, TM)) : 0;
+        hp[3] = (int)(pending > 0 ? s0 : src);
+#pragma unroll
+        for (int c = 0; c < TM; ++c) mrow[2 + c] = c < cols ? idxrow[c] : 0;
+        mrow[1] = ntok_all;
+        mrow[0] = wpar;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_main(
+    void* __restrict__ out, void* state, const int* __restrict__ indices, const int* __restrict__ cu_seqlens,
+    const void* __restrict__ z, const void* __restrict__ norm_w, const float* side_k, const void* side_v,
+    const float* side_gb, const float* __restrict__ qs, const int* __restrict__ hdr, float norm_eps, i64 s_z_tok,
+    i64 s_z_head, i64 s_state_slot, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
+    __shared__ __align__(16) ReplaySmem rs;  // the replayed tokens (half `par` of the side entry)
+    __shared__ __align__(16) ReplaySmem ns;  // this step's tokens (half 1 - par, written by gdn_replay_prep)
+    __shared__ __align__(16) float qn[TM][K];
+    __shared__ float on[TM][V];
+    __shared__ float zs[TM][V];
+    __shared__ float kqs[TM];
+    __shared__ float rstd[TM];
+
+    const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
+    const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
+    const int* hp = hdr + (i64)blockIdx.x * HDR;
+    const int run = hp[0], par = hp[1], n_rep = hp[2];
+    const i64 base_slot = hp[3];
+    const i64 bos = cu_seqlens[n];
+    const int ntok = min(cu_seqlens[n + 1] - (int)bos, TM);
+    const i64 s0 = indices[(i64)n * s_idx_seq];
+    if (ntok <= 0 || !run) return;
+    const i64 tile = (i64)hv * V * K;
+    float S[E], vv[R], o[R];
+    load_rows(S, (const char*)state + (base_slot * s_state_slot + tile) * SB, g, p);
+    stage_replay(rs, n_rep, s0, par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
+    stage_replay(ns, ntok, s0, 1 - par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
+    for (int i = tid; i < ntok * K; i += NT) qn[i / K][i % K] = qs[((bos + i / K) * H + h) * (K + 1) + i % K];
+    if (tid < ntok) kqs[tid] = qs[((bos + tid) * H + h) * (K + 1) + K];
+    for (int i = tid; i < ntok * V; i += NT) {  // the gate, as gdn_replay_step computes it
+        const float zz = ldf<Z_KIND>(z, (bos + i / V) * s_z_tok + hv * s_z_head + i % V);
+        const float sg = 1.f / (1.f + expf(-zz));
+        zs[i / V][i % V] = SIGMOID_GATE ? sg : zz * sg;
+    }
+    __syncthreads();
+
+    for (int j = 0; j < n_rep; ++j) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = rs.v[j][g * R + i];
+        pass<false>(S, rs.k[j], nullptr, vv, rs.db[j][0], rs.db[j][1], 0.f, p, true, o);
+    }
+    if (S_KIND != 0 && n_rep > 0) {  // vLLM's snapshot of column acc - 1 is stored in the pool dtype
+#pragma unroll
+        for (int e = 0; e < E; ++e) S[e] = roundf_kind<S_KIND>(S[e]);
+    }
+    store_rows((char*)state + (s0 * s_state_slot + tile) * SB, S, g, p);  // the one state write
+
+    for (int t = 0; t < ntok; ++t) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) vv[i] = ns.v[t][g * R + i];
+        pass<true>(S, ns.k[t], qn[t], vv, ns.db[t][0], ns.db[t][1], kqs[t], p, t + 1 < ntok, o);
+        if (p == 0) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
+        }
+    }
+    __syncthreads();
+    for (int t = warp; t < ntok; t += NWARPS) {
+        float ss = 0.f;
+        for (int v = lane; v < V; v += 32) ss = __fmaf_rn(on[t][v], on[t][v], ss);
+        ss = warp_sum(ss);
+        if (lane == 0) rstd[t] = 1.f / sqrtf(ss / V + norm_eps);
+    }
+    __syncthreads();
+    for (int i = tid; i < ntok * V; i += NT) {
+        const int t = i / V, v = i % V;
+        stf<O_KIND>(out, ((bos + t) * HV + hv) * V + v, on[t][v] * rstd[t] * ldf<W_KIND>(norm_w, v) * zs[t][v]);
+    }
+}
