@@ -77,6 +77,15 @@ class VerifyConfig:
     # score MMA accumulator chains per n-tile: 2 (even / odd k-steps) halves the dependent MMA chain, but measured
     # up to 7.8% slower in 20 of 24 probed cells on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
     kchain: int = 1
+    # 1: the shared-unpack CTA (verify_k8v4.cu, SHU) where the shared-tile CTA runs (> 16 rows per KV head): the
+    # block's warps unpack each tile once into an f16 tile in shared memory and every row-chunk warp reads its
+    # MMA fragments from it with ldmatrix. Measured 1.2-1.5x SLOWER than every warp unpacking the tile in
+    # registers (0, the default) in all 20 probed cells on the H200 (docs/bench-mtp-verify-h200.md): the
+    # block barrier per tile and the shared-memory round trip cost more than the unpacking they share.
+    # unpack_heads: KV heads per block it aims at (smaller blocks: more of them per SM).
+    unpack: int = 0
+    unpack_heads: int = 4
+    unpack_buffers: int = 0  # 1 or 2 unpacked tiles; 0: 2 where that costs no block per SM, else 1
 
 
 DEFAULT = VerifyConfig()
@@ -116,6 +125,8 @@ class BlockPlan:
     nch: int
     hpb: int
     ncw: int
+    shu: bool = False  # the shared-unpack CTA
+    ubuf: int = 2  # its unpacked tiles: 2 (one barrier per tile), 1 (two; where 2 would cost a block per SM)
 
     @property
     def nchb(self) -> int:
@@ -132,8 +143,9 @@ class BlockPlan:
 
 def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyConfig = DEFAULT) -> BlockPlan:
     """The kernel for a shape: the one-warp-per-head kernel where G (K + 1) <= 16 (or the head dim is outside
-    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`), else the shared-tile CTA. A head group smaller than Hk copies
-    part of each token row, which needs 16-byte aligned pieces (``sp`` and ``hpb * hs`` multiples of 16)."""
+    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`), else the shared-tile CTA (``cfg.unpack``: its shared-unpack
+    form). A head group smaller than Hk copies part of each token row, which needs 16-byte aligned pieces
+    (``sp`` and ``hpb * hs`` multiples of 16)."""
     from .dispatch import VERIFY_SHARED_TILE_HEAD_DIMS
 
     rc, nch = row_chunks(ql, hq // hk)
@@ -144,6 +156,23 @@ def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyC
 
     def aligned(h: int) -> bool:
         return h == hk or (sp % 16 == 0 and (h * hs) % 16 == 0)
+
+    if cfg.unpack:
+        # the shared-unpack CTA: the requested head group, else the largest aligned group up to unpack_heads,
+        # else larger ones; each with as many chunk warps as fit max_warps and the shared memory
+        want = cfg.heads_per_block or max(1, cfg.unpack_heads)
+        divs = [h for h in range(hk, 0, -1) if hk % h == 0 and aligned(h)]
+        for h in [h for h in divs if h <= want] + [h for h in reversed(divs) if h > want]:
+            n = min(ncw, mw // h)
+            cbh = sp if h == hk else h * hs
+            fit = {u: smem_bytes(cfg, cbh, h * n, rc, d, h, u) for u in (2, 1)}
+            if n < 1 or fit[1] > SMEM_MAX:
+                continue
+            per_sm = {u: min(min_blocks(cfg, h * n, rc, d, True), SMEM_SM // (fit[u] + 1024)) if fit[u] <= SMEM_MAX
+                      else 0 for u in fit}
+            ubuf = cfg.unpack_buffers or (2 if per_sm[2] >= per_sm[1] else 1)
+            if fit[ubuf] <= SMEM_MAX:
+                return BlockPlan(rc, nch, h, n, True, ubuf)
 
     if cfg.heads_per_block and hk % cfg.heads_per_block == 0 and aligned(cfg.heads_per_block):
         hpb = cfg.heads_per_block
@@ -170,19 +199,30 @@ def q_in_smem(cfg: VerifyConfig, rc: int) -> bool:
     return bool(cfg.qsmem) if cfg.qsmem >= 0 else rc > 8
 
 
-def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128) -> int:
+SMEM_MAX = 227 * 1024  # dynamic shared memory one block may ask for on sm_90
+SMEM_SM = 228 * 1024  # shared memory of an SM (1 KB of it reserved per block)
+
+
+def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128, unpack_heads: int = 0,
+               ubuf: int = 2) -> int:
     """Dynamic shared memory: the ring of 16-row stages of ``cb`` bytes per row, its barriers, and the Q
-    fragments of ``warps`` warps where they live in shared memory."""
+    fragments of ``warps`` warps where they live in shared memory; with ``unpack_heads`` (the shared-unpack
+    CTA) then ``ubuf`` unpacked f16 tiles of that many KV heads (verify_k8v4.cu's UOFF, UHEAD)."""
     ring = cfg.stages * 16 * row_pitch(cb)[0] + 16 * cfg.stages
     if warps and q_in_smem(cfg, rc):
         ring += warps * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
+    if unpack_heads:
+        return -(-ring // 128) * 128 + ubuf * unpack_heads * (32 * (d + 8) * 2 + 64)
     return ring
 
 
-def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int) -> int:
+def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False) -> int:
     """Blocks per SM asked of the register allocator (``warps`` per block): more than 8 rows per warp hold
-    twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills)."""
+    twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills). The
+    shared-unpack CTA (Q in registers, no key/value words held) fits 16 warps per SM at D <= 128."""
     n = max(1, (cfg.min_blocks * 8) // warps)
+    if shu:
+        return min(n, 2)
     if d > 128:
         n = max(1, n // 2)
     return n if rc <= 8 or q_in_smem(cfg, rc) and d <= 128 else max(1, n // 2)
@@ -205,11 +245,11 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         rowcopy = 1  # block_plan only splits heads where sp is a multiple of 16
     return {
         "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
-        "MINB": min_blocks(cfg, plan.warps, plan.rc, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
+        "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
-        "KCHAIN": cfg.kchain,
+        "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf,
     }
 
 
@@ -289,7 +329,8 @@ def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, hs, ql, cfg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
-    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.warps, plan.rc, d)
+    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.warps, plan.rc, d, plan.hpb if plan.shu else 0,
+                      plan.ubuf)
     k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4")
     merge = k.module.kernel(MERGE)
     blocks = max(1, k.blocks_per_sm(32 * plan.warps))
