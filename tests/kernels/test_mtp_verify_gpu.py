@@ -109,6 +109,7 @@ def _precompiled():
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in ((8, 3), (4, 5), (8, 7), (6, 5))
                for cfg in list(PLANS.values()) + list(UNPACK_PLANS.values())]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, TWO_CHAINS) for g, k in ((4, 3), (8, 7))]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in WIDE_SHAPES for cfg in WIDE.values()]
     mv.precompile(shapes, workers=12)
 
 
@@ -117,11 +118,11 @@ def _cuda_backend(monkeypatch):
     monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")  # a kernel that cannot run fails the test, no fallback
 
 
-PLANS = {  # per-warp unpacking (the default); at most 8 splits for all
+PLANS = {  # 16-row warps, per-warp unpacking; at most 8 splits for all
     "one warp per head, a block per chunk": mv.VerifyConfig(chunk_warps=1, max_splits=8),
-    "shared tile, 4 heads per block": mv.VerifyConfig(heads_per_block=4, max_splits=8),
-    "shared tile, 2 chunk warps": mv.VerifyConfig(chunk_warps=2, max_splits=8),
-    "shared tile, 2 heads, 4 stages": mv.VerifyConfig(heads_per_block=2, stages=4, max_splits=8),
+    "shared tile, 4 heads per block": mv.VerifyConfig(rows_per_warp=16, heads_per_block=4, max_splits=8),
+    "shared tile, 2 chunk warps": mv.VerifyConfig(rows_per_warp=16, chunk_warps=2, max_splits=8),
+    "shared tile, 2 heads, 4 stages": mv.VerifyConfig(rows_per_warp=16, heads_per_block=2, stages=4, max_splits=8),
 }
 UNPACK_PLANS = {  # the shared-unpack CTA (unpack=1: measured slower, not the default), at most 8 splits
     "shared unpack, its plan": mv.VerifyConfig(unpack=1, max_splits=8),
@@ -131,7 +132,7 @@ UNPACK_PLANS = {  # the shared-unpack CTA (unpack=1: measured slower, not the de
                                                                         max_splits=8),
     "shared unpack, 4 stages": mv.VerifyConfig(unpack=1, stages=4, max_splits=8),
 }
-TWO_CHAINS = mv.VerifyConfig(kchain=2)  # the probe variant with two score accumulator chains (not the default)
+TWO_CHAINS = mv.VerifyConfig(kchain=2, rows_per_warp=16)  # two score accumulator chains per n-tile (a variant)
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 7])
@@ -208,6 +209,52 @@ def _splits(q, cache, k, cfg, b):
     _, _, blocks_per_sm, per_split, _ = mv._PLANS[key]
     return mv.num_splits(b * per_split, blocks_per_sm, mv._sm_count(idx), min(mv.MAX_SPLITS, max(8, cfg.max_splits)),
                          cfg.waves)
+
+
+WIDE = {  # wide warps: up to 32 query rows a warp (3-4 n-tiles on one tile unpacked in registers; the default
+    # at 17..32 and 64 rows per KV head)
+    "wide warps": mv.VerifyConfig(rows_per_warp=32),
+    "wide warps, 4 heads a block": mv.VerifyConfig(rows_per_warp=32, heads_per_block=4),
+}
+WIDE_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5)]
+
+
+@pytest.mark.parametrize("name", list(WIDE))
+@pytest.mark.parametrize("g,k", WIDE_SHAPES)
+def test_wide_warps_match_float64(g, k, name):
+    """24-32 rows in one warp (G = 8 K = 3: one warp per KV head), 48-64 rows in two on one copied tile;
+    ragged, pages ending mid-block, contexts <= K + 1, on poisoned caches."""
+    cfg = WIDE[name]
+    plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
+    assert plan.rc > 16 and plan.warps <= 8, plan
+    lens = [4100, 37, 5, k + 1, 1000]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=3 * g + k)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg)
+    assert not out.isnan().any()
+    assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
+
+
+def test_wide_warps_graph_replay_with_new_lengths():
+    cfg = WIDE["wide warps, 4 heads a block"]
+    g, k = 8, 3
+    lens0 = [64, 64, 64]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=6, max_len=5000)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
+    mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    for lens in ([4999, 3, 700], [1, 4096, 65]):
+        _fill(cache, bt, lens, gen, start=lens0)
+        lens0 = [max(a, b) for a, b in zip(lens0, lens)]
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2, lens
 
 
 @pytest.mark.parametrize("g,k", [(4, 3), (8, 7)])

@@ -9,9 +9,10 @@ times. :func:`verify_attention` reads it once:
 * CUDA (sm_90, the cache rows TMA can copy): ``verify_k8v4.cu``, compiled by
   NVRTC together with ``decode_k8v4.cu`` (whose page-kernel ring, fragment
   loaders and merge it reuses). The ``QL * G`` query rows of a KV head are the
-  n dimension of the score MMA, 16 rows per warp. Up to 16 rows: a block per
-  (request, split), a warp per KV head. More rows (:func:`block_plan`): the
-  shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
+  n dimension of the score MMA. Up to 16 rows: a block per (request, split), a
+  warp per KV head. More rows (:func:`block_plan`): wide warps of up to 32 rows
+  (17..32 rows: one per KV head, 4 heads a block; 64: two per KV head), else
+  the shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
   tile (up to 16 warps a block, all or a group of the KV heads), so a tile is
   copied once for up to 64 rows. Split-KV, then ``decode_k8v4.cu``'s merge.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
@@ -86,6 +87,13 @@ class VerifyConfig:
     unpack: int = 0
     unpack_heads: int = 4
     unpack_buffers: int = 0  # 1 or 2 unpacked tiles; 0: 2 where that costs no block per SM, else 1
+    # Query rows per warp: 16 (two n-tiles of 8), 32 (a wide warp: up to four n-tiles on the tile it unpacks once
+    # in registers; about 240 registers, so at most 8 warps a block and 8 per SM), or 0: 32 where G (K + 1) is
+    # 17..32 or a multiple of 32 (whole wide warps), else 16. Measured on the H200 (docs/bench-mtp-verify-h200.md,
+    # one run): wide warps 1.2-15.7% faster in all 32 cells with 24, 32 or 64 rows per KV head, 2.8-10.2%
+    # slower in the 8 cells with 48 (a half-empty second warp).
+    rows_per_warp: int = 0
+    wide_heads: int = 4  # KV heads per block of one-warp-per-head wide warps (where their row bytes align)
 
 
 DEFAULT = VerifyConfig()
@@ -110,10 +118,10 @@ def backend_choice() -> str:
     return v
 
 
-def row_chunks(ql: int, g: int) -> tuple[int, int]:
-    """(rows per warp, chunks): QL * G query rows per KV head in warps of at most 16 rows."""
+def row_chunks(ql: int, g: int, max_rows: int = 16) -> tuple[int, int]:
+    """(rows per warp, chunks): QL * G query rows per KV head in warps of at most ``max_rows`` rows."""
     rows = ql * g
-    rc = min(rows, 16)
+    rc = min(rows, max_rows)
     return rc, -(-rows // rc)
 
 
@@ -143,19 +151,28 @@ class BlockPlan:
 
 def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyConfig = DEFAULT) -> BlockPlan:
     """The kernel for a shape: the one-warp-per-head kernel where G (K + 1) <= 16 (or the head dim is outside
-    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`), else the shared-tile CTA (``cfg.unpack``: its shared-unpack
-    form). A head group smaller than Hk copies part of each token row, which needs 16-byte aligned pieces
-    (``sp`` and ``hpb * hs`` multiples of 16)."""
+    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`); wide warps (``cfg.rows_per_warp``) where G (K + 1) is 17..32
+    (one warp per KV head, ``wide_heads`` heads a block) or a multiple of 32 (the shared-tile CTA of 32-row warps);
+    else the shared-tile CTA of 16-row warps (``cfg.unpack``: its shared-unpack form). A head group smaller than
+    Hk copies part of each token row, which needs 16-byte aligned pieces (``sp`` and ``hpb * hs`` multiples of
+    16)."""
     from .dispatch import VERIFY_SHARED_TILE_HEAD_DIMS
 
-    rc, nch = row_chunks(ql, hq // hk)
-    if nch == 1 or cfg.chunk_warps == 1 or d not in VERIFY_SHARED_TILE_HEAD_DIMS:
-        return BlockPlan(rc, nch, hk, 1)
-    mw = max(1, cfg.max_warps)
-    ncw = min(nch, mw) if cfg.chunk_warps < 0 else max(1, min(cfg.chunk_warps, nch, mw))
+    rows = ql * (hq // hk)
+    rpw = cfg.rows_per_warp or (32 if 16 < rows and (rows <= 32 or rows % 32 == 0) else 16)
+    wide = rpw > 16 and cfg.chunk_warps != 1 and not cfg.unpack and d in VERIFY_SHARED_TILE_HEAD_DIMS
+    rc, nch = row_chunks(ql, hq // hk, 32 if wide else 16)
 
     def aligned(h: int) -> bool:
         return h == hk or (sp % 16 == 0 and (h * hs) % 16 == 0)
+
+    if wide and nch == 1:
+        h = cfg.heads_per_block or cfg.wide_heads
+        return BlockPlan(rc, nch, h if 0 < h <= hk and hk % h == 0 and aligned(h) else hk, 1)
+    if nch == 1 or cfg.chunk_warps == 1 or d not in VERIFY_SHARED_TILE_HEAD_DIMS:
+        return BlockPlan(rc, nch, hk, 1)
+    mw = max(1, min(cfg.max_warps, 8) if rc > 16 else cfg.max_warps)
+    ncw = min(nch, mw) if cfg.chunk_warps < 0 else max(1, min(cfg.chunk_warps, nch, mw))
 
     if cfg.unpack:
         # the shared-unpack CTA: the requested head group, else the largest aligned group up to unpack_heads,
@@ -223,6 +240,8 @@ def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False
     n = max(1, (cfg.min_blocks * 8) // warps)
     if shu:
         return min(n, 2)
+    if rc > 16:  # three or four n-tiles: about 240 registers (170 spill), so 8 warps per SM
+        return 1
     if d > 128:
         n = max(1, n // 2)
     return n if rc <= 8 or q_in_smem(cfg, rc) and d <= 128 else max(1, n // 2)

@@ -19,7 +19,8 @@
 // Macros, beyond decode_k8v4.cu's (built with PAGE_CTA = 1 and G = RC):
 //   QL   query tokens per request (K + 1, 1..16)
 //   GQ   query heads per KV head (the model's group size)
-//   RC   rows per warp (min(QL * GQ, 16)); decode_k8v4.cu's G, so NH = ceil(RC / 8)
+//   RC   rows per warp (min(QL * GQ, 16), or up to 32: wide warps, NH = 3..4 n-tiles on the tile
+//        each warp unpacks once in registers); decode_k8v4.cu's G, so NH = ceil(RC / 8)
 //   NCH  row chunks: ceil(QL * GQ / RC).
 //   HPB  KV heads per block (divides HK); HPB < HK copies only those heads'
 //        bytes of each token row (CB bytes from byte HS * HPB * group)
@@ -470,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
 static_assert(UBUF == 1 || UBUF == 2, "one or two unpacked tiles");
 #define QBYTES (QSMEM ? NWB * NH * (KSTEPS / 2) * 32 * 16 : 0)  // Q fragments of all warps (QSMEM = 1)
 #ifndef UNR
-#define UNR 2                     // unpack loop unrolling (more costs spills at 8 warps a block)
+#define UNR 2                     // unpack loop unrolling (more spills at 8 warps a block)
 #endif
 #define UOFF ((STAGES * STAGE_BYTES + 16 * STAGES + QBYTES + 127) / 128 * 128)
 static_assert(D <= 128, "the shared-unpack CTA holds D / 16 x 2 x 4 accumulators per thread (D <= 128)");
