@@ -69,9 +69,19 @@ OTHER = [(64, 4, 8, 3, 16, False), (256, 8, 4, 3, 16, True), (256, 4, 8, 1, 32, 
 
 
 # the block plans the GPU tests and the benchmark's probe compare (G (K + 1) > 16 rows per KV head)
-PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(heads_per_block=4), mv.VerifyConfig(chunk_warps=2),
-             mv.VerifyConfig(heads_per_block=2, stages=4), mv.VerifyConfig(kchain=2)]
+T16 = mv.VerifyConfig(rows_per_warp=16)  # the shared-tile CTA of 16-row warps (the default at 48 rows)
+PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(rows_per_warp=16, heads_per_block=4),
+             mv.VerifyConfig(rows_per_warp=16, chunk_warps=2), mv.VerifyConfig(rows_per_warp=16, heads_per_block=2,
+                                                                                stages=4),
+             mv.VerifyConfig(rows_per_warp=16, kchain=2), T16,
+             # wide warps (32 rows a warp, the default at 17..32 and 64 rows), all heads or 4 a block
+             mv.VerifyConfig(rows_per_warp=32), mv.VerifyConfig(rows_per_warp=32, heads_per_block=8),
+             # the shared-unpack CTA (unpack=1, measured slower, not the default): its own plan and all 8 heads
+             # with one unpacked tile. (Its 4-stage and two-chunk-warps-two-tiles variants, which the GPU tests
+             # run, spill 8 bytes at 128 registers under NVRTC 13.5: not listed here.)
+             mv.VerifyConfig(unpack=1), mv.VerifyConfig(unpack=1, heads_per_block=8, unpack_buffers=1)]
 PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
+PLANNED += [(128, 8, 8, 5, 16, True, PLAN_CFGS.index(mv.VerifyConfig(rows_per_warp=32)))]
 
 
 @pytest.mark.parametrize("d,hk,g,k,page,bf16,cfg", [s + (-1,) for s in GRID + OTHER] + PLANNED)
@@ -123,25 +133,58 @@ def test_block_plan_per_shape():
     for g, k in ((1, 7), (4, 3), (8, 1), (16, 0)):
         p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196)
         assert (p.hpb, p.ncw, p.nchb, p.blocks(8)) == (8, 1, 1, 1)
-    # more rows: every chunk of a KV head on one copied tile; 16 warps at most, so 3-4 chunks take 4 heads
-    # a block (their 4 x 196 = 784 bytes of each token row: 16-byte aligned pieces)
+    # more rows, 16-row warps: every chunk of a KV head on one copied tile; 16 warps at most, so 3-4 chunks
+    # take 4 heads a block (their 4 x 196 = 784 bytes of each token row: 16-byte aligned pieces)
     for g, k, hpb, ncw in ((8, 3, 8, 2), (4, 5, 8, 2), (4, 7, 8, 2), (6, 3, 8, 2), (8, 5, 4, 3), (6, 7, 4, 3),
                            (8, 7, 4, 4)):
-        p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196)
-        assert (p.hpb, p.ncw, p.nchb, p.warps) == (hpb, ncw, 1, hpb * ncw), (g, k)
+        p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, T16)
+        assert (p.rc, p.hpb, p.ncw, p.nchb, p.warps, p.shu) == (16, hpb, ncw, 1, hpb * ncw, False), (g, k)
         assert p.blocks(8) == 8 // hpb
-        d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)
-        assert (d["HPB"], d["NCW"], d["NCHB"], d["MINB"]) == (hpb, ncw, 1, 1)
+        d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, T16)
+        assert (d["HPB"], d["NCW"], d["NCHB"], d["MINB"], d["SHU"]) == (hpb, ncw, 1, 1, 0)
         assert d["CB"] == (8 * 196 if hpb == 8 else hpb * 196) and d["HS"] == (0 if hpb == 8 else 196)
-    # head dim 256 (twice the accumulators) keeps a block per chunk; so does chunk_warps=1
-    assert mv.block_plan(64, 8, 256, 4, 8 * 516, 516).ncw == 1
+    # the default: wide warps at 17..32 rows (one warp per KV head, 4 heads a block) and 64 (two 32-row warps
+    # on one tile, 4 heads: 8 warps); 16-row warps at 48 (a wide second warp would be half empty)
+    for g, k, rc, hpb, ncw in ((8, 3, 32, 4, 1), (4, 5, 24, 4, 1), (4, 7, 32, 4, 1), (6, 3, 24, 4, 1),
+                               (8, 7, 32, 4, 2), (8, 5, 16, 4, 3), (6, 7, 16, 4, 3), (16, 3, 32, 4, 2)):
+        p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196)
+        assert (p.rc, p.hpb, p.ncw, p.nchb, p.shu) == (rc, hpb, ncw, 1, False), (g, k)
+        d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)
+        assert (d["RC"], d["G"], d["MINB"], d["QSMEM"]) == (rc, rc, 1, 1), (g, k)
+    # the builds the benchmark timed as (aw) are the default's wherever the default takes wide warps
+    wide = mv.VerifyConfig(rows_per_warp=32, heads_per_block=4)
+    for g, k in ((4, 5), (4, 7), (8, 3), (8, 7)):
+        assert mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1) == mv.defines(8 * g, 8, 128, 16, 8 * 196, True,
+                                                                                 k + 1, wide)
+    # unpack=1, the shared-unpack CTA: 4 heads a block; 2 chunk warps (8 warps, two blocks per SM) with one
+    # unpacked tile (two would cost the second block), 3-4 chunk warps (one block per SM) with two
+    shu = mv.VerifyConfig(unpack=1)
+    for g, k, ncw, ubuf, minb in ((8, 3, 2, 1, 2), (4, 5, 2, 1, 2), (4, 7, 2, 1, 2), (6, 3, 2, 1, 2), (8, 5, 3, 2, 1),
+                                  (6, 7, 3, 2, 1), (8, 7, 4, 2, 1)):
+        p = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, shu)
+        assert (p.hpb, p.ncw, p.nchb, p.shu, p.ubuf) == (4, ncw, 1, True, ubuf), (g, k)
+        d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, shu)
+        assert (d["SHU"], d["UBUF"], d["MINB"], d["QSMEM"], d["CB"], d["HS"]) == (1, ubuf, minb, 1, 784, 196)
+        smem = mv.smem_bytes(shu, 784, 4 * ncw, 16, 128, 4, ubuf)
+        assert smem <= mv.SMEM_MAX and (ncw > 2 or 2 * (smem + 1024) <= mv.SMEM_SM), (g, k, smem)
+    # rows <= 16 never take it; a group of one KV head where the slots allow nothing else
+    assert not mv.block_plan(32, 8, 128, 4, 8 * 196, 196, shu).shu
+    assert mv.block_plan(4, 1, 128, 16, 196, 196, shu) == mv.BlockPlan(16, 4, 1, 4, True, 2)
+    # head dim 256 (twice the accumulators) keeps a block per chunk of 16 rows; so does chunk_warps=1
+    assert mv.block_plan(64, 8, 256, 4, 8 * 516, 516).ncw == 1 and mv.block_plan(64, 8, 256, 4, 8 * 516, 516).rc == 16
     assert mv.block_plan(64, 8, 128, 4, 8 * 196, 196, mv.VerifyConfig(chunk_warps=1)).nchb == 2
     # a head group whose slots are not 16-byte pieces of the row: all heads, fewer chunk warps
-    odd = mv.block_plan(64, 8, 128, 8, 8 * 198, 198)
+    odd = mv.block_plan(64, 8, 128, 8, 8 * 198, 198, T16)
     assert (odd.hpb, odd.ncw, odd.nchb) == (8, 2, 2)
-    # 16 KV heads and 32 rows: two groups of 8 heads
-    wide = mv.block_plan(64, 16, 128, 8, 16 * 196, 196)
+    odd = mv.block_plan(64, 8, 128, 8, 8 * 198, 198)  # wide: 8 heads x 1 warp (<= 8 warps), two chunk blocks
+    assert (odd.rc, odd.hpb, odd.ncw, odd.nchb) == (32, 8, 1, 2)
+    odd = mv.block_plan(64, 8, 128, 8, 8 * 198, 198, shu)
+    assert (odd.hpb, odd.ncw, odd.nchb, odd.shu, odd.ubuf) == (8, 2, 2, True, 1)
+    # 16 KV heads and 32 rows: two groups of 8 heads (per-warp unpacking), four of 4 (shared unpack)
+    wide = mv.block_plan(64, 16, 128, 8, 16 * 196, 196, T16)
     assert (wide.hpb, wide.ncw, wide.blocks(16)) == (8, 2, 2)
+    assert mv.block_plan(64, 16, 128, 8, 16 * 196, 196).blocks(16) == 4  # one wide warp per head, 4 a block
+    assert mv.block_plan(64, 16, 128, 8, 16 * 196, 196, shu).blocks(16) == 4
 
 
 def test_split_count_depends_on_shape_only():

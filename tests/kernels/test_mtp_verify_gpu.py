@@ -107,8 +107,9 @@ def _precompiled():
                (64, 8, 128, 16, 8 * 196, True, 6), (32, 8, 128, 32, 8 * 196, True, 3),
                (32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(qsmem=0))]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in ((8, 3), (4, 5), (8, 7), (6, 5))
-               for cfg in PLANS.values()]
+               for cfg in list(PLANS.values()) + list(UNPACK_PLANS.values())]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, TWO_CHAINS) for g, k in ((4, 3), (8, 7))]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in WIDE_SHAPES for cfg in WIDE.values()]
     mv.precompile(shapes, workers=12)
 
 
@@ -117,13 +118,21 @@ def _cuda_backend(monkeypatch):
     monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")  # a kernel that cannot run fails the test, no fallback
 
 
-PLANS = {  # the same split count (8) for all, so the same tiles meet in the same order
+PLANS = {  # 16-row warps, per-warp unpacking; at most 8 splits for all
     "one warp per head, a block per chunk": mv.VerifyConfig(chunk_warps=1, max_splits=8),
-    "shared tile, 4 heads per block": mv.VerifyConfig(heads_per_block=4, max_splits=8),
-    "shared tile, 2 chunk warps": mv.VerifyConfig(chunk_warps=2, max_splits=8),
-    "shared tile, 2 heads, 4 stages": mv.VerifyConfig(heads_per_block=2, stages=4, max_splits=8),
+    "shared tile, 4 heads per block": mv.VerifyConfig(rows_per_warp=16, heads_per_block=4, max_splits=8),
+    "shared tile, 2 chunk warps": mv.VerifyConfig(rows_per_warp=16, chunk_warps=2, max_splits=8),
+    "shared tile, 2 heads, 4 stages": mv.VerifyConfig(rows_per_warp=16, heads_per_block=2, stages=4, max_splits=8),
 }
-TWO_CHAINS = mv.VerifyConfig(kchain=2)  # the probe variant with two score accumulator chains (not the default)
+UNPACK_PLANS = {  # the shared-unpack CTA (unpack=1: measured slower, not the default), at most 8 splits
+    "shared unpack, its plan": mv.VerifyConfig(unpack=1, max_splits=8),
+    "shared unpack, 8 heads, one unpacked tile": mv.VerifyConfig(unpack=1, heads_per_block=8, unpack_buffers=1,
+                                                                 max_splits=8),
+    "shared unpack, 2 chunk warps, two unpacked tiles": mv.VerifyConfig(unpack=1, chunk_warps=2, unpack_buffers=2,
+                                                                        max_splits=8),
+    "shared unpack, 4 stages": mv.VerifyConfig(unpack=1, stages=4, max_splits=8),
+}
+TWO_CHAINS = mv.VerifyConfig(kchain=2, rows_per_warp=16)  # two score accumulator chains per n-tile (a variant)
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 7])
@@ -165,22 +174,87 @@ def test_q_fragments_in_registers_or_shared_memory(qsmem):
 
 
 @pytest.mark.parametrize("g,k", [(8, 3), (4, 5), (8, 7), (6, 5)])
-def test_every_block_plan_gives_the_same_rows(g, k):
-    """The one-warp-per-head kernel (a block per 16-row chunk) and the shared-tile CTAs (chunk warps of one or
-    several KV heads on one copied tile, partial token rows) compute the same tiles in the same order: the
-    outputs are bitwise equal, and match float64."""
+@pytest.mark.parametrize("family", ["per-warp unpacking", "shared unpack"])
+def test_every_block_plan_gives_the_same_rows(g, k, family):
+    """Per-warp unpacking: the one-warp-per-head kernel (a block per 16-row chunk) and the shared-tile CTAs
+    (chunk warps of one or several KV heads on one copied tile, partial token rows); shared unpack: the
+    shared-unpack CTA with 4 or 8 heads, one or two unpacked tiles, 3 or 4 stages. Within a family, plans
+    with the same split count (it follows blocks per SM) meet the same tiles with the same arithmetic in the
+    same order: their outputs are bitwise equal; all match float64."""
     lens = [4100, 37, 5, k + 1, 1000]
     q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=7 * g + k)
     ref = _ref(q, cache, bt, sl, 0.088, k)
     outs = {}
-    for name, cfg in PLANS.items():
+    plans = PLANS if family == "per-warp unpacking" else UNPACK_PLANS
+    for name, cfg in plans.items():
         outs[name] = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg, max_splits=8)
         plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
+        assert plan.shu == (family == "shared unpack") or plan.ncw == 1, (name, plan)
         assert not outs[name].isnan().any(), name
         assert _rel(outs[name], ref) < 1e-2, (name, plan)
-    first = next(iter(outs.values()))
-    for name, o in outs.items():
-        assert torch.equal(o, first), name
+    by_splits: dict[int, list] = {}
+    for name, cfg in plans.items():
+        by_splits.setdefault(_splits(q, cache, k, cfg, len(lens)), []).append(name)
+    assert max(len(v) for v in by_splits.values()) >= 2, by_splits  # something to compare bitwise
+    for names in by_splits.values():
+        for name in names[1:]:
+            assert torch.equal(outs[name], outs[names[0]]), (name, names[0])
+
+
+def _splits(q, cache, k, cfg, b):
+    """The split count _launch gives this call (what the block plan's blocks per SM lead to)."""
+    idx = q.device.index or 0
+    key = mv._key(idx, q.dtype, q.shape[1], cache.shape[2], q.shape[2], cache.shape[1], cache.stride(1),
+                  cache.stride(2), k + 1, cfg)
+    _, _, blocks_per_sm, per_split, _ = mv._PLANS[key]
+    return mv.num_splits(b * per_split, blocks_per_sm, mv._sm_count(idx), min(mv.MAX_SPLITS, max(8, cfg.max_splits)),
+                         cfg.waves)
+
+
+WIDE = {  # wide warps: up to 32 query rows a warp (3-4 n-tiles on one tile unpacked in registers; the default
+    # at 17..32 and 64 rows per KV head)
+    "wide warps": mv.VerifyConfig(rows_per_warp=32),
+    "wide warps, 4 heads a block": mv.VerifyConfig(rows_per_warp=32, heads_per_block=4),
+}
+WIDE_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5)]
+
+
+@pytest.mark.parametrize("name", list(WIDE))
+@pytest.mark.parametrize("g,k", WIDE_SHAPES)
+def test_wide_warps_match_float64(g, k, name):
+    """24-32 rows in one warp (G = 8 K = 3: one warp per KV head), 48-64 rows in two on one copied tile;
+    ragged, pages ending mid-block, contexts <= K + 1, on poisoned caches."""
+    cfg = WIDE[name]
+    plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
+    assert plan.rc > 16 and plan.warps <= 8, plan
+    lens = [4100, 37, 5, k + 1, 1000]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=3 * g + k)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg)
+    assert not out.isnan().any()
+    assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
+
+
+def test_wide_warps_graph_replay_with_new_lengths():
+    cfg = WIDE["wide warps, 4 heads a block"]
+    g, k = 8, 3
+    lens0 = [64, 64, 64]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=6, max_len=5000)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
+    mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    for lens in ([4999, 3, 700], [1, 4096, 65]):
+        _fill(cache, bt, lens, gen, start=lens0)
+        lens0 = [max(a, b) for a, b in zip(lens0, lens)]
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2, lens
 
 
 @pytest.mark.parametrize("g,k", [(4, 3), (8, 7)])

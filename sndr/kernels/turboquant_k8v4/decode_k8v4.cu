@@ -67,7 +67,11 @@ typedef unsigned long long u64;
 
 static_assert(D == 64 || D == 128 || (D == 256 && PAGE_CTA), "head dim 64 or 128 (256: page kernel only)");
 static_assert(PAGE % 16 == 0, "page size: a multiple of 16 tokens");
+#ifdef QL
+static_assert(G >= 1 && G <= 32, "verify_k8v4.cu: 1..32 query rows per warp");
+#else
 static_assert(G >= 1 && G <= 16, "1..16 query heads per KV head");
+#endif
 
 static __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);

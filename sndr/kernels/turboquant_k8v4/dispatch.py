@@ -78,10 +78,10 @@ def reset() -> None:
 #: every capability they cover (sm_89+).
 MEASURED_CAPABILITIES = ((9, 0),)
 
-#: PK0002's verify kernel per shape (mtp_verify.block_plan): G (K + 1) > 16 query rows per KV head run the
-#: shared-tile CTA (several 16-row warps per KV head on one TMA-copied tile, up to 16 warps per block) for
-#: these head dims; <= 16 rows, and head dim 256 (twice the accumulators: 16 warps would spill), keep the
-#: one-warp-per-head kernel with one block per 16-row chunk.
+#: PK0002's verify kernel per shape (mtp_verify.block_plan): G (K + 1) > 16 query rows per KV head run wide
+#: warps (up to 32 rows a warp) or the shared-tile CTA (several 16-row warps per KV head on one TMA-copied
+#: tile, up to 16 warps per block) for these head dims; <= 16 rows, and head dim 256 (twice the accumulators:
+#: 16 warps would spill), keep the one-warp-per-head kernel with one block per 16-row chunk.
 VERIFY_SHARED_TILE_HEAD_DIMS = (64, 128)
 
 

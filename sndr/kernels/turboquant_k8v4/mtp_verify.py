@@ -9,9 +9,10 @@ times. :func:`verify_attention` reads it once:
 * CUDA (sm_90, the cache rows TMA can copy): ``verify_k8v4.cu``, compiled by
   NVRTC together with ``decode_k8v4.cu`` (whose page-kernel ring, fragment
   loaders and merge it reuses). The ``QL * G`` query rows of a KV head are the
-  n dimension of the score MMA, 16 rows per warp. Up to 16 rows: a block per
-  (request, split), a warp per KV head. More rows (:func:`block_plan`): the
-  shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
+  n dimension of the score MMA. Up to 16 rows: a block per (request, split), a
+  warp per KV head. More rows (:func:`block_plan`): wide warps of up to 32 rows
+  (17..32 rows: one per KV head, 4 heads a block; 64: two per KV head), else
+  the shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
   tile (up to 16 warps a block, all or a group of the KV heads), so a tile is
   copied once for up to 64 rows. Split-KV, then ``decode_k8v4.cu``'s merge.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
@@ -77,6 +78,22 @@ class VerifyConfig:
     # score MMA accumulator chains per n-tile: 2 (even / odd k-steps) halves the dependent MMA chain, but measured
     # up to 7.8% slower in 20 of 24 probed cells on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
     kchain: int = 1
+    # 1: the shared-unpack CTA (verify_k8v4.cu, SHU) where the shared-tile CTA runs (> 16 rows per KV head): the
+    # block's warps unpack each tile once into an f16 tile in shared memory and every row-chunk warp reads its
+    # MMA fragments from it with ldmatrix. Measured 1.2-1.5x SLOWER than every warp unpacking the tile in
+    # registers (0, the default) in all 20 probed cells on the H200 (docs/bench-mtp-verify-h200.md): the
+    # block barrier per tile and the shared-memory round trip cost more than the unpacking they share.
+    # unpack_heads: KV heads per block it aims at (smaller blocks: more of them per SM).
+    unpack: int = 0
+    unpack_heads: int = 4
+    unpack_buffers: int = 0  # 1 or 2 unpacked tiles; 0: 2 where that costs no block per SM, else 1
+    # Query rows per warp: 16 (two n-tiles of 8), 32 (a wide warp: up to four n-tiles on the tile it unpacks once
+    # in registers; about 240 registers, so at most 8 warps a block and 8 per SM), or 0: 32 where G (K + 1) is
+    # 17..32 or a multiple of 32 (whole wide warps), else 16. Measured on the H200 (docs/bench-mtp-verify-h200.md,
+    # one run): wide warps 1.2-15.7% faster in all 32 cells with 24, 32 or 64 rows per KV head, 2.8-10.2%
+    # slower in the 8 cells with 48 (a half-empty second warp).
+    rows_per_warp: int = 0
+    wide_heads: int = 4  # KV heads per block of one-warp-per-head wide warps (where their row bytes align)
 
 
 DEFAULT = VerifyConfig()
@@ -101,10 +118,10 @@ def backend_choice() -> str:
     return v
 
 
-def row_chunks(ql: int, g: int) -> tuple[int, int]:
-    """(rows per warp, chunks): QL * G query rows per KV head in warps of at most 16 rows."""
+def row_chunks(ql: int, g: int, max_rows: int = 16) -> tuple[int, int]:
+    """(rows per warp, chunks): QL * G query rows per KV head in warps of at most ``max_rows`` rows."""
     rows = ql * g
-    rc = min(rows, 16)
+    rc = min(rows, max_rows)
     return rc, -(-rows // rc)
 
 
@@ -116,6 +133,8 @@ class BlockPlan:
     nch: int
     hpb: int
     ncw: int
+    shu: bool = False  # the shared-unpack CTA
+    ubuf: int = 2  # its unpacked tiles: 2 (one barrier per tile), 1 (two; where 2 would cost a block per SM)
 
     @property
     def nchb(self) -> int:
@@ -132,18 +151,45 @@ class BlockPlan:
 
 def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyConfig = DEFAULT) -> BlockPlan:
     """The kernel for a shape: the one-warp-per-head kernel where G (K + 1) <= 16 (or the head dim is outside
-    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`), else the shared-tile CTA. A head group smaller than Hk copies
-    part of each token row, which needs 16-byte aligned pieces (``sp`` and ``hpb * hs`` multiples of 16)."""
+    :data:`dispatch.VERIFY_SHARED_TILE_HEAD_DIMS`); wide warps (``cfg.rows_per_warp``) where G (K + 1) is 17..32
+    (one warp per KV head, ``wide_heads`` heads a block) or a multiple of 32 (the shared-tile CTA of 32-row warps);
+    else the shared-tile CTA of 16-row warps (``cfg.unpack``: its shared-unpack form). A head group smaller than
+    Hk copies part of each token row, which needs 16-byte aligned pieces (``sp`` and ``hpb * hs`` multiples of
+    16)."""
     from .dispatch import VERIFY_SHARED_TILE_HEAD_DIMS
 
-    rc, nch = row_chunks(ql, hq // hk)
-    if nch == 1 or cfg.chunk_warps == 1 or d not in VERIFY_SHARED_TILE_HEAD_DIMS:
-        return BlockPlan(rc, nch, hk, 1)
-    mw = max(1, cfg.max_warps)
-    ncw = min(nch, mw) if cfg.chunk_warps < 0 else max(1, min(cfg.chunk_warps, nch, mw))
+    rows = ql * (hq // hk)
+    rpw = cfg.rows_per_warp or (32 if 16 < rows and (rows <= 32 or rows % 32 == 0) else 16)
+    wide = rpw > 16 and cfg.chunk_warps != 1 and not cfg.unpack and d in VERIFY_SHARED_TILE_HEAD_DIMS
+    rc, nch = row_chunks(ql, hq // hk, 32 if wide else 16)
 
     def aligned(h: int) -> bool:
         return h == hk or (sp % 16 == 0 and (h * hs) % 16 == 0)
+
+    if wide and nch == 1:
+        h = cfg.heads_per_block or cfg.wide_heads
+        return BlockPlan(rc, nch, h if 0 < h <= hk and hk % h == 0 and aligned(h) else hk, 1)
+    if nch == 1 or cfg.chunk_warps == 1 or d not in VERIFY_SHARED_TILE_HEAD_DIMS:
+        return BlockPlan(rc, nch, hk, 1)
+    mw = max(1, min(cfg.max_warps, 8) if rc > 16 else cfg.max_warps)
+    ncw = min(nch, mw) if cfg.chunk_warps < 0 else max(1, min(cfg.chunk_warps, nch, mw))
+
+    if cfg.unpack:
+        # the shared-unpack CTA: the requested head group, else the largest aligned group up to unpack_heads,
+        # else larger ones; each with as many chunk warps as fit max_warps and the shared memory
+        want = cfg.heads_per_block or max(1, cfg.unpack_heads)
+        divs = [h for h in range(hk, 0, -1) if hk % h == 0 and aligned(h)]
+        for h in [h for h in divs if h <= want] + [h for h in reversed(divs) if h > want]:
+            n = min(ncw, mw // h)
+            cbh = sp if h == hk else h * hs
+            fit = {u: smem_bytes(cfg, cbh, h * n, rc, d, h, u) for u in (2, 1)}
+            if n < 1 or fit[1] > SMEM_MAX:
+                continue
+            per_sm = {u: min(min_blocks(cfg, h * n, rc, d, True), SMEM_SM // (fit[u] + 1024)) if fit[u] <= SMEM_MAX
+                      else 0 for u in fit}
+            ubuf = cfg.unpack_buffers or (2 if per_sm[2] >= per_sm[1] else 1)
+            if fit[ubuf] <= SMEM_MAX:
+                return BlockPlan(rc, nch, h, n, True, ubuf)
 
     if cfg.heads_per_block and hk % cfg.heads_per_block == 0 and aligned(cfg.heads_per_block):
         hpb = cfg.heads_per_block
@@ -170,19 +216,32 @@ def q_in_smem(cfg: VerifyConfig, rc: int) -> bool:
     return bool(cfg.qsmem) if cfg.qsmem >= 0 else rc > 8
 
 
-def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128) -> int:
+SMEM_MAX = 227 * 1024  # dynamic shared memory one block may ask for on sm_90
+SMEM_SM = 228 * 1024  # shared memory of an SM (1 KB of it reserved per block)
+
+
+def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128, unpack_heads: int = 0,
+               ubuf: int = 2) -> int:
     """Dynamic shared memory: the ring of 16-row stages of ``cb`` bytes per row, its barriers, and the Q
-    fragments of ``warps`` warps where they live in shared memory."""
+    fragments of ``warps`` warps where they live in shared memory; with ``unpack_heads`` (the shared-unpack
+    CTA) then ``ubuf`` unpacked f16 tiles of that many KV heads (verify_k8v4.cu's UOFF, UHEAD)."""
     ring = cfg.stages * 16 * row_pitch(cb)[0] + 16 * cfg.stages
     if warps and q_in_smem(cfg, rc):
         ring += warps * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
+    if unpack_heads:
+        return -(-ring // 128) * 128 + ubuf * unpack_heads * (32 * (d + 8) * 2 + 64)
     return ring
 
 
-def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int) -> int:
+def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False) -> int:
     """Blocks per SM asked of the register allocator (``warps`` per block): more than 8 rows per warp hold
-    twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills)."""
+    twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills). The
+    shared-unpack CTA (Q in registers, no key/value words held) fits 16 warps per SM at D <= 128."""
     n = max(1, (cfg.min_blocks * 8) // warps)
+    if shu:
+        return min(n, 2)
+    if rc > 16:  # three or four n-tiles: about 240 registers (170 spill), so 8 warps per SM
+        return 1
     if d > 128:
         n = max(1, n // 2)
     return n if rc <= 8 or q_in_smem(cfg, rc) and d <= 128 else max(1, n // 2)
@@ -205,11 +264,11 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         rowcopy = 1  # block_plan only splits heads where sp is a multiple of 16
     return {
         "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
-        "MINB": min_blocks(cfg, plan.warps, plan.rc, d), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
+        "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
-        "KCHAIN": cfg.kchain,
+        "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf,
     }
 
 
@@ -289,7 +348,8 @@ def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, hs, ql, cfg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
-    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.warps, plan.rc, d)
+    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.warps, plan.rc, d, plan.hpb if plan.shu else 0,
+                      plan.ubuf)
     k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4")
     merge = k.module.kernel(MERGE)
     blocks = max(1, k.blocks_per_sm(32 * plan.warps))

@@ -19,7 +19,8 @@
 // Macros, beyond decode_k8v4.cu's (built with PAGE_CTA = 1 and G = RC):
 //   QL   query tokens per request (K + 1, 1..16)
 //   GQ   query heads per KV head (the model's group size)
-//   RC   rows per warp (min(QL * GQ, 16)); decode_k8v4.cu's G, so NH = ceil(RC / 8)
+//   RC   rows per warp (min(QL * GQ, 16), or up to 32: wide warps, NH = 3..4 n-tiles on the tile
+//        each warp unpacks once in registers); decode_k8v4.cu's G, so NH = ceil(RC / 8)
 //   NCH  row chunks: ceil(QL * GQ / RC).
 //   HPB  KV heads per block (divides HK); HPB < HK copies only those heads'
 //        bytes of each token row (CB bytes from byte HS * HPB * group)
@@ -72,6 +73,9 @@ static_assert(PAGE_CTA == 1, "built on the page kernel's TMA ring");
 #ifndef HS
 #define HS 0
 #endif
+#ifndef SHU
+#define SHU 0                     // 1: the shared-unpack CTA (below): each tile unpacked once per block into f16
+#endif
 #define NWB (HPB * NCW)           // warps per block
 #define NHG (HK / HPB)            // KV-head groups (blocks per (request, split, chunk block))
 static_assert(HK % HPB == 0, "heads per block divide the KV heads");
@@ -119,6 +123,64 @@ static __device__ __forceinline__ void load_q_rows(
             qb[nh][k][0] = load_q2(q + 16 * k, ok);
             qb[nh][k][1] = load_q2(q + 16 * k + 2, ok);
         }
+    }
+}
+
+// The lazy online softmax of one tile (t: this thread's scores, log2 units, masked ones -inf) and the B
+// fragments of P' = p * scale / s_run (fp16, transposed by movmatrix) for the P.V MMAs.
+static __device__ __forceinline__ void softmax_tile(
+    State& st, const float (&t)[NH][4], const float (&sc)[2], const float (&zr)[2], u32 (&pb)[NH][2])
+{
+    float smax = fmaxf(sc[0], sc[1]);
+    bool need = smax > st.s_run;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
+    if (__any_sync(0xffffffffu, need)) {
+        float tmax[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
+#pragma unroll
+        for (int x = 4; x <= 16; x <<= 1) {
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
+                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
+            }
+            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
+        }
+        const float s_new = fmaxf(st.s_run, smax);
+        const float ratio = st.s_run / s_new;
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
+                const float alpha = ex2(st.m[nh][e] - m_new);
+                const float f = alpha * ratio;
+#pragma unroll
+                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+                st.sp[nh][e] *= f;
+                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
+                st.m[nh][e] = m_new;
+            }
+        }
+        st.s_run = s_new;
+        st.inv_s = 1.0f / s_new;
+    }
+
+    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);  // masked: ex2(-inf) = 0
+        st.l[nh][0] += p[0] + p[2];
+        st.l[nh][1] += p[1] + p[3];
+        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
+        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
+        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));
+        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));
     }
 }
 
@@ -188,58 +250,8 @@ static __device__ __forceinline__ void attend_tile_causal(
         }
     }
 
-    float smax = fmaxf(sc[0], sc[1]);
-    bool need = smax > st.s_run;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh)
-        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
-    if (__any_sync(0xffffffffu, need)) {
-        float tmax[NH][2];
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
-#pragma unroll
-        for (int x = 4; x <= 16; x <<= 1) {
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) {
-                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
-                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
-            }
-            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
-        }
-        const float s_new = fmaxf(st.s_run, smax);
-        const float ratio = st.s_run / s_new;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
-                const float alpha = ex2(st.m[nh][e] - m_new);
-                const float f = alpha * ratio;
-#pragma unroll
-                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-                st.sp[nh][e] *= f;
-                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
-                st.m[nh][e] = m_new;
-            }
-        }
-        st.s_run = s_new;
-        st.inv_s = 1.0f / s_new;
-    }
-
-    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
     u32 pb[NH][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float p[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);  // masked: ex2(-inf) = 0
-        st.l[nh][0] += p[0] + p[2];
-        st.l[nh][1] += p[1] + p[3];
-        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
-        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
-        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));
-        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));
-    }
+    softmax_tile(st, t, sc, zr, pb);
 
 #pragma unroll
     for (int u = 0; u < VW; ++u) {
@@ -305,6 +317,7 @@ static __device__ __forceinline__ void write_rows(
     }
 }
 
+#if !SHU
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
 extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
@@ -427,3 +440,358 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
     }
     write_rows(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
+#endif  // !SHU
+
+#if SHU
+// ---------------------------------------------------------------------------
+// The shared-unpack CTA (SHU = 1, chosen by mtp_verify.block_plan where G (K + 1) > 16 rows per KV head):
+// the same blocks as above (HPB KV heads x NCW row-chunk warps on one TMA ring), but the warps of a block
+// unpack each copied tile ONCE, together, into an f16 tile in shared memory (UBUF = 1 or 2 of them; per KV
+// head: keys [16][D] as fp16 (e4m3 -> f16 is exact), value codes [16][D] as fp16 1024 + code / 64 + code
+// (exact), the 16 scale|zero words), and every row-chunk warp reads its MMA A fragments from it with
+// ldmatrix. A warp's share of the fp8 / 4-bit unpacking drops by NCW; its per-tile chain is ldmatrix + MMA
+// + softmax.
+//
+// * S^T = K Q^T: A = the f16 key tile (ldmatrix.x4, natural dim order), B = Q^T in registers (natural
+//   order: b0 = dims 16 k + 2 t4 + {0, 1}, b1 = dims 16 k + 8 + 2 t4 + {0, 1} of row 8 nh + g).
+// * O^T += V^T P^T: A = the f16 code tile transposed by ldmatrix.x4.trans (m-tile j = dims 16 j..16 j + 15),
+//   B = P' = p * scale / s_run (fp16, movmatrix), and the ones-MMA that removes the code offsets, as in the
+//   kernels above. value = zero + scale * code: the zero is the rank-one term z (fp32).
+// * UBUF = 2: one __syncthreads per tile: tile T is unpacked into buffer T & 1; a warp that passed the barrier of
+//   tile T has finished tile T - 1, so buffer (T + 1) & 1 and the raw stage of tile T - 1 (refilled by
+//   warp 0 at the top of the next iteration) are free. The raw ring needs only the full barriers.
+//   UBUF = 1: a second __syncthreads after the tile's MMAs (half the shared memory).
+// * Rows of the last tile past seq_len hold stale bytes (NaN keys): their scores are set to -inf and their
+//   scale|zero to 0 before they can reach an accumulator; codes are always finite.
+#define UP ((D + 8) * 2)          // bytes per unpacked token row: + 16 bytes, so the 8 rows an ldmatrix reads hit 8 bank quads
+#define UHEAD (32 * UP + 64)      // one KV head's unpacked tile: keys [16][UP], codes [16][UP], scale|zero [16] words
+#ifndef UBUF
+#define UBUF 2                    // unpacked tiles: 2 (one barrier per tile) or 1 (two barriers per tile)
+#endif
+static_assert(UBUF == 1 || UBUF == 2, "one or two unpacked tiles");
+#define QBYTES (QSMEM ? NWB * NH * (KSTEPS / 2) * 32 * 16 : 0)  // Q fragments of all warps (QSMEM = 1)
+#ifndef UNR
+#define UNR 2                     // unpack loop unrolling (more spills at 8 warps a block)
+#endif
+#define UOFF ((STAGES * STAGE_BYTES + 16 * STAGES + QBYTES + 127) / 128 * 128)
+static_assert(D <= 128, "the shared-unpack CTA holds D / 16 x 2 x 4 accumulators per thread (D <= 128)");
+static_assert(RC == 16 || NCH == 1, "16-row warps");
+
+static __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// Q^T fragments in natural dim order (rows past VR are zeros).
+static __device__ __forceinline__ void load_q_nat(
+    u32 (&qb)[NH][KSTEPS][2], const unsigned short* __restrict__ Q, int b, int hk, int c,
+    long long q_st, long long q_sh, int g, int t4)
+{
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        const int r = RC * c + 8 * nh + g;
+        const bool ok = (8 * nh + g < RC) && r < VR;
+        const int rr = ok ? r : 0;
+        const int t = rr / GQ, h = rr % GQ;
+        const unsigned short* q = Q + (long long)(b * QL + t) * q_st + (long long)(hk * GQ + h) * q_sh + 2 * t4;
+#pragma unroll
+        for (int k = 0; k < KSTEPS; ++k) {
+            qb[nh][k][0] = load_q2(q + 16 * k, ok);
+            qb[nh][k][1] = load_q2(q + 16 * k + 8, ok);
+        }
+    }
+}
+
+// The block's share of unpacking one raw stage (HPB heads' slots of 16 token rows) into an unpacked buffer.
+// A warp converts a pair of token rows of one head at a time: key word i of the pair on lane i % 32
+// (D / 4 words a row), value word lane (2 rows x D / 8 words), the two scale|zero words. NWB a multiple of
+// 8: warp w takes rows 2 (w % 8), + 1 of heads w / 8, w / 8 + NWB / 8, ... (fixed addresses plus a stride);
+// otherwise pair p = w + it NWB is rows 2 p % 16, + 1 of head p / 8.
+// Codes are stored as in the MMA fragments of the kernels above: fp16 1024 + code for a low nibble (even
+// dim), 64 + code for a high one (odd dim), one prmt + one lop3 per pair of dims; the offsets leave through
+// the ones-MMA (sp) at the end, as there.
+static __device__ __forceinline__ void unpack_pair(const unsigned char* r, unsigned char* u, unsigned char* szu,
+                                                   int lane)
+{
+    constexpr int KWD = D / 4, VWD = D / 8;  // key / value-code words per token
+    static_assert((2 * KWD) % 32 == 0 && 2 * VWD <= 32, "whole rows per warp");
+#pragma unroll
+    for (int i = 0; i < 2 * KWD / 32; ++i) {
+        const int wi = lane + 32 * i, rr = wi / KWD, wd = wi % KWD;
+        const u32 x = *reinterpret_cast<const u32*>(r + rr * ROWP + 4 * wd);
+        uint2 y;
+        y.x = e4m3x2_to_f16x2(x);
+        y.y = e4m3x2_to_f16x2(x >> 16);
+        *reinterpret_cast<uint2*>(u + rr * UP + 8 * wd) = y;
+    }
+    if (2 * VWD == 32 || lane < 2 * VWD) {
+        const int rr = lane / VWD, wd = lane % VWD;
+        const u32 x = *reinterpret_cast<const u32*>(r + rr * ROWP + D + 4 * wd);
+        // byte j = dims 8 wd + 2 j (low nibble) and + 1 (high nibble)
+        uint4 y;
+        y.x = (prmt(x, 0u, 0x4040u) & 0x00F0000Fu) | 0x54006400u;
+        y.y = (prmt(x, 0u, 0x4141u) & 0x00F0000Fu) | 0x54006400u;
+        y.z = (prmt(x, 0u, 0x4242u) & 0x00F0000Fu) | 0x54006400u;
+        y.w = (prmt(x, 0u, 0x4343u) & 0x00F0000Fu) | 0x54006400u;
+        *reinterpret_cast<uint4*>(u + 16 * UP + rr * UP + 16 * wd) = y;
+        if (wd == 0) *reinterpret_cast<u32*>(szu + 4 * rr) = *reinterpret_cast<const u32*>(r + rr * ROWP + D + D / 2);
+    }
+}
+
+static __device__ __forceinline__ void unpack_tile(const unsigned char* raw, unsigned char* ub, int w, int lane,
+                                                   int kv_shead)
+{
+#if NWB % 8 == 0
+    const int tp = w & 7, h0 = w >> 3;
+    const unsigned char* r = raw + (2 * tp) * ROWP + h0 * kv_shead;
+    unsigned char* u = ub + h0 * UHEAD + (2 * tp) * UP;
+#pragma unroll UNR
+    for (int it = 0; it < HPB * 8 / NWB; ++it)
+        unpack_pair(r + it * (NWB / 8) * kv_shead, u + it * (NWB / 8) * UHEAD,
+                    u + it * (NWB / 8) * UHEAD + (32 - 2 * tp) * UP + 8 * tp, lane);
+#else
+#pragma unroll 1
+    for (int it = 0; it < (HPB * 8 + NWB - 1) / NWB; ++it) {
+        const int p = w + it * NWB;
+        if (p < HPB * 8) {
+            const int h = p >> 3, tau = (2 * p) & 15;
+            unpack_pair(raw + tau * ROWP + h * kv_shead, ub + h * UHEAD + tau * UP,
+                        ub + h * UHEAD + 32 * UP + 4 * tau, lane);
+        }
+    }
+#endif
+}
+
+// One tile from the unpacked buffer of this warp's KV head: ka / va = this lane's ldmatrix row addresses
+// (k-step / m-tile 0), szw = the tile's scale|zero words.
+template <bool MASKED>
+static __device__ __forceinline__ void attend_tile_shu(
+    State& st, const QOp& q, u32 ka, u32 va, const u32* szw, int g, int tok0,
+    int seq_len, const int (&lim)[NH][2], float qk_scale)
+{
+    u32 sz0 = szw[g], sz1 = szw[g + 8];
+    if (MASKED) {
+        if (tok0 + g >= seq_len) sz0 = 0u;
+        if (tok0 + g + 8 >= seq_len) sz1 = 0u;
+    }
+    const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
+
+    float c[NH][4];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) c[nh][0] = c[nh][1] = c[nh][2] = c[nh][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < KSTEPS; k += 2) {
+        u32 bq[NH][4];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#if QSMEM
+            const uint4 v = q.p[(nh * (KSTEPS / 2) + k / 2) * 32];
+            bq[nh][0] = v.x; bq[nh][1] = v.y; bq[nh][2] = v.z; bq[nh][3] = v.w;
+#else
+            bq[nh][0] = q.r[nh][k][0]; bq[nh][1] = q.r[nh][k][1];
+            bq[nh][2] = q.r[nh][k + 1][0]; bq[nh][3] = q.r[nh][k + 1][1];
+#endif
+        }
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            u32 a[4];
+            ldsm_x4(a, ka + 32 * (k + kk));
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) mma(c[nh], a[0], a[1], a[2], a[3], bq[nh][2 * kk], bq[nh][2 * kk + 1]);
+        }
+    }
+    float t[NH][4];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t[nh][i] = c[nh][i] * qk_scale;
+        if (MASKED) {
+            const int p0 = tok0 + g, p1 = tok0 + g + 8;
+            if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
+            if (p0 >= lim[nh][1]) t[nh][1] = NEG_INF;
+            if (p1 >= lim[nh][0]) t[nh][2] = NEG_INF;
+            if (p1 >= lim[nh][1]) t[nh][3] = NEG_INF;
+        }
+    }
+    u32 pb[NH][2];
+    softmax_tile(st, t, sc, zr, pb);
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) {
+        u32 a[4];
+        ldsm_x4_t(a, va + 32 * j);
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) mma(st.o[j][nh], a[0], a[1], a[2], a[3], pb[nh][0], pb[nh][1]);
+    }
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {  // sum of the fp16 P' the MMAs saw: removes the code offsets
+        float cs[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
+        mma(cs, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
+        st.sp[nh][0] = cs[0]; st.sp[nh][1] = cs[1];
+    }
+}
+
+// This split's normalised partial output and log2-sum-exp for the rows of chunk c (m-tile j, accumulator
+// e / 2 + e: dims 16 j + g / 16 j + g + 8 of row 8 nh + 2 t4 + e).
+static __device__ __forceinline__ void write_rows_shu(
+    const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    int b, int hk, int c, int S, int s, int g, int t4)
+{
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float l = st.l[nh][e], z = st.z[nh][e];
+#pragma unroll
+            for (int x = 4; x <= 16; x <<= 1) {
+                l += __shfl_xor_sync(0xffffffffu, l, x);
+                z += __shfl_xor_sync(0xffffffffu, z, x);
+            }
+            const int rl = 8 * nh + 2 * t4 + e, r = RC * c + rl;
+            if (rl >= RC || r >= VR) continue;
+            const int tq = r / GQ, h = r % GQ;
+            const bool any = l > 0.f;
+            const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
+            const float off = (g & 1 ? 64.f : 1024.f) * st.sp[nh][e];  // dims 16 j + g (+ 8): g's parity
+            const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+            float* o = MID_O + row * D + g;
+#pragma unroll
+            for (int j = 0; j < NT16; ++j) {
+                o[16 * j] = (sr * (st.o[j][nh][e] - off) + z) * inv_l;
+                o[16 * j + 8] = (sr * (st.o[j][nh][2 + e] - off) + z) * inv_l;
+            }
+            if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int S, int min_tiles,
+    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int hl = w % HPB;
+    const int cb = blockIdx.x % NCHB, hg = (blockIdx.x / NCHB) % NHG, bs = blockIdx.x / (NCHB * NHG);
+    const int hk = hg * HPB + hl, c = cb * NCW + w / HPB;
+    const int s = bs % S, b = bs / S;
+    const int seq_len = SL[b];
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int tiles_per = split.tiles_per;
+    if (s >= split.n_act) return;  // the whole block
+    const int t_begin = s * tiles_per;
+    const int t_end = min(t_begin + tiles_per, split.n_tiles);
+    const int first_hidden = seq_len - QL + 1;  // row t sees [0, first_hidden + t)
+    const int t_mask = first_hidden > 0 ? first_hidden >> 4 : 0;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    const u32 ring = smem_addr(smem);
+    const u32 bars = ring + STAGES * STAGE_BYTES;  // full[STAGES]
+    const int* bt_row = BT + b * bt_sb;
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < STAGES; ++i) mbar_init(bars + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    int pg_pre = 0;
+    if (w == 0 && lane < STAGES - 1) pg_pre = bt_row[(16 * min(t_begin + lane, t_end - 1)) / PAGE];
+    __syncthreads();
+
+    auto produce = [&](int T, int slot, int pg) {
+        const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP
+                                   + (HPB < HK ? hg * (HPB * HS) : 0);
+        const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
+        if (lane == 0) mbar_expect(full, 16 * CB);
+        __syncwarp();
+#if ROWCOPY
+        if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, CB, full);
+#else
+        if (lane == 0) bulk_copy(dst, src, 16 * SP, full);
+#endif
+    };
+
+    if (w == 0) {
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; ++i) {
+            const int pg = __shfl_sync(0xffffffffu, pg_pre, i);
+            if (t_begin + i < t_end) produce(t_begin + i, i, pg);
+        }
+    }
+    int pg_next = 0;
+    if (w == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
+
+    QOp qop;
+#if QSMEM
+    {
+        uint4* qsm = reinterpret_cast<uint4*>(smem + STAGES * STAGE_BYTES + 16 * STAGES)
+                     + w * (NH * (KSTEPS / 2) * 32) + lane;
+        u32 qb[NH][KSTEPS][2];
+        load_q_nat(qb, Q, b, hk, c, q_st, q_sh, g, t4);
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+            for (int k = 0; k < KSTEPS; k += 2)
+                qsm[(nh * (KSTEPS / 2) + k / 2) * 32] = make_uint4(qb[nh][k][0], qb[nh][k][1], qb[nh][k + 1][0],
+                                                                   qb[nh][k + 1][1]);
+        __syncwarp();
+        qop.p = qsm;
+    }
+#else
+    load_q_nat(qop.r, Q, b, hk, c, q_st, q_sh, g, t4);
+#endif
+    State st;
+    init_state(st);
+    int lim[NH][2];
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        st.m[nh][0] = st.m[nh][1] = EMPTY_LSE;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = RC * c + 8 * nh + 2 * t4 + e;
+            lim[nh][e] = r < VR ? first_hidden + r / GQ : seq_len;
+        }
+    }
+
+    // this lane's ldmatrix rows: keys (x4: tokens 0-7 | 8-15 x dims 0-7 | 8-15 of a k-step), codes (x4.trans:
+    // tokens 0-7 x dims 0-7 | 8-15, then tokens 8-15 x dims 0-7 | 8-15 of an m-tile)
+    const int lr = lane & 7, lm = lane >> 3;
+    const u32 k_lane = (u32)((lr + 8 * (lm & 1)) * UP + 16 * (lm >> 1));
+    const u32 v_lane = (u32)(16 * UP + (lr + 8 * (lm >> 1)) * UP + 16 * (lm & 1));
+    unsigned char* ubase = smem + UOFF;
+    const u32 ubase_a = smem_addr(ubase) + hl * UHEAD;
+    int slot = 0, ub = 0;
+    u32 phase = 0;
+    for (int T = t_begin; T < t_end; ++T) {
+        if (w == 0) {  // the stage of tile T - 1 was unpacked before the last barrier: refill it
+            const int Tn = T + STAGES - 1;
+            const int sn = slot == 0 ? STAGES - 1 : slot - 1;
+            const int pg = __shfl_sync(0xffffffffu, pg_next, 0);
+            if (Tn < t_end) {
+                produce(Tn, sn, pg);
+                if (lane == 0) pg_next = bt_row[(16 * min(Tn + 1, t_end - 1)) / PAGE];
+            }
+        }
+        mbar_wait(bars + 8 * slot, (phase >> slot) & 1);
+        phase ^= 1u << slot;
+        unpack_tile(smem + slot * STAGE_BYTES, ubase + ub * (HPB * UHEAD), w, lane, (int)kv_shead);
+        __syncthreads();  // the unpacked tile is complete (and, UBUF = 2, everyone is done with tile T - 1)
+        const u32 hb = ubase_a + ub * (HPB * UHEAD);
+        const u32* szw = reinterpret_cast<const u32*>(ubase + ub * (HPB * UHEAD) + hl * UHEAD + 32 * UP);
+        if (T >= t_mask) attend_tile_shu<true>(st, qop, hb + k_lane, hb + v_lane, szw, g, 16 * T, seq_len, lim, qk_scale);
+        else attend_tile_shu<false>(st, qop, hb + k_lane, hb + v_lane, szw, g, 16 * T, seq_len, lim, qk_scale);
+#if UBUF == 2
+        ub ^= 1;
+#else
+        __syncthreads();  // one unpacked tile: everyone is done with it before the next unpack
+#endif
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
+    write_rows_shu(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
+}
+#endif  // SHU
