@@ -108,9 +108,31 @@ def main(argv: list[str] | None = None) -> int:
         from .cli import catch_early_interrupt
 
         catch_early_interrupt(f"sndr {argv[0]}" if argv and argv[0] in COMMANDS else "sndr")
-    if argv[:1] == ["help"]:  # `sndr help` and `sndr help COMMAND`
-        argv = [*argv[1:2], "--help"]
+    if argv[:1] == ["help"]:  # `sndr help`, `sndr help COMMAND`, `sndr help COMMAND SUB ...`
+        return _help(argv[1:])
     return run(argv, build_parser(argv))
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands a parser takes (name -> its parser); empty for a leaf."""
+    return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _help(path: list[str]) -> int:
+    """``sndr help [COMMAND [SUB ...]]``: the help of the parser the whole path names (``sndr help sync plan``
+    is ``sndr sync plan --help``, never ``sync``'s). A path that names no command is a usage error (exit 2)
+    naming the commands valid at that point."""
+    parser = build_parser(path)
+    for depth, name in enumerate(path):
+        choices = _subcommands(parser)
+        if name not in choices:
+            where = " ".join([PROG, *path[:depth]])
+            valid = f"{where} takes {', '.join(choices)}" if choices else f"{where} takes no subcommand"
+            print(f"{PROG} help: no command {' '.join(path[:depth + 1])!r}: {valid} (usage)", file=sys.stderr)
+            return 2
+        parser = choices[name]
+    parser.print_help()
+    return 0
 
 
 def console() -> None:

@@ -131,3 +131,31 @@ def test_a_commands_json_dash_does_not_outlive_it(tmp_path, capsys):
     assert cli.run("sndr y", lambda: 0) == 0
     assert cli.run("sndr x", fails) == 2  # the next run was given no --json
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("path, usage", [
+    ([], "usage: python -m sndr [-h] COMMAND"),
+    (["status"], "usage: python -m sndr status "),
+    (["sync", "plan"], "usage: python -m sndr sync plan "),
+    (["manifest", "check"], "usage: python -m sndr manifest check "),
+    (["watchlist", "set"], "usage: python -m sndr watchlist set "),
+])
+def test_help_shows_the_help_of_the_whole_path(path, usage, capsys):
+    """`sndr help sync plan` is `sndr sync plan --help` (it printed sync's help: the path stopped at its
+    first word)."""
+    assert main(["help", *path]) == 0
+    helped = capsys.readouterr().out
+    assert helped.startswith(usage), helped[:200]
+    assert main([*path, "--help"]) == 0
+    assert capsys.readouterr().out == helped
+
+
+@pytest.mark.parametrize("path, names", [
+    (["nope"], "python -m sndr takes apply, schema,"),
+    (["sync", "nope"], "python -m sndr sync takes plan, decide, deviation"),
+    (["status", "extra"], "python -m sndr status takes no subcommand"),
+])
+def test_help_of_an_unknown_path_is_a_usage_error_naming_the_valid_ones(path, names, capsys):
+    assert main(["help", *path]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"no command {' '.join(path)!r}" in err and names in err, err
