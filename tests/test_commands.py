@@ -94,11 +94,29 @@ def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
     rule; it was not_a_tree, exit 2)."""
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
+    (tmp_path / ".sndr").mkdir()  # sndr's state, with no stored ledger in it
     assert main(["salvage-ledger", str(tmp_path / "vllm")]) == 1  # a tree, with no stored ledger to put back
     out = capsys.readouterr().out
     assert f"no stored ledger matches the files of {tmp_path};" in out, out
     assert main(["salvage-ledger", str(tmp_path / "missing")]) == 2
     assert "tree_not_found" in capsys.readouterr().err
+
+
+def test_salvage_ledger_on_a_tree_sndr_never_applied_to_writes_nothing(tmp_path, capsys):
+    """A read-only-looking command on an untouched tree: "nothing to salvage" with its code, exit 1, and the
+    tree byte-identical (it created .sndr/ and .sndr/lock, then said no stored ledger matched)."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("x = 1\n")
+
+    def snapshot() -> dict[str, tuple[int, bytes | None]]:
+        return {p.relative_to(tmp_path).as_posix(): (p.lstat().st_mode, p.read_bytes() if p.is_file() else None)
+                for p in sorted(tmp_path.rglob("*"))}
+
+    before = snapshot()
+    assert main(["salvage-ledger", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"nothing to salvage in {tmp_path}" in out and "(nothing_to_salvage)" in out, out
+    assert snapshot() == before
 
 
 def test_the_old_salvage_spelling_is_not_a_silent_success():

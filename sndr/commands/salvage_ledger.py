@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 HELP = ("Repair sndr's state in a tree: put back the last ledger sndr wrote (kept in .sndr/objects) that matches "
-        "the tree's files. Exit 1 when none matches.")
+        "the tree's files. Exit 1 when none matches, or when the tree has no .sndr/ (nothing to salvage: it is "
+        "left untouched).")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -21,12 +22,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _body(spec: str) -> int:
+    import os
+
     from ..commit import salvage_ledger
-    from ..errors import EXIT_FINDINGS
-    from ..state import STATE_DIR
+    from ..errors import EXIT_FINDINGS, registered_exit
+    from ..state import STATE_DIR, state_path
     from ..tree import directory
 
     tree: Path = directory(spec, dry_run=False)  # the one tree rule: vllm/ itself means its parent
+    if not os.path.lexists(state_path(tree)):  # a look, no more: the salvage's lock would create .sndr/
+        print(f"sndr: nothing to salvage in {tree}: it has no {STATE_DIR}/ (sndr never applied there, so no "
+              f"ledger is kept to put back); the tree is untouched (nothing_to_salvage)")
+        return registered_exit("nothing_to_salvage", EXIT_FINDINGS)
     sha = salvage_ledger(tree)
     if sha is None:
         print(f"sndr: no stored ledger matches the files of {tree}; reinstall vLLM and delete "
