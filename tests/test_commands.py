@@ -5,6 +5,7 @@ does is tested with its engine: core/test_apply.py, test_listing.py, startup/tes
 from __future__ import annotations
 
 import importlib
+import sys
 
 import pytest
 
@@ -177,3 +178,18 @@ def test_help_of_an_unknown_path_is_a_usage_error_naming_the_valid_ones(path, na
     assert main(["help", *path]) == 2
     out, err = capsys.readouterr()
     assert out == "" and f"no command {' '.join(path)!r}" in err and names in err, err
+
+
+@pytest.mark.parametrize("argv, engine", [
+    (["manifest", "check"], "sndr.manifest"),
+    (["hook", "install"], "sndr.startup.hook"),
+    (["status"], "sndr.startup.hook"),
+    (["list"], "sndr.listing"),
+])
+def test_an_engine_that_fails_to_import_is_the_boundarys_internal_error(argv, engine, monkeypatch, capsys):
+    """The engine is imported inside the body sndr.cli.run calls: an import failure is exit 3 with the
+    boundary's line (manifest, hook and status imported it before the boundary: the ImportError escaped main)."""
+    monkeypatch.setitem(sys.modules, engine, None)  # `import` of it now raises ImportError
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert f"import of {engine} halted" in err and f"sndr {argv[0]}: internal error (exit 3)" in err, err[-500:]
