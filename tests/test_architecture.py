@@ -490,6 +490,7 @@ def test_light_subcommands_never_import_the_models_or_the_renderer(argv):
 @pytest.mark.parametrize("argv, engine", [
     (["status", "--json", "{dir}"], "sndr.startup.hook"),
     (["list", "--json", "{dir}"], "sndr.listing"),
+    (["watchlist", "lint", "--json", "{dir}"], "sndr.upstream.watchlist"),
     (["import", "quilt", "{dir}", "--to", "{dir}/out", "--json", "{dir}"], "sndr.upstream.series"),
     (["preflight", "--pin", "vllm==0.32.0", "--candidate", "vllm==0.33.0", "--markdown", "{dir}"], "pydantic"),
 ])
