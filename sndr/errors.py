@@ -140,8 +140,9 @@ CODES: dict[str, Code] = {
     # -- state of a tree (.sndr/) ---------------------------------------------------------------
     "ledger_corrupt": Code(_B, "the ledger's checksum does not match (edited by hand or damaged)"),
     "journal_corrupt": Code(_B, "the journal of an interrupted commit is unreadable"),
-    "nothing_to_salvage": Code(_F, "salvage-ledger on a tree with no .sndr/: sndr never wrote there, so no ledger "
-                                   "is kept to put back (the tree is left untouched)"),
+    "nothing_to_salvage": Code(_F, "salvage-ledger on a tree without a ledger to repair: no .sndr/ (sndr never "
+                                   "wrote there), or no ledger and none kept matches the files (a reverted tree); "
+                                   "the tree is left untouched"),
     "journal_too_large": Code(_B, "the journal of an interrupted commit is larger than any sndr writes"),
     "journal_mismatch": Code(_B, "a file holds neither the before- nor the after-bytes of the interrupted commit"),
     "object_missing": Code(_B, "a stored pristine copy is missing"),

@@ -95,7 +95,8 @@ def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
     rule; it was not_a_tree, exit 2)."""
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
-    (tmp_path / ".sndr").mkdir()  # sndr's state, with no stored ledger in it
+    (tmp_path / ".sndr").mkdir()  # sndr's state: a damaged ledger, and no stored one to put back
+    (tmp_path / ".sndr" / "ledger.json").write_text("{not json")
     assert main(["salvage-ledger", str(tmp_path / "vllm")]) == 1  # a tree, with no stored ledger to put back
     out = capsys.readouterr().out
     assert f"no stored ledger matches the files of {tmp_path};" in out, out
@@ -118,6 +119,22 @@ def test_salvage_ledger_on_a_tree_sndr_never_applied_to_writes_nothing(tmp_path,
     out = capsys.readouterr().out
     assert f"nothing to salvage in {tmp_path}" in out and "(nothing_to_salvage)" in out, out
     assert snapshot() == before
+
+
+def test_salvage_ledger_on_a_reverted_tree_says_nothing_to_salvage(tmp_path, capsys):
+    """After `apply --revert` the tree has no ledger and matches no stored one: it told the user to reinstall
+    vLLM and delete .sndr/ (the advice for a corrupt ledger) about a healthy, pristine tree."""
+    from hook_fixtures import make_patches, make_tree, tree_bytes
+
+    site, patches = make_tree(tmp_path / "site"), make_patches(tmp_path / "patches", only=["F0001"])
+    assert main(["apply", "--patches", str(patches), "--tree", str(site), "-q"]) == 0
+    assert main(["apply", "--revert", "--patches", str(patches), "--tree", str(site), "-q"]) == 0
+    capsys.readouterr()
+    before = tree_bytes(site)
+    assert main(["salvage-ledger", str(site)]) == 1
+    out = capsys.readouterr().out
+    assert "nothing to salvage" in out and "(nothing_to_salvage)" in out and "reinstall" not in out, out
+    assert tree_bytes(site) == before
 
 
 def test_the_old_salvage_spelling_is_not_a_silent_success():

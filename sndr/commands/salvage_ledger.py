@@ -26,7 +26,7 @@ def _body(spec: str) -> int:
 
     from ..commit import salvage_ledger
     from ..errors import EXIT_FINDINGS, registered_exit
-    from ..state import STATE_DIR, state_path
+    from ..state import STATE_DIR, read_ledger, state_path
     from ..tree import directory
 
     tree: Path = directory(spec, dry_run=False)  # the one tree rule: vllm/ itself means its parent
@@ -35,6 +35,11 @@ def _body(spec: str) -> int:
               f"ledger is kept to put back); the tree is untouched (nothing_to_salvage)")
         return registered_exit("nothing_to_salvage", EXIT_FINDINGS)
     sha = salvage_ledger(tree)
+    if sha is None and read_ledger(tree).kind == "absent":  # reverted (or an apply that never committed)
+        print(f"sndr: nothing to salvage in {tree}: it has no ledger, and none sndr kept matches its files (a "
+              f"reverted tree reads like this; `python -m sndr apply --dry-run --tree {tree}` shows its state); "
+              f"nothing was changed (nothing_to_salvage)")
+        return registered_exit("nothing_to_salvage", EXIT_FINDINGS)
     if sha is None:
         print(f"sndr: no stored ledger matches the files of {tree}; reinstall vLLM and delete "
               f"{tree / STATE_DIR}/ to start from a pristine tree")
