@@ -385,9 +385,12 @@ def run_pin(args) -> int:
     if args.cmd == "show":
         path = Path(args.pin_file) if args.pin_file else default_pin_path(args.patches)
         rec = read_pin(path)
-        if rec is None:
-            print(f"{path}: no pin recorded")
-            return EXIT_FINDINGS
+        if rec is None:  # the pin is still sndr's own (what manifest and apply validate on): say which
+            from ..pinrecord import pin_version
+
+            print(f"{path}: no pin recorded; the pin is sndr's own, vllm {pin_version(None)[0]} (`python -m sndr "
+                  f"pin advance` records one)")
+            return EXIT_OK
         print(f"{path}: " + ", ".join(f"{k}={v}" for k, v in rec.model_dump(exclude_none=True).items()))
         return EXIT_OK
     digest = None
