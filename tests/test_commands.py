@@ -210,3 +210,38 @@ def test_an_engine_that_fails_to_import_is_the_boundarys_internal_error(argv, en
     assert main(argv) == 3
     err = capsys.readouterr().err
     assert f"import of {engine} halted" in err and f"sndr {argv[0]}: internal error (exit 3)" in err, err[-500:]
+
+
+def test_the_console_script_names_itself_sndr(monkeypatch, capsys):
+    """`sndr --help` printed `usage: python -m sndr ...`: the console script's usage and help lines name the
+    command the user typed."""
+    import signal
+
+    from sndr.__main__ import console
+
+    # console() is a process's entry: it installs its own SIGINT handlers; give pytest's back afterwards
+    monkeypatch.setattr(signal, "signal", _keeping(signal.signal, signal.getsignal(signal.SIGINT)))
+    for argv, usage in ((["--help"], "usage: sndr [-h] COMMAND"), (["sync", "plan", "--help"], "usage: sndr sync plan "),
+                        (["help", "pin", "show"], "usage: sndr pin show ")):
+        monkeypatch.setattr("sys.argv", ["sndr", *argv])
+        with pytest.raises(SystemExit) as exc:
+            console()
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith(usage) and "python -m sndr" not in out.split("\n", 1)[0], out[:200]
+    monkeypatch.setattr("sys.argv", ["sndr", "help", "nope"])
+    with pytest.raises(SystemExit) as exc:
+        console()
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("sndr help: no command 'nope': sndr takes ")
+
+
+def _keeping(real, handler):
+    """signal.signal that lets the process-entry code run but leaves the test process's SIGINT handler alone."""
+    import signal
+
+    def fake(signum, new):
+        if signum == signal.SIGINT:
+            return handler
+        return real(signum, new)
+
+    return fake
