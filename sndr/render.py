@@ -68,10 +68,11 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
     console.print(f"[bold]{status}[/bold]{digest}")
 
 
-#: Width of a console that is not a terminal (a pipe, a file, a CI log) when COLUMNS is not set: wide enough
-#: that a dependency pin or a path stays in its cell (rich's 80 broke them mid-word), narrow enough for a log
-#: viewer. Lines are never padded to it (:class:`_Unpadded`).
-PIPE_WIDTH = 120
+#: Width of a console that is not a terminal (a pipe, a file, a CI log) when COLUMNS is not set: where a long
+#: cell wraps. Wide, so that a dependency pin or a path stays whole in its cell (rich's 80 broke them mid-word;
+#: 120 still broke the 0.32.0 -> 0.33.0 preflight's dependency table, 149 columns); lines are never padded to
+#: it (:class:`_Unpadded`), so a line is as long as what it says.
+PIPE_WIDTH = 240
 
 
 def console_width(target: Any) -> int:
