@@ -271,6 +271,23 @@ def test_decide_refuses_a_ported_as_of_an_unknown_patch(tmp_path, scripted, caps
     assert sndr_main(["sync", *base, "--resolution", "ported-as PX0040"]) == 0
 
 
+def test_the_rebuild_hint_never_names_the_installed_anchors(tmp_path, installed):
+    """pin advance with the default anchors of an installed sndr: the hint said `manifest build ... --out
+    <site-packages>/sndr/_data/anchors/vllm-0.33.0.json`, which manifest build refuses (shipped_data_write).
+    It names a file of the caller's and the --manifest that reads it."""
+    from sndr.__main__ import build_parser
+
+    shipped = installed.parent / "anchors" / "vllm-0.33.0.json"
+    hint = rebuild_hint(shipped, "0.33.0")
+    assert "_data" not in hint and hint.endswith("--out vllm-0.33.0.json, then pass --manifest vllm-0.33.0.json "
+                                                 "to pin advance"), hint
+    argv = shlex.split(hint.split(",", 1)[0])
+    args = build_parser(argv[3:]).parse_args(argv[3:])
+    assert str(args.out) == "vllm-0.33.0.json"
+    assert rebuild_hint(tmp_path / "anchors" / "vllm-0.33.0.json", "0.33.0").endswith(
+        f"--out {tmp_path / 'anchors' / 'vllm-0.33.0.json'}")
+
+
 def test_manifest_rebuild_hint_is_a_runnable_command(tmp_path):
     from sndr.__main__ import build_parser
 
