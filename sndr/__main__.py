@@ -73,7 +73,8 @@ def build_parser(argv: list[str], prog: str = PROG) -> argparse.ArgumentParser:
     """The one parser: every command is listed; only the one ``argv`` names gets its options (its module
     is the only one imported). ``prog``: how the user ran it (``sndr`` for the console script)."""
     ap = argparse.ArgumentParser(prog=prog, description="sndr: a transactional text-patch engine for a pinned "
-                                 "vLLM tree. `python -m sndr COMMAND --help` for a command's options.",
+                                 f"vLLM tree. `{prog} COMMAND --help` (or `{prog} help COMMAND`) for a command's "
+                                 "options.",
                                  formatter_class=_Formatter)
     sub = ap.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True,
                             parser_class=_CommandParser)
