@@ -136,9 +136,9 @@ def test_yaml_errors_carry_a_line():
     assert exc.value.problems[0].code == "yaml_syntax" and exc.value.problems[0].line
 
 
-def test_markers_are_optional_and_validated(text):
-    loaded = parse_watchlist(set_field(text, "#47609", "markers", ["and not isinstance(kv_cache_spec, TQFull"]))
-    assert loaded.model.sweep[find_row(loaded.model, "#47609")[1]].markers == [
+def test_markers_are_optional_and_validated(loaded):
+    after = edit_watchlist(loaded, "#47609", "markers", ["and not isinstance(kv_cache_spec, TQFull"])  # the new text, parsed
+    assert after.model.sweep[find_row(after.model, "#47609")[1]].markers == [
         "and not isinstance(kv_cache_spec, TQFull"]
 
 
@@ -154,23 +154,31 @@ def test_patch_refs():
 # ----------------------------------------------------------------------------- round-trip editing
 
 
-def test_set_status_changes_only_that_line(text):
-    new = set_field(text, "vllm#40886", "status", "merged")
+def test_set_status_changes_only_that_line(text, loaded):
+    after = edit_watchlist(loaded, "vllm#40886", "status", "merged")  # set_field on the module's one parse
+    new = after.text
     diff = changed_lines(text, new)
     assert len(diff) == 2, diff
     assert diff[0].startswith("-  status: open ") and diff[1].startswith("+  status: merged ")
     # the comment stays, in its column
     assert diff[0].index("#") == diff[1].index("#")
     assert diff[1].endswith("verified native equivalent in the target pin.")
-    row = parse_watchlist(new).model.watch[1]
+    row = after.model.watch[1]
     assert row.upstream == "vllm#40886" and row.status == "merged"
 
 
-def test_cli_set_on_a_copy(tmp_path, text, capsys):
+def test_cli_set_on_a_copy(tmp_path, text, capsys, monkeypatch):
+    import sndr.upstream.watchlist as wmod
+
     wl = tmp_path / "watchlist.yaml"
     shutil.copy(FIXTURE, wl)
+    parses: list[int] = []
+    real = wmod.load_rt_nodes
+    monkeypatch.setattr(wmod, "load_rt_nodes", lambda text, file: parses.append(len(text)) or real(text, file))
     assert sndr_main(["watchlist", "set", "vllm#40886", "status", "merged", "--watchlist", str(wl)]) == 0
     assert len(changed_lines(text, wl.read_text())) == 2
+    # the file parsed once, the result once to check it (set_field parsed the file a second time: ~0.2 s each)
+    assert len(parses) == 2, parses
     assert sndr_main(["watchlist", "set", "vllm#40886", "status", "bogus", "--watchlist", str(wl)]) == 2
     assert "'bogus' is not a known value" in capsys.readouterr().err
     assert sndr_main(["watchlist", "set", "vllm#99999", "status", "open", "--watchlist", str(wl)]) == 2
@@ -430,17 +438,3 @@ def test_watchlist_option_counts_before_and_after_the_subcommand(before, capsys)
     out = capsys.readouterr().out
     assert out.splitlines()[-1].startswith(f"{FIXTURE}: "), out[-300:]
 
-
-def test_cli_set_parses_the_file_once_and_its_result_once(tmp_path, monkeypatch):
-    """`watchlist set` reads the file, parses it once and edits that parse (edit_field); the edit parses its
-    result once to check it. It parsed the file twice (a second time in set_field): ~0.2 s of ruamel per parse
-    of the shipped watchlist."""
-    import sndr.upstream.watchlist as wmod
-
-    wl = tmp_path / "watchlist.yaml"
-    shutil.copy(FIXTURE, wl)
-    calls: list[int] = []
-    real = wmod.load_rt_nodes
-    monkeypatch.setattr(wmod, "load_rt_nodes", lambda text, file: calls.append(len(text)) or real(text, file))
-    assert sndr_main(["watchlist", "set", "vllm#40886", "status", "merged", "--watchlist", str(wl)]) == 0
-    assert len(calls) == 2 and "status: merged" in wl.read_text()
