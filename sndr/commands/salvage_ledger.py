@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 HELP = ("Repair sndr's state in a tree: put back the last ledger sndr wrote (kept in .sndr/objects) that matches "
-        "the tree's files. Exit 1 when none matches, or when the tree has no .sndr/ (nothing to salvage: it is "
-        "left untouched).")
+        "the tree's files. Exit 1 when none matches, or when there is nothing to salvage (no .sndr/, or no ledger "
+        "and none kept matches, as after a revert): the tree is then left untouched.")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
