@@ -111,6 +111,9 @@ CODES: dict[str, Code] = {
     "not_a_tree": Code(_B, "the directory does not contain a vllm/ package"),
     "no_vllm": Code(_B, "the path does not contain a vllm/ package"),
     "vllm_not_found": Code(_B, "no installed vLLM was found for this command"),
+    "site_not_a_dir": Code(_B, "hook install|uninstall: --site is not a directory"),
+    "sndr_not_importable": Code(_B, "hook install: the --python interpreter cannot import sndr, so its .pth would "
+                                    "import nothing"),
     "tree_not_found": Code(_B, "the tree path does not exist"),
     "bad_tree_spec": Code(_B, "a tree spec (DIR, vllm==X, wheel, git:REV, installed[:PY]) is malformed"),
     "bad_path": Code(_B, "a path is not a relative POSIX path inside the tree"),

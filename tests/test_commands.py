@@ -245,3 +245,22 @@ def _keeping(real, handler):
         return real(signum, new)
 
     return fake
+
+
+def test_hook_install_errors_carry_their_code(tmp_path, capsys):
+    """`hook install --site FILE` and a --python that cannot import sndr printed their own line with no reason
+    code; they are bad input (exit 2) with a registered code, naming the option and what to do."""
+    not_dir = tmp_path / "file"
+    not_dir.write_text("")
+    assert main(["hook", "install", "--site", str(not_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{not_dir} [--site]: --site is not a directory (site_not_a_dir)" in err, err
+    site = tmp_path / "site"
+    site.mkdir()
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")  # an interpreter that finds no sndr
+    python.chmod(0o755)
+    assert main(["hook", "install", "--site", str(site), "--python", str(python)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import sndr" in err and "(sndr_not_importable)" in err and "pip install sndr" in err, err
+    assert list(site.iterdir()) == []  # no .pth written
