@@ -18,7 +18,6 @@ from sndr.upstream.series import import_series, mbox_members, quilt_members
 from sndr.upstream.vendor import unified_diff
 from upstream.test_vendor import PIN_FILES, SCHED, SCHED_NEW, UTILS, UTILS_NEW, mail, make_tree
 
-REPO = Path(__file__).resolve().parents[2]
 S = "vllm/v1/core/sched/scheduler.py"
 U = "vllm/v1/core/kv_cache_utils.py"
 
