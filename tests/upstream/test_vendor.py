@@ -708,3 +708,20 @@ def test_include_exclude_and_json_report(tmp_path, capsys):
     assert any("excluded by --exclude" in s for s in data["skipped"])
     res = vendor_diff(series_diff(), reader(PIN_FILES), patch_id="PN0127", include=["vllm/v1/core/clamp.py"])
     assert res.created == ["vllm/v1/core/clamp.py"] and len(res.patch.files) == 1
+
+
+def test_a_diff_naming_no_files_names_the_diff_file(tmp_path, capsys):
+    """Bad input names its file: an empty or non-diff --diff said only "[--diff]: the diff names no files"."""
+    import json
+
+    tree = make_tree(tmp_path / "pin", PIN_FILES)
+    empty = tmp_path / "empty.patch"
+    empty.write_text("not a diff\n")
+    argv = ["vendor", "--diff", str(empty), "--id", "PX0001", "--title", "t", "--tree", str(tree),
+            "--out", str(tmp_path / "out")]
+    assert sndr_main([*argv, "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    problem = json.loads(out)["problems"][0]
+    assert problem["code"] == "bad_diff" and problem["file"] == str(empty), problem
+    assert f"{empty} [--diff]: the diff names no files (bad_diff)" in err, err
+    assert not (tmp_path / "out").exists()
