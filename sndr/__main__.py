@@ -52,6 +52,9 @@ class _CommandParser(argparse.ArgumentParser):
     def parse_known_args(
         self, args: Any = None, namespace: Any = None,
     ) -> tuple[Any, list[str]]:
+        for action in self._actions:  # a missing subcommand names the choices, not the dest ("required: cmd")
+            if isinstance(action, argparse._SubParsersAction) and action.metavar is None and action.choices:
+                action.metavar = "{" + ",".join(action.choices) + "}"
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")

@@ -264,3 +264,17 @@ def test_hook_install_errors_carry_their_code(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot import sndr" in err and "(sndr_not_importable)" in err and "pip install sndr" in err, err
     assert list(site.iterdir()) == []  # no .pth written
+
+
+@pytest.mark.parametrize("argv, choices", [
+    (["watchlist"], "{lint,set,check,show,schema}"),
+    (["sync"], "{plan,decide,deviation}"),
+    (["manifest"], "{build,check}"),
+    (["pin"], "{show,advance}"),
+])
+def test_a_missing_subcommand_names_the_choices(argv, choices, capsys):
+    """`sndr watchlist` said "the following arguments are required: cmd" (the parser's dest)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the following arguments are required: {choices}" in err and "required: cmd" not in err, err
+    assert err.startswith(f"usage: python -m sndr {argv[0]} [-h]"), err
