@@ -342,9 +342,9 @@ def _preflight(**lists) -> dict:
     return base
 
 
-def test_check_fires_each_trigger(text):
-    marked = set_field(text, "#47609", "markers", ["and not isinstance(kv_cache_spec, TQFullAttentionSpec)"])
-    loaded = parse_watchlist(marked)
+def test_check_fires_each_trigger(loaded):
+    # the marked text, parsed once (edit_watchlist: the parse that checked the edit)
+    loaded = edit_watchlist(loaded, "#47609", "markers", ["and not isinstance(kv_cache_spec, TQFullAttentionSpec)"])
     pre = _preflight(
         patches=[
             {"id": "PN129", "status": "merged", "edits": [{"file": "f", "name": "e", "verdict": "merged",
