@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +279,41 @@ def test_a_missing_subcommand_names_the_choices(argv, choices, capsys):
     err = capsys.readouterr().err
     assert f"the following arguments are required: {choices}" in err and "required: cmd" not in err, err
     assert err.startswith(f"usage: python -m sndr {argv[0]} [-h]"), err
+
+
+def _readme_block(title: str) -> list[list[str]]:
+    """The commands of the first ```bash block after the README heading ``title``: continuations joined,
+    comments dropped, each split as a shell would."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = text.split(title, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    joined = block.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if shlex.split(line, comments=True)]
+
+
+def test_the_readme_pin_bump_runs_from_an_installed_sndr():
+    """Walked on a fresh venv: the block began with `python tools/bump_preflight.py` (a checkout's file, not
+    in a pip install), built no manifest for the target (pin advance's manifest gate then pointed into the
+    installed package) and gave pin advance no --patches (it refuses to write the shipped set). Every line is
+    `python -m sndr ...` and parses; every file pin advance reads is written by an earlier line; every
+    command that takes --patches names the same set."""
+    from sndr.__main__ import build_parser
+
+    commands = _readme_block("## A pin bump")
+    written: set[str] = set()
+    patches = set()
+    for argv in commands:
+        assert argv[:3] == ["python", "-m", "sndr"], argv
+        args = build_parser(argv[3:]).parse_args(argv[3:])
+        if getattr(args, "patches", None) is not None:
+            patches.add(str(args.patches))
+        if argv[3:5] == ["pin", "advance"]:
+            for read in (args.preflight, args.queue, args.manifest):
+                assert str(read) in written, f"pin advance reads {read}, which no earlier line writes"
+        for flag in ("json", "out", "md"):
+            if isinstance(getattr(args, flag, None), (str, Path)):
+                written.add(str(getattr(args, flag)))
+    assert patches == {"patches"}, patches
+    assert any(a[3:5] == ["pin", "advance"] for a in commands)
