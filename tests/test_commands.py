@@ -309,7 +309,8 @@ def test_the_readme_pin_bump_runs_from_an_installed_sndr():
         args = build_parser(argv[3:]).parse_args(argv[3:])
         if getattr(args, "patches", None) is not None:
             patches.add(str(args.patches))
-        if getattr(args, "watchlist", None) is not None:  # the set's own watchlist, not the shipped one
+        if argv[3] == "watchlist":  # the set's own watchlist, not the shipped one
+            assert args.watchlist is not None, argv
             patches.add(str(Path(args.watchlist).parent))
         if argv[3:5] == ["pin", "advance"]:
             for read in (args.preflight, args.queue, args.manifest):
