@@ -38,7 +38,7 @@ def _body(spec: str) -> int:
     if sha is None and read_ledger(tree).kind == "absent":  # reverted (or an apply that never committed)
         print(f"sndr: nothing to salvage in {tree}: it has no ledger, and none sndr kept matches its files (a "
               f"reverted tree reads like this; `python -m sndr apply --dry-run --tree {tree}` shows its state); "
-              f"nothing was changed (nothing_to_salvage)")
+              f"no ledger was put back (nothing_to_salvage)")
         return registered_exit("nothing_to_salvage", EXIT_FINDINGS)
     if sha is None:
         print(f"sndr: no stored ledger matches the files of {tree}; reinstall vLLM and delete "
