@@ -52,6 +52,9 @@ class _CommandParser(argparse.ArgumentParser):
     def parse_known_args(
         self, args: Any = None, namespace: Any = None,
     ) -> tuple[Any, list[str]]:
+        for action in self._actions:  # a missing subcommand names the choices, not the dest ("required: cmd")
+            if isinstance(action, argparse._SubParsersAction) and action.metavar is None and action.choices:
+                action.metavar = "{" + ",".join(action.choices) + "}"
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
@@ -69,11 +72,12 @@ def _configure(parser: argparse.ArgumentParser, module: ModuleType) -> argparse.
     return parser
 
 
-def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+def build_parser(argv: list[str], prog: str = PROG) -> argparse.ArgumentParser:
     """The one parser: every command is listed; only the one ``argv`` names gets its options (its module
-    is the only one imported)."""
-    ap = argparse.ArgumentParser(prog=PROG, description="sndr: a transactional text-patch engine for a pinned "
-                                 "vLLM tree. `python -m sndr COMMAND --help` for a command's options.",
+    is the only one imported). ``prog``: how the user ran it (``sndr`` for the console script)."""
+    ap = argparse.ArgumentParser(prog=prog, description="sndr: a transactional text-patch engine for a pinned "
+                                 f"vLLM tree. `{prog} COMMAND --help` (or `{prog} help COMMAND`) for a command's "
+                                 "options.",
                                  formatter_class=_Formatter)
     sub = ap.add_subparsers(title="commands", metavar="COMMAND", dest="command", required=True,
                             parser_class=_CommandParser)
@@ -100,7 +104,7 @@ def run(argv: list[str], parser: argparse.ArgumentParser) -> int:
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """The entry point: ``python -m sndr``, the ``sndr`` console script, and in-process calls (``argv``)."""
     process = argv is None  # a process, not a library call: the early Ctrl-C handler is its own
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -108,9 +112,31 @@ def main(argv: list[str] | None = None) -> int:
         from .cli import catch_early_interrupt
 
         catch_early_interrupt(f"sndr {argv[0]}" if argv and argv[0] in COMMANDS else "sndr")
-    if argv[:1] == ["help"]:  # `sndr help` and `sndr help COMMAND`
-        argv = [*argv[1:2], "--help"]
-    return run(argv, build_parser(argv))
+    if argv[:1] == ["help"]:  # `sndr help`, `sndr help COMMAND`, `sndr help COMMAND SUB ...`
+        return _help(argv[1:], prog)
+    return run(argv, build_parser(argv, prog))
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands a parser takes (name -> its parser); empty for a leaf."""
+    return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _help(path: list[str], prog: str = PROG) -> int:
+    """``sndr help [COMMAND [SUB ...]]``: the help of the parser the whole path names (``sndr help sync plan``
+    is ``sndr sync plan --help``, never ``sync``'s). A path that names no command is a usage error (exit 2)
+    naming the commands valid at that point."""
+    parser = build_parser(path, prog)
+    for depth, name in enumerate(path):
+        choices = _subcommands(parser)
+        if name not in choices:
+            where = " ".join([prog, *path[:depth]])
+            valid = f"{where} takes {', '.join(choices)}" if choices else f"{where} takes no subcommand"
+            print(f"{prog} help: no command {' '.join(path[:depth + 1])!r}: {valid} (usage)", file=sys.stderr)
+            return 2
+        parser = choices[name]
+    parser.print_help()
+    return 0
 
 
 def console() -> None:
@@ -118,7 +144,7 @@ def console() -> None:
     (:func:`sndr.cli.exit_with`: once the command returned, its last line and exit status stand)."""
     from .cli import exit_with
 
-    exit_with(main)
+    exit_with(lambda: main(prog="sndr"))  # its usage lines name what the user typed: `sndr`, not `python -m sndr`
 
 
 def alias(name: str) -> None:

@@ -1480,9 +1480,12 @@ def salvage_ledger(root: Path | str) -> str | None:
     must be what :func:`sndr.state.check_ledger` accepts (shape and checksum: what every ledger
     reader accepts), and describe the tree as it is: every
     file it names holds its patched bytes. Of several, the one naming the most
-    files wins (a later set over an earlier subset). Runs under the lock.
+    files wins (a later set over an earlier subset). Runs under the lock; a tree with no ``.sndr/`` (sndr
+    never wrote there) has nothing to put back and is left as it is (the lock would create the directory).
     """
     tree = TreeRoot(root)
+    if tree.state_fd() is None:
+        return None
     with tree.lock():
         recover(tree)
         ofd = tree.objects_fd()

@@ -111,6 +111,9 @@ CODES: dict[str, Code] = {
     "not_a_tree": Code(_B, "the directory does not contain a vllm/ package"),
     "no_vllm": Code(_B, "the path does not contain a vllm/ package"),
     "vllm_not_found": Code(_B, "no installed vLLM was found for this command"),
+    "site_not_a_dir": Code(_B, "hook install|uninstall: --site is not a directory"),
+    "sndr_not_importable": Code(_B, "hook install: the --python interpreter cannot import sndr, so its .pth would "
+                                    "import nothing"),
     "tree_not_found": Code(_B, "the tree path does not exist"),
     "bad_tree_spec": Code(_B, "a tree spec (DIR, vllm==X, wheel, git:REV, installed[:PY]) is malformed"),
     "bad_path": Code(_B, "a path is not a relative POSIX path inside the tree"),
@@ -140,6 +143,9 @@ CODES: dict[str, Code] = {
     # -- state of a tree (.sndr/) ---------------------------------------------------------------
     "ledger_corrupt": Code(_B, "the ledger's checksum does not match (edited by hand or damaged)"),
     "journal_corrupt": Code(_B, "the journal of an interrupted commit is unreadable"),
+    "nothing_to_salvage": Code(_F, "salvage-ledger on a tree without a ledger to repair: no .sndr/ (sndr never "
+                                   "wrote there), or no ledger and none kept matches the files (a reverted tree); "
+                                   "the tree is left untouched"),
     "journal_too_large": Code(_B, "the journal of an interrupted commit is larger than any sndr writes"),
     "journal_mismatch": Code(_B, "a file holds neither the before- nor the after-bytes of the interrupted commit"),
     "object_missing": Code(_B, "a stored pristine copy is missing"),

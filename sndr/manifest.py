@@ -401,15 +401,9 @@ def _build_cmd(args) -> int:
 
 def _pin_version(patch_set: PatchSet) -> str:
     """The pin the patch set is validated on: its pin record's version, else sndr's pinned vLLM."""
-    from . import PIN_VERSION
+    from .pinrecord import pin_version
 
-    if patch_set.directory:
-        from .pinrecord import default_pin_path, read_pin
-
-        rec = read_pin(default_pin_path(patch_set.directory))
-        if rec is not None:
-            return rec.version
-    return PIN_VERSION
+    return pin_version(patch_set.directory or None)[0]
 
 
 def _same_release(a: str, b: str) -> bool:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .env import PIN_FILE_NAME
 from .errors import bad_input
 
-__all__ = ["PIN_FILE_NAME", "PinRecord", "default_pin_path", "read_pin", "writable_pin_path"]
+__all__ = ["PIN_FILE_NAME", "PinRecord", "default_pin_path", "pin_version", "read_pin", "writable_pin_path"]
 
 
 
@@ -76,3 +76,12 @@ def read_pin(path: Path | str) -> PinRecord | None:
         err = exc.errors()[0]
         raise bad_input("bad_pin", err.get("msg", "invalid"), file=str(path),
                         key=".".join(str(p) for p in err.get("loc", ())) or None) from None
+
+
+def pin_version(patches: Path | str | None) -> tuple[str, PinRecord | None]:
+    """The pin a patch set is validated on, and the record naming it: ``<patches>/_pin.toml``'s version when
+    it has one, else sndr's own pinned vLLM (:data:`sndr.PIN_VERSION`, record None)."""
+    from . import PIN_VERSION
+
+    rec = read_pin(default_pin_path(patches)) if patches is not None else None
+    return (rec.version, rec) if rec is not None else (PIN_VERSION, None)

@@ -68,22 +68,66 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
     console.print(f"[bold]{status}[/bold]{digest}")
 
 
-#: Width of a console that is not a terminal (a pipe, a file, a CI log): rich would wrap every table
-#: at 80 columns there; a reader of a log scrolls sideways rather than reads cells broken mid-word.
+#: Width of a console that is not a terminal (a pipe, a file, a CI log) when COLUMNS is not set: where a long
+#: cell wraps. Wide, so that a dependency pin or a path stays whole in its cell (rich's 80 broke them mid-word;
+#: 120 still broke the 0.32.0 -> 0.33.0 preflight's dependency table, 149 columns); lines are never padded to
+#: it (:class:`_Unpadded`), so a line is as long as what it says.
 PIPE_WIDTH = 240
 
 
-def make_console(*, stderr: bool = False, file=None) -> Any:
-    """The one way sndr builds a rich Console: no highlighting, soft-wrapped text, and, when the output
-    is not a TTY, :data:`PIPE_WIDTH` columns instead of rich's 80 (on a terminal, its own width)."""
+def console_width(target: Any) -> int:
+    """The width sndr renders for on ``target``, by :func:`shutil.get_terminal_size`'s rule applied to the
+    stream written to: ``COLUMNS`` when it is a positive number, else the terminal's width when ``target`` is
+    a terminal, else :data:`PIPE_WIDTH`. (shutil asks stdout only; a report on stderr asks stderr.)"""
+    import os
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if _isatty(target):
+        try:
+            return os.get_terminal_size(target.fileno()).columns or PIPE_WIDTH
+        except (AttributeError, ValueError, OSError):
+            pass
+    return PIPE_WIDTH
+
+
+def _isatty(target: Any) -> bool:
+    try:
+        return bool(target.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Unpadded:
+    """A stream that is not a terminal, as rich writes to it: each line without the spaces rich pads a table's
+    cells with to the table's width (in a log every wrapped row was padded to the full width)."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def write(self, text: str) -> int:
+        import re
+
+        return int(self._target.write(re.sub(r"[ \t]+(?=\n)", "", text)) or 0)
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding: the stream's own
+        return getattr(self._target, name)
+
+
+def make_console(*, stderr: bool = False, file: Any = None) -> Any:
+    """The one way sndr builds a rich Console: no highlighting, soft-wrapped text, :func:`console_width`
+    columns, and off a terminal no trailing padding on any line (:class:`_Unpadded`)."""
     from rich.console import Console
 
     target = file if file is not None else (sys.stderr if stderr else sys.stdout)
-    try:
-        tty = target.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    return Console(file=target, highlight=False, soft_wrap=True, width=None if tty else PIPE_WIDTH)
+    width = console_width(target)
+    if not _isatty(target):
+        target = _Unpadded(target)
+    return Console(file=target, highlight=False, soft_wrap=True, width=width)
 
 
 def _esc(text: str) -> str:

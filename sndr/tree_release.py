@@ -148,10 +148,11 @@ def _pip_with_progress(cmd: list[str], version: str, cache: Path) -> tuple[int, 
     import re as _re
     import threading
 
-    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    console = Console(file=sys.stderr)
+    from .render import make_console
+
+    console = make_console(stderr=True)
     console.print(f"sndr: fetching vllm=={version} from the package index into {cache} "
                   f"(the wheel is ~300 MB; only its .py files are kept)")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -333,6 +333,21 @@ def test_a_command_module_imports_its_engine_inside_run(mod):
     names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
         t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     assert {"HELP", "add_arguments", "run"} <= names, f"{mod} lacks {sorted({'HELP', 'add_arguments', 'run'} - names)}"
+    # ... and inside the boundary: run() itself imports only sndr.cli (and the stdlib); the engine is imported
+    # in the body cli.run calls, so an import failure or a refused output is the boundary's exit status and
+    # line, and an error found before the work never loads the engine.
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    own: list[ast.stmt] = list(run.body)
+    outside = []
+    while own:
+        node = own.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # the body cli.run calls
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            outside += [f"line {node.lineno}: {t}" for t in _targets(mod, path, node)[:1]
+                        if t.split(".")[0] not in STDLIB and t != "sndr.cli"]
+        own.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt))
+    assert not outside, f"{mod}.run imports {outside} outside the body it hands to sndr.cli.run"
 
 
 def test_every_command_is_in_the_table_and_every_table_entry_is_a_command():
@@ -470,3 +485,22 @@ def test_light_subcommands_never_import_the_models_or_the_renderer(argv):
     heavy = sorted(imported & {"pydantic", "sndr.model", "sndr.plan", "sndr.load", "sndr.commit", "rich",
                                "packaging"})
     assert not heavy, f"python -m {' '.join(argv)} imported {heavy}"
+
+
+@pytest.mark.parametrize("argv, engine", [
+    (["status", "--json", "{dir}"], "sndr.startup.hook"),
+    (["list", "--json", "{dir}"], "sndr.listing"),
+    (["watchlist", "lint", "--json", "{dir}"], "sndr.upstream.watchlist"),
+    (["import", "quilt", "{dir}", "--to", "{dir}/out", "--json", "{dir}"], "sndr.upstream.series"),
+    (["preflight", "--pin", "vllm==0.32.0", "--candidate", "vllm==0.33.0", "--markdown", "{dir}"], "pydantic"),
+])
+def test_an_output_refused_before_the_work_never_imports_the_engine(argv, engine, tmp_path):
+    """A refused ``--json`` (a directory) is found before any work: the command stops at its boundary (exit 2,
+    output_refused) without importing its engine (status imported sndr.startup.hook before the check)."""
+    argv = [a.format(dir=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sndr", *argv], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "output_refused" in proc.stderr, proc.stderr[-2000:]
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "sndr.cli" in imported, "the -X importtime output was not read"
+    assert engine not in imported, f"python -m sndr {' '.join(argv)} imported {engine} before refusing --json"

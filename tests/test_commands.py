@@ -5,6 +5,8 @@ does is tested with its engine: core/test_apply.py, test_listing.py, startup/tes
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,11 +96,46 @@ def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
     rule; it was not_a_tree, exit 2)."""
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
+    (tmp_path / ".sndr").mkdir()  # sndr's state: a damaged ledger, and no stored one to put back
+    (tmp_path / ".sndr" / "ledger.json").write_text("{not json")
     assert main(["salvage-ledger", str(tmp_path / "vllm")]) == 1  # a tree, with no stored ledger to put back
     out = capsys.readouterr().out
     assert f"no stored ledger matches the files of {tmp_path};" in out, out
     assert main(["salvage-ledger", str(tmp_path / "missing")]) == 2
     assert "tree_not_found" in capsys.readouterr().err
+
+
+def test_salvage_ledger_on_a_tree_sndr_never_applied_to_writes_nothing(tmp_path, capsys):
+    """A read-only-looking command on an untouched tree: "nothing to salvage" with its code, exit 1, and the
+    tree byte-identical (it created .sndr/ and .sndr/lock, then said no stored ledger matched)."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("x = 1\n")
+
+    def snapshot() -> dict[str, tuple[int, bytes | None]]:
+        return {p.relative_to(tmp_path).as_posix(): (p.lstat().st_mode, p.read_bytes() if p.is_file() else None)
+                for p in sorted(tmp_path.rglob("*"))}
+
+    before = snapshot()
+    assert main(["salvage-ledger", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"nothing to salvage in {tmp_path}" in out and "(nothing_to_salvage)" in out, out
+    assert snapshot() == before
+
+
+def test_salvage_ledger_on_a_reverted_tree_says_nothing_to_salvage(tmp_path, capsys):
+    """After `apply --revert` the tree has no ledger and matches no stored one: it told the user to reinstall
+    vLLM and delete .sndr/ (the advice for a corrupt ledger) about a healthy, pristine tree."""
+    from hook_fixtures import make_patches, make_tree, tree_bytes
+
+    site, patches = make_tree(tmp_path / "site"), make_patches(tmp_path / "patches", only=["F0001"])
+    assert main(["apply", "--patches", str(patches), "--tree", str(site), "-q"]) == 0
+    assert main(["apply", "--revert", "--patches", str(patches), "--tree", str(site), "-q"]) == 0
+    capsys.readouterr()
+    before = tree_bytes(site)
+    assert main(["salvage-ledger", str(site)]) == 1
+    out = capsys.readouterr().out
+    assert "nothing to salvage" in out and "(nothing_to_salvage)" in out and "reinstall" not in out, out
+    assert tree_bytes(site) == before
 
 
 def test_the_old_salvage_spelling_is_not_a_silent_success():
@@ -131,3 +168,155 @@ def test_a_commands_json_dash_does_not_outlive_it(tmp_path, capsys):
     assert cli.run("sndr y", lambda: 0) == 0
     assert cli.run("sndr x", fails) == 2  # the next run was given no --json
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("path, usage", [
+    ([], "usage: python -m sndr [-h] COMMAND"),
+    (["status"], "usage: python -m sndr status "),
+    (["sync", "plan"], "usage: python -m sndr sync plan "),
+    (["manifest", "check"], "usage: python -m sndr manifest check "),
+    (["watchlist", "set"], "usage: python -m sndr watchlist set "),
+])
+def test_help_shows_the_help_of_the_whole_path(path, usage, capsys):
+    """`sndr help sync plan` is `sndr sync plan --help` (it printed sync's help: the path stopped at its
+    first word)."""
+    assert main(["help", *path]) == 0
+    helped = capsys.readouterr().out
+    assert helped.startswith(usage), helped[:200]
+    assert main([*path, "--help"]) == 0
+    assert capsys.readouterr().out == helped
+
+
+@pytest.mark.parametrize("path, names", [
+    (["nope"], "python -m sndr takes apply, schema,"),
+    (["sync", "nope"], "python -m sndr sync takes plan, decide, deviation"),
+    (["status", "extra"], "python -m sndr status takes no subcommand"),
+])
+def test_help_of_an_unknown_path_is_a_usage_error_naming_the_valid_ones(path, names, capsys):
+    assert main(["help", *path]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"no command {' '.join(path)!r}" in err and names in err, err
+
+
+@pytest.mark.parametrize("argv, engine", [
+    (["manifest", "check"], "sndr.manifest"),
+    (["hook", "install"], "sndr.startup.hook"),
+    (["status"], "sndr.startup.hook"),
+    (["list"], "sndr.listing"),
+])
+def test_an_engine_that_fails_to_import_is_the_boundarys_internal_error(argv, engine, monkeypatch, capsys):
+    """The engine is imported inside the body sndr.cli.run calls: an import failure is exit 3 with the
+    boundary's line (manifest, hook and status imported it before the boundary: the ImportError escaped main)."""
+    monkeypatch.setitem(sys.modules, engine, None)  # `import` of it now raises ImportError
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert f"import of {engine} halted" in err and f"sndr {argv[0]}: internal error (exit 3)" in err, err[-500:]
+
+
+def test_the_console_script_names_itself_sndr(monkeypatch, capsys):
+    """`sndr --help` printed `usage: python -m sndr ...`: the console script's usage and help lines name the
+    command the user typed."""
+    import signal
+
+    from sndr.__main__ import console
+
+    # console() is a process's entry: it installs its own SIGINT handlers; give pytest's back afterwards
+    monkeypatch.setattr(signal, "signal", _keeping(signal.signal, signal.getsignal(signal.SIGINT)))
+    for argv, usage in ((["--help"], "usage: sndr [-h] COMMAND"), (["sync", "plan", "--help"], "usage: sndr sync plan "),
+                        (["help", "pin", "show"], "usage: sndr pin show ")):
+        monkeypatch.setattr("sys.argv", ["sndr", *argv])
+        with pytest.raises(SystemExit) as exc:
+            console()
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith(usage) and "python -m sndr" not in out, out[:400]
+    monkeypatch.setattr("sys.argv", ["sndr", "help", "nope"])
+    with pytest.raises(SystemExit) as exc:
+        console()
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("sndr help: no command 'nope': sndr takes ")
+
+
+def _keeping(real, handler):
+    """signal.signal that lets the process-entry code run but leaves the test process's SIGINT handler alone."""
+    import signal
+
+    def fake(signum, new):
+        if signum == signal.SIGINT:
+            return handler
+        return real(signum, new)
+
+    return fake
+
+
+def test_hook_install_errors_carry_their_code(tmp_path, capsys):
+    """`hook install --site FILE` and a --python that cannot import sndr printed their own line with no reason
+    code; they are bad input (exit 2) with a registered code, naming the option and what to do."""
+    not_dir = tmp_path / "file"
+    not_dir.write_text("")
+    assert main(["hook", "install", "--site", str(not_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"{not_dir} [--site]: --site is not a directory (site_not_a_dir)" in err, err
+    site = tmp_path / "site"
+    site.mkdir()
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")  # an interpreter that finds no sndr
+    python.chmod(0o755)
+    assert main(["hook", "install", "--site", str(site), "--python", str(python)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import sndr" in err and "(sndr_not_importable)" in err and "pip install sndr" in err, err
+    assert list(site.iterdir()) == []  # no .pth written
+
+
+@pytest.mark.parametrize("argv, choices", [
+    (["watchlist"], "{lint,set,check,show,schema}"),
+    (["sync"], "{plan,decide,deviation}"),
+    (["manifest"], "{build,check}"),
+    (["pin"], "{show,advance}"),
+])
+def test_a_missing_subcommand_names_the_choices(argv, choices, capsys):
+    """`sndr watchlist` said "the following arguments are required: cmd" (the parser's dest)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the following arguments are required: {choices}" in err and "required: cmd" not in err, err
+    assert err.startswith(f"usage: python -m sndr {argv[0]} [-h]"), err
+
+
+def _readme_block(title: str) -> list[list[str]]:
+    """The commands of the first ```bash block after the README heading ``title``: continuations joined,
+    comments dropped, each split as a shell would."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = text.split(title, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    joined = block.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if shlex.split(line, comments=True)]
+
+
+def test_the_readme_pin_bump_runs_from_an_installed_sndr():
+    """Walked on a fresh venv: the block began with `python tools/bump_preflight.py` (a checkout's file, not
+    in a pip install), built no manifest for the target (pin advance's manifest gate then pointed into the
+    installed package) and gave pin advance no --patches (it refuses to write the shipped set). Every line is
+    `python -m sndr ...` and parses; every file pin advance reads is written by an earlier line; every
+    command that takes --patches names the same set."""
+    from sndr.__main__ import build_parser
+
+    commands = _readme_block("## A pin bump")
+    written: set[str] = set()
+    patches = set()
+    for argv in commands:
+        assert argv[:3] == ["python", "-m", "sndr"], argv
+        args = build_parser(argv[3:]).parse_args(argv[3:])
+        if getattr(args, "patches", None) is not None:
+            patches.add(str(args.patches))
+        if argv[3] == "watchlist":  # the set's own watchlist, not the shipped one
+            assert args.watchlist is not None, argv
+            patches.add(str(Path(args.watchlist).parent))
+        if argv[3:5] == ["pin", "advance"]:
+            for read in (args.preflight, args.queue, args.manifest):
+                assert str(read) in written, f"pin advance reads {read}, which no earlier line writes"
+        for flag in ("json", "out", "md"):
+            if isinstance(getattr(args, flag, None), (str, Path)):
+                written.add(str(getattr(args, flag)))
+    assert patches == {"patches"}, patches
+    assert any(a[3:5] == ["pin", "advance"] for a in commands)

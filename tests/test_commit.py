@@ -430,3 +430,22 @@ def test_salvage_writes_nothing_when_no_stored_ledger_matches(tmp_path):
     (root / "vllm/a.py").write_bytes(b"# a.py edited by hand since\n")  # every ledger named a.py patched
     assert salvage_ledger(root) is None
     assert (root / ".sndr/ledger.json").read_bytes() == raw
+
+
+def test_salvage_on_a_tree_sndr_never_wrote_to_creates_nothing(tmp_path):
+    """A tree without .sndr/ has no stored ledger: the salvage returns None and leaves it byte-identical (its
+    lock created .sndr/ and .sndr/lock)."""
+    root = make_tree(tmp_path)
+    before = _snapshot(root)
+    assert salvage_ledger(root) is None
+    assert _snapshot(root) == before
+    assert not (root / ".sndr").exists()
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, bytes | None]]:
+    """Every path under root: its mode and, for a file, its bytes."""
+    out: dict[str, tuple[int, bytes | None]] = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        out[p.relative_to(root).as_posix()] = (st.st_mode, p.read_bytes() if p.is_file() else None)
+    return out

@@ -30,12 +30,12 @@ WITHOUT_TEST_FILE = frozenset({
     "sndr/_boot.py", "sndr/env.py", "sndr/errors.py", "sndr/fsio.py",
     # the core: tested through core/test_apply.py, core/test_plan.py, reliability/ and stack/
     "sndr/caches.py", "sndr/locate.py", "sndr/model.py", "sndr/modelconfig.py",
-    "sndr/profile.py", "sndr/render.py", "sndr/schema.py", "sndr/tomlwrite.py",
+    "sndr/profile.py", "sndr/schema.py", "sndr/tomlwrite.py",
     # startup: the records are tested through startup/test_status_honest.py and startup/test_hook.py
     "sndr/startup/attest.py",
     # the preflight's layers: tested through preflight/test_preflight.py and its siblings
     "sndr/preflight/analysis.py", "sndr/preflight/annotations.py", "sndr/preflight/hops.py",
-    "sndr/preflight/lineindex.py", "sndr/preflight/models.py", "sndr/preflight/render.py",
+    "sndr/preflight/lineindex.py", "sndr/preflight/models.py",
     "sndr/preflight/snapshot.py",
     # upstream: tested through upstream/test_sync*.py, test_watchlist.py and test_vendor.py
     "sndr/upstream/decisions.py", "sndr/upstream/diff.py", "sndr/upstream/gitio.py", "sndr/upstream/judge.py",

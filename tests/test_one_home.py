@@ -370,6 +370,20 @@ def enabled_set_builds(tree: ast.Module) -> list[int]:
     return sorted(lines)
 
 
+def console_builds(tree: ast.Module) -> list[int]:
+    """A rich ``Console(...)`` built by hand, or the output width read by hand (``get_terminal_size``,
+    ``COLUMNS``): every report's console and its width rule live in ``sndr.render.make_console``."""
+    lines = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            if name in ("Console", "get_terminal_size"):
+                lines.add(n.lineno)
+        elif isinstance(n, ast.Constant) and n.value == "COLUMNS":
+            lines.add(n.lineno)
+    return sorted(lines)
+
+
 def _check(scan, home: set[str], exceptions: dict[str, str], pending: dict[str, str], what: str) -> None:
     found = {rel: lines for rel, tree in SOURCES.items() if rel not in home and (lines := scan(tree))}
     unexplained = {rel: lines for rel, lines in found.items() if rel not in exceptions and rel not in pending}
@@ -396,6 +410,10 @@ def test_cache_layout_is_named_in_env_py():
 
 def test_the_enabled_set_is_built_only_by_plan_enabled_set():
     _check(enabled_set_builds, {"sndr/plan.py"}, {}, {}, "enabled ids or their digest assembled by hand")
+
+
+def test_consoles_and_their_width_are_built_only_by_render_make_console():
+    _check(console_builds, {"sndr/render.py"}, {}, {}, "rich consoles or output widths built by hand")
 
 
 def test_the_scanners_see_what_they_are_for():
@@ -432,6 +450,14 @@ def test_the_scanners_see_what_they_are_for():
         mac = hmac.new(key, data, "sha256").digest()
     '''))
     assert enabled_set_builds(built) == [2, 3]
+    consoles = ast.parse(textwrap.dedent('''
+        console = Console(file=sys.stderr)
+        c = rich.console.Console()
+        cols = shutil.get_terminal_size().columns
+        w = os.environ.get("COLUMNS")
+        console = make_console(stderr=True)
+    '''))
+    assert console_builds(consoles) == [2, 3, 4, 5]
     assert replace_calls(tree) == [11]
     assert strict_decodes(tree) == [14]
     assert cache_dir_literals(tree) == [20, 22, 23]

@@ -16,8 +16,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
-    from ..startup.hook import run_hook
 
-    return boundary("sndr hook", lambda: run_hook(args.action, args.site, args.python),
+    def body() -> int:
+        from ..startup.hook import run_hook  # inside the boundary: an import failure is its exit 3 and line
+
+        return run_hook(args.action, args.site, args.python)
+
+    return boundary("sndr hook", body,
                     on_interrupt=lambda: "the .pth is either written whole or not at all; run `python -m sndr hook "
                                          "install` or `uninstall` again")

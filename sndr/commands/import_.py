@@ -31,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
 
     def body() -> int:
+        if args.json:  # before any work and any engine import: a refused output path changes nothing
+            check_output(args.json, "--json")
         from ..upstream.series import run_import
 
-        if args.json:
-            check_output(args.json, "--json")  # before any work: a refused output path changes nothing
         return run_import(args)
 
     return boundary("sndr import", body,

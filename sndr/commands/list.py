@@ -30,10 +30,10 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
 
     def body() -> int:
+        if args.json:
+            check_output(args.json, "--json")  # before any work and any engine import
         from ..listing import run_list
 
-        if args.json:
-            check_output(args.json, "--json")  # before any work
         return run_list(args)
 
     return boundary("sndr list", body, on_interrupt=lambda: "nothing was written; run it again")

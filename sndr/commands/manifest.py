@@ -24,7 +24,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
-    from ..manifest import run_manifest
 
-    return boundary("sndr manifest", lambda: run_manifest(args),
+    def body() -> int:
+        from ..manifest import run_manifest  # inside the boundary: an import failure is its exit 3 and line
+
+        return run_manifest(args)
+
+    return boundary("sndr manifest", body,
                     on_interrupt=lambda: "a manifest is written atomically: the old one or the new one is in place")

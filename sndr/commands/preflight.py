@@ -84,24 +84,26 @@ def _body(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from .. import caches
     from ..cli import check_output, write_output
     from ..errors import bad_input
-    from ..load import load_patch_set
-    from ..preflight.analysis import run_preflight
-    from ..preflight.annotations import github_annotations, render_sarif
-    from ..preflight.render import render_markdown, render_terminal
 
-    fail_on = _parse_fail_on(args.fail_on)
+    # The command line and the output paths first: a refused one stops before the engine is imported.
     to_stdout = _stdout_outputs(args)
     if len(to_stdout) > 1:
         raise bad_input("stdout_conflict", f"{' and '.join(to_stdout)} would both write to stdout",
                         hint="send all but one to a file")
     via = _via(args.via)
-
     for flag in ("json", "markdown", "sarif"):
         if getattr(args, flag):
             check_output(getattr(args, flag), f"--{flag}")  # before any work
+    fail_on = _parse_fail_on(args.fail_on)  # its choices live with the report models
+
+    from .. import caches
+    from ..load import load_patch_set
+    from ..preflight.analysis import run_preflight
+    from ..preflight.annotations import github_annotations, render_sarif
+    from ..preflight.render import render_markdown, render_terminal
+
     caches.enable()  # the shell turns on the planner's disk caches (qualname spans, compile memo)
     patch_set = load_patch_set(args.patches)
     only = [i.strip() for i in args.only.split(",") if i.strip()] if args.only else None

@@ -26,11 +26,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..cli import check_output
     from ..cli import run as boundary
-    from ..startup.hook import run_status
 
     def body() -> int:
         if args.json:
-            check_output(args.json, "--json")  # before any work (--prune deletes records)
+            check_output(args.json, "--json")  # before any work (--prune deletes records) and any engine import
+        from ..startup.hook import run_status
+
         return run_status(args)
 
     return boundary("sndr status", body, on_interrupt=lambda: "nothing was changed (status only reads attestation "

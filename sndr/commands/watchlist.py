@@ -63,21 +63,22 @@ def _body(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..cli import check_output, write_output
+
+    if getattr(args, "json", None):
+        check_output(args.json, "--json")  # before any work and any engine import
     from ..errors import EXIT_FINDINGS, EXIT_OK
     from ..upstream.watchlist import (
         default_watchlist_path,
+        edit_field,
         find_row,
         json_schema,
         load_watchlist,
         parse_cli_value,
         parse_watchlist,
         read_text_file,
-        set_field,
         write_atomic,
     )
 
-    if getattr(args, "json", None):
-        check_output(args.json, "--json")  # before any work
     if args.cmd == "schema":
         print(json.dumps(json_schema(), indent=2))
         return EXIT_OK
@@ -87,7 +88,7 @@ def _body(args: argparse.Namespace) -> int:
         loaded = parse_watchlist(text, str(path))
         section, _ = find_row(loaded.model, args.row, str(path))
         value = parse_cli_value(section, args.key, args.value)
-        new = set_field(text, args.row, args.key, value, str(path))
+        new = edit_field(loaded, args.row, args.key, value)  # on the one parse above (set_field parsed again)
         if new == text:
             print(f"{path}: {args.row} [{args.key}] already {args.value!r}; nothing to do")
             return EXIT_OK

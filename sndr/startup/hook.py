@@ -517,10 +517,12 @@ def run_hook(action: str, site: str | None, python: str | None) -> int:
             hint = "pass --python, the interpreter of the vLLM environment, or --site, its site-packages directory"
             raise SndrError([dataclasses.replace(p, hint=hint) if p.code == "vllm_not_found" else p
                              for p in exc.problems], exc.exit_code) from None
+    from ..errors import bad_input
+
     site = os.path.abspath(site)
     if not os.path.isdir(site):
-        print(f"sndr hook: {site}: not a directory", file=sys.stderr)
-        return 2
+        raise bad_input("site_not_a_dir", "--site is not a directory", file=site, key="--site",
+                        hint="pass the site-packages directory of the vLLM environment")
     path = os.path.join(site, PTH_NAME)
     if action == "uninstall":
         if os.path.exists(path):
@@ -530,9 +532,8 @@ def run_hook(action: str, site: str | None, python: str | None) -> int:
             print(f"no hook installed in {site}")
         return 0
     if python and not _python_sees_sndr(python):
-        print(f"sndr hook: {python} cannot import sndr; install sndr into that environment first",
-              file=sys.stderr)
-        return 2
+        raise bad_input("sndr_not_importable", f"{python} cannot import sndr: the .pth would import nothing",
+                        key="--python", hint="install sndr into that environment first (pip install sndr)")
     atomic_write(path, PTH_TEXT.encode(), mode=0o644)
     print(f"installed {path}")
     if os.path.exists(statemod.state_path(site, statemod.LEDGER)):

@@ -138,10 +138,14 @@ FAILING_VERDICTS = ("drifted", "ambiguous", "file_missing", "conflict")
 
 def rebuild_hint(path: Path, to: str, patch_set=None) -> str:
     """The command that rebuilds the manifest ``path`` of ``to`` (``python -m sndr manifest build``)."""
+    from ..env import is_shipped_data
+
     tree = f"git:REPO@{to}" if _SHA_RE.match(to) else f"vllm=={norm_version(to)}"
     pdir = getattr(patch_set, "directory", None)
-    return (f"python -m sndr manifest build --tree {tree}{' --patches ' + str(pdir) if pdir else ''} "
-            f"--out {path}")
+    cmd = f"python -m sndr manifest build --tree {tree}{' --patches ' + str(pdir) if pdir else ''}"
+    if is_shipped_data(path):  # an installed sndr's anchors: manifest build refuses to write there
+        return f"{cmd} --out {path.name}, then pass --manifest {path.name} to pin advance"
+    return f"{cmd} --out {path}"
 
 
 def _manifest_failures(data: dict) -> list[str]:
@@ -385,9 +389,12 @@ def run_pin(args) -> int:
     if args.cmd == "show":
         path = Path(args.pin_file) if args.pin_file else default_pin_path(args.patches)
         rec = read_pin(path)
-        if rec is None:
-            print(f"{path}: no pin recorded")
-            return EXIT_FINDINGS
+        if rec is None:  # the pin is still sndr's own (what manifest and apply validate on): say which
+            from ..pinrecord import pin_version
+
+            print(f"{path}: no pin recorded; the pin is sndr's own, vllm {pin_version(None)[0]} (`python -m sndr "
+                  f"pin advance` records one)")
+            return EXIT_OK
         print(f"{path}: " + ", ".join(f"{k}={v}" for k, v in rec.model_dump(exclude_none=True).items()))
         return EXIT_OK
     digest = None

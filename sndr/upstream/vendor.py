@@ -76,12 +76,13 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
                 max_context: int = DEFAULT_MAX_CONTEXT, fuzz: int = DEFAULT_FUZZ, strip: int | None = None,
                 include: Iterable[str] = (), exclude: Iterable[str] = (), check_compile: bool = True,
                 source: str = "diff", header: list[str] | None = None,
-                after: list[str] | None = None) -> VendorResult:
+                after: list[str] | None = None, diff_path: str | None = None) -> VendorResult:
     """Turn ``diff_text`` into a patch for the tree ``read`` serves. Pure: reads through ``read`` only.
 
     ``markers`` maps an edit name, or a hunk number counted across the whole
     diff (``"3"``), to merged markers the author chose. Nothing is returned
-    in ``text`` unless every hunk was vendored and the plan checks passed.
+    in ``text`` unless every hunk was vendored and the plan checks passed. ``diff_path``: the file the
+    diff was read from, named by a problem with the diff itself.
     """
     problems: list[Problem] = []
     warnings: list[str] = []
@@ -101,7 +102,10 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
     try:
         files, meta = parse_diff(diff_text)
     except SndrError as exc:
-        problems.extend(exc.problems)
+        import dataclasses
+
+        problems.extend(dataclasses.replace(p, file=diff_path) if p.file is None and diff_path else p
+                        for p in exc.problems)
         return fail(EXIT_BAD_INPUT)
     if vllm_spec:
         from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -461,7 +465,8 @@ def run_vendor(args) -> int:
     res = vendor_diff(diff_text, tree.read_text, patch_id=args.patch_id, title=args.title,
                       upstream=args.upstream, markers=_parse_markers(args.marker), version=version,
                       vllm_spec=args.vllm, max_context=args.max_context, fuzz=args.fuzz, strip=args.strip,
-                      include=args.include, exclude=args.exclude, source=source)
+                      include=args.include, exclude=args.exclude, source=source,
+                      diff_path=None if args.diff == "-" else str(args.diff))
     target = None
     if res.ok and not args.stdout:
         patch, text = res.written()

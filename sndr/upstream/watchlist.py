@@ -496,6 +496,12 @@ def set_field(text: str, selector: str, key: str, value: Any, file: str = "<watc
 
 def edit_field(loaded: LoadedWatchlist, selector: str, key: str, value: Any) -> str:
     """:func:`set_field` on an already parsed watchlist (its text and file name): the new text."""
+    return edit_watchlist(loaded, selector, key, value).text
+
+
+def edit_watchlist(loaded: LoadedWatchlist, selector: str, key: str, value: Any) -> LoadedWatchlist:
+    """:func:`edit_field`, returning the new text parsed: the parse that checked it (one parse per edit, where
+    a caller that needs the new document parsed it a second time)."""
     text, file = loaded.text, loaded.file
     section, index = find_row(loaded.model, selector, file)
     model = SECTIONS[section]
@@ -512,11 +518,18 @@ def edit_field(loaded: LoadedWatchlist, selector: str, key: str, value: Any) -> 
         raise SndrError(_pydantic_problems(exc, file, label, loaded.raw[section][index],
                                            loaded.line_of(section, index))) from None
     if expected[section][index].get(key, object()) == value and key in expected[section][index]:
-        return text
+        return loaded
     expected[section][index] = row
     root = loaded.nodes if loaded.nodes is not None else rt_yaml().compose(text)
     new_text = splice_field(text, row_node(root, section, index), key, value, list(model.model_fields))
-    return checked(new_text, expected, lambda t: parse_watchlist(t, file).model.to_data(), f"{label} [{key}]", file)
+    parsed: list[LoadedWatchlist] = []
+
+    def parse(t: str) -> dict:
+        parsed.append(parse_watchlist(t, file))
+        return parsed[-1].model.to_data()
+
+    checked(new_text, expected, parse, f"{label} [{key}]", file)
+    return parsed[0]
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -431,11 +431,9 @@ def test_bad_tree_spec_is_exit_2(tmp_path, capsys):
     assert "exact version" in capsys.readouterr().err
 
 
-def test_schema_command():
-    proc = subprocess.run([sys.executable, "-m", "sndr", "schema", "preflight"], capture_output=True, text=True,
-                          cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    schema = json.loads(proc.stdout)
+def test_schema_command(capsys):
+    assert sndr_main(["schema", "preflight"]) == 0  # in process through the one entry
+    schema = json.loads(capsys.readouterr().out)
     assert schema["title"] == "PreflightReport"
     assert {"pin", "candidate", "patches", "summary"} <= set(schema["required"]) | set(schema["properties"])
 

@@ -28,7 +28,8 @@ def test_no_watch_list_never_says_watched():
                     "1 runtime patch target changed upstream (signature, source or gone)")
 
 
-def test_tables_do_not_wrap_at_80_columns_in_a_pipe():
+def test_tables_do_not_wrap_at_80_columns_in_a_pipe(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     out = io.StringIO()  # not a TTY
     console = make_console(file=out)
     assert console.width == PIPE_WIDTH

@@ -148,21 +148,20 @@ def test_force_survives_into_the_process_profile(tmp_path):
     assert Profile(force=["A"]).fingerprint() != Profile(force=["B"]).fingerprint()  # memo keys see it
 
 
-def test_list_shows_a_forced_patch_with_its_reason(tmp_path):
+def test_list_shows_a_forced_patch_with_its_reason(tmp_path, capsys, monkeypatch):
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
+
+    from sndr.__main__ import main
 
     d = tmp_path / "patches"
     d.mkdir()
     (d / "A-a.toml").write_text('id = "A"\ntitle = "a"\nwhen = { is_hybrid = true }\n[[files]]\npath = "vllm/x.py"\n'
                                 '[[files.edits]]\nname = "e"\nanchor = "x"\nreplacement = "y"\n')
     (tmp_path / "p.toml").write_text('force = ["A"]\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SNDR_")}
-    r = subprocess.run([sys.executable, "-m", "sndr", "list", "--patches", str(d), "--profile", str(tmp_path / "p.toml"),
-                        "--json", "-"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    (row,) = json.loads(r.stdout)["patches"]
+    for k in [k for k in os.environ if k.startswith("SNDR_")]:
+        monkeypatch.delenv(k)
+    rc = main(["list", "--patches", str(d), "--profile", str(tmp_path / "p.toml"), "--json", "-"])  # in process
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    (row,) = json.loads(out)["patches"]
     assert row["verdict"] == "enabled" and row["reason"].startswith("when_forced: forced on by the profile's force list")

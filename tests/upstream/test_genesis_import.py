@@ -9,8 +9,6 @@ everything it cannot express.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,6 @@ from sndr.load import load_patch_set
 from sndr.plan import build_plan
 from sndr.upstream.genesis import boot_order, convert
 
-REPO = Path(__file__).resolve().parents[2]
 SCHED = "vllm/v1/core/sched/scheduler.py"
 SCHED_TEXT = '''\
 class Scheduler:
@@ -241,13 +238,15 @@ def test_convert_reads_patchers_and_registry_statically(seed):
     assert [e.name for e in by["PN8"].files[0].edits] == ["pn8"]  # *COMMON, and the `if target_file is None` default
 
 
-def test_cli_writes_a_set_that_stacks_in_boot_order(seed, tmp_path):
+def test_cli_writes_a_set_that_stacks_in_boot_order(seed, tmp_path, capsys):
+    from sndr.__main__ import main
+
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "sndr", "import", "genesis", str(seed), "--to", str(out)],
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert r.returncode == 1, r.stderr  # something was not expressible: a finding, all of it named
-    assert "imported 3 patch(es), 4 edit(s) over 2 file(s)" in r.stderr
-    assert "pn4_dynamic.py:" in r.stderr and "PN4: not imported" in r.stderr
+    rc = main(["import", "genesis", str(seed), "--to", str(out)])  # in process through the one entry
+    err = capsys.readouterr().err
+    assert rc == 1, err  # something was not expressible: a finding, all of it named
+    assert "imported 3 patch(es), 4 edit(s) over 2 file(s)" in err
+    assert "pn4_dynamic.py:" in err and "PN4: not imported" in err
     report = json.loads((out / "_import.json").read_text())
     assert report["patches"] == ["PN7", "PN8", "PN3"] and report["edits"] == 4
     ps = load_patch_set(out, packs=False)

@@ -565,3 +565,22 @@ def test_pin_advance_to_a_sha_needs_a_version(tmp_path, gates_ok, scripted):
                          version="0.33.0rc1.dev5", **_kw(tmp_path))
     assert rec.sha == sha and rec.version == "0.33.0rc1.dev5"
     assert sndr_main(["pin", "show", "--pin-file", str(tmp_path / "p.toml")]) == 0
+
+
+def test_pin_show_without_a_record_names_the_pin_in_force(tmp_path, capsys):
+    """A patch dir without _pin.toml is validated on sndr's own pin (manifest, apply): `pin show` said only
+    "no pin recorded" and exited 1, while every other command said "the pinned vLLM 0.32.0"."""
+    from sndr import PIN_VERSION
+    from sndr.pinrecord import pin_version
+
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    assert pin_version(patches) == (PIN_VERSION, None)
+    assert sndr_main(["pin", "show", "--patches", str(patches)]) == 0
+    out = capsys.readouterr().out
+    assert "no pin recorded" in out and f"the pin is sndr's own, vllm {PIN_VERSION}" in out, out
+    (patches / "_pin.toml").write_text('version = "0.33.0"\n')
+    version, rec = pin_version(patches)
+    assert version == "0.33.0" and rec is not None and rec.version == "0.33.0"
+    assert sndr_main(["pin", "show", "--patches", str(patches)]) == 0
+    assert "version=0.33.0" in capsys.readouterr().out

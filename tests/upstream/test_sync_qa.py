@@ -228,8 +228,9 @@ def test_pin_advance_and_manifest_build_never_write_into_the_installed_package(t
     assert "shipped_data_write" in err and "--patches DIR (or --pin-file PATH)" in err, err
     assert sndr_main(["pin", *args, "--pin-file", str(installed / PIN_FILE_NAME)]) == 2
     assert not (installed / PIN_FILE_NAME).exists()
-    assert sndr_main(["pin", "show"]) == 1  # reading the shipped set is fine: no pin recorded there
-    assert str(installed / PIN_FILE_NAME) in capsys.readouterr().out
+    assert sndr_main(["pin", "show"]) == 0  # reading the shipped set is fine: no pin recorded there
+    out = capsys.readouterr().out
+    assert str(installed / PIN_FILE_NAME) in out and "the pin is sndr's own, vllm 0.32.0" in out, out
 
     assert sndr_main(["manifest", "build", "--tree", str(tmp_path), "--patches", str(installed)]) == 2
     assert "shipped_data_write" in capsys.readouterr().err
@@ -268,6 +269,23 @@ def test_decide_refuses_a_ported_as_of_an_unknown_patch(tmp_path, scripted, caps
     assert not dfile.exists()
     assert sndr_main(["sync", *base, "--resolution", "ported-as PX0041", "--allow-unknown"]) == 0
     assert sndr_main(["sync", *base, "--resolution", "ported-as PX0040"]) == 0
+
+
+def test_the_rebuild_hint_never_names_the_installed_anchors(tmp_path, installed):
+    """pin advance with the default anchors of an installed sndr: the hint said `manifest build ... --out
+    <site-packages>/sndr/_data/anchors/vllm-0.33.0.json`, which manifest build refuses (shipped_data_write).
+    It names a file of the caller's and the --manifest that reads it."""
+    from sndr.__main__ import build_parser
+
+    shipped = installed.parent / "anchors" / "vllm-0.33.0.json"
+    hint = rebuild_hint(shipped, "0.33.0")
+    assert "_data" not in hint and hint.endswith("--out vllm-0.33.0.json, then pass --manifest vllm-0.33.0.json "
+                                                 "to pin advance"), hint
+    argv = shlex.split(hint.split(",", 1)[0])
+    args = build_parser(argv[3:]).parse_args(argv[3:])
+    assert str(args.out) == "vllm-0.33.0.json"
+    assert rebuild_hint(tmp_path / "anchors" / "vllm-0.33.0.json", "0.33.0").endswith(
+        f"--out {tmp_path / 'anchors' / 'vllm-0.33.0.json'}")
 
 
 def test_manifest_rebuild_hint_is_a_runnable_command(tmp_path):

@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -526,15 +525,15 @@ def test_cli_stdout_and_json_dash_are_refused_together(tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
 
 
-def test_dispatcher_maps_vendor(tmp_path):
+def test_dispatcher_maps_vendor(tmp_path, capsys):
+    # in process through the one entry (the parser, the boundary, the exit status): a child cost ~0.3 s
     tree = make_tree(tmp_path / "site", PIN_FILES)
     diff = tmp_path / "d.patch"
     diff.write_text(unified_diff(UTILS, UTILS_NEW, "vllm/v1/core/kv_cache_utils.py"))
-    proc = subprocess.run([sys.executable, "-m", "sndr", "vendor", "--diff", str(diff), "--id", "PN0121",
-                           "--title", "t", "--tree", str(tree), "--stdout"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr
-    assert parse_patch(proc.stdout, "out").id == "PN0121"
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0121", "--title", "t", "--tree", str(tree), "--stdout"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert parse_patch(out, "out").id == "PN0121"
 
 
 # ----------------------------------------------------------------------------- the TOML writer
@@ -708,3 +707,20 @@ def test_include_exclude_and_json_report(tmp_path, capsys):
     assert any("excluded by --exclude" in s for s in data["skipped"])
     res = vendor_diff(series_diff(), reader(PIN_FILES), patch_id="PN0127", include=["vllm/v1/core/clamp.py"])
     assert res.created == ["vllm/v1/core/clamp.py"] and len(res.patch.files) == 1
+
+
+def test_a_diff_naming_no_files_names_the_diff_file(tmp_path, capsys):
+    """Bad input names its file: an empty or non-diff --diff said only "[--diff]: the diff names no files"."""
+    import json
+
+    tree = make_tree(tmp_path / "pin", PIN_FILES)
+    empty = tmp_path / "empty.patch"
+    empty.write_text("not a diff\n")
+    argv = ["vendor", "--diff", str(empty), "--id", "PX0001", "--title", "t", "--tree", str(tree),
+            "--out", str(tmp_path / "out")]
+    assert sndr_main([*argv, "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    problem = json.loads(out)["problems"][0]
+    assert problem["code"] == "bad_diff" and problem["file"] == str(empty), problem
+    assert f"{empty} [--diff]: the diff names no files (bad_diff)" in err, err
+    assert not (tmp_path / "out").exists()
