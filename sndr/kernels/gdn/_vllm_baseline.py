@@ -37,7 +37,7 @@ NORM_FILE = "layernorm_guard.py"
 _PKG = "vllm.third_party.flash_linear_attention.ops"
 _REL = "vllm/third_party/flash_linear_attention/ops"
 # vLLM's Qwen GDN layer and its op wrappers: read (never imported) by the layer harness test,
-# tests/kernels/test_gdn_vllm_layer_gpu.py, which executes the layer's decode methods from them
+# tests/kernels/test_gdn_vllm_layer.py, which executes the layer's decode methods from them
 LAYER_FILES = {"qwen_gdn_linear_attn.py": "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py",
                "_custom_ops.py": "vllm/_custom_ops.py"}
 FUNCTIONS = {
