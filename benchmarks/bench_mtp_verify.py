@@ -216,7 +216,7 @@ def check(vl) -> list[dict]:
                           (torch.randn(n, HK, D, generator=gen, device="cuda") * 0.5 + 0.2).bfloat16(), cache, slots)
         sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
         q = torch.randn(len(lens) * ql, hq, D, generator=gen, device="cuda").bfloat16()
-        ref = mtp_verify.reference(q, cache, bt, sl, D ** -0.5, k).cuda()
+        ref = reference.spec_verify(q, cache, bt, sl, D ** -0.5, k).cuda()
         a = mtp_verify.verify_attention(q, cache, bt, sl, D ** -0.5, k)  # bf16 out, as (b), (c), (d)
         syn_sl = mtp_verify.synthetic_lengths(sl, len(lens), k)
         syn_bt = bt.repeat_interleave(ql, 0)

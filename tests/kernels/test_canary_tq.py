@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sndr.kernels import canary as generic  # noqa: E402
-from sndr.kernels.turboquant_k8v4 import canary, mtp_verify, reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import canary, reference  # noqa: E402
 
 SHAPE = dict(hq=8, hk=2, d=64, page=16, qdtype=torch.bfloat16)
 
@@ -52,7 +52,7 @@ def test_each_injected_bug_is_caught(wrong):
 
 def test_the_verify_problem_catches_a_kernel_without_the_causal_limit():
     def right_v(q, kv, bt, sl, scale, k):
-        return mtp_verify.reference(q, kv, bt, sl, scale, k).to(q.dtype)
+        return reference.spec_verify(q, kv, bt, sl, scale, k).to(q.dtype)
 
     def no_causal(q, kv, bt, sl, scale, k):
         n, hq, d = q.shape

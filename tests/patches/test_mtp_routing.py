@@ -260,7 +260,7 @@ def _():
     out = torch.full((q.shape[0], HQ * D), float("nan"), dtype=torch.bfloat16)
     layer = torch.nn.Module()
     r = impl.forward(layer, q, q, q, cache.transpose(1, 2), md, output=out)
-    ref = mtp_verify.reference(q.view(-1, HQ, D), cache, bt, c.seq_lens, D ** -0.5, K)
+    ref = reference.spec_verify(q.view(-1, HQ, D), cache, bt, c.seq_lens, D ** -0.5, K)
     err = ((r.view(-1, HQ, D).double() - ref).norm() / ref.norm()).item()
     return {"same_buffer": r is out, "err": err, "nan": bool(r.isnan().any())}
 
@@ -586,7 +586,7 @@ def test_harness_patches_apply(harness):
 @pytest.mark.parametrize("hq,k,lens", [(32, 3, [3000, 1000, 517, 4096]), (64, 1, [2000, 33]),
                                        (32, 5, [8192, 100, 1500]), (16, 7, [900, 64])])
 def test_harness_uniform_verify_batch_matches_vllm(harness, hq, k, lens):
-    from sndr.kernels.turboquant_k8v4 import mtp_verify
+    from sndr.kernels.turboquant_k8v4 import reference
 
     x = _harness_batch(harness, hq, 8 if hq >= 32 else 4, 128, 16, k, lens, seed=hq + k)
     upstream, md0 = _forward(harness, x, patched=False)
@@ -596,7 +596,7 @@ def test_harness_uniform_verify_batch_matches_vllm(harness, hq, k, lens):
     assert not upstream.isnan().any() and not ours.isnan().any()
     rel = ((ours.double() - upstream.double()).norm() / upstream.double().norm()).item()
     assert rel < 1e-2, rel
-    ref = mtp_verify.reference(x.q.view(x.n, hq, 128), x.lbnhc, x.bt, x.sl, 128 ** -0.5, k)
+    ref = reference.spec_verify(x.q.view(x.n, hq, 128), x.lbnhc, x.bt, x.sl, 128 ** -0.5, k)
     err_ours = ((ours.view(x.n, hq, 128).double().cpu() - ref).norm() / ref.norm()).item()
     err_vllm = ((upstream.view(x.n, hq, 128).double().cpu() - ref).norm() / ref.norm()).item()
     assert err_ours < 1e-2 and err_ours < 1.5 * err_vllm + 1e-3, (err_ours, err_vllm)

@@ -3,7 +3,7 @@
 Each runs a small fixed problem of the deployment's own shape (head dim, query
 and KV heads, page size, query dtype; for PK0002 also K) through the kernel
 the plugin would launch and compares it with the float64 reference
-(:mod:`.reference`, :func:`.mtp_verify.reference`): three sequences (1 token,
+(:mod:`.reference`, :func:`.reference.spec_verify`): three sequences (1 token,
 one page and a bit, 4 pages and a bit: one tile, a partial page, several KV
 splits), seeded data, a random block table. Tolerance: relative L2 error
 :data:`TOLERANCE` (the kernels measure about 1.5e-3 with bf16 outputs, from
@@ -94,13 +94,12 @@ def decode_check(kernel: Callable, hq: int, hk: int, d: int, page: int, qdtype: 
 def verify_check(kernel: Callable, hq: int, hk: int, d: int, page: int, qdtype: torch.dtype, num_spec: int,
                  device: torch.device | str = "cpu") -> tuple[float, float]:
     """``kernel(query [B(K+1), Hq, D], kv, bt, seq_lens, scale, num_spec)`` on the fixed problem vs float64."""
-    from . import mtp_verify
 
     _, kv, bt, sl, scale = decode_problem(hq, hk, d, page, qdtype)
     sl = (sl + num_spec).clamp_max(int(sl.max()))  # each request's K + 1 new tokens are inside its cache
     g = torch.Generator().manual_seed(7)
     q = torch.randn(len(sl) * (num_spec + 1), hq, d, generator=g).to(qdtype)
-    want = mtp_verify.reference(q, kv, bt, sl, scale, num_spec)
+    want = ref.spec_verify(q, kv, bt, sl, scale, num_spec)
     out = kernel(q.to(device), kv.to(device), bt.to(device), sl.to(device), scale, num_spec)
     return relative_error(out, want), TOLERANCE
 

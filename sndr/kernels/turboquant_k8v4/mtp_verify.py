@@ -56,7 +56,7 @@ MAX_QL = 16
 LOG2E = 1.4426950408889634
 LOG = logging.getLogger("sndr.kernels")
 
-__all__ = ["VerifyConfig", "verify_attention", "prepare", "reference", "synthetic_rows", "unsupported",
+__all__ = ["VerifyConfig", "verify_attention", "prepare", "synthetic_rows", "unsupported",
            "num_splits", "row_chunks", "defines", "source"]
 
 
@@ -518,24 +518,6 @@ def synthetic_rows(query, kv_cache, block_table, seq_lens, scale, num_spec, *, o
     sl = synthetic_lengths(seq_lens, b, num_spec)
     bt = block_table[:b].repeat_interleave(ql, dim=0)
     return dispatch.decode_attention(query, kv_cache, bt, sl, scale, out=out, max_splits=max_splits)
-
-
-def reference(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-              scale: float, num_spec: int) -> torch.Tensor:
-    """float64 reference on the CPU: K + 1 separate decode calls, call t with lengths seq_len - K + t."""
-    from . import reference as ref
-
-    n, hq, d = query.shape
-    ql = num_spec + 1
-    b = n // ql
-    q = query.cpu().view(b, ql, hq, d)
-    bt = block_table[:b].cpu()
-    sl = seq_lens[:b].cpu().long()
-    out = torch.zeros(b, ql, hq, d, dtype=torch.float64)
-    for t in range(ql):
-        lens = (sl - num_spec + t).clamp_min(0).to(torch.int32)
-        out[:, t] = ref.decode(q[:, t], kv_cache.cpu(), bt, lens, scale)
-    return out.view(n, hq, d)
 
 
 def split_of(seq_len: int, splits: int, min_tiles: int) -> tuple[int, int, int]:

@@ -96,3 +96,20 @@ def decode(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tenso
         p = torch.softmax(s, dim=-1)
         out[b] = torch.einsum("hl,hld->hd", p, v)
     return out
+
+
+def spec_verify(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+              scale: float, num_spec: int) -> torch.Tensor:
+    """PK0002's spec-verify attention in float64 on the CPU: K + 1 separate decode calls (:func:`decode`),
+    call t with lengths seq_len - K + t."""
+    n, hq, d = query.shape
+    ql = num_spec + 1
+    b = n // ql
+    q = query.cpu().view(b, ql, hq, d)
+    bt = block_table[:b].cpu()
+    sl = seq_lens[:b].cpu().long()
+    out = torch.zeros(b, ql, hq, d, dtype=torch.float64)
+    for t in range(ql):
+        lens = (sl - num_spec + t).clamp_min(0).to(torch.int32)
+        out[:, t] = decode(q[:, t], kv_cache.cpu(), bt, lens, scale)
+    return out.view(n, hq, d)
