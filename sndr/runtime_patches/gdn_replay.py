@@ -6,7 +6,7 @@ targets when both are enabled, PK0004 outermost, ``after = ["PK0003"]``):
 * ``QwenGatedDeltaNetAttention.__init__``: records the facts of ``vllm_config`` the route
   decides on (``mamba_cache_mode``, a KV connector, ``max_num_seqs``, the spec token count);
 * ``QwenGatedDeltaNetAttention._forward_core_fused_norm``: every batch goes through
-  ``sndr.kernels.gdn.replay_route.forward_core_fused_norm``, which runs the replayed step for
+  ``sndr.kernels.gdn.vllm_replay.forward_core_fused_norm``, which runs the replayed step for
   the pure spec batches it takes and, for every other batch, leaves replay for the batch's
   slots before calling the wrapped method (vLLM's, or PK0003's wrapper of it).
 
@@ -17,6 +17,7 @@ it would miss them. Nothing is imported until the first call.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from . import wraps_original
 
@@ -27,7 +28,7 @@ def _route():
     mod = _ROUTE.get("m")
     if mod is None:
         try:
-            from sndr.kernels.gdn import replay_route as mod
+            from sndr.kernels.gdn import vllm_replay as mod
         except ImportError as exc:  # no torch / triton: vLLM's own path runs
             import logging
 
@@ -40,7 +41,7 @@ def _route():
 
 def wrap_forward_core_fused_norm(original: Callable) -> Callable:
     """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._forward_core_fused_norm``."""
-    inner = original
+    inner: Any = original
     while getattr(inner, "__sndr_wraps__", None) is not None:  # PK0003's wrapper below: vLLM's module globals
         inner = inner.__sndr_wraps__
     module_globals = getattr(inner, "__globals__", {})

@@ -92,7 +92,7 @@ def _module_source(name: str) -> tuple[str, ast.Module]:
 
 def _layer_methods(ns: dict, names: tuple[str, ...] = METHODS) -> dict:
     """The layer's methods (``names``, default :data:`METHODS`) and the module constants they read, executed
-    into ``ns`` (tests/kernels/test_gdn_replay_route.py asks for more of them)."""
+    into ``ns`` (tests/kernels/test_vllm_replay.py asks for more of them)."""
     text, tree = _module_source("qwen_gdn_linear_attn.py")
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "QwenGatedDeltaNetAttention")
     for node in tree.body:  # MAX_FUSED_GDN_MTP_TOKENS, FUSED_GDN_STATE_DTYPES

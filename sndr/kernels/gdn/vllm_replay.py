@@ -104,7 +104,9 @@ def replay_for(layer, act_dtype: torch.dtype) -> _replay.GdnReplay | None:
     pool = layer.kv_cache[1]
     held = _REPLAYS.get(layer)
     if held is not None and held.state.data_ptr() == pool.data_ptr() and held.state.shape == pool.shape \
-            and held.state.dtype == pool.dtype and held.side.v.dtype == act_dtype:
+            and held.state.dtype == pool.dtype:
+        # the same pool: its entries stay (activations of another dtype are refused by the step's contract,
+        # and that batch then leaves replay like any other)
         return held
     if held is not None:
         LOG.info("sndr PK0004: layer %s: its state pool changed; replay entries of the old pool dropped",
@@ -186,6 +188,13 @@ def forward_core_fused_norm(layer, module_globals: dict, inner, mixed_qkv: torch
         return inner(layer, mixed_qkv, b, a, output_gate, core_attn_out)
     if cfg.num_spec <= 0:
         return inner(layer, mixed_qkv, b, a, output_gate, core_attn_out)  # no spec config: nothing to replay
+    # fixed for the layer's life: never replayed, so no buffer is allocated and nothing is left to materialise
+    if cfg.mamba_cache_mode != "none":
+        fallback("gdn_replay_prefix_caching", f"mamba_cache_mode {cfg.mamba_cache_mode!r}")
+        return inner(layer, mixed_qkv, b, a, output_gate, core_attn_out)
+    if cfg.kv_transfer:
+        fallback("gdn_replay_kv_transfer", "kv_transfer_config is set")
+        return inner(layer, mixed_qkv, b, a, output_gate, core_attn_out)
     rep = replay_for(layer, mixed_qkv.dtype)
     if rep is None:
         fallback("gdn_replay_unsupported", f"no replay buffer for layer {layer.prefix}")
