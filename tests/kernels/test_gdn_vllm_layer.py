@@ -90,8 +90,9 @@ def _module_source(name: str) -> tuple[str, ast.Module]:
     return text, ast.parse(text)
 
 
-def _layer_methods(ns: dict) -> dict:
-    """The layer's methods (:data:`METHODS`) and the module constants they read, executed into ``ns``."""
+def _layer_methods(ns: dict, names: tuple[str, ...] = METHODS) -> dict:
+    """The layer's methods (``names``, default :data:`METHODS`) and the module constants they read, executed
+    into ``ns`` (tests/kernels/test_vllm_replay.py asks for more of them)."""
     text, tree = _module_source("qwen_gdn_linear_attn.py")
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "QwenGatedDeltaNetAttention")
     for node in tree.body:  # MAX_FUSED_GDN_MTP_TOKENS, FUSED_GDN_STATE_DTYPES
@@ -100,12 +101,12 @@ def _layer_methods(ns: dict) -> dict:
             exec(compile(ast.get_source_segment(text, node), str(SRC / "qwen_gdn_linear_attn.py"), "exec"), ns)  # noqa: S102
     out = {}
     for node in cls.body:
-        if isinstance(node, ast.FunctionDef) and node.name in METHODS:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
             seg = textwrap.dedent(ast.get_source_segment(text, node, padded=True))
             exec(compile("from __future__ import annotations\n" + seg, str(SRC / "qwen_gdn_linear_attn.py"),  # noqa: S102
                          "exec"), ns)
             out[node.name] = ns.pop(node.name)
-    missing = set(METHODS) - set(out)
+    missing = set(names) - set(out)
     assert not missing, f"vLLM's layer lacks {missing}: not the 0.32.0 file"
     return out
 

@@ -62,8 +62,10 @@ def test_turboquant_decode_kernels_are_unchanged(section):
 
 def test_the_committed_bump_report_has_the_section():
     text = (REPO / "docs" / "preflight-0.32.0-to-0.33.0.md").read_text()
-    assert "## Performance plugins (1 to re-measure)" in text
+    assert "## Performance plugins (2 to re-measure)" in text
     assert "| PK0003 | on | re-measure |" in text and "changed by 347 lines" in text
+    # PK0004 (experimental, off by default) competes with the same layer: listed off, and re-measured too
+    assert "| PK0004 | off | re-measure |" in text
 
 
 # ----------------------------------------------------------------------------- hermetic: verdicts

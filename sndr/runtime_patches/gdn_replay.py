@@ -1,0 +1,71 @@
+"""PK0004 (experimental, default off): the replayed spec verify routed into vLLM 0.32.0's Qwen GDN layer.
+
+Two wrappers (``wrap = true``, ``chain = true``: stacked on PK0003's wrappers of the same
+targets when both are enabled, PK0004 outermost, ``after = ["PK0003"]``):
+
+* ``QwenGatedDeltaNetAttention.__init__``: records the facts of ``vllm_config`` the route
+  decides on (``mamba_cache_mode``, a KV connector, ``max_num_seqs``, the spec token count);
+* ``QwenGatedDeltaNetAttention._forward_core_fused_norm``: every batch goes through
+  ``sndr.kernels.gdn.vllm_replay.forward_core_fused_norm``, which runs the replayed step for
+  the pure spec batches it takes and, for every other batch, leaves replay for the batch's
+  slots before calling the wrapped method (vLLM's, or PK0003's wrapper of it).
+
+Outermost matters: PK0003's wrapper answers plain-decode batches itself, so a route inside
+it would miss them. Nothing is imported until the first call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import wraps_original
+
+_ROUTE: dict[str, object] = {}
+
+
+def _route():
+    mod = _ROUTE.get("m")
+    if mod is None:
+        try:
+            from sndr.kernels.gdn import vllm_replay as mod
+        except ImportError as exc:  # no torch / triton: vLLM's own path runs
+            import logging
+
+            logging.getLogger("sndr.kernels").warning(
+                "sndr PK0004: GDN replay unavailable (%s); vLLM's snapshot path runs (logged once)", exc)
+            mod = False
+        _ROUTE["m"] = mod
+    return mod
+
+
+def wrap_forward_core_fused_norm(original: Callable) -> Callable:
+    """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._forward_core_fused_norm``."""
+    inner: Any = original
+    while getattr(inner, "__sndr_wraps__", None) is not None:  # PK0003's wrapper below: vLLM's module globals
+        inner = inner.__sndr_wraps__
+    module_globals = getattr(inner, "__globals__", {})
+
+    @wraps_original(original)
+    def _forward_core_fused_norm(self, mixed_qkv, b, a, output_gate, core_attn_out):
+        route = _route()
+        if not route:
+            return original(self, mixed_qkv, b, a, output_gate, core_attn_out)
+        return route.forward_core_fused_norm(self, module_globals, original, mixed_qkv, b, a, output_gate,
+                                             core_attn_out)
+
+    return _forward_core_fused_norm
+
+
+def wrap_layer_init(original: Callable) -> Callable:
+    """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention.__init__``."""
+
+    @wraps_original(original)
+    def __init__(self, config, vllm_config, prefix="", gqa_interleaved_layout=False, reduce_results=True):
+        original(self, config, vllm_config, prefix=prefix, gqa_interleaved_layout=gqa_interleaved_layout,
+                 reduce_results=reduce_results)
+        route = _route()
+        if route:
+            route.record_config(self, vllm_config)
+
+    return __init__
