@@ -1,7 +1,7 @@
 """Replayed spec verify for the GDN layer: one state read and one state write per step, whatever T is.
 
-EXPERIMENTAL, default off, no route into vLLM yet (docs/gdn-replay.md says why and where it
-would apply). vLLM 0.32.0's spec verify (``fused_gdn_decode_post_conv_mtp``) writes a full
+EXPERIMENTAL, default off: routed into vLLM's Qwen GDN layer by patch PK0004
+(``sndr/kernels/gdn/vllm_replay.py``; docs/gdn-replay.md says where it applies and why it is off). vLLM 0.32.0's spec verify (``fused_gdn_decode_post_conv_mtp``) writes a full
 recurrent-state snapshot after every one of a request's T verify tokens, because it does not
 yet know how many will be accepted; the next step reads the snapshot of column
 ``num_accepted_tokens - 1``. Its traffic is one state read + T state writes per step.
