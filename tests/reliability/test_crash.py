@@ -68,9 +68,12 @@ def test_kill_at_every_commit_step(scenario, op, point):
 
 
 def test_kill_point_count_is_reported():
-    """Runs last in this module: every kill point tried was recovered."""
-    tried, recovered = len(RESULTS["tried"]), len(RESULTS["recovered"])
-    print(f"\ncrash consistency: {tried} kill points tried, {recovered} recovered "
-          f"({N} files, ops apply+revert)")
-    if tried:
-        assert tried == recovered == 2 * len(POINTS)
+    """Runs last in this module: every kill point tried was recovered. In one process every
+    (op, point) pair was tried; under pytest-xdist each worker sees only the pairs it was given,
+    so there the check is that each of those was recovered (the pairs are named)."""
+    tried, recovered = RESULTS["tried"], RESULTS["recovered"]
+    print(f"\ncrash consistency: {len(tried)} kill points tried, {len(recovered)} recovered "
+          f"({N} files, ops apply+revert): {sorted(recovered)}")
+    assert sorted(recovered) == sorted(tried), sorted(set(tried) - set(recovered))
+    if tried and not os.environ.get("PYTEST_XDIST_WORKER"):
+        assert len(tried) == 2 * len(POINTS)
