@@ -14,10 +14,12 @@ tensors they are handed.
 from __future__ import annotations
 
 import functools
+import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["argument", "wraps_original"]
+__all__ = ["argument", "lazy_module", "wraps_original"]
 
 
 def argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
@@ -43,3 +45,24 @@ def wraps_original(original: Callable) -> Callable[[Callable], Callable]:
         return wrapped
 
     return decorate
+
+
+def lazy_module(module: str, patch: str, unavailable: str, fallback: str) -> Callable[[], Any]:
+    """A loader of the kernel-side ``module`` for a patch's wrappers: imported at the loader's first
+    call (installing the patch imports nothing), then the module, or False where it cannot be imported
+    (no torch / triton), that reason logged once as ``sndr PATCH: UNAVAILABLE (error); FALLBACK``."""
+    loaded: dict[str, Any] = {}
+
+    def load() -> Any:
+        mod = loaded.get("m")
+        if mod is None:
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as exc:
+                logging.getLogger("sndr.kernels").warning(
+                    "sndr %s: %s (%s); %s (logged once)", patch, unavailable, exc, fallback)
+                mod = False
+            loaded["m"] = mod
+        return mod
+
+    return load

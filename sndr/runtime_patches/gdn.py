@@ -30,24 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import wraps_original
+from . import lazy_module, wraps_original
 
-_ENTRY: dict[str, object] = {}
-
-
-def _entry():
-    mod = _ENTRY.get("m")
-    if mod is None:
-        try:
-            from sndr.kernels.gdn import vllm_entry as mod
-        except ImportError as exc:  # no torch / triton: vLLM's own kernels run
-            import logging
-
-            logging.getLogger("sndr.kernels").warning(
-                "sndr PK0003: GDN kernels unavailable (%s); vLLM's own kernels run (logged once)", exc)
-            mod = False
-        _ENTRY["m"] = mod
-    return mod
+# no torch / triton: vLLM's own kernels run
+_entry = lazy_module("sndr.kernels.gdn.vllm_entry", "PK0003", "GDN kernels unavailable", "vLLM's own kernels run")
 
 
 def wrap_packed_decode(original: Callable) -> Callable:
@@ -119,22 +105,8 @@ def wrap_post_conv_mtp(original: Callable) -> Callable:
     return fused_gdn_decode_post_conv_mtp
 
 
-_LAYER: dict[str, object] = {}
-
-
-def _layer_glue():
-    mod = _LAYER.get("m")
-    if mod is None:
-        try:
-            from sndr.kernels.gdn import vllm_layer as mod
-        except ImportError as exc:
-            import logging
-
-            logging.getLogger("sndr.kernels").warning(
-                "sndr PK0003: GDN kernels unavailable (%s); vLLM's own kernels run (logged once)", exc)
-            mod = False
-        _LAYER["m"] = mod
-    return mod
+_layer_glue = lazy_module("sndr.kernels.gdn.vllm_layer", "PK0003", "GDN kernels unavailable",
+                          "vLLM's own kernels run")
 
 
 def wrap_forward_core_fused_norm(original: Callable) -> Callable:

@@ -19,24 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import wraps_original
+from . import lazy_module, wraps_original
 
-_ROUTE: dict[str, object] = {}
-
-
-def _route():
-    mod = _ROUTE.get("m")
-    if mod is None:
-        try:
-            from sndr.kernels.gdn import vllm_replay as mod
-        except ImportError as exc:  # no torch / triton: vLLM's own path runs
-            import logging
-
-            logging.getLogger("sndr.kernels").warning(
-                "sndr PK0004: GDN replay unavailable (%s); vLLM's snapshot path runs (logged once)", exc)
-            mod = False
-        _ROUTE["m"] = mod
-    return mod
+# no torch / triton: vLLM's own path runs
+_route = lazy_module("sndr.kernels.gdn.vllm_replay", "PK0004", "GDN replay unavailable", "vLLM's snapshot path runs")
 
 
 def wrap_forward_core_fused_norm(original: Callable) -> Callable:
