@@ -18,16 +18,9 @@ imported before the patch is applied, the layer module after.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from sndr import env as sndr_env
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.patches.conftest import run_child, skip_reason, vllm_python
 
 SCRIPT = r'''
 import json, os, sys
@@ -159,17 +152,10 @@ print("SNDR_RESULT " + json.dumps(out, default=repr))
 
 @pytest.fixture(scope="module")
 def child():
-    python = sndr_env.vllm_test_python()
-    if not os.path.exists(python):
-        pytest.skip(f"no_vllm_install: needs the CPU install of vLLM 0.32.0 at {python} (not found; set "
-                    f"{sndr_env.TEST_VLLM_PYTHON}, default {sndr_env.DEFAULT_TEST_VLLM_PYTHON}); build it with: "
-                    f"{sndr_env.TEST_VLLM_BUILD}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SNDR_", "VIRTUAL_ENV"))}
-    env.update(PYTHONPATH=str(REPO), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    proc = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd="/", env=env, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SNDR_RESULT ")]
-    assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return json.loads(lines[-1][len("SNDR_RESULT "):])
+    python = vllm_python()
+    if python is None:
+        pytest.skip(skip_reason())
+    return run_child(python, SCRIPT)
 
 
 @pytest.mark.vllm_install

@@ -87,12 +87,18 @@ def run_cases(python: str, script: str, root: Path | None = None, timeout: float
     ``root`` (a tree containing ``vllm/``) shadows the installed vLLM; without
     it the child imports the install itself.
     """
+    return run_child(python, PREAMBLE + script + EPILOGUE, root, timeout)
+
+
+def run_child(python: str, code: str, root: Path | None = None, timeout: float = 900) -> dict:
+    """Run ``code`` in the vLLM install (sndr from this checkout, no SNDR_* or PYTHON* variables of
+    ours, ``root`` shadowing the installed vLLM if given); return the JSON of its last
+    ``SNDR_RESULT`` line. Fails with the child's output when it exits non-zero or prints none."""
     path = [str(root)] if root is not None else []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SNDR_", "VIRTUAL_ENV"))}
     env.update(PYTHONPATH=os.pathsep.join(path + [str(REPO)]), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "INFO"))
-    proc = subprocess.run([python, "-c", PREAMBLE + script + EPILOGUE], capture_output=True, text=True,
-                          cwd="/", env=env, timeout=timeout)
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/", env=env, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"child failed (rc {proc.returncode}):\nSTDOUT:\n{proc.stdout[-4000:]}\n"
