@@ -207,28 +207,34 @@ class Problem:
                 non_spec_state_indices_tensor=self.idx[:, 0].contiguous())
 
     def layer(self, cls):
-        lay = cls()
-        lay.prefix = "model.layers.0.linear_attn"
-        lay.kv_cache = (self.conv, self.ssm)
-        lay.conv1d = types.SimpleNamespace(weight=self.conv_w, bias=None)
-        lay.activation = "silu"
-        lay.A_log, lay.dt_bias = self.A_log, self.dt_bias
-        lay.norm = types.SimpleNamespace(weight=self.w, eps=1e-6, bias=None, group_size=None, norm_before_gate=True,
-                                         activation="silu")
-        lay.head_k_dim, lay.head_v_dim, lay.layer_norm_epsilon = K, V, 1e-6
-        lay.num_k_heads, lay.num_v_heads, lay.tp_size = H, HV, 1
-        lay.gdn_decode_kernel = "cuda"
-        lay.enable_packed_recurrent_decode = True
-        lay.gqa_interleaved_layout = False
-
-        def _warmup_prefill_kernels(*_a, **_k):
-            raise AssertionError("the harness always hands the layer its metadata")
-
-        lay._warmup_prefill_kernels = _warmup_prefill_kernels
-        return lay
+        return stand_in_layer(cls(), (self.conv, self.ssm), self.conv_w, self.A_log, self.dt_bias, self.w, (H, HV, K, V))
 
     def written(self):
         return sorted({int(s) for s in (self.idx.reshape(-1) if self.spec else self.idx[:, 0]) if int(s) > 0})
+
+
+def stand_in_layer(lay, kv_cache, conv_w, A_log, dt_bias, w, dims):
+    """``lay`` with the attributes vLLM's ``__init__`` sets that the decode methods read (dims: H, HV,
+    K, V), vLLM's default decode settings and a prefill warm-up that must never run."""
+    h, hv, k, v = dims
+    lay.prefix = "model.layers.0.linear_attn"
+    lay.kv_cache = kv_cache
+    lay.conv1d = types.SimpleNamespace(weight=conv_w, bias=None)
+    lay.activation = "silu"
+    lay.A_log, lay.dt_bias = A_log, dt_bias
+    lay.norm = types.SimpleNamespace(weight=w, eps=1e-6, bias=None, group_size=None, norm_before_gate=True,
+                                     activation="silu")
+    lay.head_k_dim, lay.head_v_dim, lay.layer_norm_epsilon = k, v, 1e-6
+    lay.num_k_heads, lay.num_v_heads, lay.tp_size = h, hv, 1
+    lay.gdn_decode_kernel = "cuda"
+    lay.enable_packed_recurrent_decode = True
+    lay.gqa_interleaved_layout = False
+
+    def _warmup_prefill_kernels(*_a, **_k):
+        raise AssertionError("the harness always hands the layer its metadata")
+
+    lay._warmup_prefill_kernels = _warmup_prefill_kernels
+    return lay
 
 
 def rel(a, b):

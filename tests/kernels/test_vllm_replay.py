@@ -208,25 +208,10 @@ def _layer(h, wts: Weights, patched: bool, config=None):
                                                         gqa_interleaved_layout=False, reduce_results=True: None)
     cls = type("QwenGatedDeltaNetAttention", (), attrs)
     lay = cls(None, config or _vllm_config()) if patched else cls()
-    lay.prefix = "model.layers.0.linear_attn"
-    lay.kv_cache = (wts.conv.clone(), wts.ssm.clone())
-    lay.conv1d = types.SimpleNamespace(weight=wts.conv_w, bias=None)
-    lay.activation = "silu"
-    lay.A_log, lay.dt_bias = wts.A_log, wts.dt_bias
-    lay.norm = types.SimpleNamespace(weight=wts.w, eps=1e-6, bias=None, group_size=None, norm_before_gate=True,
-                                     activation="silu")
-    lay.head_k_dim, lay.head_v_dim, lay.layer_norm_epsilon = K, V, 1e-6
-    lay.num_k_heads, lay.num_v_heads, lay.tp_size = H, HV, 1
+    L.stand_in_layer(lay, (wts.conv.clone(), wts.ssm.clone()), wts.conv_w, wts.A_log, wts.dt_bias, wts.w,
+                     (H, HV, K, V))
     lay.key_dim, lay.value_dim = H * K, HV * V
-    lay.gdn_decode_kernel = "cuda"
-    lay.enable_packed_recurrent_decode = True
-    lay.gqa_interleaved_layout = False
     lay.chunk_gated_delta_rule = _chunk_rule
-
-    def _warmup_prefill_kernels(*_a, **_k):
-        raise AssertionError("the harness always hands the layer its metadata")
-
-    lay._warmup_prefill_kernels = _warmup_prefill_kernels
     return lay
 
 
