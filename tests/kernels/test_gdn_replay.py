@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -295,5 +296,51 @@ def test_cuda_kernel_compiles_for_sm90_at_the_35b_shape(state_kind, p, r, minb):
             "X_KIND": 2, "AB_KIND": 2, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2,
             "SIGMOID_GATE": 0}
     cubin = _cudart.compile_cubin(replay.cuda_source(), "gdn_replay", "90", defs, cache=False)
-    for name in (b"gdn_replay_step", b"gdn_replay_prep", b"gdn_replay_main", b"gdn_replay_materialize"):
+    for name in (b"gdn_replay_step", b"gdn_replay_step_persistent", b"gdn_replay_step_copy", b"gdn_replay_prep",
+                 b"gdn_replay_main", b"gdn_replay_materialize"):
         assert name in cubin
+
+
+# the step kernels the benchmark times (the defaults per pool dtype, and 2 / 4 rows per thread with
+# the other): (state kind, P, R, MINB, PREFETCH)
+STEP_CFGS = [(0, 8, 2, 2, 1), (2, 8, 4, 2, 0), (0, 8, 4, 2, 1), (2, 8, 2, 2, 0)]
+
+
+@pytest.mark.parametrize("tm", [2, 4, 8])
+@pytest.mark.parametrize("state_kind,p,r,minb,pf", STEP_CFGS)
+def test_cuda_step_kernels_compile_without_spills(state_kind, p, r, minb, pf, tm, tmp_path):
+    """The one-kernel step and its two persistent variants (the L2 prefetch and the TMA copy into
+    shared memory), each compiled alone (KSEL, as GdnReplay compiles them) for sm_90 at the 35B-A3B
+    shape: no local memory and no stack (cuobjdump's resource usage, where triton ships it)."""
+    import shutil
+    import subprocess
+
+    from sndr.kernels import _cudart
+
+    try:
+        _cudart.nvrtc_version()
+    except _cudart.CudaUnavailable as exc:
+        pytest.skip(f"no NVRTC on this machine: {exc}")
+    try:
+        import triton as _tr
+
+        tool = str(Path(_tr.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+        tool = tool if Path(tool).is_file() else shutil.which("cuobjdump")
+    except ImportError:
+        tool = shutil.which("cuobjdump")
+    for ksel, name in ((0, "gdn_replay_step"), (1, "gdn_replay_step_persistent"), (2, "gdn_replay_step_copy")):
+        defs = {"H": 16, "HV": 32, "K": 128, "V": 128, "P": p, "R": r, "TM": tm, "MINB": minb, "S_KIND": state_kind,
+                "X_KIND": 2, "AB_KIND": 2, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2,
+                "SIGMOID_GATE": 0, "PREFETCH": pf, "STEP_SMEM_MAX": replay.step_smem_bytes(128, 128, tm),
+                "KSEL": ksel}
+        cubin = _cudart.compile_cubin(replay.cuda_source(), "gdn_replay", "90", defs, cache=False)
+        assert name.encode() in cubin
+        if tool is None:
+            continue
+        f = tmp_path / f"{name}.cubin"
+        f.write_bytes(cubin)
+        lines = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout.splitlines()
+        usage = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if f"Function {name}:" in ln]
+        assert len(usage) == 1, lines
+        assert "LOCAL:0" in usage[0] and "STACK:0" in usage[0], (name, usage[0])
+    assert replay.copy_smem_bytes(128, 128, tm, 4 if state_kind == 0 else 2) <= replay.MAX_SMEM_PER_BLOCK

@@ -87,10 +87,12 @@ OPS = st.lists(
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=OPS, dtype=st.sampled_from([torch.float32, BF]), cols=st.sampled_from([2, 4, 8]),
-       seed=st.integers(0, 2**16))
-def test_replay_property_35b_shape(ops, dtype, cols, seed):
+       seed=st.integers(0, 2**16), persistent=st.sampled_from([None, "copy", "l2"]))
+def test_replay_property_35b_shape(ops, dtype, cols, seed, persistent):
     sim = sim_mod.Sim(H=H, HV=HV, K=K, V=V, cols=cols, n_slots=1 + 6 * cols, state_dtype=dtype, device="cuda",
                       seed=seed)
+    if persistent:  # the same property on a persistent step (nothing has run on the sim's buffer yet)
+        sim.rep = replay.GdnReplay(sim.rep_state, H, max_tokens=cols, max_requests=64, persistent=persistent)
     assert sim.rep.backend == "cuda"
     for _ in range(3):
         sim.admit()
@@ -104,8 +106,9 @@ def test_report_stats():
     assert STATS["steps"] == 0 or STATS["max_rep_f64"] > 0
 
 
+@pytest.mark.parametrize("persistent", [None, "copy"])
 @pytest.mark.parametrize("dtype", [torch.float32, BF])
-def test_graph_capture_and_replay_new_accepted_and_slots(dtype):
+def test_graph_capture_and_replay_new_accepted_and_slots(dtype, persistent):
     """One captured step replayed four times with new accepted counts and new slots (a request's rows moved)."""
     cols, n = 4, 8
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -150,19 +153,20 @@ def test_graph_capture_and_replay_new_accepted_and_slots(dtype):
                 "out": torch.empty(n * cols, HV, V, dtype=BF, device="cuda")}
 
     pool_e = st0.clone()
-    rep_e = replay.GdnReplay(pool_e, H, max_tokens=cols, max_requests=n)
+    rep_e = replay.GdnReplay(pool_e, H, max_tokens=cols, max_requests=n, persistent=persistent)
     eager = run(pool_e, rep_e, new_bufs(), None)
 
     pool_g = st0.clone()
-    rep_g = replay.GdnReplay(pool_g, H, max_tokens=cols, max_requests=n)
+    rep_g = replay.GdnReplay(pool_g, H, max_tokens=cols, max_requests=n, persistent=persistent)
     bufs = new_bufs()
     # warm up on a scratch pool copy (compiles, allocates the norm workspace), then capture
     scratch = st0.clone()
-    rep_w = replay.GdnReplay(scratch, H, max_tokens=cols, max_requests=n)
+    rep_w = replay.GdnReplay(scratch, H, max_tokens=cols, max_requests=n, persistent=persistent)
     for k_, v_ in zip(("qkvz", "ba", "idx", "acc"), steps[0]):
         bufs[k_].copy_(v_)
     rep_w.step(*args(bufs, scratch))
     rep_g._ws = rep_w._ws
+    rep_g._grid_cap = rep_w._grid_cap  # (a host query: not inside the capture)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -297,30 +301,40 @@ def test_cuda_and_triton_replay_agree(dtype):
     assert _rel(res["cuda"][1], res["triton"][1]) <= REP_SNAP_STATE[dtype]
 
 
+@pytest.mark.parametrize("variant", ["split", "copy", "l2"])
 @pytest.mark.parametrize("dtype", [torch.float32, BF])
-def test_split_step_equals_the_one_kernel_step_bit_for_bit(dtype):
-    """gdn_replay_prep + gdn_replay_main and gdn_replay_step on the same three steps (first step,
-    then partial and full acceptance, a padding row and an out-of-range count): equal outputs,
-    pools and side buffers."""
-    n, cols = 8, 4
+def test_split_and_persistent_steps_equal_the_one_kernel_step_bit_for_bit(dtype, variant):
+    """gdn_replay_prep + gdn_replay_main, or a persistent grid (48 requests: 1536 tiles, several per
+    resident block, so each block loops and brings its next tile in during this one: "copy" by TMA
+    into shared memory, "l2" by an L2 prefetch), and gdn_replay_step on the same four steps (first
+    step, partial and full acceptance, a padding row and an out-of-range count, then a third of
+    the requests invalidated: one launch mixing first-step tiles, read from a snapshot column, with
+    replayed ones): equal outputs, pools and side buffers."""
+    n, cols = 48, 4
     pool0, idx, inputs, A_log, dt_bias, w = _batch(n, cols, dtype, 14)
     idx[3, 0] = 0  # a padding row
     cu = torch.arange(0, n * cols + 1, cols, dtype=torch.int32, device="cuda")
     accs = [torch.ones(n, dtype=torch.int32, device="cuda"),
             (torch.arange(n, device="cuda") % cols + 1).to(torch.int32),
-            torch.full((n,), cols, dtype=torch.int32, device="cuda")]
+            torch.full((n,), cols, dtype=torch.int32, device="cuda"),
+            (torch.arange(n, device="cuda") % cols + 1).flip(0).to(torch.int32)]
     accs[1][5] = cols + 1  # outside [1, cols]: zero outputs, no state
     steps = [inputs() for _ in accs]
+    kw = {"split": True} if variant == "split" else {"persistent": variant}
     res = {}
-    for split in (True, False):
+    for on in (True, False):
         pool = pool0.clone()
-        rep = replay.GdnReplay(pool, H, max_tokens=cols, max_requests=n, split=split)
+        rep = replay.GdnReplay(pool, H, max_tokens=cols, max_requests=n, **(kw if on else {}))
         outs = []
-        for (x, a, b, z), ac in zip(steps, accs):
+        for i, ((x, a, b, z), ac) in enumerate(zip(steps, accs)):
+            if i == 3:
+                rep.invalidate(idx[::3, 0])
             out = torch.full((n * cols, HV, V), float("nan"), dtype=BF, device="cuda")
             rep.step(x, a, b, A_log, dt_bias, idx, cu, ac, pool, z, w, out, K**-0.5, 1e-6)
             outs.append(out)
-        res[split] = (outs, pool, rep.side)
+        if on and variant != "split":  # fewer resident blocks than tiles: the blocks looped
+            assert 0 < max(rep._grid_cap.values()) < n * HV, rep._grid_cap
+        res[on] = (outs, pool, rep.side)
     for o1, o2 in zip(res[True][0], res[False][0]):
         assert torch.equal(o1, o2)
     assert torch.equal(res[True][1], res[False][1])

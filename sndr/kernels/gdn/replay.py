@@ -297,11 +297,31 @@ def cuda_source() -> str:
 #: threads of the split step's ``gdn_replay_prep`` blocks (replay.cu's PREP_NT)
 PREP_THREADS = 128
 
+#: the persistent variants of the one-kernel step (``GdnReplay(persistent=...)``), by kernel name:
+#: "l2" prefetches the next tile's state to L2 during this tile's passes, "copy" copies it into a
+#: shared-memory buffer by TMA (cp.async.bulk) during them
+PERSISTENT_KERNELS = {"l2": "gdn_replay_step_persistent", "copy": "gdn_replay_step_copy"}
+#: replay.cu's KSEL per kernel (the kernels one compile holds)
+_KSEL = {"gdn_replay_step": 0, PERSISTENT_KERNELS["l2"]: 1, PERSISTENT_KERNELS["copy"]: 2, "gdn_replay_prep": 3,
+         "gdn_replay_main": 3, "gdn_replay_materialize": 4}
+#: shared memory one block may have on sm_90 with the opt-in attribute
+MAX_SMEM_PER_BLOCK = 227 * 1024
+
+
+def step_smem_bytes(K: int, V: int, TM: int) -> int:
+    """An upper bound of ``sizeof(StepSmem)`` (replay.cu static_asserts it: STEP_SMEM_MAX)."""
+    return 4 * (3 * TM * K + 3 * TM * V + 2 * TM + 5 * TM) + 16 * 8 + 16
+
+
+def copy_smem_bytes(K: int, V: int, TM: int, state_bytes: int) -> int:
+    """Dynamic shared memory of ``gdn_replay_step_copy``: the state buffer, its mbarrier (128 bytes), StepSmem."""
+    return V * K * state_bytes + 128 + step_smem_bytes(K, V, TM)
+
 
 def cuda_smem_bytes(K: int, V: int, TM: int) -> int:
     """Static shared memory of ``gdn_replay_step`` or ``gdn_replay_main``, the larger (replay and new
     tokens' k, v, decay/beta; q, outputs, gates; scalars)."""
-    step = 4 * (TM * K + TM * V + 2 * TM + 2 * TM * K + 2 * TM * V + 4 * TM)
+    step = step_smem_bytes(K, V, TM)
     main = 4 * (3 * TM * K + 4 * TM * V + 6 * TM)
     return max(step, main)
 
@@ -341,7 +361,7 @@ class GdnReplay:
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
                  act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool | None = None,
-                 rows_per_thread: int | None = None, split: bool = False):
+                 rows_per_thread: int | None = None, split: bool = False, persistent: str | None = None):
         """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
         :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
         ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
@@ -351,7 +371,10 @@ class GdnReplay:
         once per token for 2 R FMAs). ``split``: the
         step as two kernels (``gdn_replay_prep``: the dependent small loads, q/k normalisation, the side
         writes; ``gdn_replay_main``: the state, the passes, the norm), else the one ``gdn_replay_step``;
-        both give the same bits (measured 1.06-1.23x slower on the H200: off)."""
+        both give the same bits (measured 1.06-1.23x slower on the H200: off). ``persistent``: the one-kernel
+        step on a grid of (blocks per SM) x (SMs) blocks that each run several (request, value head) tiles,
+        bringing the next tile's state in while this one's passes run: ``"l2"`` (an L2 prefetch) or
+        ``"copy"`` (a TMA copy into a shared-memory buffer); None: one tile per block. Same bits."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
@@ -363,6 +386,13 @@ class GdnReplay:
         self.min_blocks = min_blocks or (2 if self.threads <= 512 else 1)
         self.prefetch = f32 if prefetch is None else prefetch
         self.split = split
+        if persistent not in (None, *PERSISTENT_KERNELS):
+            raise ValueError(f"GdnReplay: persistent must be None or one of {sorted(PERSISTENT_KERNELS)}")
+        if persistent == "copy" and copy_smem_bytes(kd, vd, self.TM, state.element_size()) > MAX_SMEM_PER_BLOCK:
+            raise ValueError(f"GdnReplay: persistent 'copy': a [{vd}, {kd}] state tile and the step's buffers "
+                             f"need more than {MAX_SMEM_PER_BLOCK} bytes of shared memory")
+        self.persistent = persistent
+        self._grid_cap: dict[str, int] = {}
         why = cuda_unsupported(state, num_k_heads, self.TM, act_dtype, self.P, self.R)
         if backend is None:
             backend = "triton" if why else "cuda"
@@ -441,16 +471,20 @@ class GdnReplay:
 
     def _cuda_kernel(self, name: str, kinds: dict[str, int]) -> _cudart.Kernel:
         defs = {"H": self.H, "HV": self.HV, "K": self.K, "V": self.V, "P": self.P, "R": self.R, "TM": self.TM,
-                "MINB": self.min_blocks, "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
+                "STEP_SMEM_MAX": step_smem_bytes(self.K, self.V, self.TM), "MINB": self.min_blocks, "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
                 "AB_KIND": 0, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 0, "W_KIND": 0, "O_KIND": 0,
                 "SIGMOID_GATE": 0}
         defs.update(kinds)
+        defs["KSEL"] = _KSEL[name]  # NVRTC compiles only this launch's kernel(s)
         key = (name, tuple(sorted(defs.items())))
         k = self._cuda_kernels.get(key)
         if k is None:
             idx = self.state.device.index
+            smem = copy_smem_bytes(self.K, self.V, self.TM, self.state.element_size()) \
+                if name == PERSISTENT_KERNELS["copy"] else 0
             k = self._cuda_kernels[key] = _cudart.load_kernel(
-                cuda_source(), name, defs, torch.cuda.current_device() if idx is None else idx, label="gdn_replay")
+                cuda_source(), name, defs, torch.cuda.current_device() if idx is None else idx, dynamic_smem=smem,
+                label="gdn_replay")
         return k
 
     def _cuda_step(self, x, a, b, A_log, dt_bias, idx, cu, acc, z, w, out, scale, eps, activation) -> None:
@@ -490,13 +524,21 @@ class GdnReplay:
                                                     side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
             main.launch(grid, self.threads, stream, args)
             return
-        kern = self._cuda_kernel("gdn_replay_step", kinds)
+        name = PERSISTENT_KERNELS[self.persistent] if self.persistent else "gdn_replay_step"
+        kern = self._cuda_kernel(name, kinds)
         ptrs = (x, a, b, A_log, dt_bias, out, st, idx, acc, cu, z, w, side.k, side.v, side.gb, side.meta)
         args = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
         args += [ctypes.c_float(scale), ctypes.c_float(eps), ctypes.c_int(idx.shape[1])]
         args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), z.stride(0), z.stride(1),
                                                 st.stride(0), idx.stride(0), side.k.stride(0), side.v.stride(0),
                                                 side.gb.stride(0))]
+        if self.persistent:
+            cap = self._grid_cap.get(name)
+            if cap is None:  # resident blocks: the driver's occupancy for this kernel, times the SMs
+                sms = torch.cuda.get_device_properties(st.device).multi_processor_count
+                cap = self._grid_cap[name] = max(1, kern.blocks_per_sm(self.threads)) * sms
+            args.append(ctypes.c_int(grid))  # n_tiles
+            grid = min(grid, cap)
         kern.launch(grid, self.threads, stream, args)
 
     def _why_bad(self, mixed_qkv, state_indices, state, output_gate, out) -> str | None:
