@@ -52,13 +52,12 @@ PROBE_MAX_VS_OP = 2e-3
 
 def parse_cfgs(text: str) -> list[Cfg]:
     """``PxRxM[xF[xS[xG]]]`` (F: early L2 prefetch 0/1; S: split step 0/1; G: persistent grid 0 none,
-    1 L2 prefetch, 2 TMA copy), comma separated; a 0 for P, R or M: GdnReplay's default."""
+    1 L2 prefetch, 2 TMA copy), comma separated; ``-`` (or a missing field): GdnReplay's default."""
     out: list[Cfg] = []
     for c in text.split(","):
         if c:
-            f: list[int | None] = [int(x) for x in c.split("x")]
+            f: list[int | None] = [None if x == "-" else int(x) for x in c.split("x")]
             f += [None] * (6 - len(f))
-            f[:3] = [v or None for v in f[:3]]
             out.append((f[0], f[1], f[2], f[3], f[4], f[5]))
     return out
 
@@ -136,8 +135,8 @@ def main() -> int:
                     help="replay's backend (default: GdnReplay's choice, the CUDA kernel on a GPU)")
     ap.add_argument("--configs", type=str, default="",
                     help="CUDA kernel configs PxRxM[xF[xS[xG]]] (lanes per state row x rows per thread x blocks "
-                         "per SM [x L2 prefetch 0/1 [x split step 0/1 [x persistent grid 0/1 L2/2 copy]]]; 0 for P, "
-                         "R, M: the default), comma separated, a row each; default: GdnReplay's")
+                         "per SM [x L2 prefetch 0/1 [x split step 0/1 [x persistent grid 0/1 L2/2 copy]]]; '-': the "
+                         "default), comma separated, a row each; default: GdnReplay's")
     ap.add_argument("--target-configs", type=str, default="",
                     help="more configs (as --configs), a row each in the target cells only (batch >= 32, T 2 and 4)")
     ap.add_argument("--targets-first", action="store_true",
