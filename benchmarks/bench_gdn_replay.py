@@ -177,7 +177,9 @@ def main() -> int:
         if final:
             bg.log(text)
 
-    for dtype in [getattr(torch, s) for s in args.states.split(",")]:
+    dtypes = [getattr(torch, s) for s in args.states.split(",")]
+    per_dtype: dict = {}  # the autotune's choice per pool dtype
+    for dtype in dtypes:
         if args.autotune:
             score: dict[Cfg, float] = {}
             for n, t in ((1, 2),) if args.cpu_smoke else ((32, 2), (256, 4)):
@@ -200,25 +202,26 @@ def main() -> int:
             if score and score[best] == float("inf"):  # nothing timed against the op (the CPU smoke)
                 best = DEFAULT_CFG
             tuned[str(dtype)] = {"chosen": list(best), "scores": {"x".join(map(str, c)): v for c, v in score.items()}}
-            configs = [best]
+            per_dtype[dtype] = [best]
             bg.log(f"autotune {dtype}: {tuned[str(dtype)]}")
-        cells = [(n, t) for n in batches for t in ts]
-        if args.targets_first:
-            cells.sort(key=lambda c: not is_target(*c))
-        for n, t in cells:
-            cell = ReplayCell(n, t, dtype, args.backend, configs[0])
-            op_us = None
-            for ci, cfg in enumerate(configs + (target_cfgs if is_target(n, t) else [])):
-                if ci:
-                    cell.new_replay(args.backend, cfg)
-                row = one_row(cell, op, op_us, bw, rep, args.no_rand)
-                op_us = row.get("op_graph")
-                rows.append(row)
-                bg.log(json.dumps(row))
-            del cell
-            if DEV == "cuda":
-                torch.cuda.empty_cache()
-            write()
+    cells = [(dtype, n, t) for dtype in dtypes for n in batches for t in ts]
+    if args.targets_first:  # both pool dtypes' target cells before any other
+        cells.sort(key=lambda c: not is_target(c[1], c[2]))
+    for dtype, n, t in cells:
+        cfgs = per_dtype.get(dtype, configs)
+        cell = ReplayCell(n, t, dtype, args.backend, cfgs[0])
+        op_us = None
+        for ci, cfg in enumerate(cfgs + (target_cfgs if is_target(n, t) else [])):
+            if ci:
+                cell.new_replay(args.backend, cfg)
+            row = one_row(cell, op, op_us, bw, rep, args.no_rand)
+            op_us = row.get("op_graph")
+            rows.append(row)
+            bg.log(json.dumps(row))
+        del cell
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+        write()
     rows.sort(key=lambda r: (r["state"] != "float32", r["batch"], r["T"]))  # stable: configs stay in order
     write(final=True)
     return 0
