@@ -166,7 +166,10 @@ def test_graph_capture_and_replay_new_accepted_and_slots(dtype, persistent):
         bufs[k_].copy_(v_)
     rep_w.step(*args(bufs, scratch))
     rep_g._ws = rep_w._ws
-    rep_g._grid_cap = rep_w._grid_cap  # (a host query: not inside the capture)
+    # the warm-up's loaded kernels (module load, shared-memory attribute) and grid size (an
+    # occupancy query): none of these host calls inside the capture
+    rep_g._cuda_kernels = rep_w._cuda_kernels
+    rep_g._grid_cap = rep_w._grid_cap
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
