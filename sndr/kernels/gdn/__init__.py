@@ -25,7 +25,7 @@ costs nothing where they are absent.
 
 from __future__ import annotations
 
-import importlib
+from .. import lazy_attrs
 
 __all__ = ["gdn_step", "StepConfig", "pick_config", "try_packed_decode", "try_sigmoid_gating_update", "reference"]
 
@@ -39,13 +39,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    home = _LAZY[name]
-    if home is None:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        value = getattr(importlib.import_module(home, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attrs(__name__, _LAZY)

@@ -21,8 +21,7 @@ costs nothing where they are absent.
 
 from __future__ import annotations
 
-import importlib
-
+from .. import lazy_attrs
 from ._layout import Layout, slot_size_aligned
 
 __all__ = ["Layout", "slot_size_aligned", "store", "decode_attention", "decode", "DecodeConfig", "reference",
@@ -38,13 +37,4 @@ _LAZY: dict[str, str | None] = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    home = _LAZY[name]
-    if home is None:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        value = getattr(importlib.import_module(home, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attrs(__name__, _LAZY)
