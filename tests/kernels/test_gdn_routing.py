@@ -119,7 +119,8 @@ def stubbed(monkeypatch, table):
     calls = []
     verdict = {"v": True}
 
-    def step_ok(state, h, t, decode):
+    def step_ok(state, h, t, decode, kernel="triton"):
+        assert kernel == "triton"  # no CUDA cells in this table
         calls.append((h, t, decode))
         return verdict["v"]
 

@@ -47,18 +47,40 @@ WINS: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {
                             8: (1, 8, 32, 64, 256)},
 }
 
+# (state dtype, mode) -> {T: measured batches where the taken call runs the CUDA step (step.cu, cuda_step)}:
+# the cells of WINS where it measured faster than the Triton step (written by the same run, bench_gdn.py's
+# routing_wins.txt). Everywhere else a taken call runs the Triton step.
+CUDA: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {}
+
 _MEASURING = [False]
+_FORCED: list[str | None] = [None]
 
 
 @contextlib.contextmanager
-def measuring() -> Iterator[None]:
+def measuring(kernel: str | None = None) -> Iterator[None]:
     """Every cell taken, as an explicit opt-in would take it on a measured GPU: for the benchmark that
-    measures the cells (and the tests that compare sndr with vLLM in cells it loses)."""
+    measures the cells (and the tests that compare sndr with vLLM in cells it loses). ``kernel``
+    (``"cuda"`` / ``"triton"``): every taken CUDA call runs that step, whatever :data:`CUDA` says."""
     _MEASURING.append(True)
+    _FORCED.append(kernel)
     try:
         yield
     finally:
         _MEASURING.pop()
+        _FORCED.pop()
+
+
+def kernel_for(state_dtype: str, mode: str, n: int, t: int) -> str:
+    """``"cuda"`` where every measured cell around (``n``, ``t``) routes to the CUDA step (:data:`CUDA`),
+    else ``"triton"``."""
+    forced = _FORCED[-1]
+    if forced is not None:
+        return forced
+    cells = CUDA.get((state_dtype, mode))
+    ns, ts = _bracket(n, BATCHES), _bracket(t, TS)
+    if not cells or ns is None or ts is None:
+        return "triton"
+    return "cuda" if all(b in cells.get(tt, ()) for tt in ts for b in ns) else "triton"
 
 
 def _bracket(x: int, points: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -114,17 +136,19 @@ def explicit_opt_in() -> bool:
         return False
 
 
-def wins_literal(rows: list[dict]) -> str:
-    """:data:`WINS` as Python source, from a benchmark run's rows (``bench_gdn.py``'s ``rows``)."""
+def wins_literal(rows: list[dict], name: str = "WINS") -> str:
+    """:data:`WINS` as Python source, from a benchmark run's rows (``bench_gdn.py``'s ``rows``).
+
+    ``name="CUDA"``: :data:`CUDA`, the winning cells whose row's ``kernel_<mode>`` is ``"cuda"``."""
     out: dict[tuple[str, str], dict[int, list[int]]] = {}
     for r in rows:
         for mode in MODES:
             ratio = r.get(f"ratio_{mode}")
             per_t = out.setdefault((r["state_dtype"], mode), {})
             cell = per_t.setdefault(int(r["T"]), [])
-            if ratio is not None and round(ratio, 2) < 1.0:
+            if ratio is not None and round(ratio, 2) < 1.0 and (name != "CUDA" or r.get(f"kernel_{mode}") == "cuda"):
                 cell.append(int(r["batch"]))
-    lines = ["WINS: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {"]
+    lines = [f"{name}: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {{"]
     for (dt, mode), per_t in out.items():
         body = ", ".join(f"{t}: ({', '.join(map(str, sorted(bs)))}{',' if len(bs) == 1 else ''})"
                          for t, bs in sorted(per_t.items()))
