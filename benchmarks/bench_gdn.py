@@ -474,14 +474,14 @@ def _rel(x, ref) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check_default(cell: LayerCell, op, vl, norm) -> dict:
+def check_default(cell: LayerCell, op, vl, norm, cuda: bool = False) -> dict:
     """Outputs and written states of sndr, of vLLM's default path and of float64, from the same pool."""
     s0 = cell.state.clone()
     written = cell.idx.reshape(-1).long()
     res = {}
     o64, st64 = cell.ref64()
     runs = {"sndr": cell.via("triton")}
-    if DEV == "cuda":
+    if cuda:
         runs["cuda"] = cell.via("cuda")
     if op is not None:
         runs["op"] = lambda: cell.op(op)
@@ -515,14 +515,25 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
                    "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True, tokens=t))}
-            try:
-                row["check"] = check_default(cell, op, vl, norm)
-            except Exception as exc:  # noqa: BLE001
-                row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            row["cuda_config"] = str(cuda_step.pick_config(n, HV, V, K, state_dtype, t))
             kernels_timed = {"triton": cell.via("triton")}
             if DEV == "cuda":
-                kernels_timed["cuda"] = cell.via("cuda")
+                # the CUDA step's launch shape of this cell: the fastest candidate, graph-replayed (what
+                # routing.CUDA_SHAPES records and cuda_step.pick_config then launches); set before the cell's
+                # entries first build their step
+                cand = {}
+                for label in args.cuda_candidates:
+                    timed(cand, label, lambda label=label: cell.cuda(cuda_step.CudaConfig.parse(label)), True, rep)
+                times = {k: v for k, v in cand.items() if not k.endswith("_error")}
+                row["cuda_candidates"] = cand
+                if times:
+                    row["cuda_shape"] = min(times, key=times.__getitem__)
+                    routing.CUDA_SHAPES.setdefault(row["state_dtype"], {}).setdefault(t, {})[n] = row["cuda_shape"]
+                    kernels_timed["cuda"] = cell.via("cuda")
+                row["cuda_config"] = cuda_step.pick_config(n, HV, V, K, state_dtype, t).label()
+            try:
+                row["check"] = check_default(cell, op, vl, norm, cuda="cuda" in kernels_timed)
+            except Exception as exc:  # noqa: BLE001
+                row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
             for mode in ("graph", "eager"):
                 gr = mode == "graph"
                 for kname, fn in kernels_timed.items():
@@ -645,7 +656,8 @@ def fmt_default(rows) -> str:
                 for kname in ("triton", "cuda"):  # both steps; the routed one (the faster) in bold
                     x = r.get(f"sndr_{kname}_{mode}")
                     mark = "**" if x and r.get(f"kernel_{mode}") == kname else ""
-                    cells.append(f"{mark}{x:.1f}{mark}" if x else "-")
+                    shape = f" {r['cuda_shape']}" if kname == "cuda" and x and r.get("cuda_shape") else ""
+                    cells.append(f"{mark}{x:.1f}{mark}{shape}" if x else "-")
                 lines.append("| " + " | ".join(cells) + " |")
     lines.append("\n### correctness (relative L2; states: every written snapshot)\n")
     lines.append("| state | batch | T | sndr vs default out | sndr vs default states | sndr vs f64 out |"
@@ -735,20 +747,19 @@ def norm_sweep(args, bw, op):
     return res
 
 
-CUDA_SWEEP = ["16x8x1m8", "16x8x1m12", "16x8x1m16", "32x8x1m8", "32x8x2m4", "32x8x2m6", "32x4x1m8", "64x8x2m4",
-              "64x8x4m2", "128x8x4m2", "16x8x1m8s"]
+#: the CUDA step's launch shapes the table times in every cell (graph replay; the fastest is routed)
+CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
+CUDA_SWEEP = ["128x8x1t128m6", "128x8x1t128m6s", "128x8x1t64m12", "128x8x1t256m3", "64x8x1t128m8",
+              "32x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
 
 
 def parse_cuda(spec: str) -> cuda_step.CudaConfig:
-    """``BVxPxR`` (rows per CTA, lanes per row, rows per thread), then ``mN`` (CTAs per SM asked of ptxas)
-    and ``s`` (streaming snapshot stores), e.g. ``16x8x1m8s``."""
-    import re
-
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:m(\d+))?(s?)", spec)
-    if not m:
-        raise SystemExit(f"CUDA launch shape {spec!r}: BVxPxR[mN][s]")
-    return cuda_step.CudaConfig(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 8),
-                                m.group(5) == "s")
+    """``BVxPxR`` (rows per CTA, lanes per row, rows per thread), then ``tN`` (threads per CTA), ``mN`` (CTAs per
+    SM asked of ptxas) and ``s`` (streaming snapshot stores), e.g. ``128x8x1t128m6s``."""
+    try:
+        return cuda_step.CudaConfig.parse(spec)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def cuda_sweep(args, bw, op):
@@ -874,6 +885,9 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="sndr's (BV, warps) grid of the Triton-baseline kernel")
     ap.add_argument("--norm-sweep", action="store_true", help="warps of the fused-norm launch vs the CUDA op")
     ap.add_argument("--cuda-sweep", action="store_true", help="launch shapes of the CUDA step (step.cu) vs the op")
+    ap.add_argument("--cuda-candidates", type=str, default=",".join(CUDA_CANDIDATES),
+                    help="the CUDA step's launch shapes timed (graph replay) in every cell of the table; the fastest "
+                         "is the cell's CUDA step")
     ap.add_argument("--cuda-shapes", type=str, default=None,
                     help="(--cuda-sweep) comma-separated BVxPxR[mN][s] shapes (default: CUDA_SWEEP)")
     ap.add_argument("--no-table", action="store_true")
@@ -897,6 +911,9 @@ def main() -> int:
     args = ap.parse_args()
     args.sweep_shapes = args.sweep_shapes.split(",") if args.sweep_shapes else NORM_SWEEP
     args.cuda_shapes = args.cuda_shapes.split(",") if args.cuda_shapes else CUDA_SWEEP
+    args.cuda_candidates = [c for c in args.cuda_candidates.split(",") if c]
+    for sh in args.cuda_candidates:
+        parse_cuda(sh)
     for sh in args.cuda_shapes:
         parse_cuda(sh)
     for sh in args.sweep_shapes:
@@ -962,9 +979,9 @@ def main() -> int:
     text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
     if rows:
         text += "\n## Targets (graph replay)\n\n" + fmt_targets(rows) + "\n" + fmt_default(rows) + "\n"
-        wins = routing.wins_literal(rows) + "\n" + routing.wins_literal(rows, "CUDA")
+        wins = routing.wins_literal(rows) + "\n" + routing.wins_literal(rows, "CUDA") + "\n" + routing.shapes_literal(rows)
         (args.out / "routing_wins.txt").write_text(wins + "\n")
-        text += ("\n## The routing tables of this run (sndr.kernels.gdn.routing.WINS, CUDA)\n\n```\n" + wins
+        text += ("\n## The routing tables of this run (sndr.kernels.gdn.routing.WINS, CUDA, CUDA_SHAPES)\n\n```\n" + wins
                  + "\n```\n")
     if old_rows:
         text += fmt_table(old_rows, bw) + "\n"

@@ -118,12 +118,14 @@ def test_refusals_say_why():
     pool = torch.zeros(4, HV, V, K)
     t = {"a": torch.zeros(2, HV, dtype=BF), "b": torch.zeros(2, HV, dtype=BF)}
     assert "not a CUDA device" in cuda_step.why_not(pool, t, cuda_step.CudaConfig())
-    assert cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(block_v=8)) == (
-        "V = 128 with 8 rows per CTA and 1 per thread")  # 16 CTAs per head: more than a portable cluster
+    assert cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(block_v=8, nthreads=64)) == (
+        "V = 128 with 8 rows per CTA, 64 threads and 1 rows per thread")  # 16 CTAs a head: more than a cluster
+    assert "24 threads" in cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(nthreads=24))
+    assert "96 threads" in cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(nthreads=96))  # 12 rows
     assert "lanes per row" in cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(lanes=64))
     assert "K = 96" in cuda_step.config_why(96, V, torch.bfloat16, cuda_step.CudaConfig(lanes=8))
     assert "state values per thread" in cuda_step.config_why(256, V, torch.float32,
-                                                             cuda_step.CudaConfig(block_v=32, lanes=2, rows=1))
+                                                             cuda_step.CudaConfig(lanes=4, rows=1))
     for dt in (torch.float32, BF):
         for n in routing.BATCHES:
             for tt in routing.TS:

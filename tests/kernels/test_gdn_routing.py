@@ -216,3 +216,66 @@ def test_scope_of_the_entries(monkeypatch):
     monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
     with routing.measuring():
         assert vllm_entry._scope_why(t, default_path=False) is None
+
+
+# ----------------------------------------------------------------------------- which of sndr's two steps a cell runs
+
+
+def test_kernel_for_needs_every_measured_neighbour_routed_to_cuda(monkeypatch):
+    monkeypatch.setattr(routing, "CUDA", {("bfloat16", "graph"): {2: (8, 32), 4: (8,), 6: (8,)}})
+    assert routing.kernel_for("bfloat16", "graph", 8, 2) == "cuda"
+    assert routing.kernel_for("bfloat16", "graph", 16, 2) == "cuda"  # 8 and 32 both CUDA
+    assert routing.kernel_for("bfloat16", "graph", 40, 2) == "triton"  # 64 is not
+    assert routing.kernel_for("bfloat16", "graph", 8, 5) == "cuda"  # T = 4 and 6 at batch 8
+    assert routing.kernel_for("bfloat16", "graph", 8, 3) == "triton"  # T = 3 is measured: not a CUDA cell
+    assert routing.kernel_for("bfloat16", "graph", 32, 5) == "triton"  # T = 4 at batch 32 is not
+    assert routing.kernel_for("bfloat16", "eager", 8, 2) == "triton"  # another mode's table
+    assert routing.kernel_for("float32", "graph", 8, 2) == "triton"
+    assert routing.kernel_for("bfloat16", "graph", 512, 2) == "triton"  # outside the measured batches
+    with routing.measuring("cuda"):
+        assert routing.kernel_for("float32", "eager", 512, 9) == "cuda"
+        with routing.measuring("triton"):
+            assert routing.kernel_for("bfloat16", "graph", 8, 2) == "triton"
+        assert routing.kernel_for("float32", "eager", 1, 1) == "cuda"
+    assert routing.kernel_for("bfloat16", "graph", 8, 2) == "cuda"
+
+
+def test_cuda_shape_is_the_nearest_measured_cells(monkeypatch):
+    monkeypatch.setattr(routing, "CUDA_SHAPES", {"float32": {1: {1: "a", 32: "b"}, 4: {8: "c", 256: "d"}}})
+    assert routing.cuda_shape("float32", 1, 1) == "a"
+    assert routing.cuda_shape("float32", 31, 1) == "a" and routing.cuda_shape("float32", 40, 1) == "b"
+    assert routing.cuda_shape("float32", 1, 3) == "a"  # T = 1's row (the largest measured T <= 3), batch 1
+    assert routing.cuda_shape("float32", 4, 8) == "c" and routing.cuda_shape("float32", 300, 8) == "d"
+    assert routing.cuda_shape("bfloat16", 8, 2) is None
+
+
+def test_cuda_literals_from_benchmark_rows():
+    rows = [{"state_dtype": "bfloat16", "batch": 8, "T": 2, "ratio_graph": 0.9, "ratio_eager": 0.95,
+             "kernel_graph": "cuda", "kernel_eager": "triton", "cuda_shape": "128x8x1t128m6"},
+            {"state_dtype": "bfloat16", "batch": 32, "T": 2, "ratio_graph": 1.02, "ratio_eager": 0.9,
+             "kernel_graph": "cuda", "kernel_eager": "cuda", "cuda_shape": "64x8x1t128m8"}]
+    ns: dict = {}
+    exec(routing.wins_literal(rows, "CUDA") + "\n" + routing.shapes_literal(rows), ns)  # noqa: S102
+    # a cell the CUDA step won against Triton but sndr lost against vLLM is not a CUDA cell (vLLM runs)
+    assert ns["CUDA"] == {("bfloat16", "graph"): {2: (8,)}, ("bfloat16", "eager"): {2: (32,)}}
+    assert ns["CUDA_SHAPES"] == {"bfloat16": {2: {8: "128x8x1t128m6", 32: "64x8x1t128m8"}}}
+
+
+def test_a_cuda_cell_runs_the_cuda_steps_canary_or_falls_back_to_triton(stubbed, monkeypatch, caplog):
+    monkeypatch.setattr(routing, "CUDA", {("float32", "graph"): {2: (8,)}, ("float32", "eager"): {2: (8,)}})
+    monkeypatch.setattr(vllm_entry, "_KERNEL", {})
+    monkeypatch.setattr(vllm_entry, "_CUDA_STEPS", {})
+    kernels_seen = []
+    monkeypatch.setattr(canary, "step_ok", lambda state, h, t, decode, kernel="triton": kernels_seen.append(kernel)
+                        or True)
+    step = object()
+    args = ("fused_gdn_decode_post_conv_mtp", ("c1",), PLAN, _cuda_state(), 8, 2)
+    assert vllm_entry._cell_taken(*args, decode=False, build=lambda: step) is True
+    assert kernels_seen == ["cuda"]
+    assert vllm_entry._chosen_kernel(("c1",), _cuda_state(), 8, 2, lambda: step) == "cuda"
+    assert vllm_entry._cuda_step(("c1",), lambda: None) is step  # built once per layout
+    # the CUDA step refused this layout (cuda_step.why_not, logged by the builder): the Triton step, its canary
+    assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("c2",), PLAN, _cuda_state(), 8, 2,
+                                  decode=False, build=lambda: None) is True
+    assert kernels_seen == ["cuda", "triton"]
+    assert vllm_entry._chosen_kernel(("c2",), _cuda_state(), 8, 2, lambda: None) == "triton"

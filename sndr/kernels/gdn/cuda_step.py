@@ -19,6 +19,7 @@ of one call layout once (``_cudart.Launch``); a call then writes only the data p
 from __future__ import annotations
 
 import logging
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,8 @@ _KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _LOGGED: set[str] = set()
 #: launches of the CUDA step in this process (tests: which kernel a routed call ran)
 STATS = {"launches": 0}
-#: the most tokens a CTA stages at once (a request's tokens beyond it run in further chunks)
-MAX_TM = 8
+#: the most tokens per request (index columns) the CUDA step takes: its CTAs stage every token's inputs
+MAX_TM = 16
 #: the largest portable thread-block cluster (CTAs per head)
 MAX_CLUSTER = 8
 #: ``gdn_fused_step``'s parameters in order, with their kinds (``_cudart.Launch``: p pointer, f float32,
@@ -51,26 +52,56 @@ N_PTR = SIG.count("p")
 
 @dataclass(frozen=True)
 class CudaConfig:
-    """``block_v``: state rows per CTA (V / block_v CTAs per head); ``lanes``: threads per row (P);
-    ``rows``: rows per thread (R); ``min_blocks``: CTAs per SM asked of ptxas's register allocator;
-    ``stream``: streaming (``.cs``) snapshot stores."""
+    """``block_v``: state rows per CTA (V / block_v CTAs per head, a cluster); ``lanes``: threads per
+    row (P); ``rows``: rows per thread (R); ``nthreads``: threads per CTA, which pass over the CTA's rows
+    ``(nthreads / lanes) * rows`` at a time, the next pass's rows loaded while one computes;
+    ``min_blocks``: CTAs per SM asked of ptxas's register allocator; ``stream``: streaming (``.cs``)
+    snapshot stores."""
 
-    block_v: int = 16
+    block_v: int = 128
     lanes: int = 8
     rows: int = 1
+    nthreads: int = 128
     min_blocks: int = 8
     stream: bool = False
 
     def threads(self) -> int:
-        return (self.block_v // self.rows) * self.lanes if self.rows > 0 and self.block_v % self.rows == 0 else 0
+        return self.nthreads
+
+    def label(self) -> str:
+        """``BVxPxRtNTmN[s]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM, streaming)."""
+        return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
+                f"{'s' if self.stream else ''}")
+
+    @classmethod
+    def parse(cls, label: str) -> CudaConfig:
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)", label)
+        if not m:
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s]")
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
+                   m.group(6) == "s")
+
+    def rows_per_pass(self) -> int:
+        return (self.nthreads // self.lanes) * self.rows if self.lanes > 0 else 0
+
+
+def default_config(v: int, k: int) -> CudaConfig:
+    """One CTA per (request, value head), 128 threads passing over its V rows 16 at a time (8 lanes a row)."""
+    return CudaConfig(block_v=v, lanes=max(1, min(8, k // 16)), min_blocks=6)
 
 
 def pick_config(n_req: int, hv: int, v: int, k: int, state_dtype: torch.dtype, tokens: int) -> CudaConfig:
-    """The launch shape for ``n_req`` requests of ``tokens`` tokens (bench_gdn.py --cuda-sweep on the H200)."""
-    del n_req, hv, state_dtype, tokens
-    bv = max(16, v // MAX_CLUSTER)
-    lanes = max(1, min(8, k // 16))
-    return CudaConfig(block_v=min(bv, v), lanes=lanes)
+    """The launch shape for ``n_req`` requests of ``tokens`` tokens: the one measured fastest in the nearest
+    cell of the benchmark (``routing.CUDA_SHAPES``, at the measured head shape K = V = 128), else
+    :func:`default_config`."""
+    del hv
+    from . import routing
+
+    if (k, v) == (128, 128):
+        label = routing.cuda_shape(str(state_dtype).replace("torch.", ""), n_req, tokens)
+        if label is not None:
+            return CudaConfig.parse(label)
+    return default_config(v, k)
 
 
 def source() -> str:
@@ -81,7 +112,8 @@ def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm:
             sigmoid_gate: bool = False, idx64: bool = False, acc64: bool = False, cu64: bool = False) -> dict:
     """The NVRTC defines of one kernel build (``kinds``: X_KIND, AB_KIND, ALOG_KIND, DT_KIND, Z_KIND,
     W_KIND, O_KIND, S_KIND)."""
-    d = {"H": H, "HV": HV, "K": K, "V": V, "BV": cfg.block_v, "P": cfg.lanes, "R": cfg.rows, "TM": tm,
+    d = {"H": H, "HV": HV, "K": K, "V": V, "BV": cfg.block_v, "P": cfg.lanes, "R": cfg.rows, "NT": cfg.nthreads,
+         "TM": tm,
          "MINB": max(1, min(cfg.min_blocks, 2048 // max(cfg.threads(), 32))), "SPEC": int(spec), "STREAM": int(cfg.stream), "SIGMOID_GATE": int(sigmoid_gate),
          "IDX64": int(idx64), "ACC64": int(acc64), "CU64": int(cu64)}
     d.update(kinds)
@@ -94,10 +126,13 @@ def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str
     nt = cfg.threads()
     if K % 32 or K > 256 or cfg.lanes & (cfg.lanes - 1) or not 0 < cfg.lanes <= 32 or K % (epc * cfg.lanes):
         return f"K = {K} with {cfg.lanes} lanes per row"
-    if V % cfg.block_v or V // cfg.block_v > MAX_CLUSTER or nt % 32 or not 0 < nt <= 1024:
-        return f"V = {V} with {cfg.block_v} rows per CTA and {cfg.rows} per thread"
-    if cfg.rows * K // cfg.lanes > 64:
-        return f"{cfg.rows * K // cfg.lanes} state values per thread"
+    rp = cfg.rows_per_pass()
+    if (V % cfg.block_v or V // cfg.block_v > MAX_CLUSTER or nt % 32 or not 0 < nt <= 1024 or nt % cfg.lanes
+            or rp <= 0 or cfg.block_v % rp):
+        return f"V = {V} with {cfg.block_v} rows per CTA, {nt} threads and {cfg.rows} rows per thread"
+    e = cfg.rows * K // cfg.lanes
+    if e > (32 if cfg.block_v > rp else 64):  # more than one pass: the next pass's values are in registers too
+        return f"{e} state values per thread" + (" (two passes' worth in registers)" if cfg.block_v > rp else "")
     return None
 
 
@@ -120,6 +155,8 @@ def why_not(state: torch.Tensor, tensors: dict[str, torch.Tensor], cfg: CudaConf
                 return f"{name} dtype {t.dtype}"
         elif t.dtype not in _KIND:
             return f"{name} dtype {t.dtype}"
+    if tensors["idx"].dim() == 2 and tensors["idx"].shape[1] > MAX_TM:
+        return f"{tensors['idx'].shape[1]} index columns (takes <= {MAX_TM})"
     if tensors["a"].dtype != tensors["b"].dtype:
         return "a and b of different dtypes"
     _, _, v, k = state.shape

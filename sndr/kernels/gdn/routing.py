@@ -51,6 +51,9 @@ WINS: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {
 # the cells of WINS where it measured faster than the Triton step (written by the same run, bench_gdn.py's
 # routing_wins.txt). Everywhere else a taken call runs the Triton step.
 CUDA: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {}
+# state dtype -> {T: {batch: the CUDA step's launch shape (cuda_step.CudaConfig.label) that replayed fastest
+# among bench_gdn.py's candidates in that cell}}: what cuda_step.pick_config launches there.
+CUDA_SHAPES: dict[str, dict[int, dict[int, str]]] = {}
 
 _MEASURING = [False]
 _FORCED: list[str | None] = [None]
@@ -112,6 +115,38 @@ def cell_why(state_dtype: str, mode: str, n: int, t: int) -> str | None:
         return (f"{state_dtype} state, {mode}: vLLM's default path measured faster at {cells} "
                 "(docs/bench-gdn-h200.md)")
     return None
+
+
+def cuda_shape(state_dtype: str, n: int, t: int) -> str | None:
+    """The measured CUDA launch shape (:data:`CUDA_SHAPES`) of the cell nearest to (``n``, ``t``): the largest
+    measured T <= ``t`` (else the smallest), then the largest measured batch <= ``n`` (else the smallest)."""
+    per_t = CUDA_SHAPES.get(state_dtype)
+    if not per_t:
+        return None
+    ts = sorted(per_t)
+    tt = max((x for x in ts if x <= t), default=ts[0])
+    per_b = per_t[tt]
+    if not per_b:
+        return None
+    bs = sorted(per_b)
+    return per_b[max((b for b in bs if b <= n), default=bs[0])]
+
+
+def shapes_literal(rows: list[dict]) -> str:
+    """:data:`CUDA_SHAPES` as Python source, from a benchmark run's rows (their ``cuda_shape``)."""
+    out: dict[str, dict[int, dict[int, str]]] = {}
+    for r in rows:
+        if r.get("cuda_shape"):
+            out.setdefault(r["state_dtype"], {}).setdefault(int(r["T"]), {})[int(r["batch"])] = r["cuda_shape"]
+    lines = ["CUDA_SHAPES: dict[str, dict[int, dict[int, str]]] = {"]
+    for dt, per_t in out.items():
+        lines.append(f'    "{dt}": {{')
+        for t, per_b in sorted(per_t.items()):
+            body = ", ".join(f'{b}: "{sh}"' for b, sh in sorted(per_b.items()))
+            lines.append(f"        {t}: {{{body}}},")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def capability_why(capability: tuple[int, int] | None, explicit: bool) -> str | None:

@@ -35,7 +35,8 @@
 #define STREAM 0
 #endif
 #define CL (V / BV)
-#define NT ((BV / R) * P)
+#define RP ((NT / P) * R)  // rows per pass
+#define CH (BV / RP)       // passes over the CTA's rows
 #define NWARPS (NT / 32)
 #define SB (S_KIND == 0 ? 4 : 2)
 #define EPC (16 / SB)
@@ -294,101 +295,107 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         return;
     }
     const i64 tile = (i64)hv * V * K + (i64)row0 * K;
-    float S[E], vv[R], o[R];
-    load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);
+    const int nt = min(ntok, TM);  // (tokens beyond the index columns are outside the op's contract)
+    float S[E], Sn[E], vv[R], o[R];
+    load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);  // the first pass's rows
     cluster_arrive_relaxed();  // this CTA has started (waited for before the first DSMEM store)
     const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
     const float dtb = ldf<DT_KIND>(dt_bias, hv);
 
-    for (int t0 = 0; t0 < ntok; t0 += TM) {
-        const int nt = min(TM, ntok - t0);
-        if (t0 > 0) __syncthreads();  // the previous chunk's shared memory is read
-        // the chunk's inputs: a warp per token for q and k (L2 norm), decay, beta, k.q
-        for (int t = warp; t < nt; t += NWARPS) {
-            const i64 tok = bos + t0 + t;
-            const i64 xr = tok * s_x_tok;
-            const float a_t = ldf<AB_KIND>(a, tok * s_a_tok + hv), b_t = ldf<AB_KIND>(b, tok * s_b_tok + hv);
-            float qv[K / 32], kv[K / 32];
-            float sq = 0.f, sk = 0.f;
+    // the step's inputs: a warp per token for q and k (L2 norm), decay, beta, k.q, the token's slot
+    for (int t = warp; t < nt; t += NWARPS) {
+        const i64 tok = bos + t;
+        const i64 xr = tok * s_x_tok;
+        const float a_t = ldf<AB_KIND>(a, tok * s_a_tok + hv), b_t = ldf<AB_KIND>(b, tok * s_b_tok + hv);
+        float qv[K / 32], kv[K / 32];
+        float sq = 0.f, sk = 0.f;
 #pragma unroll
-            for (int m = 0; m < K / 32; ++m) {
-                qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
-                kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
-                sq = __fmaf_rn(qv[m], qv[m], sq);
-                sk = __fmaf_rn(kv[m], kv[m], sk);
-            }
-            const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
-            float kq = 0.f;
+        for (int m = 0; m < K / 32; ++m) {
+            qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
+            kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
+            sq = __fmaf_rn(qv[m], qv[m], sq);
+            sk = __fmaf_rn(kv[m], kv[m], sk);
+        }
+        const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
+        float kq = 0.f;
 #pragma unroll
-            for (int m = 0; m < K / 32; ++m) {
-                const float kk = __fdiv_rn(kv[m], nk);
-                const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
-                kn[t][lane + 32 * m] = kk;
-                qn[t][lane + 32 * m] = qq;
-                kq = __fmaf_rn(kk, qq, kq);
-            }
-            kq = warp_sum(kq);
-            if (lane == 0) {
-                const float xx = __fadd_rn(a_t, dtb);
-                const float sp = xx <= 20.f ? logf(1.f + expf(xx)) : xx;
-                sn[t][0] = expf(neg_A * sp);
-                sn[t][1] = 1.f / (1.f + expf(-b_t));
-                sn[t][2] = kq;
+        for (int m = 0; m < K / 32; ++m) {
+            const float kk = __fdiv_rn(kv[m], nk);
+            const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
+            kn[t][lane + 32 * m] = kk;
+            qn[t][lane + 32 * m] = qq;
+            kq = __fmaf_rn(kk, qq, kq);
+        }
+        kq = warp_sum(kq);
+        if (lane == 0) {
+            const float xx = __fadd_rn(a_t, dtb);
+            const float sp = xx <= 20.f ? logf(1.f + expf(xx)) : xx;
+            sn[t][0] = expf(neg_A * sp);
+            sn[t][1] = 1.f / (1.f + expf(-b_t));
+            sn[t][2] = kq;
 #if SPEC
-                slots[t] = ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)(t0 + t) * s_idx_tok);
+            slots[t] = ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)t * s_idx_tok);
 #else
-                slots[t] = slot0;
+            slots[t] = slot0;
 #endif
-            }
         }
-        for (int i = tid; i < nt * BV; i += NT) {
-            const i64 tok = bos + t0 + i / BV;
-            const int r = row0 + i % BV;
-            vn[i / BV][i % BV] = ldf<X_KIND>(x, tok * s_x_tok + 2 * H * K + (i64)hv * V + r);
-            const float zz = ldf<Z_KIND>(z, tok * s_z_tok + (i64)hv * s_z_head + r);
-            const float sg = 1.f / (1.f + expf(-zz));
-            gz[i / BV][i % BV] = SIGMOID_GATE ? sg : zz * sg;
-        }
-        __syncthreads();
+    }
+    for (int i = tid; i < nt * BV; i += NT) {
+        const i64 tok = bos + i / BV;
+        const int r = row0 + i % BV;
+        vn[i / BV][i % BV] = ldf<X_KIND>(x, tok * s_x_tok + 2 * H * K + (i64)hv * V + r);
+        const float zz = ldf<Z_KIND>(z, tok * s_z_tok + (i64)hv * s_z_head + r);
+        const float sg = 1.f / (1.f + expf(-zz));
+        gz[i / BV][i % BV] = SIGMOID_GATE ? sg : zz * sg;
+    }
+    __syncthreads();
 
+    // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
+#pragma unroll
+    for (int c = 0; c < CH; ++c) {
+        const i64 off = (i64)c * RP * K * SB;
+        if (c + 1 < CH) load_rows(Sn, (const char*)state + (slot0 * s_state_slot + tile) * SB + off + RP * K * SB, g, p);
         for (int t = 0; t < nt; ++t) {
 #pragma unroll
-            for (int i = 0; i < R; ++i) vv[i] = vn[t][g * R + i];
+            for (int i = 0; i < R; ++i) vv[i] = vn[t][c * RP + g * R + i];
             pass(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, o);
             if (p == 0) {
 #pragma unroll
-                for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);
+                for (int i = 0; i < R; ++i) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
             }
             const i64 st = slots[t];
-            if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB, S, g, p);
+            if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
         }
-        __syncthreads();
-        cluster_wait();  // (CL > 1) every CTA of the cluster has started / read the last chunk's sums
-        // this CTA's sums of squares, pushed into every CTA of the head
-        for (int t = warp; t < nt; t += NWARPS) {
-            float ss = 0.f;
-            for (int r = lane; r < BV; r += 32) ss = __fmaf_rn(on[t][r], on[t][r], ss);
-            ss = warp_sum(ss);
-            if (lane < CL) st_cluster(&parts[t][rank], lane, ss);
-        }
-#if CL > 1
-        cluster_arrive_release();
-        cluster_wait();
-#else
-        __syncthreads();
-#endif
-        if (tid < nt) {
-            float s = parts[tid][0];
+        if (c + 1 < CH) {
 #pragma unroll
-            for (int c = 1; c < CL; ++c) s = __fadd_rn(s, parts[tid][c]);
-            rstd[tid] = 1.f / sqrtf(s / V + norm_eps);
+            for (int e = 0; e < E; ++e) S[e] = Sn[e];
         }
-        __syncthreads();
-        if (t0 + TM < ntok) cluster_arrive_relaxed();  // this chunk's sums are read: the next may be pushed
-        for (int i = tid; i < nt * BV; i += NT) {
-            const int t = i / BV, r = i % BV;
-            const float y = on[t][r] * rstd[t] * ldf<W_KIND>(norm_w, row0 + r) * gz[t][r];
-            stf<O_KIND>(out, (bos + t0 + t) * s_o_tok + (i64)hv * V + row0 + r, y);
-        }
+    }
+    __syncthreads();
+    cluster_wait();  // (CL > 1) every CTA of the cluster has started
+    // this CTA's sums of squares, pushed into every CTA of the head
+    for (int t = warp; t < nt; t += NWARPS) {
+        float ss = 0.f;
+        for (int r = lane; r < BV; r += 32) ss = __fmaf_rn(on[t][r], on[t][r], ss);
+        ss = warp_sum(ss);
+        if (lane < CL) st_cluster(&parts[t][rank], lane, ss);
+    }
+#if CL > 1
+    cluster_arrive_release();
+    cluster_wait();
+#else
+    __syncthreads();
+#endif
+    if (tid < nt) {
+        float s = parts[tid][0];
+#pragma unroll
+        for (int c = 1; c < CL; ++c) s = __fadd_rn(s, parts[tid][c]);
+        rstd[tid] = 1.f / sqrtf(s / V + norm_eps);
+    }
+    __syncthreads();
+    for (int i = tid; i < nt * BV; i += NT) {
+        const int t = i / BV, r = i % BV;
+        const float y = on[t][r] * rstd[t] * ldf<W_KIND>(norm_w, row0 + r) * gz[t][r];
+        stf<O_KIND>(out, (bos + t) * s_o_tok + (i64)hv * V + row0 + r, y);
     }
 }
