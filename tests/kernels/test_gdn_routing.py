@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
 
-from sndr.kernels.gdn import canary, routing, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import canary, cuda_step, routing, vllm_entry  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bench-gdn-h200.md"
 _HEAD = re.compile(r"^### (float32|bfloat16) state, (CUDA-graph replay|eager Python call), µs")
@@ -48,6 +48,46 @@ def measured_tables() -> dict[tuple[str, str], dict[int, dict[int, float]]]:
         assert ratio, line
         cur.setdefault(int(cells[1]), {})[int(cells[0])] = float(ratio.group(1))
     return tables
+
+
+def measured_steps() -> dict[tuple[str, str], dict[int, dict[int, tuple[str, str | None]]]]:
+    """{(state dtype, mode): {T: {batch: (the faster step, the CUDA step's launch shape)}}} from the doc's
+    "Triton step" / "CUDA step" columns (the faster in bold)."""
+    tables: dict[tuple[str, str], dict[int, dict[int, tuple[str, str | None]]]] = {}
+    cur = None
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        m = _HEAD.match(line)
+        if m:
+            cur = tables.setdefault((m.group(1), "graph" if m.group(2).startswith("CUDA") else "eager"), {})
+            continue
+        if line.startswith("### "):
+            cur = None
+        if cur is None or not line.startswith("| ") or line.startswith("| batch"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        tri, cu = cells[-2], cells[-1]
+        m_cu = re.fullmatch(r"(\*\*)?\d+\.\d(\*\*)? (\S+)", cu)
+        assert m_cu and re.fullmatch(r"(\*\*)?\d+\.\d(\*\*)?", tri), line
+        assert tri.startswith("**") != cu.startswith("**"), line  # exactly one step is the faster
+        cur.setdefault(int(cells[1]), {})[int(cells[0])] = ("cuda" if cu.startswith("**") else "triton", m_cu.group(3))
+    return tables
+
+
+def test_cuda_cells_and_shapes_are_the_benchmarks():
+    """routing.CUDA: the won cells (WINS) whose faster step was the CUDA one; CUDA_SHAPES: each cell's
+    CUDA launch shape of the graph table."""
+    ratios, steps = measured_tables(), measured_steps()
+    assert set(steps) == set(ratios)
+    for key, per_t in steps.items():
+        for t, per_batch in per_t.items():
+            want = tuple(b for b, (k, _) in sorted(per_batch.items()) if k == "cuda" and ratios[key][t][b] < 1.0)
+            assert routing.CUDA.get(key, {}).get(t, ()) == want, (key, t)
+            if key[1] == "graph":
+                assert routing.CUDA_SHAPES[key[0]][t] == {b: sh for b, (_, sh) in per_batch.items()}, (key, t)
+    for per_t in routing.CUDA_SHAPES.values():
+        for per_b in per_t.values():
+            for label in per_b.values():
+                assert cuda_step.CudaConfig.parse(label).label() == label
 
 
 def test_routing_table_is_the_benchmarks_winning_cells():
@@ -119,7 +159,7 @@ def stubbed(monkeypatch, table):
     calls = []
     verdict = {"v": True}
 
-    def step_ok(state, h, t, decode, kernel="triton"):
+    def step_ok(state, h, t, decode, kernel="triton", shape=None):
         assert kernel == "triton"  # no CUDA cells in this table
         calls.append((h, t, decode))
         return verdict["v"]
@@ -266,16 +306,16 @@ def test_a_cuda_cell_runs_the_cuda_steps_canary_or_falls_back_to_triton(stubbed,
     monkeypatch.setattr(vllm_entry, "_KERNEL", {})
     monkeypatch.setattr(vllm_entry, "_CUDA_STEPS", {})
     kernels_seen = []
-    monkeypatch.setattr(canary, "step_ok", lambda state, h, t, decode, kernel="triton": kernels_seen.append(kernel)
-                        or True)
-    step = object()
+    monkeypatch.setattr(canary, "step_ok", lambda state, h, t, decode, kernel="triton", shape=None:
+                        kernels_seen.append((kernel, shape)) or True)
+    step = types.SimpleNamespace(cfg=cuda_step.CudaConfig(block_v=64, min_blocks=8))
     args = ("fused_gdn_decode_post_conv_mtp", ("c1",), PLAN, _cuda_state(), 8, 2)
     assert vllm_entry._cell_taken(*args, decode=False, build=lambda: step) is True
-    assert kernels_seen == ["cuda"]
+    assert kernels_seen == [("cuda", "64x8x1t128m8")]  # the canary runs the launch shape the layout launches
     assert vllm_entry._chosen_kernel(("c1",), _cuda_state(), 8, 2, lambda: step) == "cuda"
     assert vllm_entry._cuda_step(("c1",), lambda: None) is step  # built once per layout
     # the CUDA step refused this layout (cuda_step.why_not, logged by the builder): the Triton step, its canary
     assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("c2",), PLAN, _cuda_state(), 8, 2,
                                   decode=False, build=lambda: None) is True
-    assert kernels_seen == ["cuda", "triton"]
+    assert kernels_seen == [("cuda", "64x8x1t128m8"), ("triton", None)]
     assert vllm_entry._chosen_kernel(("c2",), _cuda_state(), 8, 2, lambda: None) == "triton"

@@ -38,22 +38,44 @@ MODES = ("graph", "eager")
 # Written from the run of docs/bench-gdn-h200.md (bench_gdn.py prints it as routing_wins.txt).
 WINS: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {
     ("float32", "graph"): {1: (1, 8, 32, 64, 256), 2: (1, 8, 32, 64, 256), 3: (1, 8, 32, 64, 256),
-                           4: (1, 8, 32, 64, 256), 6: (1, 8, 32, 64, 256), 8: (1, 32, 64, 256)},
-    ("float32", "eager"): {1: (1, 8, 32, 64, 256), 2: (64, 256), 3: (1, 8, 32, 64, 256), 4: (8, 32, 64, 256),
-                           6: (1, 8, 32, 64, 256), 8: (1, 8, 32, 64, 256)},
+                           4: (1, 8, 32, 64, 256), 6: (1, 8, 32, 64, 256), 8: (1, 8, 32, 64, 256)},
+    ("float32", "eager"): {1: (1, 8, 32, 64, 256), 2: (1, 8, 32, 64, 256), 3: (1, 8, 32, 64, 256),
+                           4: (1, 8, 32, 64, 256), 6: (1, 8, 32, 64, 256), 8: (1, 8, 32, 64, 256)},
     ("bfloat16", "graph"): {1: (1, 8, 32, 64), 2: (1, 8), 3: (1, 8), 4: (1, 8, 64, 256), 6: (1, 8, 32, 64, 256),
-                            8: (1, 8, 32, 64)},
-    ("bfloat16", "eager"): {1: (1, 8, 32, 64), 2: (1, 8), 3: (1, 8, 256), 4: (1, 64, 256), 6: (1, 8, 32, 64, 256),
                             8: (1, 8, 32, 64, 256)},
+    ("bfloat16", "eager"): {1: (1, 8, 32, 64), 2: (1, 8), 3: (8,), 4: (1, 8, 64, 256), 6: (1, 32, 64, 256),
+                            8: (1, 32, 64, 256)},
 }
 
 # (state dtype, mode) -> {T: measured batches where the taken call runs the CUDA step (step.cu, cuda_step)}:
 # the cells of WINS where it measured faster than the Triton step (written by the same run, bench_gdn.py's
 # routing_wins.txt). Everywhere else a taken call runs the Triton step.
-CUDA: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {}
+CUDA: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {
+    ("float32", "graph"): {1: (1,), 2: (1, 8, 32), 3: (1, 8), 4: (1, 8), 6: (1, 8, 32), 8: (1, 8, 32, 64)},
+    ("float32", "eager"): {1: (1, 32), 2: (1, 8, 32), 3: (1, 8), 4: (1, 8), 6: (1, 8, 32), 8: (1, 8, 32, 64)},
+    ("bfloat16", "graph"): {1: (), 2: (1, 8), 3: (1, 8), 4: (1, 8), 6: (1, 8, 32), 8: (1, 8, 32, 64, 256)},
+    ("bfloat16", "eager"): {1: (8, 32), 2: (1, 8), 3: (8,), 4: (1, 8), 6: (1, 32), 8: (1, 32, 64, 256)},
+}
 # state dtype -> {T: {batch: the CUDA step's launch shape (cuda_step.CudaConfig.label) that replayed fastest
 # among bench_gdn.py's candidates in that cell}}: what cuda_step.pick_config launches there.
-CUDA_SHAPES: dict[str, dict[int, dict[int, str]]] = {}
+CUDA_SHAPES: dict[str, dict[int, dict[int, str]]] = {
+    "float32": {
+        1: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "128x8x1t128m6", 256: "64x8x1t128m8"},
+        2: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "64x8x1t128m8", 256: "128x8x4t256m2"},
+        3: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "64x8x1t128m8", 256: "128x8x4t256m2"},
+        4: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        6: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        8: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+    },
+    "bfloat16": {
+        1: {1: "128x8x4t256m2", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "128x8x1t128m6", 256: "128x8x1t128m6"},
+        2: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        3: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        4: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        6: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        8: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+    },
+}
 
 _MEASURING = [False]
 _FORCED: list[str | None] = [None]

@@ -164,7 +164,11 @@ def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: 
             from . import canary
 
             kernel = _pick_kernel(state, "graph" if warm else mode, n, t, key, build)
-            verdict = canary.step_ok(state, plan.consts[0], t, decode, kernel=kernel)
+            shape = None  # the CUDA step's canary runs the launch shape this layout launches
+            if kernel == "cuda":
+                step = _cuda_step(key, build)
+                shape = step.cfg.label() if step is not None else None
+            verdict = canary.step_ok(state, plan.consts[0], t, decode, kernel=kernel, shape=shape)
             if verdict is None:  # first call of the shape inside a capture: vLLM's kernel is captured
                 return False
             ok = verdict  # a failed canary is logged and attested by sndr.kernels.canary
