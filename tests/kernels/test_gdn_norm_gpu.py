@@ -266,10 +266,17 @@ def test_entries_take_exactly_the_winning_cells(state_dtype, monkeypatch):
     graph_won = set(_cells(state_dtype, "graph", True))
     both_lost = [c for c in lost if c not in graph_won]
     warm_up = [c for c in lost if c in graph_won]  # vLLM warms a graph size up eagerly before it captures it
-    for (b, t), want in [(c, False) for c in both_lost[:2]] + [(c, True) for c in won[:2]]:
+    dt = str(state_dtype).replace("torch.", "")
+    cuda_won = [c for c in won if routing.kernel_for(dt, "eager", *c) == "cuda"]
+    triton_won = [c for c in won if c not in cuda_won]
+    for (b, t), want in [(c, False) for c in both_lost[:2]] + [(c, True) for c in cuda_won[:2] + triton_won[:2]]:
         c = Cell(b, t, state_dtype, seed=b + t)
+        launches = cuda_step.STATS["launches"]
         res = c.mtp()
         assert (res is c.out) == want, (b, t, want)
+        # a won cell runs the step the routing table names for it (routing.CUDA), and no other
+        want_cuda = want and routing.kernel_for(dt, "eager", b, t) == "cuda"
+        assert (cuda_step.STATS["launches"] > launches) == want_cuda, (b, t, "CUDA step" if want_cuda else "Triton")
     for b, t in warm_up[:2]:  # the first eager call of the layout runs sndr once (compiled, canary passed)
         c = Cell(b, t, state_dtype, seed=b + t)
         assert c.mtp() is c.out, (b, t, "warm-up")
