@@ -1,6 +1,6 @@
 """GDN decode / spec-verify step on one GPU: sndr's fused step (update + gated RMSNorm) vs what vLLM 0.32.0 runs by default.
 
-    python benchmarks/bench_gdn.py [--norm-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
+    python benchmarks/bench_gdn.py [--norm-sweep] [--cuda-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
 
 Qwen3.5/3.6 35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128,
 bf16 activations as the Qwen GDN layer hands them (``mixed_qkv``, the output
@@ -19,14 +19,19 @@ The default table compares, per cell:
   files copied by ``python -m sndr.kernels.gdn._vllm_baseline --from WHEEL``; the
   CUDA op's T = 1 time is shown beside it;
 * ``sndr fused``: ``vllm_entry.try_post_conv_mtp`` (T >= 2) or
-  ``vllm_entry.try_packed_decode_norm`` (T = 1), one launch each.
+  ``vllm_entry.try_packed_decode_norm`` (T = 1), one launch each, the faster of sndr's
+  two steps: the Triton step and the CUDA step (``step.cu``; its launch shape the fastest
+  of ``CUDA_CANDIDATES`` in the cell, graph-replayed), each called through the entry with
+  ``routing.measuring(kernel)``. The run writes ``routing.WINS``, ``CUDA`` and
+  ``CUDA_SHAPES`` (``routing_wins.txt``).
 
 Bound: one read of every touched state plus T snapshot writes at the copy
 bandwidth measured in the run. Each replayed path (sndr's and vLLM's) is timed twice
 per cell, before and after the eager timings; the lower median counts. Every cell first checks sndr, vLLM's default path
 and a float64 recurrence + RMSNormGated against each other (outputs and every
 written snapshot). ``--norm-sweep`` times the fused step for a grid of (BV, warps)
-launch shapes next to the CUDA op. ``--triton-baselines`` adds the older table:
+launch shapes next to the CUDA op; ``--cuda-sweep`` the CUDA step's launch shapes
+(``CUDA_SWEEP``), each first checked against float64. ``--triton-baselines`` adds the older table:
 sndr's update alone vs vLLM's two Triton kernels and FLA (``--sweep``: its
 launch-shape grid). Timing: ``triton.testing.do_bench`` medians, L2 flushed
 before each call.

@@ -9,10 +9,12 @@ on the H200), those entries launch this kernel instead; everywhere else, and whe
 NVRTC, a shape or dtype outside the kernel's set), the Triton step runs, the reason
 logged once.
 
-Launch shape (``CudaConfig``): the V rows of each (request, value head) over ``V / block_v``
-CTAs of ``(block_v / rows) * lanes`` threads, a thread-block cluster, each thread holding
-``rows`` state rows x ``K / lanes`` columns in registers; the head's RMSNorm through the
-cluster's shared memory (``step.cu`` says how). A :class:`CudaStep` packs every argument
+Launch shape (``CudaConfig``, per measured cell in ``routing.CUDA_SHAPES``): the V rows of
+each (request, value head) over ``V / block_v`` CTAs (a thread-block cluster when more than
+one) of ``nthreads`` threads, each thread holding ``rows`` state rows x ``K / lanes``
+columns in registers, passing over the CTA's rows ``(nthreads / lanes) * rows`` at a time;
+the head's RMSNorm through the cluster's shared memory (``step.cu`` says how). Up to
+:data:`MAX_TM` index columns (tokens per request). A :class:`CudaStep` packs every argument
 of one call layout once (``_cudart.Launch``); a call then writes only the data pointers.
 """
 

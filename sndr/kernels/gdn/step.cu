@@ -6,26 +6,30 @@
 // t) and the packed decode + gated RMSNorm (SPEC 0: one token per request, its state read
 // from and written to its slot). Slots <= 0 are padding: zero outputs, no state traffic.
 //
-// Shape, for occupancy: the V rows of a (request, value head) are split over CL = V / BV
-// CTAs of NT = (BV / R) * P threads (a thread-block cluster when CL > 1). Thread (g, p)
-// holds R rows x C = K / P columns of the state in registers (P lanes per row, 16-byte
-// chunks p, p + P, ...; replay.cu's layout), so each CTA needs few registers and many
-// CTAs are resident per SM: the state loads of some overlap the passes and snapshot
-// stores of others. Each CTA normalises q and k itself (a warp per token) and stages the
-// chunk's k, q, its v rows and gates in shared memory. The gated RMSNorm needs the sum of
-// squares over the head's V outputs: each CTA keeps its rows' outputs (rounded to the
-// output dtype, as vLLM rounds them before its norm) of up to TM tokens in shared memory,
-// pushes its partial sums into every CTA of the cluster (DSMEM), and one cluster barrier
-// later each CTA normalises and gates its own rows. (A barrier arrival at the start, waited
-// for just before the push, guarantees every CTA of the cluster has started.)
+// Shape: the V rows of a (request, value head) belong to CL = V / BV CTAs of NT threads (a
+// thread-block cluster when CL > 1; one CTA per head when BV = V). Thread (g, p) holds R rows
+// x C = K / P columns of the state in registers (P lanes per row, 16-byte chunks p, p + P,
+// ...; replay.cu's layout), so the sums over K are thread-local sums plus log2(P) shuffles.
+// A CTA passes over its BV rows RP = (NT / P) R at a time (CH passes), loading the next
+// pass's rows into registers before the current pass computes, and runs all the request's
+// tokens on each pass, storing each token's snapshot rows as they are computed. It stages
+// the head's inputs once, before the passes: q and k L2-normalised (a warp per token), decay,
+// beta, k.q, its v rows and gates, and the tokens' slots, for all TM tokens (tokens beyond TM,
+// i.e. beyond the index columns, are outside the op's contract and not computed). The gated
+// RMSNorm needs the sum of squares over the head's V outputs: each CTA keeps its rows'
+// outputs (rounded to the output dtype, as vLLM rounds them before its norm) in shared memory,
+// pushes its partial sums into every CTA of the cluster (DSMEM), and one cluster barrier later
+// each CTA normalises and gates its own rows. (A barrier arrival at the start, waited for just
+// before the push, guarantees every CTA of the cluster has started.) The shapes measured on
+// the H200 per cell are in routing.CUDA_SHAPES (docs/bench-gdn-h200.md).
 //
 // Arithmetic: float32, the order of the Triton kernel (hk = (S k) d, hq = (S q) d,
 // u = (v - hk) beta, o = hq + u (k.q), S = S d + u k), written with explicit round-to-
 // nearest intrinsics so no contraction changes it; q and k / sqrt(sum x^2 + 1e-6); decay
 // exp(-exp(A_log) softplus(a + dt_bias)) (softplus threshold 20), beta sigmoid(b).
 //
-// Macros: H, HV, K, V, BV (rows per CTA), P (lanes per row), R (rows per thread), TM (tokens
-// staged at a time), MINB (CTAs per SM asked of the register allocator), SPEC, STREAM (1:
+// Macros: H, HV, K, V, BV (rows per CTA), P (lanes per row), R (rows per thread), NT (threads
+// per CTA), TM (tokens staged: at least the index columns), MINB (CTAs per SM asked of the register allocator), SPEC, STREAM (1:
 // streaming snapshot stores), SIGMOID_GATE, IDX64 / ACC64 / CU64 (int64 index tensors), and a
 // kind per tensor (0 float32, 1 float16, 2 bfloat16): X_KIND (mixed_qkv), AB_KIND (a, b),
 // ALOG_KIND, DT_KIND, Z_KIND (output gate), W_KIND (norm weight), O_KIND (out), S_KIND
