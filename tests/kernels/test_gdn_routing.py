@@ -319,3 +319,28 @@ def test_a_cuda_cell_runs_the_cuda_steps_canary_or_falls_back_to_triton(stubbed,
                                   decode=False, build=lambda: None) is True
     assert kernels_seen == [("cuda", "64x8x1t128m8"), ("triton", None)]
     assert vllm_entry._chosen_kernel(("c2",), _cuda_state(), 8, 2, lambda: None) == "triton"
+
+
+def test_a_cuda_cell_first_met_inside_a_capture_keeps_vllm_and_builds_nothing(stubbed, monkeypatch):
+    """No NVRTC compile or module load inside a CUDA-graph capture: vLLM's kernel is captured for that call,
+    not remembered; after the layout's eager call (vLLM's warm-up) built the step, the capture takes it."""
+    monkeypatch.setattr(routing, "CUDA", {("float32", "graph"): {2: (8,)}, ("float32", "eager"): {2: (8,)}})
+    monkeypatch.setattr(vllm_entry, "_KERNEL", {})
+    monkeypatch.setattr(vllm_entry, "_CUDA_STEPS", {})
+    built = []
+
+    def build():
+        built.append(1)
+        return types.SimpleNamespace(cfg=cuda_step.CudaConfig())
+
+    monkeypatch.setattr(canary, "step_ok", lambda *a, **k: True)
+    args = ("fused_gdn_decode_post_conv_mtp", ("cap",), PLAN, _cuda_state(), 8, 2)
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken(*args, decode=False, build=build) is False
+    assert built == [] and vllm_entry._CELLS == {}
+    stubbed.capturing["v"] = False
+    assert vllm_entry._cell_taken(*args, decode=False, build=build) is True
+    assert built == [1]
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken(*args, decode=False, build=build) is True
+    assert built == [1] and vllm_entry._KERNEL[(("cap",), "graph")] == "cuda"

@@ -163,6 +163,12 @@ def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: 
         else:
             from . import canary
 
+            if (mode == "graph" and build is not None and key not in _CUDA_STEPS
+                    and routing.kernel_for(dtype, mode, n, t) == "cuda"):
+                # the CUDA step of this layout is not built yet: no NVRTC compile or module load inside a
+                # capture; vLLM's kernel is captured for this call (not remembered; vLLM warms every graph
+                # size up eagerly first, which builds it)
+                return False
             kernel = _pick_kernel(state, "graph" if warm else mode, n, t, key, build)
             shape = None  # the CUDA step's canary runs the launch shape this layout launches
             if kernel == "cuda":
