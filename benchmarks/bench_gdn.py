@@ -1,6 +1,6 @@
 """GDN decode / spec-verify step on one GPU: sndr's fused step (update + gated RMSNorm) vs what vLLM 0.32.0 runs by default.
 
-    python benchmarks/bench_gdn.py [--norm-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
+    python benchmarks/bench_gdn.py [--norm-sweep] [--cuda-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
 
 Qwen3.5/3.6 35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128,
 bf16 activations as the Qwen GDN layer hands them (``mixed_qkv``, the output
@@ -19,14 +19,19 @@ The default table compares, per cell:
   files copied by ``python -m sndr.kernels.gdn._vllm_baseline --from WHEEL``; the
   CUDA op's T = 1 time is shown beside it;
 * ``sndr fused``: ``vllm_entry.try_post_conv_mtp`` (T >= 2) or
-  ``vllm_entry.try_packed_decode_norm`` (T = 1), one launch each.
+  ``vllm_entry.try_packed_decode_norm`` (T = 1), one launch each, the faster of sndr's
+  two steps: the Triton step and the CUDA step (``step.cu``; its launch shape the fastest
+  of ``CUDA_CANDIDATES`` in the cell, graph-replayed), each called through the entry with
+  ``routing.measuring(kernel)``. The run writes ``routing.WINS``, ``CUDA`` and
+  ``CUDA_SHAPES`` (``routing_wins.txt``).
 
 Bound: one read of every touched state plus T snapshot writes at the copy
 bandwidth measured in the run. Each replayed path (sndr's and vLLM's) is timed twice
 per cell, before and after the eager timings; the lower median counts. Every cell first checks sndr, vLLM's default path
 and a float64 recurrence + RMSNormGated against each other (outputs and every
 written snapshot). ``--norm-sweep`` times the fused step for a grid of (BV, warps)
-launch shapes next to the CUDA op. ``--triton-baselines`` adds the older table:
+launch shapes next to the CUDA op; ``--cuda-sweep`` the CUDA step's launch shapes
+(``CUDA_SWEEP``), each first checked against float64. ``--triton-baselines`` adds the older table:
 sndr's update alone vs vLLM's two Triton kernels and FLA (``--sweep``: its
 launch-shape grid). Timing: ``triton.testing.do_bench`` medians, L2 flushed
 before each call.
@@ -52,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sndr.kernels.gdn import _vllm_baseline, kernels, reference, routing, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import _vllm_baseline, cuda_step, kernels, reference, routing, vllm_entry  # noqa: E402
 
 if kernels.interpreting():  # the interpreter's scalar masked loads, as the CPU tests set them up
     from sndr.kernels.turboquant_k8v4 import _interp
@@ -431,6 +436,29 @@ class LayerCell:
     def sndr(self):
         return self.sndr_decode() if self.t == 1 else self.sndr_mtp()
 
+    def via(self, kernel: str):
+        """The entry of this cell (``sndr``) with every taken call routed to ``kernel`` ("triton" / "cuda")."""
+        def run():
+            with routing.measuring(kernel):
+                return self.sndr()
+
+        return run
+
+    def cuda(self, cfg: cuda_step.CudaConfig):
+        """The CUDA step at launch shape ``cfg``, launched directly (the sweep)."""
+        steps = self.__dict__.setdefault("_cuda_steps", {})
+        step = steps.get(cfg)
+        spec = self.t > 1
+        idx = self.idx if spec else self.idx1
+        if step is None:
+            step = steps[cfg] = cuda_step.CudaStep(
+                self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.out, self.state, idx, self.gate, self.w,
+                n_req=self.n, spec=spec, scale=self.scale, norm_eps=self.eps, sigmoid_gate=False,
+                acc=self.num_acc if spec else None, cu=self.cu if spec else None, cfg=cfg)
+        step(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.out, self.state, idx, self.gate, self.w,
+             self.num_acc if spec else None, self.cu if spec else None)
+        return self.out
+
     def vllm_decode(self, vl, norm):
         """vLLM's plain decode: the packed decode, then the layer's _rms_norm_gated_cuda."""
         vl.packed_decode(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.scale, self.state, self.out4,
@@ -451,13 +479,15 @@ def _rel(x, ref) -> float:
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check_default(cell: LayerCell, op, vl, norm) -> dict:
+def check_default(cell: LayerCell, op, vl, norm, cuda: bool = False) -> dict:
     """Outputs and written states of sndr, of vLLM's default path and of float64, from the same pool."""
     s0 = cell.state.clone()
     written = cell.idx.reshape(-1).long()
     res = {}
     o64, st64 = cell.ref64()
-    runs = {"sndr": cell.sndr}
+    runs = {"sndr": cell.via("triton")}
+    if cuda:
+        runs["cuda"] = cell.via("cuda")
     if op is not None:
         runs["op"] = lambda: cell.op(op)
     if cell.t == 1 and vl is not None and norm is not None:
@@ -474,6 +504,9 @@ def check_default(cell: LayerCell, op, vl, norm) -> dict:
     if base in outs:
         res["sndr_vs_default_out"] = _rel(outs["sndr"][0], outs[base][0])
         res["sndr_vs_default_state"] = _rel(outs["sndr"][1], outs[base][1])
+        if "cuda" in outs:
+            res["cuda_vs_default_out"] = _rel(outs["cuda"][0], outs[base][0])
+            res["cuda_vs_default_state"] = _rel(outs["cuda"][1], outs[base][1])
         res["default"] = base
     cell.state.copy_(s0)
     return res
@@ -487,13 +520,29 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
                    "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True, tokens=t))}
+            kernels_timed = {"triton": cell.via("triton")}
+            if DEV == "cuda":
+                # the CUDA step's launch shape of this cell: the fastest candidate, graph-replayed (what
+                # routing.CUDA_SHAPES records and cuda_step.pick_config then launches); set before the cell's
+                # entries first build their step
+                cand = {}
+                for label in args.cuda_candidates:
+                    timed(cand, label, lambda label=label: cell.cuda(cuda_step.CudaConfig.parse(label)), True, rep)
+                times = {k: v for k, v in cand.items() if not k.endswith("_error")}
+                row["cuda_candidates"] = cand
+                if times:
+                    row["cuda_shape"] = min(times, key=times.__getitem__)
+                    routing.CUDA_SHAPES.setdefault(row["state_dtype"], {}).setdefault(t, {})[n] = row["cuda_shape"]
+                    kernels_timed["cuda"] = cell.via("cuda")
+                row["cuda_config"] = cuda_step.pick_config(n, HV, V, K, state_dtype, t).label()
             try:
-                row["check"] = check_default(cell, op, vl, norm)
+                row["check"] = check_default(cell, op, vl, norm, cuda="cuda" in kernels_timed)
             except Exception as exc:  # noqa: BLE001
                 row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
             for mode in ("graph", "eager"):
                 gr = mode == "graph"
-                timed(row, f"sndr_{mode}", cell.sndr, gr, rep)
+                for kname, fn in kernels_timed.items():
+                    timed(row, f"sndr_{kname}_{mode}", fn, gr, rep)
                 if op is not None:
                     timed(row, f"op_{mode}", lambda: cell.op(op), gr, rep)
                 if t == 1:
@@ -505,7 +554,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             # the float64 check ran up to 11% slower than the same captured launch replayed later or called
             # eagerly (fp32 batch 256, T >= 4); both medians stay in the row (``*_graph_first``, ``*_again``).
             dflt = "vllm_decode" if t == 1 else "op"
-            again = {"sndr": cell.sndr}
+            again = {f"sndr_{kname}": fn for kname, fn in kernels_timed.items()}
             if op is not None:
                 again["op"] = lambda: cell.op(op)
             if t == 1 and vl is not None and norm is not None:
@@ -517,6 +566,12 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
                     row[f"{name}_graph_first"] = first
                     row[f"{name}_graph"] = min(first, second)
             for mode in ("graph", "eager"):
+                # the routed kernel of a cell: the faster of the two steps (routing.CUDA lists the CUDA cells)
+                cands = {k: row[f"sndr_{k}_{mode}"] for k in kernels_timed if row.get(f"sndr_{k}_{mode}")}
+                if cands:
+                    best = min(cands, key=cands.__getitem__)
+                    row[f"kernel_{mode}"] = best
+                    row[f"sndr_{mode}"] = cands[best]
                 s, d = row.get(f"sndr_{mode}"), row.get(f"{dflt}_{mode}")
                 if s and d:
                     row[f"ratio_{mode}"] = s / d
@@ -587,8 +642,8 @@ def fmt_default(rows) -> str:
             lines.append(f"\n### {dt} state, {'CUDA-graph replay' if mode == 'graph' else 'eager Python call'}, "
                          "µs (% of the bound)\n")
             lines.append("| batch | T | bound | vLLM default | vLLM CUDA op | sndr fused | sndr / default |"
-                         + (" targets |" if mode == "graph" else ""))
-            lines.append("|---|---|---|---|---|---|---|" + ("---|" if mode == "graph" else ""))
+                         + (" targets |" if mode == "graph" else "") + " Triton step | CUDA step |")
+            lines.append("|---|---|---|---|---|---|---|" + ("---|" if mode == "graph" else "") + "---|---|")
             for r in sel:
                 b = r["bound_us"]
                 d = r.get(f"{'vllm_decode' if r['T'] == 1 else 'op'}_{mode}")
@@ -603,18 +658,25 @@ def fmt_default(rows) -> str:
                          f"**{ratio:.2f}**" if ratio else "-"]
                 if mode == "graph":
                     cells.append(_verdict(r))
+                for kname in ("triton", "cuda"):  # both steps; the routed one (the faster) in bold
+                    x = r.get(f"sndr_{kname}_{mode}")
+                    mark = "**" if x and r.get(f"kernel_{mode}") == kname else ""
+                    shape = f" {r['cuda_shape']}" if kname == "cuda" and x and r.get("cuda_shape") else ""
+                    cells.append(f"{mark}{x:.1f}{mark}{shape}" if x else "-")
                 lines.append("| " + " | ".join(cells) + " |")
     lines.append("\n### correctness (relative L2; states: every written snapshot)\n")
     lines.append("| state | batch | T | sndr vs default out | sndr vs default states | sndr vs f64 out |"
-                 " default vs f64 out | sndr vs f64 states | default vs f64 states |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 " default vs f64 out | sndr vs f64 states | default vs f64 states | CUDA step vs default out |"
+                 " CUDA step vs default states | CUDA step vs f64 out | CUDA step vs f64 states |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         c = r.get("check", {})
         dflt = c.get("default", "op")
         f = lambda k: f"{c[k]:.1e}" if k in c else "-"  # noqa: E731
         lines.append(f"| {r['state_dtype']} | {r['batch']} | {r['T']} | {f('sndr_vs_default_out')} | "
                      f"{f('sndr_vs_default_state')} | {f('sndr_vs_f64_out')} | {f(dflt + '_vs_f64_out')} | "
-                     f"{f('sndr_vs_f64_state')} | {f(dflt + '_vs_f64_state')} |")
+                     f"{f('sndr_vs_f64_state')} | {f(dflt + '_vs_f64_state')} | {f('cuda_vs_default_out')} | "
+                     f"{f('cuda_vs_default_state')} | {f('cuda_vs_f64_out')} | {f('cuda_vs_f64_state')} |")
     return "\n".join(lines)
 
 
@@ -686,6 +748,65 @@ def norm_sweep(args, bw, op):
                     f"{times[best]:.1f}; {line}" + (f"; DIFFERS from the pick: {bad}" if bad else ""))
                 res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "pick": mine,
                             "times": dict(times), "max_rel_vs_pick": dict(errs)})
+                torch.cuda.empty_cache()
+    return res
+
+
+#: the CUDA step's launch shapes the table times in every cell (graph replay; the fastest is routed)
+CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
+CUDA_SWEEP = ["128x8x1t128m6", "128x8x1t128m6s", "128x8x1t64m12", "128x8x1t256m3", "64x8x1t128m8",
+              "32x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
+
+
+def parse_cuda(spec: str) -> cuda_step.CudaConfig:
+    """``BVxPxR`` (rows per CTA, lanes per row, rows per thread), then ``tN`` (threads per CTA), ``mN`` (CTAs per
+    SM asked of ptxas) and ``s`` (streaming snapshot stores), e.g. ``128x8x1t128m6s``."""
+    try:
+        return cuda_step.CudaConfig.parse(spec)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def cuda_sweep(args, bw, op):
+    """Launch shapes of the CUDA step on a subset of cells (graph replay), beside the Triton step's pick and the
+    CUDA op; each shape's outputs and written states first compared with float64 (relative L2)."""
+    log("\n## CUDA-step launch-shape sweep (graph replay, µs)")
+    res = []
+    for dt in args.sweep_dtypes:
+        for n in args.sweep_batches:
+            for t in args.sweep_ts:
+                cell = LayerCell(n, t, dt)
+                s0 = cell.state.clone()
+                written = (cell.idx1 if t == 1 else cell.idx.reshape(-1)).long()
+                o64, st64 = cell.ref64()
+                times, errs = {}, {}
+                for shape in args.cuda_shapes:
+                    cfg = parse_cuda(shape)
+                    why = cuda_step.config_why(K, V, dt, cfg)
+                    if why:
+                        errs[shape] = why
+                        continue
+                    try:
+                        cell.state.copy_(s0)
+                        cell.out.fill_(float("nan"))
+                        cell.cuda(cfg)
+                        errs[shape] = max(_rel(cell.out, o64), _rel(cell.state[written], st64[written]))
+                        times[shape] = bench(lambda cfg=cfg, cell=cell: cell.cuda(cfg), True, rep=args.rep, warmup=10)
+                    except Exception as exc:  # noqa: BLE001 - one failing shape must not end the sweep
+                        errs[shape] = f"{type(exc).__name__}: {exc}"[:200]
+                cell.state.copy_(s0)
+                tri = bench(cell.via("triton"), True, rep=args.rep, warmup=10)
+                o = bench(lambda cell=cell: cell.op(op), True, rep=args.rep, warmup=10) if op is not None else None
+                best = min(times, key=times.__getitem__) if times else None
+                sb = cell.state_bytes()
+                bound = (1 + t) * sb / (bw * 1e9) * 1e6
+                line = " ".join(f"{sh}:{us:.1f}" for sh, us in times.items())
+                log(f"{str(dt)[6:]} batch {n:4d} T {t}: bound {bound:.1f} op {'-' if o is None else f'{o:.1f}'} "
+                    f"triton {tri:.1f}; best {best} {times.get(best, float('nan')):.1f}; {line}; errs vs f64 "
+                    + " ".join(f"{sh}:{e:.1e}" if isinstance(e, float) else f"{sh}:{e}" for sh, e in errs.items()))
+                res.append({"state_dtype": str(dt), "batch": n, "T": t, "op": o, "triton": tri, "bound": bound,
+                            "times": dict(times), "rel_vs_f64": dict(errs)})
+                del cell
                 torch.cuda.empty_cache()
     return res
 
@@ -768,6 +889,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--sweep", action="store_true", help="sndr's (BV, warps) grid of the Triton-baseline kernel")
     ap.add_argument("--norm-sweep", action="store_true", help="warps of the fused-norm launch vs the CUDA op")
+    ap.add_argument("--cuda-sweep", action="store_true", help="launch shapes of the CUDA step (step.cu) vs the op")
+    ap.add_argument("--cuda-candidates", type=str, default=",".join(CUDA_CANDIDATES),
+                    help="the CUDA step's launch shapes timed (graph replay) in every cell of the table; the fastest "
+                         "is the cell's CUDA step")
+    ap.add_argument("--cuda-shapes", type=str, default=None,
+                    help="(--cuda-sweep) comma-separated BVxPxR[mN][s] shapes (default: CUDA_SWEEP)")
     ap.add_argument("--no-table", action="store_true")
     ap.add_argument("--triton-baselines", action="store_true",
                     help="also the older table: sndr's update alone vs vLLM's Triton kernels and FLA")
@@ -788,6 +915,12 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.sweep_shapes = args.sweep_shapes.split(",") if args.sweep_shapes else NORM_SWEEP
+    args.cuda_shapes = args.cuda_shapes.split(",") if args.cuda_shapes else CUDA_SWEEP
+    args.cuda_candidates = [c for c in args.cuda_candidates.split(",") if c]
+    for sh in args.cuda_candidates:
+        parse_cuda(sh)
+    for sh in args.cuda_shapes:
+        parse_cuda(sh)
     for sh in args.sweep_shapes:
         parse_shape(sh)
     dts, sb, sts = (args.sweep_cells or "fp32,bf16/1,8,32,256/1,2,4").split("/")
@@ -828,6 +961,8 @@ def main() -> int:
         result["replay_diag"] = replay_diag(args, op)
     if args.norm_sweep:
         result["norm_sweep"] = norm_sweep(args, bw, op)
+    if args.cuda_sweep:
+        result["cuda_sweep"] = cuda_sweep(args, bw, op)
     if args.sweep:
         result["sweep"] = sweep(args, bw)
     rows: list[dict] = []
@@ -849,9 +984,10 @@ def main() -> int:
     text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
     if rows:
         text += "\n## Targets (graph replay)\n\n" + fmt_targets(rows) + "\n" + fmt_default(rows) + "\n"
-        wins = routing.wins_literal(rows)
+        wins = routing.wins_literal(rows) + "\n" + routing.wins_literal(rows, "CUDA") + "\n" + routing.shapes_literal(rows)
         (args.out / "routing_wins.txt").write_text(wins + "\n")
-        text += "\n## The routing table of this run (sndr.kernels.gdn.routing.WINS)\n\n```\n" + wins + "\n```\n"
+        text += ("\n## The routing tables of this run (sndr.kernels.gdn.routing.WINS, CUDA, CUDA_SHAPES)\n\n```\n" + wins
+                 + "\n```\n")
     if old_rows:
         text += fmt_table(old_rows, bw) + "\n"
     (args.out / "bench_gdn.md").write_text(text)

@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
 
-from sndr.kernels.gdn import canary, routing, vllm_entry  # noqa: E402
+from sndr.kernels.gdn import canary, cuda_step, routing, vllm_entry  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bench-gdn-h200.md"
 _HEAD = re.compile(r"^### (float32|bfloat16) state, (CUDA-graph replay|eager Python call), µs")
@@ -48,6 +48,46 @@ def measured_tables() -> dict[tuple[str, str], dict[int, dict[int, float]]]:
         assert ratio, line
         cur.setdefault(int(cells[1]), {})[int(cells[0])] = float(ratio.group(1))
     return tables
+
+
+def measured_steps() -> dict[tuple[str, str], dict[int, dict[int, tuple[str, str | None]]]]:
+    """{(state dtype, mode): {T: {batch: (the faster step, the CUDA step's launch shape)}}} from the doc's
+    "Triton step" / "CUDA step" columns (the faster in bold)."""
+    tables: dict[tuple[str, str], dict[int, dict[int, tuple[str, str | None]]]] = {}
+    cur = None
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        m = _HEAD.match(line)
+        if m:
+            cur = tables.setdefault((m.group(1), "graph" if m.group(2).startswith("CUDA") else "eager"), {})
+            continue
+        if line.startswith("### "):
+            cur = None
+        if cur is None or not line.startswith("| ") or line.startswith("| batch"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        tri, cu = cells[-2], cells[-1]
+        m_cu = re.fullmatch(r"(\*\*)?\d+\.\d(\*\*)? (\S+)", cu)
+        assert m_cu and re.fullmatch(r"(\*\*)?\d+\.\d(\*\*)?", tri), line
+        assert tri.startswith("**") != cu.startswith("**"), line  # exactly one step is the faster
+        cur.setdefault(int(cells[1]), {})[int(cells[0])] = ("cuda" if cu.startswith("**") else "triton", m_cu.group(3))
+    return tables
+
+
+def test_cuda_cells_and_shapes_are_the_benchmarks():
+    """routing.CUDA: the won cells (WINS) whose faster step was the CUDA one; CUDA_SHAPES: each cell's
+    CUDA launch shape of the graph table."""
+    ratios, steps = measured_tables(), measured_steps()
+    assert set(steps) == set(ratios)
+    for key, per_t in steps.items():
+        for t, per_batch in per_t.items():
+            want = tuple(b for b, (k, _) in sorted(per_batch.items()) if k == "cuda" and ratios[key][t][b] < 1.0)
+            assert routing.CUDA.get(key, {}).get(t, ()) == want, (key, t)
+            if key[1] == "graph":
+                assert routing.CUDA_SHAPES[key[0]][t] == {b: sh for b, (_, sh) in per_batch.items()}, (key, t)
+    for per_t in routing.CUDA_SHAPES.values():
+        for per_b in per_t.values():
+            for label in per_b.values():
+                assert cuda_step.CudaConfig.parse(label).label() == label
 
 
 def test_routing_table_is_the_benchmarks_winning_cells():
@@ -119,7 +159,8 @@ def stubbed(monkeypatch, table):
     calls = []
     verdict = {"v": True}
 
-    def step_ok(state, h, t, decode):
+    def step_ok(state, h, t, decode, kernel="triton", shape=None):
+        assert kernel == "triton"  # no CUDA cells in this table
         calls.append((h, t, decode))
         return verdict["v"]
 
@@ -215,3 +256,91 @@ def test_scope_of_the_entries(monkeypatch):
     monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
     with routing.measuring():
         assert vllm_entry._scope_why(t, default_path=False) is None
+
+
+# ----------------------------------------------------------------------------- which of sndr's two steps a cell runs
+
+
+def test_kernel_for_needs_every_measured_neighbour_routed_to_cuda(monkeypatch):
+    monkeypatch.setattr(routing, "CUDA", {("bfloat16", "graph"): {2: (8, 32), 4: (8,), 6: (8,)}})
+    assert routing.kernel_for("bfloat16", "graph", 8, 2) == "cuda"
+    assert routing.kernel_for("bfloat16", "graph", 16, 2) == "cuda"  # 8 and 32 both CUDA
+    assert routing.kernel_for("bfloat16", "graph", 40, 2) == "triton"  # 64 is not
+    assert routing.kernel_for("bfloat16", "graph", 8, 5) == "cuda"  # T = 4 and 6 at batch 8
+    assert routing.kernel_for("bfloat16", "graph", 8, 3) == "triton"  # T = 3 is measured: not a CUDA cell
+    assert routing.kernel_for("bfloat16", "graph", 32, 5) == "triton"  # T = 4 at batch 32 is not
+    assert routing.kernel_for("bfloat16", "eager", 8, 2) == "triton"  # another mode's table
+    assert routing.kernel_for("float32", "graph", 8, 2) == "triton"
+    assert routing.kernel_for("bfloat16", "graph", 512, 2) == "triton"  # outside the measured batches
+    with routing.measuring("cuda"):
+        assert routing.kernel_for("float32", "eager", 512, 9) == "cuda"
+        with routing.measuring("triton"):
+            assert routing.kernel_for("bfloat16", "graph", 8, 2) == "triton"
+        assert routing.kernel_for("float32", "eager", 1, 1) == "cuda"
+    assert routing.kernel_for("bfloat16", "graph", 8, 2) == "cuda"
+
+
+def test_cuda_shape_is_the_nearest_measured_cells(monkeypatch):
+    monkeypatch.setattr(routing, "CUDA_SHAPES", {"float32": {1: {1: "a", 32: "b"}, 4: {8: "c", 256: "d"}}})
+    assert routing.cuda_shape("float32", 1, 1) == "a"
+    assert routing.cuda_shape("float32", 31, 1) == "a" and routing.cuda_shape("float32", 40, 1) == "b"
+    assert routing.cuda_shape("float32", 1, 3) == "a"  # T = 1's row (the largest measured T <= 3), batch 1
+    assert routing.cuda_shape("float32", 4, 8) == "c" and routing.cuda_shape("float32", 300, 8) == "d"
+    assert routing.cuda_shape("bfloat16", 8, 2) is None
+
+
+def test_cuda_literals_from_benchmark_rows():
+    rows = [{"state_dtype": "bfloat16", "batch": 8, "T": 2, "ratio_graph": 0.9, "ratio_eager": 0.95,
+             "kernel_graph": "cuda", "kernel_eager": "triton", "cuda_shape": "128x8x1t128m6"},
+            {"state_dtype": "bfloat16", "batch": 32, "T": 2, "ratio_graph": 1.02, "ratio_eager": 0.9,
+             "kernel_graph": "cuda", "kernel_eager": "cuda", "cuda_shape": "64x8x1t128m8"}]
+    ns: dict = {}
+    exec(routing.wins_literal(rows, "CUDA") + "\n" + routing.shapes_literal(rows), ns)  # noqa: S102
+    # a cell the CUDA step won against Triton but sndr lost against vLLM is not a CUDA cell (vLLM runs)
+    assert ns["CUDA"] == {("bfloat16", "graph"): {2: (8,)}, ("bfloat16", "eager"): {2: (32,)}}
+    assert ns["CUDA_SHAPES"] == {"bfloat16": {2: {8: "128x8x1t128m6", 32: "64x8x1t128m8"}}}
+
+
+def test_a_cuda_cell_runs_the_cuda_steps_canary_or_falls_back_to_triton(stubbed, monkeypatch, caplog):
+    monkeypatch.setattr(routing, "CUDA", {("float32", "graph"): {2: (8,)}, ("float32", "eager"): {2: (8,)}})
+    monkeypatch.setattr(vllm_entry, "_KERNEL", {})
+    monkeypatch.setattr(vllm_entry, "_CUDA_STEPS", {})
+    kernels_seen = []
+    monkeypatch.setattr(canary, "step_ok", lambda state, h, t, decode, kernel="triton", shape=None:
+                        kernels_seen.append((kernel, shape)) or True)
+    step = types.SimpleNamespace(cfg=cuda_step.CudaConfig(block_v=64, min_blocks=8))
+    args = ("fused_gdn_decode_post_conv_mtp", ("c1",), PLAN, _cuda_state(), 8, 2)
+    assert vllm_entry._cell_taken(*args, decode=False, build=lambda: step) is True
+    assert kernels_seen == [("cuda", "64x8x1t128m8")]  # the canary runs the launch shape the layout launches
+    assert vllm_entry._chosen_kernel(("c1",), _cuda_state(), 8, 2, lambda: step) == "cuda"
+    assert vllm_entry._cuda_step(("c1",), lambda: None) is step  # built once per layout
+    # the CUDA step refused this layout (cuda_step.why_not, logged by the builder): the Triton step, its canary
+    assert vllm_entry._cell_taken("fused_gdn_decode_post_conv_mtp", ("c2",), PLAN, _cuda_state(), 8, 2,
+                                  decode=False, build=lambda: None) is True
+    assert kernels_seen == [("cuda", "64x8x1t128m8"), ("triton", None)]
+    assert vllm_entry._chosen_kernel(("c2",), _cuda_state(), 8, 2, lambda: None) == "triton"
+
+
+def test_a_cuda_cell_first_met_inside_a_capture_keeps_vllm_and_builds_nothing(stubbed, monkeypatch):
+    """No NVRTC compile or module load inside a CUDA-graph capture: vLLM's kernel is captured for that call,
+    not remembered; after the layout's eager call (vLLM's warm-up) built the step, the capture takes it."""
+    monkeypatch.setattr(routing, "CUDA", {("float32", "graph"): {2: (8,)}, ("float32", "eager"): {2: (8,)}})
+    monkeypatch.setattr(vllm_entry, "_KERNEL", {})
+    monkeypatch.setattr(vllm_entry, "_CUDA_STEPS", {})
+    built = []
+
+    def build():
+        built.append(1)
+        return types.SimpleNamespace(cfg=cuda_step.CudaConfig())
+
+    monkeypatch.setattr(canary, "step_ok", lambda *a, **k: True)
+    args = ("fused_gdn_decode_post_conv_mtp", ("cap",), PLAN, _cuda_state(), 8, 2)
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken(*args, decode=False, build=build) is False
+    assert built == [] and vllm_entry._CELLS == {}
+    stubbed.capturing["v"] = False
+    assert vllm_entry._cell_taken(*args, decode=False, build=build) is True
+    assert built == [1]
+    stubbed.capturing["v"] = True
+    assert vllm_entry._cell_taken(*args, decode=False, build=build) is True
+    assert built == [1] and vllm_entry._KERNEL[(("cap",), "graph")] == "cuda"

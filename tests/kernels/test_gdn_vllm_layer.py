@@ -48,7 +48,7 @@ torch = pytest.importorskip("torch", reason="torch not installed (install the [k
 pytest.importorskip("triton", reason="triton unavailable (install the [kernels] extra)")
 CUDA = torch.cuda.is_available()
 
-from sndr.kernels.gdn import _vllm_baseline, kernels, routing  # noqa: E402
+from sndr.kernels.gdn import _vllm_baseline, cuda_step, kernels, routing  # noqa: E402
 from sndr.runtime_patches import gdn as gdn_patch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -273,9 +273,9 @@ def _compare(h, p: Problem, state_dtype, monkeypatch):
     p.ssm.copy_(s0)
     p.conv.copy_(conv0)
     p.out.fill_(float("nan"))
-    before = dict(kernels.STATS)
+    before = _launches()
     _run(h, p, True, monkeypatch)
-    assert sum(kernels.STATS.values()) > sum(before.values()), "sndr's kernel did not run in the patched layer"
+    assert _launches()[KERNEL[0]] > before[KERNEL[0]], f"sndr's {KERNEL[0]} step did not run in the patched layer"
     w = p.written()
     assert rel(p.out, o_vllm) <= 4e-3
     assert rel(p.ssm[w], st_vllm[w]) <= _state_tol(state_dtype)
@@ -283,9 +283,27 @@ def _compare(h, p: Problem, state_dtype, monkeypatch):
     assert torch.equal(p.ssm[untouched], st_vllm[untouched])
 
 
-@pytest.fixture(autouse=True)
-def _every_cell():
-    with routing.measuring():
+KERNEL = ["triton"]  # the step the current test routes every taken call to
+
+
+def _launches() -> dict[str, int]:
+    """Launches so far of sndr's Triton step and of its CUDA step (``cuda_step``)."""
+    return {"triton": sum(kernels.STATS.values()), "cuda": cuda_step.STATS["launches"]}
+
+
+@pytest.fixture(autouse=True, params=["triton", "cuda"])
+def _every_cell(request, monkeypatch):
+    """Every cell taken, each test once with each of sndr's two steps (the routing table picks one per cell)."""
+    if request.param == "cuda":
+        if not CUDA or torch.cuda.get_device_capability() < (9, 0):
+            pytest.skip("the CUDA step (step.cu: thread-block clusters) needs an sm_90+ GPU")
+
+        def no_fallback(why):
+            raise AssertionError(f"the CUDA step fell back to Triton: {why}")
+
+        monkeypatch.setattr(cuda_step, "log_fallback", no_fallback)
+    KERNEL[0] = request.param
+    with routing.measuring(request.param):
         yield
 
 
@@ -330,11 +348,13 @@ def test_layer_under_graph_capture_patched_equals_unpatched(harness, spec, state
         p.conv.copy_(conv0)
         p.qkvz.copy_(q0)
         graph = torch.cuda.CUDAGraph()
-        launches = sum(kernels.STATS.values())
+        launches = _launches()
         with torch.cuda.graph(graph):
             lay._forward_core_fused_norm(mixed, p.b, p.a, p.gate, p.out)
-        # the patched capture holds sndr's step, the unpatched one vLLM's kernels only
-        assert (sum(kernels.STATS.values()) > launches) == patched
+        # the patched capture holds sndr's step (the routed one), the unpatched one vLLM's kernels only
+        assert (_launches()[KERNEL[0]] > launches[KERNEL[0]]) == patched
+        assert _launches()["triton" if KERNEL[0] == "cuda" else "cuda"] == launches["triton" if KERNEL[0] == "cuda"
+                                                                                     else "cuda"]
         p.ssm.copy_(s0)
         sides[patched] = (p, graph)
     gen = torch.Generator(device=DEV).manual_seed(7)
@@ -353,10 +373,10 @@ def test_layer_under_graph_capture_patched_equals_unpatched(harness, spec, state
             if not spec:
                 p.md.non_spec_state_indices_tensor.copy_(idx[:, 0])
             p.out.fill_(float("nan"))
-            before = dict(kernels.STATS)
+            before = _launches()
             graph.replay()
             torch.cuda.synchronize()
-            assert kernels.STATS == before  # a replay launches nothing from Python
+            assert _launches() == before  # a replay launches nothing from Python
             outs[patched] = (p.out.clone(), p.ssm.clone(), p.written())
         (o0, st0, w0), (o1, st1, w1) = outs[False], outs[True]
         assert w0 == w1

@@ -1,4 +1,5 @@
-"""Gated DeltaNet (GDN) decode and spec-verify step: one fused Triton kernel.
+"""Gated DeltaNet (GDN) decode and spec-verify step: one fused Triton kernel (and, for vLLM's default path,
+a CUDA kernel: ``step.cu`` / ``cuda_step``, routed per measured cell).
 
 Public surface:
 
@@ -15,8 +16,9 @@ Public surface:
   routes vLLM's Qwen GDN layer through them;
 * ``try_post_conv_mtp`` / ``try_packed_decode_norm`` (``vllm_entry``): vLLM's
   default path (its fused CUDA MTP op; the packed decode + gated RMSNorm) on the
-  same kernel with the norm fused, taken only in the measured winning cells
-  (``routing``) and after the first-use canary (``canary``);
+  same kernel with the norm fused, or on the CUDA step (``cuda_step``: ``step.cu``
+  compiled by NVRTC) where it measured faster, taken only in the measured winning
+  cells (``routing``) and after the first-use canary (``canary``);
 * ``reference``: the naive recurrence in PyTorch (float32 / float64).
 
 torch and triton load on first attribute access, so importing this package

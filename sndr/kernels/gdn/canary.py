@@ -26,8 +26,8 @@ _OK: dict[tuple, bool] = {}
 
 
 def kernel_hash() -> str:
-    """sha256 of this package's kernel and launch code (every ``.py`` here)."""
-    return _canary.package_hash(_HERE, (".py",))
+    """sha256 of this package's kernel and launch code (every ``.py`` and ``.cu`` here)."""
+    return _canary.package_hash(_HERE, (".py", ".cu"))
 
 
 def problem(h: int, hv: int, k: int, v: int, state_dtype: torch.dtype, t: int, seed: int = 20261201) -> dict:
@@ -58,10 +58,12 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def step_check(h: int, hv: int, k: int, v: int, state_dtype: torch.dtype, t: int, decode: bool,
-               device: torch.device | str) -> tuple[float, float]:
+               device: torch.device | str, kernel: str = "triton", shape: str | None = None) -> tuple[float, float]:
     """The fused step of one entry (``decode``: the packed decode + norm, T = 1) on the fixed problem,
-    on ``device``: (the larger relative error of outputs and written states vs float64, :data:`TOLERANCE`)."""
-    from . import kernels, reference
+    on ``device``, through ``kernel`` (``"triton"``: ``kernels.gdn_step``; ``"cuda"``: ``cuda_step`` at launch
+    shape ``shape``, a ``CudaConfig.label``, default its pick): (the larger relative error of outputs and
+    written states vs float64, :data:`TOLERANCE`)."""
+    from . import cuda_step, kernels, reference
 
     p = problem(h, hv, k, v, state_dtype, 1 if decode else t)
     eps, scale = 1e-6, k**-0.5
@@ -71,7 +73,18 @@ def step_check(h: int, hv: int, k: int, v: int, state_dtype: torch.dtype, t: int
                                          p["gate"], p["w"], scale, eps, "silu")
     d = {name: x.to(device) for name, x in p.items()}
     out = torch.empty(d["gate"].shape, dtype=torch.bfloat16, device=device)
-    if decode:
+    if kernel == "cuda":
+        idx = d["idx"][:, 0].contiguous() if decode else d["idx"]
+        step = cuda_step.CudaStep(d["mixed"], d["a"], d["b"], d["A_log"], d["dt_bias"], out, d["state"], idx,
+                                  d["gate"], d["w"], n_req=3, spec=not decode, scale=scale, norm_eps=eps,
+                                  sigmoid_gate=False, acc=None if decode else d["num_acc"],
+                                  cu=None if decode else d["cu"],
+                                  cfg=cuda_step.CudaConfig.parse(shape) if shape else
+                                  cuda_step.pick_config(3, hv, v, k, state_dtype, 1 if decode else t))
+        if not step(d["mixed"], d["a"], d["b"], d["A_log"], d["dt_bias"], out, d["state"], idx, d["gate"], d["w"],
+                    None if decode else d["num_acc"], None if decode else d["cu"]):
+            raise RuntimeError("the CUDA step refused the canary's pool")
+    elif decode:
         kernels.gdn_step(d["mixed"], None, None, d["a"], d["b"], d["A_log"], d["dt_bias"], d["state"],
                          d["idx"][:, 0].contiguous(), out, scale=scale, n_seqs=3, output_gate=d["gate"],
                          norm_weight=d["w"], norm_eps=eps)
@@ -92,20 +105,22 @@ def _capturing() -> bool:
         return False
 
 
-def step_ok(state: torch.Tensor, h: int, t: int, decode: bool) -> bool | None:
-    """PK0003: may the fused step serve calls of this shape on ``state``'s CUDA device?
+def step_ok(state: torch.Tensor, h: int, t: int, decode: bool, kernel: str = "triton",
+            shape: str | None = None) -> bool | None:
+    """PK0003: may the fused step (``kernel``: ``"triton"`` or ``"cuda"`` at launch shape ``shape``) serve
+    calls of this shape on ``state``'s CUDA device?
 
     One dict lookup once the verdict is known; the first eager call of a shape runs the
     canary. None: not known yet and this call is inside a CUDA-graph capture (skipped for
     this call; vLLM's kernel is captured)."""
     idx = state.device.index if state.device.index is not None else torch.cuda.current_device()
     hv, v, k = state.shape[1], state.shape[2], state.shape[3]
-    key = (idx, decode, h, hv, k, v, state.dtype, t)
+    key = (idx, decode, h, hv, k, v, state.dtype, t, kernel, shape)
     hit = _OK.get(key)
     if hit is not None:
         return hit
 
-    what = "packed decode + norm" if decode else f"MTP T={t}"
+    what = ("packed decode + norm" if decode else f"MTP T={t}") + (f" (CUDA step {shape})" if kernel == "cuda" else "")
     config = f"{what} H={h} HV={hv} K={k} V={v} {str(state.dtype).replace('torch.', '')} state"
     ident, device = _canary.identity(idx)
     if _capturing():
@@ -115,7 +130,7 @@ def step_ok(state: torch.Tensor, h: int, t: int, decode: bool) -> bool | None:
     dev = torch.device("cuda", idx)
     with torch.cuda.device(idx):
         result = _canary.check(PK0003, config, device=device, identity=ident, kernel_hash=kernel_hash(),
-                               run=lambda: step_check(h, hv, k, v, state.dtype, t, decode, dev))
+                               run=lambda: step_check(h, hv, k, v, state.dtype, t, decode, dev, kernel, shape))
     _OK[key] = result.ok
     return result.ok
 

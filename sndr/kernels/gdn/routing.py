@@ -38,27 +38,74 @@ MODES = ("graph", "eager")
 # Written from the run of docs/bench-gdn-h200.md (bench_gdn.py prints it as routing_wins.txt).
 WINS: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {
     ("float32", "graph"): {1: (1, 8, 32, 64, 256), 2: (1, 8, 32, 64, 256), 3: (1, 8, 32, 64, 256),
-                           4: (1, 8, 32, 64, 256), 6: (1, 8, 32, 64, 256), 8: (1, 32, 64, 256)},
-    ("float32", "eager"): {1: (1, 8, 32, 64, 256), 2: (64, 256), 3: (1, 8, 32, 64, 256), 4: (8, 32, 64, 256),
-                           6: (1, 8, 32, 64, 256), 8: (1, 8, 32, 64, 256)},
+                           4: (1, 8, 32, 64, 256), 6: (1, 8, 32, 64, 256), 8: (1, 8, 32, 64, 256)},
+    ("float32", "eager"): {1: (1, 8, 32, 64, 256), 2: (1, 8, 32, 64, 256), 3: (1, 8, 32, 64, 256),
+                           4: (1, 8, 32, 64, 256), 6: (1, 8, 32, 64, 256), 8: (1, 8, 32, 64, 256)},
     ("bfloat16", "graph"): {1: (1, 8, 32, 64), 2: (1, 8), 3: (1, 8), 4: (1, 8, 64, 256), 6: (1, 8, 32, 64, 256),
-                            8: (1, 8, 32, 64)},
-    ("bfloat16", "eager"): {1: (1, 8, 32, 64), 2: (1, 8), 3: (1, 8, 256), 4: (1, 64, 256), 6: (1, 8, 32, 64, 256),
                             8: (1, 8, 32, 64, 256)},
+    ("bfloat16", "eager"): {1: (1, 8, 32, 64), 2: (1, 8), 3: (8,), 4: (1, 8, 64, 256), 6: (1, 32, 64, 256),
+                            8: (1, 32, 64, 256)},
+}
+
+# (state dtype, mode) -> {T: measured batches where the taken call runs the CUDA step (step.cu, cuda_step)}:
+# the cells of WINS where it measured faster than the Triton step (written by the same run, bench_gdn.py's
+# routing_wins.txt). Everywhere else a taken call runs the Triton step.
+CUDA: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {
+    ("float32", "graph"): {1: (1,), 2: (1, 8, 32), 3: (1, 8), 4: (1, 8), 6: (1, 8, 32), 8: (1, 8, 32, 64)},
+    ("float32", "eager"): {1: (1, 32), 2: (1, 8, 32), 3: (1, 8), 4: (1, 8), 6: (1, 8, 32), 8: (1, 8, 32, 64)},
+    ("bfloat16", "graph"): {1: (), 2: (1, 8), 3: (1, 8), 4: (1, 8), 6: (1, 8, 32), 8: (1, 8, 32, 64, 256)},
+    ("bfloat16", "eager"): {1: (8, 32), 2: (1, 8), 3: (8,), 4: (1, 8), 6: (1, 32), 8: (1, 32, 64, 256)},
+}
+# state dtype -> {T: {batch: the CUDA step's launch shape (cuda_step.CudaConfig.label) that replayed fastest
+# among bench_gdn.py's candidates in that cell}}: what cuda_step.pick_config launches there.
+CUDA_SHAPES: dict[str, dict[int, dict[int, str]]] = {
+    "float32": {
+        1: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "128x8x1t128m6", 256: "64x8x1t128m8"},
+        2: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "64x8x1t128m8", 256: "128x8x4t256m2"},
+        3: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "64x8x1t128m8", 256: "128x8x4t256m2"},
+        4: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        6: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        8: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+    },
+    "bfloat16": {
+        1: {1: "128x8x4t256m2", 8: "128x8x4t256m2", 32: "64x8x1t128m8", 64: "128x8x1t128m6", 256: "128x8x1t128m6"},
+        2: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        3: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        4: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        6: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+        8: {1: "16x8x1t128m8", 8: "128x8x4t256m2", 32: "128x8x4t256m2", 64: "128x8x4t256m2", 256: "128x8x4t256m2"},
+    },
 }
 
 _MEASURING = [False]
+_FORCED: list[str | None] = [None]
 
 
 @contextlib.contextmanager
-def measuring() -> Iterator[None]:
+def measuring(kernel: str | None = None) -> Iterator[None]:
     """Every cell taken, as an explicit opt-in would take it on a measured GPU: for the benchmark that
-    measures the cells (and the tests that compare sndr with vLLM in cells it loses)."""
+    measures the cells (and the tests that compare sndr with vLLM in cells it loses). ``kernel``
+    (``"cuda"`` / ``"triton"``): every taken CUDA call runs that step, whatever :data:`CUDA` says."""
     _MEASURING.append(True)
+    _FORCED.append(kernel)
     try:
         yield
     finally:
         _MEASURING.pop()
+        _FORCED.pop()
+
+
+def kernel_for(state_dtype: str, mode: str, n: int, t: int) -> str:
+    """``"cuda"`` where every measured cell around (``n``, ``t``) routes to the CUDA step (:data:`CUDA`),
+    else ``"triton"``."""
+    forced = _FORCED[-1]
+    if forced is not None:
+        return forced
+    cells = CUDA.get((state_dtype, mode))
+    ns, ts = _bracket(n, BATCHES), _bracket(t, TS)
+    if not cells or ns is None or ts is None:
+        return "triton"
+    return "cuda" if all(b in cells.get(tt, ()) for tt in ts for b in ns) else "triton"
 
 
 def _bracket(x: int, points: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -92,6 +139,38 @@ def cell_why(state_dtype: str, mode: str, n: int, t: int) -> str | None:
     return None
 
 
+def cuda_shape(state_dtype: str, n: int, t: int) -> str | None:
+    """The measured CUDA launch shape (:data:`CUDA_SHAPES`) of the cell nearest to (``n``, ``t``): the largest
+    measured T <= ``t`` (else the smallest), then the largest measured batch <= ``n`` (else the smallest)."""
+    per_t = CUDA_SHAPES.get(state_dtype)
+    if not per_t:
+        return None
+    ts = sorted(per_t)
+    tt = max((x for x in ts if x <= t), default=ts[0])
+    per_b = per_t[tt]
+    if not per_b:
+        return None
+    bs = sorted(per_b)
+    return per_b[max((b for b in bs if b <= n), default=bs[0])]
+
+
+def shapes_literal(rows: list[dict]) -> str:
+    """:data:`CUDA_SHAPES` as Python source, from a benchmark run's rows (their ``cuda_shape``)."""
+    out: dict[str, dict[int, dict[int, str]]] = {}
+    for r in rows:
+        if r.get("cuda_shape"):
+            out.setdefault(r["state_dtype"], {}).setdefault(int(r["T"]), {})[int(r["batch"])] = r["cuda_shape"]
+    lines = ["CUDA_SHAPES: dict[str, dict[int, dict[int, str]]] = {"]
+    for dt, per_t in out.items():
+        lines.append(f'    "{dt}": {{')
+        for t, per_b in sorted(per_t.items()):
+            body = ", ".join(f'{b}: "{sh}"' for b, sh in sorted(per_b.items()))
+            lines.append(f"        {t}: {{{body}}},")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines)
+
+
 def capability_why(capability: tuple[int, int] | None, explicit: bool) -> str | None:
     """None where the cells apply on this GPU (``capability`` None: not an NVIDIA GPU), else why not."""
     if _MEASURING[-1] or explicit:
@@ -114,17 +193,19 @@ def explicit_opt_in() -> bool:
         return False
 
 
-def wins_literal(rows: list[dict]) -> str:
-    """:data:`WINS` as Python source, from a benchmark run's rows (``bench_gdn.py``'s ``rows``)."""
+def wins_literal(rows: list[dict], name: str = "WINS") -> str:
+    """:data:`WINS` as Python source, from a benchmark run's rows (``bench_gdn.py``'s ``rows``).
+
+    ``name="CUDA"``: :data:`CUDA`, the winning cells whose row's ``kernel_<mode>`` is ``"cuda"``."""
     out: dict[tuple[str, str], dict[int, list[int]]] = {}
     for r in rows:
         for mode in MODES:
             ratio = r.get(f"ratio_{mode}")
             per_t = out.setdefault((r["state_dtype"], mode), {})
             cell = per_t.setdefault(int(r["T"]), [])
-            if ratio is not None and round(ratio, 2) < 1.0:
+            if ratio is not None and round(ratio, 2) < 1.0 and (name != "CUDA" or r.get(f"kernel_{mode}") == "cuda"):
                 cell.append(int(r["batch"]))
-    lines = ["WINS: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {"]
+    lines = [f"{name}: dict[tuple[str, str], dict[int, tuple[int, ...]]] = {{"]
     for (dt, mode), per_t in out.items():
         body = ", ".join(f"{t}: ({', '.join(map(str, sorted(bs)))}{',' if len(bs) == 1 else ''})"
                          for t, bs in sorted(per_t.items()))

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias, TypeVar, cast
 import torch
 
 if TYPE_CHECKING:
+    from .cuda_step import CudaStep
     from .kernels import Plan
 
 LOG = logging.getLogger("sndr.kernels")
@@ -87,27 +88,73 @@ def _scope_why(t: torch.Tensor, default_path: bool) -> str | None:
 
 # cell verdicts per (plan key, mode): True taken, False refused (logged once per reason)
 _CELLS: dict[tuple, bool] = {}
+# the kernel a taken cell runs per (plan key, mode): "cuda" (step.cu) or "triton" (routing.CUDA)
+_KERNEL: dict[tuple, str] = {}
+# the CUDA step of a plan key (cuda_step.CudaStep), or None where cuda_step.why_not refused it (logged once)
+_CUDA_STEPS: dict[tuple, object] = {}
 
 
-def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: int, t: int, decode: bool) -> bool:
+def _mode() -> str:
+    return "graph" if torch.cuda.is_current_stream_capturing() else "eager"
+
+
+def _cuda_step(key: tuple | None, build):
+    """The CUDA step of this call layout (built once per key), or None (the Triton step runs)."""
+    step = _CUDA_STEPS.get(key, False) if key is not None else False
+    if step is False:
+        step = build()
+        if key is not None:
+            if len(_CUDA_STEPS) >= _MAX_PLANS:
+                _CUDA_STEPS.clear()
+            _CUDA_STEPS[key] = step
+    return step
+
+
+def _pick_kernel(state: torch.Tensor, mode: str, n: int, t: int, key: tuple | None, build) -> str:
+    """``"cuda"`` where the routing table routes this cell to the CUDA step and it takes the call, else
+    ``"triton"`` (CPU tensors, the interpreter: always Triton)."""
+    if state.device.type != "cuda" or build is None:
+        return "triton"
+    from . import routing
+
+    kernel = routing.kernel_for(str(state.dtype).replace("torch.", ""), mode, n, t)
+    if kernel == "cuda" and _cuda_step(key, build) is None:
+        return "triton"
+    return kernel
+
+
+def _chosen_kernel(key: tuple | None, state: torch.Tensor, n: int, t: int, build) -> str:
+    """The kernel of a call :func:`_cell_taken` took: its cached choice, else chosen now."""
+    if state.device.type != "cuda":
+        return "triton"
+    from . import routing
+
+    mode = _mode()
+    hit = _KERNEL.get((key, mode)) if key is not None and not routing._MEASURING[-1] else None
+    return hit or _pick_kernel(state, mode, n, t, key, build)
+
+
+def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: int, t: int, decode: bool,
+                build=None) -> bool:
     """Whether the measured cells take this CUDA call (``n`` requests, ``t`` tokens each) now, and
-    PK0003's canary passed for its shape (``sndr.kernels.gdn.canary``)."""
+    PK0003's canary passed for its shape and routed kernel (``sndr.kernels.gdn.canary``). ``build``:
+    makes the call layout's CUDA step (None where it has none)."""
     if state.device.type != "cuda":
         return True
     from . import routing
 
     if routing._MEASURING[-1]:
         return True
-    mode = "graph" if torch.cuda.is_current_stream_capturing() else "eager"
+    mode = _mode()
     ck = (key, mode)
     ok = _CELLS.get(ck) if key is not None else None
     if ok is None:
         dtype = str(state.dtype).replace("torch.", "")
         why = routing.cell_why(dtype, mode, n, t)
         # vLLM runs each CUDA-graph size eagerly once before it captures it. Where only the graph cell
-        # wins, that first eager call of the layout runs sndr's step, so that its kernel is compiled and
-        # its canary has passed before the capture (no compile inside a capture); later eager calls of
-        # the layout keep vLLM's path.
+        # wins, that first eager call of the layout runs sndr's step (the kernel the graph cell routes),
+        # so that its kernel is compiled and its canary has passed before the capture (no compile inside
+        # a capture); later eager calls of the layout keep vLLM's path.
         warm = bool(why) and mode == "eager" and key is not None and routing.cell_why(dtype, "graph", n, t) is None
         if why:
             _refuse(fn, why)
@@ -116,10 +163,25 @@ def _cell_taken(fn: str, key: tuple | None, plan: Plan, state: torch.Tensor, n: 
         else:
             from . import canary
 
-            verdict = canary.step_ok(state, plan.consts[0], t, decode)
+            if (mode == "graph" and build is not None and key not in _CUDA_STEPS
+                    and routing.kernel_for(dtype, mode, n, t) == "cuda"):
+                # the CUDA step of this layout is not built yet: no NVRTC compile or module load inside a
+                # capture; vLLM's kernel is captured for this call (not remembered; vLLM warms every graph
+                # size up eagerly first, which builds it)
+                return False
+            kernel = _pick_kernel(state, "graph" if warm else mode, n, t, key, build)
+            shape = None  # the CUDA step's canary runs the launch shape this layout launches
+            if kernel == "cuda":
+                step = _cuda_step(key, build)
+                shape = step.cfg.label() if step is not None else None
+            verdict = canary.step_ok(state, plan.consts[0], t, decode, kernel=kernel, shape=shape)
             if verdict is None:  # first call of the shape inside a capture: vLLM's kernel is captured
                 return False
             ok = verdict  # a failed canary is logged and attested by sndr.kernels.canary
+            if key is not None:
+                if len(_KERNEL) >= _MAX_PLANS:
+                    _KERNEL.clear()
+                _KERNEL[ck] = kernel
         if key is not None:
             if len(_CELLS) >= _MAX_PLANS:
                 _CELLS.clear()
@@ -429,12 +491,48 @@ def try_post_conv_mtp(
         plan = _remember(key, _mtp_plan(mixed_qkv, a, b, A_log, dt_bias, state_indices, cu_seqlens,
                                         num_accepted_tokens, state, output_gate, norm_weight, out, scale, norm_eps,
                                         output_gate_activation))
-    if plan is False or not _cell_taken("fused_gdn_decode_post_conv_mtp", key, cast("Plan", plan), state,
-                                        cu_seqlens.shape[0] - 1, state_indices.shape[1], decode=False):
+    if plan is False:
         return None
+    n_req, cols = cu_seqlens.shape[0] - 1, state_indices.shape[1]
+
+    def build():
+        return _build_cuda(mixed_qkv, a, b, A_log, dt_bias, out, state, state_indices, output_gate, norm_weight,
+                           n_req=n_req, spec=True, scale=scale, norm_eps=norm_eps, act=output_gate_activation,
+                           acc=num_accepted_tokens, cu=cu_seqlens, tokens=cols)
+
+    if not _cell_taken("fused_gdn_decode_post_conv_mtp", key, cast("Plan", plan), state, n_req, cols, decode=False,
+                       build=build):
+        return None
+    if _chosen_kernel(key, state, n_req, cols, build) == "cuda" and cast("CudaStep", _cuda_step(key, build))(
+            mixed_qkv, a, b, A_log, dt_bias, out, state, state_indices, output_gate, norm_weight,
+            num_accepted_tokens, cu_seqlens):
+        return out
     _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state, state_indices,
                         num_accepted_tokens, cu_seqlens, cache_key=key, z=output_gate, norm_w=norm_weight)
     return out
+
+
+def _build_cuda(mixed_qkv, a, b, A_log, dt_bias, out, state, idx, gate, norm_weight, *, n_req: int, spec: bool,
+                scale: float, norm_eps: float, act: str, tokens: int, acc=None, cu=None) -> CudaStep | None:
+    """The CUDA step (``cuda_step``) of a call layout the Triton plan took, or None (the reason logged once)."""
+    from . import cuda_step
+
+    cfg = cuda_step.pick_config(n_req, state.shape[1], state.shape[2], state.shape[3], state.dtype, tokens)
+    tensors = {"mixed_qkv": mixed_qkv, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "out": out,
+               "output_gate": gate, "norm_weight": norm_weight, "idx": idx}
+    if spec:
+        tensors.update(acc=acc, cu=cu)
+    why = cuda_step.why_not(state, tensors, cfg)
+    if why:
+        cuda_step.log_fallback(why)
+        return None
+    try:
+        return cuda_step.CudaStep(mixed_qkv, a, b, A_log, dt_bias, out, state, idx, gate, norm_weight, n_req=n_req,
+                                  spec=spec, scale=scale, norm_eps=norm_eps, sigmoid_gate=act == "sigmoid", acc=acc,
+                                  cu=cu, cfg=cfg)
+    except (RuntimeError, OSError) as exc:  # _cudart.CudaError / CudaUnavailable: NVRTC or the driver refused it
+        cuda_step.log_fallback(f"{type(exc).__name__}: {exc}"[:300])
+        return None
 
 
 def _norm_args_why(output_gate, norm_weight, out, n_tok: int, hv: int, vd: int, act) -> str | None:
@@ -525,12 +623,28 @@ def try_packed_decode_norm(
     if plan is None:
         plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
                                                 ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
-    if plan is False or not (checked or _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state,
-                                                    mixed_qkv.shape[0], 1, decode=True)):
+    if plan is False:
         return None
+    n = mixed_qkv.shape[0]
+    build = _decode_build(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
+                          norm_weight, norm_eps, activation)
+    if not (checked or _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state, n, 1,
+                                   decode=True, build=build)):
+        return None
+    if _chosen_kernel(key, state, n, 1, build) == "cuda" and cast("CudaStep", _cuda_step(key, build))(
+            mixed_qkv, a, b, A_log, dt_bias, out, state, ssm_state_indices, output_gate, norm_weight):
+        return out
     _kernels().run_plan(cast("Plan", plan), mixed_qkv, None, None, a, b, A_log, dt_bias, out, state,
                         ssm_state_indices, cache_key=key, z=output_gate, norm_w=norm_weight)
     return out
+
+
+def _decode_build(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, idx, gate, norm_weight, norm_eps, act):
+    def build():
+        return _build_cuda(mixed_qkv, a, b, A_log, dt_bias, out, state, idx, gate, norm_weight,
+                           n_req=mixed_qkv.shape[0], spec=False, scale=scale, norm_eps=norm_eps, act=act, tokens=1)
+
+    return build
 
 
 def packed_decode_norm_ok(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
@@ -546,8 +660,10 @@ def packed_decode_norm_ok(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ss
     if plan is None:
         plan = _remember(key, _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out,
                                                 ssm_state_indices, output_gate, norm_weight, norm_eps, activation))
+    build = _decode_build(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,
+                          norm_weight, norm_eps, activation)
     return plan is not False and _cell_taken("packed decode + gated RMSNorm", key, cast("Plan", plan), state,
-                                             mixed_qkv.shape[0], 1, decode=True)
+                                             mixed_qkv.shape[0], 1, decode=True, build=build)
 
 
 def _packed_norm_plan(mixed_qkv, a, b, A_log, dt_bias, scale, state, out, ssm_state_indices, output_gate,

@@ -1,0 +1,247 @@
+"""PK0003's fused GDN step as a CUDA kernel (``step.cu``, compiled with NVRTC by :mod:`sndr.kernels._cudart`).
+
+The same step as the Triton kernel (``kernels._gdn_step_kernel``) for the two calls of
+vLLM's default path: the fused MTP op's call (``vllm_entry.try_post_conv_mtp``) and the
+packed decode + gated RMSNorm (``vllm_entry.try_packed_decode_norm``). Where the routing
+table says so (``routing.CUDA``: the cells where it measured faster than the Triton step
+on the H200), those entries launch this kernel instead; everywhere else, and wherever
+:func:`why_not` finds something against it (no CUDA device, the Triton interpreter, no
+NVRTC, a shape or dtype outside the kernel's set), the Triton step runs, the reason
+logged once.
+
+Launch shape (``CudaConfig``, per measured cell in ``routing.CUDA_SHAPES``): the V rows of
+each (request, value head) over ``V / block_v`` CTAs (a thread-block cluster when more than
+one) of ``nthreads`` threads, each thread holding ``rows`` state rows x ``K / lanes``
+columns in registers, passing over the CTA's rows ``(nthreads / lanes) * rows`` at a time;
+the head's RMSNorm through the cluster's shared memory (``step.cu`` says how). Up to
+:data:`MAX_TM` index columns (tokens per request). A :class:`CudaStep` packs every argument
+of one call layout once (``_cudart.Launch``); a call then writes only the data pointers.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import _cudart
+
+LOG = logging.getLogger("sndr.kernels")
+SOURCE = Path(__file__).with_name("step.cu")
+KERNEL = "gdn_fused_step"
+_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_LOGGED: set[str] = set()
+#: launches of the CUDA step in this process (tests: which kernel a routed call ran)
+STATS = {"launches": 0}
+#: the most tokens per request (index columns) the CUDA step takes: its CTAs stage every token's inputs
+MAX_TM = 16
+#: the largest portable thread-block cluster (CTAs per head)
+MAX_CLUSTER = 8
+#: ``gdn_fused_step``'s parameters in order, with their kinds (``_cudart.Launch``: p pointer, f float32,
+#: i int32, q int64): the tensors, then the scalars and strides
+PARAMS = (("x", "p"), ("a", "p"), ("b", "p"), ("A_log", "p"), ("dt_bias", "p"), ("out", "p"), ("state", "p"),
+          ("indices", "p"), ("num_accepted", "p"), ("cu_seqlens", "p"), ("z", "p"), ("norm_w", "p"),
+          ("scale", "f"), ("norm_eps", "f"), ("cols", "i"), ("s_x_tok", "q"), ("s_a_tok", "q"), ("s_b_tok", "q"),
+          ("s_o_tok", "q"), ("s_z_tok", "q"), ("s_z_head", "q"), ("s_state_slot", "q"), ("s_idx_seq", "q"),
+          ("s_idx_tok", "q"))
+SIG = "".join(kind for _, kind in PARAMS)
+N_PTR = SIG.count("p")
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """``block_v``: state rows per CTA (V / block_v CTAs per head, a cluster); ``lanes``: threads per
+    row (P); ``rows``: rows per thread (R); ``nthreads``: threads per CTA, which pass over the CTA's rows
+    ``(nthreads / lanes) * rows`` at a time, the next pass's rows loaded while one computes;
+    ``min_blocks``: CTAs per SM asked of ptxas's register allocator; ``stream``: streaming (``.cs``)
+    snapshot stores."""
+
+    block_v: int = 128
+    lanes: int = 8
+    rows: int = 1
+    nthreads: int = 128
+    min_blocks: int = 8
+    stream: bool = False
+
+    def threads(self) -> int:
+        return self.nthreads
+
+    def label(self) -> str:
+        """``BVxPxRtNTmN[s]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM, streaming)."""
+        return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
+                f"{'s' if self.stream else ''}")
+
+    @classmethod
+    def parse(cls, label: str) -> CudaConfig:
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)", label)
+        if not m:
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s]")
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
+                   m.group(6) == "s")
+
+    def rows_per_pass(self) -> int:
+        return (self.nthreads // self.lanes) * self.rows if self.lanes > 0 else 0
+
+
+def default_config(v: int, k: int) -> CudaConfig:
+    """One CTA per (request, value head), 128 threads passing over its V rows 16 at a time (8 lanes a row)."""
+    return CudaConfig(block_v=v, lanes=max(1, min(8, k // 16)), min_blocks=6)
+
+
+def pick_config(n_req: int, hv: int, v: int, k: int, state_dtype: torch.dtype, tokens: int) -> CudaConfig:
+    """The launch shape for ``n_req`` requests of ``tokens`` tokens: the one measured fastest in the nearest
+    cell of the benchmark (``routing.CUDA_SHAPES``, at the measured head shape K = V = 128), else
+    :func:`default_config`."""
+    del hv
+    from . import routing
+
+    if (k, v) == (128, 128):
+        label = routing.cuda_shape(str(state_dtype).replace("torch.", ""), n_req, tokens)
+        if label is not None:
+            return CudaConfig.parse(label)
+    return default_config(v, k)
+
+
+def source() -> str:
+    return SOURCE.read_text()
+
+
+def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm: int, kinds: dict[str, int],
+            sigmoid_gate: bool = False, idx64: bool = False, acc64: bool = False, cu64: bool = False) -> dict:
+    """The NVRTC defines of one kernel build (``kinds``: X_KIND, AB_KIND, ALOG_KIND, DT_KIND, Z_KIND,
+    W_KIND, O_KIND, S_KIND)."""
+    d = {"H": H, "HV": HV, "K": K, "V": V, "BV": cfg.block_v, "P": cfg.lanes, "R": cfg.rows, "NT": cfg.nthreads,
+         "TM": tm,
+         "MINB": max(1, min(cfg.min_blocks, 2048 // max(cfg.threads(), 32))), "SPEC": int(spec), "STREAM": int(cfg.stream), "SIGMOID_GATE": int(sigmoid_gate),
+         "IDX64": int(idx64), "ACC64": int(acc64), "CU64": int(cu64)}
+    d.update(kinds)
+    return d
+
+
+def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str | None:
+    """Why ``step.cu`` cannot be built for this head shape and launch shape, or None."""
+    epc = 16 // (4 if state_dtype == torch.float32 else 2)
+    nt = cfg.threads()
+    if K % 32 or K > 256 or cfg.lanes & (cfg.lanes - 1) or not 0 < cfg.lanes <= 32 or K % (epc * cfg.lanes):
+        return f"K = {K} with {cfg.lanes} lanes per row"
+    rp = cfg.rows_per_pass()
+    if (V % cfg.block_v or V // cfg.block_v > MAX_CLUSTER or nt % 32 or not 0 < nt <= 1024 or nt % cfg.lanes
+            or rp <= 0 or cfg.block_v % rp):
+        return f"V = {V} with {cfg.block_v} rows per CTA, {nt} threads and {cfg.rows} rows per thread"
+    e = cfg.rows * K // cfg.lanes
+    if e > (32 if cfg.block_v > rp else 64):  # more than one pass: the next pass's values are in registers too
+        return f"{e} state values per thread" + (" (two passes' worth in registers)" if cfg.block_v > rp else "")
+    return None
+
+
+def why_not(state: torch.Tensor, tensors: dict[str, torch.Tensor], cfg: CudaConfig) -> str | None:
+    """Why the CUDA step does not take this call (the Triton step then does), or None."""
+    from . import kernels
+
+    if state.device.type != "cuda" or kernels.interpreting():
+        return "not a CUDA device (or the Triton interpreter is on)"
+    if torch.version.hip is not None:
+        return "ROCm"
+    idx = state.device.index if state.device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(idx) < (9, 0):
+        return "thread-block clusters need sm_90+"
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        return f"state dtype {state.dtype}"
+    for name, t in tensors.items():
+        if name in ("idx", "acc", "cu"):
+            if t.dtype not in (torch.int32, torch.int64):
+                return f"{name} dtype {t.dtype}"
+        elif t.dtype not in _KIND:
+            return f"{name} dtype {t.dtype}"
+    if tensors["idx"].dim() == 2 and tensors["idx"].shape[1] > MAX_TM:
+        return f"{tensors['idx'].shape[1]} index columns (takes <= {MAX_TM})"
+    if tensors["a"].dtype != tensors["b"].dtype:
+        return "a and b of different dtypes"
+    _, _, v, k = state.shape
+    why = config_why(k, v, state.dtype, cfg)
+    if why:
+        return why
+    if state.stride(0) * state.element_size() % 16:
+        return "state slots not 16-byte aligned"
+    try:
+        _cudart.nvrtc_version()
+    except _cudart.CudaUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def log_fallback(why: str) -> None:
+    if why not in _LOGGED:
+        _LOGGED.add(why)
+        LOG.warning("sndr PK0003: the Triton step instead of the CUDA one: %s (logged once)", why)
+
+
+_KERNELS: dict[tuple, _cudart.Kernel] = {}
+
+
+def kernel(defs: dict, device_index: int) -> _cudart.Kernel:
+    key = (tuple(sorted(defs.items())), device_index)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = _cudart.load_kernel(source(), KERNEL, defs, device_index, label="gdn_step")
+    return k
+
+
+def scalar_values(mixed_qkv, a, b, out, state, idx, z, *, scale: float, norm_eps: float, cols: int) -> list:
+    """Every value of :data:`PARAMS` for one call layout, the pointers as 0 (written per call)."""
+    named = {"scale": float(scale), "norm_eps": float(norm_eps), "cols": int(cols), "s_x_tok": mixed_qkv.stride(0),
+             "s_a_tok": a.stride(0), "s_b_tok": b.stride(0), "s_o_tok": out.stride(0), "s_z_tok": z.stride(0),
+             "s_z_head": z.stride(1), "s_state_slot": state.stride(0), "s_idx_seq": idx.stride(0),
+             "s_idx_tok": idx.stride(1) if idx.dim() == 2 else 1}
+    return [0 if kind == "p" else named[name] for name, kind in PARAMS]
+
+
+class CudaStep:
+    """One call layout of the CUDA step: the kernel built and every argument but the pointers packed.
+
+    ``spec``: the MTP op's call (``cu_seqlens``, ``num_accepted_tokens``, [N, cols] indices);
+    else the packed decode (one token per request, [N] indices)."""
+
+    def __init__(self, mixed_qkv, a, b, A_log, dt_bias, out, state, idx, z, norm_w, *, n_req: int, spec: bool,
+                 scale: float, norm_eps: float, sigmoid_gate: bool, acc=None, cu=None, cfg: CudaConfig):
+        HV, V, K = state.shape[1], state.shape[2], state.shape[3]
+        H = (mixed_qkv.shape[1] - HV * V) // (2 * K)
+        cols = idx.shape[1] if spec else 1
+        tm = min(MAX_TM, 1 << max(0, (cols - 1).bit_length()))
+        kinds = {"X_KIND": _KIND[mixed_qkv.dtype], "AB_KIND": _KIND[a.dtype], "ALOG_KIND": _KIND[A_log.dtype],
+                 "DT_KIND": _KIND[dt_bias.dtype], "Z_KIND": _KIND[z.dtype], "W_KIND": _KIND[norm_w.dtype],
+                 "O_KIND": _KIND[out.dtype], "S_KIND": _KIND[state.dtype]}
+        self.defines = defines(H, HV, K, V, cfg, spec=spec, tm=tm, kinds=kinds, sigmoid_gate=sigmoid_gate,
+                               idx64=idx.dtype == torch.int64,
+                               acc64=acc is not None and acc.dtype == torch.int64,
+                               cu64=cu is not None and cu.dtype == torch.int64)
+        self.spec, self.cfg = spec, cfg
+        dev = state.device.index if state.device.index is not None else torch.cuda.current_device()
+        self.device = dev
+        kern = kernel(self.defines, dev)
+        self.grid = n_req * HV * (V // cfg.block_v)
+        self.launch = _cudart.Launch(kern, max(self.grid, 1), cfg.threads(), SIG,
+                                     scalar_values(mixed_qkv, a, b, out, state, idx, z, scale=scale,
+                                                   norm_eps=norm_eps, cols=cols))
+        self._ptr_off = [self.launch.offset(i) for i in range(N_PTR)]
+
+    def __call__(self, mixed_qkv, a, b, A_log, dt_bias, out, state, idx, z, norm_w, acc=None, cu=None) -> bool:
+        """Launch on torch's current stream; False (nothing launched) for a pool not 16-byte aligned (the
+        caller then runs the Triton step)."""
+        if self.grid == 0:
+            return True
+        if state.data_ptr() % 16:
+            log_fallback("state pool not 16-byte aligned")
+            return False
+        L = self.launch
+        ptrs = (mixed_qkv, a, b, A_log, dt_bias, out, state, idx, acc if acc is not None else idx,
+                cu if cu is not None else idx, z, norm_w)
+        for off, t in zip(self._ptr_off, ptrs):
+            struct.pack_into("<Q", L.args, off, t.data_ptr())
+        L.launch(torch.cuda.current_stream(self.device).cuda_stream)
+        STATS["launches"] += 1
+        return True

@@ -1,0 +1,132 @@
+"""PK0003's CUDA step (``sndr/kernels/gdn/step.cu``, launcher ``cuda_step``) on a machine without a GPU.
+
+* ``step.cu`` compiles with NVRTC for sm_90 at every launch shape ``cuda_step.pick_config``
+  ships (every measured batch and T of the routing table, both pool dtypes, the MTP op's
+  call and the packed decode, bf16 and fp16 activations, SiLU and sigmoid gates, int32 and
+  int64 indices), with no local memory and no stack (``cuobjdump --dump-resource-usage``,
+  the one Triton's package carries);
+* the launcher's argument plumbing: :data:`cuda_step.PARAMS` (what ``CudaStep`` packs, in
+  order, with their kinds) is exactly the kernel's parameter list in ``step.cu``, and
+  ``scalar_values`` puts each stride of a call layout where the kernel reads it;
+* where the CUDA step does not take a call (CPU tensors, launch shapes it cannot build),
+  ``why_not`` / ``config_why`` say why (the entries then run the Triton step).
+
+The numerical tests of the kernel (float64, vLLM's CUDA op, graph replay, vLLM's layer)
+are ``test_gdn_norm_gpu.py`` and ``test_gdn_vllm_layer.py`` (parametrised by kernel).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
+pytest.importorskip("triton", reason="triton unavailable (install the [kernels] extra)")
+
+from test_mtp_verify import _cuobjdump, _nvrtc_or_skip  # noqa: E402  (one home for the cubin tools)
+
+from sndr.kernels import _cudart  # noqa: E402
+from sndr.kernels.gdn import cuda_step, routing  # noqa: E402
+
+H, HV, K, V = 16, 32, 128, 128
+BF = torch.bfloat16
+
+
+def _shipped():
+    """(state dtype, spec, TM, config) of every cell the routing table measures."""
+    seen = set()
+    for dt in (torch.float32, BF):
+        for n in routing.BATCHES:
+            for t in routing.TS:
+                spec = t > 1
+                tm = min(cuda_step.MAX_TM, 1 << max(0, (t - 1).bit_length()))
+                seen.add((dt, spec, tm, cuda_step.pick_config(n, HV, V, K, dt, t)))
+    return sorted(seen, key=str)
+
+
+@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped())
+def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
+                                                                           monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    assert cuda_step.config_why(K, V, state_dtype, cfg) is None
+    s_kind = 0 if state_dtype == torch.float32 else 2
+    variants = [dict(x=2, gate=0, i64=False), dict(x=1, gate=1, i64=True)]  # the layer's call; fp16, sigmoid, int64
+    tool = _cuobjdump()
+    for v in variants:
+        kinds = {"X_KIND": v["x"], "AB_KIND": v["x"], "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": v["x"],
+                 "W_KIND": 2, "O_KIND": v["x"], "S_KIND": s_kind}
+        defs = cuda_step.defines(H, HV, K, V, cfg, spec=spec, tm=tm, kinds=kinds, sigmoid_gate=bool(v["gate"]),
+                                 idx64=v["i64"], acc64=v["i64"], cu64=v["i64"])
+        cubin = _cudart.compile_cubin(cuda_step.source(), "gdn_step", "90", defs, cache=False)
+        assert cubin[:4] == b"\x7fELF" and cuda_step.KERNEL.encode() in cubin
+        if tool is None:
+            continue
+        f = tmp_path / "step.cubin"
+        f.write_bytes(cubin)
+        usage = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout
+        lines = [ln for ln in usage.splitlines() if "REG:" in ln]
+        assert len(lines) == 1, usage
+        assert "LOCAL:0" in lines[0] and "STACK:0" in lines[0], f"{cfg} {defs}: {lines[0].strip()}"
+        regs = int(re.search(r"REG:(\d+)", lines[0]).group(1))
+        assert regs * cfg.threads() * min(cfg.min_blocks, 2048 // cfg.threads()) <= 65536, (cfg, regs)
+
+
+def test_params_are_the_kernels_parameter_list():
+    """What ``CudaStep`` packs (names, order, kinds) is ``gdn_fused_step``'s signature in step.cu."""
+    src = cuda_step.source()
+    m = re.search(r"gdn_fused_step\((.*?)\)\s*\{", src, re.S)
+    assert m
+    kinds = {"void*": "p", "float": "f", "int": "i", "i64": "q"}
+    params = []
+    for decl in m.group(1).split(","):
+        decl = " ".join(decl.replace("__restrict__", "").replace("const ", "").split())
+        typ, name = decl.rsplit(" ", 1)
+        if name.startswith("*"):
+            typ, name = typ + "*", name[1:]
+        params.append((name, kinds[typ.replace(" ", "")]))
+    assert tuple(params) == cuda_step.PARAMS
+    assert cuda_step.SIG == "".join(k for _, k in params)
+
+
+def test_scalar_values_put_each_stride_where_the_kernel_reads_it():
+    """A layout with every stride distinct: the value of each named parameter is that tensor's stride."""
+    tok, width = 6, 2 * H * K + HV * V
+    proj = torch.empty(tok, width + HV * V + 7)
+    mixed = proj[:, :width]
+    gate = proj[:, width:width + HV * V].view(tok, HV, V)
+    ba = torch.empty(tok, 2 * HV + 3)
+    b, a = ba[:, :HV], ba[:, HV:2 * HV]
+    out = torch.empty(tok, HV, V)
+    state = torch.empty(11, HV, V, K)[::2]
+    idx = torch.empty(3, 5, dtype=torch.int32)[:, :2]
+    vals = dict(zip((n for n, _ in cuda_step.PARAMS),
+                    cuda_step.scalar_values(mixed, a, b, out, state, idx, gate, scale=0.25, norm_eps=1e-6, cols=2)))
+    assert all(vals[n] == 0 for n, k in cuda_step.PARAMS if k == "p")
+    assert vals["scale"] == 0.25 and vals["norm_eps"] == 1e-6 and vals["cols"] == 2
+    assert vals["s_x_tok"] == width + HV * V + 7 and vals["s_z_tok"] == width + HV * V + 7 and vals["s_z_head"] == V
+    assert vals["s_a_tok"] == vals["s_b_tok"] == 2 * HV + 3
+    assert vals["s_o_tok"] == HV * V and vals["s_state_slot"] == 2 * HV * V * K
+    assert vals["s_idx_seq"] == 5 and vals["s_idx_tok"] == 1
+    one = cuda_step.scalar_values(mixed, a, b, out, state, idx[:, 0], gate, scale=0.25, norm_eps=1e-6, cols=1)
+    assert one[-2:] == [5, 1]  # a 1-D index tensor (the packed decode): its stride, column stride 1
+
+
+def test_refusals_say_why():
+    pool = torch.zeros(4, HV, V, K)
+    t = {"a": torch.zeros(2, HV, dtype=BF), "b": torch.zeros(2, HV, dtype=BF)}
+    assert "not a CUDA device" in cuda_step.why_not(pool, t, cuda_step.CudaConfig())
+    assert cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(block_v=8, nthreads=64)) == (
+        "V = 128 with 8 rows per CTA, 64 threads and 1 rows per thread")  # 16 CTAs a head: more than a cluster
+    assert "24 threads" in cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(nthreads=24))
+    assert "96 threads" in cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(nthreads=96))  # 12 rows
+    assert "lanes per row" in cuda_step.config_why(K, V, torch.float32, cuda_step.CudaConfig(lanes=64))
+    assert "K = 96" in cuda_step.config_why(96, V, torch.bfloat16, cuda_step.CudaConfig(lanes=8))
+    assert "state values per thread" in cuda_step.config_why(256, V, torch.float32,
+                                                             cuda_step.CudaConfig(lanes=4, rows=1))
+    for dt in (torch.float32, BF):
+        for n in routing.BATCHES:
+            for tt in routing.TS:
+                assert cuda_step.config_why(K, V, dt, cuda_step.pick_config(n, HV, V, K, dt, tt)) is None
