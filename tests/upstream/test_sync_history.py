@@ -542,6 +542,46 @@ def test_a_tree_without_version_that_holds_the_target_is_warned_about(releases, 
     assert rc == 2 and "tree_empty" in err and "none of the" in err, err
 
 
+def _backport_patch(d: Path, pid: str, edits: list[tuple[str, str, str]]) -> None:
+    """A local backport: one patch file whose edits make upstream's changes ``(file, old, new)``."""
+    d.mkdir(exist_ok=True)
+    text = f'id = "{pid}"\ntitle = "backport"\n'
+    by_file: dict[str, list[tuple[int, str, str]]] = {}
+    for i, (rel, old, new) in enumerate(edits):
+        by_file.setdefault(rel, []).append((i, old, new))
+    for rel, rows in by_file.items():
+        text += f'\n[[files]]\npath = "{rel}"\n'
+        for i, old, new in rows:
+            text += f"\n[[files.edits]]\nname = \"e{i}\"\nanchor = '''\n{old}'''\nreplacement = '''\n{new}'''\n"
+    (d / f"{pid}-backport.toml").write_text(text)
+
+
+def test_the_pin_patched_by_sndr_with_backports_of_the_range_is_not_taken_for_the_target(releases, tmp_path,
+                                                                                          capsys):
+    """The README's setup: the pin's tree with the local patches applied, where the local patches are
+    backports of range commits. Its patched files then equal --to's, but sndr's ledger says what upstream
+    shipped there: no "looks like --to" warning (it used to fire on exactly this tree, and told the
+    operator to pass another --tree)."""
+    repo, tree, c = releases
+    pdir = tmp_path / "backports"
+    _backport_patch(pdir, "PB0001", [TOUCH_COMMENT, TOUCH_INCREMENT, NO_PREFIX])
+    _version_file(tree, "0.32.0")  # an installed pin knows its version; apply needs it
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
+    capsys.readouterr()
+    rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(tree), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-")
+    data = json.loads(out)
+    assert not any("looks like --to" in w for w in data["warnings"]), data["warnings"]
+    assert "looks like --to" not in err, err
+    # the queue itself is judged on the patched tree: the backported commits are satisfied
+    assert {e["sha"]: e["disposition"] for e in data["commits"]}[c["late_pick"]] == "satisfied"
+    # the same bytes without sndr's ledger (a copy of the target's files) are still warned about
+    target = make_tree(tmp_path / "copy", tree, [BLOCK_POOL, COORD, METRICS])
+    rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(target), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-")
+    assert "looks like --to v0.33.0, not the pin: 2 mirrored file(s)" in err, err
+
+
 def test_manifest_build_on_a_target_tree_does_not_say_on_the_pin(tmp_path, source, capsys):
 
     pdir = tmp_path / "patches"
