@@ -410,6 +410,37 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     assert [(h.patch, h.touched_by) for h in rep.deviations] == [("PN0006", [c2])]
 
 
+def test_a_deviation_recorded_after_the_queue_was_planned_still_gates_pin_advance(tmp_path, source):
+    """The README's order (plan, then decide and record deviations, then advance): a deviation recorded
+    after ``sync plan`` is not in the queue's hits. The gate used to read only those, and passed ("the range
+    touches no deviation") with an unreviewed deviation on a file the range changes."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    c1 = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#56001)")
+    repo.edit(*USAGE, "[Bugfix] Float usage (#56002)")
+    dfile = tmp_path / "sync-decisions.yaml"
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+                     decisions=load_decisions(dfile).model, patch_files={"PN0005": [COORD]})
+    assert rep.deviations == [] and gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok
+    # recorded after the plan: on the patch's file (COORD), which c1 changes
+    assert sndr_main(["sync", "deviation", "PN0005", "--why", "we probe differently", "--allow-unknown",
+                      "--paths", COORD, "--decisions", str(dfile)]) == 0
+    g = gate_deviations(rep, "0.33.0", load_decisions(dfile).model)
+    assert not g.ok and f"PN0005 touched by 1 commit(s) ({c1[:10]}), reviewed for nothing" in g.reason, g.reason
+    text = set_deviation(dfile.read_text(), "PN0005", str(dfile), reviewed="0.33.0")
+    assert gate_deviations(rep, "0.33.0", parse_decisions(text).model).ok
+    dfile.write_text(text)
+    # one on a file outside the queue's surface: the queue cannot say whether the range touches it
+    assert sndr_main(["sync", "deviation", "PN0006", "--why", "metrics", "--allow-unknown", "--paths", METRICS,
+                      "--decisions", str(dfile)]) == 0
+    g = gate_deviations(rep, "0.33.0", load_decisions(dfile).model)
+    assert not g.ok and "PN0006" in g.reason and "sync plan" in g.reason, g.reason
+    # a queue planned with both deviations knows: PN0006 untouched, PN0005 touched and reviewed
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+                     decisions=load_decisions(dfile).model)
+    assert gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok
+
+
 def test_benchmark_reference_gate(tmp_path):
     pre = _pre(tmp_path)
     g = gate_benchmark(None, pre)
