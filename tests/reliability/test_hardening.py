@@ -791,6 +791,24 @@ def test_revert_keeps_a_created_directory_that_gained_other_files(tmp_path, pin_
     assert not (tree / "vllm/newpkg/mod.py").exists()
 
 
+def test_a_file_to_create_that_already_exists_gets_a_hint_about_the_file_not_an_anchor(tmp_path, pin_subtree):
+    """A ``create`` whose path already holds another file: refused, nothing written, and the hint says what
+    to do about that file. It used to be drift's hint ("re-anchor the edit (python -m sndr preflight suggests
+    where the code went)"): a create has no anchor, and the preflight has nothing to suggest for it."""
+    tree = pin_subtree(FILES)
+    text = 'id = "PB0001"\ntitle = "new module"\n\n[[files]]\npath = "vllm/newpkg/mod.py"\ncreate = """\nX = 1\n"""\n'
+    pdir = _patches(tmp_path, {"PB0001-x.toml": text})
+    (tree / "vllm/newpkg").mkdir()
+    (tree / "vllm/newpkg/mod.py").write_text("planted = 1\n")
+    before = snapshot(tree)
+    rc, out = _cli(tree, pdir)
+    _assert_clean_error(rc, out, "vllm/newpkg/mod.py", "file to create already exists with different content",
+                        exit_code=1)
+    assert "re-anchor" not in out and "preflight suggests" not in out, out
+    assert "hint: the file the patch creates is already in the tree" in out, out
+    assert snapshot(tree) == before
+
+
 @ROOT_ONLY
 def test_owner_and_mode_survive_apply_and_revert(tmp_path, pin_subtree):
     tree = pin_subtree(FILES)
