@@ -336,22 +336,37 @@ def _pin_trees(anchors: Path, tree_spec: str | None) -> list[str]:
     return [f"vllm=={p.name[len('vllm-'):-len('.json')]}" for p in committed_manifests(anchors)]
 
 
+def build_command(tree_spec: str, patches_dir: Path | str | None = None, out: Path | str | None = None) -> str:
+    """The ``python -m sndr manifest build`` command line that (re)builds a manifest: the one spelling of it
+    for every hint (``manifest check``, ``pin advance``), with ``--patches`` and ``--out`` when they are not
+    the defaults, so that running it as printed builds the manifest that was checked."""
+    import shlex
+
+    cmd = f"python -m sndr manifest build --tree {shlex.quote(str(tree_spec))}"
+    if patches_dir is not None:
+        cmd += f" --patches {shlex.quote(str(patches_dir))}"
+    if out is not None:
+        cmd += f" --out {shlex.quote(str(out))}"
+    return cmd
+
+
 def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tuple[int, list[str]]:
     """(exit code, lines). 1 when a committed manifest is stale or missing for a non-empty set."""
     patch_set = load_patch_set(patches_dir)
     specs = _pin_trees(anchors, tree_spec)
+    custom = anchors.resolve() != shipped_anchors_dir().resolve()
     if not specs:
         if not patch_set.patches:
             return EXIT_OK, ["no patches and no manifest: nothing to check"]
         return EXIT_FINDINGS, [f"no manifest in {anchors} for a set of {len(patch_set.patches)} patch(es); "
-                               "run: python -m sndr manifest build --tree vllm==<pin>"]
+                               f"run: {build_command('vllm==<pin>', patches_dir, anchors if custom else None)}"]
     code, lines = EXIT_OK, []
     for spec in specs:
         with open_tree(spec) as tree:
             path = anchors / manifest_name(tree.version)
             if not path.exists():
                 code = EXIT_FINDINGS
-                lines.append(f"{path}: missing; run: python -m sndr manifest build --tree {spec}")
+                lines.append(f"{path}: missing; run: {build_command(spec, patches_dir, path if custom else None)}")
                 continue
             committed = load_manifest(path)
             fresh = build_manifest(tree, patch_set)
@@ -359,7 +374,7 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
             lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})")
             continue
         code = EXIT_FINDINGS
-        lines.append(f"{path}: stale; rebuild with: python -m sndr manifest build --tree {spec}")
+        lines.append(f"{path}: stale; rebuild with: {build_command(spec, patches_dir, path if custom else None)}")
         lines.extend(f"  {d}" for d in diff_manifests(committed, fresh))
     return code, lines
 

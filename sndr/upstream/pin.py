@@ -139,13 +139,13 @@ FAILING_VERDICTS = ("drifted", "ambiguous", "file_missing", "conflict")
 def rebuild_hint(path: Path, to: str, patch_set=None) -> str:
     """The command that rebuilds the manifest ``path`` of ``to`` (``python -m sndr manifest build``)."""
     from ..env import is_shipped_data
+    from ..manifest import build_command
 
     tree = f"git:REPO@{to}" if _SHA_RE.match(to) else f"vllm=={norm_version(to)}"
     pdir = getattr(patch_set, "directory", None)
-    cmd = f"python -m sndr manifest build --tree {tree}{' --patches ' + str(pdir) if pdir else ''}"
     if is_shipped_data(path):  # an installed sndr's anchors: manifest build refuses to write there
-        return f"{cmd} --out {path.name}, then pass --manifest {path.name} to pin advance"
-    return f"{cmd} --out {path}"
+        return f"{build_command(tree, pdir, path.name)}, then pass --manifest {path.name} to pin advance"
+    return build_command(tree, pdir, path)
 
 
 def _manifest_failures(data: dict) -> list[str]:
