@@ -28,8 +28,14 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
 
     def body() -> int:
-        if args.json:
-            check_output(args.json, "--json")  # before any work (--prune deletes records) and any engine import
+        if args.json == "-" and args.prometheus == "-":
+            from ..errors import bad_input
+
+            raise bad_input("stdout_conflict", "--json - and --prometheus - would both write to stdout",
+                            key="--prometheus", hint="send one of them to a file")
+        for flag in ("json", "prometheus"):  # before any work (--prune deletes records) and any engine import
+            if getattr(args, flag):
+                check_output(getattr(args, flag), f"--{flag}")
         from ..startup.hook import run_status
 
         return run_status(args)

@@ -492,8 +492,8 @@ def run_status(args) -> int:
                             hint="pip install prometheus-client") from None
     if args.json:
         write_output(args.json, status.render_json(st) + "\n", "--json")
-    if args.json != "-":  # --json - : stdout holds the JSON document only
-        print(status.render_text(st))
+    if args.json != "-":  # --json - : stdout holds the JSON document only; --prometheus - : the gauges only
+        print(status.render_text(st), file=sys.stderr if args.prometheus == "-" else sys.stdout)
     return 0 if st.ok else 1
 
 

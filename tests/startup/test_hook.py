@@ -6,6 +6,8 @@ import json
 import os
 import stat
 
+import pytest
+
 from hook_fixtures import REPO, Box, box, out_of, replace_file  # noqa: F401 (box is a fixture)
 from sndr.__main__ import main as sndr_main
 from sndr.startup.hook import PTH_NAME, PTH_TEXT
@@ -178,6 +180,32 @@ def test_status_json_and_prune(box, capsys):
     assert data["ok"] is True and len(data["processes"]) == 1
     assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prune"]) == 1  # the process exited: nothing left
     assert box.records() == []
+
+
+def test_status_outputs_are_checked_before_prune_and_stdout_holds_one_document(box, tmp_path, capsys):
+    """``status --prune --prometheus LINK`` deleted the records, then refused the symlinked output; and
+    ``--json - --prometheus -`` wrote the gauges and the JSON document to stdout together (exit 0), while
+    ``--prometheus -`` alone mixed the gauges with the text report. Now: every output is checked before any
+    work, two stdout outputs are refused (``stdout_conflict``), and with ``--prometheus -`` stdout holds
+    the gauges only (the report goes to stderr)."""
+    pytest.importorskip("prometheus_client")
+    box.apply()
+    box.py(REGISTER)
+    records = box.records()
+    assert records
+    link = tmp_path / "sndr.prom"
+    link.symlink_to(tmp_path / "elsewhere.prom")
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prune", "--prometheus", str(link)]) == 2
+    assert "output_refused" in capsys.readouterr().err
+    assert box.records() == records and not (tmp_path / "elsewhere.prom").exists()
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--json", "-", "--prometheus", "-"]) == 2
+    out = capsys.readouterr().out
+    data = json.loads(out)  # one document: the refusal
+    assert data["ok"] is False and [p["code"] for p in data["problems"]] == ["stdout_conflict"]
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prometheus", "-"]) == 0
+    got = capsys.readouterr()
+    assert got.out.strip() and all(line.startswith(("# ", "sndr_")) for line in got.out.splitlines()), got.out
+    assert "sndr_status_ok 1.0" in got.out and "sndr status:" in got.err
 
 
 def test_hook_install_and_uninstall(tmp_path, capsys):
