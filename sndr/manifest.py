@@ -289,11 +289,11 @@ def write_manifest(manifest: Manifest, out: Path) -> Path:
     """Atomic write: a reader (or a CI check racing a rebuild) never sees half a file.
 
     ``out`` is a directory (``vllm-<version>.json`` is written into it) or, when
-    it names a ``.json`` file, that file.
+    it names a ``.json`` file, that file; ``-`` is stdout.
     """
     from .cli import write_output
 
-    if out_is_file(out):
+    if str(out) == "-" or out_is_file(out):  # '-': stdout
         target = out
     else:
         out.mkdir(parents=True, exist_ok=True)
@@ -384,17 +384,19 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
 
 def _build_cmd(args) -> int:
     out = args.out or shipped_anchors_dir()
+    to_stdout = str(out) == "-"  # '-' is stdout, as for every output (sndr.cli.write_output)
     from .env import refuse_shipped_write
 
-    refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
-    to_file = out_is_file(out)  # refuses an --out that is neither a directory nor a .json file, before any work
-    if to_file:
+    if not to_stdout:
+        refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
+    to_file = to_stdout or out_is_file(out)  # refuses an --out that is neither a directory nor a .json file
+    if to_file and not to_stdout:
         from .cli import check_output
 
         check_output(out, "--out")
     spec = args.tree
     if spec is None:
-        pins = _pin_trees(out.parent if to_file else out, None)
+        pins = _pin_trees(shipped_anchors_dir() if to_stdout else out.parent if to_file else out, None)
         if len(pins) != 1:
             raise bad_input("tree_required", f"--tree is required ({len(pins)} manifests in {out})", key="--tree",
                             hint="e.g. --tree vllm==0.32.0")
@@ -405,7 +407,8 @@ def _build_cmd(args) -> int:
     path = write_manifest(manifest, out)
     failing = [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
                if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
-    print(f"wrote {path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, tree {manifest.tree_digest[:12]})")
+    print(f"wrote {'stdout' if to_stdout else path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, "
+          f"tree {manifest.tree_digest[:12]})", file=sys.stderr if to_stdout else sys.stdout)
     pin = _pin_version(patch_set)
     on = "on the pin" if _same_release(manifest.vllm_version, pin) else \
         f"on vllm {manifest.vllm_version} (a target tree, not the pin {pin})"

@@ -228,6 +228,21 @@ def test_check_prints_a_rebuild_command_that_fixes_the_checked_manifest(patches,
         assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
 
 
+def test_build_out_dash_is_stdout_not_a_directory_named_dash(patches, pin_subtree, tmp_path, monkeypatch, capsys):
+    """``manifest build --out -`` made a directory named ``-`` in the working directory and wrote
+    ``-/vllm-0.32.0.json`` into it; ``-`` is stdout for every output of every command (``sndr.cli.write_output``).
+    Now stdout holds the manifest, byte for byte the file ``--out FILE.json`` writes, and nothing else."""
+    site = pin_subtree([COORD, POOL])
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", "-") == 0
+    got = capsys.readouterr()
+    assert not (tmp_path / "-").exists()
+    assert json.loads(got.out)["vllm_version"] == PIN and "wrote" not in got.out
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", tmp_path / "m.json") == 0
+    assert (tmp_path / "m.json").read_text() == got.out
+
+
 def test_check_missing_manifest_for_tree(patches, tmp_path, capsys):
     assert _cli("check", "--tree", f"vllm=={CANDIDATE}", "--patches", patches, "--anchors", tmp_path / "none") == 1
     assert f"vllm-{CANDIDATE}.json: missing" in capsys.readouterr().err
