@@ -362,6 +362,24 @@ def test_symlinked_target_inside_the_tree_is_refused(tmp_path, pin_subtree, how)
     assert {p: os.readlink(p) for p in tree.rglob("*") if p.is_symlink()} == links
 
 
+def test_a_tree_whose_vllm_package_is_a_symlink_is_refused_with_the_real_directory_to_pass(tmp_path, pin_subtree):
+    """``--tree T`` where ``T/vllm`` is a symlink to the real package (a symlink farm, a store path): every
+    target resolves outside T, refused (``path_escape``). The hint said only "sndr never writes outside the
+    tree root"; it now names the directory to pass instead, and that one applies."""
+    real = pin_subtree(FILES)
+    tree = tmp_path / "linked"
+    tree.mkdir()
+    (tree / "vllm").symlink_to(real / "vllm", target_is_directory=True)
+    pdir = _patches(tmp_path, {"PB0001-x.toml": patch_text()})
+    before = snapshot(real)
+    rc, text = _cli(tree, pdir)
+    _assert_clean_error(rc, text, "(path_escape)", exit_code=2)
+    assert f"{tree}/vllm is a symlink to {real}/vllm: pass --tree {real}" in text, text
+    assert snapshot(real) == before
+    rc, text = _cli(real, pdir)
+    assert rc == 0, text
+
+
 # ----------------------------------------------------------------------------- 3. foreign writes
 
 
