@@ -501,9 +501,9 @@ class TreeRoot(Tree):
                     os.close(fd)
 
     def get_object(self, sha: str) -> bytes:
+        damaged = "the .sndr state was damaged; reinstall vLLM to get a pristine tree"
         missing = SndrError(Problem("object_missing", f"stored copy {sha[:12]} is missing",
-                                    file=str(self.objects / sha),
-                                    hint="the .sndr state was damaged; reinstall vLLM to get a pristine tree"))
+                                    file=str(self.objects / sha), hint=damaged))
         ofd = self.objects_fd()
         if ofd is None or not _SHA.match(sha or ""):
             raise missing
@@ -516,7 +516,7 @@ class TreeRoot(Tree):
                                     file=str(self.objects / sha))) from None
         if sha256_bytes(data) != sha:
             raise SndrError(Problem("object_corrupt", f"stored copy {sha[:12]} does not match its hash",
-                                    file=str(self.objects / sha)))
+                                    file=str(self.objects / sha), hint=damaged))
         return data
 
     # -- ledger ------------------------------------------------------------
