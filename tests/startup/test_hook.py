@@ -222,6 +222,24 @@ def test_hook_install_and_uninstall(tmp_path, capsys):
     assert sndr_main(["hook", "install", "--site", str(tmp_path / "missing")]) == 2
 
 
+def test_hook_install_into_a_site_without_sndr_says_so(tmp_path, capsys):
+    """``hook install --site S`` (or the default site, found through a vLLM that lives in another
+    environment) wrote the .pth into a site-packages whose interpreters cannot import sndr: each of them then
+    prints an import error at start and runs vLLM unpatched, where SNDR_STRICT=1 cannot stop it (found by
+    installing the hook from one venv for a vLLM of another). Still written (the operator may install sndr
+    next), but said; a site that holds sndr (installed, or an editable install's finder) is not."""
+    site = tmp_path / "site"
+    site.mkdir()
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {site} holds no sndr package" in err and "pip install sndr" in err, err
+    for marker in ("sndr", "sndr-0.1.0.dist-info", "__editable___sndr_0_1_0_finder.py"):
+        other = tmp_path / marker.replace(".", "_")
+        (other / marker).mkdir(parents=True)
+        assert sndr_main(["hook", "install", "--site", str(other)]) == 0
+        assert "holds no sndr package" not in capsys.readouterr().err, marker
+
+
 def test_register_never_raises_outside_a_vllm_process(tmp_path):
     box = Box(tmp_path)
     proc = box.py("""
