@@ -418,6 +418,7 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     With ``packs``, patches from installed plugin packs (entry point group
     ``sndr.patches``) are added; see :mod:`sndr.packs`.
     """
+    from_env = directory is None and env.patches_dir(environ) != env.shipped_patches_dir()  # set by $SNDR_PATCHES
     directory = Path(directory) if directory is not None else env.patches_dir(environ)
     if not directory.is_dir():
         if directory.exists():
@@ -426,7 +427,9 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
                                     hint=f"pass the directory that holds it: --patches {directory.parent}"
                                     if directory.suffix == ".toml" else "pass the directory that holds the "
                                     "patch files (*.toml)"), EXIT_BAD_INPUT)
-        raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory)))
+        raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory),
+                                hint=f"it comes from ${env.PATCHES}: point it at your patch directory, pass --patches "
+                                "DIR, or unset it for the shipped set" if from_env else None))
     patches: list[Patch] = []
     sources: dict[str, str] = {}
     problems: list[Problem] = []
