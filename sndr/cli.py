@@ -97,7 +97,7 @@ def _output_problem(dest: str) -> str | None:
     try:
         st = os.lstat(dest)
     except FileNotFoundError:
-        return None
+        return _output_dir_problem(dest)
     except NotADirectoryError:
         return "a directory on its path is not a directory"
     except OSError as exc:
@@ -112,7 +112,26 @@ def _output_problem(dest: str) -> str | None:
         return f"it is {kind}, not a regular file (sndr replaces an output file atomically)"
     if st.st_uid != os.geteuid():
         return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    return None
+    return _output_dir_problem(dest)
+
+
+def _output_dir_problem(dest: str) -> str | None:
+    """Why the directory that will hold ``dest`` (its nearest existing ancestor, as :func:`write_output`
+    creates the rest) takes no new file: a read-only filesystem, or no write permission. Checked with the
+    output, before any work, so that a command never does its work and then fails on its report."""
+    d = os.path.dirname(os.path.abspath(dest))
+    while not os.path.lexists(d) and os.path.dirname(d) != d:
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        return f"{d} on its path is not a directory"
+    if os.access(d, os.W_OK | os.X_OK):
+        return None
+    try:
+        readonly = bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly = False
+    return f"its directory {d} is on a read-only filesystem" if readonly else \
+        f"its directory {d} is not writable by this user"
 
 
 def check_output(dest: str | os.PathLike[str], flag: str = "output") -> None:

@@ -264,6 +264,28 @@ def test_plan_on_a_read_only_filesystem_with_no_cache_dir_writes_nothing(tmp_pat
     assert not cache.exists()
 
 
+def test_a_report_path_on_a_read_only_filesystem_is_refused_before_the_tree_is_touched(tmp_path, pin_subtree):
+    """``apply --json RO/r.json`` (RO a read-only mount) patched the tree, then failed to write the report:
+    exit 2 with "Read-only file system", the tree patched and nothing saying so. The output's directory is
+    now checked with the output, before any work (``output_refused``), as a FIFO or a symlink is."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    ro = tmp_path / "ro"
+    (ro / "sub").mkdir(parents=True)
+    if not _bind_read_only(ro):
+        pytest.skip("cannot bind-mount read-only here")
+    try:
+        before = snapshot(tree)
+        for dest in (ro / "r.json", ro / "sub" / "new" / "r.json"):
+            rc, text = _cli(tree, pdir, "--json", str(dest))
+            _assert_clean_error(rc, text, "(output_refused)", str(dest), "read-only", exit_code=2)
+            assert snapshot(tree) == before and not (tree / ".sndr").exists(), text
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
 def _bind_read_only(tree: Path) -> bool:
     if subprocess.run(["mount", "--bind", str(tree), str(tree)], capture_output=True).returncode:
         return False
