@@ -36,6 +36,14 @@ def run(args: argparse.Namespace) -> int:
         for flag in ("json", "prometheus"):  # before any work (--prune deletes records) and any engine import
             if getattr(args, flag):
                 check_output(getattr(args, flag), f"--{flag}")
+        if args.prometheus:
+            try:
+                import prometheus_client  # noqa: F401 - the textfile's writer; its absence is bad input, said now
+            except ImportError:
+                from ..errors import bad_input
+
+                raise bad_input("extra_missing", "--prometheus needs prometheus_client", key="--prometheus",
+                                hint="pip install prometheus-client") from None
         from ..startup.hook import run_status
 
         return run_status(args)

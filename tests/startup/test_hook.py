@@ -208,6 +208,22 @@ def test_status_outputs_are_checked_before_prune_and_stdout_holds_one_document(b
     assert "sndr_status_ok 1.0" in got.out and "sndr status:" in got.err
 
 
+def test_status_prometheus_without_prometheus_client_is_refused_before_prune(box, tmp_path, monkeypatch, capsys):
+    """Without prometheus_client, ``status --prune --prometheus FILE`` deleted the exited processes' records
+    and only then said "--prometheus needs prometheus_client" (exit 2). Refused before any work now."""
+    import sys
+
+    box.apply()
+    box.py(REGISTER)
+    records = box.records()
+    assert records
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client -> ImportError
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prune", "--prometheus",
+                      str(tmp_path / "sndr.prom")]) == 2
+    assert "extra_missing" in capsys.readouterr().err
+    assert box.records() == records and not (tmp_path / "sndr.prom").exists()
+
+
 def test_hook_install_and_uninstall(tmp_path, capsys):
     site = tmp_path / "site"
     site.mkdir()
