@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from ..errors import EXIT_FINDINGS, EXIT_OK, bad_input
 from ..pinrecord import PinRecord, default_pin_path, read_pin, writable_pin_path
 from .decisions import DECISIONS_NAME, Decisions, load_decisions
-from .gates import PinGate, benchmark_ref_problem, norm_version
+from .gates import PinGate, benchmark_ref_problem, norm_version, same_target
 from .report import QUEUED, DeviationHit, QueueReport
 
 __all__ = ["advance", "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "run_pin"]
@@ -299,8 +299,7 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions,
         if dev is None:
             continue  # dropped: discharged or no longer a deviation
         r = dev.reviewed
-        if r and (norm_version(r) == norm_version(to) or (_SHA_RE.match(r) and _SHA_RE.match(to)
-                                                            and (to.startswith(r) or r.startswith(to)))):
+        if r and same_target(r, to):
             continue
         dis = f"; its discharge {hit.discharge_in_range[:10]} is in range: drop it if it is discharged" \
             if hit.discharge_in_range else ""

@@ -410,6 +410,29 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     assert [(h.patch, h.touched_by) for h in rep.deviations] == [("PN0006", [c2])]
 
 
+def test_deviation_reviewed_takes_a_version_or_a_sha_and_matches_the_target_as_a_version(tmp_path, source, capsys):
+    """``sync deviation P --reviewed banana`` was recorded (a value no gate can ever match), and
+    ``--reviewed 0.33`` did not count for ``pin advance --to 0.33.0`` (compared as strings). Now --reviewed
+    is a PEP 440 version (``v``/``vllm==`` prefixes read as elsewhere) or a commit sha, and versions compare
+    as versions."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#57001)")
+    dfile = tmp_path / "sync-decisions.yaml"
+    args = ["sync", "deviation", "PN0005", "--why", "local", "--allow-unknown", "--paths", COORD,
+            "--decisions", str(dfile)]
+    assert sndr_main([*args, "--reviewed", "banana"]) == 2
+    assert "--reviewed 'banana'" in capsys.readouterr().err
+    assert not dfile.exists()
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    for reviewed in ("0.33", "v0.33.0", "vllm==0.33.0"):
+        assert sndr_main([*args, "--reviewed", reviewed]) == 0, capsys.readouterr().err
+        rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+                         decisions=load_decisions(dfile).model)
+        assert rep.deviations and gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok, reviewed
+        assert not gate_deviations(rep, "0.33.1", load_decisions(dfile).model).ok, reviewed
+    assert sndr_main([*args, "--reviewed", "1a2b3c4d5e"]) == 0  # a commit sha target
+
+
 def test_a_deviation_recorded_after_the_queue_was_planned_still_gates_pin_advance(tmp_path, source):
     """The README's order (plan, then decide and record deviations, then advance): a deviation recorded
     after ``sync plan`` is not in the queue's hits. The gate used to read only those, and passed ("the range
