@@ -295,6 +295,8 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
             except Exception:  # noqa: BLE001 - the interrupt message must always print
                 detail = ""
         say(prog, "interrupted" + (f"; {detail}" if detail else ""))
+        _json_error(EXIT_INTERRUPTED, [{"code": "interrupted", "message": "interrupted" + (f"; {detail}" if detail
+                                                                                         else "")}])
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (``| head``): not an error. Point stdout at devnull
@@ -321,4 +323,5 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
 
         traceback.print_exc()
         say(prog, f"internal error (exit {EXIT_INTERNAL}); please report it with the traceback above")
+        _json_error(EXIT_INTERNAL, [{"code": "internal", "message": "internal error; the traceback is on stderr"}])
         return EXIT_INTERNAL

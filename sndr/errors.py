@@ -258,6 +258,7 @@ CODES: dict[str, Code] = {
     "gdn_replay_unsupported": Code(_F, "GDN replay: state dtype, layout, heads, device or T outside the kernel's set"),
     # -- internal -------------------------------------------------------------------------------
     "internal": Code(_I, "a bug in sndr; please report it with the traceback"),
+    "interrupted": Code(130, "the command was interrupted (Ctrl-C); its last line says what state it left"),
 }
 
 
