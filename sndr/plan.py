@@ -61,6 +61,9 @@ _HINTS = {
     "create_exists": "the file the patch creates is already in the tree, with other content: if upstream ships "
                      "it now, edit it instead of creating it (or give the patch a merged marker); if it is a "
                      "leftover, remove it",
+    "deletion_unverifiable": "a pure deletion cannot be read back from the file: apply it with sndr (verify then "
+                             "reads the stored pristine copies), keep a changed line of context in the "
+                             "replacement, or give the edit a merged marker",
 }
 
 

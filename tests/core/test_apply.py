@@ -177,6 +177,26 @@ def test_force_over_a_hand_edit_says_the_adopted_bytes_keep_sndrs_own_edit(tree,
     assert "# local hotfix" in text and "return max(0, self.free_block_queue.num_free_blocks)" in text
 
 
+def test_an_unverifiable_deletion_gets_its_own_hint_not_drifts(tree, tmp_path):
+    """A pure deletion done without sndr (no ledger) cannot be read back from the file: verify says so
+    (``deletion_unverifiable``), but its hint was drift's "re-anchor the edit (python -m sndr preflight
+    suggests where the code went)", though the anchor did not move. Now the hint says what does work."""
+    d = tmp_path / "p"
+    d.mkdir()
+    keep = "        self.prev_step_scheduled_req_ids: set[str] = set()\n"
+    gone = "        # Track requests scheduled in prior step (MRV1-only).\n"
+    q = "'''"
+    (d / "T0010-delete.toml").write_text(
+        'id = "T0010"\ntitle = "drop a comment"\n[[files]]\npath = "vllm/v1/core/sched/scheduler.py"\n'
+        f'[[files.edits]]\nname = "del"\nanchor = {q}\n{gone}{keep}{q}\nreplacement = {q}\n{keep}{q}\n')
+    target = tree / "vllm/v1/core/sched/scheduler.py"
+    target.write_text(target.read_text().replace(gone + keep, keep))  # deleted by hand: no ledger
+    report = run_verify(tree, load_patch_set(d, packs=False))
+    [p] = [p for p in report.problems if p.code == "edit_drifted"]
+    assert "cannot be told from the file alone" in p.message
+    assert p.hint and "re-anchor" not in p.hint and "merged marker" in p.hint and "sndr" in p.hint, p.hint
+
+
 def test_failed_required_edit_writes_nothing(tree, tmp_path):
     d = tmp_path / "p"
     d.mkdir()
