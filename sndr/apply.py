@@ -288,6 +288,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     mode: ReportMode = "dry-run" if dry_run else "apply"
     nothing = "apply would write nothing" if dry_run else "nothing was written"
     original = ledger
+    forced: set[str] = set()
     es = enabled_set(patch_set, version, environ, only=only, profile=profile)
     digest = es.digest
     if ledger is not None:
@@ -321,6 +322,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
                            digest=digest, notes=notes + [f"refused: {nothing}"])
         if foreign and force:
             rels = {p.file for p in foreign if p.file is not None}
+            forced = rels
             # The dry-run stores no object: without their entries the plan reads the current bytes as
             # pristine too, which is what adopting them means.
             ledger = _drop_entries(ledger, rels) if dry_run else _adopt_current(tree, ledger, rels)
@@ -345,6 +347,8 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
         plan = build_plan(patch_set, tree.pristine(ledger).read_text, version,
                           environ=environ, only=only, keep_going=keep_going, profile=profile)
         _path_typos(tree, version, plan, patch_set)
+    if forced:
+        notes.extend(_forced_own_edits(plan, original, forced))
     if not plan.ok:
         return _report(mode, tree, version, plan, ok=False, exit_code=_plan_exit(plan),
                        notes=notes + [f"refused: {nothing}"])
@@ -370,6 +374,26 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
     commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
     return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
                    files_written=[w.rel for w in writes], notes=notes)
+
+
+def _forced_own_edits(plan: Plan, ledger: Ledger | None, forced: set[str]) -> list[str]:
+    """Notes for the files ``--force`` adopted that still hold sndr's own edits: an edit of a patch the
+    ledger recorded on that file reads ``applied`` or ``merged`` on the adopted bytes, which are now the
+    file's pristine copy, so revert puts them back (that edit included) and the edit never reads as sndr's."""
+    from .model import Verdict
+
+    if ledger is None:
+        return []
+    own: dict[str, set[str]] = {}
+    for p in plan.patches:
+        for e in p.edits:
+            entry = ledger.files.get(e.file)
+            if e.file in forced and entry is not None and p.id in entry.patches \
+                    and e.verdict in (Verdict.APPLIED, Verdict.MERGED):
+                own.setdefault(e.file, set()).add(p.id)
+    return [f"--force: the bytes taken as pristine for {rel} still hold sndr's own edit of {', '.join(sorted(ids))} "
+            f"(it now reads as applied or merged upstream); a revert puts those bytes back, that edit included: to "
+            f"get upstream's file back, reinstall vLLM" for rel, ids in sorted(own.items())]
 
 
 def _pin_paths(tree: TreeRoot, version: str) -> set[str] | None:

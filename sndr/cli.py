@@ -97,7 +97,7 @@ def _output_problem(dest: str) -> str | None:
     try:
         st = os.lstat(dest)
     except FileNotFoundError:
-        return None
+        return _output_dir_problem(dest)
     except NotADirectoryError:
         return "a directory on its path is not a directory"
     except OSError as exc:
@@ -112,7 +112,26 @@ def _output_problem(dest: str) -> str | None:
         return f"it is {kind}, not a regular file (sndr replaces an output file atomically)"
     if st.st_uid != os.geteuid():
         return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
-    return None
+    return _output_dir_problem(dest)
+
+
+def _output_dir_problem(dest: str) -> str | None:
+    """Why the directory that will hold ``dest`` (its nearest existing ancestor, as :func:`write_output`
+    creates the rest) takes no new file: a read-only filesystem, or no write permission. Checked with the
+    output, before any work, so that a command never does its work and then fails on its report."""
+    d = os.path.dirname(os.path.abspath(dest))
+    while not os.path.lexists(d) and os.path.dirname(d) != d:
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        return f"{d} on its path is not a directory"
+    if os.access(d, os.W_OK | os.X_OK):
+        return None
+    try:
+        readonly = bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly = False
+    return f"its directory {d} is on a read-only filesystem" if readonly else \
+        f"its directory {d} is not writable by this user"
 
 
 def check_output(dest: str | os.PathLike[str], flag: str = "output") -> None:
@@ -276,6 +295,8 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
             except Exception:  # noqa: BLE001 - the interrupt message must always print
                 detail = ""
         say(prog, "interrupted" + (f"; {detail}" if detail else ""))
+        _json_error(EXIT_INTERRUPTED, [{"code": "interrupted", "message": "interrupted" + (f"; {detail}" if detail
+                                                                                         else "")}])
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (``| head``): not an error. Point stdout at devnull
@@ -302,4 +323,5 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
 
         traceback.print_exc()
         say(prog, f"internal error (exit {EXIT_INTERNAL}); please report it with the traceback above")
+        _json_error(EXIT_INTERNAL, [{"code": "internal", "message": "internal error; the traceback is on stderr"}])
         return EXIT_INTERNAL

@@ -335,8 +335,15 @@ class TreeRoot(Tree):
         p = self.root / rel
         real = os.path.realpath(p)
         if real != str(self.real_root) and not real.startswith(str(self.real_root) + os.sep):
+            hint = "sndr never writes outside the tree root"
+            top = self.root / Path(rel).parts[0] if Path(rel).parts else None
+            if top is not None and top.is_symlink():  # the package itself is a link (a symlink farm, a store path)
+                target = os.path.realpath(top)
+                hint += (f"; {top} is a symlink to {target}: pass --tree {os.path.dirname(target)}"
+                         if os.path.basename(target) == top.name else
+                         f"; {top} is a symlink to {target}: patch a real copy of the package (cp -rL)")
             raise SndrError(Problem("path_escape", f"resolves outside the tree (to {real}) through a symlink or '..'",
-                                    file=rel, hint="sndr never writes outside the tree root"))
+                                    file=rel, hint=hint))
         parts = Path(rel).parts
         if parts and parts[0] == STATE_DIR:
             raise SndrError(Problem("state_unsafe", "is inside sndr's own state directory", file=rel,
@@ -494,9 +501,9 @@ class TreeRoot(Tree):
                     os.close(fd)
 
     def get_object(self, sha: str) -> bytes:
+        damaged = "the .sndr state was damaged; reinstall vLLM to get a pristine tree"
         missing = SndrError(Problem("object_missing", f"stored copy {sha[:12]} is missing",
-                                    file=str(self.objects / sha),
-                                    hint="the .sndr state was damaged; reinstall vLLM to get a pristine tree"))
+                                    file=str(self.objects / sha), hint=damaged))
         ofd = self.objects_fd()
         if ofd is None or not _SHA.match(sha or ""):
             raise missing
@@ -509,7 +516,7 @@ class TreeRoot(Tree):
                                     file=str(self.objects / sha))) from None
         if sha256_bytes(data) != sha:
             raise SndrError(Problem("object_corrupt", f"stored copy {sha[:12]} does not match its hash",
-                                    file=str(self.objects / sha)))
+                                    file=str(self.objects / sha), hint=damaged))
         return data
 
     # -- ledger ------------------------------------------------------------

@@ -94,6 +94,7 @@ CODES: dict[str, Code] = {
     "patches_dir_missing": Code(_B, "the patch directory does not exist"),
     "path_unknown": Code(_B, "a patch's target path is not a file of the pinned vLLM: a typo (the nearest path is named)"),
     "name_mismatch": Code(_B, "a patch file's name does not start with its id (reported as a note: the set still loads)"),
+    "patch_subdir": Code(_B, "a subdirectory of the patch directory holds patch files, which are not read (reported as a note)"),
     "patches_not_a_dir": Code(_B, "the patch directory (--patches, $SNDR_PATCHES) is a file, not a directory"),
     "empty_patch_set": Code(_B, "the patch set is empty (pass --allow-empty to revert everything on purpose)"),
     "path_outside_package": Code(_B, "a patch targets a path outside the vllm/ package and the allowed roots"),
@@ -257,6 +258,7 @@ CODES: dict[str, Code] = {
     "gdn_replay_unsupported": Code(_F, "GDN replay: state dtype, layout, heads, device or T outside the kernel's set"),
     # -- internal -------------------------------------------------------------------------------
     "internal": Code(_I, "a bug in sndr; please report it with the traceback"),
+    "interrupted": Code(130, "the command was interrupted (Ctrl-C); its last line says what state it left"),
 }
 
 

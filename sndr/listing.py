@@ -213,7 +213,8 @@ def run_list(args) -> int:
         print(f"profile: {args.profile}" + ("" if args.tree else f" (gates read vLLM {version}, the pin)"))
     if rows:
         print(render_table(rows, with_verdict=with_verdict))
-    print(summary(rows, with_verdict))
+    filters = [f"with verdict {args.verdict}" if args.verdict else "", f"of kind {args.kind}" if args.kind else ""]
+    print(summary(rows, with_verdict) if rows else " ".join(["0 patch(es)", *filter(None, filters)]))
     return EXIT_OK
 
 

@@ -369,6 +369,31 @@ def patch_files(directory: Path) -> list[Path]:
     return sorted(directory / n for n in names if n.endswith(".toml") and not n.startswith("_"))
 
 
+def subdir_problems(directory: Path) -> list[Problem]:
+    """Patch files in a subdirectory are not read (only the directory's own ``*.toml`` are patches), but
+    never left out silently: each subdirectory that holds some is said (``patch_subdir``, a note), except
+    ``_``- and ``.``-named ones, which are not patches, like ``_`` files."""
+    out: list[Problem] = []
+    try:
+        with os.scandir(directory) as it:
+            subdirs = sorted(e.path for e in it if e.is_dir(follow_symlinks=False) and e.name[:1] not in "_.")
+    except OSError:
+        return out  # patch_files names an unreadable directory
+    for sub in subdirs:
+        try:
+            found = sorted(str(p.relative_to(sub)) for p in Path(sub).rglob("*.toml")
+                           if not any(part[:1] in "_." for part in p.relative_to(sub).parts))
+        except OSError:
+            continue
+        if found:
+            more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+            out.append(Problem("patch_subdir", f"{len(found)} patch file(s) in this subdirectory are not read "
+                               f"({', '.join(found[:3])}{more}): sndr reads the patch directory's own *.toml only",
+                               file=sub, hint=f"move them up into {directory}, or name the folder with a leading "
+                               "'_' to keep them out on purpose"))
+    return out
+
+
 def name_problem(patch: Patch, path: Path) -> Problem | None:
     """A patch file is ``<ID>-<slug>.toml`` (or ``<ID>.toml``; docs/format.md): a name that disagrees with
     its ``id`` (a copied file whose id was not changed, or the reverse) is said (``name_mismatch``, at
@@ -393,6 +418,7 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
     With ``packs``, patches from installed plugin packs (entry point group
     ``sndr.patches``) are added; see :mod:`sndr.packs`.
     """
+    from_env = directory is None and env.patches_dir(environ) != env.shipped_patches_dir()  # set by $SNDR_PATCHES
     directory = Path(directory) if directory is not None else env.patches_dir(environ)
     if not directory.is_dir():
         if directory.exists():
@@ -401,12 +427,16 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
                                     hint=f"pass the directory that holds it: --patches {directory.parent}"
                                     if directory.suffix == ".toml" else "pass the directory that holds the "
                                     "patch files (*.toml)"), EXIT_BAD_INPUT)
-        raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory)))
+        raise SndrError(Problem("patches_dir_missing", "patch directory does not exist", file=str(directory),
+                                hint=f"it comes from ${env.PATCHES}: point it at your patch directory, pass --patches "
+                                "DIR, or unset it for the shipped set" if from_env else None))
     patches: list[Patch] = []
     sources: dict[str, str] = {}
     problems: list[Problem] = []
     warnings: list[Problem] = []
-    for path in patch_files(directory):
+    files = patch_files(directory)
+    warnings += subdir_problems(directory)
+    for path in files:
         try:
             patch = load_patch_file(path)
         except SndrError as exc:

@@ -289,11 +289,11 @@ def write_manifest(manifest: Manifest, out: Path) -> Path:
     """Atomic write: a reader (or a CI check racing a rebuild) never sees half a file.
 
     ``out`` is a directory (``vllm-<version>.json`` is written into it) or, when
-    it names a ``.json`` file, that file.
+    it names a ``.json`` file, that file; ``-`` is stdout.
     """
     from .cli import write_output
 
-    if out_is_file(out):
+    if str(out) == "-" or out_is_file(out):  # '-': stdout
         target = out
     else:
         out.mkdir(parents=True, exist_ok=True)
@@ -336,22 +336,37 @@ def _pin_trees(anchors: Path, tree_spec: str | None) -> list[str]:
     return [f"vllm=={p.name[len('vllm-'):-len('.json')]}" for p in committed_manifests(anchors)]
 
 
+def build_command(tree_spec: str, patches_dir: Path | str | None = None, out: Path | str | None = None) -> str:
+    """The ``python -m sndr manifest build`` command line that (re)builds a manifest: the one spelling of it
+    for every hint (``manifest check``, ``pin advance``), with ``--patches`` and ``--out`` when they are not
+    the defaults, so that running it as printed builds the manifest that was checked."""
+    import shlex
+
+    cmd = f"python -m sndr manifest build --tree {shlex.quote(str(tree_spec))}"
+    if patches_dir is not None:
+        cmd += f" --patches {shlex.quote(str(patches_dir))}"
+    if out is not None:
+        cmd += f" --out {shlex.quote(str(out))}"
+    return cmd
+
+
 def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tuple[int, list[str]]:
     """(exit code, lines). 1 when a committed manifest is stale or missing for a non-empty set."""
     patch_set = load_patch_set(patches_dir)
     specs = _pin_trees(anchors, tree_spec)
+    custom = anchors.resolve() != shipped_anchors_dir().resolve()
     if not specs:
         if not patch_set.patches:
             return EXIT_OK, ["no patches and no manifest: nothing to check"]
         return EXIT_FINDINGS, [f"no manifest in {anchors} for a set of {len(patch_set.patches)} patch(es); "
-                               "run: python -m sndr manifest build --tree vllm==<pin>"]
+                               f"run: {build_command('vllm==<pin>', patches_dir, anchors if custom else None)}"]
     code, lines = EXIT_OK, []
     for spec in specs:
         with open_tree(spec) as tree:
             path = anchors / manifest_name(tree.version)
             if not path.exists():
                 code = EXIT_FINDINGS
-                lines.append(f"{path}: missing; run: python -m sndr manifest build --tree {spec}")
+                lines.append(f"{path}: missing; run: {build_command(spec, patches_dir, path if custom else None)}")
                 continue
             committed = load_manifest(path)
             fresh = build_manifest(tree, patch_set)
@@ -359,7 +374,7 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
             lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})")
             continue
         code = EXIT_FINDINGS
-        lines.append(f"{path}: stale; rebuild with: python -m sndr manifest build --tree {spec}")
+        lines.append(f"{path}: stale; rebuild with: {build_command(spec, patches_dir, path if custom else None)}")
         lines.extend(f"  {d}" for d in diff_manifests(committed, fresh))
     return code, lines
 
@@ -369,17 +384,19 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
 
 def _build_cmd(args) -> int:
     out = args.out or shipped_anchors_dir()
+    to_stdout = str(out) == "-"  # '-' is stdout, as for every output (sndr.cli.write_output)
     from .env import refuse_shipped_write
 
-    refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
-    to_file = out_is_file(out)  # refuses an --out that is neither a directory nor a .json file, before any work
-    if to_file:
+    if not to_stdout:
+        refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
+    to_file = to_stdout or out_is_file(out)  # refuses an --out that is neither a directory nor a .json file
+    if to_file and not to_stdout:
         from .cli import check_output
 
         check_output(out, "--out")
     spec = args.tree
     if spec is None:
-        pins = _pin_trees(out.parent if to_file else out, None)
+        pins = _pin_trees(shipped_anchors_dir() if to_stdout else out.parent if to_file else out, None)
         if len(pins) != 1:
             raise bad_input("tree_required", f"--tree is required ({len(pins)} manifests in {out})", key="--tree",
                             hint="e.g. --tree vllm==0.32.0")
@@ -390,7 +407,8 @@ def _build_cmd(args) -> int:
     path = write_manifest(manifest, out)
     failing = [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
                if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
-    print(f"wrote {path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, tree {manifest.tree_digest[:12]})")
+    print(f"wrote {'stdout' if to_stdout else path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, "
+          f"tree {manifest.tree_digest[:12]})", file=sys.stderr if to_stdout else sys.stdout)
     pin = _pin_version(patch_set)
     on = "on the pin" if _same_release(manifest.vllm_version, pin) else \
         f"on vllm {manifest.vllm_version} (a target tree, not the pin {pin})"

@@ -57,6 +57,13 @@ _HINTS = {
     "line_endings": "the target uses CRLF; write the anchor with CRLF or normalise the target",
     "edit_drifted": "re-anchor the edit (python -m sndr preflight suggests where the code went)",
     "edit_file_missing": "the target file is gone; see the preflight's suggestions",
+    # looked up by the edit's own reason code first: a create has no anchor to re-anchor
+    "create_exists": "the file the patch creates is already in the tree, with other content: if upstream ships "
+                     "it now, edit it instead of creating it (or give the patch a merged marker); if it is a "
+                     "leftover, remove it",
+    "deletion_unverifiable": "a pure deletion cannot be read back from the file: apply it with sndr (verify then "
+                             "reads the stored pristine copies), keep a changed line of context in the "
+                             "replacement, or give the edit a merged marker",
 }
 
 
@@ -626,7 +633,8 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
                 if blocks(e) and not (e.verdict == Verdict.FILE_MISSING and e.file in unreadable):
                     code = _problem_code(e)
                     problems.append(Problem(code, f"edit {e.name!r}: {e.reason or e.verdict.value}",
-                                            file=e.file, line=e.line, patch=p.id, hint=e.hint or _HINTS.get(code)))
+                                            file=e.file, line=e.line, patch=p.id,
+                                            hint=e.hint or _HINTS.get(e.reason_code or "") or _HINTS.get(code)))
         else:
             files.update(new_states)
         for r in p.runtime:
@@ -673,7 +681,8 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                 st.changes = [Change(0, len(f.create), p.id, "create", (1, 1))]
                 st.patches.append(p.id)
             edits_out.append(EditResult(patch=p.id, file=f.path, name="create", verdict=fd.verdict, reason=fd.reason,
-                                        line=1 if fd.verdict != Verdict.DRIFTED else None, qualname=""))
+                                        reason_code=fd.code, line=1 if fd.verdict != Verdict.DRIFTED else None,
+                                        qualname=""))
             failed |= fd.verdict in FAILING
             continue
         decided: dict[str, Finding] = {}

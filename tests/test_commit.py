@@ -381,6 +381,8 @@ def test_objects_are_content_addressed_and_checked_on_read(tmp_path):
         with pytest.raises(SndrError) as exc:
             TreeRoot(root).get_object(name)
         assert exc.value.problems[0].code == code, name
+        # the recovery path, for a corrupt copy as for a missing one (the corrupt one had no hint)
+        assert exc.value.problems[0].hint == "the .sndr state was damaged; reinstall vLLM to get a pristine tree"
 
 
 # ----------------------------------------------------------------------------- salvage

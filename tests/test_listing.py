@@ -81,6 +81,14 @@ def test_cli_verdict_filter_and_kind(capsys, vllm_candidate_root):
     assert {p["id"] for p in doc["patches"]} == {"PR0001", "PR0002"}
 
 
+def test_a_filter_that_matches_nothing_says_so_in_its_summary(capsys, vllm_candidate_root):
+    """``list --tree T --verdict conflict`` with no match printed the summary "0 patch(es): ; " (two empty
+    lists); now one plain line."""
+    assert sndr_main(["list", "--tree", str(vllm_candidate_root), "--verdict", "conflict"]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last == "0 patch(es) with verdict conflict", last
+
+
 def test_cli_usage_errors(capsys):
     assert sndr_main(["list", "--verdict", "merged"]) == 2
     assert "--verdict needs --tree" in capsys.readouterr().err

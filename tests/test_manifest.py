@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,43 @@ def test_check_catches_a_moved_pin(patches, pin_subtree, tmp_path, capsys):
     assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 1
     err = capsys.readouterr().err
     assert "tree digest" in err and "PT0001.clamp" in err and f"{COORD}: pristine sha256" in err
+
+
+def test_check_prints_a_rebuild_command_that_fixes_the_checked_manifest(patches, pin_subtree, tmp_path, capsys):
+    """``check --patches P --anchors A`` said "missing; run: python -m sndr manifest build --tree T" (and
+    "stale; rebuild with: ..." alike): run as printed, that builds the *shipped* set's manifest into the
+    shipped anchors/ (refused on an installed sndr), and the checked manifest stays missing or stale. The
+    command now carries --patches and --out; run as printed, the next check passes."""
+    site = pin_subtree([COORD, POOL])
+    anchors = tmp_path / "anchors"
+    for state in ("missing", "stale"):
+        if state == "stale":
+            f = patches / "PT0001-clamp.toml"
+            f.write_text(f.read_text().replace("min(hit_length, max_cache_hit_length)", "min(hit_length, 1 << 30)"))
+        capsys.readouterr()
+        assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 1
+        line = next(x for x in capsys.readouterr().err.splitlines() if f": {state}" in x)
+        argv = shlex.split(line.split("python -m sndr ", 1)[1])
+        assert argv[:2] == ["manifest", "build"], line
+        assert argv[argv.index("--patches") + 1] == str(patches), line
+        assert argv[argv.index("--out") + 1] == str(anchors / f"vllm-{PIN}.json"), line
+        assert sndr_main(argv) == 0
+        assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+
+
+def test_build_out_dash_is_stdout_not_a_directory_named_dash(patches, pin_subtree, tmp_path, monkeypatch, capsys):
+    """``manifest build --out -`` made a directory named ``-`` in the working directory and wrote
+    ``-/vllm-0.32.0.json`` into it; ``-`` is stdout for every output of every command (``sndr.cli.write_output``).
+    Now stdout holds the manifest, byte for byte the file ``--out FILE.json`` writes, and nothing else."""
+    site = pin_subtree([COORD, POOL])
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", "-") == 0
+    got = capsys.readouterr()
+    assert not (tmp_path / "-").exists()
+    assert json.loads(got.out)["vllm_version"] == PIN and "wrote" not in got.out
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", tmp_path / "m.json") == 0
+    assert (tmp_path / "m.json").read_text() == got.out
 
 
 def test_check_missing_manifest_for_tree(patches, tmp_path, capsys):

@@ -59,7 +59,29 @@ def _fast_eligible(args: argparse.Namespace) -> bool:
                                       or args.allow_empty or args.json or args.verbose)
 
 
+#: Options a mode never reads, and why: refused rather than silently ignored (``--revert --only X`` used to
+#: revert every file of the set).
+_UNUSED = {
+    "revert": {"only": "revert restores every file the ledger holds; to drop some patches, apply the set without "
+                       "them (SNDR_ENABLE_<ID>=0, or --only the others)",
+               "keep_going": "revert reads no patch set", "profile": "revert reads no patch set",
+               "allow_empty": "revert reads no patch set"},
+    "verify": {"force": "verify never writes", "keep_going": "verify checks the set the ledger holds; what apply "
+                                                             "left out is listed"},
+}
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    for dest, why in _UNUSED.get(_mode(args), {}).items():
+        if getattr(args, dest):
+            from ..errors import bad_input
+
+            flag = "--" + dest.replace("_", "-")
+            raise bad_input("usage", f"{flag} has no effect with --{_mode(args)}", key=flag, hint=why)
+
+
 def _body(args: argparse.Namespace) -> int:
+    _refuse_unused(args)
     if not _fast_eligible(args):
         return _full(args)
     from ..startup import verify

@@ -31,6 +31,11 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
 
     def body() -> int:
+        if str(args.out) == "-":  # '-' is stdout for every output; an import writes several files
+            from ..errors import bad_input
+
+            raise bad_input("usage", "--to - : an import writes one patch file per member and its report, so it "
+                            "needs a directory, not stdout", key="--to", hint="e.g. --to patches/")
         if args.json:  # before any work and any engine import: a refused output path changes nothing
             check_output(args.json, "--json")
         from ..upstream.series import run_import

@@ -28,8 +28,22 @@ def run(args: argparse.Namespace) -> int:
     from ..cli import run as boundary
 
     def body() -> int:
-        if args.json:
-            check_output(args.json, "--json")  # before any work (--prune deletes records) and any engine import
+        if args.json == "-" and args.prometheus == "-":
+            from ..errors import bad_input
+
+            raise bad_input("stdout_conflict", "--json - and --prometheus - would both write to stdout",
+                            key="--prometheus", hint="send one of them to a file")
+        for flag in ("json", "prometheus"):  # before any work (--prune deletes records) and any engine import
+            if getattr(args, flag):
+                check_output(getattr(args, flag), f"--{flag}")
+        if args.prometheus:
+            try:
+                import prometheus_client  # noqa: F401 - the textfile's writer; its absence is bad input, said now
+            except ImportError:
+                from ..errors import bad_input
+
+                raise bad_input("extra_missing", "--prometheus needs prometheus_client", key="--prometheus",
+                                hint="pip install prometheus-client") from None
         from ..startup.hook import run_status
 
         return run_status(args)

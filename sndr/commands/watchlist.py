@@ -17,9 +17,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand that is not given --watchlist leaves the one given before it (`watchlist --watchlist
     # X lint`) in place; a default of None there overwrote it, and the default watchlist was linted instead.
-    common.add_argument("--watchlist", metavar="PATH", default=argparse.SUPPRESS,
-                        help="watchlist file (default: patches/watchlist.yaml)")
-    ap.add_argument("--watchlist", metavar="PATH", help="watchlist file (default: patches/watchlist.yaml)")
+    where = "watchlist file (default: watchlist.yaml of the patch directory: $SNDR_PATCHES, else the shipped set)"
+    common.add_argument("--watchlist", metavar="PATH", default=argparse.SUPPRESS, help=where)
+    ap.add_argument("--watchlist", metavar="PATH", help=where)
     sub = ap.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("lint", parents=[common],
                         help="flag unknown patches, contradictions, duplicates, retired patches")
@@ -84,6 +84,10 @@ def _body(args: argparse.Namespace) -> int:
         return EXIT_OK
     path = Path(args.watchlist) if args.watchlist else default_watchlist_path()
     if args.cmd == "set":
+        if not args.dry_run:  # an installed sndr's shipped watchlist: a reinstall would lose the edit
+            from ..env import refuse_shipped_write
+
+            refuse_shipped_write(path, flag="--watchlist PATH")
         text = read_text_file(path, "watchlist")
         loaded = parse_watchlist(text, str(path))
         section, _ = find_row(loaded.model, args.row, str(path))

@@ -492,8 +492,8 @@ def run_status(args) -> int:
                             hint="pip install prometheus-client") from None
     if args.json:
         write_output(args.json, status.render_json(st) + "\n", "--json")
-    if args.json != "-":  # --json - : stdout holds the JSON document only
-        print(status.render_text(st))
+    if args.json != "-":  # --json - : stdout holds the JSON document only; --prometheus - : the gauges only
+        print(status.render_text(st), file=sys.stderr if args.prometheus == "-" else sys.stdout)
     return 0 if st.ok else 1
 
 
@@ -536,9 +536,25 @@ def run_hook(action: str, site: str | None, python: str | None) -> int:
                         key="--python", hint="install sndr into that environment first (pip install sndr)")
     atomic_write(path, PTH_TEXT.encode(), mode=0o644)
     print(f"installed {path}")
+    if not _site_has_sndr(site):
+        print(f"note: {site} holds no sndr package: every interpreter of that environment imports sndr at start "
+              "through this .pth; install sndr there (pip install sndr), or they print an import error and run "
+              "vLLM unpatched, which SNDR_STRICT=1 cannot stop", file=sys.stderr)
     if os.path.exists(statemod.state_path(site, statemod.LEDGER)):
         print(f"note: {site} is patched on disk (it has a ledger); the hook stays inert there")
     return 0
+
+
+def _site_has_sndr(site: str) -> bool:
+    """Does ``site`` hold sndr: the package, its dist-info, or an editable install's finder/.pth?"""
+    try:
+        names = os.listdir(site)
+    except OSError:
+        return False
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this sndr's package directory
+    return os.path.dirname(here) == os.path.abspath(site) or any(
+        n == "sndr" or (n.lower().startswith("sndr-") and n.endswith((".dist-info", ".egg-info", ".egg-link")))
+        or (n.startswith("__editable__") and "sndr" in n.lower()) for n in names)
 
 
 def _python_sees_sndr(python: str) -> bool:

@@ -23,6 +23,37 @@ def norm_version(v: str) -> str:
     return v[1:] if v[:1] == "v" and v[1:2].isdigit() else v
 
 
+_TARGET_SHA = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def target_problem(v: str) -> str | None:
+    """Why ``v`` names no target (a PEP 440 version, read as :func:`norm_version` does, or a 7-40 digit
+    commit sha); None when it does."""
+    from packaging.version import InvalidVersion, Version
+
+    if _TARGET_SHA.match(v.strip()):
+        return None
+    try:
+        Version(norm_version(v))
+    except InvalidVersion:
+        return "neither a vLLM version (0.33.0, v0.33.0, vllm==0.33.0) nor a commit sha (7 to 40 hex digits)"
+    return None
+
+
+def same_target(a: str, b: str) -> bool:
+    """Do two targets name the same one: versions compared as versions (``0.33`` is ``0.33.0``), shas by
+    prefix, anything else as text."""
+    from packaging.version import InvalidVersion, Version
+
+    a, b = a.strip(), b.strip()
+    if _TARGET_SHA.match(a) and _TARGET_SHA.match(b):
+        return a.startswith(b) or b.startswith(a)
+    try:
+        return Version(norm_version(a)) == Version(norm_version(b))
+    except InvalidVersion:
+        return norm_version(a) == norm_version(b)
+
+
 @dataclass
 class PinGate:
     name: str

@@ -37,8 +37,8 @@ from pydantic import ValidationError
 from ..errors import EXIT_FINDINGS, EXIT_OK, bad_input
 from ..pinrecord import PinRecord, default_pin_path, read_pin, writable_pin_path
 from .decisions import DECISIONS_NAME, Decisions, load_decisions
-from .gates import PinGate, benchmark_ref_problem, norm_version
-from .report import QUEUED, QueueReport
+from .gates import PinGate, benchmark_ref_problem, norm_version, same_target
+from .report import QUEUED, DeviationHit, QueueReport
 
 __all__ = ["advance", "gate_benchmark", "gate_deviations", "gate_manifest", "gate_preflight", "gate_queue", "run_pin"]
 
@@ -139,13 +139,13 @@ FAILING_VERDICTS = ("drifted", "ambiguous", "file_missing", "conflict")
 def rebuild_hint(path: Path, to: str, patch_set=None) -> str:
     """The command that rebuilds the manifest ``path`` of ``to`` (``python -m sndr manifest build``)."""
     from ..env import is_shipped_data
+    from ..manifest import build_command
 
     tree = f"git:REPO@{to}" if _SHA_RE.match(to) else f"vllm=={norm_version(to)}"
     pdir = getattr(patch_set, "directory", None)
-    cmd = f"python -m sndr manifest build --tree {tree}{' --patches ' + str(pdir) if pdir else ''}"
     if is_shipped_data(path):  # an installed sndr's anchors: manifest build refuses to write there
-        return f"{cmd} --out {path.name}, then pass --manifest {path.name} to pin advance"
-    return f"{cmd} --out {path}"
+        return f"{build_command(tree, pdir, path.name)}, then pass --manifest {path.name} to pin advance"
+    return build_command(tree, pdir, path)
 
 
 def _manifest_failures(data: dict) -> list[str]:
@@ -258,18 +258,48 @@ def gate_queue(rep: QueueReport | None, to: str, decisions: Decisions, patch_set
                 else "no queued commit left")
 
 
-def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> PinGate:
-    """Every deviation the range touches is reviewed for ``to`` or dropped."""
+def _late_deviations(rep: QueueReport, decisions: Decisions,
+                     patch_files: dict[str, list[str]]) -> tuple[list[DeviationHit], list[str]]:
+    """The deviations recorded after ``rep`` was planned (not among the ones it checked): (hits on the files
+    its commits change, ids the queue cannot judge because they live outside its mirrored surface)."""
+    from .queue import Surface
+
+    known = {h.patch for h in rep.deviations} | set(rep.deviations_checked or [])
+    surface = Surface(set(rep.surface.files), list(rep.surface.globs))
+    hits: list[DeviationHit] = []
+    unknown: list[str] = []
+    for dev in decisions.deviations:
+        if dev.patch in known:
+            continue
+        paths = list(dev.paths) or list(patch_files.get(dev.patch, []))
+        touched = [e.sha for e in rep.commits if any(f.path in paths or f.old_path in paths for f in e.files)]
+        if touched:
+            hits.append(DeviationHit(patch=dev.patch, upstream=dev.upstream, why=dev.why, paths=paths,
+                                     touched_by=touched, discharge=dev.discharge, reviewed=dev.reviewed))
+        elif any(not surface.matches(p) for p in paths):
+            unknown.append(dev.patch)
+    return hits, unknown
+
+
+def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions,
+                    patch_files: dict[str, list[str]] | None = None) -> PinGate:
+    """Every deviation the range touches is reviewed for ``to`` or dropped: the queue's hits, and the
+    deviations recorded after it was planned, judged on the files its commits change (``patch_files``:
+    patch id -> files, for deviations that do not list their paths)."""
     if rep is None:
         return PinGate("deviations", False, "no queue report given (--queue)")
+    late, unknown = _late_deviations(rep, decisions, patch_files or {})
+    if unknown:
+        return PinGate("deviations", False, f"{len(unknown)} deviation(s) recorded after the queue was planned "
+                       f"live outside its mirrored surface ({', '.join(unknown)}): the queue cannot say whether "
+                       "the range touches them; re-run `sync plan` for the queue")
     stale = []
-    for hit in rep.deviations:
+    for hit in [*rep.deviations, *late]:
         dev = decisions.deviation(hit.patch)
         if dev is None:
             continue  # dropped: discharged or no longer a deviation
         r = dev.reviewed
-        if r and (norm_version(r) == norm_version(to) or (_SHA_RE.match(r) and _SHA_RE.match(to)
-                                                            and (to.startswith(r) or r.startswith(to)))):
+        if r and same_target(r, to):
             continue
         dis = f"; its discharge {hit.discharge_in_range[:10]} is in range: drop it if it is discharged" \
             if hit.discharge_in_range else ""
@@ -279,8 +309,9 @@ def gate_deviations(rep: QueueReport | None, to: str, decisions: Decisions) -> P
     if stale:
         return PinGate("deviations", False, f"{len(stale)} deviation(s) not updated for {to}: " + "; ".join(stale)
                     + f" (run `sync deviation PATCH --reviewed {to}` after checking each)")
-    return PinGate("deviations", True, f"{len(rep.deviations)} touched deviation(s), all reviewed for {to} or dropped"
-                if rep.deviations else "the range touches no deviation")
+    n = len(rep.deviations) + len(late)
+    return PinGate("deviations", True, f"{n} touched deviation(s), all reviewed for {to} or dropped"
+                   if n else "the range touches no deviation")
 
 
 def gate_benchmark(path: Path | None, preflight: Path | None, waived: str | None = None) -> PinGate:
@@ -340,7 +371,8 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
         decisions = load_decisions(decisions).model
     rep = load_queue(Path(queue)) if queue is not None else None
     gates.append(gate_queue(rep, to, decisions, patch_set))
-    gates.append(gate_deviations(rep, to, decisions))
+    gates.append(gate_deviations(rep, to, decisions, {p.id: [f.path for f in getattr(p, "files", []) or []]
+                                                      for p in getattr(patch_set, "patches", [])}))
     gates.append(gate_benchmark(Path(benchmark) if benchmark is not None else None,
                                 Path(preflight) if preflight is not None else None, benchmark_waived))
     from .perfgate import gate_performance  # imported when advance runs (pin show never needs it)

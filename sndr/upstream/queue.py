@@ -449,6 +449,7 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
     # kept decisions and deviations
     stale: list[str] = []
     hits: list[DeviationHit] = []
+    checked = [d.patch for d in decisions.deviations] if decisions is not None else []
     if decisions is not None:
         for d in decisions.decisions:
             matched = [e for e in entries if d.matches(e.sha)]
@@ -488,7 +489,7 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
                        decisions_file=decisions_file, counts=counts, waves=waves, commits=entries,
                        merges_skipped=rng.merges,
                        selected=sorted(entries[i].sha for i in selected_idx) if selected_idx is not None else None,
-                       deviations=hits, stale_decisions=stale, findings=[p.to_json() for p in findings],
+                       deviations=hits, deviations_checked=checked, stale_decisions=stale, findings=[p.to_json() for p in findings],
                        warnings=warnings)
 
 

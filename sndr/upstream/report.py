@@ -100,6 +100,9 @@ class QueueReport(BaseModel):
     merges_skipped: list[str] = Field(default_factory=list)
     selected: list[str] | None = None
     deviations: list[DeviationHit] = Field(default_factory=list)
+    deviations_checked: list[str] | None = Field(default=None, description="patch ids of every deviation the "
+                                                 "plan checked against the range (touched or not); `pin advance` "
+                                                 "checks the ones recorded later itself")
     stale_decisions: list[str] = Field(default_factory=list, description="decided shas not in this range (kept)")
     findings: list[dict] = Field(default_factory=list)
 

@@ -35,7 +35,7 @@ from .decisions import (
     set_deviation,
 )
 from .diff import Hunk, parse_hunks
-from .gates import PinGate
+from .gates import PinGate, target_problem
 from .gitio import EMPTY_TREE, CommitInfo, Git, GitFileChange
 from .judge import FUZZ_MIN_CHARS, FileResult, HunkResult, SimTree, classify_change, classify_hunk
 from .lines import LineTracker, net_zero, superseded
@@ -99,6 +99,9 @@ def run_sync(args) -> int:
         print(f"{path}: deviation {args.patch} dropped")
         return EXIT_OK
     paths = [p.strip() for p in args.paths.split(",") if p.strip()] if args.paths else None
+    if args.reviewed is not None and (why := target_problem(args.reviewed)) is not None:
+        raise bad_input("usage", f"--reviewed {args.reviewed!r}: {why}", key="reviewed",
+                        hint="the target the deviation was reviewed for, as pin advance --to names it")
     if not args.allow_unknown:
         _check_patch_id(args.patch, pdir or patches_dir(), "deviation", key="patch",
                         escape="--allow-unknown (with --paths) for a patch not written yet")

@@ -17,6 +17,30 @@ from .judge import tree_reader
 __all__ = ["check_tree"]
 
 
+def _upstream_reader(tree):
+    """A path -> text reader of what upstream shipped in ``tree``: a tree sndr patched (the pin plus the
+    local patches, as the queue wants it) is read through its ledger's pristine copies
+    (:meth:`sndr.commit.TreeRoot.pristine`), so that local backports of range commits, whose patched
+    bytes equal ``--to``'s, do not make the pin look like the target. A ledger that cannot be read
+    leaves the tree read as it is (the comparison only warns)."""
+    import os
+
+    from ..state import LEDGER, state_path
+
+    root = getattr(tree, "root", None)
+    if root is not None and os.path.isfile(state_path(root, LEDGER)):
+        from ..commit import TreeRoot
+
+        troot = TreeRoot(root)
+        try:
+            ledger = troot.read_ledger()
+        except SndrError:
+            ledger = None
+        if ledger is not None:
+            return tree_reader(troot.pristine(ledger, base=tree))
+    return tree_reader(tree)
+
+
 def _version_of_ref(git: Git, ref: str, sha: str) -> str | None:
     """The vLLM version a ref names: ``v0.32.0`` itself, else a release tag on that exact commit."""
     import re
@@ -53,9 +77,10 @@ def check_tree(git: Git, base: str, tip: str, from_ref: str, to_ref: str, tree, 
       else the pin record's): another version is refused (``tree_not_pin``);
     - none of the mirrored files ``--from`` has is in the tree: refused
       (``tree_empty``; a bare clone's or a wrong directory's symptom);
-    - its version unknown: its digest against the pin record's, and its
-      mirrored files against both ends of the range (a tree that holds
-      ``--to``'s content is the target's) give warnings;
+    - its version unknown: its digest against the pin record's gives a warning;
+    - its mirrored files, as upstream shipped them (a tree sndr patched is read
+      through its ledger's pristine copies), against both ends of the range: a
+      tree that holds ``--to``'s content is the target's, a warning;
     - ``work_tree`` (the repository's own checkout): its HEAD instead of its
       version (local patches may be committed on top of the pin): a HEAD that
       contains ``--to`` is refused, one that does not contain ``--from`` warned about.
@@ -99,8 +124,9 @@ def check_tree(git: Git, base: str, tip: str, from_ref: str, to_ref: str, tree, 
                        f"pin record's {pin_digest[:12]}: check that --tree is the pin (a patched tree differs too)")
     like_to = like_from = 0
     changed = set(git.text("diff", "--name-only", "--no-renames", base, tip).splitlines())
+    upstream = _upstream_reader(tree)
     for f in present:
-        if f not in changed or (text := read(f)) is None:
+        if f not in changed or (text := upstream(f)) is None:
             continue
         pre, post = git.blob(base, f), git.blob(tip, f)
         data = text.encode("utf-8", errors="surrogateescape")

@@ -439,6 +439,8 @@ def run_vendor(args) -> int:
     from ..cli import check_output, write_output
     from ..tree import open_tree
 
+    if args.out is not None and str(args.out) == "-":  # '-' is stdout for every output: --stdout
+        args.stdout, args.out = True, None
     if args.json:
         check_output(args.json, "--json")  # before any work: a refused output path changes nothing
     if args.stdout and args.json == "-":  # --json - means stdout holds the JSON document only

@@ -159,6 +159,44 @@ def test_foreign_change_is_refused_unless_forced(tree, patch_set):
     assert b"# local hotfix" not in target.read_bytes()  # what the hint said: the change is gone
 
 
+def test_force_over_a_hand_edit_says_the_adopted_bytes_keep_sndrs_own_edit(tree, patch_set):
+    """``apply --force`` over a hand-edited patched file takes its current bytes as the new pristine: they hold
+    sndr's own edit too, so the patch then reads as merged upstream (T0004's marker is its replacement) or
+    applied, and a later revert puts back those bytes, sndr's edit included. That was silent (found by
+    hand-editing a patched envs.py, forcing, and reverting: the patch's line stayed). Now a note names the
+    file and the patch, and says what revert will do and how to get upstream's bytes back."""
+    run_apply(tree, patch_set)
+    target = tree / "vllm/v1/core/block_pool.py"
+    target.write_text(target.read_text() + "# local hotfix\n")
+    forced = run_apply(tree, patch_set, force=True)
+    assert forced.ok
+    [note] = [n for n in forced.notes if "sndr's own" in n]
+    assert "vllm/v1/core/block_pool.py" in note and "T0004" in note and "revert" in note and "reinstall" in note
+    assert run_revert(tree).ok  # what the note warns about: the adopted bytes come back, sndr's edit with them
+    text = target.read_text()
+    assert "# local hotfix" in text and "return max(0, self.free_block_queue.num_free_blocks)" in text
+
+
+def test_an_unverifiable_deletion_gets_its_own_hint_not_drifts(tree, tmp_path):
+    """A pure deletion done without sndr (no ledger) cannot be read back from the file: verify says so
+    (``deletion_unverifiable``), but its hint was drift's "re-anchor the edit (python -m sndr preflight
+    suggests where the code went)", though the anchor did not move. Now the hint says what does work."""
+    d = tmp_path / "p"
+    d.mkdir()
+    keep = "        self.prev_step_scheduled_req_ids: set[str] = set()\n"
+    gone = "        # Track requests scheduled in prior step (MRV1-only).\n"
+    q = "'''"
+    (d / "T0010-delete.toml").write_text(
+        'id = "T0010"\ntitle = "drop a comment"\n[[files]]\npath = "vllm/v1/core/sched/scheduler.py"\n'
+        f'[[files.edits]]\nname = "del"\nanchor = {q}\n{gone}{keep}{q}\nreplacement = {q}\n{keep}{q}\n')
+    target = tree / "vllm/v1/core/sched/scheduler.py"
+    target.write_text(target.read_text().replace(gone + keep, keep))  # deleted by hand: no ledger
+    report = run_verify(tree, load_patch_set(d, packs=False))
+    [p] = [p for p in report.problems if p.code == "edit_drifted"]
+    assert "cannot be told from the file alone" in p.message
+    assert p.hint and "re-anchor" not in p.hint and "merged marker" in p.hint and "sndr" in p.hint, p.hint
+
+
 def test_failed_required_edit_writes_nothing(tree, tmp_path):
     d = tmp_path / "p"
     d.mkdir()

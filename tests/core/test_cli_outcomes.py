@@ -341,3 +341,22 @@ def test_schema_json_writes_the_schema_to_file_or_stdout(tmp_path, capsys):
     assert capsys.readouterr().out == printed
     assert sndr_main(["schema", "patch", "--json", str(tmp_path / "patch.json")]) == 0
     assert capsys.readouterr().out == "" and (tmp_path / "patch.json").read_text() == printed
+
+
+def test_options_a_mode_does_not_use_are_refused_not_silently_ignored(tree, capsys):
+    """``apply --revert --only T0001`` reverted every file of the set (revert restores everything the ledger
+    holds and never read --only), without a word; --keep-going and --profile were ignored the same way, and
+    --verify took --force and --keep-going silently. Each is now a usage error naming the option and what
+    to run instead; the tree is untouched."""
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA), "-q"]) == 0
+    capsys.readouterr()
+    patched = vllm_hash(tree)
+    for argv, flag in ((["--revert", "--only", "T0001"], "--only"), (["--revert", "--keep-going"], "--keep-going"),
+                       (["--revert", "--profile", "p.toml"], "--profile"),
+                       (["--revert", "--allow-empty"], "--allow-empty"),
+                       (["--verify", "--force"], "--force"), (["--verify", "--keep-going"], "--keep-going")):
+        assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{flag} has no effect with {argv[0]}" in err and "(usage)" in err, err
+        assert vllm_hash(tree) == patched, argv
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA), "--verify", "--only", "T0001"]) in (0, 1)

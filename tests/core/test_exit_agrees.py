@@ -55,3 +55,34 @@ def test_an_interrupt_inside_the_command_is_its_last_line_and_130():
 def test_the_readme_lists_exit_130():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert re.search(r"`130`[^\n]*(Ctrl-C|interrupt)", readme), "README's exit codes must name 130 (Ctrl-C)"
+
+
+def test_under_json_dash_an_interrupt_or_an_internal_error_still_leaves_one_document():
+    """``apply --json -`` interrupted (Ctrl-C, exit 130) or stopped by a bug (exit 3) left stdout empty, so
+    a JSON reader got nothing to parse where bad input gives it one document. Both now leave one
+    (``ok`` false, ``exit_code``, ``problems`` with code ``interrupted`` / ``internal``); a command that
+    already wrote its own document is not followed by a second."""
+    import json
+
+    def run_body(body: str) -> subprocess.CompletedProcess:
+        code = textwrap.dedent("""
+            import json, sys
+            from sndr.cli import exit_with, expect_json, run, write_output
+
+            def body():
+                BODY
+
+            expect_json("-")
+            exit_with(lambda: run("sndr apply", body, on_interrupt=lambda: "nothing was written"))
+        """).replace("BODY", body)
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+    for body, rc, want in (("raise KeyboardInterrupt", 130, "interrupted"),
+                           ("raise RuntimeError('boom')", 3, "internal")):
+        proc = run_body(body)
+        assert proc.returncode == rc, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["ok"] is False and doc["exit_code"] == rc and doc["problems"][0]["code"] == want, doc
+    proc = run_body("write_output('-', json.dumps({'ok': True}) + '\\n'); raise KeyboardInterrupt")
+    assert proc.returncode == 130 and json.loads(proc.stdout) == {"ok": True}

@@ -138,3 +138,18 @@ def test_a_missing_key_points_at_its_table_an_extra_key_at_its_own_line():
     with pytest.raises(SndrError) as exc:
         parse_patch(fake, "fake.toml")
     assert {p.key: p.line for p in exc.value.problems}.get("files[0].edits[0].name") == 5
+
+
+def test_a_missing_patch_directory_from_sndr_patches_names_the_variable(tmp_path, monkeypatch):
+    """``SNDR_PATCHES=/typo python -m sndr.apply`` said "/typo: patch directory does not exist" to an operator
+    who passed no --patches: where the path came from was not said. Now the variable is named, with what to
+    do; an explicit directory keeps the plain message."""
+    monkeypatch.setenv("SNDR_PATCHES", str(tmp_path / "typo"))
+    with pytest.raises(SndrError) as exc:
+        load_patch_set()
+    [p] = exc.value.problems
+    assert p.code == "patches_dir_missing" and p.file == str(tmp_path / "typo")
+    assert p.hint and "$SNDR_PATCHES" in p.hint and "--patches" in p.hint, p.hint
+    with pytest.raises(SndrError) as exc:
+        load_patch_set(tmp_path / "typo")
+    assert exc.value.problems[0].hint is None

@@ -117,3 +117,27 @@ def test_the_shipped_set_is_named_after_its_ids():
     from sndr.load import load_patch_set
 
     assert load_patch_set(packs=False).warnings == []
+
+
+def test_patch_files_in_a_subdirectory_are_said_not_silently_left_out(tmp_path, capsys):
+    """A set split into folders (``patches/backports/PN0001-x.toml``) loaded only the top level, and the
+    folders' patches were never applied, without a word. sndr still reads the top level only (the
+    format's rule), but names every subdirectory that holds patch files, in every apply report."""
+    from hook_fixtures import make_patches, make_tree
+    from sndr.__main__ import main as sndr_main
+    from sndr.load import load_patch_set
+
+    site = make_tree(tmp_path / "site")
+    patches = make_patches(tmp_path / "patches", only=["F0001", "F0002"])
+    (patches / "backports").mkdir()
+    (patches / "F0001-answer.toml").rename(patches / "backports" / "F0001-answer.toml")
+    (patches / "_drafts").mkdir()  # '_' folders, like '_' files, are not patches: not said
+    (patches / "_drafts" / "F0003-x.toml").write_text('id = "F0003"\ntitle = "t"\n')
+    ps = load_patch_set(patches, packs=False)
+    assert [p.id for p in ps.patches] == ["F0002"]
+    [w] = ps.warnings
+    assert (w.code, w.file) == ("patch_subdir", str(patches / "backports")), w
+    assert "1 patch file(s) in this subdirectory are not read" in w.message and "F0001-answer.toml" in w.message
+    assert sndr_main(["apply", "--patches", str(patches), "--tree", str(site), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "note: " in out and "backports: 1 patch file(s) in this subdirectory are not read" in out, out

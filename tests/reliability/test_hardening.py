@@ -264,6 +264,28 @@ def test_plan_on_a_read_only_filesystem_with_no_cache_dir_writes_nothing(tmp_pat
     assert not cache.exists()
 
 
+def test_a_report_path_on_a_read_only_filesystem_is_refused_before_the_tree_is_touched(tmp_path, pin_subtree):
+    """``apply --json RO/r.json`` (RO a read-only mount) patched the tree, then failed to write the report:
+    exit 2 with "Read-only file system", the tree patched and nothing saying so. The output's directory is
+    now checked with the output, before any work (``output_refused``), as a FIFO or a symlink is."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    ro = tmp_path / "ro"
+    (ro / "sub").mkdir(parents=True)
+    if not _bind_read_only(ro):
+        pytest.skip("cannot bind-mount read-only here")
+    try:
+        before = snapshot(tree)
+        for dest in (ro / "r.json", ro / "sub" / "new" / "r.json"):
+            rc, text = _cli(tree, pdir, "--json", str(dest))
+            _assert_clean_error(rc, text, "(output_refused)", str(dest), "read-only", exit_code=2)
+            assert snapshot(tree) == before and not (tree / ".sndr").exists(), text
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
 def _bind_read_only(tree: Path) -> bool:
     if subprocess.run(["mount", "--bind", str(tree), str(tree)], capture_output=True).returncode:
         return False
@@ -360,6 +382,24 @@ def test_symlinked_target_inside_the_tree_is_refused(tmp_path, pin_subtree, how)
     _assert_clean_error(rc, text, needle, "symlink", "(symlink_refused)", exit_code=PLAN_REFUSAL)
     assert snapshot(tree) == before
     assert {p: os.readlink(p) for p in tree.rglob("*") if p.is_symlink()} == links
+
+
+def test_a_tree_whose_vllm_package_is_a_symlink_is_refused_with_the_real_directory_to_pass(tmp_path, pin_subtree):
+    """``--tree T`` where ``T/vllm`` is a symlink to the real package (a symlink farm, a store path): every
+    target resolves outside T, refused (``path_escape``). The hint said only "sndr never writes outside the
+    tree root"; it now names the directory to pass instead, and that one applies."""
+    real = pin_subtree(FILES)
+    tree = tmp_path / "linked"
+    tree.mkdir()
+    (tree / "vllm").symlink_to(real / "vllm", target_is_directory=True)
+    pdir = _patches(tmp_path, {"PB0001-x.toml": patch_text()})
+    before = snapshot(real)
+    rc, text = _cli(tree, pdir)
+    _assert_clean_error(rc, text, "(path_escape)", exit_code=2)
+    assert f"{tree}/vllm is a symlink to {real}/vllm: pass --tree {real}" in text, text
+    assert snapshot(real) == before
+    rc, text = _cli(real, pdir)
+    assert rc == 0, text
 
 
 # ----------------------------------------------------------------------------- 3. foreign writes
@@ -789,6 +829,24 @@ def test_revert_keeps_a_created_directory_that_gained_other_files(tmp_path, pin_
     assert _cli(tree, pdir, "--revert")[0] == 0
     assert (tree / "vllm/newpkg/operator.py").read_text() == "Y = 2\n"
     assert not (tree / "vllm/newpkg/mod.py").exists()
+
+
+def test_a_file_to_create_that_already_exists_gets_a_hint_about_the_file_not_an_anchor(tmp_path, pin_subtree):
+    """A ``create`` whose path already holds another file: refused, nothing written, and the hint says what
+    to do about that file. It used to be drift's hint ("re-anchor the edit (python -m sndr preflight suggests
+    where the code went)"): a create has no anchor, and the preflight has nothing to suggest for it."""
+    tree = pin_subtree(FILES)
+    text = 'id = "PB0001"\ntitle = "new module"\n\n[[files]]\npath = "vllm/newpkg/mod.py"\ncreate = """\nX = 1\n"""\n'
+    pdir = _patches(tmp_path, {"PB0001-x.toml": text})
+    (tree / "vllm/newpkg").mkdir()
+    (tree / "vllm/newpkg/mod.py").write_text("planted = 1\n")
+    before = snapshot(tree)
+    rc, out = _cli(tree, pdir)
+    _assert_clean_error(rc, out, "vllm/newpkg/mod.py", "file to create already exists with different content",
+                        exit_code=1)
+    assert "re-anchor" not in out and "preflight suggests" not in out, out
+    assert "hint: the file the patch creates is already in the tree" in out, out
+    assert snapshot(tree) == before
 
 
 @ROOT_ONLY

@@ -6,6 +6,8 @@ import json
 import os
 import stat
 
+import pytest
+
 from hook_fixtures import REPO, Box, box, out_of, replace_file  # noqa: F401 (box is a fixture)
 from sndr.__main__ import main as sndr_main
 from sndr.startup.hook import PTH_NAME, PTH_TEXT
@@ -180,6 +182,48 @@ def test_status_json_and_prune(box, capsys):
     assert box.records() == []
 
 
+def test_status_outputs_are_checked_before_prune_and_stdout_holds_one_document(box, tmp_path, capsys):
+    """``status --prune --prometheus LINK`` deleted the records, then refused the symlinked output; and
+    ``--json - --prometheus -`` wrote the gauges and the JSON document to stdout together (exit 0), while
+    ``--prometheus -`` alone mixed the gauges with the text report. Now: every output is checked before any
+    work, two stdout outputs are refused (``stdout_conflict``), and with ``--prometheus -`` stdout holds
+    the gauges only (the report goes to stderr)."""
+    pytest.importorskip("prometheus_client")
+    box.apply()
+    box.py(REGISTER)
+    records = box.records()
+    assert records
+    link = tmp_path / "sndr.prom"
+    link.symlink_to(tmp_path / "elsewhere.prom")
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prune", "--prometheus", str(link)]) == 2
+    assert "output_refused" in capsys.readouterr().err
+    assert box.records() == records and not (tmp_path / "elsewhere.prom").exists()
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--json", "-", "--prometheus", "-"]) == 2
+    out = capsys.readouterr().out
+    data = json.loads(out)  # one document: the refusal
+    assert data["ok"] is False and [p["code"] for p in data["problems"]] == ["stdout_conflict"]
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prometheus", "-"]) == 0
+    got = capsys.readouterr()
+    assert got.out.strip() and all(line.startswith(("# ", "sndr_")) for line in got.out.splitlines()), got.out
+    assert "sndr_status_ok 1.0" in got.out and "sndr status:" in got.err
+
+
+def test_status_prometheus_without_prometheus_client_is_refused_before_prune(box, tmp_path, monkeypatch, capsys):
+    """Without prometheus_client, ``status --prune --prometheus FILE`` deleted the exited processes' records
+    and only then said "--prometheus needs prometheus_client" (exit 2). Refused before any work now."""
+    import sys
+
+    box.apply()
+    box.py(REGISTER)
+    records = box.records()
+    assert records
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client -> ImportError
+    assert sndr_main(["status", "--run-dir", str(box.run_dir), "--prune", "--prometheus",
+                      str(tmp_path / "sndr.prom")]) == 2
+    assert "extra_missing" in capsys.readouterr().err
+    assert box.records() == records and not (tmp_path / "sndr.prom").exists()
+
+
 def test_hook_install_and_uninstall(tmp_path, capsys):
     site = tmp_path / "site"
     site.mkdir()
@@ -192,6 +236,24 @@ def test_hook_install_and_uninstall(tmp_path, capsys):
     assert not (site / PTH_NAME).exists()
     assert sndr_main(["hook", "uninstall", "--site", str(site)]) == 0
     assert sndr_main(["hook", "install", "--site", str(tmp_path / "missing")]) == 2
+
+
+def test_hook_install_into_a_site_without_sndr_says_so(tmp_path, capsys):
+    """``hook install --site S`` (or the default site, found through a vLLM that lives in another
+    environment) wrote the .pth into a site-packages whose interpreters cannot import sndr: each of them then
+    prints an import error at start and runs vLLM unpatched, where SNDR_STRICT=1 cannot stop it (found by
+    installing the hook from one venv for a vLLM of another). Still written (the operator may install sndr
+    next), but said; a site that holds sndr (installed, or an editable install's finder) is not."""
+    site = tmp_path / "site"
+    site.mkdir()
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {site} holds no sndr package" in err and "pip install sndr" in err, err
+    for marker in ("sndr", "sndr-0.1.0.dist-info", "__editable___sndr_0_1_0_finder.py"):
+        other = tmp_path / marker.replace(".", "_")
+        (other / marker).mkdir(parents=True)
+        assert sndr_main(["hook", "install", "--site", str(other)]) == 0
+        assert "holds no sndr package" not in capsys.readouterr().err, marker
 
 
 def test_register_never_raises_outside_a_vllm_process(tmp_path):

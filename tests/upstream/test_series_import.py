@@ -143,3 +143,20 @@ def test_cli(tmp_path, capsys):
     assert main(cmd) == 2 and "patch_exists" in capsys.readouterr().err  # never overwrites without --force
     assert main([*cmd, "--force"]) == 1 and len(list(out.glob("M*.toml"))) == 4
 
+
+
+def test_cli_to_dash_is_refused_not_a_directory_named_dash(tmp_path, monkeypatch, capsys):
+    """``import mbox SRC --to -`` made a directory ``-`` in the working directory; ``-`` is stdout for every
+    output, and an import writes several files: refused (usage, exit 2) before any work."""
+    from sndr.__main__ import main
+
+    pin = make_tree(tmp_path / "pin", PIN_FILES)
+    src = tmp_path / "series"
+    src.mkdir()
+    for name, text in series():
+        (src / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["import", "mbox", str(src), "--to", "-", "--tree", str(pin)]) == 2
+    assert "--to -" in capsys.readouterr().err
+    assert not (tmp_path / "-").exists()
+

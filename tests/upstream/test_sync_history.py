@@ -410,6 +410,60 @@ def test_deviations_are_flagged_and_gate_pin_advance(tmp_path, source):
     assert [(h.patch, h.touched_by) for h in rep.deviations] == [("PN0006", [c2])]
 
 
+def test_deviation_reviewed_takes_a_version_or_a_sha_and_matches_the_target_as_a_version(tmp_path, source, capsys):
+    """``sync deviation P --reviewed banana`` was recorded (a value no gate can ever match), and
+    ``--reviewed 0.33`` did not count for ``pin advance --to 0.33.0`` (compared as strings). Now --reviewed
+    is a PEP 440 version (``v``/``vllm==`` prefixes read as elsewhere) or a commit sha, and versions compare
+    as versions."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#57001)")
+    dfile = tmp_path / "sync-decisions.yaml"
+    args = ["sync", "deviation", "PN0005", "--why", "local", "--allow-unknown", "--paths", COORD,
+            "--decisions", str(dfile)]
+    assert sndr_main([*args, "--reviewed", "banana"]) == 2
+    assert "--reviewed 'banana'" in capsys.readouterr().err
+    assert not dfile.exists()
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    for reviewed in ("0.33", "v0.33.0", "vllm==0.33.0"):
+        assert sndr_main([*args, "--reviewed", reviewed]) == 0, capsys.readouterr().err
+        rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+                         decisions=load_decisions(dfile).model)
+        assert rep.deviations and gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok, reviewed
+        assert not gate_deviations(rep, "0.33.1", load_decisions(dfile).model).ok, reviewed
+    assert sndr_main([*args, "--reviewed", "1a2b3c4d5e"]) == 0  # a commit sha target
+
+
+def test_a_deviation_recorded_after_the_queue_was_planned_still_gates_pin_advance(tmp_path, source):
+    """The README's order (plan, then decide and record deviations, then advance): a deviation recorded
+    after ``sync plan`` is not in the queue's hits. The gate used to read only those, and passed ("the range
+    touches no deviation") with an unreviewed deviation on a file the range changes."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    c1 = repo.edit(*NO_PREFIX, "[Core] Explain the no-prefix return (#56001)")
+    repo.edit(*USAGE, "[Bugfix] Float usage (#56002)")
+    dfile = tmp_path / "sync-decisions.yaml"
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+                     decisions=load_decisions(dfile).model, patch_files={"PN0005": [COORD]})
+    assert rep.deviations == [] and gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok
+    # recorded after the plan: on the patch's file (COORD), which c1 changes
+    assert sndr_main(["sync", "deviation", "PN0005", "--why", "we probe differently", "--allow-unknown",
+                      "--paths", COORD, "--decisions", str(dfile)]) == 0
+    g = gate_deviations(rep, "0.33.0", load_decisions(dfile).model)
+    assert not g.ok and f"PN0005 touched by 1 commit(s) ({c1[:10]}), reviewed for nothing" in g.reason, g.reason
+    text = set_deviation(dfile.read_text(), "PN0005", str(dfile), reviewed="0.33.0")
+    assert gate_deviations(rep, "0.33.0", parse_decisions(text).model).ok
+    dfile.write_text(text)
+    # one on a file outside the queue's surface: the queue cannot say whether the range touches it
+    assert sndr_main(["sync", "deviation", "PN0006", "--why", "metrics", "--allow-unknown", "--paths", METRICS,
+                      "--decisions", str(dfile)]) == 0
+    g = gate_deviations(rep, "0.33.0", load_decisions(dfile).model)
+    assert not g.ok and "PN0006" in g.reason and "sync plan" in g.reason, g.reason
+    # a queue planned with both deviations knows: PN0006 untouched, PN0005 touched and reviewed
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree),
+                     decisions=load_decisions(dfile).model)
+    assert gate_deviations(rep, "0.33.0", load_decisions(dfile).model).ok
+
+
 def test_benchmark_reference_gate(tmp_path):
     pre = _pre(tmp_path)
     g = gate_benchmark(None, pre)
@@ -540,6 +594,46 @@ def test_a_tree_without_version_that_holds_the_target_is_warned_about(releases, 
     rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
                              str(wrong), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py")
     assert rc == 2 and "tree_empty" in err and "none of the" in err, err
+
+
+def _backport_patch(d: Path, pid: str, edits: list[tuple[str, str, str]]) -> None:
+    """A local backport: one patch file whose edits make upstream's changes ``(file, old, new)``."""
+    d.mkdir(exist_ok=True)
+    text = f'id = "{pid}"\ntitle = "backport"\n'
+    by_file: dict[str, list[tuple[int, str, str]]] = {}
+    for i, (rel, old, new) in enumerate(edits):
+        by_file.setdefault(rel, []).append((i, old, new))
+    for rel, rows in by_file.items():
+        text += f'\n[[files]]\npath = "{rel}"\n'
+        for i, old, new in rows:
+            text += f"\n[[files.edits]]\nname = \"e{i}\"\nanchor = '''\n{old}'''\nreplacement = '''\n{new}'''\n"
+    (d / f"{pid}-backport.toml").write_text(text)
+
+
+def test_the_pin_patched_by_sndr_with_backports_of_the_range_is_not_taken_for_the_target(releases, tmp_path,
+                                                                                          capsys):
+    """The README's setup: the pin's tree with the local patches applied, where the local patches are
+    backports of range commits. Its patched files then equal --to's, but sndr's ledger says what upstream
+    shipped there: no "looks like --to" warning (it used to fire on exactly this tree, and told the
+    operator to pass another --tree)."""
+    repo, tree, c = releases
+    pdir = tmp_path / "backports"
+    _backport_patch(pdir, "PB0001", [TOUCH_COMMENT, TOUCH_INCREMENT, NO_PREFIX])
+    _version_file(tree, "0.32.0")  # an installed pin knows its version; apply needs it
+    assert sndr_main(["apply", "--tree", str(tree), "--patches", str(pdir), "-q"]) == 0
+    capsys.readouterr()
+    rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(tree), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-")
+    data = json.loads(out)
+    assert not any("looks like --to" in w for w in data["warnings"]), data["warnings"]
+    assert "looks like --to" not in err, err
+    # the queue itself is judged on the patched tree: the backported commits are satisfied
+    assert {e["sha"]: e["disposition"] for e in data["commits"]}[c["late_pick"]] == "satisfied"
+    # the same bytes without sndr's ledger (a copy of the target's files) are still warned about
+    target = make_tree(tmp_path / "copy", tree, [BLOCK_POOL, COORD, METRICS])
+    rc, out, err = _plan_cli(capsys, "--repo", str(repo.path), "--from", "v0.32.0", "--to", "v0.33.0", "--tree",
+                             str(target), "--patches", str(pdir), "--surface", "vllm/v1/core/*.py", "--json", "-")
+    assert "looks like --to v0.33.0, not the pin: 2 mirrored file(s)" in err, err
 
 
 def test_manifest_build_on_a_target_tree_does_not_say_on_the_pin(tmp_path, source, capsys):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,28 @@ def test_pin_advance_and_manifest_build_never_write_into_the_installed_package(t
 
     assert sndr_main(["manifest", "build", "--tree", str(tmp_path), "--patches", str(installed)]) == 2
     assert "shipped_data_write" in capsys.readouterr().err
+
+
+def test_watchlist_set_never_writes_into_the_installed_package(tmp_path, installed, capsys):
+    """``watchlist set`` edited ``<site-packages>/sndr/_data/patches/watchlist.yaml`` of a pip-installed
+    sndr in place (found on a fresh ``pip install .``): a reinstall loses the edit. Refused like ``sync
+    decide`` and ``pin advance``; ``--dry-run``, ``show`` and ``lint`` still read it, and a watchlist the
+    operator keeps is edited."""
+    shutil.copy(Path(__file__).resolve().parents[2] / "patches" / "watchlist.yaml", installed / "watchlist.yaml")
+    before = (installed / "watchlist.yaml").read_bytes()
+    assert sndr_main(["watchlist", "set", "vllm#52412", "status", "merged"]) == 2
+    err = capsys.readouterr().err
+    assert "shipped_data_write" in err and "--watchlist PATH" in err, err
+    assert (installed / "watchlist.yaml").read_bytes() == before
+    assert sndr_main(["watchlist", "set", "vllm#52412", "status", "merged", "--dry-run"]) == 0
+    assert "+  status: merged" in capsys.readouterr().out
+    assert (installed / "watchlist.yaml").read_bytes() == before
+    assert sndr_main(["watchlist", "show", "vllm#52412"]) == 0
+    capsys.readouterr()
+    kept = tmp_path / "watchlist.yaml"
+    kept.write_bytes(before)
+    assert sndr_main(["watchlist", "--watchlist", str(kept), "set", "vllm#52412", "status", "merged"]) == 0
+    assert "status: merged" in kept.read_text() and (installed / "watchlist.yaml").read_bytes() == before
 
 
 # ----------------------------------------------------------------------------- 4. the small ones

@@ -724,3 +724,20 @@ def test_a_diff_naming_no_files_names_the_diff_file(tmp_path, capsys):
     assert problem["code"] == "bad_diff" and problem["file"] == str(empty), problem
     assert f"{empty} [--diff]: the diff names no files (bad_diff)" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_out_dash_is_stdout_not_a_directory_named_dash(tmp_path, monkeypatch, capsys):
+    """``vendor --out -`` made a directory ``-`` in the working directory and wrote the patch file into it;
+    ``-`` is stdout for every output. It is ``--stdout`` now (and refused with ``--json -`` alike)."""
+    import json
+
+    tree = make_tree(tmp_path / "site", PIN_FILES)
+    diff = tmp_path / "d.patch"
+    diff.write_text(unified_diff(UTILS, UTILS_NEW, "vllm/v1/core/kv_cache_utils.py"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["vendor", "--diff", str(diff), "--id", "PN0122", "--title", "t", "--tree", str(tree), "--out", "-"]
+    assert sndr_main(argv) == 0
+    assert parse_patch(capsys.readouterr().out, "stdout").id == "PN0122"
+    assert not (tmp_path / "-").exists()
+    assert sndr_main([*argv, "--json", "-"]) == 2
+    assert json.loads(capsys.readouterr().out)["problems"][0]["code"] == "stdout_conflict"
