@@ -346,9 +346,13 @@ def advance(to: str, *, preflight: Path | None, queue: Path | None, manifest: Pa
         from packaging.version import InvalidVersion, Version
 
         try:
-            Version(norm_version(to))
+            ver = Version(norm_version(to))
         except InvalidVersion:
             raise bad_input("bad_target", f"--to {to!r} is neither a PEP 440 version nor a commit sha", key="to") from None
+        if len(ver.release) < 3 and str(ver) == ".".join(map(str, ver.release)):
+            # a plain short release: 0.33 is PEP 440's 0.33.0, vLLM's spelling, which the preflight, the
+            # manifest and the queue record, and which the pin records
+            to = ".".join(map(str, ver.release + (0,) * (3 - len(ver.release))))
     target = None if dry_run else writable_pin_path(pin_path, getattr(patch_set, "directory", None))
     if target is not None:
         from ..cli import check_output

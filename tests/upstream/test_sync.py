@@ -518,6 +518,17 @@ def _empty_patches(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.mark.parametrize("to", ["0.33", "v0.33", "vllm==0.33.0", " 0.33.0 "])
+def test_pin_advance_reads_a_short_or_prefixed_version_as_the_release(tmp_path, gates_ok, to):
+    """``--to 0.33`` is PEP 440's 0.33.0: every gate compares it as that release, and the record says 0.33.0
+    (it used to fail every gate with "candidate is 0.33.0, not 0.33" and would have recorded "0.33")."""
+    pre, anchors, q = gates_ok
+    pin_file = tmp_path / PIN_FILE_NAME
+    gates, rec = advance(to, preflight=pre, queue=q, anchors_dir=anchors, pin_path=pin_file, **_kw(tmp_path))
+    assert all(g.ok for g in gates), gates
+    assert rec is not None and rec.version == "0.33.0" and read_pin(pin_file) == rec
+
+
 def test_pin_advance_refuses_a_preflight_for_another_candidate(tmp_path, gates_ok):
     pre, anchors, q = gates_ok
     pre.write_text(json.dumps({**GOOD_PREFLIGHT, "candidate": "0.34.0"}))
