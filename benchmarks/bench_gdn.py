@@ -864,18 +864,27 @@ def replay_diag(args, op):
 
 
 def ncu_cells(args, op):
-    """One launch each of sndr's fused step (its pick) and of the CUDA op per cell, inside an NVTX range
-    ``prof`` (for ``ncu --nvtx --nvtx-include prof/``); compiled and warmed up outside it."""
+    """One launch each of sndr's Triton step (its pick), of the CUDA step (the cell's routed launch shape,
+    ``cuda_step.pick_config``, then every ``--ncu-shapes`` shape) and of the CUDA op per cell, inside an NVTX
+    range ``prof`` (for ``ncu --nvtx --nvtx-include prof/``); compiled and warmed up outside it."""
     for dt, n, t in args.diag_cells:
         cell = LayerCell(n, t, dt)
         pick = kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=dt, fused_norm=True, tokens=t)
+        shapes = [cuda_step.pick_config(n, HV, V, K, dt, t)]
+        shapes += [c for c in map(parse_cuda, args.ncu_shapes) if c not in shapes]
+        shapes = [c for c in shapes if cuda_step.config_why(K, V, dt, c) is None]
         _fused_step(cell, pick)
+        for c in shapes:
+            cell.cuda(c)
         if op is not None:
             cell.op(op)
         sync()
-        log(f"ncu cell {dt} batch {n} T {t}: sndr {_label(pick)}, then the op")
+        log(f"ncu cell {dt} batch {n} T {t}: Triton step {_label(pick)}, CUDA step "
+            f"{', '.join(c.label() for c in shapes)}, then the op")
         torch.cuda.nvtx.range_push("prof")
         _fused_step(cell, pick)
+        for c in shapes:
+            cell.cuda(c)
         if op is not None:
             cell.op(op)
         sync()
@@ -912,11 +921,16 @@ def main() -> int:
                     help="only one launch of sndr's step and of the op per --diag-cells cell, in an NVTX range 'prof'")
     ap.add_argument("--diag-cells", type=str, default="fp32/256/4,fp32/256/2",
                     help="(--replay-diag, --ncu-launches) DTYPE/BATCH/T cells, comma-separated")
+    ap.add_argument("--ncu-shapes", type=str, default="",
+                    help="(--ncu-launches) CUDA-step launch shapes launched after the cell's routed one, comma-separated")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.sweep_shapes = args.sweep_shapes.split(",") if args.sweep_shapes else NORM_SWEEP
     args.cuda_shapes = args.cuda_shapes.split(",") if args.cuda_shapes else CUDA_SWEEP
     args.cuda_candidates = [c for c in args.cuda_candidates.split(",") if c]
+    args.ncu_shapes = [c for c in args.ncu_shapes.split(",") if c]
+    for sh in args.ncu_shapes:
+        parse_cuda(sh)
     for sh in args.cuda_candidates:
         parse_cuda(sh)
     for sh in args.cuda_shapes:

@@ -147,6 +147,9 @@ def main() -> int:
                          "(batch 32 T 2, batch 256 T 4); the best by summed replay/op ratio runs the table")
     ap.add_argument("--no-rand", action="store_true", help="skip the random-acceptance timing")
     ap.add_argument("--rep", type=int, default=60, help="do_bench ms per timed function")
+    ap.add_argument("--ncu", action="store_true",
+                    help="only one steady-state replay step (every token accepted) and one op call per cell, inside "
+                         "an NVTX range 'prof' (for ncu --nvtx --nvtx-include prof/); nothing timed")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     if args.cpu_smoke:
@@ -162,6 +165,12 @@ def main() -> int:
     op, op_note = bg.load_cuda_op()
     bg.log(f"device: {dl}\ncopy bandwidth (read + write): {bw:.0f} GB/s\nvLLM CUDA op: {op_note}")
     configs = parse_cfgs(args.configs) or [DEFAULT_CFG]
+    if args.ncu:
+        for dtype in [getattr(torch, x) for x in args.states.split(",")]:
+            for n in batches:
+                for t in ts:
+                    ncu_cell(ReplayCell(n, t, dtype, args.backend, configs[0]), op)
+        return 0
     target_cfgs = parse_cfgs(args.target_configs)
     rows: list[dict] = []
     probes: list[dict] = []
@@ -225,6 +234,27 @@ def main() -> int:
     rows.sort(key=lambda r: (r["state"] != "float32", r["batch"], r["T"]))  # stable: configs stay in order
     write(final=True)
     return 0
+
+
+def ncu_cell(cell: ReplayCell, op) -> None:
+    """One steady-state replay step (side entries of T tokens, every token accepted) and one op call in the NVTX
+    range ``prof``, each compiled and warmed up before it."""
+    c1 = cell.c1
+    cell.rep.invalidate(c1.idx[:, 0])
+    cell.replay_step(c1, cell.acc_all)  # compiles; leaves entries of T tokens everywhere
+    cell.replay_step(cell.c2, cell.acc_all)
+    if op is not None:
+        cell.op_step(op, cell.c2, cell.acc_all)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("prof")
+    bg.log(f"ncu replay cell {c1.state.dtype} batch {cell.n} T {cell.t}: {cell.rep.backend} step, then the op")
+    cell.replay_step(cell.c2, cell.acc_all)
+    if op is not None:
+        cell.op_step(op, cell.c2, cell.acc_all)
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
 
 
 def is_target(n: int, t: int) -> bool:
