@@ -444,17 +444,25 @@ class LayerCell:
 
         return run
 
-    def cuda(self, cfg: cuda_step.CudaConfig):
-        """The CUDA step at launch shape ``cfg``, launched directly (the sweep)."""
+    def cuda(self, cfg: cuda_step.CudaConfig, extra: dict | None = None):
+        """The CUDA step at launch shape ``cfg``, launched directly (the sweep); ``extra``: more NVRTC defines
+        (a variant of step.cu's, e.g. ``{"EARLY_QK": 0}``)."""
         steps = self.__dict__.setdefault("_cuda_steps", {})
-        step = steps.get(cfg)
+        key = (cfg, tuple(sorted((extra or {}).items())))
+        step = steps.get(key)
         spec = self.t > 1
         idx = self.idx if spec else self.idx1
         if step is None:
-            step = steps[cfg] = cuda_step.CudaStep(
-                self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.out, self.state, idx, self.gate, self.w,
-                n_req=self.n, spec=spec, scale=self.scale, norm_eps=self.eps, sigmoid_gate=False,
-                acc=self.num_acc if spec else None, cu=self.cu if spec else None, cfg=cfg)
+            plain = cuda_step.defines
+            if extra:
+                cuda_step.defines = lambda *a, **k: {**plain(*a, **k), **extra}  # type: ignore[assignment]
+            try:
+                step = steps[key] = cuda_step.CudaStep(
+                    self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.out, self.state, idx, self.gate,
+                    self.w, n_req=self.n, spec=spec, scale=self.scale, norm_eps=self.eps, sigmoid_gate=False,
+                    acc=self.num_acc if spec else None, cu=self.cu if spec else None, cfg=cfg)
+            finally:
+                cuda_step.defines = plain
         step(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.out, self.state, idx, self.gate, self.w,
              self.num_acc if spec else None, self.cu if spec else None)
         return self.out
@@ -753,7 +761,7 @@ def norm_sweep(args, bw, op):
 
 
 #: the CUDA step's launch shapes the table times in every cell (graph replay; the fastest is routed)
-CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
+CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8", "128x16x4t512m2"]
 CUDA_SWEEP = ["128x8x1t128m6", "128x8x1t128m6s", "128x8x1t64m12", "128x8x1t256m3", "64x8x1t128m8",
               "32x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
 
@@ -765,6 +773,11 @@ def parse_cuda(spec: str) -> cuda_step.CudaConfig:
         return cuda_step.CudaConfig.parse(spec)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+
+
+def _variant(shape: str) -> dict:
+    """``SHAPE:NAME=V:...`` (the sweep): step.cu's macro NAME set to V in that build, e.g. ``128x8x4t256m2:EARLY_QK=0``."""
+    return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in shape.split(":")[1:]}
 
 
 def cuda_sweep(args, bw, op):
@@ -781,7 +794,7 @@ def cuda_sweep(args, bw, op):
                 o64, st64 = cell.ref64()
                 times, errs = {}, {}
                 for shape in args.cuda_shapes:
-                    cfg = parse_cuda(shape)
+                    cfg, extra = parse_cuda(shape.split(":")[0]), _variant(shape)
                     why = cuda_step.config_why(K, V, dt, cfg)
                     if why:
                         errs[shape] = why
@@ -789,9 +802,10 @@ def cuda_sweep(args, bw, op):
                     try:
                         cell.state.copy_(s0)
                         cell.out.fill_(float("nan"))
-                        cell.cuda(cfg)
+                        cell.cuda(cfg, extra)
                         errs[shape] = max(_rel(cell.out, o64), _rel(cell.state[written], st64[written]))
-                        times[shape] = bench(lambda cfg=cfg, cell=cell: cell.cuda(cfg), True, rep=args.rep, warmup=10)
+                        times[shape] = bench(lambda cfg=cfg, cell=cell, extra=extra: cell.cuda(cfg, extra), True,
+                                             rep=args.rep, warmup=10)
                     except Exception as exc:  # noqa: BLE001 - one failing shape must not end the sweep
                         errs[shape] = f"{type(exc).__name__}: {exc}"[:200]
                 cell.state.copy_(s0)
@@ -911,6 +925,10 @@ def main() -> int:
     ap.add_argument("--bf16-state", action="store_true", help="(--triton-baselines) also a bf16 state pool")
     ap.add_argument("--max-t", type=int, default=8, help="largest T of the default-path table (the op takes <= 8)")
     ap.add_argument("--batches", type=str, default=None, help="comma-separated batches (default 1,8,32,64,256)")
+    ap.add_argument("--ts", dest="table_ts", type=str, default=None,
+                    help="comma-separated T of the default-path table (default 1,2,3,4,6,8 up to --max-t)")
+    ap.add_argument("--states", type=str, default="fp32,bf16",
+                    help="state pool dtypes of the default-path table, comma-separated (fp32, bf16)")
     ap.add_argument("--sweep-shapes", type=str, default=None,
                     help="(--norm-sweep) comma-separated BVxWARPS[n][s] launch shapes (default: NORM_SWEEP)")
     ap.add_argument("--sweep-cells", type=str, default=None,
@@ -934,7 +952,8 @@ def main() -> int:
     for sh in args.cuda_candidates:
         parse_cuda(sh)
     for sh in args.cuda_shapes:
-        parse_cuda(sh)
+        parse_cuda(sh.split(":")[0])
+        _variant(sh)
     for sh in args.sweep_shapes:
         parse_shape(sh)
     dts, sb, sts = (args.sweep_cells or "fp32,bf16/1,8,32,256/1,2,4").split("/")
@@ -952,7 +971,8 @@ def main() -> int:
     else:
         args.batches = tuple(int(x) for x in args.batches.split(",")) if args.batches else BATCHES
         args.ts, args.sweep_batches = TS, sweep_batches
-        args.default_ts = tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t)
+        args.default_ts = (tuple(int(x) for x in args.table_ts.split(",")) if args.table_ts
+                           else tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t))
         rep = args.rep
     args.out.mkdir(parents=True, exist_ok=True)
     dl = device_line()
@@ -981,7 +1001,7 @@ def main() -> int:
         result["sweep"] = sweep(args, bw)
     rows: list[dict] = []
     if not args.no_table:
-        for dt in (torch.float32, torch.bfloat16):
+        for dt in [{"fp32": torch.float32, "bf16": torch.bfloat16}[x] for x in args.states.split(",")]:
             run_default_table(args, bw, op, vl, norm, dt, rows, rep)
     result["rows"] = rows
     old_rows: list[dict] = []

@@ -14,8 +14,12 @@
 // pass's rows into registers before the current pass computes, and runs all the request's
 // tokens on each pass, storing each token's snapshot rows as they are computed. It stages
 // the head's inputs once, before the passes: q and k L2-normalised (a warp per token), decay,
-// beta, k.q, its v rows and gates, and the tokens' slots, for all TM tokens (tokens beyond TM,
-// i.e. beyond the index columns, are outside the op's contract and not computed). The gated
+// beta, k.q, its v rows, gates and norm weights, and the tokens' slots, for all TM tokens (tokens
+// beyond TM, i.e. beyond the index columns, are outside the op's contract and not computed); in
+// one-pass shapes each warp's first token's q, k, a, b and slot are loaded before the v rows and gates, so that the
+// staging costs one memory round trip after cu_seqlens (ncu, bf16 batch 32 T = 2, before this:
+// 3.0 of 13.5 cycles per issued instruction stalled at a barrier, i.e. waiting for the staging
+// warps). The gated
 // RMSNorm needs the sum of squares over the head's V outputs: each CTA keeps its rows'
 // outputs (rounded to the output dtype, as vLLM rounds them before its norm) in shared memory,
 // pushes its partial sums into every CTA of the cluster (DSMEM), and one cluster barrier later
@@ -49,6 +53,11 @@
 #define E (R * C)
 #define NA (R >= 4 ? 1 : 4 / R)
 #define KREG (R > 1)
+// a warp's first token's q, k, a, b and slot loaded before the v rows and gates (below); not with several
+// passes, whose shapes run at 64-80 registers and would spill the early values
+#ifndef EARLY_QK
+#define EARLY_QK (CH == 1)
+#endif
 
 #if CL > 1
 #define CLUSTER_ATTR __cluster_dims__(CL, 1, 1)
@@ -232,6 +241,26 @@ __device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float
     }
 }
 
+// Token t's staged inputs, loaded by one warp (lane: its K / 32 elements of q and k; a, b and the slot in
+// every lane): q and k of key head h, a and b of value head hv, and (SPEC, lane 0) index column t of request n.
+__device__ __forceinline__ void load_token(const void* x, const void* a, const void* b, const void* indices, i64 bos, int t,
+                                           int n, int h, int hv, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok, i64 s_idx_seq,
+                                           i64 s_idx_tok, int lane, float (&qv)[K / 32], float (&kv)[K / 32],
+                                           float& a_t, float& b_t, i64& sl) {
+    const i64 tok = bos + t;
+    const i64 xr = tok * s_x_tok;
+    a_t = ldf<AB_KIND>(a, tok * s_a_tok + hv);
+    b_t = ldf<AB_KIND>(b, tok * s_b_tok + hv);
+#pragma unroll
+    for (int m = 0; m < K / 32; ++m) {
+        qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
+        kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
+    }
+#if SPEC
+    sl = lane == 0 ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)t * s_idx_tok) : 0;
+#endif
+}
+
 // cluster barrier halves (sm_90): arrive (relaxed or release) and wait (acquire)
 __device__ __forceinline__ void cluster_arrive_relaxed() {
 #if CL > 1
@@ -270,6 +299,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     __shared__ __align__(16) float qn[TM][K];
     __shared__ float vn[TM][BV];
     __shared__ float gz[TM][BV];  // the gate act(z) of this CTA's rows
+    __shared__ float wn[BV];      // the norm weight of this CTA's rows
     __shared__ float on[TM][BV];  // this CTA's rows of the outputs, rounded to the output dtype
     __shared__ float sn[TM][3];   // decay, beta, k.q
     __shared__ float parts[TM][CL];  // the sums of squares of every CTA of the head (each pushes its own)
@@ -306,17 +336,34 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
     const float dtb = ldf<DT_KIND>(dt_bias, hv);
 
-    // the step's inputs: a warp per token for q and k (L2 norm), decay, beta, k.q, the token's slot
+    // the step's inputs: a warp per token for q and k (L2 norm), decay, beta, k.q, the token's slot; the CTA's
+    // v rows, gates and norm weights. With EARLY_QK a warp's first token's q, k, a, b and slot are loaded before
+    // the v rows and gates, so that all of them are in flight at once (one memory round trip after cu_seqlens,
+    // not two).
+    float qv[K / 32], kv[K / 32], a_t = 0.f, b_t = 0.f;
+    i64 sl = 0;
+    if (EARLY_QK && warp < nt) load_token(x, a, b, indices, bos, warp, n, h, hv, s_x_tok, s_a_tok, s_b_tok, s_idx_seq, s_idx_tok,
+                              lane, qv, kv, a_t, b_t, sl);
+    // (a lambda: with EARLY_QK it runs while the early loads are in flight, else after the token loop)
+    auto stage_rows = [&]() {
+        for (int i = tid; i < nt * BV; i += NT) {
+            const i64 tok = bos + i / BV;
+            const int r = row0 + i % BV;
+            vn[i / BV][i % BV] = ldf<X_KIND>(x, tok * s_x_tok + 2 * H * K + (i64)hv * V + r);
+            const float zz = ldf<Z_KIND>(z, tok * s_z_tok + (i64)hv * s_z_head + r);
+            const float sg = 1.f / (1.f + expf(-zz));
+            gz[i / BV][i % BV] = SIGMOID_GATE ? sg : zz * sg;
+        }
+        for (int r = tid; r < BV; r += NT) wn[r] = ldf<W_KIND>(norm_w, row0 + r);
+    };
+    if (EARLY_QK) stage_rows();
     for (int t = warp; t < nt; t += NWARPS) {
-        const i64 tok = bos + t;
-        const i64 xr = tok * s_x_tok;
-        const float a_t = ldf<AB_KIND>(a, tok * s_a_tok + hv), b_t = ldf<AB_KIND>(b, tok * s_b_tok + hv);
-        float qv[K / 32], kv[K / 32];
+        if (!EARLY_QK || t != warp)
+            load_token(x, a, b, indices, bos, t, n, h, hv, s_x_tok, s_a_tok, s_b_tok, s_idx_seq, s_idx_tok, lane, qv,
+                       kv, a_t, b_t, sl);
         float sq = 0.f, sk = 0.f;
 #pragma unroll
         for (int m = 0; m < K / 32; ++m) {
-            qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
-            kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
             sq = __fmaf_rn(qv[m], qv[m], sq);
             sk = __fmaf_rn(kv[m], kv[m], sk);
         }
@@ -338,20 +385,13 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             sn[t][1] = 1.f / (1.f + expf(-b_t));
             sn[t][2] = kq;
 #if SPEC
-            slots[t] = ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)t * s_idx_tok);
+            slots[t] = sl;
 #else
             slots[t] = slot0;
 #endif
         }
     }
-    for (int i = tid; i < nt * BV; i += NT) {
-        const i64 tok = bos + i / BV;
-        const int r = row0 + i % BV;
-        vn[i / BV][i % BV] = ldf<X_KIND>(x, tok * s_x_tok + 2 * H * K + (i64)hv * V + r);
-        const float zz = ldf<Z_KIND>(z, tok * s_z_tok + (i64)hv * s_z_head + r);
-        const float sg = 1.f / (1.f + expf(-zz));
-        gz[i / BV][i % BV] = SIGMOID_GATE ? sg : zz * sg;
-    }
+    if (!EARLY_QK) stage_rows();
     __syncthreads();
 
     // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
@@ -399,7 +439,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     __syncthreads();
     for (int i = tid; i < nt * BV; i += NT) {
         const int t = i / BV, r = i % BV;
-        const float y = on[t][r] * rstd[t] * ldf<W_KIND>(norm_w, row0 + r) * gz[t][r];
+        const float y = on[t][r] * rstd[t] * wn[r] * gz[t][r];
         stf<O_KIND>(out, (bos + t) * s_o_tok + (i64)hv * V + row0 + r, y);
     }
 }
