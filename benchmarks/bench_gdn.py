@@ -1,6 +1,7 @@
 """GDN decode / spec-verify step on one GPU: sndr's fused step (update + gated RMSNorm) vs what vLLM 0.32.0 runs by default.
 
     python benchmarks/bench_gdn.py [--norm-sweep] [--cuda-sweep] [--max-t 8] [--out DIR] [--triton-baselines [--check] [--bf16-state] [--sweep]]
+        [--states fp32,bf16] [--batches 1,8,32,64,256] [--ts 1,2,3,4,6,8] [--ncu-launches --diag-cells bf16/32/2 [--ncu-shapes ...]]
 
 Qwen3.5/3.6 35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128,
 bf16 activations as the Qwen GDN layer hands them (``mixed_qkv``, the output

@@ -14,13 +14,13 @@
 // pass's rows into registers before the current pass computes, and runs all the request's
 // tokens on each pass, storing each token's snapshot rows as they are computed. It stages
 // the head's inputs once, before the passes: q and k L2-normalised (a warp per token), decay,
-// beta, k.q, its v rows, gates and norm weights, and the tokens' slots, for all TM tokens (tokens
-// beyond TM, i.e. beyond the index columns, are outside the op's contract and not computed); in
-// one-pass shapes each warp's first token's q, k, a, b and slot are loaded before the v rows and gates, so that the
-// staging costs one memory round trip after cu_seqlens (ncu, bf16 batch 32 T = 2, before this:
-// 3.0 of 13.5 cycles per issued instruction stalled at a barrier, i.e. waiting for the staging
-// warps). The gated
-// RMSNorm needs the sum of squares over the head's V outputs: each CTA keeps its rows'
+// beta, k.q, its v rows, gates and norm weights, and the tokens' slots, for all TM tokens
+// (tokens beyond TM, i.e. beyond the index columns, are outside the op's contract and not
+// computed). In one-pass shapes (EARLY_QK) each warp's first token's q, k, a, b and slot are
+// loaded before the v rows and gates, so that the staging costs one memory round trip after
+// cu_seqlens, not two (ncu, bf16 batch 32 T = 2, before this: 3.0 of 13.5 cycles per issued
+// instruction stalled at a barrier, waiting for the staging warps; 2% faster after it). The
+// gated RMSNorm needs the sum of squares over the head's V outputs: each CTA keeps its rows'
 // outputs (rounded to the output dtype, as vLLM rounds them before its norm) in shared memory,
 // pushes its partial sums into every CTA of the cluster (DSMEM), and one cluster barrier later
 // each CTA normalises and gates its own rows. (A barrier arrival at the start, waited for just
@@ -37,7 +37,7 @@
 // streaming snapshot stores), SIGMOID_GATE, IDX64 / ACC64 / CU64 (int64 index tensors), and a
 // kind per tensor (0 float32, 1 float16, 2 bfloat16): X_KIND (mixed_qkv), AB_KIND (a, b),
 // ALOG_KIND, DT_KIND, Z_KIND (output gate), W_KIND (norm weight), O_KIND (out), S_KIND
-// (state: 0 or 2).
+// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads.
 
 #ifndef STREAM
 #define STREAM 0
