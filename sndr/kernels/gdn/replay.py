@@ -294,16 +294,13 @@ def cuda_source() -> str:
     return CUDA_SOURCE.read_text()
 
 
-#: threads of the split step's ``gdn_replay_prep`` blocks (replay.cu's PREP_NT)
-PREP_THREADS = 128
-
 #: the persistent variants of the one-kernel step (``GdnReplay(persistent=...)``), by kernel name:
 #: "l2" prefetches the next tile's state to L2 during this tile's passes, "copy" copies it into a
 #: shared-memory buffer by TMA (cp.async.bulk) during them
 PERSISTENT_KERNELS = {"l2": "gdn_replay_step_persistent", "copy": "gdn_replay_step_copy"}
-#: replay.cu's KSEL per kernel (the kernels one compile holds)
-_KSEL = {"gdn_replay_step": 0, PERSISTENT_KERNELS["l2"]: 1, PERSISTENT_KERNELS["copy"]: 2, "gdn_replay_prep": 3,
-         "gdn_replay_main": 3, "gdn_replay_materialize": 4}
+#: replay.cu's KSEL per kernel (the kernel one compile holds)
+_KSEL = {"gdn_replay_step": 0, PERSISTENT_KERNELS["l2"]: 1, PERSISTENT_KERNELS["copy"]: 2,
+         "gdn_replay_materialize": 3}
 #: shared memory one block may have on sm_90 with the opt-in attribute
 MAX_SMEM_PER_BLOCK = 227 * 1024
 
@@ -316,14 +313,6 @@ def step_smem_bytes(K: int, V: int, TM: int) -> int:
 def copy_smem_bytes(K: int, V: int, TM: int, state_bytes: int) -> int:
     """Dynamic shared memory of ``gdn_replay_step_copy``: the state buffer, its mbarrier (128 bytes), StepSmem."""
     return V * K * state_bytes + 128 + step_smem_bytes(K, V, TM)
-
-
-def cuda_smem_bytes(K: int, V: int, TM: int) -> int:
-    """Static shared memory of ``gdn_replay_step`` or ``gdn_replay_main``, the larger (replay and new
-    tokens' k, v, decay/beta; q, outputs, gates; scalars)."""
-    step = step_smem_bytes(K, V, TM)
-    main = 4 * (3 * TM * K + 4 * TM * V + 6 * TM)
-    return max(step, main)
 
 
 def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: torch.dtype, P: int,
@@ -339,7 +328,7 @@ def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: 
     if kd % 32 or kd > 256 or P & (P - 1) or P > 32 or kd % (epc * P) or nt % 32 or not 0 < nt <= 1024 \
             or R * kd // P > 64:
         return f"K = {kd}, V = {vd} with {P} lanes per row and {R} rows per thread"
-    if TM > 8 or cuda_smem_bytes(kd, vd, TM) > 48 * 1024 or num_k_heads <= 0 or hv % num_k_heads:
+    if TM > 8 or step_smem_bytes(kd, vd, TM) > 48 * 1024 or num_k_heads <= 0 or hv % num_k_heads:
         return f"TM = {TM}, K = {kd}, V = {vd}, HV = {hv}, H = {num_k_heads}"
     try:
         _cudart.nvrtc_version()
@@ -361,20 +350,17 @@ class GdnReplay:
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
                  act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool | None = None,
-                 rows_per_thread: int | None = None, split: bool = False, persistent: str | None = None):
+                 rows_per_thread: int | None = None, persistent: str | None = None):
         """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
         :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
         ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
         state row), R (rows per thread), the blocks per SM asked of its register allocator and its early L2
         prefetch of the state tile (defaults: K / 16 lanes, 2 rows (fp32 pool) or 4 (bf16), 2 blocks, prefetch
         with an fp32 pool: 16 columns x R rows of float32 per thread, each k value loaded from shared memory
-        once per token for 2 R FMAs). ``split``: the
-        step as two kernels (``gdn_replay_prep``: the dependent small loads, q/k normalisation, the side
-        writes; ``gdn_replay_main``: the state, the passes, the norm), else the one ``gdn_replay_step``;
-        both give the same bits (measured 1.06-1.23x slower on the H200: off). ``persistent``: the one-kernel
-        step on a grid of (blocks per SM) x (SMs) blocks that each run several (request, value head) tiles,
-        bringing the next tile's state in while this one's passes run: ``"l2"`` (an L2 prefetch) or
-        ``"copy"`` (a TMA copy into a shared-memory buffer); None: one tile per block. Same bits."""
+        once per token for 2 R FMAs). ``persistent``: the step on a grid of (blocks per SM) x (SMs) blocks
+        that each run several (request, value head) tiles, bringing the next tile's state in while this one's
+        passes run: ``"l2"`` (an L2 prefetch) or ``"copy"`` (a TMA copy into a shared-memory buffer); None:
+        one tile per block. Same bits."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
@@ -385,7 +371,6 @@ class GdnReplay:
         self.threads = (vd // self.R) * self.P if vd % self.R == 0 else 0
         self.min_blocks = min_blocks or (2 if self.threads <= 512 else 1)
         self.prefetch = f32 if prefetch is None else prefetch
-        self.split = split
         if persistent not in (None, *PERSISTENT_KERNELS):
             raise ValueError(f"GdnReplay: persistent must be None or one of {sorted(PERSISTENT_KERNELS)}")
         if persistent == "copy" and copy_smem_bytes(kd, vd, self.TM, state.element_size()) > MAX_SMEM_PER_BLOCK:
@@ -405,9 +390,6 @@ class GdnReplay:
             raise ValueError(f"GdnReplay: backend must be 'cuda' or 'triton', not {backend!r}")
         self.backend = backend
         self._cuda_kernels: dict[tuple, _cudart.Kernel] = {}
-        # the split step's per-(request, value head) header and the new tokens' normalised q (+ k.q)
-        self._hdr = torch.zeros(max_requests * hv * 4, dtype=torch.int32, device=state.device)
-        self._qs: torch.Tensor | None = None
         dev = state.device
         tm = self.TM
         self.side = _Side(
@@ -502,32 +484,10 @@ class GdnReplay:
         side, st = self.side, self.state
         stream = torch.cuda.current_stream(st.device).cuda_stream
         grid = idx.shape[0] * self.HV
-        if self.split:
-            n_qs = x.shape[0] * self.H * (self.K + 1)
-            if self._qs is None or self._qs.numel() < n_qs:
-                if self._qs is not None:  # a captured CUDA graph may still point at it: never freed
-                    self._retired.append(self._qs)
-                self._qs = torch.empty(max(n_qs, 1 << 16), dtype=torch.float32, device=st.device)
-            prep = self._cuda_kernel("gdn_replay_prep", kinds)
-            prep_ptrs = (x, a, b, A_log, dt_bias, out, idx, acc, cu, side.k, side.v, side.gb, side.meta, self._qs,
-                         self._hdr)
-            args: list = [ctypes.c_void_p(t.data_ptr()) for t in prep_ptrs]
-            args += [ctypes.c_float(scale), ctypes.c_int(idx.shape[1])]
-            args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), idx.stride(0),
-                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
-            prep.launch(grid, PREP_THREADS, stream, args)
-            main = self._cuda_kernel("gdn_replay_main", kinds)
-            main_ptrs = (out, st, idx, cu, z, w, side.k, side.v, side.gb, self._qs, self._hdr)
-            args = [ctypes.c_void_p(t.data_ptr()) for t in main_ptrs]
-            args += [ctypes.c_float(eps)]
-            args += [ctypes.c_longlong(v) for v in (z.stride(0), z.stride(1), st.stride(0), idx.stride(0),
-                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
-            main.launch(grid, self.threads, stream, args)
-            return
         name = PERSISTENT_KERNELS[self.persistent] if self.persistent else "gdn_replay_step"
         kern = self._cuda_kernel(name, kinds)
         ptrs = (x, a, b, A_log, dt_bias, out, st, idx, acc, cu, z, w, side.k, side.v, side.gb, side.meta)
-        args = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
+        args: list = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
         args += [ctypes.c_float(scale), ctypes.c_float(eps), ctypes.c_int(idx.shape[1])]
         args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), z.stride(0), z.stride(1),
                                                 st.stride(0), idx.stride(0), side.k.stride(0), side.v.stride(0),
