@@ -76,6 +76,41 @@ FALLBACKS: dict[str, str] = {
 }
 
 
+@triton.jit
+def _program(H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """This program's (V block, row, value head, key head) in a grid of rows x HV x V / BV (a row: a
+    request of the step, a listed slot of materialize)."""
+    pid = tl.program_id(0)
+    i_v = pid % (V // BV)
+    i_nh = pid // (V // BV)
+    i_hv = i_nh % HV
+    return i_v, i_nh // HV, i_hv, i_hv // (HV // H)
+
+
+@triton.jit
+def _side_half(side_k, side_v, side_gb, s0, half, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot, s_sg_slot,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, TM: tl.constexpr):
+    """Token 0 of half ``half`` of slot s0's side entry: k of key head i_h, v and (decay, beta) of value
+    head i_hv (token t: + t H K, + t HV V, + t HV 2)."""
+    pk = side_k + s0 * s_sk_slot + (half * TM * H + i_h) * K + o_k
+    pv = side_v + s0 * s_sv_slot + (half * TM * HV + i_hv) * V + o_v
+    pg = side_gb + s0 * s_sg_slot + (half * TM * HV + i_hv) * 2
+    return pk, pv, pg
+
+
+@triton.jit
+def _replay_token(b_h, pk, pv, pg, t, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Token t of a side entry (``_side_half``) replayed onto the state tile b_h: the step's update
+    (the order of its own token pass), no outputs."""
+    r_k = tl.load(pk + t * (H * K))
+    r_v = tl.load(pv + t * (HV * V)).to(tl.float32)
+    r_d = tl.load(pg + t * (HV * 2))
+    r_beta = tl.load(pg + t * (HV * 2) + 1)
+    hk = tl.sum(b_h * r_k[None, :], 1) * r_d
+    u = (r_v - hk) * r_beta
+    return b_h * r_d + u[:, None] * r_k[None, :]
+
+
 @triton.jit(do_not_specialize=["scale", "norm_eps"])
 def _replay_step_kernel(
     x, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w, ws, counter,
@@ -88,12 +123,7 @@ def _replay_step_kernel(
 ):
     NV: tl.constexpr = V // BV
     MW: tl.constexpr = 2 + TM  # meta row: parity, pending, TM column slots
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = _program(H, HV, V, BV)
 
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     n_tok = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -124,17 +154,10 @@ def _replay_step_kernel(
     if pending > 0:  # replay: the base is in slot s0
         b_h = tl.load(state + s0 * s_state_slot + tile).to(tl.float32)
         n_rep = tl.minimum(acc, pending)  # vLLM's acc never exceeds the last step's tokens
-        pk = side_k + s0 * s_sk_slot + (par * TM * H + i_h) * K + o_k
-        pv = side_v + s0 * s_sv_slot + (par * TM * HV + i_hv) * V + o_v
-        pg = side_gb + s0 * s_sg_slot + (par * TM * HV + i_hv) * 2
+        pk, pv, pg = _side_half(side_k, side_v, side_gb, s0, par, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot,
+                                s_sg_slot, H, HV, K, V, TM)
         for t in range(n_rep):
-            r_k = tl.load(pk + t * (H * K))
-            r_v = tl.load(pv + t * (HV * V)).to(tl.float32)
-            r_d = tl.load(pg + t * (HV * 2))
-            r_beta = tl.load(pg + t * (HV * 2) + 1)
-            hk = tl.sum(b_h * r_k[None, :], 1) * r_d
-            u = (r_v - hk) * r_beta
-            b_h = b_h * r_d + u[:, None] * r_k[None, :]
+            b_h = _replay_token(b_h, pk, pv, pg, t, H, HV, K, V)
         if ROUND_BASE:  # vLLM's snapshot of column acc - 1 is stored in the pool dtype
             b_h = b_h.to(state.dtype.element_ty).to(tl.float32)
     else:
@@ -145,9 +168,8 @@ def _replay_step_kernel(
     neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
     wpar = 1 - par
-    wk = side_k + s0 * s_sk_slot + (wpar * TM * H + i_h) * K + o_k
-    wv = side_v + s0 * s_sv_slot + (wpar * TM * HV + i_hv) * V + o_v
-    wg = side_gb + s0 * s_sg_slot + (wpar * TM * HV + i_hv) * 2
+    wk, wv, wg = _side_half(side_k, side_v, side_gb, s0, wpar, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot, s_sg_slot,
+                            H, HV, K, V, TM)
     write_k = (i_v == 0) & (i_hv % (HV // H) == 0)
     p_q = x + bos * s_x_tok + i_h * K + o_k
     p_k = x + bos * s_x_tok + H * K + i_h * K + o_k
@@ -220,14 +242,8 @@ def _materialize_kernel(state, slots, side_k, side_v, side_gb, meta, s_state_slo
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                         TM: tl.constexpr):
     """Per listed slot with a side entry: vLLM's T snapshots of that step, each to its column slot."""
-    NV: tl.constexpr = V // BV
     MW: tl.constexpr = 2 + TM
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_s = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_s, i_hv, i_h = _program(H, HV, V, BV)
     s0 = tl.load(slots + i_s).to(tl.int64)
     if s0 <= 0:
         return
@@ -240,17 +256,10 @@ def _materialize_kernel(state, slots, side_k, side_v, side_gb, meta, s_state_slo
     o_v = i_v * BV + tl.arange(0, BV)
     tile = i_hv * (V * K) + o_v[:, None] * K + o_k[None, :]
     b_h = tl.load(state + s0 * s_state_slot + tile).to(tl.float32)
-    pk = side_k + s0 * s_sk_slot + (par * TM * H + i_h) * K + o_k
-    pv = side_v + s0 * s_sv_slot + (par * TM * HV + i_hv) * V + o_v
-    pg = side_gb + s0 * s_sg_slot + (par * TM * HV + i_hv) * 2
+    pk, pv, pg = _side_half(side_k, side_v, side_gb, s0, par, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot, s_sg_slot,
+                            H, HV, K, V, TM)
     for t in range(pending):
-        r_k = tl.load(pk + t * (H * K))
-        r_v = tl.load(pv + t * (HV * V)).to(tl.float32)
-        r_d = tl.load(pg + t * (HV * 2))
-        r_beta = tl.load(pg + t * (HV * 2) + 1)
-        hk = tl.sum(b_h * r_k[None, :], 1) * r_d
-        u = (r_v - hk) * r_beta
-        b_h = b_h * r_d + u[:, None] * r_k[None, :]
+        b_h = _replay_token(b_h, pk, pv, pg, t, H, HV, K, V)
         col = tl.load(p_meta + 2 + t).to(tl.int64)
         if col > 0:
             tl.store(state + col * s_state_slot + tile, b_h.to(state.dtype.element_ty))
