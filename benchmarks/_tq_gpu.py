@@ -47,12 +47,11 @@ def clean_cold_us(run, n: int = 100, flush_mb: int = 256) -> float:
     after layers that mostly read weights.
     """
     buf = torch.ones(flush_mb * 2**20 // 4, dtype=torch.int32, device="cuda")
-    acc = torch.empty((), dtype=torch.int64, device="cuda")
     for _ in range(3):
         run()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     for a, b in ev:
-        torch.sum(buf, dtype=torch.int64, out=acc)
+        buf.sum()
         a.record()
         run()
         b.record()

@@ -576,20 +576,21 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
 def parse_cuda_cfg(name: str):
     """'ps3w8b2' (page kernel) / 's3w4b4' (warp kernel) [+ 'v<waves>'] [+ 'm<max splits>'] [+ 't<min split tokens>']
     [+ 'c<cluster size>': page kernel merging through clusters of splits] [+ 'e': L2 evict-first cache reads]
+    [+ 'g': merge in the page kernel's own cooperative grid]
     -> (CudaConfig, max_splits)."""
     import re
 
     from sndr.kernels.turboquant_k8v4 import cuda_decode
 
-    m = re.fullmatch(r"(p|)s(\d+)w(\d+)b(\d+)(?:v(\d+))?(?:m(\d+))?(?:t(\d+))?(?:c(\d+))?(e?)", name)
+    m = re.fullmatch(r"(p|)s(\d+)w(\d+)b(\d+)(?:v(\d+))?(?:m(\d+))?(?:t(\d+))?(?:c(\d+))?(e?)(g?)", name)
     if not m:
         raise SystemExit(f"bad --cuda-sweep entry {name!r} (e.g. s3w4b4, page kernel: ps3w8b2, ps3w8b2m64t64)")
-    kind, st, w, b, v, ms, mt, cl, ev = m.groups()
+    kind, st, w, b, v, ms, mt, cl, ev, gm = m.groups()
     d = cuda_decode.CudaConfig()
     cfg = cuda_decode.CudaConfig(kind="page" if kind else "warp", stages=int(st), warps=int(w),
                                  min_blocks=int(b), waves=int(v or d.waves),
                                  min_split_tokens=int(mt or d.min_split_tokens), max_splits=int(ms or d.max_splits),
-                                 cluster=int(cl or 0), evict_first=bool(ev))
+                                 cluster=int(cl or 0), evict_first=bool(ev), grid_merge=bool(gm))
     return cfg, VLLM_SPLITS
 
 

@@ -44,7 +44,9 @@ KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
 MERGE = "tq_k8v4_merge"
 MERGED = "tq_k8v4_decode_page_merged"  # page kernel with the merge folded into each sequence's last block
 CLUSTERED = "tq_k8v4_decode_page_cluster"  # page kernel merging through clusters of splits (CudaConfig.cluster)
+GRID = "tq_k8v4_decode_page_grid"  # page kernel merging in the same cooperative grid (CudaConfig.grid_merge)
 MAX_SPLITS = 128  # the merge kernel's shared weights array
+MERGE_WARPS = 8  # warps of a merge block (MW)
 TILE = 16
 WARP_STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
 LOG = logging.getLogger("sndr.kernels")
@@ -62,6 +64,7 @@ class CudaConfig:
     max_splits: int = 128  # may exceed the caller's cap (vLLM's 32): scratch is then allocated here
     cluster: int = 0  # "page" kind: > 0 merges inside the split kernel, clusters of this many splits (CL)
     evict_first: bool = False  # "page" kind: read the cache with an L2 evict-first policy (EVF)
+    grid_merge: bool = False  # "page" kind, 8 KV heads: merge in the split kernel's own cooperative grid (GM)
 
 
 def row_pitch(sp: int) -> tuple[int, int]:
@@ -208,6 +211,8 @@ def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dic
             out["CL"] = cfg.cluster
         if cfg.evict_first:
             out["EVF"] = 1
+        if cfg.grid_merge and hk == MERGE_WARPS:
+            out["GM"] = 1
     return out
 
 
@@ -227,7 +232,7 @@ def _min_blocks(cfg: CudaConfig, hk: int, g: int, d: int = 128) -> int:
 def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
     """The page kernel where the cache allows it, else the warp kernel."""
     if cfg.kind == "page" and not page_kind_ok(kv_cache):
-        return CudaConfig(**{**cfg.__dict__, "kind": "warp", "min_blocks": 4, "cluster": 0})
+        return CudaConfig(**{**cfg.__dict__, "kind": "warp", "min_blocks": 4, "cluster": 0, "grid_merge": False})
     return cfg
 
 
@@ -294,7 +299,10 @@ def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, w
 #   "triton" the Triton merge (graphs only: it costs ~30 us of CPU per launch).
 # A plan whose config asks for clusters (CudaConfig.cluster) runs "cluster" in
 # both: no merge kernel, the page kernel merges through DSMEM and per-slice
-# arrival counters (tq_k8v4_decode_page_cluster).
+# arrival counters (tq_k8v4_decode_page_cluster); one that asks for
+# grid_merge runs "grid" where the grid is one wave of 8-warp blocks: the page
+# kernel launched cooperatively, each sequence's blocks merging it after a
+# per-sequence arrival count (tq_k8v4_decode_page_grid).
 # Measured on an H200 (docs/bench-tq-decode-h200.md, --merge-probe): PDL and the
 # folded merge each slow some cell (fold: B=8 / 8K by 12-23 us), so neither ships.
 MERGE_POLICY = {"eager": "cuda", "graph": "triton"}
@@ -358,6 +366,7 @@ class LaunchPlan:
         self.merge_pdl: _cudart.Launch | None = None
         self.merged: _cudart.Launch | None = None
         self.clustered: _cudart.Launch | None = None
+        self.gridded: _cudart.Launch | None = None
         self.write_lse = lse_stride0 is not None
         if self.cuda_merge:
             mk = k.module.kernel(MERGE)
@@ -377,14 +386,23 @@ class LaunchPlan:
                 self.clustered = _cudart.Launch(ck, grid, block, _MERGED_SIG, split_vals + [
                     0, 0, 0, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype], int(self.write_lse)])
                 self.cnt_off = self.clustered.offset(len(_SPLIT_SIG))
+            if cfg.kind == "page" and cfg.grid_merge and hk == MERGE_WARPS and one_wave and not self.cluster_ok:
+                gk = k.module.kernel(GRID, k.smem)
+                if grid <= gk.blocks_per_sm(block) * sms:  # its merge's shared arrays count too
+                    self.gridded = _cudart.Launch(gk, grid, block, _MERGED_SIG, split_vals + [
+                        0, 0, 0, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype], int(self.write_lse)],
+                        cooperative=True)
+                    self.cnt_off = self.gridded.offset(len(_SPLIT_SIG))
         self.own_ws: dict[int, torch.Tensor] = {}
         self.counters: dict[int, torch.Tensor] = {}
 
     def mode(self, capturing: bool) -> str:
-        """The merge this plan runs now ("cluster", "cuda", "pdl", "fold" or "triton"): "cluster"
-        where the config asks for it and the plan could build it, else after MERGE_POLICY."""
+        """The merge this plan runs now ("cluster", "grid", "cuda", "pdl", "fold" or "triton"): "cluster"
+        or "grid" where the config asks for it and the plan could build it, else after MERGE_POLICY."""
         if self.clustered is not None:
             return "cluster"
+        if self.gridded is not None:
+            return "grid"
         want = MERGE_POLICY["graph" if capturing else "eager"]
         if want == "triton" and not capturing:
             want = "cuda"
@@ -408,14 +426,14 @@ class LaunchPlan:
         sequence, or per sequence and head slice)."""
         c = self.counters.get(stream)
         if c is None:
-            n = max(1, self.bsz * max(1, self.cfg.cluster))
+            n = max(1, self.bsz * max(2 if self.gridded is not None else 1, self.cfg.cluster))
             c = self.counters[stream] = torch.zeros(n, dtype=torch.int32, device=f"cuda:{self.device}")
         return c.data_ptr()
 
     def set_scale(self, scale: float) -> None:
         self.scale = scale
         _F32.pack_into(self.split.args, self.split.offset(6), scale * LOG2E)
-        for m in (self.merged, self.clustered):
+        for m in (self.merged, self.clustered, self.gridded):
             if m is not None:
                 _F32.pack_into(m.args, m.offset(6), scale * LOG2E)
 
@@ -426,9 +444,9 @@ class LaunchPlan:
             self.set_scale(scale)
         ml = mo + self.ml_off
         run = _cudart._LAUNCH_EX[0]
-        if mode in ("fold", "cluster"):
-            m = self.merged if mode == "fold" else self.clustered
-            assert m is not None  # mode() gives "fold" / "cluster" only where it was built
+        if mode in ("fold", "cluster", "grid"):
+            m = {"fold": self.merged, "cluster": self.clustered, "grid": self.gridded}[mode]
+            assert m is not None  # mode() gives "fold" / "cluster" / "grid" only where it was built
             _PTRS6.pack_into(m.args, 0, q, kv, bt, sl, mo, ml)
             _PTRS3.pack_into(m.args, self.cnt_off, self.counter(stream), out, lse)
             _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)

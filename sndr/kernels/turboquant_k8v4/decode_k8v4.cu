@@ -1017,23 +1017,32 @@ static __device__ __forceinline__ float block_sum(float v, float* red, int tid) 
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
-    const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
-    void* __restrict__ OUT, float* __restrict__ LSE,
-    int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+// Loads of the merge: CG = 1 through L2 only (rows written by other blocks of
+// the same grid), 0 plain (rows of an earlier kernel).
+template <bool CG> static __device__ __forceinline__ float ldm(const float* p) { return CG ? __ldcg(p) : *p; }
+template <bool CG> static __device__ __forceinline__ float4 ldm4(const float* p) {
+    return CG ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+}
+template <bool CG> static __device__ __forceinline__ float2 ldm2(const float* p) {
+    return CG ? __ldcg(reinterpret_cast<const float2*>(p)) : *reinterpret_cast<const float2*>(p);
+}
+
+// Query head h of sequence b, n_act active splits, merged by one block of MW warps.
+template <bool CG>
+static __device__ __forceinline__ void merge_block(
+    const float* __restrict__ MID_O, const float* __restrict__ MID_L, int n_act, void* __restrict__ OUT,
+    float* __restrict__ LSE, int b, int h, int HQ, int S, long long o_sb, long long o_sh, long long lse_sb,
+    int out_kind, int write_lse)
 {
     __shared__ float w[MW * 32];
     __shared__ float red[MW];
     __shared__ __align__(16) float part[MW][D];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
-    pdl_wait();
-    const int n_act = split_of(SL[b], S, min_tiles).n_act;
     const long long row0 = ((long long)b * HQ + h) * S;
 
     // every load is issued at once, before the length is known (rows past the
     // active splits hold stale values: they are selected away, never multiplied)
-    float lv = tid < S ? MID_L[row0 + tid] : NEG_INF;  // S <= 128 <= MW * 32
+    float lv = tid < S ? ldm<CG>(MID_L + row0 + tid) : NEG_INF;  // S <= 128 <= MW * 32
     const float* base = MID_O + row0 * D + lane * DPL;
     float ov[128 / MW][DPL];
 #pragma unroll
@@ -1043,12 +1052,12 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
 #pragma unroll
         for (int c = 0; c < DPL / 4; ++c) {
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (s < S) v = *reinterpret_cast<const float4*>(base + (long long)s * D + 4 * c);
+            if (s < S) v = ldm4<CG>(base + (long long)s * D + 4 * c);
             ov[i][4 * c] = v.x; ov[i][4 * c + 1] = v.y; ov[i][4 * c + 2] = v.z; ov[i][4 * c + 3] = v.w;
         }
 #else
         float2 v = make_float2(0.f, 0.f);
-        if (s < S) v = *reinterpret_cast<const float2*>(base + (long long)s * D);
+        if (s < S) v = ldm2<CG>(base + (long long)s * D);
         ov[i][0] = v.x; ov[i][1] = v.y;
 #endif
     }
@@ -1091,3 +1100,70 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
     }
     if (write_lse && tid == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
 }
+
+extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
+    const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
+    void* __restrict__ OUT, float* __restrict__ LSE,
+    int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
+    pdl_wait();
+    const int n_act = split_of(SL[b], S, min_tiles).n_act;
+    merge_block<false>(MID_O, MID_L, n_act, OUT, LSE, b, h, HQ, S, o_sb, o_sh, lse_sb, out_kind, write_lse);
+}
+
+#if PAGE_CTA && defined(GM)
+// ---------------------------------------------------------------------------
+// The page kernel with the merge in the same grid, launched cooperatively
+// (every block resident at once, or the launch fails; the plan asks for it
+// only when the grid is one wave): block (b, s) computes its split, arrives on
+// CNT[2 b], waits until all n_act splits of the sequence have arrived, then
+// merges query heads s, s + n_act, ... of sequence b with merge_block. The
+// merge is spread over the sequence's blocks as the separate merge kernel
+// spreads it, with no kernel boundary in between. The last block of the
+// sequence to finish (CNT[2 b + 1]) resets both counters for the next launch or
+// graph replay.
+static_assert(HK == MW, "grid merge: the block's KV-head warps are merge_block's MW warps");
+
+static __device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_grid(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
+    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
+    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    const int s = blockIdx.x % S, b = blockIdx.x / S;
+    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
+    const int seq_len = SL[b];
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int n_act = split.n_act;
+    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
+        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
+        return;
+    }
+    if (s >= n_act) return;
+    page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
+    int* cnt = CNT + 2 * b;  // arrivals, departures
+    __threadfence();  // this block's partials, before its arrival (release)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(cnt, 1);
+        while (ld_acquire(cnt) < n_act) __nanosleep(32);
+    }
+    __syncthreads();
+    for (int h = s; h < HQ; h += n_act)
+        merge_block<true>(MID_O, MID_L, n_act, OUT, LSE, b, h, HQ, S, o_sb, o_sh, lse_sb, out_kind, write_lse);
+    if (threadIdx.x == 0 && atomicAdd(cnt + 1, 1) == n_act - 1) {  // every block is past its wait
+        cnt[0] = 0;
+        cnt[1] = 0;
+    }
+}
+#endif  // PAGE_CTA && GM
