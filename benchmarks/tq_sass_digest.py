@@ -8,9 +8,10 @@ machine code unchanged: run it before and after and diff the output.
     diff before.txt after.txt
 
 Builds: the decode configs of ``tests/kernels/test_tq_cuda.py``'s SHAPES (page
-kernel on sm_90, warp kernel on sm_90 and sm_89) and the verify configs of
-``mtp_verify.shipped_builds()`` where that exists. Addresses and the source hash
-do not enter SASS, so equal digests mean equal instructions.
+kernel on sm_90, warp kernel on sm_90 and sm_89, shipped DEFAULT) and the verify
+configs of ``tests/kernels/test_mtp_verify.py``'s no-spill test (GRID, OTHER,
+PLANNED). Addresses and the source hash do not enter SASS, so equal digests
+mean equal instructions.
 """
 
 from __future__ import annotations
@@ -70,19 +71,26 @@ def decode_builds():
                    cuda_decode.defines(q, cache, cfg))
 
 
+def verify_builds():
+    from test_mtp_verify import GRID, OTHER, PLAN_CFGS, PLANNED  # the builds the verify no-spill test compiles
+
+    from sndr.kernels.turboquant_k8v4 import mtp_verify as mv
+    from sndr.kernels.turboquant_k8v4._layout import Layout
+
+    for d, hk, g, k, page, bf16, cfg in [s + (-1,) for s in GRID + OTHER] + PLANNED:
+        sp = hk * Layout(d).slot_size_aligned
+        c = mv.DEFAULT if cfg < 0 else PLAN_CFGS[cfg]
+        yield (f"verify d{d} hk{hk} g{g} k{k} p{page} bf16={int(bf16)} cfg{cfg} sm90", mv.source(), mv.KERNEL, "90",
+               mv.defines(hk * g, hk, d, page, sp, bf16, k + 1, c))
+
+
 def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="only builds whose label contains this")
     args = ap.parse_args(argv)
-    builds = list(decode_builds())
-    try:
-        from sndr.kernels.turboquant_k8v4 import mtp_verify
-
-        builds += list(mtp_verify.sass_builds())
-    except AttributeError:
-        pass
+    builds = list(decode_builds()) + list(verify_builds())
     for label, src, name, arch, defs in builds:
         if args.only not in label:
             continue

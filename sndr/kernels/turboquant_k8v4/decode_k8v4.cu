@@ -327,6 +327,66 @@ static __device__ __forceinline__ u32 movmatrix_t(u32 x) {
     return r;
 }
 
+// The lazy online softmax of one tile (t: this thread's scores, log2 units, masked ones -inf) and the B
+// fragments of P' = p * scale / s_run (fp16, transposed by movmatrix) for the P.V MMAs. The running
+// max is raised, with one rescale, only when a score exceeds it by TAU or a scale exceeds s_run (one
+// warp vote per tile on the common path). Shared by attend_tile and verify_k8v4.cu's tile functions.
+static __device__ __forceinline__ void softmax_tile(
+    State& st, const float (&t)[NH][4], const float (&sc)[2], const float (&zr)[2], u32 (&pb)[NH][2])
+{
+    float smax = fmaxf(sc[0], sc[1]);
+    bool need = smax > st.s_run;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
+    if (__any_sync(0xffffffffu, need)) {
+        float tmax[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
+#pragma unroll
+        for (int x = 4; x <= 16; x <<= 1) {
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
+                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
+            }
+            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
+        }
+        const float s_new = fmaxf(st.s_run, smax);
+        const float ratio = st.s_run / s_new;
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
+                const float alpha = ex2(st.m[nh][e] - m_new);
+                const float f = alpha * ratio;
+#pragma unroll
+                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+                st.sp[nh][e] *= f;
+                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
+                st.m[nh][e] = m_new;
+            }
+        }
+        st.s_run = s_new;
+        st.inv_s = 1.0f / s_new;
+    }
+
+    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);  // masked: ex2(-inf) = 0
+        st.l[nh][0] += p[0] + p[2];
+        st.l[nh][1] += p[1] + p[3];
+        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
+        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
+        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));
+        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));
+    }
+}
+
 // One tile of 16 tokens. Scores are computed transposed, S^T = K Q^T (rows =
 // tokens, n = 8 heads: no MMA row is wasted for G = 8), so this thread holds
 // tokens g, g + 8 for heads 2 t4, 2 t4 + 1; movmatrix turns P' into the B
@@ -369,61 +429,9 @@ static __device__ __forceinline__ void attend_tile(
         }
     }
 
-    // ---- lazy softmax state: one vote on the common path
-    float smax = fmaxf(sc[0], sc[1]);
-    bool need = smax > st.s_run;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh)
-        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
-    if (__any_sync(0xffffffffu, need)) {
-        float tmax[NH][2];
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
-        // the 8 lanes of a head column (g = 0..7) hold all 16 tokens of the tile
-#pragma unroll
-        for (int x = 4; x <= 16; x <<= 1) {
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) {
-                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
-                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
-            }
-            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
-        }
-        const float s_new = fmaxf(st.s_run, smax);
-        const float ratio = st.s_run / s_new;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);
-                const float alpha = ex2(st.m[nh][e] - m_new);
-                const float f = alpha * ratio;
-#pragma unroll
-                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-                st.sp[nh][e] *= f;
-                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
-                st.m[nh][e] = m_new;
-            }
-        }
-        st.s_run = s_new;
-        st.inv_s = 1.0f / s_new;
-    }
-
-    // ---- P' = p * scale / s_run in fp16, transposed into the B fragment of P@V
-    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
+    // ---- lazy softmax state, P' = p * scale / s_run in fp16, transposed into the B fragment of P@V
     u32 pb[NH][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float p[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);
-        st.l[nh][0] += p[0] + p[2];
-        st.l[nh][1] += p[1] + p[3];
-        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
-        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
-        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));  // tokens 0..7
-        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));  // tokens 8..15
-    }
+    softmax_tile(st, t, sc, zr, pb);
 
     // ---- O^T += V^T P^T: A pairs tokens (2 t4, 2 t4 + 1) and (2 t4 + 8, 2 t4 + 9);
     // m-tile 4 u + i holds byte i of word u: low nibbles in rows 0..7, high in 8..15
