@@ -320,9 +320,10 @@ _STREAM = struct.Struct("<Q")
 class LaunchPlan:
     """Everything one call shape launches, built once: the split count, the
     workspace layout and packed launches (``_cudart.Launch``) for the split
-    kernel, both merge launches, the folded kernel and (``CudaConfig.cluster``)
-    the cluster-merging kernel. A call patches the data pointers and the stream
-    and launches (:meth:`launch`).
+    kernel, both merge launches, the folded kernel and, where the config asks
+    for them, the cluster-merging (``CudaConfig.cluster``) or grid-merging
+    (``CudaConfig.grid_merge``) kernel. A call patches the data pointers and the
+    stream and launches (:meth:`launch`).
 
     The shape covers the query, cache, block-table strides, output / LSE
     strides and dtype, and the split cap; ``dispatch`` memoises plans per call
@@ -422,8 +423,9 @@ class LaunchPlan:
         return ws
 
     def counter(self, stream: int) -> int:
-        """Device address of the folded / cluster kernel's arrival counters on ``stream`` (one per
-        sequence, or per sequence and head slice)."""
+        """Device address of the folded / cluster / grid kernel's arrival counters on ``stream`` (one
+        per sequence; grid: arrivals and departures per sequence; cluster: one per sequence and head
+        slice)."""
         c = self.counters.get(stream)
         if c is None:
             n = max(1, self.bsz * max(2 if self.gridded is not None else 1, self.cfg.cluster))
@@ -445,7 +447,7 @@ class LaunchPlan:
         ml = mo + self.ml_off
         run = _cudart._LAUNCH_EX[0]
         if mode in ("fold", "cluster", "grid"):
-            m = {"fold": self.merged, "cluster": self.clustered, "grid": self.gridded}[mode]
+            m = self.merged if mode == "fold" else self.clustered if mode == "cluster" else self.gridded
             assert m is not None  # mode() gives "fold" / "cluster" / "grid" only where it was built
             _PTRS6.pack_into(m.args, 0, q, kv, bt, sl, mo, ml)
             _PTRS3.pack_into(m.args, self.cnt_off, self.counter(stream), out, lse)
