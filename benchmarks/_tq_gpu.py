@@ -36,6 +36,30 @@ def graph_time(fn) -> float:
     return triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median") * 1e3
 
 
+def clean_cold_us(run, n: int = 100, flush_mb: int = 256) -> float:
+    """Median microseconds of ``run()`` (event-timed) after an L2 flush that leaves only clean lines.
+
+    ``triton.testing.do_bench`` flushes the L2 by *writing* 256 MB: the timed call
+    then starts with an L2 full of dirty lines and pays their write-back (about one
+    L2 of extra DRAM traffic, some 50 MB on an H100/H200) on top of its own bytes.
+    Here the flush *reads* ``flush_mb`` MB instead (dirty lines are written back
+    during the flush, outside the timed region), which is what a decode layer sees
+    after layers that mostly read weights.
+    """
+    buf = torch.ones(flush_mb * 2**20 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        run()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for a, b in ev:
+        buf.sum()
+        a.record()
+        run()
+        b.record()
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) for a, b in ev)
+    return ts[len(ts) // 2] * 1e3
+
+
 def synthetic_cache(num_blocks: int, page: int, hk: int, d: int, gen: torch.Generator) -> torch.Tensor:
     """A k8v4 cache of random fp8 keys (small, finite) and 4-bit codes, scale 0.01, zero 0: timing only."""
     slot = Layout(d).slot_size_aligned

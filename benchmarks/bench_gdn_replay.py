@@ -1,7 +1,7 @@
 """Replayed GDN spec verify (experimental) vs vLLM 0.32.0's CUDA op, a whole verify step each.
 
     python benchmarks/bench_gdn_replay.py [--out DIR] [--batches 1,8,32,64,256] [--ts 2,3,4,5,6,7,8]
-        [--states float32,bfloat16] [--backend cuda|triton] [--configs 2x2,4x1] [--cpu-smoke]
+        [--states float32,bfloat16] [--backend cuda|triton] [--configs 8x2x2x1,-x4x-x-xcopy] [--cpu-smoke]
 
 Per cell (35B-A3B head shape: 16 key heads, 32 value heads, K = V = 128; bf16 activations
 as the Qwen GDN layer hands them, built by ``bench_gdn.LayerCell``; fp32 and bf16 state):
@@ -9,8 +9,8 @@ as the Qwen GDN layer hands them, built by ``bench_gdn.LayerCell``; fp32 and bf1
 * ``op``: ``torch.ops._C.fused_gdn_decode_post_conv_mtp`` (update + T snapshot writes +
   gated RMSNorm), loaded from the wheel's library by ``bench_gdn.load_cuda_op``;
 * ``replay``: ``replay.GdnReplay.step`` (its CUDA kernel ``replay.cu`` on the GPU, or ``--backend
-  triton``; ``--configs PxM,...``: the CUDA kernel's lanes per state row x blocks per SM, one row
-  each) in steady state (every request has a side entry of
+  triton``; ``--configs``: CUDA kernel configs ``PxRxM[xF[xG]]``, one row each, see ``--help``) in
+  steady state (every request has a side entry of
   T tokens from the previous step) with **every token accepted** (num_accepted = T: the most
   replay work), i.e. replay T tokens + base write + T new tokens + side writes + the fused norm.
 
@@ -37,11 +37,17 @@ from sndr.kernels.gdn import reference, replay  # noqa: E402
 DEV = bg.DEV
 
 
-#: a CUDA kernel config: lanes per state row, rows per thread, blocks per SM, L2 prefetch (one-kernel
-#: step), split step, persistent grid (0 none, 1 "l2", 2 "copy") (None: GdnReplay's default)
-Cfg = tuple[int | None, int | None, int | None, int | None, int | None, int | None]
-DEFAULT_CFG: Cfg = (None, None, None, None, None, None)
-PERSISTENT = {0: None, 1: "l2", 2: "copy"}
+#: a CUDA kernel config: lanes per state row, rows per thread, blocks per SM, early L2 prefetch of the
+#: block's own tile (0/1), persistent grid (GdnReplay's ``persistent``: "l2", "copy"; None: one tile per
+#: block); None in the int fields: GdnReplay's default
+Cfg = tuple[int | None, int | None, int | None, int | None, str | None]
+DEFAULT_CFG: Cfg = (None, None, None, None, None)
+#: the G field's words: the persistent variant, or none
+PERSISTENT = {"-": None, "0": None, "l2": "l2", "copy": "copy"}
+CFG_HELP = ("PxRxM[xF[xG]]: P lanes per state row, R rows per thread, M blocks per SM, F early L2 prefetch "
+            "0/1, G persistent grid: 0 (none: one tile per block), l2 or copy; '-' or a missing field: "
+            "GdnReplay's default. The split-step field of earlier commits (PxRxMxFxSxG, S 0/1, G 0/1/2) was "
+            "removed with the split step (docs/gdn-replay.md): such configs are refused, not reread")
 #: the issue's target cells (batch >= 32, T = 2 and 4): timed first, and the only ones --target-configs runs
 TARGET_TS = (2, 4)
 TARGET_MIN_BATCH = 32
@@ -51,15 +57,32 @@ PROBE_MAX_VS_OP = 2e-3
 
 
 def parse_cfgs(text: str) -> list[Cfg]:
-    """``PxRxM[xF[xS[xG]]]`` (F: early L2 prefetch 0/1; S: split step 0/1; G: persistent grid 0 none,
-    1 L2 prefetch, 2 TMA copy), comma separated; ``-`` (or a missing field): GdnReplay's default."""
+    """Comma-separated configs (``CFG_HELP``); ValueError naming the config and field for anything else."""
     out: list[Cfg] = []
     for c in text.split(","):
-        if c:
-            f: list[int | None] = [None if x == "-" else int(x) for x in c.split("x")]
-            f += [None] * (6 - len(f))
-            out.append((f[0], f[1], f[2], f[3], f[4], f[5]))
+        if not c:
+            continue
+        parts = c.split("x")
+        if len(parts) > 5:
+            raise ValueError(f"config {c!r}: {len(parts)} fields, not 5 at most ({CFG_HELP})")
+        if len(parts) == 5 and parts[4] not in PERSISTENT:
+            raise ValueError(f"config {c!r}: G is {parts[4]!r}, not one of {', '.join(PERSISTENT)} ({CFG_HELP})")
+        f: list[int | None] = []
+        for name, x in zip("PRMF", parts[:4]):
+            if x != "-" and not x.isdigit():
+                raise ValueError(f"config {c!r}: {name} is {x!r}, not '-' or a whole number ({CFG_HELP})")
+            f.append(None if x == "-" else int(x))
+        f += [None] * (4 - len(f))
+        out.append((f[0], f[1], f[2], f[3], PERSISTENT[parts[4]] if len(parts) == 5 else None))
     return out
+
+
+def cfgs_arg(text: str) -> list[Cfg]:
+    """``parse_cfgs`` as an argparse type (its message in the usage error)."""
+    try:
+        return parse_cfgs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _rel(x, ref) -> float:
@@ -77,10 +100,10 @@ class ReplayCell:
         self.new_replay(backend, cfg)
 
     def new_replay(self, backend: str | None, cfg: Cfg) -> None:
-        p, r, minb, pf, split, pers = cfg
-        kw: dict = {k: bool(v) for k, v in (("prefetch", pf), ("split", split)) if v is not None}
-        if pers is not None:
-            kw["persistent"] = PERSISTENT[pers]
+        p, r, minb, pf, pers = cfg
+        kw: dict = {"persistent": pers}
+        if pf is not None:
+            kw["prefetch"] = bool(pf)
         self.rep = replay.GdnReplay(self.c1.state, bg.H, max_tokens=max(self.t, 2), max_requests=max(self.n, 1),
                                     backend=backend, threads_per_row=p, rows_per_thread=r, min_blocks=minb, **kw)
 
@@ -133,16 +156,14 @@ def main() -> int:
     ap.add_argument("--states", type=str, default="float32,bfloat16")
     ap.add_argument("--backend", choices=("cuda", "triton"), default=None,
                     help="replay's backend (default: GdnReplay's choice, the CUDA kernel on a GPU)")
-    ap.add_argument("--configs", type=str, default="",
-                    help="CUDA kernel configs PxRxM[xF[xS[xG]]] (lanes per state row x rows per thread x blocks "
-                         "per SM [x L2 prefetch 0/1 [x split step 0/1 [x persistent grid 0/1 L2/2 copy]]]; '-': the "
-                         "default), comma separated, a row each; default: GdnReplay's")
-    ap.add_argument("--target-configs", type=str, default="",
+    ap.add_argument("--configs", type=cfgs_arg, default=[],
+                    help=f"CUDA kernel configs, comma separated, a row each; default: GdnReplay's. {CFG_HELP}")
+    ap.add_argument("--target-configs", type=cfgs_arg, default=[],
                     help="more configs (as --configs), a row each in the target cells only (batch >= 32, T 2 and 4)")
     ap.add_argument("--targets-first", action="store_true",
                     help="time the target cells first (a run cut short still has them); the table is written "
                          "after every cell either way")
-    ap.add_argument("--autotune", type=str, default="",
+    ap.add_argument("--autotune", type=cfgs_arg, default=[],
                     help="CUDA kernel configs (as --configs) timed first per state dtype on the probe cells "
                          "(batch 32 T 2, batch 256 T 4); the best by summed replay/op ratio runs the table")
     ap.add_argument("--no-rand", action="store_true", help="skip the random-acceptance timing")
@@ -164,14 +185,14 @@ def main() -> int:
     bw = bg.copy_bandwidth()
     op, op_note = bg.load_cuda_op()
     bg.log(f"device: {dl}\ncopy bandwidth (read + write): {bw:.0f} GB/s\nvLLM CUDA op: {op_note}")
-    configs = parse_cfgs(args.configs) or [DEFAULT_CFG]
+    configs = args.configs or [DEFAULT_CFG]
     if args.ncu:
         for dtype in [getattr(torch, x) for x in args.states.split(",")]:
             for n in batches:
                 for t in ts:
                     ncu_cell(ReplayCell(n, t, dtype, args.backend, configs[0]), op)
         return 0
-    target_cfgs = parse_cfgs(args.target_configs)
+    target_cfgs = args.target_configs
     rows: list[dict] = []
     probes: list[dict] = []
     tuned: dict = {}
@@ -194,7 +215,7 @@ def main() -> int:
             for n, t in ((1, 2),) if args.cpu_smoke else ((32, 2), (256, 4)):
                 cell = ReplayCell(n, t, dtype, args.backend)
                 op_us = None
-                for cfg in parse_cfgs(args.autotune):
+                for cfg in args.autotune:
                     cell.new_replay(args.backend, cfg)
                     row = one_row(cell, op, op_us, bw, 25, True)
                     op_us = row.get("op_graph")
@@ -271,16 +292,16 @@ def one_row(cell: ReplayCell, op, op_us, bw: float, rep: int, no_rand: bool) -> 
            "op_bound_us": (1 + t) * sb / (bw * 1e9) * 1e6, "replay_bound_us": (2 * sb + side) / (bw * 1e9) * 1e6,
            "backend": r.backend,
            "config": (f"P={r.P} R={r.R} minb={r.min_blocks}"
-                      + (" split" if r.split else f" persistent-{r.persistent}" if r.persistent else " one-kernel")
-                      + ("" if r.prefetch or r.split or r.persistent == "l2" else " no-prefetch")
+                      + (f" persistent-{r.persistent}" if r.persistent else " one-kernel")
+                      + ("" if r.prefetch or r.persistent == "l2" else " no-prefetch")
                       if r.backend == "cuda" else f"block_v={r.block_v(n)}")}
     try:
         row["check"] = cell.check(op)
     except Exception as exc:  # noqa: BLE001 - reported in the row
         row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if r.backend == "cuda" and DEV == "cuda":
-        k = r._cuda_kernel("gdn_replay_main" if r.split else replay.PERSISTENT_KERNELS[r.persistent]
-                           if r.persistent else "gdn_replay_step", {"AB_KIND": 2, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2})
+        k = r._cuda_kernel(replay.PERSISTENT_KERNELS[r.persistent] if r.persistent else "gdn_replay_step",
+                           {"AB_KIND": 2, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2})
         row["regs"], row["spill_bytes"], row["blocks_per_sm"] = k.registers, k.spill_bytes, k.blocks_per_sm(
             r.threads)
     bg.timed(row, "replay_graph", lambda c=cell: c.replay_step(c.c2, c.acc_all), True, rep)

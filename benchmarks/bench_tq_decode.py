@@ -81,8 +81,9 @@ def log(*a):
     print(*a, flush=True)
 
 
-def bench(fn, graph: bool, rep: int = 200) -> float:
-    """Median microseconds per call; L2 flushed before each call."""
+def bench(fn, graph: bool, rep: int = 200, clean: bool = False) -> float:
+    """Median microseconds per call; L2 flushed before each call (``clean``: by a read,
+    _tq_gpu.clean_cold_us, else by do_bench's 256 MB write)."""
     if DEV == "cpu":
         t = time.perf_counter()
         fn()
@@ -101,6 +102,8 @@ def bench(fn, graph: bool, rep: int = 200) -> float:
         run = g.replay
     else:
         run = fn
+    if clean:
+        return _tq_gpu.clean_cold_us(run)
     ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
     return ms * 1e3
 
@@ -572,19 +575,22 @@ def cuda_probe(hq: int = 32, b: int = 8, ctxs=(512, 1024, 2048, 4096, 8192, 1638
 
 def parse_cuda_cfg(name: str):
     """'ps3w8b2' (page kernel) / 's3w4b4' (warp kernel) [+ 'v<waves>'] [+ 'm<max splits>'] [+ 't<min split tokens>']
+    [+ 'c<cluster size>': page kernel merging through clusters of splits] [+ 'e': L2 evict-first cache reads]
+    [+ 'g': merge in the page kernel's own cooperative grid]
     -> (CudaConfig, max_splits)."""
     import re
 
     from sndr.kernels.turboquant_k8v4 import cuda_decode
 
-    m = re.fullmatch(r"(p|)s(\d+)w(\d+)b(\d+)(?:v(\d+))?(?:m(\d+))?(?:t(\d+))?", name)
+    m = re.fullmatch(r"(p|)s(\d+)w(\d+)b(\d+)(?:v(\d+))?(?:m(\d+))?(?:t(\d+))?(?:c(\d+))?(e?)(g?)", name)
     if not m:
         raise SystemExit(f"bad --cuda-sweep entry {name!r} (e.g. s3w4b4, page kernel: ps3w8b2, ps3w8b2m64t64)")
-    kind, st, w, b, v, ms, mt = m.groups()
+    kind, st, w, b, v, ms, mt, cl, ev, gm = m.groups()
     d = cuda_decode.CudaConfig()
     cfg = cuda_decode.CudaConfig(kind="page" if kind else "warp", stages=int(st), warps=int(w),
                                  min_blocks=int(b), waves=int(v or d.waves),
-                                 min_split_tokens=int(mt or d.min_split_tokens), max_splits=int(ms or d.max_splits))
+                                 min_split_tokens=int(mt or d.min_split_tokens), max_splits=int(ms or d.max_splits),
+                                 cluster=int(cl or 0), evict_first=bool(ev), grid_merge=bool(gm))
     return cfg, VLLM_SPLITS
 
 
@@ -593,10 +599,18 @@ def cuda_sweep(cells, names) -> list:
     from sndr.kernels.turboquant_k8v4 import cuda_decode
 
     rows = []
+    floor = torch.zeros(64, device=DEV)
+    log(f"cuda-sweep floor: a graph of one tiny kernel {bench(floor.zero_, graph=True, rep=60):.1f}us "
+        f"(read-flushed L2: {bench(floor.zero_, graph=True, clean=True):.1f}us)")
     for hq in sorted({c[2] for c in cells}):
         mine = [Cell(b, ctx, h, sdpa=False) for (b, ctx, h) in cells if h == hq]
         for c in mine:
             c.ws = torch.empty(c.b * hq * VLLM_SPLITS * (D + 1), dtype=torch.float32, device=DEV)
+        c0 = mine[0]  # how much of a cell's time the flush method decides: a plain read of its cache
+        rd = lambda: torch.amax(c0.kv_cache.view(torch.int32))  # noqa: E731
+        log(f"cuda-sweep hq={hq} read-only probe B={c0.b} ctx={c0.ctx}: amax over the cache "
+            f"({c0.tq_bytes / 1e6:.1f} MB) {bench(rd, graph=True, rep=60):.1f}us after do_bench's write flush, "
+            f"{bench(rd, graph=True, clean=True):.1f}us after a read flush")
         runs = [("triton", (None, VLLM_SPLITS))] + [(n, parse_cuda_cfg(n)) for n in names]
         gate = Cell(4, 2048, hq, seed=7, sdpa=False)  # mixed lengths, partial tiles
         gate.seq_lens.copy_(torch.tensor([2048, 1, 771, 2037], dtype=torch.int32))
@@ -618,16 +632,21 @@ def cuda_sweep(cells, names) -> list:
                     log(f"cuda-sweep REJECT hq={hq} {name}: rel. error {err:.2e}")
                     continue
                 ts = [bench(lambda c=c: call(c), graph=True, rep=60) for c in mine]
+                ts_clean = [bench(lambda c=c: call(c), graph=True, clean=True) for c in mine]
                 info = f" err {err:.1e}"
                 if cfg is not None:
                     k, wps = cuda_decode.kernel_for(mine[0].query, mine[0].kv_cache, cfg)
                     info += f" regs {k.registers} spill {k.spill_bytes} warps/SM {wps}"
+                    lp = cuda_decode.launch_plan(mine[0].query, mine[0].kv_cache, mine[0].block_table, mine[0].out,
+                                                 None, max_splits, cfg)
+                    info += f" splits {lp.splits} mode {lp.mode(True)}"
             except Exception as e:  # noqa: BLE001
                 log(f"cuda-sweep FAIL hq={hq} {name}: {type(e).__name__} {str(e)[:300]}")
                 continue
             r = dict(hq=hq, name=name, **cell_times(mine, ts))
+            r["clean"] = cell_times(mine, ts_clean)
             rows.append(r)
-            log(f"cuda-sweep hq={hq} {name:10s}{info} {fmt_cells(r)}")
+            log(f"cuda-sweep hq={hq} {name:10s}{info} {fmt_cells(r)} | read-flushed L2: {fmt_cells(r['clean'])}")
             append_jsonl("cuda_sweep.jsonl", r)
         del mine
         torch.cuda.empty_cache()

@@ -284,6 +284,7 @@ _CFG_FMT = "<7I4xQQI4x"
 _CFG_STREAM = 32
 # CUlaunchAttribute: id (u32), 4 bytes of padding, a 64-byte value union.
 _ATTR_SIZE = 72
+_ATTR_COOPERATIVE = 2
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _ARG = {"p": ("Q", 8), "q": ("q", 8), "i": ("i", 4), "f": ("f", 4)}
 
@@ -298,10 +299,12 @@ class Launch:
     launches through ``cuLaunchKernelEx`` with no per-call ctypes objects.
     ``pdl``: programmatic stream serialization (sm_90), i.e. the kernel may be
     scheduled before the previous one on the stream ends and must wait for it
-    itself (``griddepcontrol.wait``).
+    itself (``griddepcontrol.wait``). ``cooperative``: every block resident at
+    once, or the launch fails (blocks of the grid may wait for each other).
     """
 
-    def __init__(self, kernel: Kernel, grid: int, block_threads: int, sig: str, values, *, pdl: bool = False):
+    def __init__(self, kernel: Kernel, grid: int, block_threads: int, sig: str, values, *, pdl: bool = False,
+                 cooperative: bool = False):
         if len(sig) != len(values):
             raise ValueError(f"{kernel.name}: {len(sig)} parameters, {len(values)} values")
         offs, pos = [], 0
@@ -318,10 +321,11 @@ class Launch:
         base = ctypes.addressof(self._args_c)
         self._params = (ctypes.c_void_p * max(1, len(sig)))(*[base + o for o in offs])
         self.params = ctypes.addressof(self._params)
-        nattr = 1 if pdl else 0
+        attrs = [a for a, on in ((_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, pdl), (_ATTR_COOPERATIVE, cooperative)) if on]
+        nattr = len(attrs)
         self._attrs = bytearray(_ATTR_SIZE * max(1, nattr))
-        if pdl:
-            struct.pack_into("<I4xi", self._attrs, 0, _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        for i, a in enumerate(attrs):
+            struct.pack_into("<I4xi", self._attrs, i * _ATTR_SIZE, a, 1)
         self._attrs_c = (ctypes.c_char * len(self._attrs)).from_buffer(self._attrs)
         self.cfg = bytearray(56)
         struct.pack_into(_CFG_FMT, self.cfg, 0, grid, 1, 1, block_threads, 1, 1, kernel.smem, 0,

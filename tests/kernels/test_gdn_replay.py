@@ -296,9 +296,9 @@ def test_cuda_kernel_compiles_for_sm90_at_the_35b_shape(state_kind, p, r, minb):
             "X_KIND": 2, "AB_KIND": 2, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2,
             "SIGMOID_GATE": 0}
     cubin = _cudart.compile_cubin(replay.cuda_source(), "gdn_replay", "90", defs, cache=False)
-    for name in (b"gdn_replay_step", b"gdn_replay_step_persistent", b"gdn_replay_step_copy", b"gdn_replay_prep",
-                 b"gdn_replay_main", b"gdn_replay_materialize"):
+    for name in (b"gdn_replay_step", b"gdn_replay_step_persistent", b"gdn_replay_step_copy", b"gdn_replay_materialize"):
         assert name in cubin
+    assert b"gdn_replay_prep" not in cubin and b"gdn_replay_main" not in cubin  # the split step is gone
 
 
 # the step kernels the benchmark times (the defaults per pool dtype, and 2 / 4 rows per thread with
@@ -344,3 +344,20 @@ def test_cuda_step_kernels_compile_without_spills(state_kind, p, r, minb, pf, tm
         assert len(usage) == 1, lines
         assert "LOCAL:0" in usage[0] and "STACK:0" in usage[0], (name, usage[0])
     assert replay.copy_smem_bytes(128, 128, tm, 4 if state_kind == 0 else 2) <= replay.MAX_SMEM_PER_BLOCK
+
+
+def test_bench_config_syntax_has_no_split_field(monkeypatch):
+    """benchmarks/bench_gdn_replay.py's ``PxRxM[xF[xG]]`` configs: the remaining fields parse to
+    GdnReplay's arguments ('-' or a missing field: its default); a config written for the removed
+    split step (a sixth field, or the old numeric G in fifth place) is refused, never reread."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_gdn_replay as bench
+
+    assert bench.parse_cfgs("8x2x2x1,-x4x-x0xcopy,8x4x2x0x0,-x-x-x-xl2,8") == [
+        (8, 2, 2, 1, None), (None, 4, None, 0, "copy"), (8, 4, 2, 0, None), (None, None, None, None, "l2"),
+        (8, None, None, None, None)]
+    assert bench.parse_cfgs("") == []
+    for bad, why in (("8x4x2x1x1", "G is '1'"), ("-x-x-x-x-x2", "6 fields"), ("8x4x2x1x0x0", "6 fields"),
+                     ("8xfourx2", "R is 'four'")):
+        with pytest.raises(ValueError, match=why):
+            bench.parse_cfgs(bad)

@@ -202,18 +202,16 @@ def _batch(n, cols, dtype, seed):
 
 
 #: the CUDA kernel configs the benchmark may pick (lanes per state row, rows per thread, blocks per SM,
-#: L2 prefetch, split step)
-CFGS = [(8, 4, 2, True, True), (8, 2, 2, True, True), (4, 2, 2, True, True), (8, 4, 2, True, False),
-        (8, 2, 2, True, False), (8, 4, 2, False, False)]
+#: L2 prefetch): run 4's one-kernel autotune candidates, the two defaults among them
+CFGS = [(8, 4, 2, True), (8, 2, 2, True), (8, 4, 2, False)]
 
 
 def _cfg_id(c):
-    return f"P{c[0]}R{c[1]}M{c[2]}{'' if c[3] else '-nopf'}{'-split' if c[4] else '-one'}"
+    return f"P{c[0]}R{c[1]}M{c[2]}{'' if c[3] else '-nopf'}"
 
 
 def _kw(cfg):
-    return {"threads_per_row": cfg[0], "rows_per_thread": cfg[1], "min_blocks": cfg[2], "prefetch": cfg[3],
-            "split": cfg[4]}
+    return {"threads_per_row": cfg[0], "rows_per_thread": cfg[1], "min_blocks": cfg[2], "prefetch": cfg[3]}
 
 
 @pytest.mark.parametrize("cfg", CFGS, ids=_cfg_id)
@@ -304,15 +302,15 @@ def test_cuda_and_triton_replay_agree(dtype):
     assert _rel(res["cuda"][1], res["triton"][1]) <= REP_SNAP_STATE[dtype]
 
 
-@pytest.mark.parametrize("variant", ["split", "copy", "l2"])
+@pytest.mark.parametrize("variant", ["copy", "l2"])
 @pytest.mark.parametrize("dtype", [torch.float32, BF])
-def test_split_and_persistent_steps_equal_the_one_kernel_step_bit_for_bit(dtype, variant):
-    """gdn_replay_prep + gdn_replay_main, or a persistent grid (48 requests: 1536 tiles, several per
-    resident block, so each block loops and brings its next tile in during this one: "copy" by TMA
-    into shared memory, "l2" by an L2 prefetch), and gdn_replay_step on the same four steps (first
-    step, partial and full acceptance, a padding row and an out-of-range count, then a third of
-    the requests invalidated: one launch mixing first-step tiles, read from a snapshot column, with
-    replayed ones): equal outputs, pools and side buffers."""
+def test_persistent_steps_equal_the_one_kernel_step_bit_for_bit(dtype, variant):
+    """A persistent grid (48 requests: 1536 tiles, several per resident block, so each block loops and
+    brings its next tile in during this one: "copy" by TMA into shared memory, "l2" by an L2
+    prefetch), and gdn_replay_step on the same four steps (first step, partial and full acceptance,
+    a padding row and an out-of-range count, then a third of the requests invalidated: one launch
+    mixing first-step tiles, read from a snapshot column, with replayed ones): equal outputs, pools
+    and side buffers."""
     n, cols = 48, 4
     pool0, idx, inputs, A_log, dt_bias, w = _batch(n, cols, dtype, 14)
     idx[3, 0] = 0  # a padding row
@@ -323,7 +321,7 @@ def test_split_and_persistent_steps_equal_the_one_kernel_step_bit_for_bit(dtype,
             (torch.arange(n, device="cuda") % cols + 1).flip(0).to(torch.int32)]
     accs[1][5] = cols + 1  # outside [1, cols]: zero outputs, no state
     steps = [inputs() for _ in accs]
-    kw = {"split": True} if variant == "split" else {"persistent": variant}
+    kw = {"persistent": variant}
     res = {}
     for on in (True, False):
         pool = pool0.clone()
@@ -335,7 +333,7 @@ def test_split_and_persistent_steps_equal_the_one_kernel_step_bit_for_bit(dtype,
             out = torch.full((n * cols, HV, V), float("nan"), dtype=BF, device="cuda")
             rep.step(x, a, b, A_log, dt_bias, idx, cu, ac, pool, z, w, out, K**-0.5, 1e-6)
             outs.append(out)
-        if on and variant != "split":  # fewer resident blocks than tiles: the blocks looped
+        if on:  # fewer resident blocks than tiles: the blocks looped
             assert 0 < max(rep._grid_cap.values()) < n * HV, rep._grid_cap
         res[on] = (outs, pool, rep.side)
     for o1, o2 in zip(res[True][0], res[False][0]):

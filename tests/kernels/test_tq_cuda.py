@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -80,7 +81,8 @@ def test_cuda_source_compiles_without_spills(d, hk, g, page, bf16, tmp_path, mon
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
     q, cache = _shape(d, hk, g, page, bf16)
     src = cuda_decode.SOURCE_PATH.read_text()
-    builds = [("90", cuda_decode.DEFAULT)]
+    builds = [("90", cuda_decode.DEFAULT), ("90", dataclasses.replace(cuda_decode.DEFAULT, cluster=8)),
+              ("90", dataclasses.replace(cuda_decode.DEFAULT, grid_merge=True, evict_first=True))]
     if d <= 128:  # head dim 256 runs the page kernel only
         builds += [("90", cuda_decode.CudaConfig(kind="warp")), ("89", cuda_decode.CudaConfig(kind="warp"))]
     tool = _cuobjdump()
@@ -243,8 +245,10 @@ def test_every_kernel_python_launches_is_defined_in_the_source():
     import re
 
     text = cuda_decode.SOURCE_PATH.read_text()
-    defined = set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s+(\w+)\(', text))
-    assert defined == set(cuda_decode.KERNELS.values()) | {cuda_decode.MERGE, cuda_decode.MERGED}
+    defined = set(re.findall(r'extern "C" __global__ void (?:__cluster_dims__\([^)]*\) )?__launch_bounds__\([^)]*\)\s+'
+                             r'(\w+)\(', text))
+    assert defined == set(cuda_decode.KERNELS.values()) | {cuda_decode.MERGE, cuda_decode.MERGED, cuda_decode.CLUSTERED,
+                                                           cuda_decode.GRID}
 
 
 def test_first_call_inside_a_graph_capture_records_triton(monkeypatch):
@@ -312,3 +316,81 @@ def test_launch_packs_arguments_and_config_once():
     assert struct.unpack_from("<Q", la.args, 0)[0] == 0x3000
     plain = _cudart.Launch(_FakeKernel, 1, 32, "p", [0])
     assert struct.unpack_from("<7I4xQQI4x", plain.cfg, 0)[-1] == 0  # no attributes
+
+
+class _FakeModuleKernel:
+    """A page-kernel build's kernels without a GPU (what LaunchPlan reads of them)."""
+
+    def __init__(self, name="tq_k8v4_decode_page", smem=76 * 1024):
+        self.name, self.smem = name, smem
+        self.func = _FakeKernel.func
+        self.module = self
+
+    def kernel(self, name, smem=0):
+        return _FakeModuleKernel(name, smem)
+
+    def blocks_per_sm(self, block_threads):
+        return 2
+
+
+@pytest.mark.parametrize("bsz,cl,want_splits,want_mode", [
+    (8, 4, 32, "cluster"),   # 33 splits fill one wave: whole clusters of 4 -> 32
+    (8, 8, 32, "cluster"),
+    (5, 8, 48, "cluster"),   # 52 -> 48
+    (64, 8, 4, "triton"),    # 4 splits hold no cluster of 8: the plain kernel and MERGE_POLICY
+    (64, 4, 4, "cluster"),
+])
+def test_cluster_plan_rounds_splits_to_whole_clusters(bsz, cl, want_splits, want_mode, monkeypatch):
+    cfg = dataclasses.replace(cuda_decode.DEFAULT, cluster=cl)
+    monkeypatch.setattr(cuda_decode, "kernel_plan", lambda q, c, conf: (conf, _FakeModuleKernel(), 16))
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
+    monkeypatch.setattr(cuda_decode, "_sm_count", lambda idx: 132)
+    monkeypatch.setattr(cuda_decode, "_capability", lambda idx: (9, 0))
+    q = torch.zeros(bsz, 32, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, 8, Layout(128).slot_size_aligned, dtype=torch.uint8)
+    bt = torch.zeros(bsz, 4, dtype=torch.int32)
+    lp = cuda_decode.LaunchPlan(q, cache, bt, torch.bfloat16, (32 * 128, 128), 32, 32, cfg)
+    assert lp.splits == want_splits and lp.mode(False) in (want_mode, "cuda") and lp.mode(True) == want_mode
+    if want_mode == "cluster":
+        assert lp.clustered is not None and lp.clustered.grid == bsz * want_splits
+        assert lp.clustered.kernel.name == cuda_decode.CLUSTERED and lp.clustered.kernel.smem == 76 * 1024
+        assert lp.split.args[lp.split.offset(10):lp.split.offset(10) + 4] == want_splits.to_bytes(4, "little")
+    # no cluster kernel where the merge is not CUDA's (an output dtype it does not write)
+    plain = cuda_decode.LaunchPlan(q, cache, bt, torch.float64, None, None, 32, cfg)
+    assert plain.clustered is None and plain.mode(True) == "triton"
+
+
+@pytest.mark.parametrize("bsz,hk,blocks_per_sm,want", [
+    (8, 8, 2, "grid"),     # 33 splits x 8 = 264 blocks: one wave of 2 blocks on 132 SMs
+    (64, 8, 2, "grid"),
+    (8, 8, 1, "triton"),   # the grid kernel fits one block per SM: 264 blocks are two waves, no cooperative launch
+    (8, 4, 2, "triton"),   # 4 KV-head warps per block: not merge_block's 8
+])
+def test_grid_merge_plan_needs_one_wave_of_8_warp_blocks(bsz, hk, blocks_per_sm, want, monkeypatch):
+    import struct
+
+    cfg = dataclasses.replace(cuda_decode.DEFAULT, grid_merge=True)
+
+    class Grid(_FakeModuleKernel):
+        def kernel(self, name, smem=0):
+            k = Grid(name, smem)
+            if name == cuda_decode.GRID:
+                k.blocks_per_sm = lambda threads: blocks_per_sm
+            return k
+
+    monkeypatch.setattr(cuda_decode, "kernel_plan", lambda q, c, conf: (conf, Grid(), 16))
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
+    monkeypatch.setattr(cuda_decode, "_sm_count", lambda idx: 132)
+    monkeypatch.setattr(cuda_decode, "_capability", lambda idx: (9, 0))
+    q = torch.zeros(bsz, hk * 4, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, hk, Layout(128).slot_size_aligned, dtype=torch.uint8)
+    bt = torch.zeros(bsz, 4, dtype=torch.int32)
+    lp = cuda_decode.LaunchPlan(q, cache, bt, torch.bfloat16, (hk * 4 * 128, 128), 32, 32, cfg)
+    assert lp.mode(True) == want
+    if want == "grid":
+        assert lp.gridded is not None and lp.gridded.kernel.name == cuda_decode.GRID
+        grid, _, _, _, _, _, _, _, attrs, nattr = struct.unpack_from("<7I4xQQI4x", lp.gridded.cfg, 0)
+        import ctypes
+
+        assert grid == bsz * lp.splits and nattr == 1
+        assert struct.unpack_from("<I4xi", ctypes.string_at(attrs, 12)) == (2, 1)  # cooperative

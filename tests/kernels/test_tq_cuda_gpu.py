@@ -10,6 +10,8 @@ of a slot past a sequence's end, or of a page it does not own, shows up.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -261,3 +263,87 @@ def test_vllm_entry_fast_path_reuses_the_plan_and_stays_correct():
         ref, ref_lse = _ref(qq, cache, bt, sl, 0.09)
         assert _rel(ob, ref) < 4e-3 and (lb.double() - ref_lse).abs().max().item() < 1e-3
         assert len(dispatch.ENTRY) == 1  # registered by the first call, hit by the others
+
+
+def _check_merge_in_kernel(cfg, mode, d, hk, g, page, qdtype, seed):
+    """A config whose page kernel merges by itself (mode "cluster" or "grid"): sequences of
+    every kind (empty, one token, partial tiles, active splits not a multiple of anything),
+    eager calls that reuse the arrival counters, f32 / bf16 outputs with and without the LSE,
+    and graph replays with other lengths than at capture (the counters must be back at zero)."""
+    lens = [0, 4096, 1, 17, 1000, 2047]
+    q, cache, bt, sl = _case(d, hk, g, page, lens, qdtype, seed=seed)
+    scale = d**-0.5
+    ref, ref_lse = _ref(q, cache, bt, sl, scale)
+    lp = cuda_decode.launch_plan(q, cache, bt, torch.empty(q.shape, device=DEV), None, 32, cfg)
+    assert lp.mode(False) == lp.mode(True) == mode
+
+    def run(out, lse):
+        cuda_decode.decode_attention(q, cache, bt, sl, scale, out=out, lse=lse, workspace=None, max_splits=32,
+                                     config=cfg)
+
+    for i, dt in enumerate([torch.float32, torch.bfloat16, torch.float32]):
+        out = torch.full(q.shape, float("nan"), dtype=dt, device=DEV)
+        lse = torch.full(q.shape[:2], float("nan"), device=DEV) if i < 2 else None
+        run(out, lse)
+        torch.cuda.synchronize()
+        assert _rel(out, ref) < (5e-4 if dt == torch.float32 else 4e-3)
+        assert out[0].abs().max().item() == 0
+        if lse is not None:
+            assert torch.isinf(lse[0]).all() and (lse[1:].double() - ref_lse[1:]).abs().max().item() < 1e-4
+    out = torch.empty(q.shape, dtype=torch.float32, device=DEV)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
+    keep = sl.clone()
+    sl.fill_(1)
+    run(out, lse)
+    g_ = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g_):
+        run(out, lse)
+    sl.copy_(keep)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g_.replay()
+        torch.cuda.synchronize()
+        assert _rel(out[1:], ref[1:]) < 5e-4 and out[0].abs().max().item() == 0
+        assert (lse[1:].double() - ref_lse[1:]).abs().max().item() < 1e-4
+    return lp
+
+
+@pytest.mark.parametrize("cl", [2, 4, 8])
+@pytest.mark.parametrize("d,hk,g,page,qdtype", [
+    (128, 8, 4, 16, torch.bfloat16), (128, 8, 8, 16, torch.float16), (64, 2, 12, 32, torch.float16),
+    (256, 8, 4, 16, torch.bfloat16), (128, 1, 8, 64, torch.bfloat16), (128, 2, 2, 16, torch.bfloat16),
+])
+def test_cluster_merge_eager_and_graph(cl, d, hk, g, page, qdtype):
+    """The page kernel that merges through clusters of splits (CudaConfig.cluster): also
+    partial clusters and head slices that are empty (Hq < cluster)."""
+    cfg = dataclasses.replace(cuda_decode.DEFAULT, cluster=cl, evict_first=cl != 2)
+    lp = _check_merge_in_kernel(cfg, "cluster", d, hk, g, page, qdtype, seed=d + g + cl)
+    assert lp.splits % cl == 0
+
+
+@pytest.mark.parametrize("d,hk,g,page,qdtype", [
+    (128, 8, 4, 16, torch.bfloat16), (128, 8, 8, 16, torch.float16), (256, 8, 4, 16, torch.bfloat16),
+    (128, 8, 16, 32, torch.bfloat16),
+])
+def test_grid_merge_eager_and_graph(d, hk, g, page, qdtype):
+    """The page kernel launched cooperatively, merging in its own grid (CudaConfig.grid_merge)."""
+    cfg = dataclasses.replace(cuda_decode.DEFAULT, grid_merge=True)
+    lp = _check_merge_in_kernel(cfg, "grid", d, hk, g, page, qdtype, seed=d + g + 40)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert lp.gridded is not None and lp.gridded.grid <= lp.gridded.kernel.blocks_per_sm(32 * hk) * sms
+
+
+@pytest.mark.parametrize("d,hk,g,page,qdtype", [
+    (128, 8, 4, 16, torch.bfloat16), (256, 2, 8, 32, torch.float16), (64, 4, 8, 16, torch.bfloat16),
+])
+def test_evict_first_reads_match_float64(d, hk, g, page, qdtype):
+    """The page kernel reading the cache with an L2 evict-first policy (CudaConfig.evict_first)."""
+    cfg = dataclasses.replace(cuda_decode.DEFAULT, evict_first=True)
+    q, cache, bt, sl = _case(d, hk, g, page, LENS, qdtype, seed=d + hk + g + 5)
+    ref, ref_lse = _ref(q, cache, bt, sl, d**-0.5)
+    out = torch.empty(q.shape, dtype=torch.float32, device=DEV)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=DEV)
+    cuda_decode.decode_attention(q, cache, bt, sl, d**-0.5, out=out, lse=lse, workspace=None, max_splits=32,
+                                 config=cfg)
+    torch.cuda.synchronize()
+    assert _rel(out, ref) < 5e-4 and (lse.double() - ref_lse).abs().max().item() < 1e-4

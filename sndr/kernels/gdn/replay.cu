@@ -25,8 +25,8 @@
 // slot is known), SIGMOID_GATE, and per tensor a kind (0 float32, 1 float16, 2 bfloat16):
 // X_KIND (mixed_qkv and the side buffer's v), AB_KIND (a, b), ALOG_KIND, DT_KIND, Z_KIND
 // (output_gate), W_KIND (norm weight), O_KIND (out), S_KIND (state: 0 or 2). KSEL: compile only
-// the kernel(s) of one launch (0 step, 1 step_persistent, 2 step_copy, 3 prep + main, 4
-// materialize; undefined: all), a fifth of NVRTC's time. STEP_SMEM_MAX: the host's bound of StepSmem.
+// the kernel of one launch (0 step, 1 step_persistent, 2 step_copy, 3 materialize; undefined:
+// all), at most a third of NVRTC's time. STEP_SMEM_MAX: the host's bound of StepSmem.
 
 #ifndef R
 #define R 1
@@ -591,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_step_copy(STEP
 
 // Per listed slot with a side entry: vLLM's snapshots of that step, each to its column slot
 // (the same `pass` as the step, so the same bits as the state its outputs came from).
-#if !defined(KSEL) || KSEL == 4
+#if !defined(KSEL) || KSEL == 3
 extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_materialize(
     void* state, const int* __restrict__ slots, const float* side_k, const void* side_v, const float* side_gb,
     const int* meta, i64 s_state_slot, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
@@ -620,184 +620,6 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_materialize(
             for (int e = 0; e < E; ++e) Rs[e] = roundf_kind<S_KIND>(S[e]);
             store_rows((char*)state + (col * s_state_slot + tile) * SB, Rs, g, p);
         }
-    }
-}
-#endif
-
-// ------------------------------------------------------------------------------------------
-// The same step as two kernels (GdnReplay(split=True)): gdn_replay_prep does everything that
-// waits on small dependent loads (the slot, the side entry's parity and count, the new
-// tokens' q and k normalised, decay and beta, the side-buffer writes, the parity flip) with
-// small blocks and no state registers, many per SM; gdn_replay_main then holds the state in
-// registers only for two load round trips (a header, then the state and the staged inputs
-// together), the passes and the norm. In one kernel a block held its 2 x 64 KiB of register
-// file through 4 to 5 dependent round trips: two such blocks per SM hid little of that.
-// The passes are the same `pass` on the same float32 inputs (k, decay and beta read back from
-// the side buffer, as the replay reads them; q and k.q from `qs`), the norm the same
-// operations in the same order: bit for bit the one-kernel step.
-
-#define PREP_NT 128
-#define PREP_WARPS (PREP_NT / 32)
-#define HDR 4  // run (0: zero outputs written), parity read, tokens to replay, base slot
-
-#if !defined(KSEL) || KSEL == 3
-extern "C" __global__ void __launch_bounds__(PREP_NT) gdn_replay_prep(
-    const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
-    const void* __restrict__ dt_bias, void* __restrict__ out, const int* __restrict__ indices,
-    const int* __restrict__ num_accepted, const int* __restrict__ cu_seqlens, float* side_k, void* side_v,
-    float* side_gb, int* meta, float* __restrict__ qs, int* __restrict__ hdr, float scale, int cols, i64 s_x_tok,
-    i64 s_a_tok, i64 s_b_tok, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
-    int* hp = hdr + (i64)blockIdx.x * HDR;
-    const i64 bos = cu_seqlens[n];
-    const int ntok_all = cu_seqlens[n + 1] - (int)bos;
-    if (ntok_all <= 0) {
-        if (tid == 0) hp[0] = 0;
-        return;
-    }
-    const int ntok = min(ntok_all, TM);
-    const int* idxrow = indices + (i64)n * s_idx_seq;
-    const i64 s0 = idxrow[0];
-    const int acc = num_accepted[n];
-    const bool ok = s0 > 0 && acc >= 1 && acc <= cols;
-    int* mrow = meta + (s0 * HV + hv) * MW;
-    int par = 0, pending = 0;
-    i64 src = 0;
-    if (ok) {
-        par = mrow[0];
-        pending = mrow[1];
-        if (pending <= 0) src = idxrow[acc - 1];
-    }
-    if (!ok || (pending <= 0 && src <= 0)) {  // as gdn_replay_step: zero outputs, no state
-        for (int i = tid; i < ntok * V; i += PREP_NT) stf<O_KIND>(out, ((bos + i / V) * HV + hv) * V + i % V, 0.f);
-        if (tid == 0) hp[0] = 0;
-        return;
-    }
-    const int wpar = 1 - par;
-    const bool write_k = hv % (HV / H) == 0;
-    float* skw = side_k + s0 * s_sk_slot + ((i64)wpar * TM * H + h) * K;
-    const i64 svw = s0 * s_sv_slot + ((i64)wpar * TM * HV + hv) * V;
-    float* sgw = side_gb + s0 * s_sg_slot + ((i64)wpar * TM * HV + hv) * 2;
-    for (int t = warp; t < ntok; t += PREP_WARPS) {
-        const i64 xr = (bos + t) * s_x_tok;
-        const float a_t = ldf<AB_KIND>(a, (bos + t) * s_a_tok + hv), b_t = ldf<AB_KIND>(b, (bos + t) * s_b_tok + hv);
-        if (write_k) {  // q and k of this key head: once per group of value heads
-            float qv[K / 32], kv[K / 32];
-            float sq = 0.f, sk = 0.f;
-#pragma unroll
-            for (int m = 0; m < K / 32; ++m) {
-                qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
-                kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
-                sq = __fmaf_rn(qv[m], qv[m], sq);
-                sk = __fmaf_rn(kv[m], kv[m], sk);
-            }
-            const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
-            float kq = 0.f;
-            float* qrow = qs + ((bos + t) * H + h) * (K + 1);
-#pragma unroll
-            for (int m = 0; m < K / 32; ++m) {
-                const float kk = __fdiv_rn(kv[m], nk);
-                const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
-                qrow[lane + 32 * m] = qq;
-                skw[(i64)t * H * K + lane + 32 * m] = kk;
-                kq = __fmaf_rn(kk, qq, kq);
-            }
-            kq = warp_sum(kq);
-            if (lane == 0) qrow[K] = kq;
-        }
-        if (lane == 0) {
-            const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
-            const float xx = __fadd_rn(a_t, ldf<DT_KIND>(dt_bias, hv));
-            const float sp = xx <= 20.f ? logf(1.f + expf(xx)) : xx;
-            sgw[(i64)t * HV * 2] = expf(neg_A * sp);
-            sgw[(i64)t * HV * 2 + 1] = 1.f / (1.f + expf(-b_t));
-        }
-    }
-    for (int i = tid; i < ntok * V; i += PREP_NT)
-        cpy<X_KIND>(side_v, svw + (i64)(i / V) * HV * V + i % V, x, (bos + i / V) * s_x_tok + 2 * H * K + hv * V + i % V);
-    __syncthreads();  // every thread has read the meta row
-    if (tid == 0) {
-        hp[0] = 1;
-        hp[1] = par;
-        hp[2] = pending > 0 ? min(acc, min(pending, TM)) : 0;
-        hp[3] = (int)(pending > 0 ? s0 : src);
-#pragma unroll
-        for (int c = 0; c < TM; ++c) mrow[2 + c] = c < cols ? idxrow[c] : 0;
-        mrow[1] = ntok_all;
-        mrow[0] = wpar;
-    }
-}
-#endif
-
-#if !defined(KSEL) || KSEL == 3
-extern "C" __global__ void __launch_bounds__(NT, MINB) gdn_replay_main(
-    void* __restrict__ out, void* state, const int* __restrict__ indices, const int* __restrict__ cu_seqlens,
-    const void* __restrict__ z, const void* __restrict__ norm_w, const float* side_k, const void* side_v,
-    const float* side_gb, const float* __restrict__ qs, const int* __restrict__ hdr, float norm_eps, i64 s_z_tok,
-    i64 s_z_head, i64 s_state_slot, i64 s_idx_seq, i64 s_sk_slot, i64 s_sv_slot, i64 s_sg_slot) {
-    __shared__ __align__(16) ReplaySmem rs;  // the replayed tokens (half `par` of the side entry)
-    __shared__ __align__(16) ReplaySmem ns;  // this step's tokens (half 1 - par, written by gdn_replay_prep)
-    __shared__ __align__(16) float qn[TM][K];
-    __shared__ float on[TM][V];
-    __shared__ float zs[TM][V];
-    __shared__ float kqs[TM];
-    __shared__ float rstd[TM];
-
-    const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
-    const int n = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
-    const int* hp = hdr + (i64)blockIdx.x * HDR;
-    const int run = hp[0], par = hp[1], n_rep = hp[2];
-    const i64 base_slot = hp[3];
-    const i64 bos = cu_seqlens[n];
-    const int ntok = min(cu_seqlens[n + 1] - (int)bos, TM);
-    const i64 s0 = indices[(i64)n * s_idx_seq];
-    if (ntok <= 0 || !run) return;
-    const i64 tile = (i64)hv * V * K;
-    float S[E], vv[R], o[R];
-    load_rows(S, (const char*)state + (base_slot * s_state_slot + tile) * SB, g, p);
-    stage_replay(rs, n_rep, s0, par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
-    stage_replay(ns, ntok, s0, 1 - par, h, hv, side_k, side_v, side_gb, s_sk_slot, s_sv_slot, s_sg_slot);
-    for (int i = tid; i < ntok * K; i += NT) qn[i / K][i % K] = qs[((bos + i / K) * H + h) * (K + 1) + i % K];
-    if (tid < ntok) kqs[tid] = qs[((bos + tid) * H + h) * (K + 1) + K];
-    for (int i = tid; i < ntok * V; i += NT) {  // the gate, as gdn_replay_step computes it
-        const float zz = ldf<Z_KIND>(z, (bos + i / V) * s_z_tok + hv * s_z_head + i % V);
-        const float sg = 1.f / (1.f + expf(-zz));
-        zs[i / V][i % V] = SIGMOID_GATE ? sg : zz * sg;
-    }
-    __syncthreads();
-
-    for (int j = 0; j < n_rep; ++j) {
-#pragma unroll
-        for (int i = 0; i < R; ++i) vv[i] = rs.v[j][g * R + i];
-        pass<false>(S, rs.k[j], nullptr, vv, rs.db[j][0], rs.db[j][1], 0.f, p, true, o);
-    }
-    if (S_KIND != 0 && n_rep > 0) {  // vLLM's snapshot of column acc - 1 is stored in the pool dtype
-#pragma unroll
-        for (int e = 0; e < E; ++e) S[e] = roundf_kind<S_KIND>(S[e]);
-    }
-    store_rows((char*)state + (s0 * s_state_slot + tile) * SB, S, g, p);  // the one state write
-
-    for (int t = 0; t < ntok; ++t) {
-#pragma unroll
-        for (int i = 0; i < R; ++i) vv[i] = ns.v[t][g * R + i];
-        pass<true>(S, ns.k[t], qn[t], vv, ns.db[t][0], ns.db[t][1], kqs[t], p, t + 1 < ntok, o);
-        if (p == 0) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
-        }
-    }
-    __syncthreads();
-    for (int t = warp; t < ntok; t += NWARPS) {
-        float ss = 0.f;
-        for (int v = lane; v < V; v += 32) ss = __fmaf_rn(on[t][v], on[t][v], ss);
-        ss = warp_sum(ss);
-        if (lane == 0) rstd[t] = 1.f / sqrtf(ss / V + norm_eps);
-    }
-    __syncthreads();
-    for (int i = tid; i < ntok * V; i += NT) {
-        const int t = i / V, v = i % V;
-        stf<O_KIND>(out, ((bos + t) * HV + hv) * V + v, on[t][v] * rstd[t] * ldf<W_KIND>(norm_w, v) * zs[t][v]);
     }
 }
 #endif

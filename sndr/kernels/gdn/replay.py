@@ -76,6 +76,41 @@ FALLBACKS: dict[str, str] = {
 }
 
 
+@triton.jit
+def _program(H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """This program's (V block, row, value head, key head) in a grid of rows x HV x V / BV (a row: a
+    request of the step, a listed slot of materialize)."""
+    pid = tl.program_id(0)
+    i_v = pid % (V // BV)
+    i_nh = pid // (V // BV)
+    i_hv = i_nh % HV
+    return i_v, i_nh // HV, i_hv, i_hv // (HV // H)
+
+
+@triton.jit
+def _side_half(side_k, side_v, side_gb, s0, half, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot, s_sg_slot,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, TM: tl.constexpr):
+    """Token 0 of half ``half`` of slot s0's side entry: k of key head i_h, v and (decay, beta) of value
+    head i_hv (token t: + t H K, + t HV V, + t HV 2)."""
+    pk = side_k + s0 * s_sk_slot + (half * TM * H + i_h) * K + o_k
+    pv = side_v + s0 * s_sv_slot + (half * TM * HV + i_hv) * V + o_v
+    pg = side_gb + s0 * s_sg_slot + (half * TM * HV + i_hv) * 2
+    return pk, pv, pg
+
+
+@triton.jit
+def _replay_token(b_h, pk, pv, pg, t, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Token t of a side entry (``_side_half``) replayed onto the state tile b_h: the step's update
+    (the order of its own token pass), no outputs."""
+    r_k = tl.load(pk + t * (H * K))
+    r_v = tl.load(pv + t * (HV * V)).to(tl.float32)
+    r_d = tl.load(pg + t * (HV * 2))
+    r_beta = tl.load(pg + t * (HV * 2) + 1)
+    hk = tl.sum(b_h * r_k[None, :], 1) * r_d
+    u = (r_v - hk) * r_beta
+    return b_h * r_d + u[:, None] * r_k[None, :]
+
+
 @triton.jit(do_not_specialize=["scale", "norm_eps"])
 def _replay_step_kernel(
     x, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w, ws, counter,
@@ -88,12 +123,7 @@ def _replay_step_kernel(
 ):
     NV: tl.constexpr = V // BV
     MW: tl.constexpr = 2 + TM  # meta row: parity, pending, TM column slots
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_n, i_hv, i_h = _program(H, HV, V, BV)
 
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     n_tok = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
@@ -124,17 +154,10 @@ def _replay_step_kernel(
     if pending > 0:  # replay: the base is in slot s0
         b_h = tl.load(state + s0 * s_state_slot + tile).to(tl.float32)
         n_rep = tl.minimum(acc, pending)  # vLLM's acc never exceeds the last step's tokens
-        pk = side_k + s0 * s_sk_slot + (par * TM * H + i_h) * K + o_k
-        pv = side_v + s0 * s_sv_slot + (par * TM * HV + i_hv) * V + o_v
-        pg = side_gb + s0 * s_sg_slot + (par * TM * HV + i_hv) * 2
+        pk, pv, pg = _side_half(side_k, side_v, side_gb, s0, par, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot,
+                                s_sg_slot, H, HV, K, V, TM)
         for t in range(n_rep):
-            r_k = tl.load(pk + t * (H * K))
-            r_v = tl.load(pv + t * (HV * V)).to(tl.float32)
-            r_d = tl.load(pg + t * (HV * 2))
-            r_beta = tl.load(pg + t * (HV * 2) + 1)
-            hk = tl.sum(b_h * r_k[None, :], 1) * r_d
-            u = (r_v - hk) * r_beta
-            b_h = b_h * r_d + u[:, None] * r_k[None, :]
+            b_h = _replay_token(b_h, pk, pv, pg, t, H, HV, K, V)
         if ROUND_BASE:  # vLLM's snapshot of column acc - 1 is stored in the pool dtype
             b_h = b_h.to(state.dtype.element_ty).to(tl.float32)
     else:
@@ -145,9 +168,8 @@ def _replay_step_kernel(
     neg_A = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
     wpar = 1 - par
-    wk = side_k + s0 * s_sk_slot + (wpar * TM * H + i_h) * K + o_k
-    wv = side_v + s0 * s_sv_slot + (wpar * TM * HV + i_hv) * V + o_v
-    wg = side_gb + s0 * s_sg_slot + (wpar * TM * HV + i_hv) * 2
+    wk, wv, wg = _side_half(side_k, side_v, side_gb, s0, wpar, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot, s_sg_slot,
+                            H, HV, K, V, TM)
     write_k = (i_v == 0) & (i_hv % (HV // H) == 0)
     p_q = x + bos * s_x_tok + i_h * K + o_k
     p_k = x + bos * s_x_tok + H * K + i_h * K + o_k
@@ -220,14 +242,8 @@ def _materialize_kernel(state, slots, side_k, side_v, side_gb, meta, s_state_slo
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                         TM: tl.constexpr):
     """Per listed slot with a side entry: vLLM's T snapshots of that step, each to its column slot."""
-    NV: tl.constexpr = V // BV
     MW: tl.constexpr = 2 + TM
-    pid = tl.program_id(0)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_s = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
+    i_v, i_s, i_hv, i_h = _program(H, HV, V, BV)
     s0 = tl.load(slots + i_s).to(tl.int64)
     if s0 <= 0:
         return
@@ -240,17 +256,10 @@ def _materialize_kernel(state, slots, side_k, side_v, side_gb, meta, s_state_slo
     o_v = i_v * BV + tl.arange(0, BV)
     tile = i_hv * (V * K) + o_v[:, None] * K + o_k[None, :]
     b_h = tl.load(state + s0 * s_state_slot + tile).to(tl.float32)
-    pk = side_k + s0 * s_sk_slot + (par * TM * H + i_h) * K + o_k
-    pv = side_v + s0 * s_sv_slot + (par * TM * HV + i_hv) * V + o_v
-    pg = side_gb + s0 * s_sg_slot + (par * TM * HV + i_hv) * 2
+    pk, pv, pg = _side_half(side_k, side_v, side_gb, s0, par, i_h, i_hv, o_k, o_v, s_sk_slot, s_sv_slot, s_sg_slot,
+                            H, HV, K, V, TM)
     for t in range(pending):
-        r_k = tl.load(pk + t * (H * K))
-        r_v = tl.load(pv + t * (HV * V)).to(tl.float32)
-        r_d = tl.load(pg + t * (HV * 2))
-        r_beta = tl.load(pg + t * (HV * 2) + 1)
-        hk = tl.sum(b_h * r_k[None, :], 1) * r_d
-        u = (r_v - hk) * r_beta
-        b_h = b_h * r_d + u[:, None] * r_k[None, :]
+        b_h = _replay_token(b_h, pk, pv, pg, t, H, HV, K, V)
         col = tl.load(p_meta + 2 + t).to(tl.int64)
         if col > 0:
             tl.store(state + col * s_state_slot + tile, b_h.to(state.dtype.element_ty))
@@ -294,16 +303,13 @@ def cuda_source() -> str:
     return CUDA_SOURCE.read_text()
 
 
-#: threads of the split step's ``gdn_replay_prep`` blocks (replay.cu's PREP_NT)
-PREP_THREADS = 128
-
 #: the persistent variants of the one-kernel step (``GdnReplay(persistent=...)``), by kernel name:
 #: "l2" prefetches the next tile's state to L2 during this tile's passes, "copy" copies it into a
 #: shared-memory buffer by TMA (cp.async.bulk) during them
 PERSISTENT_KERNELS = {"l2": "gdn_replay_step_persistent", "copy": "gdn_replay_step_copy"}
-#: replay.cu's KSEL per kernel (the kernels one compile holds)
-_KSEL = {"gdn_replay_step": 0, PERSISTENT_KERNELS["l2"]: 1, PERSISTENT_KERNELS["copy"]: 2, "gdn_replay_prep": 3,
-         "gdn_replay_main": 3, "gdn_replay_materialize": 4}
+#: replay.cu's KSEL per kernel (the kernel one compile holds)
+_KSEL = {"gdn_replay_step": 0, PERSISTENT_KERNELS["l2"]: 1, PERSISTENT_KERNELS["copy"]: 2,
+         "gdn_replay_materialize": 3}
 #: shared memory one block may have on sm_90 with the opt-in attribute
 MAX_SMEM_PER_BLOCK = 227 * 1024
 
@@ -316,14 +322,6 @@ def step_smem_bytes(K: int, V: int, TM: int) -> int:
 def copy_smem_bytes(K: int, V: int, TM: int, state_bytes: int) -> int:
     """Dynamic shared memory of ``gdn_replay_step_copy``: the state buffer, its mbarrier (128 bytes), StepSmem."""
     return V * K * state_bytes + 128 + step_smem_bytes(K, V, TM)
-
-
-def cuda_smem_bytes(K: int, V: int, TM: int) -> int:
-    """Static shared memory of ``gdn_replay_step`` or ``gdn_replay_main``, the larger (replay and new
-    tokens' k, v, decay/beta; q, outputs, gates; scalars)."""
-    step = step_smem_bytes(K, V, TM)
-    main = 4 * (3 * TM * K + 4 * TM * V + 6 * TM)
-    return max(step, main)
 
 
 def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: torch.dtype, P: int,
@@ -339,7 +337,7 @@ def cuda_unsupported(state: torch.Tensor, num_k_heads: int, TM: int, act_dtype: 
     if kd % 32 or kd > 256 or P & (P - 1) or P > 32 or kd % (epc * P) or nt % 32 or not 0 < nt <= 1024 \
             or R * kd // P > 64:
         return f"K = {kd}, V = {vd} with {P} lanes per row and {R} rows per thread"
-    if TM > 8 or cuda_smem_bytes(kd, vd, TM) > 48 * 1024 or num_k_heads <= 0 or hv % num_k_heads:
+    if TM > 8 or step_smem_bytes(kd, vd, TM) > 48 * 1024 or num_k_heads <= 0 or hv % num_k_heads:
         return f"TM = {TM}, K = {kd}, V = {vd}, HV = {hv}, H = {num_k_heads}"
     try:
         _cudart.nvrtc_version()
@@ -361,20 +359,17 @@ class GdnReplay:
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
                  act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool | None = None,
-                 rows_per_thread: int | None = None, split: bool = False, persistent: str | None = None):
+                 rows_per_thread: int | None = None, persistent: str | None = None):
         """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
         :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
         ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
         state row), R (rows per thread), the blocks per SM asked of its register allocator and its early L2
         prefetch of the state tile (defaults: K / 16 lanes, 2 rows (fp32 pool) or 4 (bf16), 2 blocks, prefetch
         with an fp32 pool: 16 columns x R rows of float32 per thread, each k value loaded from shared memory
-        once per token for 2 R FMAs). ``split``: the
-        step as two kernels (``gdn_replay_prep``: the dependent small loads, q/k normalisation, the side
-        writes; ``gdn_replay_main``: the state, the passes, the norm), else the one ``gdn_replay_step``;
-        both give the same bits (measured 1.06-1.23x slower on the H200: off). ``persistent``: the one-kernel
-        step on a grid of (blocks per SM) x (SMs) blocks that each run several (request, value head) tiles,
-        bringing the next tile's state in while this one's passes run: ``"l2"`` (an L2 prefetch) or
-        ``"copy"`` (a TMA copy into a shared-memory buffer); None: one tile per block. Same bits."""
+        once per token for 2 R FMAs). ``persistent``: the step on a grid of (blocks per SM) x (SMs) blocks
+        that each run several (request, value head) tiles, bringing the next tile's state in while this one's
+        passes run: ``"l2"`` (an L2 prefetch) or ``"copy"`` (a TMA copy into a shared-memory buffer); None:
+        one tile per block. Same bits."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
@@ -385,7 +380,6 @@ class GdnReplay:
         self.threads = (vd // self.R) * self.P if vd % self.R == 0 else 0
         self.min_blocks = min_blocks or (2 if self.threads <= 512 else 1)
         self.prefetch = f32 if prefetch is None else prefetch
-        self.split = split
         if persistent not in (None, *PERSISTENT_KERNELS):
             raise ValueError(f"GdnReplay: persistent must be None or one of {sorted(PERSISTENT_KERNELS)}")
         if persistent == "copy" and copy_smem_bytes(kd, vd, self.TM, state.element_size()) > MAX_SMEM_PER_BLOCK:
@@ -405,9 +399,6 @@ class GdnReplay:
             raise ValueError(f"GdnReplay: backend must be 'cuda' or 'triton', not {backend!r}")
         self.backend = backend
         self._cuda_kernels: dict[tuple, _cudart.Kernel] = {}
-        # the split step's per-(request, value head) header and the new tokens' normalised q (+ k.q)
-        self._hdr = torch.zeros(max_requests * hv * 4, dtype=torch.int32, device=state.device)
-        self._qs: torch.Tensor | None = None
         dev = state.device
         tm = self.TM
         self.side = _Side(
@@ -502,32 +493,10 @@ class GdnReplay:
         side, st = self.side, self.state
         stream = torch.cuda.current_stream(st.device).cuda_stream
         grid = idx.shape[0] * self.HV
-        if self.split:
-            n_qs = x.shape[0] * self.H * (self.K + 1)
-            if self._qs is None or self._qs.numel() < n_qs:
-                if self._qs is not None:  # a captured CUDA graph may still point at it: never freed
-                    self._retired.append(self._qs)
-                self._qs = torch.empty(max(n_qs, 1 << 16), dtype=torch.float32, device=st.device)
-            prep = self._cuda_kernel("gdn_replay_prep", kinds)
-            prep_ptrs = (x, a, b, A_log, dt_bias, out, idx, acc, cu, side.k, side.v, side.gb, side.meta, self._qs,
-                         self._hdr)
-            args: list = [ctypes.c_void_p(t.data_ptr()) for t in prep_ptrs]
-            args += [ctypes.c_float(scale), ctypes.c_int(idx.shape[1])]
-            args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), idx.stride(0),
-                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
-            prep.launch(grid, PREP_THREADS, stream, args)
-            main = self._cuda_kernel("gdn_replay_main", kinds)
-            main_ptrs = (out, st, idx, cu, z, w, side.k, side.v, side.gb, self._qs, self._hdr)
-            args = [ctypes.c_void_p(t.data_ptr()) for t in main_ptrs]
-            args += [ctypes.c_float(eps)]
-            args += [ctypes.c_longlong(v) for v in (z.stride(0), z.stride(1), st.stride(0), idx.stride(0),
-                                                    side.k.stride(0), side.v.stride(0), side.gb.stride(0))]
-            main.launch(grid, self.threads, stream, args)
-            return
         name = PERSISTENT_KERNELS[self.persistent] if self.persistent else "gdn_replay_step"
         kern = self._cuda_kernel(name, kinds)
         ptrs = (x, a, b, A_log, dt_bias, out, st, idx, acc, cu, z, w, side.k, side.v, side.gb, side.meta)
-        args = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
+        args: list = [ctypes.c_void_p(t.data_ptr()) for t in ptrs]
         args += [ctypes.c_float(scale), ctypes.c_float(eps), ctypes.c_int(idx.shape[1])]
         args += [ctypes.c_longlong(v) for v in (x.stride(0), a.stride(0), b.stride(0), z.stride(0), z.stride(1),
                                                 st.stride(0), idx.stride(0), side.k.stride(0), side.v.stride(0),

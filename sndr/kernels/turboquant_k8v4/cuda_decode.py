@@ -43,7 +43,10 @@ SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
 KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
 MERGE = "tq_k8v4_merge"
 MERGED = "tq_k8v4_decode_page_merged"  # page kernel with the merge folded into each sequence's last block
+CLUSTERED = "tq_k8v4_decode_page_cluster"  # page kernel merging through clusters of splits (CudaConfig.cluster)
+GRID = "tq_k8v4_decode_page_grid"  # page kernel merging in the same cooperative grid (CudaConfig.grid_merge)
 MAX_SPLITS = 128  # the merge kernel's shared weights array
+MERGE_WARPS = 8  # warps of a merge block (MW)
 TILE = 16
 WARP_STAGE_BYTES = {64: 4 * (16 * 16 + 16 * 20 + 16), 128: 4 * (16 * 36 + 16 * 20 + 16)}
 LOG = logging.getLogger("sndr.kernels")
@@ -59,6 +62,9 @@ class CudaConfig:
     min_split_tokens: int = 32  # a sequence gets at most one split per this many tokens
     waves: int = 1  # the split count aims at this many full waves of warps
     max_splits: int = 128  # may exceed the caller's cap (vLLM's 32): scratch is then allocated here
+    cluster: int = 0  # "page" kind: > 0 merges inside the split kernel, clusters of this many splits (CL)
+    evict_first: bool = False  # "page" kind: read the cache with an L2 evict-first policy (EVF)
+    grid_merge: bool = False  # "page" kind, 8 KV heads: merge in the split kernel's own cooperative grid (GM)
 
 
 def row_pitch(sp: int) -> tuple[int, int]:
@@ -201,6 +207,12 @@ def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dic
     if cfg.kind == "page":
         rowp, rowcopy = row_pitch(sp)
         out.update(HK=hk, ROWP=rowp, ROWCOPY=rowcopy)
+        if cfg.cluster:
+            out["CL"] = cfg.cluster
+        if cfg.evict_first:
+            out["EVF"] = 1
+        if cfg.grid_merge and hk == MERGE_WARPS:
+            out["GM"] = 1
     return out
 
 
@@ -220,7 +232,7 @@ def _min_blocks(cfg: CudaConfig, hk: int, g: int, d: int = 128) -> int:
 def resolve(cfg: CudaConfig, kv_cache: torch.Tensor) -> CudaConfig:
     """The page kernel where the cache allows it, else the warp kernel."""
     if cfg.kind == "page" and not page_kind_ok(kv_cache):
-        return CudaConfig(**{**cfg.__dict__, "kind": "warp", "min_blocks": 4})
+        return CudaConfig(**{**cfg.__dict__, "kind": "warp", "min_blocks": 4, "cluster": 0, "grid_merge": False})
     return cfg
 
 
@@ -285,6 +297,12 @@ def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, w
 #   "fold"   no merge kernel: the page kernel's last block per sequence merges
 #            (page kernel only; else "pdl");
 #   "triton" the Triton merge (graphs only: it costs ~30 us of CPU per launch).
+# A plan whose config asks for clusters (CudaConfig.cluster) runs "cluster" in
+# both: no merge kernel, the page kernel merges through DSMEM and per-slice
+# arrival counters (tq_k8v4_decode_page_cluster); one that asks for
+# grid_merge runs "grid" where the grid is one wave of 8-warp blocks: the page
+# kernel launched cooperatively, each sequence's blocks merging it after a
+# per-sequence arrival count (tq_k8v4_decode_page_grid).
 # Measured on an H200 (docs/bench-tq-decode-h200.md, --merge-probe): PDL and the
 # folded merge each slow some cell (fold: B=8 / 8K by 12-23 us), so neither ships.
 MERGE_POLICY = {"eager": "cuda", "graph": "triton"}
@@ -302,8 +320,10 @@ _STREAM = struct.Struct("<Q")
 class LaunchPlan:
     """Everything one call shape launches, built once: the split count, the
     workspace layout and packed launches (``_cudart.Launch``) for the split
-    kernel, both merge launches and the folded kernel. A call patches the data
-    pointers and the stream and launches (:meth:`launch`).
+    kernel, both merge launches, the folded kernel and, where the config asks
+    for them, the cluster-merging (``CudaConfig.cluster``) or grid-merging
+    (``CudaConfig.grid_merge``) kernel. A call patches the data pointers and the
+    stream and launches (:meth:`launch`).
 
     The shape covers the query, cache, block-table strides, output / LSE
     strides and dtype, and the split cap; ``dispatch`` memoises plans per call
@@ -321,7 +341,13 @@ class LaunchPlan:
         self.cfg, self.kernel, self.device = cfg, k, idx
         self.bsz, self.hq, self.d = bsz, hq, d
         sms = _sm_count(idx)
-        self.splits = splits = num_splits(bsz * hk, wps, sms, min(MAX_SPLITS, max(max_splits, cfg.max_splits)), cfg.waves)
+        splits = num_splits(bsz * hk, wps, sms, min(MAX_SPLITS, max(max_splits, cfg.max_splits)), cfg.waves)
+        self.cuda_merge = out_dtype in _OUT_KIND and out_strides is not None
+        cl = cfg.cluster if cfg.kind == "page" and self.cuda_merge else 0
+        self.cluster_ok = cl > 0 and splits >= cl
+        if self.cluster_ok:  # whole clusters of splits per sequence
+            splits -= splits % cl
+        self.splits = splits
         self.min_tiles = min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
         self.need = workspace_numel(bsz, hq, d, splits)
         self.ml_off = 4 * bsz * hq * splits * d  # bytes from mid_o to mid_l
@@ -335,12 +361,13 @@ class LaunchPlan:
             grid, block = triton.cdiv(bsz * hk * splits, cfg.warps), 32 * cfg.warps
             one_wave = grid <= k.blocks_per_sm(block) * sms
         self.split = _cudart.Launch(k, grid, block, _SPLIT_SIG, split_vals)
-        self.cuda_merge = out_dtype in _OUT_KIND and out_strides is not None
         self.pdl_ok = one_wave and _capability(idx) >= (9, 0)
         self.fold_ok = cfg.kind == "page" and self.cuda_merge
         self.merge: _cudart.Launch | None = None
         self.merge_pdl: _cudart.Launch | None = None
         self.merged: _cudart.Launch | None = None
+        self.clustered: _cudart.Launch | None = None
+        self.gridded: _cudart.Launch | None = None
         self.write_lse = lse_stride0 is not None
         if self.cuda_merge:
             mk = k.module.kernel(MERGE)
@@ -355,11 +382,28 @@ class LaunchPlan:
                 self.merged = _cudart.Launch(fk, grid, block, _MERGED_SIG, split_vals + [
                     0, 0, 0, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype], int(self.write_lse)])
                 self.cnt_off = self.merged.offset(len(_SPLIT_SIG))
+            if self.cluster_ok:
+                ck = k.module.kernel(CLUSTERED, k.smem)
+                self.clustered = _cudart.Launch(ck, grid, block, _MERGED_SIG, split_vals + [
+                    0, 0, 0, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype], int(self.write_lse)])
+                self.cnt_off = self.clustered.offset(len(_SPLIT_SIG))
+            if cfg.kind == "page" and cfg.grid_merge and hk == MERGE_WARPS and one_wave and not self.cluster_ok:
+                gk = k.module.kernel(GRID, k.smem)
+                if grid <= gk.blocks_per_sm(block) * sms:  # its merge's shared arrays count too
+                    self.gridded = _cudart.Launch(gk, grid, block, _MERGED_SIG, split_vals + [
+                        0, 0, 0, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype], int(self.write_lse)],
+                        cooperative=True)
+                    self.cnt_off = self.gridded.offset(len(_SPLIT_SIG))
         self.own_ws: dict[int, torch.Tensor] = {}
         self.counters: dict[int, torch.Tensor] = {}
 
     def mode(self, capturing: bool) -> str:
-        """The merge this plan runs now ("cuda", "pdl", "fold" or "triton"), after MERGE_POLICY."""
+        """The merge this plan runs now ("cluster", "grid", "cuda", "pdl", "fold" or "triton"): "cluster"
+        or "grid" where the config asks for it and the plan could build it, else after MERGE_POLICY."""
+        if self.clustered is not None:
+            return "cluster"
+        if self.gridded is not None:
+            return "grid"
         want = MERGE_POLICY["graph" if capturing else "eager"]
         if want == "triton" and not capturing:
             want = "cuda"
@@ -379,17 +423,21 @@ class LaunchPlan:
         return ws
 
     def counter(self, stream: int) -> int:
-        """Device address of the folded kernel's per-sequence arrival counters on ``stream``."""
+        """Device address of the folded / cluster / grid kernel's arrival counters on ``stream`` (one
+        per sequence; grid: arrivals and departures per sequence; cluster: one per sequence and head
+        slice)."""
         c = self.counters.get(stream)
         if c is None:
-            c = self.counters[stream] = torch.zeros(max(1, self.bsz), dtype=torch.int32, device=f"cuda:{self.device}")
+            n = max(1, self.bsz * max(2 if self.gridded is not None else 1, self.cfg.cluster))
+            c = self.counters[stream] = torch.zeros(n, dtype=torch.int32, device=f"cuda:{self.device}")
         return c.data_ptr()
 
     def set_scale(self, scale: float) -> None:
         self.scale = scale
         _F32.pack_into(self.split.args, self.split.offset(6), scale * LOG2E)
-        if self.merged is not None:
-            _F32.pack_into(self.merged.args, self.merged.offset(6), scale * LOG2E)
+        for m in (self.merged, self.clustered, self.gridded):
+            if m is not None:
+                _F32.pack_into(m.args, m.offset(6), scale * LOG2E)
 
     def launch(self, q: int, kv: int, bt: int, sl: int, out: int, lse: int, mo: int, stream: int, scale: float,
                mode: str) -> None:
@@ -398,9 +446,9 @@ class LaunchPlan:
             self.set_scale(scale)
         ml = mo + self.ml_off
         run = _cudart._LAUNCH_EX[0]
-        if mode == "fold":
-            m = self.merged
-            assert m is not None  # mode() gives "fold" only where it was built (fold_ok)
+        if mode in ("fold", "cluster", "grid"):
+            m = self.merged if mode == "fold" else self.clustered if mode == "cluster" else self.gridded
+            assert m is not None  # mode() gives "fold" / "cluster" / "grid" only where it was built
             _PTRS6.pack_into(m.args, 0, q, kv, bt, sl, mo, ml)
             _PTRS3.pack_into(m.args, self.cnt_off, self.counter(stream), out, lse)
             _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)

@@ -327,6 +327,66 @@ static __device__ __forceinline__ u32 movmatrix_t(u32 x) {
     return r;
 }
 
+// The lazy online softmax of one tile (t: this thread's scores, log2 units, masked ones -inf) and the B
+// fragments of P' = p * scale / s_run (fp16, transposed by movmatrix) for the P.V MMAs. The running
+// max is raised, with one rescale, only when a score exceeds it by TAU or a scale exceeds s_run (one
+// warp vote per tile on the common path). Shared by attend_tile and verify_k8v4.cu's tile functions.
+static __device__ __forceinline__ void softmax_tile(
+    State& st, const float (&t)[NH][4], const float (&sc)[2], const float (&zr)[2], u32 (&pb)[NH][2])
+{
+    float smax = fmaxf(sc[0], sc[1]);
+    bool need = smax > st.s_run;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
+    if (__any_sync(0xffffffffu, need)) {
+        float tmax[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
+#pragma unroll
+        for (int x = 4; x <= 16; x <<= 1) {
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
+                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
+            }
+            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
+        }
+        const float s_new = fmaxf(st.s_run, smax);
+        const float ratio = st.s_run / s_new;
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
+                const float alpha = ex2(st.m[nh][e] - m_new);
+                const float f = alpha * ratio;
+#pragma unroll
+                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+                st.sp[nh][e] *= f;
+                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
+                st.m[nh][e] = m_new;
+            }
+        }
+        st.s_run = s_new;
+        st.inv_s = 1.0f / s_new;
+    }
+
+    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);  // masked: ex2(-inf) = 0
+        st.l[nh][0] += p[0] + p[2];
+        st.l[nh][1] += p[1] + p[3];
+        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
+        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
+        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));
+        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));
+    }
+}
+
 // One tile of 16 tokens. Scores are computed transposed, S^T = K Q^T (rows =
 // tokens, n = 8 heads: no MMA row is wasted for G = 8), so this thread holds
 // tokens g, g + 8 for heads 2 t4, 2 t4 + 1; movmatrix turns P' into the B
@@ -369,61 +429,9 @@ static __device__ __forceinline__ void attend_tile(
         }
     }
 
-    // ---- lazy softmax state: one vote on the common path
-    float smax = fmaxf(sc[0], sc[1]);
-    bool need = smax > st.s_run;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh)
-        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
-    if (__any_sync(0xffffffffu, need)) {
-        float tmax[NH][2];
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
-        // the 8 lanes of a head column (g = 0..7) hold all 16 tokens of the tile
-#pragma unroll
-        for (int x = 4; x <= 16; x <<= 1) {
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) {
-                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
-                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
-            }
-            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
-        }
-        const float s_new = fmaxf(st.s_run, smax);
-        const float ratio = st.s_run / s_new;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);
-                const float alpha = ex2(st.m[nh][e] - m_new);
-                const float f = alpha * ratio;
-#pragma unroll
-                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-                st.sp[nh][e] *= f;
-                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
-                st.m[nh][e] = m_new;
-            }
-        }
-        st.s_run = s_new;
-        st.inv_s = 1.0f / s_new;
-    }
-
-    // ---- P' = p * scale / s_run in fp16, transposed into the B fragment of P@V
-    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
+    // ---- lazy softmax state, P' = p * scale / s_run in fp16, transposed into the B fragment of P@V
     u32 pb[NH][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float p[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);
-        st.l[nh][0] += p[0] + p[2];
-        st.l[nh][1] += p[1] + p[3];
-        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
-        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
-        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));  // tokens 0..7
-        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));  // tokens 8..15
-    }
+    softmax_tile(st, t, sc, zr, pb);
 
     // ---- O^T += V^T P^T: A pairs tokens (2 t4, 2 t4 + 1) and (2 t4 + 8, 2 t4 + 9);
     // m-tile 4 u + i holds byte i of word u: low nibbles in rows 0..7, high in 8..15
@@ -455,12 +463,14 @@ static __device__ __forceinline__ void attend_tile(
     }
 }
 
-static __device__ __forceinline__ void write_partials(
-    const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
-    int b, int hk, int HQ, int S, int s, int g, int t4)
+// ---- epilogue: reduce l, z over the 8 lanes of a head, remove the code
+// offsets, store this split's normalised partial output and log2-sum-exp of
+// query head q (0..HQ) at O + row(q) * D and L[row(q)] (the merge layout's
+// global rows, or a block's shared-memory rows).
+template <typename Row>
+static __device__ __forceinline__ void store_partials(
+    const State& st, float* O, float* L, Row row_of, int hk, int g, int t4)
 {
-    // ---- epilogue: reduce l, z over the 8 lanes of a head, remove the code
-    // offsets, write this split's normalised partial output and log2-sum-exp
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
@@ -474,7 +484,7 @@ static __device__ __forceinline__ void write_partials(
             const int h = 8 * nh + 2 * t4 + e;
             if (h >= G) continue;
             const float inv_l = 1.0f / l, sp = st.sp[nh][e], sr = st.s_run;
-            const long long row = ((long long)(b * HQ + hk * G + h)) * S + s;
+            const long long row = row_of(hk * G + h);
             // m-tile 4 u + i, row half h <-> dim 8 VWORD(g, u) + 2 i + h
 #pragma unroll
             for (int j = 0; j < NT16; j += 2) {  // m-tiles j = 4 u + i, j + 1
@@ -483,11 +493,19 @@ static __device__ __forceinline__ void write_partials(
                 v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
                 v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
                 v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                *reinterpret_cast<float4*>(MID_O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
+                *reinterpret_cast<float4*>(O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
             }
-            if (g == 0) MID_L[row] = st.m[nh][e] + __log2f(l);
+            if (g == 0) L[row] = st.m[nh][e] + __log2f(l);
         }
     }
+}
+
+// The partials of split s of sequence b in the merge layout: row (b * HQ + h) * S + s.
+static __device__ __forceinline__ void write_partials(
+    const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    int b, int hk, int HQ, int S, int s, int g, int t4)
+{
+    store_partials(st, MID_O, MID_L, [&](int q) { return ((long long)(b * HQ + q)) * S + s; }, hk, g, t4);
 }
 
 #if !PAGE_CTA
@@ -591,20 +609,31 @@ static __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
         " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
         " @!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+#ifndef EVF
+#define EVF 0  // 1: the cache is read with an L2 evict-first policy (read once: its lines go first)
+#endif
 static __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+#if EVF
+    u64 pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+#else
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
         ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
 }
 
 #define STAGE_BYTES (16 * ROWP)
 
-// The page kernel's work for block (b, s), s < split.n_act: partial output and
-// log2-sum-exp of every query head into MID_O / MID_L.
-static __device__ __forceinline__ void page_split(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int HQ, int S, int b, int s, int seq_len, const Split& split,
+// The page kernel's work for block (b, s), s < split.n_act: the softmax state
+// of warp hk's query heads over the split's tiles (the ring is free again once
+// every warp has returned).
+static __device__ __forceinline__ void page_attend(
+    State& st, const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, float qk_scale, int b, int s, int seq_len, const Split& split,
     long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
 {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -652,7 +681,6 @@ static __device__ __forceinline__ void page_split(
 
     u32 qb[NH][KSTEPS][2];
     load_q_frags(qb, Q, b, hk, q_sb, q_sh, g, t4);
-    State st;
     init_state(st);
 
     const unsigned char* my = smem + hk * kv_shead;  // this head's slot in row 0 of a stage
@@ -682,7 +710,19 @@ static __device__ __forceinline__ void page_split(
         if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
         slot = slot + 1 == STAGES ? 0 : slot + 1;
     }
-    write_partials(st, MID_O, MID_L, b, hk, HQ, S, s, g, t4);
+}
+
+// page_attend, then the partials of every query head into MID_O / MID_L.
+static __device__ __forceinline__ void page_split(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int HQ, int S, int b, int s, int seq_len, const Split& split,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+{
+    State st;
+    page_attend(st, Q, KV, BT, qk_scale, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
+    const int lane = threadIdx.x & 31;
+    write_partials(st, MID_O, MID_L, b, threadIdx.x >> 5, HQ, S, s, lane >> 2, lane & 3);
 }
 
 extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
@@ -712,11 +752,98 @@ static __device__ __forceinline__ void store_out(void* OUT, long long o, float r
     }
 }
 
+// One warp merges n rows of one query head, log2-sum-exp weighted: rows o + i * D
+// and log2-sum-exps l[i], i < n <= 128 (read through L2: written by other blocks
+// of this grid), into OUT (element offset o_off) and LSE[lse_off] (natural log).
+#define FW 8  // rows a lane has in flight at once
+static __device__ __forceinline__ void merge_head(
+    const float* o, const float* l, int n, void* __restrict__ OUT, float* __restrict__ LSE,
+    long long o_off, long long lse_off, int out_kind, int write_lse, int lane)
+{
+    float wt[4];  // row lane + 32 i (n <= 128)
+    float m = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int sp = lane + 32 * i;
+        wt[i] = sp < n ? __ldcg(l + sp) : NEG_INF;
+        m = fmaxf(m, wt[i]);
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+    float den = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        wt[i] = lane + 32 * i < n ? ex2(wt[i] - m) : 0.f;
+        den += wt[i];
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
+    float acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
+    const float* base = o + lane * DPL;
+#pragma unroll 1
+    for (int s0 = 0; s0 < n; s0 += FW) {
+        float v[FW][DPL];
+#pragma unroll
+        for (int u = 0; u < FW; ++u) {
+            const bool ok = s0 + u < n;
+#pragma unroll
+            for (int c = 0; c < DPL; c += 2) {
+                float2 x = make_float2(0.f, 0.f);
+                if (ok) x = __ldcg(reinterpret_cast<const float2*>(base + (long long)(s0 + u) * D + c));
+                v[u][c] = x.x; v[u][c + 1] = x.y;
+            }
+        }
+        const int q = s0 >> 5;  // FW divides 32: one weight register for the chunk
+        const float wsrc = q == 0 ? wt[0] : q == 1 ? wt[1] : q == 2 ? wt[2] : wt[3];
+#pragma unroll
+        for (int u = 0; u < FW; ++u) {
+            const float ws = __shfl_sync(0xffffffffu, wsrc, (s0 & 31) + u);
+#pragma unroll
+            for (int c = 0; c < DPL; ++c) acc[c] += ws * v[u][c];
+        }
+    }
+    const float inv = 1.f / den;
+#pragma unroll
+    for (int c = 0; c < DPL; ++c) store_out(OUT, o_off + lane * DPL + c, acc[c] * inv, out_kind);
+    if (write_lse && lane == 0) LSE[lse_off] = (m + __log2f(den)) * 0.6931471805599453f;
+}
+
+// Zeros and lse = -inf for the G query heads of KV head hk of an empty sequence (one warp).
+static __device__ __forceinline__ void write_empty(
+    void* __restrict__ OUT, float* __restrict__ LSE, int b, int hk, long long o_sb, long long o_sh,
+    long long lse_sb, int out_kind, int write_lse, int lane)
+{
+    for (int j = 0; j < G; ++j) {
+        const int h = hk * G + j;
+        for (int d = lane; d < D; d += 32) store_out(OUT, b * o_sb + h * o_sh + d, 0.f, out_kind);
+        if (write_lse && lane == 0) LSE[b * lse_sb + h] = NEG_INF;
+    }
+}
+
+// The last block to arrive on *cnt of the `expect` that will (an acq_rel
+// arrival: every block fences its writes first; the last one resets the counter
+// for the next launch or graph replay, then fences before reading the others').
+static __device__ __forceinline__ bool last_to_arrive(int* cnt, int expect) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int prev = atomicAdd(cnt, 1);
+        last = prev == expect - 1;
+        if (last) *cnt = 0;
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
 // The page kernel with the merge folded in: the last block of each sequence to
 // finish (a per-sequence arrival counter in CNT, zero between launches: the last
 // block resets it) merges the splits of all its query heads, warp hk the G heads
 // of KV head hk. CNT must not be shared by launches that can run concurrently.
-#define FW 8  // splits whose rows a lane has in flight at once
 extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_merged(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
     const int* __restrict__ BT, const int* __restrict__ SL,
@@ -726,88 +853,141 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_
     int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
     long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
 {
-    __shared__ int last;
     const int s = blockIdx.x % S, b = blockIdx.x / S;
     const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
     const int seq_len = SL[b];
     const Split split = split_of(seq_len, S, min_tiles);
     const int n_act = split.n_act;
     if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
-        if (s == 0) {
-            for (int j = 0; j < G; ++j) {
-                const int h = hk * G + j;
-                for (int d = lane; d < D; d += 32) store_out(OUT, b * o_sb + h * o_sh + d, 0.f, out_kind);
-                if (write_lse && lane == 0) LSE[b * lse_sb + h] = NEG_INF;
-            }
-        }
+        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
         return;
     }
     if (s >= n_act) return;
     page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int prev = atomicAdd(CNT + b, 1);
-        last = prev == n_act - 1;
-        if (last) CNT[b] = 0;  // every split has arrived: ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(CNT + b, n_act)) return;
 #pragma unroll 1
     for (int j = 0; j < G; ++j) {
         const int h = hk * G + j;
         const long long row0 = ((long long)b * HQ + h) * S;
-        float wt[4];  // split lane + 32 i (S <= 128)
+        merge_head(MID_O + row0 * D, MID_L + row0, n_act, OUT, LSE, b * o_sb + h * o_sh, b * lse_sb + h,
+                   out_kind, write_lse, lane);
+    }
+}
+
+#ifdef CL
+// ---------------------------------------------------------------------------
+// The page kernel with the merge done by the splits themselves, in two steps:
+// * a thread-block cluster of CL consecutive splits of a sequence (cluster c =
+//   splits c CL .. c CL + CL - 1) reduces its CL partials through distributed
+//   shared memory: each block leaves its normalised partials of all query heads
+//   in its own (now idle) ring, and block rank r merges the heads of slice r
+//   (HQ / CL heads) over the cluster into row c of the merge layout, so the
+//   partials that reach L2 are CL times fewer;
+// * per (sequence, slice), the last of the sequence's active clusters to arrive
+//   (counter CNT[b * CL + r], acq_rel as in last_to_arrive, reset by that block)
+//   merges slice r over those rows into OUT / LSE.
+// No block waits for another except at the two cluster barriers (co-scheduled
+// by the hardware), so any grid size is safe. S must be a multiple of CL.
+#define HSL ((HK * G + CL - 1) / CL)  // query heads per slice
+static_assert(HK * G * (D + 1) * 4 <= STAGES * STAGE_BYTES, "a block's partials must fit in its ring");
+
+static __device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ u32 dsmem_addr(u32 local, u32 rank) {  // the same offset in block `rank`
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
+    return r;
+}
+static __device__ __forceinline__ float dsmem_ld(u32 a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+static __device__ __forceinline__ float2 dsmem_ld2(u32 a) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_cluster(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
+    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
+    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int s = blockIdx.x % S, b = blockIdx.x / S;
+    const int c = s / CL, r = s % CL;  // cluster of the sequence, rank in it (S % CL == 0)
+    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
+    const int seq_len = SL[b];
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int n_act = split.n_act;
+    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
+        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
+        return;
+    }
+    if (c * CL >= n_act) return;  // the whole cluster holds no tokens
+    const int n_cl = (n_act + CL - 1) / CL;  // active clusters
+    const int n_in = min(CL, n_act - c * CL);  // active blocks of this cluster (ranks 0 .. n_in - 1)
+    float* part_o = reinterpret_cast<float*>(smem);  // [HQ][D], then the log2-sum-exps [HQ]
+    float* part_l = part_o + HK * G * D;
+    if (s < n_act) {
+        State st;
+        page_attend(st, Q, KV, BT, qk_scale, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
+        __syncthreads();  // every warp is done with the ring
+        store_partials(st, part_o, part_l, [](int q) { return (long long)q; }, hk, lane >> 2, lane & 3);
+    }
+    cluster_sync_all();  // partials visible cluster-wide
+
+    // slice r: heads h0 .. h1 - 1, warp-strided; lane holds dims lane * DPL ..
+    const int h0 = r * HSL, h1 = min(HK * G, h0 + HSL);
+    const u32 po = smem_addr(part_o), pl = smem_addr(part_l);
+    for (int h = h0 + hk; h < h1; h += HK) {
+        float lj[CL];
         float m = NEG_INF;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int sp = lane + 32 * i;
-            wt[i] = sp < n_act ? __ldcg(MID_L + row0 + sp) : NEG_INF;
-            m = fmaxf(m, wt[i]);
+        for (int j = 0; j < CL; ++j) {
+            lj[j] = j < n_in ? dsmem_ld(dsmem_addr(pl + 4u * h, j)) : NEG_INF;
+            m = fmaxf(m, lj[j]);
         }
-#pragma unroll
-        for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
-        float den = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            wt[i] = lane + 32 * i < n_act ? ex2(wt[i] - m) : 0.f;
-            den += wt[i];
-        }
-#pragma unroll
-        for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
-        float acc[DPL];
+        float den = 0.f, acc[DPL];
 #pragma unroll
         for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
-        const float* base = MID_O + row0 * D + lane * DPL;
-#pragma unroll 1
-        for (int s0 = 0; s0 < n_act; s0 += FW) {
-            float v[FW][DPL];
 #pragma unroll
-            for (int u = 0; u < FW; ++u) {
-                const bool ok = s0 + u < n_act;
+        for (int j = 0; j < CL; ++j) {
+            if (j < n_in) {
+                const float w = ex2(lj[j] - m);
+                den += w;
+                const u32 a = dsmem_addr(po + 4u * (h * D + lane * DPL), j);
 #pragma unroll
-                for (int c = 0; c < DPL; c += 2) {
-                    float2 x = make_float2(0.f, 0.f);
-                    if (ok) x = __ldcg(reinterpret_cast<const float2*>(base + (long long)(s0 + u) * D + c));
-                    v[u][c] = x.x; v[u][c + 1] = x.y;
+                for (int i = 0; i < DPL; i += 2) {
+                    const float2 v = dsmem_ld2(a + 4u * i);
+                    acc[i] = fmaf(w, v.x, acc[i]);
+                    acc[i + 1] = fmaf(w, v.y, acc[i + 1]);
                 }
-            }
-            const int q = s0 >> 5;  // FW divides 32: one weight register for the chunk
-            const float wsrc = q == 0 ? wt[0] : q == 1 ? wt[1] : q == 2 ? wt[2] : wt[3];
-#pragma unroll
-            for (int u = 0; u < FW; ++u) {
-                const float ws = __shfl_sync(0xffffffffu, wsrc, (s0 & 31) + u);
-#pragma unroll
-                for (int c = 0; c < DPL; ++c) acc[c] += ws * v[u][c];
             }
         }
         const float inv = 1.f / den;
+        const long long row = ((long long)b * HQ + h) * S + c;
+        float* dst = MID_O + row * D + lane * DPL;
 #pragma unroll
-        for (int c = 0; c < DPL; ++c) store_out(OUT, b * o_sb + h * o_sh + lane * DPL + c, acc[c] * inv, out_kind);
-        if (write_lse && lane == 0) LSE[b * lse_sb + h] = (m + __log2f(den)) * 0.6931471805599453f;
+        for (int i = 0; i < DPL; i += 2) __stcg(reinterpret_cast<float2*>(dst + i), make_float2(acc[i] * inv, acc[i + 1] * inv));
+        if (lane == 0) __stcg(MID_L + row, m + __log2f(den));
+    }
+    cluster_sync_all();  // no block leaves while the others read its shared memory
+
+    if (h0 >= h1 || !last_to_arrive(CNT + b * CL + r, n_cl)) return;
+    for (int h = h0 + hk; h < h1; h += HK) {
+        const long long row0 = ((long long)b * HQ + h) * S;
+        merge_head(MID_O + row0 * D, MID_L + row0, n_cl, OUT, LSE, b * o_sb + h * o_sh, b * lse_sb + h,
+                   out_kind, write_lse, lane);
     }
 }
+#endif  // CL
 #endif  // PAGE_CTA
 
 // ---------------------------------------------------------------------------
@@ -845,23 +1025,32 @@ static __device__ __forceinline__ float block_sum(float v, float* red, int tid) 
     return v;
 }
 
-extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
-    const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
-    void* __restrict__ OUT, float* __restrict__ LSE,
-    int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+// Loads of the merge: CG = 1 through L2 only (rows written by other blocks of
+// the same grid), 0 plain (rows of an earlier kernel).
+template <bool CG> static __device__ __forceinline__ float ldm(const float* p) { return CG ? __ldcg(p) : *p; }
+template <bool CG> static __device__ __forceinline__ float4 ldm4(const float* p) {
+    return CG ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+}
+template <bool CG> static __device__ __forceinline__ float2 ldm2(const float* p) {
+    return CG ? __ldcg(reinterpret_cast<const float2*>(p)) : *reinterpret_cast<const float2*>(p);
+}
+
+// Query head h of sequence b, n_act active splits, merged by one block of MW warps.
+template <bool CG>
+static __device__ __forceinline__ void merge_block(
+    const float* __restrict__ MID_O, const float* __restrict__ MID_L, int n_act, void* __restrict__ OUT,
+    float* __restrict__ LSE, int b, int h, int HQ, int S, long long o_sb, long long o_sh, long long lse_sb,
+    int out_kind, int write_lse)
 {
     __shared__ float w[MW * 32];
     __shared__ float red[MW];
     __shared__ __align__(16) float part[MW][D];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
-    pdl_wait();
-    const int n_act = split_of(SL[b], S, min_tiles).n_act;
     const long long row0 = ((long long)b * HQ + h) * S;
 
     // every load is issued at once, before the length is known (rows past the
     // active splits hold stale values: they are selected away, never multiplied)
-    float lv = tid < S ? MID_L[row0 + tid] : NEG_INF;  // S <= 128 <= MW * 32
+    float lv = tid < S ? ldm<CG>(MID_L + row0 + tid) : NEG_INF;  // S <= 128 <= MW * 32
     const float* base = MID_O + row0 * D + lane * DPL;
     float ov[128 / MW][DPL];
 #pragma unroll
@@ -871,12 +1060,12 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
 #pragma unroll
         for (int c = 0; c < DPL / 4; ++c) {
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (s < S) v = *reinterpret_cast<const float4*>(base + (long long)s * D + 4 * c);
+            if (s < S) v = ldm4<CG>(base + (long long)s * D + 4 * c);
             ov[i][4 * c] = v.x; ov[i][4 * c + 1] = v.y; ov[i][4 * c + 2] = v.z; ov[i][4 * c + 3] = v.w;
         }
 #else
         float2 v = make_float2(0.f, 0.f);
-        if (s < S) v = *reinterpret_cast<const float2*>(base + (long long)s * D);
+        if (s < S) v = ldm2<CG>(base + (long long)s * D);
         ov[i][0] = v.x; ov[i][1] = v.y;
 #endif
     }
@@ -919,3 +1108,70 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
     }
     if (write_lse && tid == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
 }
+
+extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
+    const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
+    void* __restrict__ OUT, float* __restrict__ LSE,
+    int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    const int b = blockIdx.x / HQ, h = blockIdx.x % HQ;
+    pdl_wait();
+    const int n_act = split_of(SL[b], S, min_tiles).n_act;
+    merge_block<false>(MID_O, MID_L, n_act, OUT, LSE, b, h, HQ, S, o_sb, o_sh, lse_sb, out_kind, write_lse);
+}
+
+#if PAGE_CTA && defined(GM)
+// ---------------------------------------------------------------------------
+// The page kernel with the merge in the same grid, launched cooperatively
+// (every block resident at once, or the launch fails; the plan asks for it
+// only when the grid is one wave): block (b, s) computes its split, arrives on
+// CNT[2 b], waits until all n_act splits of the sequence have arrived, then
+// merges query heads s, s + n_act, ... of sequence b with merge_block. The
+// merge is spread over the sequence's blocks as the separate merge kernel
+// spreads it, with no kernel boundary in between. The last block of the
+// sequence to finish (CNT[2 b + 1]) resets both counters for the next launch or
+// graph replay.
+static_assert(HK == MW, "grid merge: the block's KV-head warps are merge_block's MW warps");
+
+static __device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_grid(
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
+    const int* __restrict__ BT, const int* __restrict__ SL,
+    float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
+    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
+    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+{
+    const int s = blockIdx.x % S, b = blockIdx.x / S;
+    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
+    const int seq_len = SL[b];
+    const Split split = split_of(seq_len, S, min_tiles);
+    const int n_act = split.n_act;
+    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
+        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
+        return;
+    }
+    if (s >= n_act) return;
+    page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
+    int* cnt = CNT + 2 * b;  // arrivals, departures
+    __threadfence();  // this block's partials, before its arrival (release)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(cnt, 1);
+        while (ld_acquire(cnt) < n_act) __nanosleep(32);
+    }
+    __syncthreads();
+    for (int h = s; h < HQ; h += n_act)
+        merge_block<true>(MID_O, MID_L, n_act, OUT, LSE, b, h, HQ, S, o_sb, o_sh, lse_sb, out_kind, write_lse);
+    if (threadIdx.x == 0 && atomicAdd(cnt + 1, 1) == n_act - 1) {  // every block is past its wait
+        cnt[0] = 0;
+        cnt[1] = 0;
+    }
+}
+#endif  // PAGE_CTA && GM

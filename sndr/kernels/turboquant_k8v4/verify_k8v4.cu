@@ -126,64 +126,6 @@ static __device__ __forceinline__ void load_q_rows(
     }
 }
 
-// The lazy online softmax of one tile (t: this thread's scores, log2 units, masked ones -inf) and the B
-// fragments of P' = p * scale / s_run (fp16, transposed by movmatrix) for the P.V MMAs.
-static __device__ __forceinline__ void softmax_tile(
-    State& st, const float (&t)[NH][4], const float (&sc)[2], const float (&zr)[2], u32 (&pb)[NH][2])
-{
-    float smax = fmaxf(sc[0], sc[1]);
-    bool need = smax > st.s_run;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh)
-        need = need || fmaxf(t[nh][0], t[nh][2]) > st.m[nh][0] + TAU || fmaxf(t[nh][1], t[nh][3]) > st.m[nh][1] + TAU;
-    if (__any_sync(0xffffffffu, need)) {
-        float tmax[NH][2];
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) { tmax[nh][0] = fmaxf(t[nh][0], t[nh][2]); tmax[nh][1] = fmaxf(t[nh][1], t[nh][3]); }
-#pragma unroll
-        for (int x = 4; x <= 16; x <<= 1) {
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) {
-                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x));
-                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x));
-            }
-            smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
-        }
-        const float s_new = fmaxf(st.s_run, smax);
-        const float ratio = st.s_run / s_new;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
-                const float alpha = ex2(st.m[nh][e] - m_new);
-                const float f = alpha * ratio;
-#pragma unroll
-                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-                st.sp[nh][e] *= f;
-                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
-                st.m[nh][e] = m_new;
-            }
-        }
-        st.s_run = s_new;
-        st.inv_s = 1.0f / s_new;
-    }
-
-    const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float p[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = ex2(t[nh][i] - st.m[nh][i & 1]);  // masked: ex2(-inf) = 0
-        st.l[nh][0] += p[0] + p[2];
-        st.l[nh][1] += p[1] + p[3];
-        st.z[nh][0] = fmaf(p[0], zr[0], fmaf(p[2], zr[1], st.z[nh][0]));
-        st.z[nh][1] = fmaf(p[1], zr[0], fmaf(p[3], zr[1], st.z[nh][1]));
-        pb[nh][0] = movmatrix_t(pack_f16x2(p[0] * w0, p[1] * w0));
-        pb[nh][1] = movmatrix_t(pack_f16x2(p[2] * w1, p[3] * w1));
-    }
-}
-
 // attend_tile of decode_k8v4.cu with a causal limit per column: token p of the
 // tile (absolute position tok0 + row) counts for column (nh, e) only when
 // p < lim[nh][e]; rows at or past seq_len (nvalid_abs) may hold stale bytes and
@@ -317,6 +259,137 @@ static __device__ __forceinline__ void write_rows(
     }
 }
 
+// ---------------------------------------------------------------------------
+// What both verify kernels (the one-warp-per-head CTA below and the
+// shared-unpack CTA, SHU) do before their tile loops: the block's work item,
+// the TMA ring of tq_k8v4_decode_page (same stage layout, same barriers) with
+// the first STAGES - 1 tiles in flight, the Q operand and the row state.
+
+// Block (request b, split s, KV-head group hg, chunk block cb) from blockIdx.x;
+// warp w serves KV head hk (hl in the group) and row chunk c.
+struct VerifyBlock {
+    int hl, hg, hk, c, s, b, seq_len;
+    int t_begin, t_end;  // the split's tiles
+    int first_hidden;    // row t sees tokens [0, first_hidden + t)
+    int t_mask;          // tiles from t_mask on reach past seq_len - K for some row (or past the end)
+};
+
+// False where the split holds no tokens (then the whole block returns).
+static __device__ __forceinline__ bool verify_block(VerifyBlock& v, const int* __restrict__ SL, int S, int min_tiles,
+                                                    int w)
+{
+    v.hl = w % HPB;
+    const int cb = blockIdx.x % NCHB, bs = blockIdx.x / (NCHB * NHG);
+    v.hg = (blockIdx.x / NCHB) % NHG;
+    v.hk = v.hg * HPB + v.hl;
+    v.c = cb * NCW + w / HPB;
+    v.s = bs % S;
+    v.b = bs / S;
+    v.seq_len = SL[v.b];
+    const Split split = split_of(v.seq_len, S, min_tiles);
+    const int tiles_per = split.tiles_per;
+    if (v.s >= split.n_act) return false;
+    v.t_begin = v.s * tiles_per;
+    v.t_end = min(v.t_begin + tiles_per, split.n_tiles);
+    v.first_hidden = v.seq_len - QL + 1;
+    v.t_mask = v.first_hidden > 0 ? v.first_hidden >> 4 : 0;
+    return true;
+}
+
+struct VerifyRing {
+    u32 ring, bars;        // STAGES stages, then full[STAGES] (and empty[STAGES]) mbarriers
+    const int* bt_row;
+    int pg_next;           // warp 0, lane 0: the page of the next tile to copy
+};
+
+// Tile T (page pg) into stage `slot`: the block's head group of 16 token rows (warp 0, all lanes).
+static __device__ __forceinline__ void ring_produce(const VerifyRing& r, const VerifyBlock& v,
+                                                    const unsigned char* __restrict__ KV, long long kv_sblk,
+                                                    int T, int slot, int pg, int lane)
+{
+    const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP
+                               + (HPB < HK ? v.hg * (HPB * HS) : 0);
+    const u32 full = r.bars + 8 * slot, dst = r.ring + slot * STAGE_BYTES;
+    if (lane == 0) mbar_expect(full, 16 * CB);
+    __syncwarp();
+#if ROWCOPY
+    if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, CB, full);
+#else
+    if (lane == 0) bulk_copy(dst, src, 16 * SP, full);
+#endif
+}
+
+// The barriers (EMPTY: also empty[STAGES], NWB arrivals each) and the copies of
+// the split's first STAGES - 1 tiles.
+template <bool EMPTY>
+static __device__ __forceinline__ void ring_start(VerifyRing& r, const VerifyBlock& v, unsigned char* smem,
+                                                  const unsigned char* __restrict__ KV, const int* __restrict__ BT,
+                                                  long long bt_sb, long long kv_sblk, int w, int lane)
+{
+    r.ring = smem_addr(smem);
+    r.bars = r.ring + STAGES * STAGE_BYTES;
+    r.bt_row = BT + v.b * bt_sb;
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int i = 0; i < STAGES; ++i) {
+            mbar_init(r.bars + 8 * i, 1);
+            if (EMPTY) mbar_init(r.bars + 8 * (STAGES + i), NWB);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    int pg_pre = 0;
+    if (w == 0 && lane < STAGES - 1) pg_pre = r.bt_row[(16 * min(v.t_begin + lane, v.t_end - 1)) / PAGE];
+    __syncthreads();
+    if (w == 0) {
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; ++i) {
+            const int pg = __shfl_sync(0xffffffffu, pg_pre, i);
+            if (v.t_begin + i < v.t_end) ring_produce(r, v, KV, kv_sblk, v.t_begin + i, i, pg, lane);
+        }
+    }
+    r.pg_next = 0;
+    if (w == 0 && lane == 0) r.pg_next = r.bt_row[(16 * min(v.t_begin + STAGES - 1, v.t_end - 1)) / PAGE];
+}
+
+// The Q operand of warp w (QSMEM: its fragments moved to shared memory after
+// the ring's barriers); load(qb) fills the fragments.
+template <typename LoadQ>
+static __device__ __forceinline__ void load_qop(QOp& qop, unsigned char* smem, int w, int lane, LoadQ load)
+{
+#if QSMEM
+    uint4* qsm = reinterpret_cast<uint4*>(smem + STAGES * STAGE_BYTES + 16 * STAGES)
+                 + w * (NH * (KSTEPS / 2) * 32) + lane;
+    u32 qb[NH][KSTEPS][2];
+    load(qb);
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int k = 0; k < KSTEPS; k += 2)
+            qsm[(nh * (KSTEPS / 2) + k / 2) * 32] = make_uint4(qb[nh][k][0], qb[nh][k][1], qb[nh][k + 1][0],
+                                                               qb[nh][k + 1][1]);
+    __syncwarp();
+    qop.p = qsm;
+#else
+    load(qop.r);
+#endif
+}
+
+// Empty softmax state per row (running max EMPTY_LSE, see the top) and each
+// column's causal limit.
+static __device__ __forceinline__ void init_rows(State& st, int (&lim)[NH][2], const VerifyBlock& v, int t4)
+{
+    init_state(st);
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        st.m[nh][0] = st.m[nh][1] = EMPTY_LSE;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = RC * v.c + 8 * nh + 2 * t4 + e;
+            lim[nh][e] = r < VR ? v.first_hidden + r / GQ : v.seq_len;
+        }
+    }
+}
+
 #if !SHU
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
@@ -329,87 +402,22 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int hl = w % HPB;                         // KV head within the block's group
-    const int cb = blockIdx.x % NCHB, hg = (blockIdx.x / NCHB) % NHG, bs = blockIdx.x / (NCHB * NHG);
-    const int hk = hg * HPB + hl, c = cb * NCW + w / HPB;
-    const int s = bs % S, b = bs / S;
-    const int seq_len = SL[b];
-    const Split split = split_of(seq_len, S, min_tiles);
-    const int tiles_per = split.tiles_per;
-    if (s >= split.n_act) return;  // the whole block
-    const int t_begin = s * tiles_per;
-    const int t_end = min(t_begin + tiles_per, split.n_tiles);
-    // tiles from t_mask on reach past seq_len - K for some row (or past the end)
-    const int first_hidden = seq_len - QL + 1;  // row t sees [0, first_hidden + t)
-    const int t_mask = first_hidden > 0 ? first_hidden >> 4 : 0;
+    VerifyBlock v;
+    if (!verify_block(v, SL, S, min_tiles, w)) return;  // the whole block
     const int g = lane >> 2, t4 = lane & 3;
-
-    const u32 ring = smem_addr(smem);
-    const u32 bars = ring + STAGES * STAGE_BYTES;
-    const int* bt_row = BT + b * bt_sb;
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int i = 0; i < STAGES; ++i) { mbar_init(bars + 8 * i, 1); mbar_init(bars + 8 * (STAGES + i), NWB); }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    int pg_pre = 0;
-    if (w == 0 && lane < STAGES - 1) pg_pre = bt_row[(16 * min(t_begin + lane, t_end - 1)) / PAGE];
-    __syncthreads();
-
-    auto produce = [&](int T, int slot, int pg) {
-        const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP
-                                   + (HPB < HK ? hg * (HPB * HS) : 0);
-        const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
-        if (lane == 0) mbar_expect(full, 16 * CB);
-        __syncwarp();
-#if ROWCOPY
-        if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, CB, full);
-#else
-        if (lane == 0) bulk_copy(dst, src, 16 * SP, full);
-#endif
-    };
-
-    if (w == 0) {
-#pragma unroll
-        for (int i = 0; i < STAGES - 1; ++i) {
-            const int pg = __shfl_sync(0xffffffffu, pg_pre, i);
-            if (t_begin + i < t_end) produce(t_begin + i, i, pg);
-        }
-    }
-    int pg_next = 0;
-    if (w == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
-
+    VerifyRing rg;
+    ring_start<true>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);
     QOp qop;
-#if QSMEM
-    {
-        uint4* qsm = reinterpret_cast<uint4*>(smem + STAGES * STAGE_BYTES + 16 * STAGES)
-                     + w * (NH * (KSTEPS / 2) * 32) + lane;
-        u32 qb[NH][KSTEPS][2];
-        load_q_rows(qb, Q, b, hk, c, q_st, q_sh, g, t4);
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh)
-#pragma unroll
-            for (int k = 0; k < KSTEPS; k += 2)
-                qsm[(nh * (KSTEPS / 2) + k / 2) * 32] = make_uint4(qb[nh][k][0], qb[nh][k][1], qb[nh][k + 1][0],
-                                                                   qb[nh][k + 1][1]);
-        __syncwarp();
-        qop.p = qsm;
-    }
-#else
-    load_q_rows(qop.r, Q, b, hk, c, q_st, q_sh, g, t4);
-#endif
+    load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) { load_q_rows(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); });
     State st;
-    init_state(st);
     int lim[NH][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        st.m[nh][0] = st.m[nh][1] = EMPTY_LSE;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int r = RC * c + 8 * nh + 2 * t4 + e;
-            lim[nh][e] = r < VR ? first_hidden + r / GQ : seq_len;
-        }
-    }
+    init_rows(st, lim, v, t4);
+    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;
+    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;
+    const u32 bars = rg.bars;
+    const int* bt_row = rg.bt_row;
+    int pg_next = rg.pg_next;
+    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
 
     const unsigned char* my = smem + hl * kv_shead;
     int slot = 0;
@@ -676,87 +684,23 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
     long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int hl = w % HPB;
-    const int cb = blockIdx.x % NCHB, hg = (blockIdx.x / NCHB) % NHG, bs = blockIdx.x / (NCHB * NHG);
-    const int hk = hg * HPB + hl, c = cb * NCW + w / HPB;
-    const int s = bs % S, b = bs / S;
-    const int seq_len = SL[b];
-    const Split split = split_of(seq_len, S, min_tiles);
-    const int tiles_per = split.tiles_per;
-    if (s >= split.n_act) return;  // the whole block
-    const int t_begin = s * tiles_per;
-    const int t_end = min(t_begin + tiles_per, split.n_tiles);
-    const int first_hidden = seq_len - QL + 1;  // row t sees [0, first_hidden + t)
-    const int t_mask = first_hidden > 0 ? first_hidden >> 4 : 0;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    VerifyBlock v;
+    if (!verify_block(v, SL, S, min_tiles, w)) return;  // the whole block
     const int g = lane >> 2, t4 = lane & 3;
-
-    const u32 ring = smem_addr(smem);
-    const u32 bars = ring + STAGES * STAGE_BYTES;  // full[STAGES]
-    const int* bt_row = BT + b * bt_sb;
-    if (tid == 0) {
-#pragma unroll
-        for (int i = 0; i < STAGES; ++i) mbar_init(bars + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    int pg_pre = 0;
-    if (w == 0 && lane < STAGES - 1) pg_pre = bt_row[(16 * min(t_begin + lane, t_end - 1)) / PAGE];
-    __syncthreads();
-
-    auto produce = [&](int T, int slot, int pg) {
-        const unsigned char* src = KV + (long long)pg * kv_sblk + (long long)((16 * T) % PAGE) * SP
-                                   + (HPB < HK ? hg * (HPB * HS) : 0);
-        const u32 full = bars + 8 * slot, dst = ring + slot * STAGE_BYTES;
-        if (lane == 0) mbar_expect(full, 16 * CB);
-        __syncwarp();
-#if ROWCOPY
-        if (lane < 16) bulk_copy(dst + lane * ROWP, src + lane * SP, CB, full);
-#else
-        if (lane == 0) bulk_copy(dst, src, 16 * SP, full);
-#endif
-    };
-
-    if (w == 0) {
-#pragma unroll
-        for (int i = 0; i < STAGES - 1; ++i) {
-            const int pg = __shfl_sync(0xffffffffu, pg_pre, i);
-            if (t_begin + i < t_end) produce(t_begin + i, i, pg);
-        }
-    }
-    int pg_next = 0;
-    if (w == 0 && lane == 0) pg_next = bt_row[(16 * min(t_begin + STAGES - 1, t_end - 1)) / PAGE];
-
+    VerifyRing rg;
+    ring_start<false>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);  // full barriers only: see the loop
     QOp qop;
-#if QSMEM
-    {
-        uint4* qsm = reinterpret_cast<uint4*>(smem + STAGES * STAGE_BYTES + 16 * STAGES)
-                     + w * (NH * (KSTEPS / 2) * 32) + lane;
-        u32 qb[NH][KSTEPS][2];
-        load_q_nat(qb, Q, b, hk, c, q_st, q_sh, g, t4);
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh)
-#pragma unroll
-            for (int k = 0; k < KSTEPS; k += 2)
-                qsm[(nh * (KSTEPS / 2) + k / 2) * 32] = make_uint4(qb[nh][k][0], qb[nh][k][1], qb[nh][k + 1][0],
-                                                                   qb[nh][k + 1][1]);
-        __syncwarp();
-        qop.p = qsm;
-    }
-#else
-    load_q_nat(qop.r, Q, b, hk, c, q_st, q_sh, g, t4);
-#endif
+    load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) { load_q_nat(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); });
     State st;
-    init_state(st);
     int lim[NH][2];
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        st.m[nh][0] = st.m[nh][1] = EMPTY_LSE;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int r = RC * c + 8 * nh + 2 * t4 + e;
-            lim[nh][e] = r < VR ? first_hidden + r / GQ : seq_len;
-        }
-    }
+    init_rows(st, lim, v, t4);
+    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;
+    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;
+    const u32 bars = rg.bars;
+    const int* bt_row = rg.bt_row;
+    int pg_next = rg.pg_next;
+    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
 
     // this lane's ldmatrix rows: keys (x4: tokens 0-7 | 8-15 x dims 0-7 | 8-15 of a k-step), codes (x4.trans:
     // tokens 0-7 x dims 0-7 | 8-15, then tokens 8-15 x dims 0-7 | 8-15 of an m-tile)
