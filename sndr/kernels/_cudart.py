@@ -21,6 +21,7 @@ import ctypes.util
 import glob
 import hashlib
 import os
+import re
 import struct
 import sys
 import threading
@@ -150,6 +151,30 @@ def cubin_cache() -> fsio.PrivateDir | None:
 def cache_dir() -> Path:
     """Where the cubin cache lives (for messages; reads and writes go through :func:`cubin_cache`)."""
     return Path(sndr_env.cache_root()) / sndr_env.CACHE_CUBIN
+
+
+_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.-]+)"[ \t]*$', re.M)
+
+
+def read_source(path: Path) -> str:
+    """A kernel's CUDA source with each ``#include "name"`` of a file beside it expanded in place (once per
+    file, between ``#line`` directives, so NVRTC's messages name the right file and line). The text is
+    what :func:`compile_cubin` keys its cache on, so a header's bytes are part of every key that uses it."""
+    seen: set[str] = set()
+
+    def expand(p: Path) -> str:
+        text = p.read_text()
+        out, last = [], 0
+        for m in _INCLUDE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            out.append(text[last:m.start()])
+            if m.group(1) not in seen:
+                seen.add(m.group(1))
+                out.append(f'#line 1 "{m.group(1)}"\n{expand(p.with_name(m.group(1)))}\n#line {line + 1} "{p.name}"')
+            last = m.end()
+        return "".join(out) + text[last:]
+
+    return expand(Path(path))
 
 
 def _options(arch: str, defines: dict[str, int | str]) -> list[str]:

@@ -130,3 +130,29 @@ def test_refusals_say_why():
         for n in routing.BATCHES:
             for tt in routing.TS:
                 assert cuda_step.config_why(K, V, dt, cuda_step.pick_config(n, HV, V, K, dt, tt)) is None
+
+
+def test_both_gdn_kernels_take_the_state_row_header_from_one_file_and_nvrtc_names_its_lines(tmp_path):
+    """step.cu and replay.cu include rows.cuh (the state rows, the reductions, the delta-rule pass): the source
+    each compiles is that header expanded in place, once, between #line directives, so that an error in the
+    header or after it is reported at its own file and line; and the canary's kernel hash covers the header."""
+    from sndr.kernels.gdn import canary, replay
+
+    header = (cuda_step.SOURCE.parent / "rows.cuh").read_text()
+    for name, src in (("step.cu", cuda_step.source()), ("replay.cu", replay.cuda_source())):
+        assert src.count(header) == 1 and '#include "rows.cuh"' not in src, name
+        assert '#line 1 "rows.cuh"' in src and f'"{name}"' in src, name
+    # the expansion: once per file, line numbers of the includer kept after it
+    (tmp_path / "h.cuh").write_text("int h;\n")
+    (tmp_path / "k.cu").write_text('// one\n#include "h.cuh"\n#include "h.cuh"\nint bad_here\n')
+    src = _cudart.read_source(tmp_path / "k.cu")
+    assert src == '// one\n#line 1 "h.cuh"\nint h;\n\n#line 3 "k.cu"\n\nint bad_here\n'
+    _nvrtc_or_skip()
+    with pytest.raises(_cudart.CudaError) as err:  # two host variables: an error in each file, at its own line
+        _cudart.compile_cubin(src, "k", "90", {}, cache=False)
+    assert "h.cuh(1): error" in str(err.value) and "k.cu(4): error" in str(err.value), str(err.value)
+    # the canary's kernel hash covers the header (a change to it is a new kernel, to be checked again)
+    from sndr.kernels import canary as _canary
+
+    here = cuda_step.SOURCE.parent
+    assert canary.kernel_hash() != _canary.source_hash(p for p in here.iterdir() if p.suffix in (".py", ".cu"))

@@ -26,8 +26,8 @@ _OK: dict[tuple, bool] = {}
 
 
 def kernel_hash() -> str:
-    """sha256 of this package's kernel and launch code (every ``.py`` and ``.cu`` here)."""
-    return _canary.package_hash(_HERE, (".py", ".cu"))
+    """sha256 of this package's kernel and launch code (every ``.py``, ``.cu`` and ``.cuh`` here)."""
+    return _canary.package_hash(_HERE, (".py", ".cu", ".cuh"))
 
 
 def problem(h: int, hv: int, k: int, v: int, state_dtype: torch.dtype, t: int, seed: int = 20261201) -> dict:

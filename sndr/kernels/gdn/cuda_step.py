@@ -107,7 +107,8 @@ def pick_config(n_req: int, hv: int, v: int, k: int, state_dtype: torch.dtype, t
 
 
 def source() -> str:
-    return SOURCE.read_text()
+    """step.cu with the state-row header it includes (rows.cuh, shared with replay.cu)."""
+    return _cudart.read_source(SOURCE)
 
 
 def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm: int, kinds: dict[str, int],

@@ -36,184 +36,15 @@
 #endif
 #define NT ((V / R) * P)
 #define NWARPS (NT / 32)
-#define SB (S_KIND == 0 ? 4 : 2)
-#define EPC (16 / SB)
-#define C (K / P)
-#define NCH (C / EPC)
-#define E (R * C)
-#define NA (R >= 4 ? 1 : 4 / R)
-#define KREG (R > 1)
 #define MW (2 + TM)
 #define Z_BYTES (Z_KIND == 0 ? 4 : 2)
 
-typedef long long i64;
+#include "rows.cuh"
 
-__device__ __forceinline__ float h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ float bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
-__device__ __forceinline__ unsigned short f2h(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-__device__ __forceinline__ unsigned short f2bf(float f) {
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-
-template <int KIND> __device__ __forceinline__ float ldf(const void* p, i64 i) {
-    if (KIND == 0) return ((const float*)p)[i];
-    if (KIND == 1) return h2f(((const unsigned short*)p)[i]);
-    return bf2f(((const unsigned short*)p)[i]);
-}
-template <int KIND> __device__ __forceinline__ void stf(void* p, i64 i, float f) {
-    if (KIND == 0) ((float*)p)[i] = f;
-    else if (KIND == 1) ((unsigned short*)p)[i] = f2h(f);
-    else ((unsigned short*)p)[i] = f2bf(f);
-}
-// f rounded to the tensor kind's precision and back (what a store and a load give)
-template <int KIND> __device__ __forceinline__ float roundf_kind(float f) {
-    if (KIND == 0) return f;
-    if (KIND == 1) return h2f(f2h(f));
-    return bf2f(f2bf(f));
-}
 // copy one element's bits (the side buffer keeps v as given)
 template <int KIND> __device__ __forceinline__ void cpy(void* dst, i64 j, const void* src, i64 i) {
     if (KIND == 0) ((float*)dst)[j] = ((const float*)src)[i];
     else ((unsigned short*)dst)[j] = ((const unsigned short*)src)[i];
-}
-
-// The NA partial sums of one row (fixed tree), then the row's P lanes (xor shuffles).
-__device__ __forceinline__ float row_sum(const float (&a)[NA]) {
-    float s = a[0];
-    if (NA == 2) s = __fadd_rn(a[0], a[1 % NA]);
-    if (NA == 4) s = __fadd_rn(__fadd_rn(a[0], a[1 % NA]), __fadd_rn(a[2 % NA], a[3 % NA]));
-#pragma unroll
-    for (int m = 1; m < P; m <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
-    return s;
-}
-
-// The thread's chunks of its R rows from/to memory (pool dtype), as float32 registers:
-// S[i * C + j * EPC + e] = element (p + P j) EPC + e of row g R + i.
-__device__ __forceinline__ void load_rows(float (&S)[E], const char* tilep, int g, int p) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const uint4* rowp = (const uint4*)(tilep + (i64)(g * R + i) * K * SB);
-#pragma unroll
-        for (int j = 0; j < NCH; ++j) {
-            const uint4 r = rowp[p + P * j];
-            float* d = S + i * C + j * EPC;
-            if (S_KIND == 0) {
-                d[0] = __uint_as_float(r.x);
-                d[1] = __uint_as_float(r.y);
-                d[2] = __uint_as_float(r.z);
-                d[3] = __uint_as_float(r.w);
-            } else {
-                const unsigned w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    d[2 * q] = __uint_as_float(w[q] << 16);
-                    d[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
-                }
-            }
-        }
-    }
-}
-__device__ __forceinline__ void store_rows(char* tilep, const float (&S)[E], int g, int p) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        uint4* rowp = (uint4*)(tilep + (i64)(g * R + i) * K * SB);
-#pragma unroll
-        for (int j = 0; j < NCH; ++j) {
-            const float* d = S + i * C + j * EPC;
-            uint4 r;
-            if (S_KIND == 0) {
-                r.x = __float_as_uint(d[0]);
-                r.y = __float_as_uint(d[1]);
-                r.z = __float_as_uint(d[2]);
-                r.w = __float_as_uint(d[3]);
-            } else {
-                unsigned w[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) w[q] = (unsigned)f2bf(d[2 * q]) | ((unsigned)f2bf(d[2 * q + 1]) << 16);
-                r.x = w[0]; r.y = w[1]; r.z = w[2]; r.w = w[3];
-            }
-            rowp[p + P * j] = r;
-        }
-    }
-}
-
-// A 16-byte shared-memory load that ptxas may not merge with an earlier one of the same address
-// (with R = 1 it would keep the C values of k in registers between the dot and the update, and spill).
-__device__ __forceinline__ void lds4(float* r, const float* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r[0]), "=f"(r[1]), "=f"(r[2]), "=f"(r[3]) : "r"(a));
-}
-
-// One token of the delta rule on the thread's R rows:
-//   hk = (S k) d;  u = (v - hk) beta;  [hq = (S q) d;  o = hq + u (k.q)];  S = S d + u k
-// (the order of PK0003's and vLLM's kernels). NEW: also the outputs o[R] (q given). upd
-// false: no state update (a step's last token: its state is never read; the next step
-// replays it).
-template <bool NEW>
-__device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float* qs, const float (&v)[R], float d,
-                                     float beta, float kq, int p, bool upd, float (&o)[R]) {
-    float kk[KREG ? C : 4];
-    float a[R][NA], b[R][NA];
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int x = 0; x < NA; ++x) a[i][x] = b[i][x] = 0.f;
-#pragma unroll
-    for (int j = 0; j < NCH; ++j) {
-        const int c = (p + P * j) * EPC;
-#pragma unroll
-        for (int jj = 0; jj < EPC; jj += 4) {
-            float* k4 = KREG ? kk + j * EPC + jj : kk;
-            lds4(k4, ks + c + jj);
-            float q4[4];
-            if (NEW) lds4(q4, qs + c + jj);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = j * EPC + jj + e;
-#pragma unroll
-                for (int i = 0; i < R; ++i) {
-                    a[i][col % NA] = __fmaf_rn(S[i * C + col], k4[e], a[i][col % NA]);
-                    if (NEW) b[i][col % NA] = __fmaf_rn(S[i * C + col], q4[e], b[i][col % NA]);
-                }
-            }
-        }
-    }
-    float u[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const float hk = __fmul_rn(row_sum(a[i]), d);
-        u[i] = __fmul_rn(__fsub_rn(v[i], hk), beta);
-        if (NEW) o[i] = __fmaf_rn(u[i], kq, __fmul_rn(row_sum(b[i]), d));
-    }
-    if (!upd) return;
-#pragma unroll
-    for (int j = 0; j < NCH; ++j) {
-        const int c = (p + P * j) * EPC;
-#pragma unroll
-        for (int jj = 0; jj < EPC; jj += 4) {
-            float* k4 = KREG ? kk + j * EPC + jj : kk;
-            if (!KREG) lds4(k4, ks + c + jj);  // again, not kept from the dot above (R = 1)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = j * EPC + jj + e;
-#pragma unroll
-                for (int i = 0; i < R; ++i) {
-                    float& s_ = S[i * C + col];
-                    s_ = __fmaf_rn(u[i], k4[e], __fmul_rn(s_, d));
-                }
-            }
-        }
-    }
 }
 
 struct ReplaySmem {
@@ -236,12 +67,6 @@ __device__ __forceinline__ void stage_replay(ReplaySmem& sm, int n_rep, i64 s0, 
         sm.db[tid][0] = sgr[(i64)tid * HV * 2];
         sm.db[tid][1] = sgr[(i64)tid * HV * 2 + 1];
     }
-}
-
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
-    return s;
 }
 
 // Shared memory of one tile of the step (static in gdn_replay_step and in the L2 persistent

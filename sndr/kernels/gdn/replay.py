@@ -300,7 +300,8 @@ def why_not(state: torch.Tensor, mixed_qkv: torch.Tensor, state_indices: torch.T
 
 
 def cuda_source() -> str:
-    return CUDA_SOURCE.read_text()
+    """replay.cu with the state-row header it includes (rows.cuh, shared with step.cu)."""
+    return _cudart.read_source(CUDA_SOURCE)
 
 
 #: the persistent variants of the one-kernel step (``GdnReplay(persistent=...)``), by kernel name:
