@@ -43,8 +43,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--allow-empty", action="store_true",
                     help="accept an empty patch set (applying it reverts every file the ledger holds)")
     add_json_option(ap, "the report")
-    ap.add_argument("-q", "--quiet", action="store_true")
-    ap.add_argument("-v", "--verbose", action="store_true", help="list every edit")
+    talk = ap.add_mutually_exclusive_group()  # -q -v together was read as -q, silently
+    talk.add_argument("-q", "--quiet", action="store_true")
+    talk.add_argument("-v", "--verbose", action="store_true", help="list every edit")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,8 +49,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--via", metavar="V1,V2|auto",
                     help="follow drifted anchors release by release: the given releases (or tree specs) between pin "
                          "and candidate, or 'auto' for the published releases in between (last patch of each minor)")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
-    ap.add_argument("-v", "--verbose", action="store_true")
+    talk = ap.add_mutually_exclusive_group()  # -q -v together was read as -q, silently
+    talk.add_argument("-q", "--quiet", action="store_true", help="no terminal report")
+    talk.add_argument("-v", "--verbose", action="store_true")
 
 
 def _stdout_outputs(args: argparse.Namespace) -> list[str]:

@@ -360,3 +360,17 @@ def test_options_a_mode_does_not_use_are_refused_not_silently_ignored(tree, caps
         assert f"{flag} has no effect with {argv[0]}" in err and "(usage)" in err, err
         assert vllm_hash(tree) == patched, argv
     assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA), "--verify", "--only", "T0001"]) in (0, 1)
+
+
+@pytest.mark.parametrize("command", ["apply", "preflight"])
+def test_quiet_and_verbose_together_are_a_usage_error(tree, capsys, command):
+    """``-q -v`` was read as ``-q``, silently (the audit's new-user pass): the two are exclusive, so asking for
+    both is a usage error naming them (exit 2), a JSON document under ``--json -``, and the tree untouched."""
+    before = vllm_hash(tree)
+    argv = [command, "--tree", str(tree), "--patches", str(DATA)] if command == "apply" else [command]
+    assert sndr_main([*argv, "-q", "-v"]) == 2
+    assert "argument -v/--verbose: not allowed with argument -q/--quiet" in capsys.readouterr().err
+    assert sndr_main([*argv, "--json", "-", "-q", "-v"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 2 and doc["problems"][0]["code"] == "usage"
+    assert vllm_hash(tree) == before
