@@ -36,7 +36,8 @@ def pytest_addoption(parser):
 WHEEL_FIXTURES = frozenset({
     "vllm_pin_root", "vllm_candidate_root", "vllm_root", "pin_tree", "pin_subtree",  # this file
     "sndr_pin_tree", "sndr_patch_on_pin",  # sndr.testing
-    "patched_pin_root", "vllm_py",  # tests/patches
+    "vllm_py",  # this file (the CPU vLLM install's interpreter)
+    "patched_pin_root",  # tests/patches
     "vllm_install", "vllm_master", "make_vllm_env",  # tests/e2e
     "scenario",  # tests/reliability (a copy of the pin tree)
 })
@@ -141,6 +142,21 @@ def vllm_candidate_root() -> Path:
 def vllm_root():
     """Factory: ``vllm_root("0.10.1")`` -> cached read-only root of that version."""
     return _fetch
+
+
+@pytest.fixture(scope="session")
+def vllm_py() -> str:
+    """The interpreter of the CPU vLLM 0.32.0 install (``tests/e2e/vllm_env.py``, the one resolver of it), or a
+    skip naming how to build it."""
+    e2e = str(Path(__file__).resolve().parent / "e2e")
+    if e2e not in sys.path:
+        sys.path.insert(0, e2e)  # as tests/e2e/conftest.py does: one module object either way
+    import vllm_env
+
+    python = vllm_env.vllm_python()
+    if python is None:
+        pytest.skip(vllm_env.skip_reason())
+    return python
 
 
 def copy_tree(src: Path, dst: Path, paths: list[str] | None = None) -> Path:

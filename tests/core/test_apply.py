@@ -288,25 +288,10 @@ def test_revert_and_verify_on_a_tree_sndr_never_touched(tree, patch_set):
     assert tree_hash(tree) == before
 
 
-def _vllm_env():
-    """tests/e2e/vllm_env.py: the one resolver of the CPU vLLM install (and its skip reason)."""
-    import sys as _sys
-
-    e2e = str(Path(__file__).resolve().parents[1] / "e2e")
-    if e2e not in _sys.path:
-        _sys.path.insert(0, e2e)  # as tests/e2e/conftest.py does: one module object either way
-    import vllm_env
-
-    return vllm_env
-
-
 @pytest.mark.vllm_install
-def test_tree_can_name_an_installed_vllm(tmp_path):
+def test_tree_can_name_an_installed_vllm(tmp_path, vllm_py):
     """--tree installed:PYTHON finds the vLLM that interpreter imports, without importing it."""
-    env = _vllm_env()
-    python = env.vllm_python()
-    if python is None:
-        pytest.skip(env.skip_reason())
+    python = vllm_py
     r = sndr_apply("--tree", f"installed:{python}", "--patches", str(DATA), "--dry-run", "--json", "-", "-q")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)

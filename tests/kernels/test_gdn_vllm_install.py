@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.patches.conftest import run_child, skip_reason, vllm_python
+from tests.patches.conftest import run_child
 
 SCRIPT = r'''
 import json, os, sys
@@ -151,11 +151,8 @@ print("SNDR_RESULT " + json.dumps(out, default=repr))
 
 
 @pytest.fixture(scope="module")
-def child():
-    python = vllm_python()
-    if python is None:
-        pytest.skip(skip_reason())
-    return run_child(python, SCRIPT)
+def child(vllm_py):
+    return run_child(vllm_py, SCRIPT)
 
 
 @pytest.mark.vllm_install

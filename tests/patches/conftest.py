@@ -3,8 +3,8 @@
 The shipped set is applied (``sndr.apply.run_apply``, the real commit path)
 to a private copy of the cached vLLM 0.32.0 source tree, once per session.
 Each test module then runs one child process with the real CPU install of
-vLLM 0.32.0 (``$SNDR_TEST_VLLM_PYTHON``, default ``~/.cache/sndr/vllm-0.32.0-venv/bin/python``: see
-``sndr.env.vllm_test_python``;
+vLLM 0.32.0 (``$SNDR_TEST_VLLM_PYTHON``, default ``~/.cache/sndr/vllm-0.32.0-venv/bin/python``: the
+``vllm_py`` fixture of ``tests/conftest.py``;
 torch 2.13 CPU, native kernels absent) with ``PYTHONPATH=<patched copy>:<repo>``,
 so ``import vllm`` imports the patched source and torch comes from the
 install. The child runs a batch of named cases and prints their results as
@@ -21,8 +21,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from sndr import env as sndr_env
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_TAG = "SNDR_RESULT "
@@ -47,25 +45,6 @@ def case(name):
 EPILOGUE = r'''
 print("SNDR_RESULT " + json.dumps(RESULTS, default=repr))
 '''
-
-
-def vllm_python() -> str | None:
-    python = sndr_env.vllm_test_python()
-    return python if os.path.exists(python) else None
-
-
-def skip_reason() -> str:
-    return (f"no_vllm_install: needs the CPU install of vLLM 0.32.0 at {sndr_env.vllm_test_python()} (not found; "
-            f"set {sndr_env.TEST_VLLM_PYTHON}, default {sndr_env.DEFAULT_TEST_VLLM_PYTHON}); build it with: "
-            f"{sndr_env.TEST_VLLM_BUILD}")
-
-
-@pytest.fixture(scope="session")
-def vllm_py() -> str:
-    python = vllm_python()
-    if python is None:
-        pytest.skip(skip_reason())
-    return python
 
 
 @pytest.fixture(scope="session")
