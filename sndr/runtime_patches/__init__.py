@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["argument", "lazy_module", "wraps_original"]
+__all__ = ["argument", "lazy_module", "module_globals", "wraps_original"]
 
 
 def argument(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
@@ -45,6 +45,16 @@ def wraps_original(original: Callable) -> Callable[[Callable], Callable]:
         return wrapped
 
     return decorate
+
+
+def module_globals(original: Callable) -> dict[str, Any]:
+    """The module globals of the function ``original`` finally wraps: through every sndr wrapper of a
+    chain (``__sndr_wraps__``) to vLLM's own function, whose module a wrapper that re-implements part of a
+    method must read names from (a wrapper's ``__globals__`` would be sndr's module)."""
+    inner: Any = original
+    while getattr(inner, "__sndr_wraps__", None) is not None:
+        inner = inner.__sndr_wraps__
+    return getattr(inner, "__globals__", {})
 
 
 def lazy_module(module: str, patch: str, unavailable: str, fallback: str) -> Callable[[], Any]:

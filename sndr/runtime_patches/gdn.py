@@ -29,8 +29,9 @@ until the first call, so installing the patch costs nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from . import lazy_module, wraps_original
+from . import lazy_module, module_globals, wraps_original
 
 # no torch / triton: vLLM's own kernels run
 _entry = lazy_module("sndr.kernels.gdn.vllm_entry", "PK0003", "GDN kernels unavailable", "vLLM's own kernels run")
@@ -111,27 +112,37 @@ _layer_glue = lazy_module("sndr.kernels.gdn.vllm_layer", "PK0003", "GDN kernels 
 
 def wrap_forward_core_fused_norm(original: Callable) -> Callable:
     """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._forward_core_fused_norm``."""
-    module_globals = getattr(original, "__globals__", {})
+    vllm_globals = module_globals(original)
 
     @wraps_original(original)
     def _forward_core_fused_norm(self, mixed_qkv, b, a, output_gate, core_attn_out):
         glue = _layer_glue()
-        if glue and glue.decode_fused_norm(self, module_globals, mixed_qkv, b, a, output_gate, core_attn_out):
+        if glue and glue.decode_fused_norm(self, vllm_globals, mixed_qkv, b, a, output_gate, core_attn_out):
             return None
         return original(self, mixed_qkv, b, a, output_gate, core_attn_out)
 
     return _forward_core_fused_norm
 
 
-def wrap_layer_init(original: Callable) -> Callable:
-    """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention.__init__``."""
+def layer_init_then(original: Callable, after: Callable[[Any, Any], None]) -> Callable:
+    """``QwenGatedDeltaNetAttention.__init__`` (vLLM 0.32.0's signature) wrapped to call
+    ``after(layer, vllm_config)`` once vLLM's own ``__init__`` has built the layer (PK0003 and PK0004)."""
 
     @wraps_original(original)
     def __init__(self, config, vllm_config, prefix="", gqa_interleaved_layout=False, reduce_results=True):
         original(self, config, vllm_config, prefix=prefix, gqa_interleaved_layout=gqa_interleaved_layout,
                  reduce_results=reduce_results)
-        glue = _layer_glue()
-        if glue:
-            glue.route_plain_decode(self)
+        after(self, vllm_config)
 
     return __init__
+
+
+def wrap_layer_init(original: Callable) -> Callable:
+    """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention.__init__``."""
+
+    def route(layer: Any, _vllm_config: Any) -> None:
+        glue = _layer_glue()
+        if glue:
+            glue.route_plain_decode(layer)
+
+    return layer_init_then(original, route)

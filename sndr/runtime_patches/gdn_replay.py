@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import lazy_module, wraps_original
+from . import lazy_module, module_globals, wraps_original
+from .gdn import layer_init_then
 
 # no torch / triton: vLLM's own path runs
 _route = lazy_module("sndr.kernels.gdn.vllm_replay", "PK0004", "GDN replay unavailable", "vLLM's snapshot path runs")
@@ -27,17 +28,14 @@ _route = lazy_module("sndr.kernels.gdn.vllm_replay", "PK0004", "GDN replay unava
 
 def wrap_forward_core_fused_norm(original: Callable) -> Callable:
     """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention._forward_core_fused_norm``."""
-    inner: Any = original
-    while getattr(inner, "__sndr_wraps__", None) is not None:  # PK0003's wrapper below: vLLM's module globals
-        inner = inner.__sndr_wraps__
-    module_globals = getattr(inner, "__globals__", {})
+    vllm_globals = module_globals(original)  # through PK0003's wrapper below, when stacked
 
     @wraps_original(original)
     def _forward_core_fused_norm(self, mixed_qkv, b, a, output_gate, core_attn_out):
         route = _route()
         if not route:
             return original(self, mixed_qkv, b, a, output_gate, core_attn_out)
-        return route.forward_core_fused_norm(self, module_globals, original, mixed_qkv, b, a, output_gate,
+        return route.forward_core_fused_norm(self, vllm_globals, original, mixed_qkv, b, a, output_gate,
                                              core_attn_out)
 
     return _forward_core_fused_norm
@@ -46,12 +44,9 @@ def wrap_forward_core_fused_norm(original: Callable) -> Callable:
 def wrap_layer_init(original: Callable) -> Callable:
     """Wrapper factory for ``...qwen_gdn_linear_attn:QwenGatedDeltaNetAttention.__init__``."""
 
-    @wraps_original(original)
-    def __init__(self, config, vllm_config, prefix="", gqa_interleaved_layout=False, reduce_results=True):
-        original(self, config, vllm_config, prefix=prefix, gqa_interleaved_layout=gqa_interleaved_layout,
-                 reduce_results=reduce_results)
+    def record(layer: Any, vllm_config: Any) -> None:
         route = _route()
         if route:
-            route.record_config(self, vllm_config)
+            route.record_config(layer, vllm_config)
 
-    return __init__
+    return layer_init_then(original, record)

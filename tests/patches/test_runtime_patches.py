@@ -217,3 +217,23 @@ def test_runtime_patcher_installs_both_before_vllm_imports_them(installed):
 def test_installed_wrapper_guards_and_reverts(installed):
     raised(installed, "installed_wrapper_rejects", "ValueError", "k has shape (2,)")
     assert ok(installed, "revert") == {"problems": [], "restored": True}
+
+
+def test_module_globals_reads_through_every_sndr_wrapper():
+    """A wrapper that re-implements part of a vLLM method reads names from vLLM's module, not sndr's: through
+    a chain of sndr wrappers (PK0004 over PK0003 over vLLM's function) both GDN wrappers get the innermost
+    function's globals. Hermetic: a stdlib function stands in for vLLM's."""
+    import json.decoder
+
+    from sndr.runtime_patches import gdn, gdn_replay, module_globals, wraps_original
+
+    target = json.decoder.JSONDecoder.decode
+    inner = gdn.wrap_forward_core_fused_norm(target)
+    outer = gdn_replay.wrap_forward_core_fused_norm(inner)
+    assert module_globals(target) is json.decoder.__dict__
+    assert module_globals(outer) is json.decoder.__dict__ and module_globals(inner) is json.decoder.__dict__
+    for wrapper in (inner, outer, gdn.wrap_forward_core_fused_norm(outer)):
+        held = [c.cell_contents for c in wrapper.__closure__ if isinstance(c.cell_contents, dict)]
+        assert held == [json.decoder.__dict__], wrapper
+    bare = wraps_original(target)(lambda *a: None)
+    assert module_globals(bare) is json.decoder.__dict__ and bare.__sndr_wraps__ is target
