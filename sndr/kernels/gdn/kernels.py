@@ -64,6 +64,37 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@triton.jit
+def _norm_head_rows(o, s_o_tok, s_o_head, z, s_z_tok, s_z_head, ws, norm_w, bos, n_tok, i_hv, norm_eps,
+                    HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, NVP: tl.constexpr,
+                    TP: tl.constexpr, SIGMOID_GATE: tl.constexpr):
+    """The gated RMSNorm of one (request, value head)'s rows of every token, in place in ``o``, by the last of
+    the head's NV programs to arrive (the step's and the replayed step's kernels): each token's sum of squares
+    from the programs' partial sums in ``ws`` ([tokens, HV, NVP]), TP tokens at a time (one round of loads, not
+    one per token); needs NVP * BV >= V."""
+    o_all = tl.arange(0, NVP * BV)
+    m_all = o_all < V
+    o_p = tl.arange(0, NVP)
+    o_t = tl.arange(0, TP)
+    b_w = tl.load(norm_w + o_all, mask=m_all, other=0).to(tl.float32)
+    for t0 in range(0, n_tok, TP):
+        rows = bos + t0 + o_t
+        m_t = (t0 + o_t) < n_tok
+        parts = tl.load(ws + (rows[:, None] * HV + i_hv) * NVP + o_p[None, :],
+                        mask=m_t[:, None] & (o_p < NV)[None, :], other=0, cache_modifier=".cg")
+        rstd = 1.0 / tl.sqrt(tl.sum(parts, 1) / V + norm_eps)
+        m2 = m_t[:, None] & m_all[None, :]
+        p_rows = o + rows[:, None] * s_o_tok + i_hv * s_o_head + o_all[None, :]
+        x = tl.load(p_rows, mask=m2, other=0, cache_modifier=".cg").to(tl.float32)
+        b_z = tl.load(z + rows[:, None] * s_z_tok + i_hv * s_z_head + o_all[None, :], mask=m2,
+                      other=0).to(tl.float32)
+        if SIGMOID_GATE:
+            gate = tl.sigmoid(b_z)
+        else:
+            gate = b_z * tl.sigmoid(b_z)
+        tl.store(p_rows, (x * rstd[:, None] * b_w[None, :] * gate).to(o.dtype.element_ty), mask=m2)
+
+
 @triton.jit(do_not_specialize=["sp_beta", "sp_threshold", "scale", "norm_eps"])
 def _gdn_step_kernel(
     q, k, v, a, b, A_log, dt_bias, o, state, indices, num_accepted, cu_seqlens, z, norm_w, ws, counter,
@@ -259,28 +290,9 @@ def _gdn_step_kernel(
             else:
                 tl.store(p_hl, b_h.to(state.dtype.element_ty), mask=mask_v[:, None] & mask_k[None, :],
                          cache_modifier=ST_CM)
-        if arrived == NV - 1:  # all TP tokens of a chunk at once: one round of loads, not one per token
-            o_all = tl.arange(0, NVP * BV)
-            m_all = o_all < V
-            o_p = tl.arange(0, NVP)
-            o_t = tl.arange(0, TP)
-            b_w = tl.load(norm_w + o_all, mask=m_all, other=0).to(tl.float32)
-            for t0 in range(0, n_tok, TP):
-                rows = bos + t0 + o_t
-                m_t = (t0 + o_t) < n_tok
-                parts = tl.load(ws + (rows[:, None] * HV + i_hv) * NVP + o_p[None, :],
-                                mask=m_t[:, None] & (o_p < NV)[None, :], other=0, cache_modifier=".cg")
-                rstd = 1.0 / tl.sqrt(tl.sum(parts, 1) / V + norm_eps)
-                m2 = m_t[:, None] & m_all[None, :]
-                p_rows = o + rows[:, None] * s_o_tok + i_hv * s_o_head + o_all[None, :]
-                x = tl.load(p_rows, mask=m2, other=0, cache_modifier=".cg").to(tl.float32)
-                b_z = tl.load(z + rows[:, None] * s_z_tok + i_hv * s_z_head + o_all[None, :], mask=m2,
-                              other=0).to(tl.float32)
-                if SIGMOID_GATE:
-                    gate = tl.sigmoid(b_z)
-                else:
-                    gate = b_z * tl.sigmoid(b_z)
-                tl.store(p_rows, (x * rstd[:, None] * b_w[None, :] * gate).to(o.dtype.element_ty), mask=m2)
+        if arrived == NV - 1:
+            _norm_head_rows(o, s_o_tok, s_o_head, z, s_z_tok, s_z_head, ws, norm_w, bos, n_tok, i_hv, norm_eps,
+                            HV, V, BV, NV, NVP, TP, SIGMOID_GATE)
             tl.atomic_xchg(counter + i_n.to(tl.int64) * HV + i_hv, 0, sem="relaxed")
 
 

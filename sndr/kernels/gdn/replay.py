@@ -208,27 +208,8 @@ def _replay_step_kernel(
     tl.debug_barrier()
     arrived = tl.atomic_add(counter + i_n.to(tl.int64) * HV + i_hv, 1, sem="acq_rel")
     if arrived == NV - 1:  # every program of this (request, value head) has read the old half
-        o_all = tl.arange(0, NVP * BV)
-        m_all = o_all < V
-        o_p = tl.arange(0, NVP)
-        o_t = tl.arange(0, TP)
-        b_w = tl.load(norm_w + o_all, mask=m_all, other=0).to(tl.float32)
-        for t0 in range(0, n_tok, TP):
-            rows = bos + t0 + o_t
-            m_t = (t0 + o_t) < n_tok
-            parts = tl.load(ws + (rows[:, None] * HV + i_hv) * NVP + o_p[None, :],
-                            mask=m_t[:, None] & (o_p < NV)[None, :], other=0, cache_modifier=".cg")
-            rstd = 1.0 / tl.sqrt(tl.sum(parts, 1) / V + norm_eps)
-            m2 = m_t[:, None] & m_all[None, :]
-            p_rows = o + rows[:, None] * (HV * V) + i_hv * V + o_all[None, :]
-            xo = tl.load(p_rows, mask=m2, other=0, cache_modifier=".cg").to(tl.float32)
-            b_z = tl.load(z + rows[:, None] * s_z_tok + i_hv * s_z_head + o_all[None, :], mask=m2,
-                          other=0).to(tl.float32)
-            if SIGMOID_GATE:
-                gate = tl.sigmoid(b_z)
-            else:
-                gate = b_z * tl.sigmoid(b_z)
-            tl.store(p_rows, (xo * rstd[:, None] * b_w[None, :] * gate).to(o.dtype.element_ty), mask=m2)
+        _k._norm_head_rows(o, HV * V, V, z, s_z_tok, s_z_head, ws, norm_w, bos, n_tok, i_hv, norm_eps,
+                           HV, V, BV, NV, NVP, TP, SIGMOID_GATE)
         o_c = tl.arange(0, TM)
         cols = tl.load(p_idx + o_c, mask=o_c < COLS, other=0)
         tl.store(p_meta + 2 + o_c, cols.to(tl.int32))
