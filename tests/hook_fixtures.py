@@ -196,6 +196,19 @@ def box(tmp_path):
     return Box(tmp_path)
 
 
+@pytest.fixture
+def applied(tmp_path, monkeypatch):
+    """A Box whose set is applied in-process, with this process's SNDR_* environment pointing at the box's cache
+    and patch set (no developer setting leaks in)."""
+    box = Box(tmp_path)
+    for k in [k for k in os.environ if k.startswith("SNDR_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(box.cache))
+    monkeypatch.setenv("SNDR_PATCHES", str(box.patches))
+    box.apply()
+    return box
+
+
 def replace_file(path: Path, text: str) -> None:
     """Write through a new inode (as sndr and pip do), never in place."""
     tmp = path.with_name(path.name + ".tmp")

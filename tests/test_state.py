@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from hook_fixtures import Box, out_of, replace_file
+from hook_fixtures import Box, applied, out_of, replace_file  # noqa: F401 (applied is a fixture)
 from sndr import state
 from sndr.__main__ import main as sndr_main
 from sndr.commit import TreeRoot
@@ -101,16 +101,6 @@ CASES = {
     "oversized": (_oversized, "file_too_large"),
 }
 
-
-@pytest.fixture
-def applied(tmp_path, monkeypatch):
-    box = Box(tmp_path)
-    for k in [k for k in os.environ if k.startswith("SNDR_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("SNDR_CACHE_DIR", str(box.cache))
-    monkeypatch.setenv("SNDR_PATCHES", str(box.patches))
-    box.apply()
-    return box
 
 
 def full_cli(argv: list[str]) -> int:

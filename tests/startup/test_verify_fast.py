@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from hook_fixtures import REPO, Box, make_tree, replace_file
+from hook_fixtures import REPO, applied, make_tree, replace_file  # noqa: F401 (applied is a fixture)
 from sndr.__main__ import build_parser
 from sndr.__main__ import main as sndr_main
 from sndr.commands import apply as apply_command
@@ -40,16 +40,6 @@ def full_cli(argv: list[str]) -> int:
         mp.setattr(verify, "answer", lambda *a, **k: None)
         return sndr_main(["apply", *argv])
 
-
-@pytest.fixture
-def applied(tmp_path, monkeypatch):
-    box = Box(tmp_path)
-    for k in [k for k in os.environ if k.startswith("SNDR_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("SNDR_CACHE_DIR", str(box.cache))
-    monkeypatch.setenv("SNDR_PATCHES", str(box.patches))
-    box.apply()
-    return box
 
 
 def run_both(box, capsys, *extra) -> tuple[tuple[int, list[str], int], tuple[int, list[str]]]:
