@@ -622,7 +622,7 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
 def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, profile,
                    edits: bool = False) -> Report:
     from .commit import sha256_bytes
-    from .model import PatchResult
+    from .model import PatchResult, Verdict
     from .plan import build_plan, enabled_set
 
     with tree.lock(shared=True):
@@ -633,12 +633,20 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
             # No ledger (fresh or in-memory-patched tree): classify the current texts.
             plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False,
                               profile=profile)
-            pending = [p for p in plan.patches if p.status in ("applies", "failed")]
+            # A runtime binding that applies needs nothing on disk (each vLLM process installs it at
+            # startup): only text edits that still apply leave the tree short of the set.
+            bindings = {(p.id, r.name) for p in patch_set.patches for r in p.runtime}
+            runtime_only = [p.id for p in plan.patches if p.status == "applies" and all(
+                (p.id, e.name) in bindings for e in p.edits if e.verdict == Verdict.APPLIES)]
+            pending = [p for p in plan.patches if p.status in ("applies", "failed") and p.id not in runtime_only]
             problems = list(plan.problems) + [
                 Problem("not_applied", f"patch is not applied ({p.status})", patch=p.id) for p in pending]
+            notes = ["no ledger: verified by classifying the current files"]
+            if runtime_only:
+                notes.append(f"{', '.join(runtime_only)}: runtime binding(s) in place; nothing on disk to apply: "
+                             f"each vLLM process installs them at startup (python -m sndr status shows them)")
             return _report("verify", tree, version, plan, ok=not problems,
-                           exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems,
-                           notes=["no ledger: verified by classifying the current files"])
+                           exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, notes=notes)
         problems = []
         if ledger.vllm_version and ledger.vllm_version != version:
             problems.append(Problem("ledger_stale", f"the ledger was written for vLLM {ledger.vllm_version}, the tree "

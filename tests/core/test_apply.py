@@ -312,3 +312,53 @@ def test_tree_can_name_an_installed_vllm(tmp_path):
     data = json.loads(r.stdout)
     assert data["mode"] == "dry-run" and data["vllm_version"] == "0.32.0"
     assert data["tree"].endswith("site-packages")
+
+
+RUNTIME_TARGET = "vllm/v1/sample/ops/topk_topp_sampler.py"  # PR0001's target (a runtime wrapper, no text edit)
+
+
+def test_runtime_patch_reads_applies_until_a_ledger_records_it(pin_subtree, tmp_path, capsys):
+    """The audit's new-user pass: on a pristine tree a runtime patch (no text edit) read ``applied`` in a
+    dry-run (--json, the terminal, ``list --tree``) while its binding read ``applies``. It is ``applies``
+    (it binds; each vLLM process installs it at startup) until a ledger records it, ``applied`` after, in
+    every view; a runtime-only set writes no ledger, and verify still passes it, reading ``applies``."""
+    import shutil
+
+    from sndr.__main__ import main as sndr_main
+
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    shutil.copy(DATA / "T0004-free-blocks.toml", pdir)
+    shutil.copy(Path(__file__).resolve().parents[2] / "patches" / "PR0001-topk-topp-param-check.toml", pdir)
+    tree = pin_subtree(FILES + [RUNTIME_TARGET])
+    ps = load_patch_set(pdir, packs=False)
+
+    def rows(report):
+        return {p.id: (p.status, sorted({e.verdict.value for e in p.edits})) for p in report.patches}
+
+    def listed():
+        assert sndr_main(["list", "--tree", str(tree), "--patches", str(pdir), "--json", "-"]) == 0
+        return {r["id"]: (r["verdict"], r["edit_verdicts"]) for r in json.loads(capsys.readouterr().out)["patches"]}
+
+    before = tree_hash(tree)
+    dry = run_apply(tree, ps, dry_run=True, environ={})
+    assert dry.ok and tree_hash(tree) == before
+    assert rows(dry)["PR0001"] == ("applies", ["applies"]), rows(dry)
+    assert listed()["PR0001"] == ("applies", ["applies"])
+    r = sndr_apply("--tree", str(tree), "--patches", str(pdir), "--dry-run", "-v")
+    assert r.returncode == 0 and "PR0001     applies" in r.stdout and "PR0001     applied" not in r.stdout, r.stdout
+
+    done = run_apply(tree, ps, environ={})
+    assert done.ok, done.problems
+    assert rows(run_verify(tree, ps, environ={}, edits=True))["PR0001"] == ("applied", ["applied"])
+    assert rows(run_verify(tree, ps, environ={}))["PR0001"][0] == "applied"
+    assert listed()["PR0001"] == ("applied", ["applied"])
+    assert rows(run_apply(tree, ps, dry_run=True, environ={}))["PR0001"] == ("applied", ["applied"])
+
+    # A runtime-only set: nothing to write on disk, so no ledger records it; verify passes, as before.
+    assert run_revert(tree).ok and tree_hash(tree) != before  # .sndr/objects stays
+    only = run_apply(tree, ps, only=["PR0001"], environ={})
+    assert only.ok and only.files_written == [] and rows(only)["PR0001"] == ("applies", ["applies"])
+    ver = run_verify(tree, ps, only=["PR0001"], environ={})
+    assert ver.ok and ver.exit_code == 0 and rows(ver)["PR0001"] == ("applies", ["applies"]), ver
+    assert any("runtime" in n and "startup" in n for n in ver.notes), ver.notes
