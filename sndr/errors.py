@@ -188,7 +188,8 @@ CODES: dict[str, Code] = {
     # -- manifest and preflight -----------------------------------------------------------------
     "manifest_missing": Code(_B, "the pin manifest does not exist"),
     "manifest_corrupt": Code(_B, "the pin manifest is not valid"),
-    "tree_patched": Code(_B, "a manifest needs a pristine tree, and this one is patched"),
+    "tree_patched": Code(_B, "a manifest needs a pristine tree: this one is patched by sndr and has no pristine view "
+                             "(a pending journal, a stored copy missing, a file patched under another vLLM version)"),
     "tree_required": Code(_B, "--tree is required to pick one of several manifests"),
     "bad_fail_on": Code(_B, "--fail-on names an unknown verdict"),
     "bad_config": Code(_B, "a config-drift watch file is malformed"),
