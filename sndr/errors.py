@@ -157,6 +157,8 @@ CODES: dict[str, Code] = {
     # -- applying, verifying, reverting (findings) ---------------------------------------------
     "hash_mismatch": Code(_F, "a file does not hold the patched bytes the ledger records"),
     "modified_since_apply": Code(_F, "a file was changed by someone else since sndr patched it"),
+    "force_merge_conflict": Code(_F, "apply --force cannot merge a change made since apply: it overlaps lines "
+                                     "sndr's edits changed (3-way merge; the file and line named, nothing written)"),
     "changed_during_apply": Code(_F, "a file changed between plan and commit"),
     "foreign_write_lost": Code(_F, "a concurrent foreign write landed during the commit; the set was rolled back"),
     "not_applied": Code(_F, "a patch that should be active is not applied"),
