@@ -572,14 +572,17 @@ def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: Patc
             continue
         pristine = tree.get_object(entry.pristine_sha256)
         m = Merge3(base.splitlines(True), now.splitlines(True), pristine.splitlines(True))
-        clash = next((r for r in m.merge_regions() if r[0] == "conflict"), None)
-        if clash is not None:
-            _, z1, z2, a1, a2, _b1, _b2 = clash
+        clashes = [r for r in m.merge_regions() if r[0] == "conflict"]
+        if clashes:
+            def span(a: int, b: int) -> str:
+                return f"line {a + 1}" if b <= a + 1 else f"lines {a + 1}-{b}"
+
+            where = "; ".join(f"{span(c[3], c[4])} of the file now ({span(c[1], c[2])} of the bytes sndr wrote)"
+                              for c in clashes)
             out.conflicts.append(Problem(
-                "force_merge_conflict", f"--force cannot merge the change made since apply: its lines {a1 + 1}-"
-                f"{max(a1 + 1, a2)} overlap lines sndr's edits changed (lines {z1 + 1}-{max(z1 + 1, z2)} of the bytes "
-                f"sndr wrote); nothing was written", file=rel, line=a1 + 1,
-                hint="resolve it by hand: put sndr's line back and re-apply, or revert (--force gives back "
+                "force_merge_conflict", f"--force cannot merge the change made since apply: it overlaps lines "
+                f"sndr's edits changed: {where}; nothing was written", file=rel, line=clashes[0][3] + 1,
+                hint="resolve it by hand: put sndr's lines back and re-apply, or revert (--force gives back "
                      "upstream's file) and make the change there, then apply"))
             continue
         out.merged[rel] = b"".join(m.merge_lines())
