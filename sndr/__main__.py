@@ -93,13 +93,14 @@ def build_parser(argv: list[str], prog: str = PROG) -> argparse.ArgumentParser:
 
 def run(argv: list[str], parser: argparse.ArgumentParser) -> int:
     """Parse ``argv`` (a usage error exits 2, with one JSON document on stdout under ``--json -``) and run."""
-    from .cli import expect_json, parse_args
+    from .cli import expect_json, parse_args, pause_at
 
     try:
         args = parse_args(parser, argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, argparse's message on stderr): a status, not a raise
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     expect_json(getattr(args, "json", None))  # an error that ends the command still answers --json -
+    pause_at("parsed")  # test-only (SNDR_TEST_PAUSE=parsed): a real Ctrl-C lands here, before the command's boundary
     code: int = args._run(args)
     return code
 

@@ -88,7 +88,8 @@ def _plan_exit(plan: Plan) -> int:
 
 #: What --force does over a file someone else changed: apply plans from its current bytes; revert puts the
 #: pristine bytes back over it.
-FORCE_APPLY_HINT = "inspect the change; --force takes the current bytes as the new pristine"
+FORCE_APPLY_HINT = ("inspect the change; --force merges it (3-way) into the pristine copy, which becomes the new "
+                    "pristine, and applies the set on it (refused where it overlaps sndr's own lines)")
 FORCE_REVERT_HINT = "inspect the change; --force puts the pristine bytes back over it (the change is lost)"
 
 
@@ -323,11 +324,23 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
         if foreign and force:
             rels = {p.file for p in foreign if p.file is not None}
             forced = rels
+            fm = _force_merge(tree, ledger, rels, patch_set, version, environ, only, keep_going, profile)
+            if fm.conflicts:
+                return _report(mode, tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=fm.conflicts,
+                               digest=digest, notes=notes + [f"refused: {nothing}"])
+            ledger = _take_merged(tree, ledger, fm.merged, store=not dry_run)
+            adopt = set(fm.adopted)
             # The dry-run stores no object: without their entries the plan reads the current bytes as
             # pristine too, which is what adopting them means.
-            ledger = _drop_entries(ledger, rels) if dry_run else _adopt_current(tree, ledger, rels)
-            notes.append(f"--force: {'would take' if dry_run else 'took'} the current bytes of {len(foreign)} "
-                         f"file(s) as pristine")
+            ledger = _drop_entries(ledger, adopt) if dry_run else _adopt_current(tree, ledger, adopt)
+            if fm.merged:
+                notes.append(f"--force: {'would merge' if dry_run else 'merged'} the change made since apply into "
+                             f"the pristine copy (3-way: pristine, the file now, the bytes sndr wrote) and "
+                             f"{'would apply' if dry_run else 'applied'} the set on it: {', '.join(sorted(fm.merged))}"
+                             f" (a revert gives back upstream's file with that change)")
+            for rel, why in sorted(fm.adopted.items()):
+                notes.append(f"--force: no 3-way merge for {rel} ({why}): {'would take' if dry_run else 'took'} "
+                             f"its current bytes as pristine")
         elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
             # Fast path: same set, and every file holds its patched bytes (checked above).
             results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, es, edits=True,
@@ -519,6 +532,82 @@ def _adopt_current(tree: TreeRoot, ledger: Ledger, rels: set[str]) -> Ledger:
     return ledger.model_copy(update={"files": files})
 
 
+@dataclass
+class _ForceMerge:
+    """What ``apply --force`` makes of the files someone else changed since apply (:func:`_force_merge`)."""
+
+    merged: dict[str, bytes] = field(default_factory=dict)  # the change merged onto the pristine copy
+    adopted: dict[str, str] = field(default_factory=dict)  # no merge base: rel -> why its bytes are taken as is
+    conflicts: list[Problem] = field(default_factory=list)
+
+
+def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: PatchSet, version: str, environ, only,
+                 keep_going: bool, profile) -> _ForceMerge:
+    """A 3-way merge (merge3) per file: base = the bytes sndr wrote, one side = the file as it is now, the other =
+    its pristine copy. The result is upstream's file with the other writer's change (sndr's edits taken out),
+    the file's new pristine, on which the set is applied again. The bytes sndr wrote are not stored: they are
+    rebuilt by planning this set on the pristine copies, and used only when their sha256 is the ledger's.
+    A change on lines sndr's edits changed is a conflict (``force_merge_conflict``, the file and its line);
+    a file deleted, one sndr created, or one whose bytes cannot be rebuilt (the set changed since apply) has
+    no merge base: its current bytes are taken as pristine (as before), and a note says why."""
+    from merge3 import Merge3  # a well-kept implementation of the 3-way merge (bzr's, used by breezy/dulwich)
+
+    from .commit import sha256_bytes
+    from .plan import build_plan
+
+    out = _ForceMerge()
+    rebuilt = None
+    for rel in sorted(rels):
+        entry, now = ledger.files[rel], tree.read_bytes(rel)
+        if now is None or entry.created:
+            out.adopted[rel] = "deleted since apply" if now is None else "a file sndr created (its pristine is absence)"
+            continue
+        if rebuilt is None:
+            plan = build_plan(patch_set, tree.pristine(ledger).read_text, version, environ=environ, only=only,
+                              keep_going=keep_going, check_compile=False, profile=profile)
+            rebuilt = {r: ch.new.encode("utf-8") for r, ch in plan.changes.items()} if plan.ok else {}
+        base = rebuilt.get(rel)
+        if base is None or sha256_bytes(base) != entry.patched_sha256:
+            out.adopted[rel] = "the bytes sndr wrote cannot be rebuilt: the patch set changed since apply"
+            continue
+        pristine = tree.get_object(entry.pristine_sha256)
+        m = Merge3(base.splitlines(True), now.splitlines(True), pristine.splitlines(True))
+        clashes = [r for r in m.merge_regions() if r[0] == "conflict"]
+        if clashes:
+            def span(a: int, b: int) -> str:
+                return f"line {a + 1}" if b <= a + 1 else f"lines {a + 1}-{b}"
+
+            where = "; ".join(f"{span(c[3], c[4])} of the file now ({span(c[1], c[2])} of the bytes sndr wrote)"
+                              for c in clashes)
+            out.conflicts.append(Problem(
+                "force_merge_conflict", f"--force cannot merge the change made since apply: it overlaps lines "
+                f"sndr's edits changed: {where}; nothing was written", file=rel, line=clashes[0][3] + 1,
+                hint="resolve it by hand: put sndr's lines back and re-apply, or revert (--force gives back "
+                     "upstream's file) and make the change there, then apply"))
+            continue
+        out.merged[rel] = b"".join(m.merge_lines())
+    return out
+
+
+def _take_merged(tree: TreeRoot, ledger: Ledger, merged: dict[str, bytes], *, store: bool) -> Ledger:
+    """The ledger with each merged file's result as its pristine copy. ``store``: put the copies into the
+    object store (the apply); without (the dry-run), this TreeRoot serves them from memory."""
+    from .commit import sha256_bytes
+    from .model import LedgerFile
+
+    if store:
+        tree.put_objects(list(merged.values()))
+    elif merged:
+        held = {sha256_bytes(b): b for b in merged.values()}
+        stored = tree.get_object
+        tree.get_object = lambda sha: held[sha] if sha in held else stored(sha)  # type: ignore[method-assign]
+    files = dict(ledger.files)
+    for rel, data in merged.items():  # as _adopt_current: the file's bytes now are what the plan starts from
+        now = tree.read_bytes(rel) or b""
+        files[rel] = LedgerFile(pristine_sha256=sha256_bytes(data), patched_sha256=sha256_bytes(now), patches=[])
+    return ledger.model_copy(update={"files": files})
+
+
 def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: PatchSet, *,
                 store: bool = True) -> tuple[list[FileWrite], Ledger]:
     """The writes and the new ledger of ``plan``; ``store``: put the pristine copies into the object
@@ -622,7 +711,7 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
 def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, profile,
                    edits: bool = False) -> Report:
     from .commit import sha256_bytes
-    from .model import PatchResult
+    from .model import PatchResult, Verdict
     from .plan import build_plan, enabled_set
 
     with tree.lock(shared=True):
@@ -633,12 +722,20 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
             # No ledger (fresh or in-memory-patched tree): classify the current texts.
             plan = build_plan(patch_set, tree.read_text, version, environ=environ, only=only, check_compile=False,
                               profile=profile)
-            pending = [p for p in plan.patches if p.status in ("applies", "failed")]
+            # A runtime binding that applies needs nothing on disk (each vLLM process installs it at
+            # startup): only text edits that still apply leave the tree short of the set.
+            bindings = {(p.id, r.name) for p in patch_set.patches for r in p.runtime}
+            runtime_only = [p.id for p in plan.patches if p.status == "applies" and all(
+                (p.id, e.name) in bindings for e in p.edits if e.verdict == Verdict.APPLIES)]
+            pending = [p for p in plan.patches if p.status in ("applies", "failed") and p.id not in runtime_only]
             problems = list(plan.problems) + [
                 Problem("not_applied", f"patch is not applied ({p.status})", patch=p.id) for p in pending]
+            notes = ["no ledger: verified by classifying the current files"]
+            if runtime_only:
+                notes.append(f"{', '.join(runtime_only)}: runtime binding(s) in place; nothing on disk to apply: "
+                             f"each vLLM process installs them at startup (python -m sndr status shows them)")
             return _report("verify", tree, version, plan, ok=not problems,
-                           exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems,
-                           notes=["no ledger: verified by classifying the current files"])
+                           exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, notes=notes)
         problems = []
         if ledger.vllm_version and ledger.vllm_version != version:
             problems.append(Problem("ledger_stale", f"the ledger was written for vLLM {ledger.vllm_version}, the tree "

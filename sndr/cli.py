@@ -39,14 +39,29 @@ EXIT_INTERRUPTED = 130
 #: The running command's ``--json`` (:func:`expect_json`), and whether its JSON document is on stdout yet.
 _json_dest: str | None = None
 _json_written = False
+#: Whether :func:`expect_json` has been told (the command line is parsed); before that, ``--json -`` is read from
+#: ``sys.argv`` as :func:`parse_args` reads it for a usage error.
+_json_known = False
 
 
 def expect_json(dest: str | None) -> None:
     """Tell :func:`run` the command's ``--json`` (``sndr.__main__`` does, before each command): under ``-``,
     an error that ends the command still leaves one JSON document on stdout (``ok`` false, its exit status
     and problems), unless the command already wrote its own there."""
-    global _json_dest, _json_written
-    _json_dest, _json_written = dest, False
+    global _json_dest, _json_written, _json_known
+    _json_dest, _json_written, _json_known = dest, False, True
+
+
+def _wants_stdout_json(argv: list[str]) -> bool:
+    """``--json -`` (or ``--json=-``) on a command line, before (or without) argparse."""
+    return any(a == "--json=-" or (a == "--json" and argv[i + 1:i + 2] == ["-"]) for i, a in enumerate(argv))
+
+
+def _interrupted_doc(message: str) -> bytes:
+    """The one JSON document of a command stopped by Ctrl-C while starting (``interrupted``, exit 130), laid out
+    as :func:`run` writes it; by hand, as ``json`` is not imported yet (``message``: plain ASCII, no quotes)."""
+    return (f'{{\n  "ok": false,\n  "exit_code": {EXIT_INTERRUPTED},\n  "problems": [\n    {{\n      "code": '
+            f'"interrupted",\n      "message": "{message}"\n    }}\n  ]\n}}\n').encode()
 
 
 def _json_error(exit_code: int, problems: list[dict[str, object]]) -> None:
@@ -62,13 +77,23 @@ def catch_early_interrupt(prog: str) -> None:
 
     Called first thing by ``python -m sndr ...`` entry modules, before their heavy
     imports; nothing has been written yet, so exiting at once is safe. :func:`run`
-    puts Python's own handler back, and the body's interrupt goes through it.
+    puts Python's own handler back, and the body's interrupt goes through it. Under
+    ``--json -`` (the parsed one once :func:`expect_json` was told, else read from
+    ``sys.argv``) the interrupt also leaves the one JSON document on stdout
+    (``interrupted``, exit 130), as :func:`run` does for the rest of the command.
     """
     import signal
 
+    message = "interrupted while starting; nothing was changed"
+    doc = _interrupted_doc(message)  # built now: the handler only writes
+
     def early(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
         try:
-            os.write(2, f"{prog}: interrupted while starting; nothing was changed\n".encode())
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not write a second document
+            wants = _json_dest == "-" if _json_known else _wants_stdout_json(sys.argv[1:])
+            if wants and not _json_written:
+                os.write(1, doc)
+            os.write(2, f"{prog}: {message}\n".encode())
         finally:
             os._exit(EXIT_INTERRUPTED)
 
@@ -187,6 +212,7 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> ar
     reader never gets an empty stream. argparse's own message on stderr and its exit 2 are unchanged."""
     import argparse
 
+    global _json_written
     argv = sys.argv[1:] if argv is None else list(argv)
     said: list[str] = []
 
@@ -213,11 +239,12 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> ar
     try:
         return ap.parse_args(argv)
     except SystemExit:
-        if said and any(a == "--json=-" or (a == "--json" and argv[i + 1:i + 2] == ["-"]) for i, a in enumerate(argv)):
+        if said and _wants_stdout_json(argv):
             import json
 
             from .errors import EXIT_BAD_INPUT
 
+            _json_written = True  # an interrupt from here on adds no second document
             sys.stdout.write(json.dumps({"ok": False, "exit_code": EXIT_BAD_INPUT, "problems": [
                 {"code": "usage", "message": said[0], "key": "argv"}]}, indent=2) + "\n")
             sys.stdout.flush()
@@ -225,6 +252,20 @@ def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> ar
     finally:
         for p in every:
             p.__dict__.pop("error", None)
+
+
+def pause_at(point: str) -> None:
+    """Test-only: with ``SNDR_TEST_PAUSE=<point>`` (:data:`sndr.env.PAUSE`), say so on stderr and wait up to
+    60 s at this point of the command's start-up, so that a test can send a real SIGINT there
+    (``tests/core/test_cli_outcomes.py``). Unset (always, outside tests): returns at once."""
+    from . import env
+
+    if env.pause_point() != point:
+        return
+    import time
+
+    os.write(2, f"sndr: test pause at {point} ({env.PAUSE})\n".encode())
+    time.sleep(60)
 
 
 def exit_with(entry: Callable[[], int]) -> None:

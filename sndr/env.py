@@ -27,6 +27,11 @@ PROFILE = "SNDR_PROFILE"
 TREE = "SNDR_TREE"
 #: Test-only: kill the process at a named commit step (see tests/reliability).
 FAULT = "SNDR_TEST_FAULT"
+#: Test-only: ``SNDR_TEST_PAUSE=<point>`` makes a command wait (up to 60 s, saying so on stderr) at that point of
+#: its start-up, so a test can send it a real SIGINT there: ``parsed`` (the command line is read, before the
+#: command's boundary takes Ctrl-C over) or ``load`` (``apply`` is about to load the patch set). See
+#: :func:`sndr.cli.pause_at`; unset, nothing waits.
+PAUSE = "SNDR_TEST_PAUSE"
 #: ``SNDR_OFFLINE=1``: ``vllm==X`` trees must come from the cache; never run pip.
 OFFLINE = "SNDR_OFFLINE"
 #: Test-only: interpreter of a real vLLM install (default :data:`DEFAULT_TEST_VLLM_PYTHON`; see
@@ -241,3 +246,9 @@ def vllm_test_python(environ: Mapping[str, str] | None = None) -> str:
     naming it and :data:`TEST_VLLM_BUILD`)."""
     environ = os.environ if environ is None else environ
     return environ.get(TEST_VLLM_PYTHON) or DEFAULT_TEST_VLLM_PYTHON
+
+
+def pause_point(environ: Mapping[str, str] | None = None) -> str:
+    """The start-up point ``$SNDR_TEST_PAUSE`` names (test-only; empty when unset)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(PAUSE, "")

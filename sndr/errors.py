@@ -157,6 +157,8 @@ CODES: dict[str, Code] = {
     # -- applying, verifying, reverting (findings) ---------------------------------------------
     "hash_mismatch": Code(_F, "a file does not hold the patched bytes the ledger records"),
     "modified_since_apply": Code(_F, "a file was changed by someone else since sndr patched it"),
+    "force_merge_conflict": Code(_F, "apply --force cannot merge a change made since apply: it overlaps lines "
+                                     "sndr's edits changed (3-way merge; the file and line named, nothing written)"),
     "changed_during_apply": Code(_F, "a file changed between plan and commit"),
     "foreign_write_lost": Code(_F, "a concurrent foreign write landed during the commit; the set was rolled back"),
     "not_applied": Code(_F, "a patch that should be active is not applied"),
@@ -188,7 +190,8 @@ CODES: dict[str, Code] = {
     # -- manifest and preflight -----------------------------------------------------------------
     "manifest_missing": Code(_B, "the pin manifest does not exist"),
     "manifest_corrupt": Code(_B, "the pin manifest is not valid"),
-    "tree_patched": Code(_B, "a manifest needs a pristine tree, and this one is patched"),
+    "tree_patched": Code(_B, "a manifest needs a pristine tree: this one is patched by sndr and has no pristine view "
+                             "(a pending journal, a stored copy missing, a file patched under another vLLM version)"),
     "tree_required": Code(_B, "--tree is required to pick one of several manifests"),
     "bad_fail_on": Code(_B, "--fail-on names an unknown verdict"),
     "bad_config": Code(_B, "a config-drift watch file is malformed"),

@@ -112,13 +112,53 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _refuse_patched(tree: Tree) -> None:
-    """Positions must describe the pristine pin; a patched directory would record our own edits."""
-    from .state import LEDGER, STATE_DIR
+def pristine_source(tree: Tree) -> tuple[Tree, str | None]:
+    """The tree a manifest is built from, and a line saying so when it is not ``tree`` as it is.
 
-    if isinstance(tree, DirTree) and tree.root is not None and (tree.root / STATE_DIR / LEDGER).exists():
-        raise bad_input("tree_patched", f"{tree.root} is patched by sndr; a manifest needs a pristine tree",
-                        file=str(tree.root), hint=f"build from the release instead: --tree vllm=={tree.version}")
+    Positions must describe the pristine pin. A directory sndr patched is read as upstream shipped it
+    (:meth:`sndr.commit.TreeRoot.pristine`): every file its ledger records from its pristine copy in
+    ``.sndr/objects``, whatever it holds now, the rest as it is. Refused (``tree_patched``, naming the
+    file) only where no pristine view exists: an interrupted commit is pending (the journal), a stored
+    copy cannot be read, or, under a ledger of another vLLM version (an upgrade in place), a file still
+    holds sndr's patched bytes, whose only pristine copy is of that other version.
+    """
+    from .state import STATE_DIR
+
+    if not isinstance(tree, DirTree) or tree.root is None or not (tree.root / STATE_DIR).is_dir():
+        return tree, None
+    from .commit import TreeRoot, sha256_bytes
+    from .errors import SndrError
+
+    troot = TreeRoot(tree.root)
+    hint = f"build from the release instead: --tree vllm=={tree.version}"
+    ledger = troot.read_ledger()  # a corrupt ledger is its own error (ledger_corrupt, with its recovery path)
+    if troot.journal_path.exists():
+        raise bad_input("tree_patched", "an interrupted sndr commit is pending on this tree, so its files may be "
+                        "half patched: no pristine view to build a manifest from", file=str(troot.journal_path),
+                        hint=f"python -m sndr.apply --verify --tree {tree.root} rolls it back; or {hint}")
+    if ledger is None or not ledger.files:
+        return tree, None
+    if ledger.vllm_version and ledger.vllm_version != tree.version:
+        held = [rel for rel, e in sorted(ledger.files.items())
+                if (now := troot.read_bytes(rel)) is not None and sha256_bytes(now) == e.patched_sha256]
+        held = [rel for rel in held if rel not in set(troot.reinstalled(held))]
+        if held:
+            raise bad_input("tree_patched", f"{held[0]} still holds the bytes sndr patched into vLLM "
+                            f"{ledger.vllm_version}, and the tree now holds vLLM {tree.version}: no pristine copy "
+                            f"of it for this version", file=held[0], hint=hint)
+        return tree, (f"the ledger in {troot.state} was written for vLLM {ledger.vllm_version}; no file holds its "
+                      f"patched bytes now: built from the tree as vLLM {tree.version}'s installer left it")
+    view = troot.pristine(ledger, base=tree)
+    for rel in sorted(ledger.files):
+        try:
+            view.read_bytes(rel)
+        except SndrError as exc:
+            why = exc.problems[0]
+            raise bad_input("tree_patched", f"{rel} is patched by sndr and its pristine copy cannot be read "
+                            f"({why.code}: {why.message}): no pristine view to build a manifest from",
+                            file=rel, hint=hint) from None
+    return view, (f"{tree.root} is patched by sndr: built from the pristine copies of its {len(ledger.files)} "
+                  f"patched file(s) in {troot.objects} (the tree as upstream shipped it)")
 
 
 def _edit_sources(patch: Patch) -> dict[str, dict]:
@@ -160,15 +200,18 @@ def _referenced_files(patch_set: PatchSet, plan) -> list[str]:
     return sorted(paths)
 
 
-def build_manifest(tree: Tree, patch_set: PatchSet) -> Manifest:
+def build_manifest(tree: Tree, patch_set: PatchSet, notes: list[str] | None = None) -> Manifest:
     """Plan the patch set on the pristine tree with default enablement and record the result.
 
     The environment is deliberately empty: ``SNDR_ENABLE_*`` in the caller's
-    shell must not change a committed file.
+    shell must not change a committed file. A tree sndr patched is read through
+    :func:`pristine_source` (its line goes into ``notes``).
     """
     from .plan import build_plan
 
-    _refuse_patched(tree)
+    tree, note = pristine_source(tree)
+    if note is not None and notes is not None:
+        notes.append(note)
     version = tree.version
     texts: dict[str, str | None] = {}
 
@@ -369,7 +412,9 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
                 lines.append(f"{path}: missing; run: {build_command(spec, patches_dir, path if custom else None)}")
                 continue
             committed = load_manifest(path)
-            fresh = build_manifest(tree, patch_set)
+            notes: list[str] = []
+            fresh = build_manifest(tree, patch_set, notes)
+            lines.extend(f"note: {n}" for n in notes)
         if path.read_bytes() == fresh.to_json().encode("utf-8"):
             lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})")
             continue
@@ -402,9 +447,12 @@ def _build_cmd(args) -> int:
                             hint="e.g. --tree vllm==0.32.0")
         spec = pins[0]
     patch_set = load_patch_set(args.patches)
+    notes: list[str] = []
     with open_tree(spec) as tree:
-        manifest = build_manifest(tree, patch_set)
+        manifest = build_manifest(tree, patch_set, notes)
     path = write_manifest(manifest, out)
+    for line in notes:  # how it was read, when not as the tree is (said before the result line)
+        print(f"note: {line}", file=sys.stderr if to_stdout else sys.stdout)
     failing = [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
                if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
     print(f"wrote {'stdout' if to_stdout else path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, "

@@ -647,6 +647,10 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
                 result.status = "failed"
                 problems.append(Problem(f"runtime_{v.value}", f"runtime edit {r.name!r}: {reason}", patch=p.id,
                                         file=patch_set.source_of(p.id)))
+        if p.runtime and result.status == "applied" and any(e.verdict == Verdict.APPLIES for e in result.edits):
+            # A binding that holds is installed by each vLLM process at startup: nothing on disk says it is
+            # in place, so the plan says it applies; a tree whose ledger records the patch reads it applied.
+            result.status = "applies"
         results.append(result)
 
     changes: dict[str, FileChange] = {}

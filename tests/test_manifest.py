@@ -257,14 +257,58 @@ def test_bad_input_exit_2(patches, tmp_path):
     assert _cli("check", "--patches", patches, "--anchors", tmp_path / "bad") == 2
 
 
-def test_patched_tree_is_refused(patches, pin_subtree):
+def test_patched_tree_builds_from_its_pristine_copies(patches, pin_subtree, tmp_path, capsys):
+    """The audit's new-user pass: `manifest build` refused a tree sndr patched (tree_patched) although the
+    ledger's pristine copies in .sndr/objects are a pristine view of it. It builds from that view, byte for
+    byte the manifest of the tree before apply (a file changed by hand since apply too: its stored copy is
+    what upstream shipped), says so, and `manifest check` agrees."""
     from sndr.apply import run_apply
 
     site = pin_subtree([COORD, POOL])
-    assert run_apply(site, load_patch_set(patches)).ok
+    ps = load_patch_set(patches)
+    clean = build_manifest(open_tree(site), ps).to_json()
+    assert run_apply(site, ps, environ={}).ok and "sndr: counted" in (site / POOL).read_text()
+    notes: list[str] = []
+    assert build_manifest(open_tree(site), ps, notes).to_json() == clean
+    assert len(notes) == 1 and "pristine copies" in notes[0] and ".sndr/objects" in notes[0], notes
+    with (site / COORD).open("a") as f:
+        f.write("# a hand edit after apply\n")
+    capsys.readouterr()
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", tmp_path / "m.json") == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "m.json").read_text() == clean
+    assert "note: " in out and "patched by sndr: built from the pristine copies of its 2 patched file(s)" in out, out
+    anchors = tmp_path / "anchors"
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", anchors) == 0
+    assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+
+
+def test_patched_tree_without_a_pristine_view_is_refused_naming_the_file(patches, pin_subtree, tmp_path, capsys):
+    """Refused (tree_patched, exit 2, the file named, nothing written) only where no pristine view exists:
+    a stored pristine copy is gone, or an interrupted commit is pending (the journal)."""
+    from sndr.apply import run_apply
+
+    site = pin_subtree([COORD, POOL])
+    ps = load_patch_set(patches)
+    assert run_apply(site, ps, environ={}).ok
+    state = site / ".sndr"
+    ledger = json.loads((state / "ledger.json").read_text())
+    obj = state / "objects" / ledger["files"][COORD]["pristine_sha256"]
+    obj.rename(tmp_path / "kept")
     with pytest.raises(SndrError) as exc:
-        build_manifest(open_tree(site), load_patch_set(patches))
-    assert exc.value.problems[0].code == "tree_patched"
+        build_manifest(open_tree(site), ps)
+    p = exc.value.problems[0]
+    assert (p.code, p.file) == ("tree_patched", COORD) and "object_missing" in p.message, p
+    capsys.readouterr()
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", tmp_path / "m.json") == 2
+    err = capsys.readouterr().err
+    assert COORD in err and "(tree_patched)" in err and not (tmp_path / "m.json").exists(), err
+    (tmp_path / "kept").rename(obj)
+    (state / "journal.json").write_text("{}")
+    with pytest.raises(SndrError) as exc:
+        build_manifest(open_tree(site), ps)
+    p = exc.value.problems[0]
+    assert p.code == "tree_patched" and p.file.endswith(".sndr/journal.json") and "--verify" in (p.hint or ""), p
 
 
 # ----------------------------------------------------------------------------- fast path

@@ -85,6 +85,53 @@ def test_reapply_catches_a_patch_that_is_not_idempotent():
         assert_patch(bad, before={"vllm/core.py": BEFORE}, status="applies")
 
 
+PLUGIN = PATCH.replace('default = false\n', 'default = false\nkind = "plugin"\nmodule = "sndr.runtime_patches"\n') + \
+    """
+[[runtime]]
+name = "wrap-g"
+target = "vllm.hooks:g"
+replacement = "sndr.runtime_patches.sampling:wrap_apply_top_k_top_p"
+wrap = true
+"""
+HOOKS = "def g(b):\n    return b\n"
+
+
+def test_a_plugin_with_text_and_a_binding_passes_the_reapply_check():
+    """A runtime binding is not read from the text: planned again on the patch's own output it still reads
+    ``applies`` (each vLLM process installs it), which the re-apply check read as "not idempotent" for a
+    patch with both text edits and bindings. Its text edits must still read applied, and the binding must
+    still bind: one that the patch's own text edit breaks fails (the plan binds on the patched text)."""
+    r = assert_patch(PLUGIN, before={"vllm/core.py": BEFORE, "vllm/hooks.py": HOOKS}, after={"vllm/core.py": AFTER},
+                     verdicts={"clamp": "applies", "wrap-g": "applies"})
+    assert r.status == "applies"
+    breaks = '''
+id = "PK0002"
+title = "renames what its own binding wraps"
+kind = "plugin"
+module = "sndr.runtime_patches"
+
+[[files]]
+path = "vllm/hooks.py"
+
+[[files.edits]]
+name = "rename"
+anchor = """
+def g(b):
+"""
+replacement = """
+def g2(b):
+"""
+
+[[runtime]]
+name = "wrap-g"
+target = "vllm.hooks:g"
+replacement = "sndr.runtime_patches.sampling:wrap_apply_top_k_top_p"
+wrap = true
+'''
+    with pytest.raises(AssertionError, match=r"wrap-g: drifted \(g not found in vllm/hooks.py\)"):
+        assert_patch(breaks, before={"vllm/hooks.py": HOOKS}, status="applies")  # the plan binds on its output
+
+
 def test_compile_errors_are_caught():
     broken = PATCH.replace("min(hit_length, max_hit)", "min(hit_length, max_hit", 1)
     with pytest.raises(AssertionError, match="compile"):

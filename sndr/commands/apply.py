@@ -155,6 +155,9 @@ def _report(args: argparse.Namespace) -> Report:
             args.dry_run = True
     if args.revert:
         return run_revert(root, force=args.force)
+    from ..cli import pause_at
+
+    pause_at("load")  # test-only (SNDR_TEST_PAUSE=load): a real Ctrl-C while the set loads
     patch_set = load_patch_set(args.patches)
     from ..plan import unknown_enable_vars
 

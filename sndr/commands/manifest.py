@@ -10,7 +10,8 @@ HELP = "Build or check anchors/vllm-<version>.json."
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="write anchors/vllm-<version>.json for a pristine tree")
+    b = sub.add_parser("build", help="write anchors/vllm-<version>.json for a pristine tree (a tree sndr patched is "
+                                     "read through its pristine copies in .sndr/objects)")
     b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed "
                                   "manifest)")
     b.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")

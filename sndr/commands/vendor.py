@@ -18,8 +18,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--upstream", action="append", metavar="REF",
                     help="upstream reference, e.g. vllm#12345 (repeatable; default: the (#N) of the Subject)")
     ap.add_argument("--tree", required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
-    ap.add_argument("--out", default="patches", help="directory to write <ID>-<slug>.toml into, or a .toml path "
-                                                  "(- : stdout, as --stdout)")
+    ap.add_argument("--out", default=None,
+                    help="directory to write <ID>-<slug>.toml into, or a .toml path (- : stdout, as --stdout); "
+                         "default: the patch set in effect ($SNDR_PATCHES, else the shipped set of a checkout), "
+                         "never the working directory; an installed sndr's shipped data is refused")
     ap.add_argument("--marker", action="append", default=[], metavar="EDIT=TEXT",
                     help="merged marker for an edit (by name, or by hunk number across the diff); repeatable")
     ap.add_argument("--vllm", default="", metavar="SPEC", help="PEP 440 specifier for the patch's vllm key")

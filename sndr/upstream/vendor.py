@@ -446,6 +446,12 @@ def run_vendor(args) -> int:
     if args.stdout and args.json == "-":  # --json - means stdout holds the JSON document only
         raise SndrError(Problem("stdout_conflict", "--stdout and --json - would both write to stdout",
                                 key="--json", hint="send the report to a file: --json FILE"))
+    if not args.stdout:
+        from ..env import patches_dir, refuse_shipped_write
+
+        if args.out is None:  # the patch set in effect, as sync decide and pin advance write into; never the cwd
+            args.out = str(patches_dir())
+        refuse_shipped_write(args.out, flag="--out DIR")  # before any work: a reinstall would lose it
 
     if args.diff == "-":
         diff_text = sys.stdin.buffer.read().decode("utf-8")

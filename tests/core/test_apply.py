@@ -153,28 +153,87 @@ def test_foreign_change_is_refused_unless_forced(tree, patch_set):
     # revert's --force puts the pristine bytes back over the change; apply's takes the change as pristine
     assert "--force puts the pristine bytes back over it" in r.stdout and "new pristine" not in r.stdout
     assert vllm_hash(tree) == before
-    assert "--force takes the current bytes as the new pristine" in run_apply(tree, patch_set).problems[0].hint
+    assert "--force merges it (3-way) into the pristine copy" in run_apply(tree, patch_set).problems[0].hint
     forced = run_revert(tree, force=True)
     assert forced.ok
     assert b"# local hotfix" not in target.read_bytes()  # what the hint said: the change is gone
 
 
-def test_force_over_a_hand_edit_says_the_adopted_bytes_keep_sndrs_own_edit(tree, patch_set):
-    """``apply --force`` over a hand-edited patched file takes its current bytes as the new pristine: they hold
-    sndr's own edit too, so the patch then reads as merged upstream (T0004's marker is its replacement) or
-    applied, and a later revert puts back those bytes, sndr's edit included. That was silent (found by
-    hand-editing a patched envs.py, forcing, and reverting: the patch's line stayed). Now a note names the
-    file and the patch, and says what revert will do and how to get upstream's bytes back."""
+POOL = "vllm/v1/core/block_pool.py"
+CLAMPED = "        return max(0, self.free_block_queue.num_free_blocks)\n"
+
+
+def test_force_merges_a_hand_edit_three_way_and_revert_keeps_only_it(tree, patch_set, vllm_pin_root):
+    """``apply --force`` over a hand-edited patched file took its current bytes as the new pristine, sndr's own
+    edit included (a later revert kept sndr's line; only a note said so). Now it is a 3-way merge (merge3) of
+    the pristine copy, the file as it is and the bytes sndr wrote: the hand edit goes onto the pristine copy,
+    which becomes the file's pristine, and the set is applied on it again. The dry-run says the same; verify
+    passes; revert gives back upstream's file with the hand edit, and without sndr's edit."""
     run_apply(tree, patch_set)
-    target = tree / "vllm/v1/core/block_pool.py"
-    target.write_text(target.read_text() + "# local hotfix\n")
-    forced = run_apply(tree, patch_set, force=True)
-    assert forced.ok
-    [note] = [n for n in forced.notes if "sndr's own" in n]
-    assert "vllm/v1/core/block_pool.py" in note and "T0004" in note and "revert" in note and "reinstall" in note
-    assert run_revert(tree).ok  # what the note warns about: the adopted bytes come back, sndr's edit with them
+    target = tree / POOL
     text = target.read_text()
-    assert "# local hotfix" in text and "return max(0, self.free_block_queue.num_free_blocks)" in text
+    target.write_text("# local hotfix at the top\n" + text + "# and one at the end\n")
+    before = tree_hash(tree)
+    dry = run_apply(tree, patch_set, force=True, dry_run=True)
+    assert tree_hash(tree) == before
+    forced = run_apply(tree, patch_set, force=True)
+    # the file already holds upstream + the hand edit + sndr's edit: only the ledger (its new pristine) is written
+    assert forced.ok and dry.ok and dry.files_written == forced.files_written == [], (dry, forced)
+    assert any("only record the ledger" in n for n in dry.notes), dry.notes
+    for r, verb in ((dry, "would merge"), (forced, "merged")):
+        [note] = [n for n in r.notes if "3-way" in n]
+        assert POOL in note and verb in note, r.notes
+        assert not [n for n in r.notes if "sndr's own" in n], r.notes
+    now = target.read_text()
+    assert now.startswith("# local hotfix at the top\n") and now.endswith("# and one at the end\n")
+    assert CLAMPED in now and run_verify(tree, patch_set).ok
+    assert run_revert(tree).ok
+    upstream = (vllm_pin_root / POOL).read_text()
+    assert target.read_text() == "# local hotfix at the top\n" + upstream + "# and one at the end\n"
+
+
+def test_force_refuses_a_hand_edit_on_sndrs_own_lines_naming_file_and_line(tree, patch_set):
+    """A hand edit of the very lines sndr changed does not merge: refused (force_merge_conflict, exit 1), the
+    file and the line named, nothing written (the dry-run says the same)."""
+    run_apply(tree, patch_set)
+    target = tree / POOL
+    text = target.read_text()
+    assert text.count(CLAMPED) == 1
+    target.write_text(text.replace(CLAMPED, "        return max(1, self.free_block_queue.num_free_blocks)\n"))
+    line = text[:text.index(CLAMPED)].count("\n") + 1
+    before = tree_hash(tree)
+    for dry_run in (True, False):
+        r = run_apply(tree, patch_set, force=True, dry_run=dry_run)
+        assert not r.ok and r.exit_code == 1 and r.files_written == []
+        [p] = [p for p in r.problems if p.code == "force_merge_conflict"]
+        assert (p.file, p.line) == (POOL, line) and "nothing was written" in p.message, p
+        assert tree_hash(tree) == before
+    r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--force")
+    assert r.returncode == 1 and f"{POOL}:{line}" in r.stdout + r.stderr and "force_merge_conflict" in r.stdout + r.stderr
+
+
+def test_force_without_the_bytes_sndr_wrote_takes_the_current_bytes_and_says_so(tree, patch_set, tmp_path):
+    """Where the bytes sndr wrote cannot be rebuilt (the patch set changed since apply), there is no base for
+    a merge: the current bytes are taken as pristine, as before, and the notes say why and what revert does."""
+    run_apply(tree, patch_set)
+    edited = tmp_path / "patches"
+    edited.mkdir()
+    for f in DATA.glob("*.toml"):
+        (edited / f.name).write_text(f.read_text())
+    q = "'''"
+    (edited / "T0099-usage-doc.toml").write_text(  # a new patch on the same file: sndr's bytes there differ now
+        f'id = "T0099"\ntitle = "t"\n[[files]]\npath = "{POOL}"\n[[files.edits]]\nname = "doc"\n'
+        f'anchor = {q}\n    def get_usage(self) -> float:\n{q}\n'
+        f'replacement = {q}\n    def get_usage(self) -> float:  # sndr: T0099\n{q}\n')
+    target = tree / POOL
+    target.write_text(target.read_text() + "# local hotfix\n")
+    forced = run_apply(tree, load_patch_set(edited, packs=False), force=True)
+    assert forced.ok, forced.problems
+    [note] = [n for n in forced.notes if "no 3-way merge" in n]
+    assert POOL in note and "patch set changed" in note and "as pristine" in note, forced.notes
+    assert "# sndr: T0099" in target.read_text()
+    assert run_revert(tree).ok  # the adopted bytes come back, sndr's old edit with them (the note's warning)
+    assert "# local hotfix" in target.read_text() and CLAMPED in target.read_text()
 
 
 def test_an_unverifiable_deletion_gets_its_own_hint_not_drifts(tree, tmp_path):
@@ -297,3 +356,53 @@ def test_tree_can_name_an_installed_vllm(tmp_path, vllm_py):
     data = json.loads(r.stdout)
     assert data["mode"] == "dry-run" and data["vllm_version"] == "0.32.0"
     assert data["tree"].endswith("site-packages")
+
+
+RUNTIME_TARGET = "vllm/v1/sample/ops/topk_topp_sampler.py"  # PR0001's target (a runtime wrapper, no text edit)
+
+
+def test_runtime_patch_reads_applies_until_a_ledger_records_it(pin_subtree, tmp_path, capsys):
+    """The audit's new-user pass: on a pristine tree a runtime patch (no text edit) read ``applied`` in a
+    dry-run (--json, the terminal, ``list --tree``) while its binding read ``applies``. It is ``applies``
+    (it binds; each vLLM process installs it at startup) until a ledger records it, ``applied`` after, in
+    every view; a runtime-only set writes no ledger, and verify still passes it, reading ``applies``."""
+    import shutil
+
+    from sndr.__main__ import main as sndr_main
+
+    pdir = tmp_path / "patches"
+    pdir.mkdir()
+    shutil.copy(DATA / "T0004-free-blocks.toml", pdir)
+    shutil.copy(Path(__file__).resolve().parents[2] / "patches" / "PR0001-topk-topp-param-check.toml", pdir)
+    tree = pin_subtree(FILES + [RUNTIME_TARGET])
+    ps = load_patch_set(pdir, packs=False)
+
+    def rows(report):
+        return {p.id: (p.status, sorted({e.verdict.value for e in p.edits})) for p in report.patches}
+
+    def listed():
+        assert sndr_main(["list", "--tree", str(tree), "--patches", str(pdir), "--json", "-"]) == 0
+        return {r["id"]: (r["verdict"], r["edit_verdicts"]) for r in json.loads(capsys.readouterr().out)["patches"]}
+
+    before = tree_hash(tree)
+    dry = run_apply(tree, ps, dry_run=True, environ={})
+    assert dry.ok and tree_hash(tree) == before
+    assert rows(dry)["PR0001"] == ("applies", ["applies"]), rows(dry)
+    assert listed()["PR0001"] == ("applies", ["applies"])
+    r = sndr_apply("--tree", str(tree), "--patches", str(pdir), "--dry-run", "-v")
+    assert r.returncode == 0 and "PR0001     applies" in r.stdout and "PR0001     applied" not in r.stdout, r.stdout
+
+    done = run_apply(tree, ps, environ={})
+    assert done.ok, done.problems
+    assert rows(run_verify(tree, ps, environ={}, edits=True))["PR0001"] == ("applied", ["applied"])
+    assert rows(run_verify(tree, ps, environ={}))["PR0001"][0] == "applied"
+    assert listed()["PR0001"] == ("applied", ["applied"])
+    assert rows(run_apply(tree, ps, dry_run=True, environ={}))["PR0001"] == ("applied", ["applied"])
+
+    # A runtime-only set: nothing to write on disk, so no ledger records it; verify passes, as before.
+    assert run_revert(tree).ok and tree_hash(tree) != before  # .sndr/objects stays
+    only = run_apply(tree, ps, only=["PR0001"], environ={})
+    assert only.ok and only.files_written == [] and rows(only)["PR0001"] == ("applies", ["applies"])
+    ver = run_verify(tree, ps, only=["PR0001"], environ={})
+    assert ver.ok and ver.exit_code == 0 and rows(ver)["PR0001"] == ("applies", ["applies"]), ver
+    assert any("runtime" in n and "startup" in n for n in ver.notes), ver.notes

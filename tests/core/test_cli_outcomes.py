@@ -168,6 +168,54 @@ def test_ctrl_c_is_one_line_and_exit_130(tree, monkeypatch, capsys):
     assert "python -m sndr.apply --verify" in err[0]
 
 
+def _interrupt_at(point: str, argv: list[str]) -> tuple[int, str, str]:
+    """Run ``python -m sndr ...`` with the test-only start-up pause at ``point`` (``SNDR_TEST_PAUSE``, see
+    sndr/env.py), wait until it says it is there, send it a real SIGINT; (exit status, stdout, stderr)."""
+    import selectors
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNDR_TEST_PAUSE")}
+    env.update(SNDR_TEST_PAUSE=point, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    said = b""
+    deadline = time.monotonic() + 120
+    while b"test pause at" not in said and time.monotonic() < deadline and proc.poll() is None:
+        if sel.select(timeout=1):
+            said += os.read(proc.stderr.fileno(), 4096)
+    assert b"test pause at " + point.encode() in said, (point, said)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out.decode(), (said + err).decode()
+
+
+@pytest.mark.parametrize("point, argv", [
+    ("parsed", ["sndr.apply", "--dry-run", "--json", "-"]),
+    ("parsed", ["sndr", "list", "--json=-"]),
+    ("parsed", ["sndr", "status", "--json", "-"]),
+    ("load", ["sndr.apply", "--dry-run", "--json", "-"]),
+])
+def test_real_sigint_at_start_up_leaves_one_json_document(tree, point, argv):
+    """The audit's new-user pass: a Ctrl-C while a command was starting (its command line read, the engine
+    not yet imported) left nothing on stdout under ``--json -``; the rest of the run left one document. Now
+    the document is there from the moment ``--json -`` is known: a real SIGINT at the pause point gives
+    exit 130, one JSON document (``interrupted``) and one line on stderr, and no document without --json -."""
+    if argv[0] == "sndr.apply":
+        argv = [*argv, "--tree", str(tree), "--patches", str(DATA)]
+    before = vllm_hash(tree)
+    code, out, err = _interrupt_at(point, argv)
+    assert code == 130, (code, out, err)
+    doc = json.loads(out)  # the whole of stdout: one document
+    assert (doc["ok"], doc["exit_code"], [p["code"] for p in doc["problems"]]) == (False, 130, ["interrupted"])
+    lines = [ln for ln in err.splitlines() if "test pause at" not in ln]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
+    assert vllm_hash(tree) == before
+    plain = [a for a in argv if a not in ("--json", "-", "--json=-")]
+    code, out, err = _interrupt_at(point, plain)
+    assert (code, out) == (130, ""), (code, out, err)
+
+
 def _probes(root: Path) -> list[Path]:
     return sorted(root.rglob(".sndr-probe-*"))
 

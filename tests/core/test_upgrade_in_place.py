@@ -145,3 +145,32 @@ def test_list_after_an_in_place_upgrade_reads_like_a_clean_tree(tmp_path, vllm_p
         docs.append(json.loads(capsys.readouterr().out))
     assert docs[0]["patches"] == docs[1]["patches"]
     assert docs[0]["patch_set_digest"] == docs[1]["patch_set_digest"]
+
+
+def test_manifest_after_an_in_place_upgrade_is_the_new_versions(tmp_path, vllm_pin_root, vllm_candidate_root,
+                                                                shipped):
+    """`manifest build` on a tree sndr patched on 0.32.0 and then upgraded to 0.33.0 in place: the ledger's
+    pristine copies are 0.32.0's, so the manifest is built from the files as 0.33.0's installer left them
+    (byte for byte a clean 0.33.0 tree's manifest, said in a note); a file that still holds sndr's 0.32.0
+    patched bytes has no pristine copy of 0.33.0 and is refused (tree_patched), named."""
+    import json
+
+    from sndr.errors import SndrError
+    from sndr.manifest import build_manifest
+    from sndr.tree import open_tree
+
+    tree = copy_tree(vllm_pin_root, tmp_path / "site")
+    assert run_apply(tree, shipped, environ={}).ok
+    ledger = json.loads((tree / ".sndr" / "ledger.json").read_text())
+    rel = sorted(ledger["files"])[0]
+    patched = (tree / rel).read_bytes()
+    _pip_install(tree, vllm_candidate_root, vllm_pin_root)
+    notes: list[str] = []
+    got = build_manifest(open_tree(tree), shipped, notes).to_json()
+    assert got == build_manifest(open_tree(vllm_candidate_root), shipped).to_json()
+    assert len(notes) == 1 and "written for vLLM 0.32.0" in notes[0], notes
+    (tree / rel).write_bytes(patched)  # as if the installer had left it
+    with pytest.raises(SndrError) as exc:
+        build_manifest(open_tree(tree), shipped)
+    p = exc.value.problems[0]
+    assert (p.code, p.file) == ("tree_patched", rel) and "0.32.0" in p.message, p

@@ -508,6 +508,40 @@ def test_cli_stdout_and_overwrite(tmp_path, capsys):
     assert sndr_main(["vendor", "--diff", str(diff), "--id", "9bad", "--title", "t", "--tree", str(tree), "--stdout"]) == 2
 
 
+def test_out_defaults_to_the_patch_set_in_effect_never_the_working_directory(tmp_path, monkeypatch, capsys):
+    """The audit's new-user pass: without --out, vendor wrote ./patches/<ID>-<slug>.toml under whatever
+    directory it ran in. The default is the patch set in effect, as for every command that writes into
+    one ($SNDR_PATCHES, else the shipped set of a checkout), never an installed sndr's shipped data
+    (shipped_data_write, exit 2, naming --out), never the working directory unasked."""
+    import sndr.env as env
+
+    tree = make_tree(tmp_path / "site", PIN_FILES)
+    diff = tmp_path / "d.patch"
+    diff.write_text(unified_diff(UTILS, UTILS_NEW, "vllm/v1/core/kv_cache_utils.py"))
+    argv = ["vendor", "--diff", str(diff), "--id", "PN0120", "--title", "Hash extras", "--tree", str(tree)]
+    cwd, mine = tmp_path / "cwd", tmp_path / "mine"
+    cwd.mkdir()
+    mine.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv(env.PATCHES, str(mine))
+    assert sndr_main(argv) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["PN0120-hash-extras.toml"] and not list(cwd.iterdir())
+    assert f"wrote {mine / 'PN0120-hash-extras.toml'}" in capsys.readouterr().err
+    # an installed sndr, no $SNDR_PATCHES: the set in effect is the shipped data, which a reinstall replaces
+    pkg = tmp_path / "venv" / "lib" / "site-packages" / "sndr"
+    data = pkg / "_data" / "patches"
+    data.mkdir(parents=True)
+    monkeypatch.setattr(env, "_package_dir", lambda: pkg)
+    monkeypatch.delenv(env.PATCHES)
+    for extra in ([], ["--out", str(data)]):
+        assert sndr_main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "shipped_data_write" in err and "--out DIR" in err, err
+        assert not list(cwd.iterdir()) and not list(data.iterdir())
+    assert sndr_main([*argv, "--out", str(cwd / "here")]) == 0  # asked for: fine
+    assert [p.name for p in (cwd / "here").iterdir()] == ["PN0120-hash-extras.toml"]
+
+
 def test_cli_stdout_and_json_dash_are_refused_together(tmp_path, capsys):
     """--stdout prints the patch file and --json - the report: both on stdout was a TOML text followed by a
     JSON document that no reader could parse. Refused (stdout_conflict, exit 2) with one JSON document."""
