@@ -711,7 +711,7 @@ def run_verify(root: Path | str, patch_set: PatchSet, *, only: list[str] | None 
 def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, environ, profile,
                    edits: bool = False) -> Report:
     from .commit import sha256_bytes
-    from .model import PatchResult, Verdict
+    from .model import PatchResult
     from .plan import build_plan, enabled_set
 
     with tree.lock(shared=True):
@@ -724,9 +724,7 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                               profile=profile)
             # A runtime binding that applies needs nothing on disk (each vLLM process installs it at
             # startup): only text edits that still apply leave the tree short of the set.
-            bindings = {(p.id, r.name) for p in patch_set.patches for r in p.runtime}
-            runtime_only = [p.id for p in plan.patches if p.status == "applies" and all(
-                (p.id, e.name) in bindings for e in p.edits if e.verdict == Verdict.APPLIES)]
+            runtime_only = [p.id for p in plan.patches if p.applies_at_startup_only()]
             pending = [p for p in plan.patches if p.status in ("applies", "failed") and p.id not in runtime_only]
             problems = list(plan.problems) + [
                 Problem("not_applied", f"patch is not applied ({p.status})", patch=p.id) for p in pending]

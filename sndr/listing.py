@@ -180,7 +180,7 @@ def run_list(args) -> int:
         plan = build_plan(patch_set, reader, version, environ=os.environ, check_compile=False,
                           profile=profile)
         if ledger is not None:
-            _as_held(plan, ledger, patched, patch_set)
+            _as_held(plan, ledger, patched)
     elif profile is not None:
         from . import PIN_VERSION
         from .plan import enabled_set
@@ -244,7 +244,7 @@ def _sndr_state(tree):
     return troot.pristine(ledger, base=tree, only=patched).read_text, ledger, patched
 
 
-def _as_held(plan, ledger, patched: set[str], patch_set: PatchSet) -> None:
+def _as_held(plan, ledger, patched: set[str]) -> None:
     """A plan on the pristine copies, read as the tree holds it: an edit of a patch the ledger
     records, in a file that holds its patched bytes, that ``applies`` is ``applied``; so is a runtime
     binding of such a patch (it has no bytes on disk: the ledger's record is what says it is applied), unless
@@ -255,10 +255,8 @@ def _as_held(plan, ledger, patched: set[str], patch_set: PatchSet) -> None:
     for p in plan.patches:
         if p.id not in ledger.patches:
             continue
-        patch = patch_set.by_id.get(p.id)
-        bindings = {r.name for r in patch.runtime} if patch is not None and current else set()
         for e in p.edits:
-            if e.verdict == Verdict.APPLIES and (e.file in patched or e.name in bindings):
+            if e.verdict == Verdict.APPLIES and (e.file in patched or (e.binding and current)):
                 e.verdict = Verdict.APPLIED
         if p.status == "applies" and all(e.verdict != Verdict.APPLIES for e in p.edits):
             p.status = "applied"

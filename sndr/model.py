@@ -271,6 +271,8 @@ class EditResult(BaseModel):
     conflict_with: list[str] = Field(default_factory=list, description="conflict/overlap: the patches that changed "
                                      "bytes of this anchor")
     hint: str = ""
+    binding: StrictBool = Field(default=False, description="a runtime binding ([[runtime]]), not a text edit: nothing "
+                                "on disk holds it; each vLLM process installs it at startup")
 
 
 #: A patch's outcome in a report.
@@ -288,6 +290,11 @@ class PatchResult(BaseModel):
     reason_code: str = ""
     on_failure: Literal["fail", "skip"] = "fail"
     edits: list[EditResult] = Field(default_factory=list)
+
+    def applies_at_startup_only(self) -> bool:
+        """It ``applies``, and every edit that applies is a runtime binding: nothing is left to write on disk
+        (each vLLM process installs the bindings at startup), so the tree is not short of it."""
+        return self.status == "applies" and all(e.binding for e in self.edits if e.verdict == Verdict.APPLIES)
 
 
 class LeftOut(BaseModel):

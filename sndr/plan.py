@@ -642,7 +642,8 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
             v = Verdict(verdict)
             result.edits.append(EditResult(patch=p.id, file=b.file if b else r.target.split(":")[0], name=r.name,
                                            verdict=v, required=r.required, reason=reason or f"runtime target {r.target}",
-                                           line=b.line if b else None, qualname=b.qualname if b else None))
+                                           line=b.line if b else None, qualname=b.qualname if b else None,
+                                           binding=True))
             if v in FAILING and r.required:
                 result.status = "failed"
                 problems.append(Problem(f"runtime_{v.value}", f"runtime edit {r.name!r}: {reason}", patch=p.id,

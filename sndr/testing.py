@@ -176,13 +176,10 @@ def assert_patch(patch: PatchLike, before: Texts, after: Mapping[str, str] | Non
         first = {e.name: e.verdict.value for e in result.edits}
         # What applied must now read applied (or merged); an optional edit that was absent stays absent.
         # A runtime binding is not read from the text (each vLLM process installs it): it must still apply.
-        bindings = {r.name for r in p.runtime}
         bad = {e.name: e.verdict.value for e in r2.edits
                if first.get(e.name) == "applies" and e.verdict.value not in _AFTER_APPLY
-               and not (e.name in bindings and e.verdict.value == "applies")}
-        only_bindings = r2.status == "applies" and all(e.name in bindings for e in r2.edits
-                                                       if e.verdict.value == "applies")
-        assert (r2.status in _AFTER_APPLY or only_bindings) and not bad, \
+               and not (e.binding and e.verdict.value == "applies")}
+        assert (r2.status in _AFTER_APPLY or r2.applies_at_startup_only()) and not bad, \
             f"re-planned on its own output the patch reads {r2.status} ({bad})\n{_explain(r2)}"
         changed = sorted(rel for rel, ch in again.changes.items() if ch.new != new.get(rel))
         assert not changed, f"re-planned on its own output the patch changes {changed} again (not idempotent)"
