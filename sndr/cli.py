@@ -59,7 +59,9 @@ def _wants_stdout_json(argv: list[str]) -> bool:
 
 def _interrupted_doc(message: str) -> bytes:
     """The one JSON document of a command stopped by Ctrl-C while starting (``interrupted``, exit 130), laid out
-    as :func:`run` writes it; by hand, as ``json`` is not imported yet (``message``: plain ASCII, no quotes)."""
+    as :func:`_json_error` writes it; by hand, as ``json`` is not imported yet and importing it before the
+    handler is in would widen the window where a Ctrl-C ends the process inside sndr's code (``message``:
+    plain ASCII, no quotes). ``tests/core/test_cli_outcomes.py`` holds it equal to the ``json.dumps`` form."""
     return (f'{{\n  "ok": false,\n  "exit_code": {EXIT_INTERRUPTED},\n  "problems": [\n    {{\n      "code": '
             f'"interrupted",\n      "message": "{message}"\n    }}\n  ]\n}}\n').encode()
 

@@ -422,3 +422,16 @@ def test_quiet_and_verbose_together_are_a_usage_error(tree, capsys, command):
     doc = json.loads(capsys.readouterr().out)
     assert doc["exit_code"] == 2 and doc["problems"][0]["code"] == "usage"
     assert vllm_hash(tree) == before
+
+
+def test_the_hand_built_interrupted_document_is_the_json_error_document():
+    """The start-up handler's document is built without ``json`` (sndr.cli._interrupted_doc); it must be byte for
+    byte what :func:`sndr.cli._json_error` writes for the same problem, so a reader sees one format."""
+    import json
+
+    from sndr import cli
+
+    message = "interrupted while starting; nothing was changed"
+    assert cli._interrupted_doc(message).decode() == json.dumps(
+        {"ok": False, "exit_code": cli.EXIT_INTERRUPTED, "problems": [{"code": "interrupted", "message": message}]},
+        indent=2) + "\n"
