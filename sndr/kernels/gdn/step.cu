@@ -37,7 +37,20 @@
 // streaming snapshot stores), SIGMOID_GATE, IDX64 / ACC64 / CU64 (int64 index tensors), and a
 // kind per tensor (0 float32, 1 float16, 2 bfloat16): X_KIND (mixed_qkv), AB_KIND (a, b),
 // ALOG_KIND, DT_KIND, Z_KIND (output gate), W_KIND (norm weight), O_KIND (out), S_KIND
-// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads.
+// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads; PERSIST (below).
+//
+// PERSIST 2 (label suffix `b`): the same tile buffer and copy with one item per CTA (grid = items): the copy
+// is started before the CTA stages its inputs and waited for after.
+// PERSIST 1 (one CTA per head, BV == V; launch shape label suffix `p`): a persistent CTA. The grid is at most
+// the CTAs resident at once (cuda_step.CudaStep) and each CTA takes the items (request, value head) nh =
+// blockIdx.x, + gridDim.x, ... (n_items of them). The head's V x K state tile (one contiguous block: the
+// pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic shared memory by one
+// cp.async.bulk completing an mbarrier; as soon as an item's last pass has moved its rows from that buffer
+// into registers (a barrier), thread 0 starts the copy of the next item's tile, so the load runs during this
+// item's compute, snapshot stores, norm and the next item's staging. The next item's slot chain (cu_seqlens,
+// num_accepted, index) is loaded by thread 0 at the start of this item and published in shared memory (two
+// buffers). Passes read their rows from the buffer (no next-pass registers). The same float32 operations in
+// the same order as PERSIST 0 with the same R and P: outputs and states are bitwise those of that shape.
 
 #define CL (V / BV)
 #define RP ((NT / P) * R)  // rows per pass
@@ -54,8 +67,16 @@
 #else
 #define CLUSTER_ATTR
 #endif
+#ifndef PERSIST
+#define PERSIST 0
+#endif
+#if PERSIST && CL > 1
+#error "PERSIST: one CTA per head (BV == V)"
+#endif
 
 #include "rows.cuh"
+
+#define TILE_BYTES (V * K * SB)  // (PERSIST) one head's state tile, the dynamic shared memory
 
 template <int WIDE> __device__ __forceinline__ i64 ldi(const void* p, i64 i) {
     return WIDE ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
@@ -80,6 +101,46 @@ __device__ __forceinline__ void load_token(const void* x, const void* a, const v
     sl = lane == 0 ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)t * s_idx_tok) : 0;
 #endif
 }
+
+// Request n's first token, token count and initial slot (0: none, i.e. padding or no accepted column).
+__device__ __forceinline__ void resolve(int n, const void* indices, const void* num_accepted, const void* cu_seqlens,
+                                        int cols, i64 s_idx_seq, i64 s_idx_tok, i64& bos, int& ntok, i64& slot0) {
+#if SPEC
+    bos = ldi<CU64>(cu_seqlens, n);
+    ntok = (int)(ldi<CU64>(cu_seqlens, n + 1) - bos);
+    const i64 acc = ldi<ACC64>(num_accepted, n);
+    slot0 = (acc >= 1 && acc <= cols) ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (acc - 1) * s_idx_tok) : 0;
+#else
+    bos = n;
+    ntok = 1;
+    slot0 = ldi<IDX64>(indices, (i64)n * s_idx_seq);
+#endif
+}
+
+#if PERSIST
+// (sm_90) an mbarrier and a bulk copy global -> shared completing it (bytes counted by the transaction count)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        " @!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ int tid_opaque() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+}
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    // the buffer's last reads (generic proxy, ordered before this by a barrier) before the copy's writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
 
 // cluster barrier halves (sm_90): arrive (relaxed or release) and wait (acquire)
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -114,7 +175,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const void* __restrict__ indices,
     const void* __restrict__ num_accepted, const void* __restrict__ cu_seqlens, const void* __restrict__ z,
     const void* __restrict__ norm_w, float scale, float norm_eps, int cols, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok,
-    i64 s_o_tok, i64 s_z_tok, i64 s_z_head, i64 s_state_slot, i64 s_idx_seq, i64 s_idx_tok) {
+    i64 s_o_tok, i64 s_z_tok, i64 s_z_head, i64 s_state_slot, i64 s_idx_seq, i64 s_idx_tok, int n_items) {
     __shared__ __align__(16) float kn[TM][K];
     __shared__ __align__(16) float qn[TM][K];
     __shared__ float vn[TM][BV];
@@ -128,30 +189,89 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
 
     const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
     const int rank = blockIdx.x % CL;
-    const int nh = blockIdx.x / CL;
-    const int n = nh / HV, hv = nh % HV, h = hv / (HV / H);
     const int row0 = rank * BV;
-#if SPEC
-    const i64 bos = ldi<CU64>(cu_seqlens, n);
-    const int ntok = (int)(ldi<CU64>(cu_seqlens, n + 1) - bos);
-    const i64 acc = ldi<ACC64>(num_accepted, n);
-    const i64 slot0 = (acc >= 1 && acc <= cols) ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (acc - 1) * s_idx_tok) : 0;
+#if PERSIST
+    extern __shared__ __align__(128) unsigned char tbuf[];  // the item's state tile (TILE_BYTES)
+    __shared__ __align__(8) unsigned long long tbar;        // completed by the tile's copy
+    __shared__ i64 info[2][3];                              // an item's bos, ntok, slot0 (two items' worth)
+    const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar), dst = (unsigned)__cvta_generic_to_shared(tbuf);
+    // (thread 0) item it's chain into info[buf]; the copy of its tile started, where it has a state
+    auto publish = [&](int it, int buf, i64 b_, int n_, i64 s_) {
+        info[buf][0] = b_;
+        info[buf][1] = n_;
+        info[buf][2] = s_;
+    };
+    auto start_copy = [&](int it, int buf) {
+        const i64 s_ = info[buf][2];
+        if (info[buf][1] > 0 && s_ > 0)
+            bulk_load(dst, (const char*)state + (s_ * s_state_slot + (i64)(it % HV) * V * K) * SB, TILE_BYTES, bar);
+    };
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if ((int)blockIdx.x < n_items) {
+            i64 b_, s_;
+            int n_;
+            resolve(blockIdx.x / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, b_, n_, s_);
+            publish(blockIdx.x, 0, b_, n_, s_);
+            start_copy(blockIdx.x, 0);
+        }
+    }
+    __syncthreads();
+    unsigned ph = 0;  // the mbarrier's phase parity of the next completed copy
+    int ib = 0;
+#if PERSIST == 1
+    for (int nh = blockIdx.x; nh < n_items; nh += gridDim.x, ib ^= 1) {
+    const int nxt = nh + gridDim.x;
+    // the thread's coordinates read again per item (opaque to the compiler), so that it does not keep every
+    // per-thread address hoisted out of the loop in registers (with them, 128-register shapes spilled)
+    const int tid = tid_opaque(), g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
 #else
-    const i64 bos = n;
-    const int ntok = 1;
-    const i64 slot0 = ldi<IDX64>(indices, (i64)n * s_idx_seq);
+    {  // PERSIST 2: one item per CTA (grid = items), its tile copied in while it stages its inputs
+    const int nh = blockIdx.x, nxt = n_items;
 #endif
+    const i64 bos = info[ib][0];
+    const int ntok = (int)info[ib][1];
+    const i64 slot0 = info[ib][2];
+    // (thread 0) the next item's chain: loaded now, in flight during the staging, published before its barrier
+    i64 nb = 0, ns = 0;
+    int nn = 0;
+    if (tid == 0 && nxt < n_items)
+        resolve(nxt / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, nb, nn, ns);
+#if PERSIST == 2
+#define NEXT_ITEM return;
+#else
+#define NEXT_ITEM                                 \
+    {                                             \
+        if (tid == 0 && nxt < n_items) {          \
+            publish(nxt, ib ^ 1, nb, nn, ns);     \
+            start_copy(nxt, ib ^ 1);              \
+        }                                         \
+        __syncthreads();                          \
+        continue;                                 \
+    }
+#endif
+#else
+    const int nh = blockIdx.x / CL;
+    i64 bos, slot0;
+    int ntok;
+    resolve(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, bos, ntok, slot0);
+#define NEXT_ITEM return;
+#endif
+    const int n = nh / HV, hv = nh % HV, h = hv / (HV / H);
     // (every CTA of a cluster is the same request and head: they all take the same branch here)
-    if (ntok <= 0) return;
+    if (ntok <= 0) NEXT_ITEM
     if (slot0 <= 0) {  // padding: zero outputs, no state
         for (int i = tid; i < ntok * BV; i += NT)
             stf<O_KIND>(out, (bos + i / BV) * s_o_tok + (i64)hv * V + row0 + i % BV, 0.f);
-        return;
+        NEXT_ITEM
     }
     const i64 tile = (i64)hv * V * K + (i64)row0 * K;
     const int nt = min(ntok, TM);  // (tokens beyond the index columns are outside the op's contract)
     float S[E], Sn[E], vv[R], o[R];
+#if !PERSIST
     load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);  // the first pass's rows
+#endif
     cluster_arrive_relaxed();  // this CTA has started (waited for before the first DSMEM store)
     const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
     const float dtb = ldf<DT_KIND>(dt_bias, hv);
@@ -212,13 +332,28 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         }
     }
     if (!EARLY_QK) stage_rows();
+#if PERSIST
+    if (tid == 0 && nxt < n_items) publish(nxt, ib ^ 1, nb, nn, ns);
+#endif
     __syncthreads();
+#if PERSIST
+    mbar_wait(bar, ph);  // the item's tile is in the buffer
+    ph ^= 1;
+#endif
 
     // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const i64 off = (i64)c * RP * K * SB;
+#if PERSIST
+        load_rows(S, (const char*)tbuf + off, g, p);
+        if (c + 1 == CH) {  // the buffer's last rows are in registers: the next item's tile may come in
+            __syncthreads();
+            if (tid == 0 && nxt < n_items) start_copy(nxt, ib ^ 1);
+        }
+#else
         if (c + 1 < CH) load_rows(Sn, (const char*)state + (slot0 * s_state_slot + tile) * SB + off + RP * K * SB, g, p);
+#endif
         for (int t = 0; t < nt; ++t) {
 #pragma unroll
             for (int i = 0; i < R; ++i) vv[i] = vn[t][c * RP + g * R + i];
@@ -230,7 +365,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             const i64 st = slots[t];
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
         }
-        if (c + 1 < CH) {
+        if (!PERSIST && c + 1 < CH) {
 #pragma unroll
             for (int e = 0; e < E; ++e) S[e] = Sn[e];
         }
@@ -262,4 +397,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         const float y = on[t][r] * rstd[t] * wn[r] * gz[t][r];
         stf<O_KIND>(out, (bos + t) * s_o_tok + (i64)hv * V + row0 + r, y);
     }
+#if PERSIST
+    if (PERSIST == 1) __syncthreads();  // (the next item's staging overwrites what the loop above reads)
+    }
+#endif
+#undef NEXT_ITEM
 }
