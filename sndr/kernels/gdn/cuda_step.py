@@ -46,7 +46,8 @@ MAX_CLUSTER = 8
 #: launch shapes with the head's state tile in shared memory (one cp.async.bulk per tile): persistent CTAs
 #: that copy the next item's tile in while one computes (``p``) and one item per CTA (``b``); timed by
 #: bench_gdn.py beside the register-tile shapes (docs/bench-gdn-h200.md)
-SMEM_TILE_SHAPES = ("128x8x4t256m2p", "128x8x2t256m3p", "128x8x4t256m2b", "128x8x2t256m4b")
+SMEM_TILE_SHAPES = ("128x8x4t256m2p", "128x8x2t256m3p", "128x8x4t256m2b", "128x8x2t256m4b", "128x16x4t512m2b",
+                    "128x16x2t512m2b")
 #: ``gdn_fused_step``'s parameters in order, with their kinds (``_cudart.Launch``: p pointer, f float32,
 #: i int32, q int64): the tensors, then the scalars and strides
 PARAMS = (("x", "p"), ("a", "p"), ("b", "p"), ("A_log", "p"), ("dt_bias", "p"), ("out", "p"), ("state", "p"),
