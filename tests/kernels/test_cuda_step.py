@@ -48,7 +48,7 @@ def _shipped():
 
 def _shared_tile_shapes():
     """(state dtype, spec, TM, config) of the launch shapes with the state tile in shared memory that
-    ``cuda_step.SMEM_TILE_SHAPES`` offers (persistent ``p``, one item per CTA ``b``) at every TM the table uses."""
+    ``cuda_step.SMEM_TILE_SHAPES`` offers (suffix ``b``) at every TM the table uses."""
     return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SMEM_TILE_SHAPES
             for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
 
@@ -129,27 +129,24 @@ def test_scalar_values_put_each_stride_where_the_kernel_reads_it():
                                                             norm_eps=1e-6, cols=2, n_items=96)[-1] == 96
 
 
-def test_shared_tile_shapes_parse_refuse_clusters_and_size_their_grid():
-    """The labels' ``p`` / ``b`` suffixes round-trip; a tile in shared memory needs one CTA per head; the
-    persistent grid is every resident CTA slot, never more than the items."""
+def test_shared_tile_shapes_parse_and_refuse_what_they_cannot_take():
+    """The labels' ``b`` suffix round-trips into the TILE_SMEM build; a tile in shared memory needs one CTA per
+    head and a tile of at most MAX_SMEM_TILE bytes; the register-tile shapes' defines are as before."""
     for label in cuda_step.SMEM_TILE_SHAPES:
         cfg = cuda_step.CudaConfig.parse(label)
-        assert cfg.label() == label and (cfg.persist or cfg.bulk) and not (cfg.persist and cfg.bulk)
+        assert cfg.label() == label and cfg.bulk
         assert cuda_step.config_why(K, V, torch.float32, cfg) is None
-    assert cuda_step.CudaConfig.parse("128x8x4t256m2p").persist and cuda_step.CudaConfig.parse("128x8x4t256m2b").bulk
-    assert "one CTA per head" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("64x8x1t128m8p"))
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["TILE_SMEM"] == 1
+    assert not cuda_step.CudaConfig.parse("128x8x4t256m2").bulk
     assert "one CTA per head" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("64x8x1t128m8b"))
-    assert "at once" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig(persist=True, bulk=True))
-    with pytest.raises(ValueError):
-        cuda_step.CudaConfig.parse("128x8x4t256m2bp")
-    assert cuda_step.persistent_grid(1024, 2, 132) == 264 and cuda_step.persistent_grid(32, 2, 132) == 32
-    assert cuda_step.persistent_grid(5, 0, 132) == 5 and cuda_step.persistent_grid(1000, 0, 4) == 4
+    assert "state tile in shared memory" in cuda_step.config_why(256, 256, torch.float32,
+                                                                 cuda_step.CudaConfig.parse("256x16x2t512m2b"))
+    assert cuda_step.config_why(256, 256, BF, cuda_step.CudaConfig.parse("256x16x2t512m2b")) is None  # 128 KiB
+    for bad in ("128x8x4t256m2p", "128x8x4t256m2bs"):
+        with pytest.raises(ValueError):
+            cuda_step.CudaConfig.parse(bad)
     assert cuda_step.tile_bytes(torch.empty(2, HV, V, K, dtype=BF)) == V * K * 2
-    defs = cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse("128x8x4t256m2p"), spec=True, tm=4, kinds={})
-    assert defs["PERSIST"] == 1 and cuda_step.defines(
-        H, HV, K, V, cuda_step.CudaConfig.parse("128x8x2t256m4b"), spec=True, tm=4, kinds={})["PERSIST"] == 2
-    assert "PERSIST" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig(), spec=True, tm=4, kinds={})
-
+    assert "TILE_SMEM" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig(), spec=True, tm=4, kinds={})
 
 def test_refusals_say_why():
     pool = torch.zeros(4, HV, V, K)

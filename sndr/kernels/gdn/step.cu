@@ -37,20 +37,17 @@
 // streaming snapshot stores), SIGMOID_GATE, IDX64 / ACC64 / CU64 (int64 index tensors), and a
 // kind per tensor (0 float32, 1 float16, 2 bfloat16): X_KIND (mixed_qkv), AB_KIND (a, b),
 // ALOG_KIND, DT_KIND, Z_KIND (output gate), W_KIND (norm weight), O_KIND (out), S_KIND
-// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads; PERSIST (below).
+// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads; TILE_SMEM (below).
 //
-// PERSIST 2 (label suffix `b`): the same tile buffer and copy with one item per CTA (grid = items): the copy
-// is started before the CTA stages its inputs and waited for after.
-// PERSIST 1 (one CTA per head, BV == V; launch shape label suffix `p`): a persistent CTA. The grid is at most
-// the CTAs resident at once (cuda_step.CudaStep) and each CTA takes the items (request, value head) nh =
-// blockIdx.x, + gridDim.x, ... (n_items of them). The head's V x K state tile (one contiguous block: the
-// pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic shared memory by one
-// cp.async.bulk completing an mbarrier; as soon as an item's last pass has moved its rows from that buffer
-// into registers (a barrier), thread 0 starts the copy of the next item's tile, so the load runs during this
-// item's compute, snapshot stores, norm and the next item's staging. The next item's slot chain (cu_seqlens,
-// num_accepted, index) is loaded by thread 0 at the start of this item and published in shared memory (two
-// buffers). Passes read their rows from the buffer (no next-pass registers). The same float32 operations in
-// the same order as PERSIST 0 with the same R and P: outputs and states are bitwise those of that shape.
+// TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
+// contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
+// shared memory by one cp.async.bulk completing an mbarrier, started by thread 0 before the CTA stages its
+// inputs and waited for after; the passes read their rows from there (no next-pass registers), so a shape
+// holds half the tile in registers (R = 2: 64 registers, 4 CTAs, 32 warps per SM with a bf16 tile, as
+// vLLM's op runs). The same float32 operations in the same order as TILE_SMEM 0 with the same R and P:
+// outputs and states are bitwise those of that shape. (A persistent form, each CTA taking items in turn
+// and copying the next item's tile in while one computed, was measured slower in every cell and removed:
+// docs/bench-gdn-h200.md.)
 
 #define CL (V / BV)
 #define RP ((NT / P) * R)  // rows per pass
@@ -67,16 +64,16 @@
 #else
 #define CLUSTER_ATTR
 #endif
-#ifndef PERSIST
-#define PERSIST 0
+#ifndef TILE_SMEM
+#define TILE_SMEM 0
 #endif
-#if PERSIST && CL > 1
-#error "PERSIST: one CTA per head (BV == V)"
+#if TILE_SMEM && CL > 1
+#error "TILE_SMEM: one CTA per head (BV == V)"
 #endif
 
 #include "rows.cuh"
 
-#define TILE_BYTES (V * K * SB)  // (PERSIST) one head's state tile, the dynamic shared memory
+#define TILE_BYTES (V * K * SB)  // (TILE_SMEM) one head's state tile, the dynamic shared memory
 
 template <int WIDE> __device__ __forceinline__ i64 ldi(const void* p, i64 i) {
     return WIDE ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
@@ -117,7 +114,7 @@ __device__ __forceinline__ void resolve(int n, const void* indices, const void* 
 #endif
 }
 
-#if PERSIST
+#if TILE_SMEM
 // (sm_90) an mbarrier and a bulk copy global -> shared completing it (bytes counted by the transaction count)
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -128,13 +125,8 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
         " @!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
-__device__ __forceinline__ int tid_opaque() {
-    int t;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-    return t;
-}
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    // the buffer's last reads (generic proxy, ordered before this by a barrier) before the copy's writes
+    // (no reads of the buffer precede the copy: the proxy fence orders nothing here, kept as measured)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -190,86 +182,50 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
     const int rank = blockIdx.x % CL;
     const int row0 = rank * BV;
-#if PERSIST
+#if TILE_SMEM
     extern __shared__ __align__(128) unsigned char tbuf[];  // the item's state tile (TILE_BYTES)
     __shared__ __align__(8) unsigned long long tbar;        // completed by the tile's copy
-    __shared__ i64 info[2][3];                              // an item's bos, ntok, slot0 (two items' worth)
+    __shared__ i64 info[3];                                 // the item's bos, ntok, slot0 (from thread 0)
     const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar), dst = (unsigned)__cvta_generic_to_shared(tbuf);
-    // (thread 0) item it's chain into info[buf]; the copy of its tile started, where it has a state
-    auto publish = [&](int it, int buf, i64 b_, int n_, i64 s_) {
-        info[buf][0] = b_;
-        info[buf][1] = n_;
-        info[buf][2] = s_;
-    };
-    auto start_copy = [&](int it, int buf) {
-        const i64 s_ = info[buf][2];
-        if (info[buf][1] > 0 && s_ > 0)
-            bulk_load(dst, (const char*)state + (s_ * s_state_slot + (i64)(it % HV) * V * K) * SB, TILE_BYTES, bar);
-    };
-    if (tid == 0) {
+    if (tid == 0) {  // the item's chain; its tile's copy started where it has a state
         mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if ((int)blockIdx.x < n_items) {
             i64 b_, s_;
             int n_;
             resolve(blockIdx.x / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, b_, n_, s_);
-            publish(blockIdx.x, 0, b_, n_, s_);
-            start_copy(blockIdx.x, 0);
+            info[0] = b_;
+            info[1] = n_;
+            info[2] = s_;
+            const int it = blockIdx.x;
+            if (info[1] > 0 && info[2] > 0)
+                bulk_load(dst, (const char*)state + (info[2] * s_state_slot + (i64)(it % HV) * V * K) * SB,
+                          TILE_BYTES, bar);
         }
     }
     __syncthreads();
-    unsigned ph = 0;  // the mbarrier's phase parity of the next completed copy
-    int ib = 0;
-#if PERSIST == 1
-    for (int nh = blockIdx.x; nh < n_items; nh += gridDim.x, ib ^= 1) {
-    const int nxt = nh + gridDim.x;
-    // the thread's coordinates read again per item (opaque to the compiler), so that it does not keep every
-    // per-thread address hoisted out of the loop in registers (with them, 128-register shapes spilled)
-    const int tid = tid_opaque(), g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
-#else
-    {  // PERSIST 2: one item per CTA (grid = items), its tile copied in while it stages its inputs
-    const int nh = blockIdx.x, nxt = n_items;
-#endif
-    const i64 bos = info[ib][0];
-    const int ntok = (int)info[ib][1];
-    const i64 slot0 = info[ib][2];
-    // (thread 0) the next item's chain: loaded now, in flight during the staging, published before its barrier
-    i64 nb = 0, ns = 0;
-    int nn = 0;
-    if (tid == 0 && nxt < n_items)
-        resolve(nxt / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, nb, nn, ns);
-#if PERSIST == 2
-#define NEXT_ITEM return;
-#else
-#define NEXT_ITEM                                 \
-    {                                             \
-        if (tid == 0 && nxt < n_items) {          \
-            publish(nxt, ib ^ 1, nb, nn, ns);     \
-            start_copy(nxt, ib ^ 1);              \
-        }                                         \
-        __syncthreads();                          \
-        continue;                                 \
-    }
-#endif
+    const int nh = blockIdx.x;
+    const i64 bos = info[0];
+    const int ntok = (int)info[1];
+    const i64 slot0 = info[2];
 #else
     const int nh = blockIdx.x / CL;
     i64 bos, slot0;
     int ntok;
     resolve(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, bos, ntok, slot0);
-#define NEXT_ITEM return;
 #endif
     const int n = nh / HV, hv = nh % HV, h = hv / (HV / H);
     // (every CTA of a cluster is the same request and head: they all take the same branch here)
-    if (ntok <= 0) NEXT_ITEM
+    if (ntok <= 0) return;
     if (slot0 <= 0) {  // padding: zero outputs, no state
         for (int i = tid; i < ntok * BV; i += NT)
             stf<O_KIND>(out, (bos + i / BV) * s_o_tok + (i64)hv * V + row0 + i % BV, 0.f);
-        NEXT_ITEM
+        return;
     }
     const i64 tile = (i64)hv * V * K + (i64)row0 * K;
     const int nt = min(ntok, TM);  // (tokens beyond the index columns are outside the op's contract)
     float S[E], Sn[E], vv[R], o[R];
-#if !PERSIST
+#if !TILE_SMEM
     load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);  // the first pass's rows
 #endif
     cluster_arrive_relaxed();  // this CTA has started (waited for before the first DSMEM store)
@@ -332,25 +288,18 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         }
     }
     if (!EARLY_QK) stage_rows();
-#if PERSIST
-    if (tid == 0 && nxt < n_items) publish(nxt, ib ^ 1, nb, nn, ns);
-#endif
     __syncthreads();
-#if PERSIST
-    mbar_wait(bar, ph);  // the item's tile is in the buffer
-    ph ^= 1;
+#if TILE_SMEM
+    mbar_wait(bar, 0);  // the item's tile is in the buffer
 #endif
 
     // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const i64 off = (i64)c * RP * K * SB;
-#if PERSIST
+#if TILE_SMEM
         load_rows(S, (const char*)tbuf + off, g, p);
-        if (c + 1 == CH) {  // the buffer's last rows are in registers: the next item's tile may come in
-            __syncthreads();
-            if (tid == 0 && nxt < n_items) start_copy(nxt, ib ^ 1);
-        }
+        if (c + 1 == CH) __syncthreads();  // (not needed with one item per CTA; in the measured build, kept)
 #else
         if (c + 1 < CH) load_rows(Sn, (const char*)state + (slot0 * s_state_slot + tile) * SB + off + RP * K * SB, g, p);
 #endif
@@ -365,7 +314,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             const i64 st = slots[t];
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
         }
-        if (!PERSIST && c + 1 < CH) {
+        if (!TILE_SMEM && c + 1 < CH) {
 #pragma unroll
             for (int e = 0; e < E; ++e) S[e] = Sn[e];
         }
@@ -397,9 +346,4 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         const float y = on[t][r] * rstd[t] * wn[r] * gz[t][r];
         stf<O_KIND>(out, (bos + t) * s_o_tok + (i64)hv * V + row0 + r, y);
     }
-#if PERSIST
-    if (PERSIST == 1) __syncthreads();  // (the next item's staging overwrites what the loop above reads)
-    }
-#endif
-#undef NEXT_ITEM
 }
