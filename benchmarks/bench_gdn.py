@@ -764,7 +764,10 @@ def norm_sweep(args, bw, op):
 #: the CUDA step's launch shapes the table times in every cell (graph replay; the fastest is routed)
 #: (128x16x4t512m2, tried in gcuda2's run B: fastest CUDA shape only at bf16 batch 256 T = 4, still slower than the
 #: Triton step there, and its fp32 build has a 40-byte stack frame: not a default candidate; --cuda-candidates)
-CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
+#: (the last three: the state tile in shared memory, cuda_step.SMEM_TILE_SHAPES; gpers' runs of 2026-12-02 timed them
+#: beside persistent forms, since removed: docs/bench-gdn-h200.md)
+CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8", "128x8x2t256m4b",
+                   "128x16x2t512m2b", "128x16x4t512m2b"]
 CUDA_SWEEP = ["128x8x1t128m6", "128x8x1t128m6s", "128x8x1t64m12", "128x8x1t256m3", "64x8x1t128m8",
               "32x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
 

@@ -268,7 +268,7 @@ class Kernel:
                f"cuModuleGetFunction({name})")
         self.name = name
         self.smem = int(dynamic_smem)
-        if self.smem > 48 * 1024:
+        if self.smem > 0:  # (any: static + dynamic above 48 KiB needs it, whatever the dynamic part's size)
             _check(drv.cuFuncSetAttribute(self.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
                    "cuFuncSetAttribute")
 

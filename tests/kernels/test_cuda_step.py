@@ -46,7 +46,14 @@ def _shipped():
     return sorted(seen, key=str)
 
 
-@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped())
+def _shared_tile_shapes():
+    """(state dtype, spec, TM, config) of the launch shapes with the state tile in shared memory that
+    ``cuda_step.SMEM_TILE_SHAPES`` offers (suffix ``b``) at every TM the table uses."""
+    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SMEM_TILE_SHAPES
+            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
+
+
+@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped() + _shared_tile_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -117,8 +124,29 @@ def test_scalar_values_put_each_stride_where_the_kernel_reads_it():
     assert vals["s_o_tok"] == HV * V and vals["s_state_slot"] == 2 * HV * V * K
     assert vals["s_idx_seq"] == 5 and vals["s_idx_tok"] == 1
     one = cuda_step.scalar_values(mixed, a, b, out, state, idx[:, 0], gate, scale=0.25, norm_eps=1e-6, cols=1)
-    assert one[-2:] == [5, 1]  # a 1-D index tensor (the packed decode): its stride, column stride 1
+    assert one[-3:-1] == [5, 1]  # a 1-D index tensor (the packed decode): its stride, column stride 1
+    assert vals["n_items"] == 0 and cuda_step.scalar_values(mixed, a, b, out, state, idx, gate, scale=0.25,
+                                                            norm_eps=1e-6, cols=2, n_items=96)[-1] == 96
 
+
+def test_shared_tile_shapes_parse_and_refuse_what_they_cannot_take():
+    """The labels' ``b`` suffix round-trips into the TILE_SMEM build; a tile in shared memory needs one CTA per
+    head and a tile of at most MAX_SMEM_TILE bytes; the register-tile shapes' defines are as before."""
+    for label in cuda_step.SMEM_TILE_SHAPES:
+        cfg = cuda_step.CudaConfig.parse(label)
+        assert cfg.label() == label and cfg.bulk
+        assert cuda_step.config_why(K, V, torch.float32, cfg) is None
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["TILE_SMEM"] == 1
+    assert not cuda_step.CudaConfig.parse("128x8x4t256m2").bulk
+    assert "one CTA per head" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("64x8x1t128m8b"))
+    assert "state tile in shared memory" in cuda_step.config_why(256, 256, torch.float32,
+                                                                 cuda_step.CudaConfig.parse("256x16x2t512m2b"))
+    assert cuda_step.config_why(256, 256, BF, cuda_step.CudaConfig.parse("256x16x2t512m2b")) is None  # 128 KiB
+    for bad in ("128x8x4t256m2p", "128x8x4t256m2bs"):
+        with pytest.raises(ValueError):
+            cuda_step.CudaConfig.parse(bad)
+    assert cuda_step.tile_bytes(torch.empty(2, HV, V, K, dtype=BF)) == V * K * 2
+    assert "TILE_SMEM" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig(), spec=True, tm=4, kinds={})
 
 def test_refusals_say_why():
     pool = torch.zeros(4, HV, V, K)

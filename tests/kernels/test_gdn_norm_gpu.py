@@ -233,6 +233,135 @@ def test_decode_graph_replay_with_new_slots(state_dtype, kernel):
         assert rel(c.state[w], st64[w]) <= _state_tol(state_dtype)
 
 
+# ----------------------------------------------------------------------------- the state tile in shared memory
+
+
+def _ragged(c, gen, step=0):
+    """Ragged lengths in [0, T] (one request empty), one request padded (index row -1), one with a 0 slot as
+    its initial state, new accepted counts, inputs and slots: written into the cell's buffers."""
+    n, t = c.n, c.t
+    lens = torch.randint(1, t + 1, (n,), generator=gen, device=DEV) if t > 1 else torch.ones(n, device=DEV,
+                                                                                              dtype=torch.int64)
+    if n > 2 and t > 1:
+        lens[(step + 1) % n] = 0
+    c.cu.copy_(torch.cat([torch.zeros(1, device=DEV, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32))
+    c.idx.copy_((torch.randperm(c.state.shape[0] - 3, generator=gen, device=DEV)[: n * t] + 3).view(n, t))
+    c.num_acc.copy_(torch.randint(1, t + 1, (n,), generator=gen, device=DEV))
+    if n > 1:
+        c.idx[step % n] = -1
+    if n > 3:
+        c.idx[(step + 3) % n, int(c.num_acc[(step + 3) % n]) - 1] = 0
+    c.qkvz.copy_(torch.randn(c.qkvz.shape, generator=gen, device=DEV).to(BF))
+    c.ba.copy_(torch.randn(c.ba.shape, generator=gen, device=DEV).to(BF))
+
+
+def _direct(c, cfg):
+    """The CUDA step at launch shape ``cfg`` on the cell's buffers (T = 1: the packed decode of column 0)."""
+    spec = c.t > 1
+    idx = c.idx if spec else c.idx[:, 0]
+    step = cuda_step.CudaStep(c.mixed, c.a, c.b, c.A_log, c.dt_bias, c.out, c.state, idx, c.gate, c.w, n_req=c.n,
+                              spec=spec, scale=K**-0.5, norm_eps=1e-6, sigmoid_gate=False,
+                              acc=c.num_acc if spec else None, cu=c.cu if spec else None, cfg=cfg)
+
+    def run():
+        assert step(c.mixed, c.a, c.b, c.A_log, c.dt_bias, c.out, c.state, idx, c.gate, c.w,
+                    c.num_acc if spec else None, c.cu if spec else None)
+        return c.out
+
+    return step, run
+
+
+def _bits(x):
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+def _sm90():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the CUDA step's shared-tile shapes (cp.async.bulk, mbarriers) need an sm_90+ GPU")
+
+
+@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, BF])
+@pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
+def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):
+    """A shape with the tile in shared memory (suffix ``b``) gives bit for bit the outputs and every state of
+    the register-tile shape with the same rows and lanes per thread (same operations, same order), with
+    padding, an empty request and a 0 initial slot in the batch; and float64's values within the usual
+    tolerances."""
+    _sm90()
+    cfg = cuda_step.CudaConfig.parse(label)
+    twin = cuda_step.CudaConfig.parse(label[:-1])
+    c = Cell(n, t, state_dtype, seed=n + 7 * t)
+    _ragged(c, torch.Generator(device=DEV).manual_seed(n * t))
+    s0 = c.state.clone()
+    step, run = _direct(c, cfg)
+    assert step.grid == n * HV
+    c.out.fill_(float("nan"))
+    o_smem, st_smem = run().clone(), c.state.clone()
+    c.state.copy_(s0)
+    c.out.fill_(float("nan"))
+    o_reg, st_reg = _direct(c, twin)[1]().clone(), c.state.clone()
+    assert torch.equal(_bits(o_smem), _bits(o_reg)), (label, "outputs")
+    assert torch.equal(_bits(st_smem), _bits(st_reg)), (label, "states")
+    st64 = s0.double()
+    if t > 1:
+        o64 = reference.post_conv_mtp(c.mixed, c.a, c.b, c.A_log, c.dt_bias, c.idx, c.cu, c.num_acc, st64, c.gate,
+                                      c.w, K**-0.5, 1e-6, "silu", dtype=torch.float64)
+        real = int(c.cu[-1])
+        pad = [r for r in range(n) if int(c.idx[r, int(c.num_acc[r]) - 1]) <= 0]
+        keep = torch.ones(real, dtype=torch.bool, device=DEV)
+        for r in pad:
+            keep[int(c.cu[r]):int(c.cu[r + 1])] = False
+            assert (o_smem[int(c.cu[r]):int(c.cu[r + 1])] == 0).all()
+        assert rel(o_smem[:real][keep], o64[:real][keep]) <= 4e-3
+        lens = (c.cu[1:] - c.cu[:-1]).tolist()
+        written = sorted({int(c.idx[r, j]) for r in range(n) if r not in pad for j in range(int(lens[r]))
+                          if int(c.idx[r, j]) > 0})
+    else:
+        idx = c.idx[:, 0]
+        o = reference.step(c.mixed[:, : H * K].reshape(n, H, K), c.mixed[:, H * K: 2 * H * K].reshape(n, H, K),
+                           c.mixed[:, 2 * H * K:].reshape(n, HV, V), c.a, c.b, c.A_log, c.dt_bias, st64, idx,
+                           dtype=torch.float64)
+        o64 = reference.gated_rmsnorm(o, c.gate, c.w, 1e-6, "silu", dtype=torch.float64)
+        valid = idx > 0
+        assert rel(o_smem[valid], o64[valid]) <= 4e-3 and (o_smem[~valid] == 0).all()
+        written = [int(s) for s in idx.tolist() if s > 0]
+    assert rel(st_smem[written], st64[written]) <= _state_tol(state_dtype)
+
+
+@pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, BF])
+@pytest.mark.parametrize("t", [1, 4])
+def test_shared_tile_shapes_replay_in_a_graph(label, state_dtype, t):
+    """Captured once, replayed after new lengths, slots, padding, accepted counts and inputs: bit for bit what
+    the register-tile twin computes eagerly from the same pool (nothing compiled inside the capture)."""
+    _sm90()
+    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label[:-1])
+    n = 40
+    c = Cell(n, t, state_dtype, seed=11 + t)
+    _, run = _direct(c, cfg)
+    _, run_twin = _direct(c, twin)
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    for step in range(3):
+        _ragged(c, gen, step)
+        s0 = c.state.clone()
+        c.out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        o_g, st_g = c.out.clone(), c.state.clone()
+        c.state.copy_(s0)
+        c.out.fill_(float("nan"))
+        run_twin()
+        torch.cuda.synchronize()
+        assert torch.equal(_bits(o_g), _bits(c.out)) and torch.equal(_bits(st_g), _bits(c.state)), (label, step)
+        assert not torch.equal(_bits(st_g), _bits(s0))  # (the replay did write states)
+
+
 # ----------------------------------------------------------------------------- routing and the canary, on the GPU
 
 

@@ -13,7 +13,9 @@ Launch shape (``CudaConfig``, per measured cell in ``routing.CUDA_SHAPES``): the
 each (request, value head) over ``V / block_v`` CTAs (a thread-block cluster when more than
 one) of ``nthreads`` threads, each thread holding ``rows`` state rows x ``K / lanes``
 columns in registers, passing over the CTA's rows ``(nthreads / lanes) * rows`` at a time;
-the head's RMSNorm through the cluster's shared memory (``step.cu`` says how). Up to
+the head's RMSNorm through the cluster's shared memory (``step.cu`` says how). ``bulk``: the head's
+state tile copied into shared memory (one ``cp.async.bulk``) while the CTA stages its inputs, the
+passes reading their rows from there (``step.cu``'s TILE_SMEM). Up to
 :data:`MAX_TM` index columns (tokens per request). A :class:`CudaStep` packs every argument
 of one call layout once (``_cudart.Launch``); a call then writes only the data pointers.
 """
@@ -41,13 +43,19 @@ STATS = {"launches": 0}
 MAX_TM = 16
 #: the largest portable thread-block cluster (CTAs per head)
 MAX_CLUSTER = 8
+#: launch shapes with the head's state tile in shared memory (suffix ``b``; one cp.async.bulk per tile), timed by
+#: bench_gdn.py beside the register-tile shapes (docs/bench-gdn-h200.md)
+SMEM_TILE_SHAPES = ("128x8x4t256m2b", "128x8x2t256m4b", "128x16x4t512m2b", "128x16x2t512m2b")
+#: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
+#: the staging's static arrays beside it)
+MAX_SMEM_TILE = 128 * 1024
 #: ``gdn_fused_step``'s parameters in order, with their kinds (``_cudart.Launch``: p pointer, f float32,
 #: i int32, q int64): the tensors, then the scalars and strides
 PARAMS = (("x", "p"), ("a", "p"), ("b", "p"), ("A_log", "p"), ("dt_bias", "p"), ("out", "p"), ("state", "p"),
           ("indices", "p"), ("num_accepted", "p"), ("cu_seqlens", "p"), ("z", "p"), ("norm_w", "p"),
           ("scale", "f"), ("norm_eps", "f"), ("cols", "i"), ("s_x_tok", "q"), ("s_a_tok", "q"), ("s_b_tok", "q"),
           ("s_o_tok", "q"), ("s_z_tok", "q"), ("s_z_head", "q"), ("s_state_slot", "q"), ("s_idx_seq", "q"),
-          ("s_idx_tok", "q"))
+          ("s_idx_tok", "q"), ("n_items", "i"))
 SIG = "".join(kind for _, kind in PARAMS)
 N_PTR = SIG.count("p")
 
@@ -58,7 +66,8 @@ class CudaConfig:
     row (P); ``rows``: rows per thread (R); ``nthreads``: threads per CTA, which pass over the CTA's rows
     ``(nthreads / lanes) * rows`` at a time, the next pass's rows loaded while one computes;
     ``min_blocks``: CTAs per SM asked of ptxas's register allocator; ``stream``: streaming (``.cs``)
-    snapshot stores."""
+    snapshot stores; ``bulk``: the head's state tile copied into shared memory while the CTA stages its
+    inputs (one CTA per head: ``block_v`` = V)."""
 
     block_v: int = 128
     lanes: int = 8
@@ -66,22 +75,24 @@ class CudaConfig:
     nthreads: int = 128
     min_blocks: int = 8
     stream: bool = False
+    bulk: bool = False
 
     def threads(self) -> int:
         return self.nthreads
 
     def label(self) -> str:
-        """``BVxPxRtNTmN[s]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM, streaming)."""
+        """``BVxPxRtNTmN[s][p|b]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
+        streaming, state tile in shared memory)."""
         return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
-                f"{'s' if self.stream else ''}")
+                f"{'s' if self.stream else ''}{'b' if self.bulk else ''}")
 
     @classmethod
     def parse(cls, label: str) -> CudaConfig:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)", label)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(b?)", label)
         if not m:
-            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s]")
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][b]")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
-                   m.group(6) == "s")
+                   m.group(6) == "s", m.group(7) == "b")
 
     def rows_per_pass(self) -> int:
         return (self.nthreads // self.lanes) * self.rows if self.lanes > 0 else 0
@@ -119,6 +130,8 @@ def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm:
          "TM": tm,
          "MINB": max(1, min(cfg.min_blocks, 2048 // max(cfg.threads(), 32))), "SPEC": int(spec), "STREAM": int(cfg.stream), "SIGMOID_GATE": int(sigmoid_gate),
          "IDX64": int(idx64), "ACC64": int(acc64), "CU64": int(cu64)}
+    if cfg.bulk:  # (absent from the register-tile shapes' defines: their cubin keys stay as they were)
+        d["TILE_SMEM"] = 1
     d.update(kinds)
     return d
 
@@ -133,6 +146,10 @@ def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str
     if (V % cfg.block_v or V // cfg.block_v > MAX_CLUSTER or nt % 32 or not 0 < nt <= 1024 or nt % cfg.lanes
             or rp <= 0 or cfg.block_v % rp):
         return f"V = {V} with {cfg.block_v} rows per CTA, {nt} threads and {cfg.rows} rows per thread"
+    if cfg.bulk and V * K * (4 if state_dtype == torch.float32 else 2) > MAX_SMEM_TILE:
+        return f"a {V} x {K} state tile in shared memory (takes <= {MAX_SMEM_TILE // 1024} KiB)"
+    if cfg.bulk and cfg.block_v != V:
+        return f"a state tile in shared memory with {V // cfg.block_v} CTAs per head (one CTA per head only)"
     e = cfg.rows * K // cfg.lanes
     if e > (32 if cfg.block_v > rp else 64):  # more than one pass: the next pass's values are in registers too
         return f"{e} state values per thread" + (" (two passes' worth in registers)" if cfg.block_v > rp else "")
@@ -184,18 +201,26 @@ def log_fallback(why: str) -> None:
 _KERNELS: dict[tuple, _cudart.Kernel] = {}
 
 
-def kernel(defs: dict, device_index: int) -> _cudart.Kernel:
-    key = (tuple(sorted(defs.items())), device_index)
+def kernel(defs: dict, device_index: int, dynamic_smem: int = 0) -> _cudart.Kernel:
+    key = (tuple(sorted(defs.items())), device_index, dynamic_smem)
     k = _KERNELS.get(key)
     if k is None:
-        k = _KERNELS[key] = _cudart.load_kernel(source(), KERNEL, defs, device_index, label="gdn_step")
+        k = _KERNELS[key] = _cudart.load_kernel(source(), KERNEL, defs, device_index, dynamic_smem=dynamic_smem,
+                                                label="gdn_step")
     return k
 
 
-def scalar_values(mixed_qkv, a, b, out, state, idx, z, *, scale: float, norm_eps: float, cols: int) -> list:
-    """Every value of :data:`PARAMS` for one call layout, the pointers as 0 (written per call)."""
-    named = {"scale": float(scale), "norm_eps": float(norm_eps), "cols": int(cols), "s_x_tok": mixed_qkv.stride(0),
-             "s_a_tok": a.stride(0), "s_b_tok": b.stride(0), "s_o_tok": out.stride(0), "s_z_tok": z.stride(0),
+def tile_bytes(state: torch.Tensor) -> int:
+    """One (slot, value head) state tile, V x K in the pool's dtype: a shared-tile shape's dynamic shared memory."""
+    return state.shape[2] * state.shape[3] * state.element_size()
+
+
+def scalar_values(mixed_qkv, a, b, out, state, idx, z, *, scale: float, norm_eps: float, cols: int,
+                  n_items: int = 0) -> list:
+    """Every value of :data:`PARAMS` for one call layout, the pointers as 0 (written per call); ``n_items``:
+    the (request, value head) items (the shared-tile shapes' bound on blockIdx.x)."""
+    named = {"n_items": int(n_items), "scale": float(scale), "norm_eps": float(norm_eps), "cols": int(cols),
+             "s_x_tok": mixed_qkv.stride(0), "s_a_tok": a.stride(0), "s_b_tok": b.stride(0), "s_o_tok": out.stride(0), "s_z_tok": z.stride(0),
              "s_z_head": z.stride(1), "s_state_slot": state.stride(0), "s_idx_seq": idx.stride(0),
              "s_idx_tok": idx.stride(1) if idx.dim() == 2 else 1}
     return [0 if kind == "p" else named[name] for name, kind in PARAMS]
@@ -223,11 +248,12 @@ class CudaStep:
         self.spec, self.cfg = spec, cfg
         dev = state.device.index if state.device.index is not None else torch.cuda.current_device()
         self.device = dev
-        kern = kernel(self.defines, dev)
-        self.grid = n_req * HV * (V // cfg.block_v)
+        kern = kernel(self.defines, dev, tile_bytes(state) if cfg.bulk else 0)
+        items = n_req * HV
+        self.grid = items * (V // cfg.block_v)
         self.launch = _cudart.Launch(kern, max(self.grid, 1), cfg.threads(), SIG,
                                      scalar_values(mixed_qkv, a, b, out, state, idx, z, scale=scale,
-                                                   norm_eps=norm_eps, cols=cols))
+                                                   norm_eps=norm_eps, cols=cols, n_items=items))
         self._ptr_off = [self.launch.offset(i) for i in range(N_PTR)]
 
     def __call__(self, mixed_qkv, a, b, A_log, dt_bias, out, state, idx, z, norm_w, acc=None, cu=None) -> bool:

@@ -37,7 +37,17 @@
 // streaming snapshot stores), SIGMOID_GATE, IDX64 / ACC64 / CU64 (int64 index tensors), and a
 // kind per tensor (0 float32, 1 float16, 2 bfloat16): X_KIND (mixed_qkv), AB_KIND (a, b),
 // ALOG_KIND, DT_KIND, Z_KIND (output gate), W_KIND (norm weight), O_KIND (out), S_KIND
-// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads.
+// (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads; TILE_SMEM (below).
+//
+// TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
+// contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
+// shared memory by one cp.async.bulk completing an mbarrier, started by thread 0 before the CTA stages its
+// inputs and waited for after; the passes read their rows from there (no next-pass registers), so a shape
+// holds half the tile in registers (R = 2: 64 registers, 4 CTAs, 32 warps per SM with a bf16 tile, as
+// vLLM's op runs). The same float32 operations in the same order as TILE_SMEM 0 with the same R and P:
+// outputs and states are bitwise those of that shape. (A persistent form, each CTA taking items in turn
+// and copying the next item's tile in while one computed, was measured slower in every cell and removed:
+// docs/bench-gdn-h200.md.)
 
 #define CL (V / BV)
 #define RP ((NT / P) * R)  // rows per pass
@@ -54,8 +64,16 @@
 #else
 #define CLUSTER_ATTR
 #endif
+#ifndef TILE_SMEM
+#define TILE_SMEM 0
+#endif
+#if TILE_SMEM && CL > 1
+#error "TILE_SMEM: one CTA per head (BV == V)"
+#endif
 
 #include "rows.cuh"
+
+#define TILE_BYTES (V * K * SB)  // (TILE_SMEM) one head's state tile, the dynamic shared memory
 
 template <int WIDE> __device__ __forceinline__ i64 ldi(const void* p, i64 i) {
     return WIDE ? ((const i64*)p)[i] : (i64)((const int*)p)[i];
@@ -80,6 +98,41 @@ __device__ __forceinline__ void load_token(const void* x, const void* a, const v
     sl = lane == 0 ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)t * s_idx_tok) : 0;
 #endif
 }
+
+// Request n's first token, token count and initial slot (0: none, i.e. padding or no accepted column).
+__device__ __forceinline__ void resolve(int n, const void* indices, const void* num_accepted, const void* cu_seqlens,
+                                        int cols, i64 s_idx_seq, i64 s_idx_tok, i64& bos, int& ntok, i64& slot0) {
+#if SPEC
+    bos = ldi<CU64>(cu_seqlens, n);
+    ntok = (int)(ldi<CU64>(cu_seqlens, n + 1) - bos);
+    const i64 acc = ldi<ACC64>(num_accepted, n);
+    slot0 = (acc >= 1 && acc <= cols) ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (acc - 1) * s_idx_tok) : 0;
+#else
+    bos = n;
+    ntok = 1;
+    slot0 = ldi<IDX64>(indices, (i64)n * s_idx_seq);
+#endif
+}
+
+#if TILE_SMEM
+// (sm_90) an mbarrier and a bulk copy global -> shared completing it (bytes counted by the transaction count)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n .reg .pred p;\n WAIT_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        " @!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    // (no reads of the buffer precede the copy: the proxy fence orders nothing here, kept as measured)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
 
 // cluster barrier halves (sm_90): arrive (relaxed or release) and wait (acquire)
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -114,7 +167,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const void* __restrict__ indices,
     const void* __restrict__ num_accepted, const void* __restrict__ cu_seqlens, const void* __restrict__ z,
     const void* __restrict__ norm_w, float scale, float norm_eps, int cols, i64 s_x_tok, i64 s_a_tok, i64 s_b_tok,
-    i64 s_o_tok, i64 s_z_tok, i64 s_z_head, i64 s_state_slot, i64 s_idx_seq, i64 s_idx_tok) {
+    i64 s_o_tok, i64 s_z_tok, i64 s_z_head, i64 s_state_slot, i64 s_idx_seq, i64 s_idx_tok, int n_items) {
     __shared__ __align__(16) float kn[TM][K];
     __shared__ __align__(16) float qn[TM][K];
     __shared__ float vn[TM][BV];
@@ -128,19 +181,40 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
 
     const int tid = threadIdx.x, g = tid / P, p = tid % P, lane = tid & 31, warp = tid >> 5;
     const int rank = blockIdx.x % CL;
-    const int nh = blockIdx.x / CL;
-    const int n = nh / HV, hv = nh % HV, h = hv / (HV / H);
     const int row0 = rank * BV;
-#if SPEC
-    const i64 bos = ldi<CU64>(cu_seqlens, n);
-    const int ntok = (int)(ldi<CU64>(cu_seqlens, n + 1) - bos);
-    const i64 acc = ldi<ACC64>(num_accepted, n);
-    const i64 slot0 = (acc >= 1 && acc <= cols) ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (acc - 1) * s_idx_tok) : 0;
+#if TILE_SMEM
+    extern __shared__ __align__(128) unsigned char tbuf[];  // the item's state tile (TILE_BYTES)
+    __shared__ __align__(8) unsigned long long tbar;        // completed by the tile's copy
+    __shared__ i64 info[3];                                 // the item's bos, ntok, slot0 (from thread 0)
+    const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar), dst = (unsigned)__cvta_generic_to_shared(tbuf);
+    if (tid == 0) {  // the item's chain; its tile's copy started where it has a state
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if ((int)blockIdx.x < n_items) {
+            i64 b_, s_;
+            int n_;
+            resolve(blockIdx.x / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, b_, n_, s_);
+            info[0] = b_;
+            info[1] = n_;
+            info[2] = s_;
+            const int it = blockIdx.x;
+            if (info[1] > 0 && info[2] > 0)
+                bulk_load(dst, (const char*)state + (info[2] * s_state_slot + (i64)(it % HV) * V * K) * SB,
+                          TILE_BYTES, bar);
+        }
+    }
+    __syncthreads();
+    const int nh = blockIdx.x;
+    const i64 bos = info[0];
+    const int ntok = (int)info[1];
+    const i64 slot0 = info[2];
 #else
-    const i64 bos = n;
-    const int ntok = 1;
-    const i64 slot0 = ldi<IDX64>(indices, (i64)n * s_idx_seq);
+    const int nh = blockIdx.x / CL;
+    i64 bos, slot0;
+    int ntok;
+    resolve(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, bos, ntok, slot0);
 #endif
+    const int n = nh / HV, hv = nh % HV, h = hv / (HV / H);
     // (every CTA of a cluster is the same request and head: they all take the same branch here)
     if (ntok <= 0) return;
     if (slot0 <= 0) {  // padding: zero outputs, no state
@@ -151,7 +225,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const i64 tile = (i64)hv * V * K + (i64)row0 * K;
     const int nt = min(ntok, TM);  // (tokens beyond the index columns are outside the op's contract)
     float S[E], Sn[E], vv[R], o[R];
+#if !TILE_SMEM
     load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);  // the first pass's rows
+#endif
     cluster_arrive_relaxed();  // this CTA has started (waited for before the first DSMEM store)
     const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
     const float dtb = ldf<DT_KIND>(dt_bias, hv);
@@ -213,12 +289,20 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     }
     if (!EARLY_QK) stage_rows();
     __syncthreads();
+#if TILE_SMEM
+    mbar_wait(bar, 0);  // the item's tile is in the buffer
+#endif
 
     // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const i64 off = (i64)c * RP * K * SB;
+#if TILE_SMEM
+        load_rows(S, (const char*)tbuf + off, g, p);
+        if (c + 1 == CH) __syncthreads();  // (not needed with one item per CTA; in the measured build, kept)
+#else
         if (c + 1 < CH) load_rows(Sn, (const char*)state + (slot0 * s_state_slot + tile) * SB + off + RP * K * SB, g, p);
+#endif
         for (int t = 0; t < nt; ++t) {
 #pragma unroll
             for (int i = 0; i < R; ++i) vv[i] = vn[t][c * RP + g * R + i];
@@ -230,7 +314,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             const i64 st = slots[t];
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
         }
-        if (c + 1 < CH) {
+        if (!TILE_SMEM && c + 1 < CH) {
 #pragma unroll
             for (int e = 0; e < E; ++e) S[e] = Sn[e];
         }
