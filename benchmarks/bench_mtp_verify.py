@@ -32,8 +32,10 @@ shared-unpack CTA (``unpack=1``, each tile unpacked once per block into shared m
 vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
 wheel, never committed). ``--check`` first compares (a), (c), (d) against a
 float64 reference ("errors equal to (d)'s"). ``--probe`` times kernel variants
-(block plans, per-warp or shared unpacking, unpacked tiles, heads and warps per block) on the
-B = 8 and 32 cells with more than 16 query rows per KV head before the table.
+(block plans, per-warp or shared unpacking, unpacked tiles, heads and warps per block, the softmax
+paths, ring depth; ``--variants`` picks them by name) on the B = 8 and 32 cells with more than 16
+query rows per KV head before the table. ``--ncu-launch NAME`` runs one variant once (after a
+warm-up call) at Hq 64, K 3, B 32, 8K and nothing else, for ``ncu --launch-skip 1``.
 """
 
 from __future__ import annotations

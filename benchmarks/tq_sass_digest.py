@@ -8,7 +8,8 @@ machine code unchanged: run it before and after and diff the output.
     diff before.txt after.txt
 
 Builds: the decode configs of ``tests/kernels/test_tq_cuda.py``'s SHAPES (page
-kernel on sm_90, warp kernel on sm_90 and sm_89, shipped DEFAULT) and the verify
+kernel on sm_90, warp kernel on sm_90 and sm_89, shipped DEFAULT; at 8 KV heads
+and head dim 128 / 256 also the in-kernel merges, cluster=2 and grid_merge) and the verify
 configs of ``tests/kernels/test_mtp_verify.py``'s no-spill test (GRID, OTHER,
 PLANNED). Addresses and the source hash do not enter SASS, so equal digests
 mean equal instructions.
@@ -118,10 +119,13 @@ def decode_builds():
     for d, hk, g, page, bf16 in SHAPES:
         q, cache = _shape(d, hk, g, page, bf16)
         builds = [("90", cuda_decode.DEFAULT)]
+        if (d, hk) in ((128, 8), (256, 8)):  # the page kernels that merge in-kernel: cluster (CL) and grid (GM)
+            builds += [("90", cuda_decode.CudaConfig(cluster=2)), ("90", cuda_decode.CudaConfig(grid_merge=True))]
         if d <= 128:
             builds += [("90", cuda_decode.CudaConfig(kind="warp")), ("89", cuda_decode.CudaConfig(kind="warp"))]
         for arch, cfg in builds:
-            yield (f"decode d{d} hk{hk} g{g} p{page} bf16={int(bf16)} sm{arch} {cfg.kind}",
+            extra = " cl2" if cfg.cluster else " gm" if cfg.grid_merge else ""
+            yield (f"decode d{d} hk{hk} g{g} p{page} bf16={int(bf16)} sm{arch} {cfg.kind}{extra}",
                    cuda_decode.SOURCE_PATH.read_text(), cuda_decode.KERNELS[cfg.kind], arch,
                    cuda_decode.defines(q, cache, cfg))
 

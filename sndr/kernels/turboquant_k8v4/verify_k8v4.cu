@@ -28,6 +28,9 @@
 //   NCHB chunk blocks: ceil(NCH / NCW)
 //   CB   bytes of a token row one block copies (SP when HPB == HK)
 //   HS   bytes between the slots of two KV heads in a row (cache stride 2)
+//   SMX  the per-warp kernel's softmax path: 0 softmax_tile (decode_k8v4.cu), 1
+//        softmax_tile_mma (below: fewer instructions per score, l and z by MMA),
+//        2 the same with ex2.approx.f16x2; the shared-unpack CTA (SHU) takes 0
 //
 // A block runs HPB * NCW warps: warp w serves KV head hg * HPB + w % HPB and
 // row chunk cb * NCW + w / HPB, where (b, s, hg, cb) is the block. All its
@@ -525,34 +528,47 @@ static __device__ __forceinline__ void init_rows(State& st, int (&lim)[NH][2], c
     }
 }
 
+// The parameters of both verify kernels (the launch in mtp_verify.py passes them in this order).
+#define VERIFY_PARAMS                                                                               \
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,                     \
+    const int* __restrict__ BT, const int* __restrict__ SL,                                         \
+    float* __restrict__ MID_O, float* __restrict__ MID_L,                                           \
+    float qk_scale, int B, int S, int min_tiles,                                                    \
+    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead
+
+// The start both verify kernels share: the block's work item (a split with no
+// tokens: the whole block returns), the TMA ring with its first STAGES - 1 tiles
+// in flight (EMPTY: with the empty barriers), warp w's Q operand (LOAD_Q: the
+// fragment loader of the kernel's operand order), its rows' state and causal
+// limits, and the names the tile loops use. A macro rather than a function so
+// that both kernels keep their exact SASS (benchmarks/tq_sass_digest.py).
+#define VERIFY_START(EMPTY, LOAD_Q)                                                                 \
+    extern __shared__ __align__(128) unsigned char smem[];                                          \
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;                                        \
+    VerifyBlock v;                                                                                  \
+    if (!verify_block(v, SL, S, min_tiles, w)) return; /* the whole block */                        \
+    const int g = lane >> 2, t4 = lane & 3;                                                         \
+    VerifyRing rg;                                                                                  \
+    ring_start<EMPTY>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);                                \
+    QOp qop;                                                                                        \
+    load_qop(qop, smem, w, lane,                                                                    \
+             [&](u32 (&qb)[NH][KSTEPS][2]) { LOAD_Q(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); }); \
+    State st;                                                                                       \
+    int lim[NH][2];                                                                                 \
+    init_rows(st, lim, v, t4);                                                                      \
+    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;                 \
+    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;                              \
+    const u32 bars = rg.bars;                                                                       \
+    const int* bt_row = rg.bt_row;                                                                  \
+    int pg_next = rg.pg_next;                                                                       \
+    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
+
 #if !SHU
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
-extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int S, int min_tiles,
-    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    VerifyBlock v;
-    if (!verify_block(v, SL, S, min_tiles, w)) return;  // the whole block
-    const int g = lane >> 2, t4 = lane & 3;
-    VerifyRing rg;
-    ring_start<true>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);
-    QOp qop;
-    load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) { load_q_rows(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); });
-    State st;
-    int lim[NH][2];
-    init_rows(st, lim, v, t4);
-    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;
-    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;
-    const u32 bars = rg.bars;
-    const int* bt_row = rg.bt_row;
-    int pg_next = rg.pg_next;
-    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
+    VERIFY_START(true, load_q_rows)
 
     const unsigned char* my = smem + hl * kv_shead;
     int slot = 0;
@@ -811,31 +827,9 @@ static __device__ __forceinline__ void write_rows_shu(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int S, int min_tiles,
-    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    VerifyBlock v;
-    if (!verify_block(v, SL, S, min_tiles, w)) return;  // the whole block
-    const int g = lane >> 2, t4 = lane & 3;
-    VerifyRing rg;
-    ring_start<false>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);  // full barriers only: see the loop
-    QOp qop;
-    load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) { load_q_nat(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); });
-    State st;
-    int lim[NH][2];
-    init_rows(st, lim, v, t4);
-    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;
-    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;
-    const u32 bars = rg.bars;
-    const int* bt_row = rg.bt_row;
-    int pg_next = rg.pg_next;
-    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
+    VERIFY_START(false, load_q_nat)  // full barriers only: see the loop
 
     // this lane's ldmatrix rows: keys (x4: tokens 0-7 | 8-15 x dims 0-7 | 8-15 of a k-step), codes (x4.trans:
     // tokens 0-7 x dims 0-7 | 8-15, then tokens 8-15 x dims 0-7 | 8-15 of an m-tile)
