@@ -400,7 +400,7 @@ def main(argv=None) -> int:
         out["check"] = check(vl)
     t0 = time.time()
     sp = HK * SLOT
-    shapes = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
+    shapes: list[tuple] = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
     if args.probe:
         shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in (3, 5, 7)
                    for cfg in (PROBE[n] for n in names) if (hq // HK) * (k + 1) > 16]
