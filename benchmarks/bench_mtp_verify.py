@@ -32,8 +32,10 @@ shared-unpack CTA (``unpack=1``, each tile unpacked once per block into shared m
 vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
 wheel, never committed). ``--check`` first compares (a), (c), (d) against a
 float64 reference ("errors equal to (d)'s"). ``--probe`` times kernel variants
-(block plans, per-warp or shared unpacking, unpacked tiles, heads and warps per block) on the
-B = 8 and 32 cells with more than 16 query rows per KV head before the table.
+(block plans, per-warp or shared unpacking, unpacked tiles, heads and warps per block, the softmax
+paths, ring depth; ``--variants`` picks them by name) on the B = 8 and 32 cells with more than 16
+query rows per KV head before the table. ``--ncu-launch NAME`` runs one variant once (after a
+warm-up call) at Hq 64, K 3, B 32, 8K and nothing else, for ``ncu --launch-skip 1``.
 """
 
 from __future__ import annotations
@@ -235,26 +237,36 @@ def check(vl) -> list[dict]:
     return rows
 
 
-TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1)  # (a0): one warp per KV head, a block per 16-row chunk
-TILE = mtp_verify.VerifyConfig(unpack=0, rows_per_warp=16)  # the shared-tile CTA: 16-row warps, each unpacking
-WIDE = mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4)  # (aw): wide warps, 4 KV heads a block
+# (a0): one warp per KV head, a block per 16-row chunk, softmax_tile
+TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1, softmax=0)
+TILE = mtp_verify.VerifyConfig(unpack=0, rows_per_warp=16, softmax=0)  # the shared-tile CTA: 16-row warps
+WIDE = mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=0)  # (aw): wide warps, 4 KV heads
 PROBE = {
     "before27": TODAY,
     "tile": TILE,
     "unpack": mtp_verify.VerifyConfig(unpack=1),  # the shared-unpack CTA where > 16 rows (its own plan)
     "unpack_2buf": mtp_verify.VerifyConfig(unpack=1, unpack_buffers=2),  # two unpacked tiles (one barrier a tile)
-    "wide8": mtp_verify.VerifyConfig(rows_per_warp=32),  # wide warps, all 8 heads a block (up to 8 warps)
+    "wide8": mtp_verify.VerifyConfig(rows_per_warp=32, softmax=0),  # wide warps, all 8 heads a block (<= 8 warps)
     "wide4": WIDE,
+    "default": mtp_verify.DEFAULT,  # the shipped build (softmax_tile_mma at > 16 rows)
+    "smx0": mtp_verify.VerifyConfig(softmax=0),  # decode_k8v4.cu's softmax_tile
+    "smx1": mtp_verify.VerifyConfig(softmax=1),  # softmax_tile_mma: one FFMA a score, l / z by one MMA an n-tile
+    "smx2": mtp_verify.VerifyConfig(softmax=2),  # the same with ex2.approx.f16x2
+    "st5": mtp_verify.VerifyConfig(softmax=0, stages=5),  # 4 tiles in flight instead of 2
+    "smx1_st5": mtp_verify.VerifyConfig(softmax=1, stages=5),
+    "wide4_s1": mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=1),
 }
 
 
 def plan_of(hq: int, k: int, cfg) -> str:
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
-    return f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "")
+    smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]
+    return f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "") + (f" s{smx}" if smx else "")
 
 
-def probe(vl, pools) -> list[dict]:
-    """Block plans and variants on the cells with more than 16 query rows per KV head (B >= 8)."""
+def probe(vl, pools, names=tuple(PROBE)) -> list[dict]:
+    """Block plans and variants (``names`` of PROBE) on the cells with more than 16 query rows per KV head
+    (B >= 8)."""
     rows = []
     for ctx in CTXS:
         for b in (8, 32):
@@ -264,7 +276,8 @@ def probe(vl, pools) -> list[dict]:
                         continue
                     cell = Cell(pools[ctx], b, k, hq, vl)
                     ts = {}
-                    for name, cfg in PROBE.items():
+                    for name in names:
+                        cfg = PROBE[name]
                         ts[name] = graph_us(lambda cfg=cfg, cell=cell, k=k: mtp_verify.verify_attention(
                             cell.q, cell.cache, cell.bt, cell.sl, cell.scale, k, out=cell.out, config=cfg))
                     rows.append(dict(b=b, ctx=ctx, hq=hq, k=k, **ts))
@@ -342,17 +355,37 @@ def fmt(r) -> str:
             f"{r['b_over_a']:.1f} | {goals(r)} |")
 
 
+def ncu_launch(cfg, hq: int = 64, k: int = 3, b: int = 32, ctx: int = 8192) -> int:
+    """One warm-up call (build, load) then one timed-by-ncu call of the verify kernel with ``cfg``."""
+    cell = Cell(Pool(b, ctx), b, k, hq, None)
+    for _ in range(2):
+        mtp_verify.verify_attention(cell.q, cell.cache, cell.bt, cell.sl, cell.scale, k, out=cell.out, config=cfg)
+    torch.cuda.synchronize()
+    log(f"ncu launch: Hq {hq} K {k} B {b} ctx {ctx} plan {plan_of(hq, k, cfg)} {cfg}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="B 8 and 32, K 3 only")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--variants", default=",".join(PROBE), help="--probe: these PROBE names, comma-separated")
+    ap.add_argument("--ncu-launch", metavar="NAME",
+                    help="one launch of PROBE[NAME] at Hq 64, K 3, B 32, 8K (after one warm-up call), for ncu; "
+                         "nothing else runs")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / ".bench")))
     ap.add_argument("--vllm", default="0.32.0", metavar="X",
                     help="time vLLM X's kernels as the baseline (.baselines/vllm-X_tq, the tree cache, else fetched); "
                          "the JSON then names it: a `pin advance --perf-ref` for PK0002 on a bump to X")
     args = ap.parse_args(argv)
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names + ([args.ncu_launch] if args.ncu_launch else []) if n not in PROBE]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {', '.join(PROBE)}")
+    if args.ncu_launch:
+        return ncu_launch(PROBE[args.ncu_launch])
     src = _vllm_baseline.find_dir(ROOT, args.vllm, fetch=True)
     if src is None:
         log(f"vLLM {args.vllm}'s TurboQuant files not found (.baselines/vllm-{args.vllm}_tq); copy them from the wheel")
@@ -367,17 +400,17 @@ def main(argv=None) -> int:
         out["check"] = check(vl)
     t0 = time.time()
     sp = HK * SLOT
-    shapes = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
+    shapes: list[tuple] = [(hq, HK, D, PAGE, sp, True, k + 1) for hq in HQS for k in KS + (0,)]
     if args.probe:
         shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in (3, 5, 7)
-                   for cfg in PROBE.values() if (hq // HK) * (k + 1) > 16]
+                   for cfg in (PROBE[n] for n in names) if (hq // HK) * (k + 1) > 16]
     if not args.no_table:
         shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in KS for cfg in (TODAY, WIDE)]
     mtp_verify.precompile(shapes, workers=12)
     log(f"compiled {len(shapes)} verify builds in {time.time() - t0:.0f} s")
     pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}
     if args.probe:
-        out["probe"] = probe(vl, pools)
+        out["probe"] = probe(vl, pools, names)
     if not args.no_table:
         log(HEADER)
         log("|" + "---|" * 19)

@@ -79,7 +79,9 @@ PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(rows_per_warp=16, h
              # the shared-unpack CTA (unpack=1, measured slower, not the default): its own plan and all 8 heads
              # with one unpacked tile. (Its 4-stage and two-chunk-warps-two-tiles variants, which the GPU tests
              # run, spill 8 bytes at 128 registers under NVRTC 13.5: not listed here.)
-             mv.VerifyConfig(unpack=1), mv.VerifyConfig(unpack=1, heads_per_block=8, unpack_buffers=1)]
+             mv.VerifyConfig(unpack=1), mv.VerifyConfig(unpack=1, heads_per_block=8, unpack_buffers=1),
+             # the cheaper per-score softmax paths (softmax_tile_mma; 2: with ex2.approx.f16x2)
+             mv.VerifyConfig(softmax=1), mv.VerifyConfig(softmax=2)]
 PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
 PLANNED += [(128, 8, 8, 5, 16, True, PLAN_CFGS.index(mv.VerifyConfig(rows_per_warp=32)))]
 
@@ -126,6 +128,9 @@ def test_defines_and_register_budget():
     assert mv.smem_bytes(mv.DEFAULT, 8 * 196, 8, 16, 128) == 3 * 16 * 1584 + 48 + 8 * 2 * 8 * 2 * 32 * 4
     assert (d["ROWP"], d["ROWCOPY"]) == (1584, 1)
     assert d["KCHAIN"] == 1 and mv.defines(32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(kchain=2))["KCHAIN"] == 2
+    smx = mv.VerifyConfig(softmax=1)
+    assert mv.defines(32, 8, 128, 16, 8 * 196, True, 4, smx)["SMX"] == 1
+    assert mv.defines(64, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(softmax=2, unpack=1))["SMX"] == 0  # SHU
 
 
 def test_block_plan_per_shape():
@@ -151,11 +156,18 @@ def test_block_plan_per_shape():
         assert (p.rc, p.hpb, p.ncw, p.nchb, p.shu) == (rc, hpb, ncw, 1, False), (g, k)
         d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)
         assert (d["RC"], d["G"], d["MINB"], d["QSMEM"]) == (rc, rc, 1, 1), (g, k)
-    # the builds the benchmark timed as (aw) are the default's wherever the default takes wide warps
-    wide = mv.VerifyConfig(rows_per_warp=32, heads_per_block=4)
+    # the builds the benchmark timed as (aw) are the default's wherever the default takes wide warps, but for
+    # the softmax path: softmax_tile_mma (SMX 1) in the default at > 16 rows, softmax_tile in (aw) and at <= 16
+    wide = mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=0)
     for g, k in ((4, 5), (4, 7), (8, 3), (8, 7)):
-        assert mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1) == mv.defines(8 * g, 8, 128, 16, 8 * 196, True,
-                                                                                 k + 1, wide)
+        d = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)
+        assert d == {**mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, wide), "SMX": 1}
+    for g, k in ((8, 5), (6, 3)):
+        assert mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)["SMX"] == 1
+    for g, k in ((4, 3), (8, 1), (1, 7), (16, 0)):
+        assert mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)["SMX"] == 0
+    assert mv.defines(64, 8, 256, 16, 8 * 516, True, 4)["SMX"] == 0 and mv.defines(64, 4, 64, 16, 4 * 100, False, 4)[
+        "SMX"] == 0
     # unpack=1, the shared-unpack CTA: 4 heads a block; 2 chunk warps (8 warps, two blocks per SM) with one
     # unpacked tile (two would cost the second block), 3-4 chunk warps (one block per SM) with two
     shu = mv.VerifyConfig(unpack=1)

@@ -110,6 +110,10 @@ def _precompiled():
                for cfg in list(PLANS.values()) + list(UNPACK_PLANS.values())]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, TWO_CHAINS) for g, k in ((4, 3), (8, 7))]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in WIDE_SHAPES for cfg in WIDE.values()]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(softmax=x)) for g, k in SOFTMAX_SHAPES
+               for x in (0, 1, 2)]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(rows_per_warp=32, heads_per_block=4,
+                                                                          softmax=1)) for g, k in ((8, 3),)]
     mv.precompile(shapes, workers=12)
 
 
@@ -234,8 +238,32 @@ def test_wide_warps_match_float64(g, k, name):
     assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
 
 
-def test_wide_warps_graph_replay_with_new_lengths():
-    cfg = WIDE["wide warps, 4 heads a block"]
+SOFTMAX_SHAPES = [(1, 0), (8, 1), (4, 3), (8, 3), (4, 5), (8, 5), (8, 7)]  # <= 16 rows, wide warps, 48 rows
+
+
+@pytest.mark.parametrize("smx", [1, 2])
+@pytest.mark.parametrize("g,k", SOFTMAX_SHAPES)
+def test_softmax_paths_match_float64(g, k, smx):
+    """The per-warp kernel's cheaper softmax paths (VerifyConfig.softmax: 1 softmax_tile_mma, 2 the same with
+    ex2.approx.f16x2) against float64 and against softmax_tile (0) on the same plan: ragged, pages ending
+    mid-block, contexts <= K + 1, a long context (lazy rescales), on poisoned caches, float32 outputs. Path 1
+    keeps test_errors_equal_to_plain_decode's bound (1.25x the reference path's error + 1e-4); path 2 rounds
+    the exponent to fp16 before ex2 and may lose up to 2x."""
+    lens = [4100, 37, 5, k + 1, 1000, 16, 9000]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=50 + 3 * g + k)
+    ref = _ref(q, cache, bt, sl, 0.088, k)
+    base = _rel(_verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=mv.VerifyConfig(softmax=0)), ref)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=mv.VerifyConfig(softmax=smx))
+    assert not out.isnan().any()
+    err = _rel(out, ref)
+    print(f"G={g} K={k} softmax={smx}: rel err {err:.3e} (softmax_tile {base:.3e})")
+    assert err < 1e-2
+    assert err < (1.25 if smx == 1 else 2.0) * base + 1e-4, (g, k, smx, err, base)
+
+
+@pytest.mark.parametrize("smx", [0, 1])
+def test_wide_warps_graph_replay_with_new_lengths(smx):
+    cfg = mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=smx)
     g, k = 8, 3
     lens0 = [64, 64, 64]
     q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=6, max_len=5000)

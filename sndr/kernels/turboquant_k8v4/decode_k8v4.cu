@@ -840,28 +840,42 @@ static __device__ __forceinline__ bool last_to_arrive(int* cnt, int expect) {
     return true;
 }
 
+// The parameters of the page kernels that merge in-kernel (merged, cluster, grid):
+// the split kernel's, then the arrival counters and the merge's outputs.
+#define MERGING_PAGE_PARAMS                                                                         \
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,                     \
+    const int* __restrict__ BT, const int* __restrict__ SL,                                         \
+    float* __restrict__ MID_O, float* __restrict__ MID_L,                                           \
+    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,                                   \
+    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,         \
+    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,                         \
+    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse
+
+// Their start: split s of sequence b (blockIdx.x = b S + s), then the statements
+// given (the cluster kernel's cluster and rank), warp hk, the sequence's splits;
+// a sequence with no tokens gets zeros and -inf from its block 0 and no split of
+// it runs. A macro rather than a function so that the kernels keep their own
+// locals and, checked with benchmarks/tq_sass_digest.py, their exact SASS.
+#define MERGING_PAGE_START(...)                                                                     \
+    const int s = blockIdx.x % S, b = blockIdx.x / S;                                               \
+    __VA_ARGS__                                                                                     \
+    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;                                       \
+    const int seq_len = SL[b];                                                                      \
+    const Split split = split_of(seq_len, S, min_tiles);                                            \
+    const int n_act = split.n_act;                                                                  \
+    if (n_act == 0) { /* empty sequence: no split runs; block 0 writes zeros and -inf */            \
+        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);    \
+        return;                                                                                     \
+    }
+
 // The page kernel with the merge folded in: the last block of each sequence to
 // finish (a per-sequence arrival counter in CNT, zero between launches: the last
 // block resets it) merges the splits of all its query heads, warp hk the G heads
 // of KV head hk. CNT must not be shared by launches that can run concurrently.
 extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_merged(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
-    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
-    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
-    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+    MERGING_PAGE_PARAMS)
 {
-    const int s = blockIdx.x % S, b = blockIdx.x / S;
-    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
-    const int seq_len = SL[b];
-    const Split split = split_of(seq_len, S, min_tiles);
-    const int n_act = split.n_act;
-    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
-        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
-        return;
-    }
+    MERGING_PAGE_START()
     if (s >= n_act) return;
     page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
     if (!last_to_arrive(CNT + b, n_act)) return;
@@ -911,25 +925,10 @@ static __device__ __forceinline__ float2 dsmem_ld2(u32 a) {
 }
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_cluster(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
-    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
-    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
-    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+    MERGING_PAGE_PARAMS)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int s = blockIdx.x % S, b = blockIdx.x / S;
-    const int c = s / CL, r = s % CL;  // cluster of the sequence, rank in it (S % CL == 0)
-    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
-    const int seq_len = SL[b];
-    const Split split = split_of(seq_len, S, min_tiles);
-    const int n_act = split.n_act;
-    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
-        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
-        return;
-    }
+    MERGING_PAGE_START(const int c = s / CL, r = s % CL;)  // cluster of the sequence, rank in it (S % CL == 0)
     if (c * CL >= n_act) return;  // the whole cluster holds no tokens
     const int n_cl = (n_act + CL - 1) / CL;  // active clusters
     const int n_in = min(CL, n_act - c * CL);  // active blocks of this cluster (ranks 0 .. n_in - 1)
@@ -1140,23 +1139,9 @@ static __device__ __forceinline__ int ld_acquire(const int* p) {
 }
 
 extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_grid(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int HK_, int HQ, int S, int min_tiles,
-    long long q_sb, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead,
-    int* __restrict__ CNT, void* __restrict__ OUT, float* __restrict__ LSE,
-    long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse)
+    MERGING_PAGE_PARAMS)
 {
-    const int s = blockIdx.x % S, b = blockIdx.x / S;
-    const int lane = threadIdx.x & 31, hk = threadIdx.x >> 5;
-    const int seq_len = SL[b];
-    const Split split = split_of(seq_len, S, min_tiles);
-    const int n_act = split.n_act;
-    if (n_act == 0) {  // empty sequence: no split runs; block 0 writes zeros and -inf
-        if (s == 0) write_empty(OUT, LSE, b, hk, o_sb, o_sh, lse_sb, out_kind, write_lse, lane);
-        return;
-    }
+    MERGING_PAGE_START()
     if (s >= n_act) return;
     page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
     int* cnt = CNT + 2 * b;  // arrivals, departures

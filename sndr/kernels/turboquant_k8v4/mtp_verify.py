@@ -94,6 +94,15 @@ class VerifyConfig:
     # slower in the 8 cells with 48 (a half-empty second warp).
     rows_per_warp: int = 0
     wide_heads: int = 4  # KV heads per block of one-warp-per-head wide warps (where their row bytes align)
+    # The per-warp kernel's per-score softmax path (verify_k8v4.cu, SMX): 0 decode_k8v4.cu's softmax_tile
+    # (scale, subtract, exponentiate, l / z FADD / FFMA chains per score, a lazy-rescale test per column);
+    # 1 softmax_tile_mma (one FFMA a score, one max test a tile, l and z summed by one MMA per n-tile from
+    # the fp16 P, P' by HMUL2; the upper key bytes converted without a shift): 422 -> 347 SASS instructions
+    # per unmasked tile at G = 8 K = 3; 2 the same with ex2.approx.f16x2 (two MUFU.EX2.F16 and a PRMT per
+    # pair on sm_90: no fewer MUFU). -1: 1 where G (K + 1) > 16 at head dim 128, else 0. Measured on the
+    # H200 (docs/bench-mtp-verify-h200.md): 1 was 0.8-4.1% faster than 0 in all 20 probed cells with 24, 32,
+    # 48 or 64 rows per KV head; 2 between the two. The shared-unpack CTA always runs 0.
+    softmax: int = -1
 
 
 DEFAULT = VerifyConfig()
@@ -262,13 +271,14 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
     rowp, rowcopy = row_pitch(cb)
     if plan.hpb < hk:
         rowcopy = 1  # block_plan only splits heads where sp is a multiple of 16
+    smx = cfg.softmax if cfg.softmax >= 0 else int(ql * g > 16 and d == 128)
     return {
         "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
         "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
-        "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf,
+        "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf, "SMX": 0 if plan.shu else smx,
     }
 
 

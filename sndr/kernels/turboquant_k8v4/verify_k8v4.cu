@@ -28,6 +28,9 @@
 //   NCHB chunk blocks: ceil(NCH / NCW)
 //   CB   bytes of a token row one block copies (SP when HPB == HK)
 //   HS   bytes between the slots of two KV heads in a row (cache stride 2)
+//   SMX  the per-warp kernel's softmax path: 0 softmax_tile (decode_k8v4.cu), 1
+//        softmax_tile_mma (below: fewer instructions per score, l and z by MMA),
+//        2 the same with ex2.approx.f16x2; the shared-unpack CTA (SHU) takes 0
 //
 // A block runs HPB * NCW warps: warp w serves KV head hg * HPB + w % HPB and
 // row chunk cb * NCW + w / HPB, where (b, s, hg, cb) is the block. All its
@@ -92,6 +95,10 @@ static_assert(KCHAIN == 1 || KCHAIN == 2, "one or two accumulator chains");
 #ifndef QSMEM
 #define QSMEM 0                   // 1: Q fragments in shared memory (read per tile), not registers
 #endif
+#ifndef SMX
+#define SMX 0                     // per-score softmax path of the per-warp kernel (attend_tile_causal), see there:
+#endif                            // 0 decode_k8v4.cu's softmax_tile; 1 the MMA-summed one; 2 the same with ex2.f16x2
+static_assert(SMX >= 0 && SMX <= 2 && (SMX == 0 || !SHU), "SMX 1 / 2: the per-warp kernel only");
 
 // The B operand of the score MMA (Q^T, k-permuted as load_q_frags builds it):
 // in registers, or in shared memory as uint4 {k, k + 1} pairs of one lane
@@ -125,6 +132,116 @@ static __device__ __forceinline__ void load_q_rows(
         }
     }
 }
+
+#if SMX
+static __device__ __forceinline__ u32 ex2_f16x2(u32 x) {
+    u32 r;
+    asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
+}
+static __device__ __forceinline__ u32 e4m3x2_hi_to_f16x2(u32 two) {  // bytes 2, 3 of two
+    u32 r;
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}\n" : "=r"(r) : "r"(two));
+    return r;
+}
+static __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// softmax_tile with fewer instructions per score (SMX = 1, 2). Per score: one FFMA x = s * qk_scale - m
+// (c holds the raw scores, -inf where masked), one FMNMX into the warp's lazy-rescale test (max x > TAU:
+// no branch per column), the exponential (SMX 1: ex2.approx.f32, then one cvt per two scores; SMX 2: one
+// cvt per two scores, then ex2.approx.f16x2, which sm_90 runs as two MUFU.EX2.F16 and a PRMT), and per two
+// scores one movmatrix and one HMUL2. The row sums l and z leave the FADD / FFMA chains for one MMA per
+// n-tile: A = [ones; zero points] (rows 0-7 / 8-15, k = the tile's tokens), B = the unweighted fp16 P
+// (movmatrix), so D rows g / g + 8 are l / z of this thread's columns, summed over all 16 tokens in fp32
+// (every g lane holds the same sums: write_rows does not reduce them again). P' = P * (scale / s_run) is
+// then one HMUL2 per two scores in the B layout, whose tokens are 2 t4, 2 t4 + 1 (+ 8): the scale|zero
+// words of those four tokens are read here (tokens past seq_len get 0: stale bytes never reach an MMA).
+template <bool MASKED>
+static __device__ __forceinline__ void softmax_tile_mma(
+    State& st, float (&c)[NH][4], const u32* stage, int t4, int tok0, int seq_len, float qk_scale,
+    u32 (&pb)[NH][2])
+{
+    u32 sz[4];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
+        sz[i] = stage[tau * (ROWP / 4) + D / 4 + D / 8];
+        if (MASKED && tok0 + tau >= seq_len) sz[i] = 0u;  // (unmasked tiles end before seq_len - K)
+    }
+    float sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[i] = f16_lo(sz[i]);
+    const float smax = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+    float x[NH][4];
+    float xm = NEG_INF;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
+            xm = fmaxf(xm, x[nh][i]);
+        }
+    if (__any_sync(0xffffffffu, xm > TAU || smax > st.s_run)) {
+        float tmax[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+            tmax[nh][0] = fmaxf(c[nh][0], c[nh][2]) * qk_scale;
+            tmax[nh][1] = fmaxf(c[nh][1], c[nh][3]) * qk_scale;
+        }
+        float sm = smax;
+#pragma unroll
+        for (int x2 = 4; x2 <= 16; x2 <<= 1)
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x2));
+                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x2));
+            }
+        sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 1));  // the 16 tokens lie on the 4 t4 lanes
+        sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
+        const float s_new = fmaxf(st.s_run, sm);
+        const float ratio = st.s_run / s_new;
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
+                const float alpha = ex2(st.m[nh][e] - m_new);
+                const float f = alpha * ratio;
+#pragma unroll
+                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+                st.sp[nh][e] *= f;
+                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
+                st.m[nh][e] = m_new;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
+        }
+        st.s_run = s_new;
+        st.inv_s = 1.0f / s_new;
+    }
+    const u32 wp0 = pack_f16x2(sc[0] * st.inv_s, sc[1] * st.inv_s);  // scale / s_run of tokens 2 t4, 2 t4 + 1
+    const u32 wp1 = pack_f16x2(sc[2] * st.inv_s, sc[3] * st.inv_s);  // and + 8
+    const u32 z0 = prmt(sz[0], sz[1], 0x7632u), z1 = prmt(sz[2], sz[3], 0x7632u);  // their zero points
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#if SMX == 2
+        const u32 e0 = ex2_f16x2(pack_f16x2(x[nh][0], x[nh][1])), e1 = ex2_f16x2(pack_f16x2(x[nh][2], x[nh][3]));
+#else
+        const u32 e0 = pack_f16x2(ex2(x[nh][0]), ex2(x[nh][1])), e1 = pack_f16x2(ex2(x[nh][2]), ex2(x[nh][3]));
+#endif
+        const u32 u0 = movmatrix_t(e0), u1 = movmatrix_t(e1);  // B layout: tokens 2 t4 (+1), + 8; column g
+        float lz[4] = {st.l[nh][0], st.l[nh][1], st.z[nh][0], st.z[nh][1]};
+        mma(lz, 0x3C003C00u, z0, 0x3C003C00u, z1, u0, u1);
+        st.l[nh][0] = lz[0]; st.l[nh][1] = lz[1]; st.z[nh][0] = lz[2]; st.z[nh][1] = lz[3];
+        pb[nh][0] = hmul2(u0, wp0);
+        pb[nh][1] = hmul2(u1, wp1);
+    }
+}
+#endif
 
 // attend_tile of decode_k8v4.cu with a causal limit per column: token p of the
 // tile (absolute position tok0 + row) counts for column (nh, e) only when
@@ -167,7 +284,11 @@ static __device__ __forceinline__ void attend_tile_causal(
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
             const u32 a0 = e4m3x2_to_f16x2(kw[0][k + kk]), a1 = e4m3x2_to_f16x2(kw[1][k + kk]);
+#if SMX  // the upper key bytes through the F2FP's .H1 operand, not a shift first
+            const u32 a2 = e4m3x2_hi_to_f16x2(kw[0][k + kk]), a3 = e4m3x2_hi_to_f16x2(kw[1][k + kk]);
+#else
             const u32 a2 = e4m3x2_to_f16x2(kw[0][k + kk] >> 16), a3 = e4m3x2_to_f16x2(kw[1][k + kk] >> 16);
+#endif
 #pragma unroll
             for (int nh = 0; nh < NH; ++nh) mma(c[kk % KCHAIN][nh], a0, a1, a2, a3, bq[nh][2 * kk], bq[nh][2 * kk + 1]);
         }
@@ -178,6 +299,20 @@ static __device__ __forceinline__ void attend_tile_causal(
 #pragma unroll
         for (int i = 0; i < 4; ++i) c[0][nh][i] += c[1][nh][i];
 #endif
+#if SMX
+    if (MASKED) {  // the causal limit on the raw scores (qk_scale > 0): -inf stays -inf through the FFMA
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+            const int p0 = tok0 + g, p1 = tok0 + g + 8;
+            if (p0 >= lim[nh][0]) c[0][nh][0] = NEG_INF;
+            if (p0 >= lim[nh][1]) c[0][nh][1] = NEG_INF;
+            if (p1 >= lim[nh][0]) c[0][nh][2] = NEG_INF;
+            if (p1 >= lim[nh][1]) c[0][nh][3] = NEG_INF;
+        }
+    }
+    u32 pb[NH][2];
+    softmax_tile_mma<MASKED>(st, c[0], stage, t4, tok0, seq_len, qk_scale, pb);
+#else
     float t[NH][4];  // [tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1]
 #pragma unroll
     for (int nh = 0; nh < NH; ++nh) {
@@ -194,6 +329,7 @@ static __device__ __forceinline__ void attend_tile_causal(
 
     u32 pb[NH][2];
     softmax_tile(st, t, sc, zr, pb);
+#endif
 
 #pragma unroll
     for (int u = 0; u < VW; ++u) {
@@ -234,11 +370,13 @@ static __device__ __forceinline__ void write_rows(
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float l = st.l[nh][e], z = st.z[nh][e];
+#if !SMX  // SMX: l and z are already sums over all tokens (the MMA), the same in every g lane
 #pragma unroll
             for (int x = 4; x <= 16; x <<= 1) {
                 l += __shfl_xor_sync(0xffffffffu, l, x);
                 z += __shfl_xor_sync(0xffffffffu, z, x);
             }
+#endif
             const int rl = 8 * nh + 2 * t4 + e, r = RC * c + rl;
             if (rl >= RC || r >= VR) continue;
             const int tq = r / GQ, h = r % GQ;
@@ -390,34 +528,47 @@ static __device__ __forceinline__ void init_rows(State& st, int (&lim)[NH][2], c
     }
 }
 
+// The parameters of both verify kernels (the launch in mtp_verify.py passes them in this order).
+#define VERIFY_PARAMS                                                                               \
+    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,                     \
+    const int* __restrict__ BT, const int* __restrict__ SL,                                         \
+    float* __restrict__ MID_O, float* __restrict__ MID_L,                                           \
+    float qk_scale, int B, int S, int min_tiles,                                                    \
+    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead
+
+// The start both verify kernels share: the block's work item (a split with no
+// tokens: the whole block returns), the TMA ring with its first STAGES - 1 tiles
+// in flight (EMPTY: with the empty barriers), warp w's Q operand (LOAD_Q: the
+// fragment loader of the kernel's operand order), its rows' state and causal
+// limits, and the names the tile loops use. A macro rather than a function so
+// that both kernels keep their exact SASS (benchmarks/tq_sass_digest.py).
+#define VERIFY_START(EMPTY, LOAD_Q)                                                                 \
+    extern __shared__ __align__(128) unsigned char smem[];                                          \
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;                                        \
+    VerifyBlock v;                                                                                  \
+    if (!verify_block(v, SL, S, min_tiles, w)) return; /* the whole block */                        \
+    const int g = lane >> 2, t4 = lane & 3;                                                         \
+    VerifyRing rg;                                                                                  \
+    ring_start<EMPTY>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);                                \
+    QOp qop;                                                                                        \
+    load_qop(qop, smem, w, lane,                                                                    \
+             [&](u32 (&qb)[NH][KSTEPS][2]) { LOAD_Q(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); }); \
+    State st;                                                                                       \
+    int lim[NH][2];                                                                                 \
+    init_rows(st, lim, v, t4);                                                                      \
+    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;                 \
+    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;                              \
+    const u32 bars = rg.bars;                                                                       \
+    const int* bt_row = rg.bt_row;                                                                  \
+    int pg_next = rg.pg_next;                                                                       \
+    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
+
 #if !SHU
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
-extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int S, int min_tiles,
-    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    VerifyBlock v;
-    if (!verify_block(v, SL, S, min_tiles, w)) return;  // the whole block
-    const int g = lane >> 2, t4 = lane & 3;
-    VerifyRing rg;
-    ring_start<true>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);
-    QOp qop;
-    load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) { load_q_rows(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); });
-    State st;
-    int lim[NH][2];
-    init_rows(st, lim, v, t4);
-    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;
-    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;
-    const u32 bars = rg.bars;
-    const int* bt_row = rg.bt_row;
-    int pg_next = rg.pg_next;
-    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
+    VERIFY_START(true, load_q_rows)
 
     const unsigned char* my = smem + hl * kv_shead;
     int slot = 0;
@@ -676,31 +827,9 @@ static __device__ __forceinline__ void write_rows_shu(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(
-    const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
-    const int* __restrict__ BT, const int* __restrict__ SL,
-    float* __restrict__ MID_O, float* __restrict__ MID_L,
-    float qk_scale, int B, int S, int min_tiles,
-    long long q_st, long long q_sh, long long bt_sb, long long kv_sblk, long long kv_shead)
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    VerifyBlock v;
-    if (!verify_block(v, SL, S, min_tiles, w)) return;  // the whole block
-    const int g = lane >> 2, t4 = lane & 3;
-    VerifyRing rg;
-    ring_start<false>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);  // full barriers only: see the loop
-    QOp qop;
-    load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) { load_q_nat(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4); });
-    State st;
-    int lim[NH][2];
-    init_rows(st, lim, v, t4);
-    const int hl = v.hl, hk = v.hk, c = v.c, s = v.s, b = v.b, seq_len = v.seq_len;
-    const int t_begin = v.t_begin, t_end = v.t_end, t_mask = v.t_mask;
-    const u32 bars = rg.bars;
-    const int* bt_row = rg.bt_row;
-    int pg_next = rg.pg_next;
-    auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
+    VERIFY_START(false, load_q_nat)  // full barriers only: see the loop
 
     // this lane's ldmatrix rows: keys (x4: tokens 0-7 | 8-15 x dims 0-7 | 8-15 of a k-step), codes (x4.trans:
     // tokens 0-7 x dims 0-7 | 8-15, then tokens 8-15 x dims 0-7 | 8-15 of an m-tile)
