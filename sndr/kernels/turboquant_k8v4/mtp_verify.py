@@ -19,15 +19,13 @@ times. :func:`verify_attention` reads it once:
   :func:`dispatch.decode_attention` (CUDA or Triton; Triton's interpreter on the
   CPU), with lengths ``seq_len - K + t`` built on the device.
 
-Both are fixed-grid, host-sync-free and CUDA-graph capturable: the split count
-depends on the batch shape only, lengths are read on the device. A shape seen
-first inside a capture records the synthetic path (building means NVRTC and
-module loading); :func:`prepare` builds ahead from shapes alone, which the
-vLLM routing of patch PK0002 does when the metadata builder is created.
+Both are fixed-grid, host-sync-free and CUDA-graph capturable: the split count depends on the batch
+shape only, lengths are read on the device. A shape seen first inside a capture records the synthetic
+path (building means NVRTC and module loading); :func:`prepare` builds ahead from shapes alone, which
+the vLLM routing of patch PK0002 does when the metadata builder is created.
 
-``SNDR_TQ_BACKEND`` (``auto``, ``cuda``, ``triton``) is PK0001's switch:
-``triton`` never uses the CUDA verify kernel, ``cuda`` raises where it cannot
-run instead of falling back.
+``SNDR_TQ_BACKEND`` (``auto``, ``cuda``, ``triton``) is PK0001's switch: ``triton`` never uses the CUDA
+verify kernel, ``cuda`` raises where it cannot run instead of falling back.
 """
 
 from __future__ import annotations
@@ -94,14 +92,11 @@ class VerifyConfig:
     # slower in the 8 cells with 48 (a half-empty second warp).
     rows_per_warp: int = 0
     wide_heads: int = 4  # KV heads per block of one-warp-per-head wide warps (where their row bytes align)
-    # The per-warp kernel's per-score softmax path (verify_k8v4.cu, SMX): 0 decode_k8v4.cu's softmax_tile
-    # (scale, subtract, exponentiate, l / z FADD / FFMA chains per score, a lazy-rescale test per column);
-    # 1 softmax_tile_mma (one FFMA a score, one max test a tile, l and z summed by one MMA per n-tile from
-    # the fp16 P, P' by HMUL2; the upper key bytes converted without a shift): 422 -> 347 SASS instructions
-    # per unmasked tile at G = 8 K = 3; 2 the same with ex2.approx.f16x2 (two MUFU.EX2.F16 and a PRMT per
-    # pair on sm_90: no fewer MUFU). -1: 1 where G (K + 1) > 16 at head dim 128, else 0. Measured on the
-    # H200 (docs/bench-mtp-verify-h200.md): 1 was 0.8-4.1% faster than 0 in all 20 probed cells with 24, 32,
-    # 48 or 64 rows per KV head; 2 between the two. The shared-unpack CTA always runs 0.
+    # The per-warp kernel's per-score softmax (verify_k8v4.cu's SMX): 0 softmax_tile (decode_k8v4.cu's);
+    # 1 softmax_tile_mma (one FFMA a score, one max test a tile, l and z by one MMA per n-tile: 422 -> 347
+    # SASS instructions a tile at G = 8 K = 3); 2 the same with ex2.approx.f16x2 (no fewer MUFU on sm_90).
+    # -1: 1 where G (K + 1) > 16 at head dim 128, else 0 (1 measured 2.8-5.6% faster than 0 in all 20 probed
+    # cells: docs/bench-mtp-verify-h200.md, "Round 3"). The shared-unpack CTA always runs 0.
     softmax: int = -1
 
 
