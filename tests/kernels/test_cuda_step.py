@@ -53,7 +53,14 @@ def _shared_tile_shapes():
             for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
 
 
-@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped() + _shared_tile_shapes())
+def _chain_shapes():
+    """(state dtype, spec, TM, config) of the short-chain shapes ``cuda_step.CHAIN_SHAPES`` offers (suffix ``c``)
+    at every TM the table uses."""
+    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.CHAIN_SHAPES
+            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
+
+
+@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped() + _shared_tile_shapes() + _chain_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -147,6 +154,24 @@ def test_shared_tile_shapes_parse_and_refuse_what_they_cannot_take():
             cuda_step.CudaConfig.parse(bad)
     assert cuda_step.tile_bytes(torch.empty(2, HV, V, K, dtype=BF)) == V * K * 2
     assert "TILE_SMEM" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig(), spec=True, tm=4, kinds={})
+
+def test_chain_shapes_parse_and_refuse_what_they_cannot_take():
+    """The labels' ``c`` suffix round-trips into the SHORT_CHAIN build (register tile, one pass); with several
+    passes or the tile in shared memory it is refused; the other shapes' defines are as before."""
+    for label in cuda_step.CHAIN_SHAPES:
+        cfg = cuda_step.CudaConfig.parse(label)
+        assert cfg.label() == label and cfg.chain and not cfg.bulk
+        assert cuda_step.config_why(K, V, torch.float32, cfg) is None
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["SHORT_CHAIN"] == 1
+    assert cuda_step.CudaConfig.parse("128x8x4t256m2sc").stream
+    assert "4 passes" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t128m4c"))
+    assert "shared memory" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4cb"))
+    with pytest.raises(ValueError):
+        cuda_step.CudaConfig.parse("128x8x4t256m2bc")
+    for label in cuda_step.SMEM_TILE_SHAPES + ("128x8x4t256m2", "16x8x1t128m8"):
+        assert "SHORT_CHAIN" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
+                                                      tm=4, kinds={})
+
 
 def test_refusals_say_why():
     pool = torch.zeros(4, HV, V, K)

@@ -280,22 +280,23 @@ def _sm90():
         pytest.skip("the CUDA step's shared-tile shapes (cp.async.bulk, mbarriers) need an sm_90+ GPU")
 
 
-@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES)
+@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
 def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):
-    """A shape with the tile in shared memory (suffix ``b``) gives bit for bit the outputs and every state of
-    the register-tile shape with the same rows and lanes per thread (same operations, same order), with
-    padding, an empty request and a 0 initial slot in the batch; and float64's values within the usual
-    tolerances."""
+    """A shape with the tile in shared memory (suffix ``b``) or with the short load chain (suffix ``c``) gives
+    bit for bit the outputs and every state of the register-tile shape with the same rows and lanes per thread
+    (same operations, same order), with padding, an empty request and a 0 initial slot in the batch; and
+    float64's values within the usual tolerances."""
     _sm90()
     cfg = cuda_step.CudaConfig.parse(label)
     twin = cuda_step.CudaConfig.parse(label[:-1])
+    assert (cfg.bulk or cfg.chain) and not (twin.bulk or twin.chain)
     c = Cell(n, t, state_dtype, seed=n + 7 * t)
     _ragged(c, torch.Generator(device=DEV).manual_seed(n * t))
     s0 = c.state.clone()
     step, run = _direct(c, cfg)
-    assert step.grid == n * HV
+    assert step.grid == n * HV * (V // cfg.block_v)
     c.out.fill_(float("nan"))
     o_smem, st_smem = run().clone(), c.state.clone()
     c.state.copy_(s0)
@@ -329,7 +330,34 @@ def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype
     assert rel(st_smem[written], st64[written]) <= _state_tol(state_dtype)
 
 
-@pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b"])
+@pytest.mark.parametrize("label", cuda_step.CHAIN_SHAPES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, BF])
+@pytest.mark.parametrize("t", [2, 8])
+def test_chain_shapes_take_num_accepted_out_of_range_as_padding(label, state_dtype, t):
+    """The short chain takes the initial slot from the lane holding index column num_accepted - 1: a count of 0
+    or above the columns is padding (zero outputs, no state written), as in the twin without ``c``; int64
+    index tensors; bit for bit the twin's outputs and states."""
+    _sm90()
+    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label[:-1])
+    n = 9
+    c = Cell(n, t, state_dtype, seed=3 + t)
+    _ragged(c, torch.Generator(device=DEV).manual_seed(t))
+    c.num_acc[2], c.num_acc[5] = 0, t + 1
+    c.idx, c.num_acc, c.cu = c.idx.long(), c.num_acc.long(), c.cu.long()
+    s0 = c.state.clone()
+    c.out.fill_(float("nan"))
+    o, st = _direct(c, cfg)[1]().clone(), c.state.clone()
+    c.state.copy_(s0)
+    c.out.fill_(float("nan"))
+    o_twin, st_twin = _direct(c, twin)[1]().clone(), c.state.clone()
+    assert torch.equal(_bits(o), _bits(o_twin)) and torch.equal(_bits(st), _bits(st_twin)), label
+    for r in (2, 5):
+        assert (o[int(c.cu[r]):int(c.cu[r + 1])] == 0).all()
+        assert torch.equal(st[c.idx[r]], s0[c.idx[r]])
+    assert not torch.equal(_bits(st), _bits(s0))
+
+
+@pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("t", [1, 4])
 def test_shared_tile_shapes_replay_in_a_graph(label, state_dtype, t):

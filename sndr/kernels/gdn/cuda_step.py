@@ -15,7 +15,9 @@ one) of ``nthreads`` threads, each thread holding ``rows`` state rows x ``K / la
 columns in registers, passing over the CTA's rows ``(nthreads / lanes) * rows`` at a time;
 the head's RMSNorm through the cluster's shared memory (``step.cu`` says how). ``bulk``: the head's
 state tile copied into shared memory (one ``cp.async.bulk``) while the CTA stages its inputs, the
-passes reading their rows from there (``step.cu``'s TILE_SMEM). Up to
+passes reading their rows from there (``step.cu``'s TILE_SMEM). ``chain``: the short dependent-load chain
+(``step.cu``'s SHORT_CHAIN: the index columns loaded with ``num_accepted``, every staged input before the
+state rows; the register tile in one pass). Up to
 :data:`MAX_TM` index columns (tokens per request). A :class:`CudaStep` packs every argument
 of one call layout once (``_cudart.Launch``); a call then writes only the data pointers.
 """
@@ -46,6 +48,10 @@ MAX_CLUSTER = 8
 #: launch shapes with the head's state tile in shared memory (suffix ``b``; one cp.async.bulk per tile), timed by
 #: bench_gdn.py beside the register-tile shapes (docs/bench-gdn-h200.md)
 SMEM_TILE_SHAPES = ("128x8x4t256m2b", "128x8x2t256m4b", "128x16x4t512m2b", "128x16x2t512m2b")
+#: launch shapes with the short load chain (suffix ``c``), timed by bench_gdn.py at batch 1 and 8 (docs/bench-gdn-h200.md)
+#: (128 registers, one pass: 1, 2 or 4 CTAs a head; the 64-register R = 2 cluster shapes keep 16-48 byte stacks with
+#: NVRTC 13.0, with or without it)
+CHAIN_SHAPES = ("128x8x4t256m2c", "64x8x4t128m4c", "32x8x4t64m8c", "16x8x1t128m8c")
 #: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
 #: the staging's static arrays beside it)
 MAX_SMEM_TILE = 128 * 1024
@@ -67,7 +73,7 @@ class CudaConfig:
     ``(nthreads / lanes) * rows`` at a time, the next pass's rows loaded while one computes;
     ``min_blocks``: CTAs per SM asked of ptxas's register allocator; ``stream``: streaming (``.cs``)
     snapshot stores; ``bulk``: the head's state tile copied into shared memory while the CTA stages its
-    inputs (one CTA per head: ``block_v`` = V)."""
+    inputs (one CTA per head: ``block_v`` = V); ``chain``: the short load chain (register tile, one pass)."""
 
     block_v: int = 128
     lanes: int = 8
@@ -76,23 +82,24 @@ class CudaConfig:
     min_blocks: int = 8
     stream: bool = False
     bulk: bool = False
+    chain: bool = False
 
     def threads(self) -> int:
         return self.nthreads
 
     def label(self) -> str:
-        """``BVxPxRtNTmN[s][p|b]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
-        streaming, state tile in shared memory)."""
+        """``BVxPxRtNTmN[s][c][b]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
+        streaming, short load chain, state tile in shared memory)."""
         return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
-                f"{'s' if self.stream else ''}{'b' if self.bulk else ''}")
+                f"{'s' if self.stream else ''}{'c' if self.chain else ''}{'b' if self.bulk else ''}")
 
     @classmethod
     def parse(cls, label: str) -> CudaConfig:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(b?)", label)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)", label)
         if not m:
-            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][b]")
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b]")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
-                   m.group(6) == "s", m.group(7) == "b")
+                   m.group(6) == "s", m.group(8) == "b", m.group(7) == "c")
 
     def rows_per_pass(self) -> int:
         return (self.nthreads // self.lanes) * self.rows if self.lanes > 0 else 0
@@ -132,6 +139,8 @@ def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm:
          "IDX64": int(idx64), "ACC64": int(acc64), "CU64": int(cu64)}
     if cfg.bulk:  # (absent from the register-tile shapes' defines: their cubin keys stay as they were)
         d["TILE_SMEM"] = 1
+    if cfg.chain:  # (likewise)
+        d["SHORT_CHAIN"] = 1
     d.update(kinds)
     return d
 
@@ -150,6 +159,9 @@ def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str
         return f"a {V} x {K} state tile in shared memory (takes <= {MAX_SMEM_TILE // 1024} KiB)"
     if cfg.bulk and cfg.block_v != V:
         return f"a state tile in shared memory with {V // cfg.block_v} CTAs per head (one CTA per head only)"
+    if cfg.chain and (cfg.bulk or cfg.block_v != rp):
+        return "the short load chain with " + ("a state tile in shared memory" if cfg.bulk else
+                                                f"{cfg.block_v // rp} passes (the register tile in one pass only)")
     e = cfg.rows * K // cfg.lanes
     if e > (32 if cfg.block_v > rp else 64):  # more than one pass: the next pass's values are in registers too
         return f"{e} state values per thread" + (" (two passes' worth in registers)" if cfg.block_v > rp else "")

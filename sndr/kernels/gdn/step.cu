@@ -39,6 +39,16 @@
 // ALOG_KIND, DT_KIND, Z_KIND (output gate), W_KIND (norm weight), O_KIND (out), S_KIND
 // (state: 0 or 2); EARLY_QK (default: one pass, CH == 1) the early staging loads; TILE_SMEM (below).
 //
+// SHORT_CHAIN 1 (launch shape label suffix `c`; register tile, one pass, CH == 1): a shorter dependent-load chain
+// per CTA. Every lane of every warp loads cu_seqlens[n], cu_seqlens[n + 1], num_accepted[n] and index column
+// `lane` of request n at once (cols <= MAX_TM <= 32), and the initial slot is index column num_accepted - 1
+// taken from its lane by a shuffle: the state rows' addresses are known one memory round trip after the launch,
+// not two; the tokens' slots come from the same registers (no load per token). A_log and dt_bias are loaded
+// before the chain, and all the staged inputs (the warp's first token's q, k, a, b; every v row, gate and norm
+// weight of the CTA, in registers) are loaded before the state rows, so that they are not queued behind them
+// and the staging costs one round trip, not one per NT staged values. The same float32 operations on the
+// same values: outputs and states are bitwise those of the shape without `c`.
+//
 // TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
 // contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
 // shared memory by one cp.async.bulk completing an mbarrier, started by thread 0 before the CTA stages its
@@ -67,6 +77,12 @@
 #ifndef TILE_SMEM
 #define TILE_SMEM 0
 #endif
+#ifndef SHORT_CHAIN
+#define SHORT_CHAIN 0
+#endif
+#if SHORT_CHAIN && (TILE_SMEM || CH != 1)
+#error "SHORT_CHAIN: the register tile in one pass"
+#endif
 #if TILE_SMEM && CL > 1
 #error "TILE_SMEM: one CTA per head (BV == V)"
 #endif
@@ -94,7 +110,7 @@ __device__ __forceinline__ void load_token(const void* x, const void* a, const v
         qv[m] = ldf<X_KIND>(x, xr + h * K + lane + 32 * m);
         kv[m] = ldf<X_KIND>(x, xr + H * K + h * K + lane + 32 * m);
     }
-#if SPEC
+#if SPEC && !SHORT_CHAIN
     sl = lane == 0 ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)t * s_idx_tok) : 0;
 #endif
 }
@@ -113,6 +129,30 @@ __device__ __forceinline__ void resolve(int n, const void* indices, const void* 
     slot0 = ldi<IDX64>(indices, (i64)n * s_idx_seq);
 #endif
 }
+
+#if SHORT_CHAIN
+// resolve()'s values with one memory round trip: every lane loads the request's bounds, its num_accepted and
+// index column `lane` (iv; 0 beyond cols) at once, and the initial slot is column num_accepted - 1's lane's
+// (every lane of the warp calls it)
+__device__ __forceinline__ void resolve_lanes(int n, const void* indices, const void* num_accepted,
+                                              const void* cu_seqlens, int cols, i64 s_idx_seq, i64 s_idx_tok,
+                                              int lane, i64& bos, int& ntok, i64& slot0, i64& iv) {
+#if SPEC
+    bos = ldi<CU64>(cu_seqlens, n);
+    const i64 eos = ldi<CU64>(cu_seqlens, n + 1);
+    const i64 acc = ldi<ACC64>(num_accepted, n);
+    iv = lane < cols ? ldi<IDX64>(indices, (i64)n * s_idx_seq + (i64)lane * s_idx_tok) : 0;
+    ntok = (int)(eos - bos);
+    const i64 s0 = __shfl_sync(0xffffffffu, iv, (int)((acc - 1) & 31));
+    slot0 = (acc >= 1 && acc <= cols) ? s0 : 0;
+#else
+    bos = n;
+    ntok = 1;
+    slot0 = ldi<IDX64>(indices, (i64)n * s_idx_seq);
+    iv = slot0;
+#endif
+}
+#endif
 
 #if TILE_SMEM
 // (sm_90) an mbarrier and a bulk copy global -> shared completing it (bytes counted by the transaction count)
@@ -208,6 +248,14 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const i64 bos = info[0];
     const int ntok = (int)info[1];
     const i64 slot0 = info[2];
+#elif SHORT_CHAIN
+    const int nh = blockIdx.x / CL;
+    // (no dependence on the chain: loaded first)
+    const float neg_A = -expf(ldf<ALOG_KIND>(A_log, nh % HV));
+    const float dtb = ldf<DT_KIND>(dt_bias, nh % HV);
+    i64 bos, slot0, iv;
+    int ntok;
+    resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
 #else
     const int nh = blockIdx.x / CL;
     i64 bos, slot0;
@@ -225,6 +273,48 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const i64 tile = (i64)hv * V * K + (i64)row0 * K;
     const int nt = min(ntok, TM);  // (tokens beyond the index columns are outside the op's contract)
     float S[E], Sn[E], vv[R], o[R];
+#if SHORT_CHAIN
+    // every staged input loaded first (registers), then the state rows; then the staging computes
+    float qv[K / 32], kv[K / 32], a_t = 0.f, b_t = 0.f;
+    i64 sl = 0;
+    if (warp < nt) load_token(x, a, b, indices, bos, warp, n, h, hv, s_x_tok, s_a_tok, s_b_tok, s_idx_seq, s_idx_tok,
+                              lane, qv, kv, a_t, b_t, sl);
+#define SROWS ((TM * BV + NT - 1) / NT)
+#define WROWS ((BV + NT - 1) / NT)
+    float vr[SROWS], zr[SROWS], wr[WROWS];
+#pragma unroll
+    for (int j = 0; j < SROWS; ++j) {
+        const int i = tid + j * NT;
+        vr[j] = zr[j] = 0.f;
+        if (i < nt * BV) {
+            const i64 tok = bos + i / BV;
+            const int r = row0 + i % BV;
+            vr[j] = ldf<X_KIND>(x, tok * s_x_tok + 2 * H * K + (i64)hv * V + r);
+            zr[j] = ldf<Z_KIND>(z, tok * s_z_tok + (i64)hv * s_z_head + r);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < WROWS; ++j) wr[j] = tid + j * NT < BV ? ldf<W_KIND>(norm_w, row0 + tid + j * NT) : 0.f;
+    load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);
+    cluster_arrive_relaxed();  // this CTA has started (waited for before the first DSMEM store)
+#pragma unroll
+    for (int j = 0; j < SROWS; ++j) {
+        const int i = tid + j * NT;
+        if (i < nt * BV) {
+            vn[i / BV][i % BV] = vr[j];
+            const float zz = zr[j];
+            const float sg = 1.f / (1.f + expf(-zz));
+            gz[i / BV][i % BV] = SIGMOID_GATE ? sg : zz * sg;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < WROWS; ++j)
+        if (tid + j * NT < BV) wn[tid + j * NT] = wr[j];
+    for (int t = warp; t < nt; t += NWARPS) {
+        if (t != warp)
+            load_token(x, a, b, indices, bos, t, n, h, hv, s_x_tok, s_a_tok, s_b_tok, s_idx_seq, s_idx_tok, lane, qv,
+                       kv, a_t, b_t, sl);
+#else
 #if !TILE_SMEM
     load_rows(S, (const char*)state + (slot0 * s_state_slot + tile) * SB, g, p);  // the first pass's rows
 #endif
@@ -257,6 +347,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         if (!EARLY_QK || t != warp)
             load_token(x, a, b, indices, bos, t, n, h, hv, s_x_tok, s_a_tok, s_b_tok, s_idx_seq, s_idx_tok, lane, qv,
                        kv, a_t, b_t, sl);
+#endif
         float sq = 0.f, sk = 0.f;
 #pragma unroll
         for (int m = 0; m < K / 32; ++m) {
@@ -274,20 +365,27 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             kq = __fmaf_rn(kk, qq, kq);
         }
         kq = warp_sum(kq);
+#if SPEC && SHORT_CHAIN
+        const i64 st_t = __shfl_sync(0xffffffffu, iv, t & 31);  // index column t (0 beyond cols)
+#endif
         if (lane == 0) {
             const float xx = __fadd_rn(a_t, dtb);
             const float sp = xx <= 20.f ? logf(1.f + expf(xx)) : xx;
             sn[t][0] = expf(neg_A * sp);
             sn[t][1] = 1.f / (1.f + expf(-b_t));
             sn[t][2] = kq;
-#if SPEC
+#if SPEC && SHORT_CHAIN
+            slots[t] = st_t;
+#elif SPEC
             slots[t] = sl;
 #else
             slots[t] = slot0;
 #endif
         }
     }
+#if !SHORT_CHAIN
     if (!EARLY_QK) stage_rows();
+#endif
     __syncthreads();
 #if TILE_SMEM
     mbar_wait(bar, 0);  // the item's tile is in the buffer
