@@ -53,6 +53,7 @@ DEV = "cpu" if "--cpu-smoke" in sys.argv else "cuda"
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -475,12 +476,41 @@ class LayerCell:
         norm(self.out, self.gate, self.out, self.w, self.eps, "silu")
         return self.out
 
+    def traffic(self, block: int):
+        """The cell's state traffic with no math (:func:`_traffic_kernel`): one read of every request's initial
+        state (``idx[n, num_accepted - 1]``; T = 1: its slot) and T snapshot writes (T = 1: back in place)."""
+        if not hasattr(self, "_src"):
+            rows = torch.arange(self.n, device=DEV)
+            self._src = (self.idx1 if self.t == 1 else self.idx[rows, self.num_acc.long() - 1]).contiguous()
+            self._dst = (self.idx1 if self.t == 1 else self.idx).contiguous()
+        _traffic_kernel[(self.n, HV, V * K // block)](self.state, self._src, self._dst, T=self.t, TILE=V * K,
+                                                      BLOCK=block, num_warps=8)
+
     def ref64(self):
         st = self.state.double()
         acc = self.num_acc if self.t > 1 else torch.ones_like(self.num_acc)
         o = reference.post_conv_mtp_dense(self.mixed, self.a, self.b, self.A_log, self.dt_bias, self.idx, acc, st,
                                           self.gate, self.w, self.scale, self.eps, "silu")
         return o, st
+
+
+@triton.jit
+def _traffic_kernel(pool, src, dst, T: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """The step's state traffic and nothing else: program (n, head, chunk) reads BLOCK elements of request n's
+    initial state tile once and stores them to its T snapshot slots (``dst[n, :T]``)."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    heads = tl.num_programs(1)
+    s = tl.load(src + n).to(tl.int64)
+    x = tl.load(pool + (s * heads + h) * TILE + offs)
+    for t in tl.static_range(T):
+        d = tl.load(dst + n * T + t).to(tl.int64)
+        tl.store(pool + (d * heads + h) * TILE + offs, x)
+
+
+#: chunk sizes (elements) of the traffic kernel tried per cell; the fastest is the cell's "same bytes" time
+TRAFFIC_BLOCKS = (2048, 4096, 8192)
 
 
 def _rel(x, ref) -> float:
@@ -548,6 +578,13 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
                 row["check"] = check_default(cell, op, vl, norm, cuda="cuda" in kernels_timed)
             except Exception as exc:  # noqa: BLE001
                 row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            if DEV == "cuda":  # the same bytes with no math: what this timing lets any kernel reach
+                tr: dict = {}
+                for blk in TRAFFIC_BLOCKS:
+                    timed(tr, str(blk), lambda blk=blk: cell.traffic(blk), True, rep)
+                if any(not k.endswith("_error") for k in tr):
+                    row["traffic_graph"] = min(v for k, v in tr.items() if not k.endswith("_error"))
+                row["traffic_blocks"] = tr
             for mode in ("graph", "eager"):
                 gr = mode == "graph"
                 for kname, fn in kernels_timed.items():
@@ -590,6 +627,23 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
                 torch.cuda.empty_cache()
 
 
+def traffic_probe(args, bw, op):
+    """Per cell: the snapshot bound, the no-math traffic kernel (each chunk size) and vLLM's op, graph-replayed."""
+    for dname in args.states.split(","):
+        dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
+        for n in args.batches:
+            for t in args.default_ts:
+                cell = LayerCell(n, t, dt)
+                bound = (1 + t) * cell.state_bytes() / (bw * 1e9) * 1e6
+                row: dict = {}
+                for blk in TRAFFIC_BLOCKS:
+                    timed(row, str(blk), lambda blk=blk: cell.traffic(blk), True, args.rep)
+                if op is not None:
+                    timed(row, "op", lambda: cell.op(op), True, args.rep)
+                shares = " ".join(f"{k} {v:.1f} ({pct(bound, v)})" for k, v in row.items() if not k.endswith("_error"))
+                log(f"{dname} batch {n:4d} T {t}: bound {bound:.1f}; {shares}")
+
+
 def _verdict(r) -> str:
     """Hits and misses against issue 26's targets (graph replay)."""
     ratio = r.get("ratio_graph")
@@ -626,8 +680,13 @@ def fmt_targets(rows) -> str:
     def need(r):
         return 0.85 if r["state_dtype"] == "float32" else 0.75
 
+    def traffic(r):  # what the same bytes with no math reach under this timing
+        tr = r.get("traffic_graph")
+        return f" (no math: {r['bound_us'] / tr:.0%})" if tr else ""
+
     b_hit = [f"{name(r)} {frac(r):.0%}" for r in big if frac(r) >= need(r)]
-    b_miss = [f"{name(r)} {frac(r):.0%}" for r in big if frac(r) < need(r)]
+    b_miss = [f"{name(r)} {frac(r):.0%}{traffic(r)}" for r in big if frac(r) < need(r)]
+    b_out = [name(r) for r in big if r.get("traffic_graph") and r["bound_us"] / r["traffic_graph"] < need(r)]
     won = [r for r in g if round(r["ratio_graph"], 2) < 1.0]
     return "\n".join([
         f"- **<= 0.97x vLLM's default path, every T = 1..4 cell**: {len(t14) - len(miss)} of {len(t14)} hit. "
@@ -636,7 +695,9 @@ def fmt_targets(rows) -> str:
         f"({'; '.join(s_hit) or 'none'}). Misses: {'; '.join(s_miss) or 'none'} (speed-up over the op; below 1 "
         "is slower).",
         f"- **From batch 32 up, >= 85% of the snapshot bound (fp32 state) / >= 75% (bf16)**: {len(b_hit)} of "
-        f"{len(big)} hit ({'; '.join(b_hit) or 'none'}). Misses: {'; '.join(b_miss) or 'none'}.",
+        f"{len(big)} hit ({'; '.join(b_hit) or 'none'}). Misses: {'; '.join(b_miss) or 'none'}. Cells where the "
+        f"same bytes moved with no math (column 'same bytes, no math') miss the share too: "
+        f"{'; '.join(b_out) or 'none'}.",
         f"- Cells where sndr / default printed below 1.00 (the routed graph cells): {len(won)} of {len(g)}.",
     ])
 
@@ -651,8 +712,8 @@ def fmt_default(rows) -> str:
             lines.append(f"\n### {dt} state, {'CUDA-graph replay' if mode == 'graph' else 'eager Python call'}, "
                          "µs (% of the bound)\n")
             lines.append("| batch | T | bound | vLLM default | vLLM CUDA op | sndr fused | sndr / default |"
-                         + (" targets |" if mode == "graph" else "") + " Triton step | CUDA step |")
-            lines.append("|---|---|---|---|---|---|---|" + ("---|" if mode == "graph" else "") + "---|---|")
+                         + (" targets | same bytes, no math |" if mode == "graph" else "") + " Triton step | CUDA step |")
+            lines.append("|---|---|---|---|---|---|---|" + ("---|---|" if mode == "graph" else "") + "---|---|")
             for r in sel:
                 b = r["bound_us"]
                 d = r.get(f"{'vllm_decode' if r['T'] == 1 else 'op'}_{mode}")
@@ -667,6 +728,8 @@ def fmt_default(rows) -> str:
                          f"**{ratio:.2f}**" if ratio else "-"]
                 if mode == "graph":
                     cells.append(_verdict(r))
+                    tr = r.get("traffic_graph")
+                    cells.append(f"{tr:.1f} ({pct(b, tr)})" if tr else "-")
                 for kname in ("triton", "cuda"):  # both steps; the routed one (the faster) in bold
                     x = r.get(f"sndr_{kname}_{mode}")
                     mark = "**" if x and r.get(f"kernel_{mode}") == kname else ""
@@ -950,6 +1013,8 @@ def main() -> int:
                     help="(--replay-diag, --ncu-launches) DTYPE/BATCH/T cells, comma-separated")
     ap.add_argument("--ncu-shapes", type=str, default="",
                     help="(--ncu-launches) CUDA-step launch shapes launched after the cell's routed one, comma-separated")
+    ap.add_argument("--traffic-probe", action="store_true",
+                    help="only the bound, the no-math traffic kernel and vLLM's op per --batches/--ts/--states cell")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.sweep_shapes = args.sweep_shapes.split(",") if args.sweep_shapes else NORM_SWEEP
@@ -999,6 +1064,9 @@ def main() -> int:
     cells.__enter__()
     if args.ncu_launches:
         ncu_cells(args, op)
+        return 0
+    if args.traffic_probe:
+        traffic_probe(args, bw, op)
         return 0
     if args.replay_diag:
         result["replay_diag"] = replay_diag(args, op)
