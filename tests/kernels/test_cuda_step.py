@@ -60,7 +60,15 @@ def _chain_shapes():
             for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
 
 
-@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped() + _shared_tile_shapes() + _chain_shapes())
+def _chain_tile_shapes():
+    """(state dtype, spec, TM, config) of ``cuda_step.CHAIN_TILE_SHAPES`` (suffix ``cb``) at every spec-verify TM
+    (the benchmark times them at T >= 2 only)."""
+    return [(dt, True, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.CHAIN_TILE_SHAPES
+            for dt in (torch.float32, BF) for tm in (2, 4, 8)]
+
+
+@pytest.mark.parametrize("state_dtype,spec,tm,cfg",
+                         _shipped() + _shared_tile_shapes() + _chain_shapes() + _chain_tile_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -156,18 +164,24 @@ def test_shared_tile_shapes_parse_and_refuse_what_they_cannot_take():
     assert "TILE_SMEM" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig(), spec=True, tm=4, kinds={})
 
 def test_chain_shapes_parse_and_refuse_what_they_cannot_take():
-    """The labels' ``c`` suffix round-trips into the SHORT_CHAIN build (register tile, one pass); with several
-    passes or the tile in shared memory it is refused; the other shapes' defines are as before."""
+    """The labels' ``c`` suffix round-trips into the SHORT_CHAIN build (the register tile in one pass, or with
+    ``b`` the tile in shared memory at any passes); a register tile of several passes is refused; the other
+    shapes' defines are as before."""
     for label in cuda_step.CHAIN_SHAPES:
         cfg = cuda_step.CudaConfig.parse(label)
-        assert cfg.label() == label and cfg.chain and not cfg.bulk
+        assert cfg.label() == label and cfg.chain
         assert cuda_step.config_why(K, V, torch.float32, cfg) is None
         assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["SHORT_CHAIN"] == 1
     assert cuda_step.CudaConfig.parse("128x8x4t256m2sc").stream
     assert "4 passes" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t128m4c"))
-    assert "shared memory" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4cb"))
+    # with the tile in shared memory the short chain is the prologue's only: any number of passes
+    assert cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4cb")) is None
     with pytest.raises(ValueError):
         cuda_step.CudaConfig.parse("128x8x4t256m2bc")
+    for label in cuda_step.CHAIN_TILE_SHAPES:
+        cfg = cuda_step.CudaConfig.parse(label)
+        assert cfg.label() == label and cfg.chain and cfg.bulk and cuda_step.config_why(K, V, BF, cfg) is None
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["SHORT_CHAIN"] == 1
     for label in cuda_step.SMEM_TILE_SHAPES + ("128x8x4t256m2", "16x8x1t128m8"):
         assert "SHORT_CHAIN" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
                                                       tm=4, kinds={})

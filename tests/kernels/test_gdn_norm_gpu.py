@@ -280,7 +280,7 @@ def _sm90():
         pytest.skip("the CUDA step's shared-tile shapes (cp.async.bulk, mbarriers) need an sm_90+ GPU")
 
 
-@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES)
+@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
 def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):
@@ -290,7 +290,7 @@ def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype
     float64's values within the usual tolerances."""
     _sm90()
     cfg = cuda_step.CudaConfig.parse(label)
-    twin = cuda_step.CudaConfig.parse(label[:-1])
+    twin = cuda_step.CudaConfig.parse(label.rstrip("cb"))
     assert (cfg.bulk or cfg.chain) and not (twin.bulk or twin.chain)
     c = Cell(n, t, state_dtype, seed=n + 7 * t)
     _ragged(c, torch.Generator(device=DEV).manual_seed(n * t))

@@ -48,6 +48,10 @@ MAX_CLUSTER = 8
 #: launch shapes with the head's state tile in shared memory (suffix ``b``; one cp.async.bulk per tile), timed by
 #: bench_gdn.py beside the register-tile shapes (docs/bench-gdn-h200.md)
 SMEM_TILE_SHAPES = ("128x8x4t256m2b", "128x8x2t256m4b", "128x16x4t512m2b", "128x16x2t512m2b")
+#: shared-tile shapes with the short chain in their prologue (suffix ``cb``: every lane resolves the item, then the
+#: tile's copy starts one memory round trip earlier), timed by bench_gdn.py in the spec-verify cells (T >= 2) only:
+#: a plain decode's chain is one load already, and there the R = 2 build keeps a 16-24 byte stack (NVRTC 13.5)
+CHAIN_TILE_SHAPES = ("128x8x2t256m4cb", "128x16x4t512m2cb", "128x16x2t512m2cb")
 #: launch shapes with the short load chain (suffix ``c``), timed by bench_gdn.py at batch 1 and 8 (docs/bench-gdn-h200.md)
 #: (128 registers, one pass: 1, 2 or 4 CTAs a head; the 64-register R = 2 cluster shapes keep 16-48 byte stacks with
 #: NVRTC 13.0, with or without it)
@@ -159,9 +163,8 @@ def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str
         return f"a {V} x {K} state tile in shared memory (takes <= {MAX_SMEM_TILE // 1024} KiB)"
     if cfg.bulk and cfg.block_v != V:
         return f"a state tile in shared memory with {V // cfg.block_v} CTAs per head (one CTA per head only)"
-    if cfg.chain and (cfg.bulk or cfg.block_v != rp):
-        return "the short load chain with " + ("a state tile in shared memory" if cfg.bulk else
-                                                f"{cfg.block_v // rp} passes (the register tile in one pass only)")
+    if cfg.chain and not cfg.bulk and cfg.block_v != rp:
+        return f"the short load chain with {cfg.block_v // rp} passes (the register tile in one pass only)"
     e = cfg.rows * K // cfg.lanes
     if e > (32 if cfg.block_v > rp else 64):  # more than one pass: the next pass's values are in registers too
         return f"{e} state values per thread" + (" (two passes' worth in registers)" if cfg.block_v > rp else "")

@@ -47,7 +47,10 @@
 // before the chain, and all the staged inputs (the warp's first token's q, k, a, b; every v row, gate and norm
 // weight of the CTA, in registers) are loaded before the state rows, so that they are not queued behind them
 // and the staging costs one round trip, not one per NT staged values. The same float32 operations on the
-// same values: outputs and states are bitwise those of the shape without `c`.
+// same values: outputs and states are bitwise those of the shape without `c`. With TILE_SMEM (suffix `cb`, any
+// number of passes) only the prologue changes: every lane resolves the item as above and thread 0 starts the
+// tile's copy one round trip earlier than TILE_SMEM's own chain (thread 0 alone: cu_seqlens and num_accepted,
+// then the index column); the staging is TILE_SMEM's, the tokens' slots from the lanes' index columns.
 //
 // TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
 // contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
@@ -80,9 +83,11 @@
 #ifndef SHORT_CHAIN
 #define SHORT_CHAIN 0
 #endif
-#if SHORT_CHAIN && (TILE_SMEM || CH != 1)
-#error "SHORT_CHAIN: the register tile in one pass"
+#if SHORT_CHAIN && !TILE_SMEM && CH != 1
+#error "SHORT_CHAIN: the register tile in one pass (or the tile in shared memory)"
 #endif
+// the short chain's staging in registers (the register tile); with TILE_SMEM the short chain is the prologue's
+#define REG_CHAIN (SHORT_CHAIN && !TILE_SMEM)
 #if TILE_SMEM && CL > 1
 #error "TILE_SMEM: one CTA per head (BV == V)"
 #endif
@@ -225,8 +230,22 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
 #if TILE_SMEM
     extern __shared__ __align__(128) unsigned char tbuf[];  // the item's state tile (TILE_BYTES)
     __shared__ __align__(8) unsigned long long tbar;        // completed by the tile's copy
-    __shared__ i64 info[3];                                 // the item's bos, ntok, slot0 (from thread 0)
     const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar), dst = (unsigned)__cvta_generic_to_shared(tbuf);
+#if SHORT_CHAIN
+    // every lane resolves the item at once (resolve_lanes: one round trip), then thread 0 starts the tile's copy
+    const int nh = blockIdx.x;
+    i64 bos, slot0, iv;
+    int ntok;
+    resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (ntok > 0 && slot0 > 0)
+            bulk_load(dst, (const char*)state + (slot0 * s_state_slot + (i64)(nh % HV) * V * K) * SB, TILE_BYTES, bar);
+    }
+    __syncthreads();  // (the barrier initialised before any thread waits on it)
+#else
+    __shared__ i64 info[3];                                 // the item's bos, ntok, slot0 (from thread 0)
     if (tid == 0) {  // the item's chain; its tile's copy started where it has a state
         mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -248,6 +267,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const i64 bos = info[0];
     const int ntok = (int)info[1];
     const i64 slot0 = info[2];
+#endif
 #elif SHORT_CHAIN
     const int nh = blockIdx.x / CL;
     // (no dependence on the chain: loaded first)
@@ -273,7 +293,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const i64 tile = (i64)hv * V * K + (i64)row0 * K;
     const int nt = min(ntok, TM);  // (tokens beyond the index columns are outside the op's contract)
     float S[E], Sn[E], vv[R], o[R];
-#if SHORT_CHAIN
+#if REG_CHAIN
     // every staged input loaded first (registers), then the state rows; then the staging computes
     float qv[K / 32], kv[K / 32], a_t = 0.f, b_t = 0.f;
     i64 sl = 0;
@@ -383,7 +403,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
 #endif
         }
     }
-#if !SHORT_CHAIN
+#if !REG_CHAIN
     if (!EARLY_QK) stage_rows();
 #endif
     __syncthreads();
