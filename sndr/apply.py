@@ -333,10 +333,12 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
             # The dry-run stores no object: without their entries the plan reads the current bytes as
             # pristine too, which is what adopting them means.
             ledger = _drop_entries(ledger, adopt) if dry_run else _adopt_current(tree, ledger, adopt)
-            if fm.merged:
+            for how in sorted(set(fm.bases.values())):
+                merged = sorted(rel for rel, b in fm.bases.items() if b == how)
                 notes.append(f"--force: {'would merge' if dry_run else 'merged'} the change made since apply into "
-                             f"the pristine copy (3-way: pristine, the file now, the bytes sndr wrote) and "
-                             f"{'would apply' if dry_run else 'applied'} the set on it: {', '.join(sorted(fm.merged))}"
+                             f"the pristine copy (3-way: pristine, the file now and, as the base, the bytes sndr "
+                             f"wrote, {how}) and "
+                             f"{'would apply' if dry_run else 'applied'} the set on it: {', '.join(merged)}"
                              f" (a revert gives back upstream's file with that change)")
             for rel, why in sorted(fm.adopted.items()):
                 notes.append(f"--force: no 3-way merge for {rel} ({why}): {'would take' if dry_run else 'took'} "
@@ -532,24 +534,45 @@ def _adopt_current(tree: TreeRoot, ledger: Ledger, rels: set[str]) -> Ledger:
     return ledger.model_copy(update={"files": files})
 
 
+#: Where :func:`_force_merge` found the bytes sndr wrote (its merge base), as the notes name it.
+BASE_STORED = "stored at apply"
+BASE_REBUILT = "rebuilt from this set: no stored copy, the ledger is from before sndr kept them"
+
+
 @dataclass
 class _ForceMerge:
     """What ``apply --force`` makes of the files someone else changed since apply (:func:`_force_merge`)."""
 
     merged: dict[str, bytes] = field(default_factory=dict)  # the change merged onto the pristine copy
+    bases: dict[str, str] = field(default_factory=dict)  # merged file -> its base: BASE_STORED or BASE_REBUILT
     adopted: dict[str, str] = field(default_factory=dict)  # no merge base: rel -> why its bytes are taken as is
     conflicts: list[Problem] = field(default_factory=list)
+
+
+def _stored_copy(tree: TreeRoot, sha: str) -> bytes | None:
+    """The object ``sha`` from ``.sndr/objects``, None when there is none; a damaged one still raises."""
+    try:
+        return tree.get_object(sha)
+    except SndrError as exc:
+        if [p.code for p in exc.problems] == ["object_missing"]:
+            return None
+        raise
 
 
 def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: PatchSet, version: str, environ, only,
                  keep_going: bool, profile) -> _ForceMerge:
     """A 3-way merge (merge3) per file: base = the bytes sndr wrote, one side = the file as it is now, the other =
     its pristine copy. The result is upstream's file with the other writer's change (sndr's edits taken out),
-    the file's new pristine, on which the set is applied again. The bytes sndr wrote are not stored: they are
+    the file's new pristine, on which the set is applied again.
+
+    The base is the copy in ``.sndr/objects`` whose sha256 is the ledger's ``patched_sha256`` (apply stores the
+    bytes it writes, :func:`_writes_for`), so the merge works whatever set is applied now, the set that wrote
+    the file or a changed one. A ledger written before sndr stored them has no such copy: then the bytes are
     rebuilt by planning this set on the pristine copies, and used only when their sha256 is the ledger's.
     A change on lines sndr's edits changed is a conflict (``force_merge_conflict``, the file and its line);
-    a file deleted, one sndr created, or one whose bytes cannot be rebuilt (the set changed since apply) has
-    no merge base: its current bytes are taken as pristine (as before), and a note says why."""
+    a file deleted, one sndr created, or one with neither a stored copy nor bytes that rebuild (an old
+    ledger and a set changed since apply) has no merge base: its current bytes are taken as pristine (as
+    before), and a note says why."""
     from merge3 import Merge3  # a well-kept implementation of the 3-way merge (bzr's, used by breezy/dulwich)
 
     from .commit import sha256_bytes
@@ -562,14 +585,17 @@ def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: Patc
         if now is None or entry.created:
             out.adopted[rel] = "deleted since apply" if now is None else "a file sndr created (its pristine is absence)"
             continue
-        if rebuilt is None:
-            plan = build_plan(patch_set, tree.pristine(ledger).read_text, version, environ=environ, only=only,
-                              keep_going=keep_going, check_compile=False, profile=profile)
-            rebuilt = {r: ch.new.encode("utf-8") for r, ch in plan.changes.items()} if plan.ok else {}
-        base = rebuilt.get(rel)
-        if base is None or sha256_bytes(base) != entry.patched_sha256:
-            out.adopted[rel] = "the bytes sndr wrote cannot be rebuilt: the patch set changed since apply"
-            continue
+        base, how = _stored_copy(tree, entry.patched_sha256), BASE_STORED
+        if base is None:
+            if rebuilt is None:
+                plan = build_plan(patch_set, tree.pristine(ledger).read_text, version, environ=environ, only=only,
+                                  keep_going=keep_going, check_compile=False, profile=profile)
+                rebuilt = {r: ch.new.encode("utf-8") for r, ch in plan.changes.items()} if plan.ok else {}
+            base, how = rebuilt.get(rel), BASE_REBUILT
+            if base is None or sha256_bytes(base) != entry.patched_sha256:
+                out.adopted[rel] = ("the bytes sndr wrote are not stored (a ledger from before sndr kept them) and "
+                                    "cannot be rebuilt: the patch set changed since apply")
+                continue
         pristine = tree.get_object(entry.pristine_sha256)
         m = Merge3(base.splitlines(True), now.splitlines(True), pristine.splitlines(True))
         clashes = [r for r in m.merge_regions() if r[0] == "conflict"]
@@ -586,6 +612,7 @@ def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: Patc
                      "upstream's file) and make the change there, then apply"))
             continue
         out.merged[rel] = b"".join(m.merge_lines())
+        out.bases[rel] = how
     return out
 
 
@@ -610,8 +637,11 @@ def _take_merged(tree: TreeRoot, ledger: Ledger, merged: dict[str, bytes], *, st
 
 def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: PatchSet, *,
                 store: bool = True) -> tuple[list[FileWrite], Ledger]:
-    """The writes and the new ledger of ``plan``; ``store``: put the pristine copies into the object
-    store (a dry-run does not)."""
+    """The writes and the new ledger of ``plan``; ``store``: put into the object store, for every file the
+    plan patches (not one it creates), its pristine copy (what revert puts back) and its patched bytes (the
+    bytes sndr writes, the base of :func:`_force_merge`'s 3-way merge); a dry-run stores nothing. A file the
+    plan leaves as it is gets its copies too, so the files of a ledger written before sndr stored patched
+    bytes have them after the next apply that plans again (any but the "already applied" fast path)."""
     from .commit import FileWrite, sha256_bytes
     from .model import Ledger, LedgerFile
 
@@ -631,7 +661,8 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
             else:
                 pristine_bytes = ch.pristine.encode("utf-8")
                 pristine_sha, created = sha256_bytes(pristine_bytes), False
-                to_store.append(pristine_bytes)
+                # the pristine copy (revert's bytes), and the bytes sndr writes (apply --force's merge base)
+                to_store += [pristine_bytes, patched]
             files[rel] = LedgerFile(pristine_sha256=pristine_sha, patched_sha256=sha256_bytes(patched),
                                     patches=ch.patches, created=created)
         else:  # touched by an older patch set, untouched now: back to pristine
@@ -639,7 +670,7 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
         if now != after:
             writes.append(FileWrite(rel, now, after))
     if store:
-        tree.put_objects(to_store)  # pristine copies, durable before the journal names them
+        tree.put_objects(to_store)  # durable before the journal (and the ledger) name them
     # The ledger describes the tree after the commit: what "applies" now is "applied".
     as_applied = {"applies": "applied"}
     results = {p.id: as_applied.get(p.status, p.status) for p in plan.patches if p.status != "gated"}
@@ -681,7 +712,8 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
             if now != want:
                 writes.append(FileWrite(rel, now, want))
         commit(tree, writes, None, ledger.patch_set_digest)
-        # .sndr/objects stays: the pristine copies make the next apply cheaper.
+        # .sndr/objects stays: the pristine copies make the next apply cheaper (the patched copies are
+        # no longer named by any ledger; a later apply stores what it writes again).
         return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK, digest=ledger.patch_set_digest,
                        files_written=[w.rel for w in writes], notes=notes)
 

@@ -6,8 +6,10 @@ Layout of the state directory, ``<root>/.sndr/`` (``root`` contains ``vllm/``)::
     ledger.json       per touched file: pristine sha256, patched sha256, patches
     journal.json      present only while a commit is in flight
     created-dirs.json directories sndr created for ``create`` files (removed again on revert)
-    objects/<sha>     content-addressed copies of pristine and before-commit bytes, and of every
-                      ledger written (``sndr salvage-ledger`` finds the last one that matches the tree)
+    objects/<sha>     content-addressed copies of pristine bytes (what revert puts back), of the
+                      patched bytes apply writes (``apply --force``'s merge base), of before-commit
+                      bytes, and of every ledger written (``sndr salvage-ledger`` finds the last one
+                      that matches the tree); nothing removes them
 
 Protocol of :func:`commit` (check everything, then touch anything):
 probe writability -> re-check the before-hashes -> store before-bytes as
@@ -462,7 +464,7 @@ class TreeRoot(Tree):
         try:
             self._put_objects(shas, blobs)
         except OSError as exc:
-            raise os_error(exc, self.objects, "cannot store pristine copies") from None
+            raise os_error(exc, self.objects, "cannot store copies in .sndr/objects") from None
         return shas
 
     def _put_objects(self, shas: list[str], blobs: list[bytes]) -> None:

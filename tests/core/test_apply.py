@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sndr.apply import run_apply, run_revert, run_verify
+from sndr.errors import SndrError
 from sndr.load import load_patch_set
 from sndr.model import Verdict
 
@@ -212,28 +213,167 @@ def test_force_refuses_a_hand_edit_on_sndrs_own_lines_naming_file_and_line(tree,
     assert r.returncode == 1 and f"{POOL}:{line}" in r.stdout + r.stderr and "force_merge_conflict" in r.stdout + r.stderr
 
 
-def test_force_without_the_bytes_sndr_wrote_takes_the_current_bytes_and_says_so(tree, patch_set, tmp_path):
-    """Where the bytes sndr wrote cannot be rebuilt (the patch set changed since apply), there is no base for
-    a merge: the current bytes are taken as pristine, as before, and the notes say why and what revert does."""
-    run_apply(tree, patch_set)
-    edited = tmp_path / "patches"
+INT_CLAMPED = "        return max(0, int(self.free_block_queue.num_free_blocks))\n"
+HOTFIX = "# local hotfix\n"
+
+
+def set_b(tmp_path: Path, change: str):
+    """Set A (tests/data/core) with one patch on POOL changed (``changed``: T0004's clamp casts to int now) or
+    added (``added``: T0099 marks the ``get_usage`` line): the bytes sndr writes there differ from set A's."""
+    edited = tmp_path / f"patches-{change}"
     edited.mkdir()
     for f in DATA.glob("*.toml"):
         (edited / f.name).write_text(f.read_text())
-    q = "'''"
-    (edited / "T0099-usage-doc.toml").write_text(  # a new patch on the same file: sndr's bytes there differ now
-        f'id = "T0099"\ntitle = "t"\n[[files]]\npath = "{POOL}"\n[[files.edits]]\nname = "doc"\n'
-        f'anchor = {q}\n    def get_usage(self) -> float:\n{q}\n'
-        f'replacement = {q}\n    def get_usage(self) -> float:  # sndr: T0099\n{q}\n')
+    if change == "changed":
+        p = edited / "T0004-free-blocks.toml"
+        p.write_text(p.read_text().replace(CLAMPED, INT_CLAMPED))
+    else:
+        q = "'''"
+        (edited / "T0099-usage-doc.toml").write_text(
+            f'id = "T0099"\ntitle = "t"\n[[files]]\npath = "{POOL}"\n[[files.edits]]\nname = "doc"\n'
+            f'anchor = {q}\n    def get_usage(self) -> float:\n{q}\n'
+            f'replacement = {q}\n    def get_usage(self) -> float:  # sndr: T0099\n{q}\n')
+    return load_patch_set(edited, packs=False)
+
+
+def b_edit(change: str) -> str:
+    return INT_CLAMPED if change == "changed" else "    def get_usage(self) -> float:  # sndr: T0099\n"
+
+
+def objects(tree: Path) -> set[str]:
+    return {p.name for p in (tree / ".sndr/objects").iterdir()}
+
+
+def ledger_of(tree: Path) -> dict:
+    return json.loads((tree / ".sndr/ledger.json").read_text())
+
+
+def test_apply_stores_the_bytes_it_writes_and_a_dry_run_stores_nothing(tree, patch_set):
+    """Apply keeps, for every file it patches, the pristine copy and the bytes it writes in .sndr/objects
+    (content-addressed: the ledger's ``patched_sha256`` names the copy); the dry-run stores no object."""
+    before = tree_hash(tree)
+    assert run_apply(tree, patch_set, dry_run=True).ok and tree_hash(tree) == before
+    assert not (tree / ".sndr/objects").exists()
+    assert run_apply(tree, patch_set).ok
+    files = ledger_of(tree)["files"]
+    assert files and all(not e["created"] for e in files.values()), files
+    for rel, e in files.items():
+        now = (tree / rel).read_bytes()
+        assert hashlib.sha256(now).hexdigest() == e["patched_sha256"] != e["pristine_sha256"], rel
+        assert (tree / ".sndr/objects" / e["patched_sha256"]).read_bytes() == now, rel
+        assert e["pristine_sha256"] in objects(tree), rel
+
+
+@pytest.mark.parametrize("change", ["changed", "added"])
+def test_force_merges_across_a_changed_patch_set_with_the_stored_bytes(tree, patch_set, tmp_path, vllm_pin_root,
+                                                                       change):
+    """The upgrade case: set A applied, a hand edit on a line away from sndr's edits, then ``apply --force``
+    with set B (one patch on that file changed or added). The bytes set A wrote are no longer what this set
+    would write, so they could not be rebuilt and the file's current bytes (A's edits in them) used to be taken
+    as pristine. Now apply stores the bytes it writes and the merge takes them as its base: the hand edit
+    survives, B's edits are in, the ledger's pristine is upstream + the hand edit, and a revert gives back
+    exactly upstream + the hand edit. The dry-run says the same and stores nothing."""
+    run_apply(tree, patch_set)
+    b = set_b(tmp_path, change)
     target = tree / POOL
-    target.write_text(target.read_text() + "# local hotfix\n")
-    forced = run_apply(tree, load_patch_set(edited, packs=False), force=True)
+    target.write_text(target.read_text() + HOTFIX)
+    before = tree_hash(tree)
+    dry = run_apply(tree, b, force=True, dry_run=True)
+    assert dry.ok and tree_hash(tree) == before, dry.problems
+    forced = run_apply(tree, b, force=True)
+    assert forced.ok and dry.files_written == forced.files_written == [POOL], (dry, forced)
+    for r, verb in ((dry, "would merge"), (forced, "merged")):
+        [note] = [n for n in r.notes if "3-way" in n]
+        assert POOL in note and verb in note and "stored at apply" in note, r.notes
+        assert not [n for n in r.notes if "no 3-way merge" in n or "sndr's own" in n], r.notes
+    upstream = (vllm_pin_root / POOL).read_text()
+    now = target.read_text()
+    assert now.endswith(HOTFIX) and b_edit(change) in now and run_verify(tree, b).ok
+    if change == "changed":
+        assert CLAMPED not in now
+    entry = ledger_of(tree)["files"][POOL]
+    pristine = (tree / ".sndr/objects" / entry["pristine_sha256"]).read_text()
+    assert pristine == upstream + HOTFIX
+    assert (tree / ".sndr/objects" / entry["patched_sha256"]).read_text() == now  # the next --force's base
+    assert run_revert(tree).ok
+    assert target.read_text() == upstream + HOTFIX
+    for rel in FILES:
+        if rel != POOL:
+            assert (tree / rel).read_bytes() == (vllm_pin_root / rel).read_bytes(), rel
+
+
+def test_force_across_a_changed_set_refuses_a_hand_edit_on_sndrs_lines(tree, patch_set, tmp_path):
+    """With set B and the stored base, a hand edit of the lines set A's edit changed is still a conflict:
+    ``force_merge_conflict`` naming the file and the line, exit 1, the tree (state included) untouched."""
+    run_apply(tree, patch_set)
+    b = set_b(tmp_path, "added")
+    target = tree / POOL
+    text = target.read_text()
+    target.write_text(text.replace(CLAMPED, "        return max(1, self.free_block_queue.num_free_blocks)\n"))
+    line = text[:text.index(CLAMPED)].count("\n") + 1
+    before = tree_hash(tree)
+    for dry_run in (True, False):
+        r = run_apply(tree, b, force=True, dry_run=dry_run)
+        assert not r.ok and r.exit_code == 1 and r.files_written == []
+        [p] = [p for p in r.problems if p.code == "force_merge_conflict"]
+        assert (p.file, p.line) == (POOL, line) and "nothing was written" in p.message, p
+        assert tree_hash(tree) == before
+
+
+def test_force_over_a_damaged_stored_base_stops_naming_the_object(tree, patch_set):
+    """A stored copy of the bytes sndr wrote that no longer matches its hash is damage, not "no base": the
+    apply stops (``object_corrupt``, naming the object's path), nothing written; no fallback hides it."""
+    run_apply(tree, patch_set)
+    obj = tree / ".sndr/objects" / ledger_of(tree)["files"][POOL]["patched_sha256"]
+    obj.write_bytes(b"tampered\n")
+    target = tree / POOL
+    target.write_text(target.read_text() + HOTFIX)
+    before = tree_hash(tree)
+    with pytest.raises(SndrError) as exc:
+        run_apply(tree, patch_set, force=True)
+    [p] = exc.value.problems
+    assert p.code == "object_corrupt" and p.file == str(obj), p
+    assert tree_hash(tree) == before
+
+
+def _forget_written_bytes(tree: Path) -> None:
+    """Make the tree's state what a ledger from before sndr stored the bytes it writes looks like."""
+    for e in ledger_of(tree)["files"].values():
+        (tree / ".sndr/objects" / e["patched_sha256"]).unlink()
+
+
+def test_force_on_an_old_ledger_rebuilds_the_bytes_sndr_wrote(tree, patch_set, vllm_pin_root):
+    """A ledger written before sndr stored the bytes it writes: with the same set they are rebuilt (a plan on
+    the pristine copies, used because their sha256 is the ledger's) and the merge goes on, the note saying
+    so; the apply then stores them."""
+    run_apply(tree, patch_set)
+    _forget_written_bytes(tree)
+    target = tree / POOL
+    target.write_text(target.read_text() + HOTFIX)
+    forced = run_apply(tree, patch_set, force=True)
+    assert forced.ok and forced.files_written == [], forced
+    [note] = [n for n in forced.notes if "3-way" in n]
+    assert POOL in note and "rebuilt from this set" in note and "stored at apply" not in note, forced.notes
+    assert ledger_of(tree)["files"][POOL]["patched_sha256"] in objects(tree)
+    assert run_revert(tree).ok and target.read_text() == (vllm_pin_root / POOL).read_text() + HOTFIX
+
+
+def test_force_on_an_old_ledger_and_a_changed_set_takes_the_current_bytes_and_says_so(tree, patch_set, tmp_path):
+    """A ledger from before sndr stored the bytes it writes, and a set changed since: the bytes cannot be
+    rebuilt either, so there is no merge base: the current bytes are taken as pristine, as before, and the
+    notes say why and what revert does."""
+    run_apply(tree, patch_set)
+    _forget_written_bytes(tree)
+    target = tree / POOL
+    target.write_text(target.read_text() + HOTFIX)
+    forced = run_apply(tree, set_b(tmp_path, "added"), force=True)
     assert forced.ok, forced.problems
     [note] = [n for n in forced.notes if "no 3-way merge" in n]
-    assert POOL in note and "patch set changed" in note and "as pristine" in note, forced.notes
+    assert POOL in note and "not stored" in note and "patch set changed" in note and "as pristine" in note, \
+        forced.notes
     assert "# sndr: T0099" in target.read_text()
     assert run_revert(tree).ok  # the adopted bytes come back, sndr's old edit with them (the note's warning)
-    assert "# local hotfix" in target.read_text() and CLAMPED in target.read_text()
+    assert HOTFIX in target.read_text() and CLAMPED in target.read_text()
 
 
 def test_an_unverifiable_deletion_gets_its_own_hint_not_drifts(tree, tmp_path):
