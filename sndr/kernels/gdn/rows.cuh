@@ -168,7 +168,9 @@ __device__ __forceinline__ void lds4(float* r, const float* p) {
 //   hk = (S k) d;  u = (v - hk) beta;  [hq = (S q) d;  o = hq + u (k.q)];  S = S d + u k
 // (the order of PK0003's and vLLM's kernels). NEW: also the outputs o[R] (q given). upd
 // false: no state update (a step's last token: its state is never read; the next step
-// replays it).
+// replays it). The two sweeps over the thread's columns share their loop nest but stay written
+// out: as one __forceinline__ helper (the per-column operation a lambda, or both operations in
+// it) step.cu's 16x8x1t128m8c builds get other SASS (benchmarks/gdn_sass_digest.py).
 template <bool NEW>
 __device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float* qs, const float (&v)[R], float d,
                                      float beta, float kq, int p, bool upd, float (&o)[R]) {
