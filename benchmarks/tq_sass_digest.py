@@ -25,45 +25,16 @@ configs with ``VerifyConfig.softmax = N``:
 
 from __future__ import annotations
 
-import hashlib
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _sass import print_digests, sass_by_function  # noqa: E402  (the SASS helpers gdn_sass_digest.py shares)
 
 from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import cuda_decode  # noqa: E402
-
-
-def cuobjdump() -> str:
-    import shutil
-
-    import triton
-
-    p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(p) if p.is_file() else (shutil.which("cuobjdump") or "cuobjdump")
-
-
-def sass_by_function(cubin: bytes) -> dict[str, str]:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    out: dict[str, list[str]] = {}
-    cur = None
-    for line in text.splitlines():
-        m = re.match(r"\s*Function : (\w+)", line)
-        if m:
-            cur = m.group(1)
-            out[cur] = []
-        elif cur and re.match(r"\s*/\*[0-9a-f]{4}\*/", line):
-            out[cur].append(line.strip())
-    return {k: "\n".join(v) for k, v in out.items()}
 
 
 def _op(ins: str) -> str:
@@ -156,21 +127,19 @@ def main(argv=None) -> int:
     ap.add_argument("--softmax", type=int, default=None, help="verify builds with VerifyConfig.softmax = N")
     args = ap.parse_args(argv)
     builds = ([] if args.tile else list(decode_builds())) + list(verify_builds(args.softmax))
+    if not args.tile:
+        print_digests(builds, args.only)
+        return 0
+    import collections
+
     for label, src, name, arch, defs in builds:
         if args.only not in label:
             continue
-        fns = sass_by_function(_cudart.compile_cubin(src, name, arch, defs, cache=False))
-        if args.tile:
-            import collections
-
-            path = tile_path(fns[name])
-            roles = collections.Counter(role(s) for s in path)
-            ops = collections.Counter(_op(s).split(".")[0] for s in path)
-            print(f"{label} SMX={defs['SMX']}: {len(path)} instructions a tile; by role {dict(roles.most_common())}; "
-                  f"by opcode {dict(ops.most_common())}")
-            continue
-        for fn, sass in sorted(fns.items()):
-            print(f"{label} {fn} {hashlib.sha256(sass.encode()).hexdigest()[:16]} {len(sass.splitlines())}")
+        path = tile_path(sass_by_function(_cudart.compile_cubin(src, name, arch, defs, cache=False))[name])
+        roles = collections.Counter(role(s) for s in path)
+        ops = collections.Counter(_op(s).split(".")[0] for s in path)
+        print(f"{label} SMX={defs['SMX']}: {len(path)} instructions a tile; by role {dict(roles.most_common())}; "
+              f"by opcode {dict(ops.most_common())}")
     return 0
 
 

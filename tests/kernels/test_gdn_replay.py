@@ -281,6 +281,26 @@ def test_the_cpu_path_is_triton_and_cuda_is_refused_here():
         replay.GdnReplay(pool, H, max_tokens=COLS, backend="cutlass")
 
 
+def test_cuda_defines_are_one_kernel_with_the_layers_launch_and_the_calls_kinds():
+    """``GdnReplay.cuda_defines`` (what ``_cuda_kernel`` compiles, and ``benchmarks/gdn_sass_digest.py``
+    digests): KSEL selects the one kernel of the build, the layout comes from the pool (the 35B-A3B shape:
+    the defaults STEP_CFGS names per pool dtype), TM from max_tokens, X_KIND from the activation dtype,
+    and the call's kinds replace the float32 defaults."""
+    pool = torch.zeros(2, 32, 128, 128)
+    for dt, (p, r, minb, pf) in ((torch.float32, (8, 2, 2, 1)), (BF, (8, 4, 2, 0))):
+        rep = replay.GdnReplay(pool.to(dt), 16, max_tokens=3, max_requests=2, act_dtype=torch.float16)
+        kinds = {"AB_KIND": 2, "Z_KIND": 1, "SIGMOID_GATE": 1}
+        for name, ksel in (("gdn_replay_step", 0), (replay.PERSISTENT_KERNELS["l2"], 1),
+                           (replay.PERSISTENT_KERNELS["copy"], 2), ("gdn_replay_materialize", 3)):
+            defs = rep.cuda_defines(name, kinds)
+            assert defs == {"H": 16, "HV": 32, "K": 128, "V": 128, "P": p, "R": r, "TM": 4, "MINB": minb,
+                            "PREFETCH": pf, "STEP_SMEM_MAX": replay.step_smem_bytes(128, 128, 4),
+                            "S_KIND": 0 if dt == torch.float32 else 2, "X_KIND": 1, "AB_KIND": 2, "ALOG_KIND": 0,
+                            "DT_KIND": 0, "Z_KIND": 1, "W_KIND": 0, "O_KIND": 0, "SIGMOID_GATE": 1, "KSEL": ksel}
+    with pytest.raises(KeyError):
+        rep.cuda_defines("gdn_replay_prep", {})  # the removed split step has no build
+
+
 @pytest.mark.parametrize("state_kind,p,r,minb", [(0, 8, 4, 2), (2, 8, 4, 2), (0, 8, 2, 2), (2, 4, 2, 2),
                                                  (0, 2, 1, 3), (2, 2, 1, 3)])
 def test_cuda_kernel_compiles_for_sm90_at_the_35b_shape(state_kind, p, r, minb):

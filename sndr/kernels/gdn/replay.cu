@@ -250,17 +250,7 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next, cons
             sk = __fmaf_rn(kv[m], kv[m], sk);
         }
         const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
-        float kq = 0.f;
-#pragma unroll
-        for (int m = 0; m < K / 32; ++m) {
-            const float kk = __fdiv_rn(kv[m], nk);
-            const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
-            kn[t][lane + 32 * m] = kk;
-            qn[t][lane + 32 * m] = qq;
-            if (write_k) skw[(i64)t * H * K + lane + 32 * m] = kk;
-            kq = __fmaf_rn(kk, qq, kq);
-        }
-        kq = warp_sum(kq);
+        const float kq = norm_qk(qv, kv, nq, nk, scale, lane, kn[t], qn[t], write_k, skw, (i64)t * H * K);
         if (lane == 0) {
             const float neg_A = -expf(ldf<ALOG_KIND>(A_log, hv));
             const float xx = __fadd_rn(a_t, ldf<DT_KIND>(dt_bias, hv));

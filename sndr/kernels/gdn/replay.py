@@ -442,13 +442,20 @@ class GdnReplay:
             num_warps=num_warps or (1 if bv * self.K <= 4096 else 4), num_stages=1)
         return out
 
-    def _cuda_kernel(self, name: str, kinds: dict[str, int]) -> _cudart.Kernel:
-        defs = {"H": self.H, "HV": self.HV, "K": self.K, "V": self.V, "P": self.P, "R": self.R, "TM": self.TM,
-                "STEP_SMEM_MAX": step_smem_bytes(self.K, self.V, self.TM), "MINB": self.min_blocks, "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
-                "AB_KIND": 0, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 0, "W_KIND": 0, "O_KIND": 0,
-                "SIGMOID_GATE": 0}
+    def cuda_defines(self, name: str, kinds: dict[str, int]) -> dict[str, int | str]:
+        """replay.cu's NVRTC defines for kernel ``name`` with this call's tensor ``kinds`` (what
+        ``_cuda_kernel`` builds; ``benchmarks/gdn_sass_digest.py`` digests the same builds)."""
+        defs: dict[str, int | str] = {
+            "H": self.H, "HV": self.HV, "K": self.K, "V": self.V, "P": self.P, "R": self.R, "TM": self.TM,
+            "STEP_SMEM_MAX": step_smem_bytes(self.K, self.V, self.TM), "MINB": self.min_blocks,
+            "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
+            "AB_KIND": 0, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 0, "W_KIND": 0, "O_KIND": 0, "SIGMOID_GATE": 0}
         defs.update(kinds)
         defs["KSEL"] = _KSEL[name]  # NVRTC compiles only this launch's kernel(s)
+        return defs
+
+    def _cuda_kernel(self, name: str, kinds: dict[str, int]) -> _cudart.Kernel:
+        defs = self.cuda_defines(name, kinds)
         key = (name, tuple(sorted(defs.items())))
         k = self._cuda_kernels.get(key)
         if k is None:

@@ -1,7 +1,7 @@
 // The GDN state rows in registers, shared by PK0003's fused step (step.cu) and PK0004's replayed
 // verify (replay.cu), which `#include` it (expanded by sndr/kernels/_cudart.read_source, so the
-// cubin cache's key covers it): the dtype conversions, the warp and row reductions, the state rows'
-// loads and stores, and one token of the delta rule (`pass`).
+// cubin cache's key covers it): the dtype conversions, the warp and row reductions, a token's q/k
+// normalisation (`norm_qk`), the state rows' loads and stores, and one token of the delta rule (`pass`).
 //
 // Layout: thread (g, p) owns R rows of a [rows, K] state tile (rows g R .. g R + R - 1) and, in
 // each, the 16-byte chunks c = p, p + P, p + 2P, ... (C = K / P columns): E = R * C float32 values
@@ -64,6 +64,28 @@ __device__ __forceinline__ float warp_sum(float s) {
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
     return s;
+}
+
+// One token's q and k, L2-normalised over K and q then times scale: the warp holds them as elements
+// lane + 32 m (qv, kv), their norms nq, nk (sqrt(sum x^2 + 1e-6), as vLLM's kernels) come from the caller,
+// which sums the squares as it loads them. The results go to the token's shared rows kn and qn, and k also to
+// kside[krow + ...] where write_k. Returns k.q of the normalised pair (the warp's sum, in every lane).
+// (With the sums and norms in here, NVVM emits the last square's FMA before the first warp_sum, not after it,
+// and a kside + krow pointer argument changes the index arithmetic: other SASS, benchmarks/gdn_sass_digest.py.)
+__device__ __forceinline__ float norm_qk(const float (&qv)[K / 32], const float (&kv)[K / 32], float nq, float nk,
+                                         float scale, int lane, float* kn, float* qn, bool write_k, float* kside,
+                                         i64 krow) {
+    float kq = 0.f;
+#pragma unroll
+    for (int m = 0; m < K / 32; ++m) {
+        const float kk = __fdiv_rn(kv[m], nk);
+        const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
+        kn[lane + 32 * m] = kk;
+        qn[lane + 32 * m] = qq;
+        if (write_k) kside[krow + lane + 32 * m] = kk;
+        kq = __fmaf_rn(kk, qq, kq);
+    }
+    return warp_sum(kq);
 }
 
 // The NA partial sums of one row (fixed tree), then the row's P lanes (xor shuffles).
@@ -146,7 +168,9 @@ __device__ __forceinline__ void lds4(float* r, const float* p) {
 //   hk = (S k) d;  u = (v - hk) beta;  [hq = (S q) d;  o = hq + u (k.q)];  S = S d + u k
 // (the order of PK0003's and vLLM's kernels). NEW: also the outputs o[R] (q given). upd
 // false: no state update (a step's last token: its state is never read; the next step
-// replays it).
+// replays it). The two sweeps over the thread's columns share their loop nest but stay written
+// out: as one __forceinline__ helper (the per-column operation a lambda, or both operations in
+// it) step.cu's 16x8x1t128m8c builds get other SASS (benchmarks/gdn_sass_digest.py).
 template <bool NEW>
 __device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float* qs, const float (&v)[R], float d,
                                      float beta, float kq, int p, bool upd, float (&o)[R]) {

@@ -375,16 +375,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             sk = __fmaf_rn(kv[m], kv[m], sk);
         }
         const float nq = sqrtf(__fadd_rn(warp_sum(sq), 1e-6f)), nk = sqrtf(__fadd_rn(warp_sum(sk), 1e-6f));
-        float kq = 0.f;
-#pragma unroll
-        for (int m = 0; m < K / 32; ++m) {
-            const float kk = __fdiv_rn(kv[m], nk);
-            const float qq = __fmul_rn(__fdiv_rn(qv[m], nq), scale);
-            kn[t][lane + 32 * m] = kk;
-            qn[t][lane + 32 * m] = qq;
-            kq = __fmaf_rn(kk, qq, kq);
-        }
-        kq = warp_sum(kq);
+        const float kq = norm_qk(qv, kv, nq, nk, scale, lane, kn[t], qn[t], false, nullptr, 0);
 #if SPEC && SHORT_CHAIN
         const i64 st_t = __shfl_sync(0xffffffffu, iv, t & 31);  // index column t (0 beyond cols)
 #endif

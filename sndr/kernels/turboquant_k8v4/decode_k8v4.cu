@@ -321,6 +321,34 @@ static __device__ __forceinline__ void init_state(State& st) {
     st.inv_s = 1e30f;
 }
 
+// The lazy rescale (softmax_tile, verify_k8v4.cu's softmax_tile_mma): each head's running max raised to
+// tmax (log2 units) and s_run to smax where they are larger; o, sp, l and z rescaled to match; then
+// per_head(nh) for each n-tile of heads, after its rescale (inside the same loop: a separate loop after this
+// one gives verify_k8v4.cu's builds other SASS, benchmarks/tq_sass_digest.py).
+template <typename PerHead>
+static __device__ __forceinline__ void rescale_state(State& st, const float (&tmax)[NH][2], float smax,
+                                                     PerHead per_head) {
+    const float s_new = fmaxf(st.s_run, smax);
+    const float ratio = st.s_run / s_new;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
+            const float alpha = ex2(st.m[nh][e] - m_new);
+            const float f = alpha * ratio;
+#pragma unroll
+            for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+            st.sp[nh][e] *= f;
+            st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
+            st.m[nh][e] = m_new;
+        }
+        per_head(nh);
+    }
+    st.s_run = s_new;
+    st.inv_s = 1.0f / s_new;
+}
+
 static __device__ __forceinline__ u32 movmatrix_t(u32 x) {
     u32 r;
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
@@ -352,24 +380,7 @@ static __device__ __forceinline__ void softmax_tile(
             }
             smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, x));
         }
-        const float s_new = fmaxf(st.s_run, smax);
-        const float ratio = st.s_run / s_new;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
-                const float alpha = ex2(st.m[nh][e] - m_new);
-                const float f = alpha * ratio;
-#pragma unroll
-                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-                st.sp[nh][e] *= f;
-                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
-                st.m[nh][e] = m_new;
-            }
-        }
-        st.s_run = s_new;
-        st.inv_s = 1.0f / s_new;
+        rescale_state(st, tmax, smax, [](int) {});
     }
 
     const float w0 = sc[0] * st.inv_s, w1 = sc[1] * st.inv_s;

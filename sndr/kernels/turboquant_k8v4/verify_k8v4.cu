@@ -202,26 +202,10 @@ static __device__ __forceinline__ void softmax_tile_mma(
             }
         sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 1));  // the 16 tokens lie on the 4 t4 lanes
         sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
-        const float s_new = fmaxf(st.s_run, sm);
-        const float ratio = st.s_run / s_new;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
-                const float alpha = ex2(st.m[nh][e] - m_new);
-                const float f = alpha * ratio;
-#pragma unroll
-                for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-                st.sp[nh][e] *= f;
-                st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
-                st.m[nh][e] = m_new;
-            }
+        rescale_state(st, tmax, sm, [&](int nh) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
-        }
-        st.s_run = s_new;
-        st.inv_s = 1.0f / s_new;
+        });
     }
     const u32 wp0 = pack_f16x2(sc[0] * st.inv_s, sc[1] * st.inv_s);  // scale / s_run of tokens 2 t4, 2 t4 + 1
     const u32 wp1 = pack_f16x2(sc[2] * st.inv_s, sc[3] * st.inv_s);  // and + 8
