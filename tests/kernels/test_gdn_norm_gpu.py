@@ -330,15 +330,15 @@ def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype
     assert rel(st_smem[written], st64[written]) <= _state_tol(state_dtype)
 
 
-@pytest.mark.parametrize("label", cuda_step.CHAIN_SHAPES)
+@pytest.mark.parametrize("label", cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("t", [2, 8])
 def test_chain_shapes_take_num_accepted_out_of_range_as_padding(label, state_dtype, t):
     """The short chain takes the initial slot from the lane holding index column num_accepted - 1: a count of 0
-    or above the columns is padding (zero outputs, no state written), as in the twin without ``c``; int64
-    index tensors; bit for bit the twin's outputs and states."""
+    or above the columns is padding (zero outputs, no state written), as in the register twin without ``c``
+    (or ``cb``); int64 index tensors; bit for bit the twin's outputs and states."""
     _sm90()
-    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label[:-1])
+    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cb"))
     n = 9
     c = Cell(n, t, state_dtype, seed=3 + t)
     _ragged(c, torch.Generator(device=DEV).manual_seed(t))
@@ -357,14 +357,15 @@ def test_chain_shapes_take_num_accepted_out_of_range_as_padding(label, state_dty
     assert not torch.equal(_bits(st), _bits(s0))
 
 
-@pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c"])
+@pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c",
+                                   "128x8x2t256m4cb", "128x16x4t512m2cb"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("t", [1, 4])
 def test_shared_tile_shapes_replay_in_a_graph(label, state_dtype, t):
     """Captured once, replayed after new lengths, slots, padding, accepted counts and inputs: bit for bit what
     the register-tile twin computes eagerly from the same pool (nothing compiled inside the capture)."""
     _sm90()
-    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label[:-1])
+    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cb"))
     n = 40
     c = Cell(n, t, state_dtype, seed=11 + t)
     _, run = _direct(c, cfg)
