@@ -981,6 +981,37 @@ def ncu_cells(args, op):
         torch.cuda.empty_cache()
 
 
+def _prebuild_one(job) -> bool:
+    """(label, state dtype name, T): compile the CUDA step's cubin a table cell asks for into the cubin cache."""
+    from sndr.kernels import _cudart
+
+    label, dname, t = job
+    cfg = cuda_step.CudaConfig.parse(label)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dname]
+    if cuda_step.config_why(K, V, dt, cfg):
+        return False
+    tm = min(cuda_step.MAX_TM, 1 << max(0, (t - 1).bit_length()))
+    # LayerCell's call: bf16 activations, gate, norm weight and output; fp32 A_log and dt_bias; int32 indices
+    kinds = {"X_KIND": 2, "AB_KIND": 2, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2,
+             "S_KIND": 0 if dt == torch.float32 else 2}
+    defs = cuda_step.defines(H, HV, K, V, cfg, spec=t > 1, tm=tm, kinds=kinds)
+    _cudart.compile_cubin(cuda_step.source(), "gdn_step", "90", defs)
+    return True
+
+
+def prebuild(args, workers: int) -> None:
+    """Compile every candidate shape's cubin of the table's cells (--states, --ts) with ``workers`` processes
+    first, so the run does not compile them one at a time (the same cubins, the cubin cache's keys)."""
+    import multiprocessing as mp
+
+    jobs = sorted({(label, d, t) for label in args.cuda_candidates for d in args.states.split(",")
+                   for t in args.default_ts if not (t == 1 and label.endswith("cb"))})  # (as the table times them)
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        built = sum(pool.map(_prebuild_one, jobs))
+    log(f"prebuilt {built} of {len(jobs)} candidate cubins with {workers} processes in {time.perf_counter() - t0:.0f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
@@ -1017,6 +1048,8 @@ def main() -> int:
                     help="(--ncu-launches) CUDA-step launch shapes launched after the cell's routed one, comma-separated")
     ap.add_argument("--traffic-probe", action="store_true",
                     help="only the bound, the no-math traffic kernel and vLLM's op per --batches/--ts/--states cell")
+    ap.add_argument("--prebuild", type=int, default=0, metavar="N",
+                    help="first compile every candidate's cubin of the table's cells with N processes")
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
     args.sweep_shapes = args.sweep_shapes.split(",") if args.sweep_shapes else NORM_SWEEP
@@ -1051,6 +1084,8 @@ def main() -> int:
                            else tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t))
         rep = args.rep
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.prebuild and DEV == "cuda":
+        prebuild(args, args.prebuild)
     dl = device_line()
     log(f"device: {dl}")
     bw = copy_bandwidth()
