@@ -519,6 +519,19 @@ static __device__ __forceinline__ void write_partials(
     store_partials(st, MID_O, MID_L, [&](int q) { return ((long long)(b * HQ + q)) * S + s; }, hk, g, t4);
 }
 
+// Output element d of a row, in the caller's dtype (0 float32, 1 float16, 2 bfloat16): the merges' one store
+// (merge_head, write_empty, merge_block), outside #if PAGE_CTA since the warp kernel's merge_block uses it too.
+static __device__ __forceinline__ void store_out(void* OUT, long long o, float r, int out_kind) {
+    if (out_kind == 0) {
+        reinterpret_cast<float*>(OUT)[o] = r;
+    } else {
+        unsigned short v;
+        if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        reinterpret_cast<unsigned short*>(OUT)[o] = v;
+    }
+}
+
 #if !PAGE_CTA
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
@@ -749,18 +762,6 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     if (s >= split.n_act) return;  // the whole block
     pdl_launch_dependents();
     page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
-}
-
-// Output element d of a row, in the caller's dtype (0 float32, 1 float16, 2 bfloat16).
-static __device__ __forceinline__ void store_out(void* OUT, long long o, float r, int out_kind) {
-    if (out_kind == 0) {
-        reinterpret_cast<float*>(OUT)[o] = r;
-    } else {
-        unsigned short v;
-        if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-        else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-        reinterpret_cast<unsigned short*>(OUT)[o] = v;
-    }
 }
 
 // One warp merges n rows of one query head, log2-sum-exp weighted: rows o + i * D
@@ -1106,15 +1107,7 @@ static __device__ __forceinline__ void merge_block(
 #pragma unroll
         for (int i = 1; i < MW; ++i) r += part[i][d];
         r *= inv;
-        const long long o = b * o_sb + h * o_sh + d;
-        if (out_kind == 0) {
-            reinterpret_cast<float*>(OUT)[o] = r;
-        } else {
-            unsigned short v;
-            if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-            else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-            reinterpret_cast<unsigned short*>(OUT)[o] = v;
-        }
+        store_out(OUT, b * o_sb + h * o_sh + d, r, out_kind);
     }
     if (write_lse && tid == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
 }
