@@ -315,32 +315,7 @@ static __device__ __forceinline__ void attend_tile_causal(
     softmax_tile(st, t, sc, zr, pb);
 #endif
 
-#pragma unroll
-    for (int u = 0; u < VW; ++u) {
-        u32 x[2][4];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            u32 a = vw[2 * hh][u], b = vw[2 * hh + 1][u];
-            u32 lo = prmt(a, b, 0x5410u);
-            u32 hi = prmt(a, b, 0x7632u);
-            x[hh][0] = lo; x[hh][1] = lo >> 8; x[hh][2] = hi; x[hh][3] = hi >> 8;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 a0 = (x[0][i] & 0x000F000Fu) | 0x64006400u;
-            const u32 a1 = (x[0][i] & 0x00F000F0u) | 0x54005400u;
-            const u32 a2 = (x[1][i] & 0x000F000Fu) | 0x64006400u;
-            const u32 a3 = (x[1][i] & 0x00F000F0u) | 0x54005400u;
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) mma(st.o[4 * u + i][nh], a0, a1, a2, a3, pb[nh][0], pb[nh][1]);
-        }
-    }
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float c[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
-        mma(c, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
-        st.sp[nh][0] = c[0]; st.sp[nh][1] = c[1];
-    }
+    PV_MMA(st, vw, pb);  // decode_k8v4.cu
 }
 
 // This split's normalised partial output and log2-sum-exp for the rows of
@@ -769,12 +744,7 @@ static __device__ __forceinline__ void attend_tile_shu(
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) mma(st.o[j][nh], a[0], a[1], a[2], a[3], pb[nh][0], pb[nh][1]);
     }
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {  // sum of the fp16 P' the MMAs saw: removes the code offsets
-        float cs[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
-        mma(cs, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
-        st.sp[nh][0] = cs[0]; st.sp[nh][1] = cs[1];
-    }
+    sum_p(st, pb);  // decode_k8v4.cu: the sum of the fp16 P' the MMAs saw, which removes the code offsets
 }
 
 // This split's normalised partial output and log2-sum-exp for the rows of chunk c (m-tile j, accumulator
