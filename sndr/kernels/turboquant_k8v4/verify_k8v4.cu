@@ -227,6 +227,16 @@ static __device__ __forceinline__ void softmax_tile_mma(
 }
 #endif
 
+// The causal limit on head pair nh's scores x[nh] ([tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1],
+// tokens tok0 + g and tok0 + g + 8 of the tile): -inf where the token is at or past the column's limit lim[nh][e].
+static __device__ __forceinline__ void mask_causal(float (&x)[NH][4], int nh, int tok0, int g, const int (&lim)[NH][2]) {
+    const int p0 = tok0 + g, p1 = tok0 + g + 8;
+    if (p0 >= lim[nh][0]) x[nh][0] = NEG_INF;
+    if (p0 >= lim[nh][1]) x[nh][1] = NEG_INF;
+    if (p1 >= lim[nh][0]) x[nh][2] = NEG_INF;
+    if (p1 >= lim[nh][1]) x[nh][3] = NEG_INF;
+}
+
 // attend_tile of decode_k8v4.cu with a causal limit per column: token p of the
 // tile (absolute position tok0 + row) counts for column (nh, e) only when
 // p < lim[nh][e]; rows at or past seq_len (nvalid_abs) may hold stale bytes and
@@ -286,13 +296,7 @@ static __device__ __forceinline__ void attend_tile_causal(
 #if SMX
     if (MASKED) {  // the causal limit on the raw scores (qk_scale > 0): -inf stays -inf through the FFMA
 #pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-            const int p0 = tok0 + g, p1 = tok0 + g + 8;
-            if (p0 >= lim[nh][0]) c[0][nh][0] = NEG_INF;
-            if (p0 >= lim[nh][1]) c[0][nh][1] = NEG_INF;
-            if (p1 >= lim[nh][0]) c[0][nh][2] = NEG_INF;
-            if (p1 >= lim[nh][1]) c[0][nh][3] = NEG_INF;
-        }
+        for (int nh = 0; nh < NH; ++nh) mask_causal(c[0], nh, tok0, g, lim);
     }
     u32 pb[NH][2];
     softmax_tile_mma<MASKED>(st, c[0], stage, t4, tok0, seq_len, qk_scale, pb);
@@ -302,13 +306,7 @@ static __device__ __forceinline__ void attend_tile_causal(
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) t[nh][i] = c[0][nh][i] * qk_scale;
-        if (MASKED) {
-            const int p0 = tok0 + g, p1 = tok0 + g + 8;
-            if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
-            if (p0 >= lim[nh][1]) t[nh][1] = NEG_INF;
-            if (p1 >= lim[nh][0]) t[nh][2] = NEG_INF;
-            if (p1 >= lim[nh][1]) t[nh][3] = NEG_INF;
-        }
+        if (MASKED) mask_causal(t, nh, tok0, g, lim);
     }
 
     u32 pb[NH][2];
@@ -727,13 +725,7 @@ static __device__ __forceinline__ void attend_tile_shu(
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) t[nh][i] = c[nh][i] * qk_scale;
-        if (MASKED) {
-            const int p0 = tok0 + g, p1 = tok0 + g + 8;
-            if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
-            if (p0 >= lim[nh][1]) t[nh][1] = NEG_INF;
-            if (p1 >= lim[nh][0]) t[nh][2] = NEG_INF;
-            if (p1 >= lim[nh][1]) t[nh][3] = NEG_INF;
-        }
+        if (MASKED) mask_causal(t, nh, tok0, g, lim);
     }
     u32 pb[NH][2];
     softmax_tile(st, t, sc, zr, pb);
