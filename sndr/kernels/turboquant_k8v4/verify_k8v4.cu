@@ -316,9 +316,13 @@ static __device__ __forceinline__ void attend_tile_causal(
     PV_MMA(st, vw, pb);  // decode_k8v4.cu
 }
 
-// This split's normalised partial output and log2-sum-exp for the rows of
-// chunk c; a row that saw no token writes zeros and EMPTY_LSE.
-static __device__ __forceinline__ void write_rows(
+// This split's normalised partial output and log2-sum-exp for the rows of chunk c; a row that saw no token writes
+// zeros and EMPTY_LSE. The two kernels' accumulators hold different dims (SHU_DIMS: write_rows_shu's) and sum l and z
+// differently (REDUCE: over the g lanes; not with SMX, where they already are sums over all tokens, the MMA's, the
+// same in every g lane). Each branch keeps its own 1/l, row index and MID_L store: with those before the branch (or
+// with the stores as a lambda) the SASS of the shared-unpack builds changed (benchmarks/tq_sass_digest.py).
+template <bool REDUCE, bool SHU_DIMS>
+static __device__ __forceinline__ void write_rows_of(
     const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
     int b, int hk, int c, int S, int s, int g, int t4)
 {
@@ -327,31 +331,52 @@ static __device__ __forceinline__ void write_rows(
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float l = st.l[nh][e], z = st.z[nh][e];
-#if !SMX  // SMX: l and z are already sums over all tokens (the MMA), the same in every g lane
+            if (REDUCE) {
 #pragma unroll
-            for (int x = 4; x <= 16; x <<= 1) {
-                l += __shfl_xor_sync(0xffffffffu, l, x);
-                z += __shfl_xor_sync(0xffffffffu, z, x);
+                for (int x = 4; x <= 16; x <<= 1) {
+                    l += __shfl_xor_sync(0xffffffffu, l, x);
+                    z += __shfl_xor_sync(0xffffffffu, z, x);
+                }
             }
-#endif
             const int rl = 8 * nh + 2 * t4 + e, r = RC * c + rl;
             if (rl >= RC || r >= VR) continue;
             const int tq = r / GQ, h = r % GQ;
             const bool any = l > 0.f;
-            const float inv_l = any ? 1.0f / l : 0.f, sp = st.sp[nh][e], sr = st.s_run;
-            const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+            if (SHU_DIMS) {  // m-tile j, accumulator e / 2 + e: dims 16 j + g / 16 j + g + 8 of row 8 nh + 2 t4 + e
+                const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
+                const float off = (g & 1 ? 64.f : 1024.f) * st.sp[nh][e];  // dims 16 j + g (+ 8): g's parity
+                const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+                float* o = MID_O + row * D + g;
 #pragma unroll
-            for (int j = 0; j < NT16; j += 2) {
-                float4 v;
-                v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
-                v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
-                v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                *reinterpret_cast<float4*>(MID_O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
+                for (int j = 0; j < NT16; ++j) {
+                    o[16 * j] = (sr * (st.o[j][nh][e] - off) + z) * inv_l;
+                    o[16 * j + 8] = (sr * (st.o[j][nh][2 + e] - off) + z) * inv_l;
+                }
+                if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
+            } else {  // m-tile 4 u + i, row half h <-> dim 8 VWORD(g, u) + 2 i + h
+                const float inv_l = any ? 1.0f / l : 0.f, sp = st.sp[nh][e], sr = st.s_run;
+                const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+#pragma unroll
+                for (int j = 0; j < NT16; j += 2) {
+                    float4 v;
+                    v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
+                    v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                    v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
+                    v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                    *reinterpret_cast<float4*>(MID_O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
+                }
+                if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
             }
-            if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
         }
     }
+}
+
+// The per-warp kernel's rows.
+static __device__ __forceinline__ void write_rows(
+    const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    int b, int hk, int c, int S, int s, int g, int t4)
+{
+    write_rows_of<!SMX, false>(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
 
 // ---------------------------------------------------------------------------
@@ -739,38 +764,12 @@ static __device__ __forceinline__ void attend_tile_shu(
     sum_p(st, pb);  // decode_k8v4.cu: the sum of the fp16 P' the MMAs saw, which removes the code offsets
 }
 
-// This split's normalised partial output and log2-sum-exp for the rows of chunk c (m-tile j, accumulator
-// e / 2 + e: dims 16 j + g / 16 j + g + 8 of row 8 nh + 2 t4 + e).
+// The shared-unpack kernel's rows (write_rows_of).
 static __device__ __forceinline__ void write_rows_shu(
     const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
     int b, int hk, int c, int S, int s, int g, int t4)
 {
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float l = st.l[nh][e], z = st.z[nh][e];
-#pragma unroll
-            for (int x = 4; x <= 16; x <<= 1) {
-                l += __shfl_xor_sync(0xffffffffu, l, x);
-                z += __shfl_xor_sync(0xffffffffu, z, x);
-            }
-            const int rl = 8 * nh + 2 * t4 + e, r = RC * c + rl;
-            if (rl >= RC || r >= VR) continue;
-            const int tq = r / GQ, h = r % GQ;
-            const bool any = l > 0.f;
-            const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
-            const float off = (g & 1 ? 64.f : 1024.f) * st.sp[nh][e];  // dims 16 j + g (+ 8): g's parity
-            const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
-            float* o = MID_O + row * D + g;
-#pragma unroll
-            for (int j = 0; j < NT16; ++j) {
-                o[16 * j] = (sr * (st.o[j][nh][e] - off) + z) * inv_l;
-                o[16 * j + 8] = (sr * (st.o[j][nh][2 + e] - off) + z) * inv_l;
-            }
-            if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
-        }
-    }
+    write_rows_of<true, true>(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
 
 extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
