@@ -13,37 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from test_mtp_verify import _cuobjdump, _nvrtc_or_skip  # noqa: E402  (one home for the cubin tools)
+
 from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import cuda_decode, dispatch, kernels  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
-
-
-def _nvrtc_or_skip():
-    try:
-        return _cudart.nvrtc_version()
-    except _cudart.CudaUnavailable as exc:
-        pytest.skip(f"no NVRTC on this machine: {exc}")
-
-
-def _cuobjdump() -> str | None:
-    try:
-        import triton
-
-        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if p.is_file():
-            return str(p)
-    except ImportError:
-        pass
-    return shutil.which("cuobjdump")
 
 
 class _Fake:

@@ -398,6 +398,45 @@ static __device__ __forceinline__ void softmax_tile(
     }
 }
 
+// st.sp += the sum over the tile's tokens of the fp16 P' in pb (an MMA with an all-ones A), from which the epilogue
+// removes the code offsets (PV_MMA; verify_k8v4.cu's attend_tile_shu).
+static __device__ __forceinline__ void sum_p(State& st, const u32 (&pb)[NH][2]) {
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        float c[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
+        mma(c, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
+        st.sp[nh][0] = c[0]; st.sp[nh][1] = c[1];
+    }
+}
+
+// P@V of one tile from the value words vw (attend_tile; verify_k8v4.cu's attend_tile_causal), then sum_p.
+// O^T += V^T P^T: A pairs tokens (2 t4, 2 t4 + 1) and (2 t4 + 8, 2 t4 + 9); m-tile 4 u + i holds byte i of word u:
+// low nibbles (1024 + code) in rows 0..7, high (64 + code) in 8..15.
+// A statement macro, not a __forceinline__ function: every function form tried (the whole block; one value word
+// per call in the caller's loop; a template; the arrays by reference, st whole or st.o / st.sp) changed the SASS of
+// the D = 64 verify build's tq_k8v4_decode_page_merged (MOV / IMAD.MOV swaps; benchmarks/tq_sass_digest.py).
+#define PV_MMA(st, vw, pb)                                                                                  \
+    do {                                                                                                   \
+        _Pragma("unroll") for (int u = 0; u < VW; ++u) {                                                   \
+            u32 x[2][4];                                                                                   \
+            _Pragma("unroll") for (int hh = 0; hh < 2; ++hh) {                                             \
+                u32 a = vw[2 * hh][u], b = vw[2 * hh + 1][u];                                              \
+                u32 lo = prmt(a, b, 0x5410u); /* [a0 a1 b0 b1] */                                          \
+                u32 hi = prmt(a, b, 0x7632u); /* [a2 a3 b2 b3] */                                          \
+                x[hh][0] = lo; x[hh][1] = lo >> 8; x[hh][2] = hi; x[hh][3] = hi >> 8;                      \
+            }                                                                                              \
+            _Pragma("unroll") for (int i = 0; i < 4; ++i) {                                                \
+                const u32 a0 = (x[0][i] & 0x000F000Fu) | 0x64006400u;                                      \
+                const u32 a1 = (x[0][i] & 0x00F000F0u) | 0x54005400u;                                      \
+                const u32 a2 = (x[1][i] & 0x000F000Fu) | 0x64006400u;                                      \
+                const u32 a3 = (x[1][i] & 0x00F000F0u) | 0x54005400u;                                      \
+                _Pragma("unroll") for (int nh = 0; nh < NH; ++nh)                                          \
+                    mma(st.o[4 * u + i][nh], a0, a1, a2, a3, pb[nh][0], pb[nh][1]);                        \
+            }                                                                                              \
+        }                                                                                                  \
+        sum_p(st, pb);                                                                                     \
+    } while (0)
+
 // One tile of 16 tokens. Scores are computed transposed, S^T = K Q^T (rows =
 // tokens, n = 8 heads: no MMA row is wasted for G = 8), so this thread holds
 // tokens g, g + 8 for heads 2 t4, 2 t4 + 1; movmatrix turns P' into the B
@@ -444,34 +483,7 @@ static __device__ __forceinline__ void attend_tile(
     u32 pb[NH][2];
     softmax_tile(st, t, sc, zr, pb);
 
-    // ---- O^T += V^T P^T: A pairs tokens (2 t4, 2 t4 + 1) and (2 t4 + 8, 2 t4 + 9);
-    // m-tile 4 u + i holds byte i of word u: low nibbles in rows 0..7, high in 8..15
-#pragma unroll
-    for (int u = 0; u < VW; ++u) {
-        u32 x[2][4];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            u32 a = vw[2 * hh][u], b = vw[2 * hh + 1][u];
-            u32 lo = prmt(a, b, 0x5410u);  // [a0 a1 b0 b1]
-            u32 hi = prmt(a, b, 0x7632u);  // [a2 a3 b2 b3]
-            x[hh][0] = lo; x[hh][1] = lo >> 8; x[hh][2] = hi; x[hh][3] = hi >> 8;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 a0 = (x[0][i] & 0x000F000Fu) | 0x64006400u;  // 1024 + code
-            const u32 a1 = (x[0][i] & 0x00F000F0u) | 0x54005400u;  // 64 + code
-            const u32 a2 = (x[1][i] & 0x000F000Fu) | 0x64006400u;
-            const u32 a3 = (x[1][i] & 0x00F000F0u) | 0x54005400u;
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) mma(st.o[4 * u + i][nh], a0, a1, a2, a3, pb[nh][0], pb[nh][1]);
-        }
-    }
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float c[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
-        mma(c, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
-        st.sp[nh][0] = c[0]; st.sp[nh][1] = c[1];
-    }
+    PV_MMA(st, vw, pb);
 }
 
 // ---- epilogue: reduce l, z over the 8 lanes of a head, remove the code
@@ -517,6 +529,19 @@ static __device__ __forceinline__ void write_partials(
     int b, int hk, int HQ, int S, int s, int g, int t4)
 {
     store_partials(st, MID_O, MID_L, [&](int q) { return ((long long)(b * HQ + q)) * S + s; }, hk, g, t4);
+}
+
+// Output element d of a row, in the caller's dtype (0 float32, 1 float16, 2 bfloat16): the merges' one store
+// (merge_head, write_empty, merge_block), outside #if PAGE_CTA since the warp kernel's merge_block uses it too.
+static __device__ __forceinline__ void store_out(void* OUT, long long o, float r, int out_kind) {
+    if (out_kind == 0) {
+        reinterpret_cast<float*>(OUT)[o] = r;
+    } else {
+        unsigned short v;
+        if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
+        reinterpret_cast<unsigned short*>(OUT)[o] = v;
+    }
 }
 
 #if !PAGE_CTA
@@ -749,18 +774,6 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     if (s >= split.n_act) return;  // the whole block
     pdl_launch_dependents();
     page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
-}
-
-// Output element d of a row, in the caller's dtype (0 float32, 1 float16, 2 bfloat16).
-static __device__ __forceinline__ void store_out(void* OUT, long long o, float r, int out_kind) {
-    if (out_kind == 0) {
-        reinterpret_cast<float*>(OUT)[o] = r;
-    } else {
-        unsigned short v;
-        if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-        else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-        reinterpret_cast<unsigned short*>(OUT)[o] = v;
-    }
 }
 
 // One warp merges n rows of one query head, log2-sum-exp weighted: rows o + i * D
@@ -1106,15 +1119,7 @@ static __device__ __forceinline__ void merge_block(
 #pragma unroll
         for (int i = 1; i < MW; ++i) r += part[i][d];
         r *= inv;
-        const long long o = b * o_sb + h * o_sh + d;
-        if (out_kind == 0) {
-            reinterpret_cast<float*>(OUT)[o] = r;
-        } else {
-            unsigned short v;
-            if (out_kind == 1) asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-            else asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(r));
-            reinterpret_cast<unsigned short*>(OUT)[o] = v;
-        }
+        store_out(OUT, b * o_sb + h * o_sh + d, r, out_kind);
     }
     if (write_lse && tid == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
 }

@@ -227,6 +227,16 @@ static __device__ __forceinline__ void softmax_tile_mma(
 }
 #endif
 
+// The causal limit on head pair nh's scores x[nh] ([tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1],
+// tokens tok0 + g and tok0 + g + 8 of the tile): -inf where the token is at or past the column's limit lim[nh][e].
+static __device__ __forceinline__ void mask_causal(float (&x)[NH][4], int nh, int tok0, int g, const int (&lim)[NH][2]) {
+    const int p0 = tok0 + g, p1 = tok0 + g + 8;
+    if (p0 >= lim[nh][0]) x[nh][0] = NEG_INF;
+    if (p0 >= lim[nh][1]) x[nh][1] = NEG_INF;
+    if (p1 >= lim[nh][0]) x[nh][2] = NEG_INF;
+    if (p1 >= lim[nh][1]) x[nh][3] = NEG_INF;
+}
+
 // attend_tile of decode_k8v4.cu with a causal limit per column: token p of the
 // tile (absolute position tok0 + row) counts for column (nh, e) only when
 // p < lim[nh][e]; rows at or past seq_len (nvalid_abs) may hold stale bytes and
@@ -286,13 +296,7 @@ static __device__ __forceinline__ void attend_tile_causal(
 #if SMX
     if (MASKED) {  // the causal limit on the raw scores (qk_scale > 0): -inf stays -inf through the FFMA
 #pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-            const int p0 = tok0 + g, p1 = tok0 + g + 8;
-            if (p0 >= lim[nh][0]) c[0][nh][0] = NEG_INF;
-            if (p0 >= lim[nh][1]) c[0][nh][1] = NEG_INF;
-            if (p1 >= lim[nh][0]) c[0][nh][2] = NEG_INF;
-            if (p1 >= lim[nh][1]) c[0][nh][3] = NEG_INF;
-        }
+        for (int nh = 0; nh < NH; ++nh) mask_causal(c[0], nh, tok0, g, lim);
     }
     u32 pb[NH][2];
     softmax_tile_mma<MASKED>(st, c[0], stage, t4, tok0, seq_len, qk_scale, pb);
@@ -302,50 +306,23 @@ static __device__ __forceinline__ void attend_tile_causal(
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) t[nh][i] = c[0][nh][i] * qk_scale;
-        if (MASKED) {
-            const int p0 = tok0 + g, p1 = tok0 + g + 8;
-            if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
-            if (p0 >= lim[nh][1]) t[nh][1] = NEG_INF;
-            if (p1 >= lim[nh][0]) t[nh][2] = NEG_INF;
-            if (p1 >= lim[nh][1]) t[nh][3] = NEG_INF;
-        }
+        if (MASKED) mask_causal(t, nh, tok0, g, lim);
     }
 
     u32 pb[NH][2];
     softmax_tile(st, t, sc, zr, pb);
 #endif
 
-#pragma unroll
-    for (int u = 0; u < VW; ++u) {
-        u32 x[2][4];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            u32 a = vw[2 * hh][u], b = vw[2 * hh + 1][u];
-            u32 lo = prmt(a, b, 0x5410u);
-            u32 hi = prmt(a, b, 0x7632u);
-            x[hh][0] = lo; x[hh][1] = lo >> 8; x[hh][2] = hi; x[hh][3] = hi >> 8;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 a0 = (x[0][i] & 0x000F000Fu) | 0x64006400u;
-            const u32 a1 = (x[0][i] & 0x00F000F0u) | 0x54005400u;
-            const u32 a2 = (x[1][i] & 0x000F000Fu) | 0x64006400u;
-            const u32 a3 = (x[1][i] & 0x00F000F0u) | 0x54005400u;
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) mma(st.o[4 * u + i][nh], a0, a1, a2, a3, pb[nh][0], pb[nh][1]);
-        }
-    }
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        float c[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
-        mma(c, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
-        st.sp[nh][0] = c[0]; st.sp[nh][1] = c[1];
-    }
+    PV_MMA(st, vw, pb);  // decode_k8v4.cu
 }
 
-// This split's normalised partial output and log2-sum-exp for the rows of
-// chunk c; a row that saw no token writes zeros and EMPTY_LSE.
-static __device__ __forceinline__ void write_rows(
+// This split's normalised partial output and log2-sum-exp for the rows of chunk c; a row that saw no token writes
+// zeros and EMPTY_LSE. The two kernels' accumulators hold different dims (SHU_DIMS: write_rows_shu's) and sum l and z
+// differently (REDUCE: over the g lanes; not with SMX, where they already are sums over all tokens, the MMA's, the
+// same in every g lane). Each branch keeps its own 1/l, row index and MID_L store: with those before the branch (or
+// with the stores as a lambda) the SASS of the shared-unpack builds changed (benchmarks/tq_sass_digest.py).
+template <bool REDUCE, bool SHU_DIMS>
+static __device__ __forceinline__ void write_rows_of(
     const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
     int b, int hk, int c, int S, int s, int g, int t4)
 {
@@ -354,31 +331,52 @@ static __device__ __forceinline__ void write_rows(
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             float l = st.l[nh][e], z = st.z[nh][e];
-#if !SMX  // SMX: l and z are already sums over all tokens (the MMA), the same in every g lane
+            if (REDUCE) {
 #pragma unroll
-            for (int x = 4; x <= 16; x <<= 1) {
-                l += __shfl_xor_sync(0xffffffffu, l, x);
-                z += __shfl_xor_sync(0xffffffffu, z, x);
+                for (int x = 4; x <= 16; x <<= 1) {
+                    l += __shfl_xor_sync(0xffffffffu, l, x);
+                    z += __shfl_xor_sync(0xffffffffu, z, x);
+                }
             }
-#endif
             const int rl = 8 * nh + 2 * t4 + e, r = RC * c + rl;
             if (rl >= RC || r >= VR) continue;
             const int tq = r / GQ, h = r % GQ;
             const bool any = l > 0.f;
-            const float inv_l = any ? 1.0f / l : 0.f, sp = st.sp[nh][e], sr = st.s_run;
-            const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+            if (SHU_DIMS) {  // m-tile j, accumulator e / 2 + e: dims 16 j + g / 16 j + g + 8 of row 8 nh + 2 t4 + e
+                const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
+                const float off = (g & 1 ? 64.f : 1024.f) * st.sp[nh][e];  // dims 16 j + g (+ 8): g's parity
+                const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+                float* o = MID_O + row * D + g;
 #pragma unroll
-            for (int j = 0; j < NT16; j += 2) {
-                float4 v;
-                v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
-                v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
-                v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                *reinterpret_cast<float4*>(MID_O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
+                for (int j = 0; j < NT16; ++j) {
+                    o[16 * j] = (sr * (st.o[j][nh][e] - off) + z) * inv_l;
+                    o[16 * j + 8] = (sr * (st.o[j][nh][2 + e] - off) + z) * inv_l;
+                }
+                if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
+            } else {  // m-tile 4 u + i, row half h <-> dim 8 VWORD(g, u) + 2 i + h
+                const float inv_l = any ? 1.0f / l : 0.f, sp = st.sp[nh][e], sr = st.s_run;
+                const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+#pragma unroll
+                for (int j = 0; j < NT16; j += 2) {
+                    float4 v;
+                    v.x = (sr * (st.o[j][nh][e] - 1024.f * sp) + z) * inv_l;
+                    v.y = (sr * (st.o[j][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                    v.z = (sr * (st.o[j + 1][nh][e] - 1024.f * sp) + z) * inv_l;
+                    v.w = (sr * (st.o[j + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
+                    *reinterpret_cast<float4*>(MID_O + row * D + 8 * VWORD(g, j / 4) + 2 * (j % 4)) = v;
+                }
+                if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
             }
-            if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
         }
     }
+}
+
+// The per-warp kernel's rows.
+static __device__ __forceinline__ void write_rows(
+    const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    int b, int hk, int c, int S, int s, int g, int t4)
+{
+    write_rows_of<!SMX, false>(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
 
 // ---------------------------------------------------------------------------
@@ -752,13 +750,7 @@ static __device__ __forceinline__ void attend_tile_shu(
     for (int nh = 0; nh < NH; ++nh) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) t[nh][i] = c[nh][i] * qk_scale;
-        if (MASKED) {
-            const int p0 = tok0 + g, p1 = tok0 + g + 8;
-            if (p0 >= lim[nh][0]) t[nh][0] = NEG_INF;
-            if (p0 >= lim[nh][1]) t[nh][1] = NEG_INF;
-            if (p1 >= lim[nh][0]) t[nh][2] = NEG_INF;
-            if (p1 >= lim[nh][1]) t[nh][3] = NEG_INF;
-        }
+        if (MASKED) mask_causal(t, nh, tok0, g, lim);
     }
     u32 pb[NH][2];
     softmax_tile(st, t, sc, zr, pb);
@@ -769,46 +761,15 @@ static __device__ __forceinline__ void attend_tile_shu(
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) mma(st.o[j][nh], a[0], a[1], a[2], a[3], pb[nh][0], pb[nh][1]);
     }
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {  // sum of the fp16 P' the MMAs saw: removes the code offsets
-        float cs[4] = {st.sp[nh][0], st.sp[nh][1], 0.f, 0.f};
-        mma(cs, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u, pb[nh][0], pb[nh][1]);
-        st.sp[nh][0] = cs[0]; st.sp[nh][1] = cs[1];
-    }
+    sum_p(st, pb);  // decode_k8v4.cu: the sum of the fp16 P' the MMAs saw, which removes the code offsets
 }
 
-// This split's normalised partial output and log2-sum-exp for the rows of chunk c (m-tile j, accumulator
-// e / 2 + e: dims 16 j + g / 16 j + g + 8 of row 8 nh + 2 t4 + e).
+// The shared-unpack kernel's rows (write_rows_of).
 static __device__ __forceinline__ void write_rows_shu(
     const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,
     int b, int hk, int c, int S, int s, int g, int t4)
 {
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float l = st.l[nh][e], z = st.z[nh][e];
-#pragma unroll
-            for (int x = 4; x <= 16; x <<= 1) {
-                l += __shfl_xor_sync(0xffffffffu, l, x);
-                z += __shfl_xor_sync(0xffffffffu, z, x);
-            }
-            const int rl = 8 * nh + 2 * t4 + e, r = RC * c + rl;
-            if (rl >= RC || r >= VR) continue;
-            const int tq = r / GQ, h = r % GQ;
-            const bool any = l > 0.f;
-            const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
-            const float off = (g & 1 ? 64.f : 1024.f) * st.sp[nh][e];  // dims 16 j + g (+ 8): g's parity
-            const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
-            float* o = MID_O + row * D + g;
-#pragma unroll
-            for (int j = 0; j < NT16; ++j) {
-                o[16 * j] = (sr * (st.o[j][nh][e] - off) + z) * inv_l;
-                o[16 * j + 8] = (sr * (st.o[j][nh][2 + e] - off) + z) * inv_l;
-            }
-            if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
-        }
-    }
+    write_rows_of<true, true>(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
 
 extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
