@@ -31,7 +31,7 @@ from .. import env as sndr_env
 from .. import fsio
 
 __all__ = ["CudaUnavailable", "CudaError", "Module", "Kernel", "Launch", "compile_cubin", "cubin_cache", "cubin_key",
-           "load_module", "load_kernel", "nvrtc_version"]
+           "load_module", "load_kernel", "nvrtc_version", "device_index", "capability", "sm_count"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -110,6 +110,39 @@ def _driver() -> ctypes.CDLL:
             raise CudaUnavailable(f"libcuda.so.1: {exc}") from exc
         _DRIVER.append(lib)
         return lib
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+_SM_COUNT: dict[int, int] = {}
+
+
+def device_index(x) -> int:
+    """The CUDA device index of a tensor or a ``torch.device`` (no index: torch's current device)."""
+    d = getattr(x, "device", x)
+    if d.index is not None:
+        return d.index
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def capability(idx: int) -> tuple[int, int]:
+    """Device ``idx``'s compute capability, asked of torch once per process (the kernels' launch gates)."""
+    if idx not in _CAPABILITY:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(idx)
+        _CAPABILITY[idx] = (major, minor)
+    return _CAPABILITY[idx]
+
+
+def sm_count(idx: int) -> int:
+    """Device ``idx``'s multiprocessor count, asked of torch once per process (the split plans)."""
+    if idx not in _SM_COUNT:
+        import torch
+
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
 
 
 def nvrtc_version() -> tuple[int, int]:

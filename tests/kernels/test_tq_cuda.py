@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import subprocess
+import types
 
 import pytest
 
@@ -375,3 +376,26 @@ def test_grid_merge_plan_needs_one_wave_of_8_warp_blocks(bsz, hk, blocks_per_sm,
 
         assert grid == bsz * lp.splits and nattr == 1
         assert struct.unpack_from("<I4xi", ctypes.string_at(attrs, 12)) == (2, 1)  # cooperative
+
+
+def test_device_facts_are_asked_of_torch_once_per_device(monkeypatch):
+    """_cudart is the one home of the kernels' device facts (cuda_decode, mtp_verify and kernels.py take them
+    from it): the capability and the multiprocessor count are asked of torch once per device and process, and
+    a tensor's or a torch.device's index without one is torch's current device."""
+    from sndr.kernels.turboquant_k8v4 import mtp_verify
+
+    calls = []
+    monkeypatch.setattr(_cudart, "_CAPABILITY", {})
+    monkeypatch.setattr(_cudart, "_SM_COUNT", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx: calls.append(("cap", idx)) or (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda idx: calls.append(("props", idx)) or types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for _ in range(3):
+        assert cuda_decode._capability(1) == mtp_verify._capability(1) == (9, 0)
+        assert cuda_decode._sm_count(1) == mtp_verify._sm_count(1) == 132
+    assert kernels._sm_count(torch.device("cuda", 1)) == 132 and kernels._sm_count(torch.device("cpu")) == 8
+    assert calls == [("cap", 1), ("props", 1)]
+    assert _cudart.device_index(torch.device("cuda")) == 3 and _cudart.device_index(torch.device("cuda", 2)) == 2
+    assert cuda_decode.device_index(torch.empty(1)) == 3  # a CPU tensor has no index either
+    assert mtp_verify._device_index is _cudart.device_index

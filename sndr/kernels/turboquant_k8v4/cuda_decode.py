@@ -102,7 +102,6 @@ def smem_bytes(cfg: CudaConfig, head_dim: int, sp: int) -> int:
 DEFAULT = CudaConfig(kind="page", stages=3, min_blocks=2)
 _SOURCE: list[str] = []
 _BROKEN: dict[int, str] = {}  # device index -> why the CUDA backend is off there
-_SM_COUNT: dict[int, int] = {}
 
 
 def backend_choice() -> str:
@@ -118,8 +117,10 @@ def _source() -> str:
     return _SOURCE[0]
 
 
-def device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+# the device facts have one home (_cudart); these names are this module's seams (tests set them)
+device_index = _cudart.device_index
+_capability = _cudart.capability
+_sm_count = _cudart.sm_count
 
 
 def config_problem(head_dim: int, page: int, hq: int, hk: int, qdtype: torch.dtype,
@@ -178,21 +179,6 @@ def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     if why is None and query.shape[2] not in WARP_STAGE_BYTES and not page_kind_ok(kv_cache):
         why = f"head dim {query.shape[2]} needs the page kernel (sm_90, 16-byte aligned cache)"
     return why
-
-
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-
-
-def _capability(idx: int) -> tuple[int, int]:
-    if idx not in _CAPABILITY:
-        _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
-    return _CAPABILITY[idx]
-
-
-def _sm_count(idx: int) -> int:
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 def defines(query: torch.Tensor, kv_cache: torch.Tensor, cfg: CudaConfig) -> dict[str, int | str]:

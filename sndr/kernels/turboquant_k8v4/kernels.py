@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _cudart
 from ._layout import FP8_MAX, LN2, LOG2E, Layout, workspace_numel  # noqa: F401  (re-exported)
 from .cache_store import check_cache
 
@@ -422,16 +423,9 @@ class DecodeConfig:
     tau: float = 8.0  # LAZY: the running max may lag a row's true max by this much (log2 units)
 
 
-_SM_COUNT: dict[int, int] = {}
-
-
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
+    """The split plan's multiprocessor count: the device's (``_cudart.sm_count``), 8 off CUDA."""
+    return _cudart.sm_count(_cudart.device_index(device)) if device.type == "cuda" else 8
 
 
 # Per (head_dim, G) configs measured best on an H200 (docs/bench-tq-decode-h200.md).

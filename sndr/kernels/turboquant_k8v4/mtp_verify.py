@@ -104,8 +104,6 @@ DEFAULT = VerifyConfig()
 _SOURCE: list[str] = []
 _PLANS: dict[tuple, tuple] = {}
 _BROKEN: dict[int, str] = {}
-_CAP: dict[int, tuple[int, int]] = {}
-_SMS: dict[int, int] = {}
 
 
 def source() -> str:
@@ -277,20 +275,10 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
     }
 
 
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
-
-
-def _capability(idx: int) -> tuple[int, int]:
-    if idx not in _CAP:
-        _CAP[idx] = torch.cuda.get_device_capability(idx)
-    return _CAP[idx]
-
-
-def _sm_count(idx: int) -> int:
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
+# the device facts have one home (_cudart); these names are this module's seams (tests set them)
+_device_index = _cudart.device_index
+_capability = _cudart.capability
+_sm_count = _cudart.sm_count
 
 
 def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
