@@ -122,6 +122,12 @@ def copy_bandwidth() -> float:
     return _tq_gpu.copy_bandwidth(rep=300)
 
 
+def bound_us(state_bytes: int, t: int, bw: float) -> float:
+    """The snapshot bound of a cell, µs: one read of every touched state plus T snapshot writes (T = 1: one
+    read, one write back) at the copy bandwidth ``bw`` (GB/s, bytes read + written)."""
+    return (1 + t) * state_bytes / (bw * 1e9) * 1e6
+
+
 class Cell:
     """One batch x T problem: a state pool with every sequence's T slots at random places."""
 
@@ -269,8 +275,8 @@ def run_table(args, bw, vl, fla_fn, state_dtype, rows, rep):
         for t in args.ts:
             cell = Cell(n, t, state_dtype)
             sb = cell.state_bytes()
-            bound_rw = 2 * sb / (bw * 1e9) * 1e6
-            bound_snap = (1 + t) * sb / (bw * 1e9) * 1e6
+            bound_rw = bound_us(sb, 1, bw)
+            bound_snap = bound_us(sb, t, bw)
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
                    "bound_us": bound_rw if t == 1 else bound_snap, "bound_rw_us": bound_rw,
                    "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV)))}
@@ -347,7 +353,7 @@ def sweep(args, bw):
                 times[(bv, w)] = bench(lambda: cell.sndr(cfg), True, rep=40, warmup=10)
             best = min(times, key=times.get)
             sb = cell.state_bytes()
-            bound = (1 + t) * sb / (bw * 1e9) * 1e6
+            bound = bound_us(sb, t, bw)
             line = " ".join(f"{bv}x{w}{'*' if (bv, w) == (pick.block_v, pick.num_warps) else ''}:{us:.1f}"
                             for (bv, w), us in times.items())
             log(f"batch {n:4d} T {t}: bound {bound:.1f}; best {best} {times[best]:.1f}; {line}")
@@ -513,6 +519,15 @@ def _traffic_kernel(pool, src, dst, T: tl.constexpr, TILE: tl.constexpr, BLOCK: 
 TRAFFIC_BLOCKS = (2048, 4096, 8192)
 
 
+def time_traffic(cell: LayerCell, rep: int) -> dict:
+    """The cell's no-math traffic kernel graph-replayed at each of :data:`TRAFFIC_BLOCKS`: {block: µs} (or
+    ``<block>_error``)."""
+    out: dict = {}
+    for blk in TRAFFIC_BLOCKS:
+        timed(out, str(blk), lambda blk=blk: cell.traffic(blk), True, rep)
+    return out
+
+
 def _rel(x, ref) -> float:
     x, ref = x.double(), ref.double()
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
@@ -557,7 +572,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
             cell = LayerCell(n, t, state_dtype)
             sb = cell.state_bytes()
             row = {"batch": n, "T": t, "state_dtype": str(state_dtype).split(".")[-1],
-                   "bound_us": (1 + t) * sb / (bw * 1e9) * 1e6,
+                   "bound_us": bound_us(sb, t, bw),
                    "config": str(kernels.pick_config(n, HV, V, K, torch.device(DEV), state_dtype=state_dtype, fused_norm=True, tokens=t))}
             kernels_timed = {"triton": cell.via("triton")}
             if DEV == "cuda":
@@ -580,10 +595,8 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
                 row["check"] = check_default(cell, op, vl, norm, cuda="cuda" in kernels_timed)
             except Exception as exc:  # noqa: BLE001
                 row["check_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            if DEV == "cuda":  # the same bytes with no math: what this timing lets any kernel reach
-                tr: dict = {}
-                for blk in TRAFFIC_BLOCKS:
-                    timed(tr, str(blk), lambda blk=blk: cell.traffic(blk), True, rep)
+            if DEV == "cuda":  # the same bytes with no math under this timing (a reference, not a ceiling)
+                tr = time_traffic(cell, rep)
                 if any(not k.endswith("_error") for k in tr):
                     row["traffic_graph"] = min(v for k, v in tr.items() if not k.endswith("_error"))
                 row["traffic_blocks"] = tr
@@ -636,10 +649,8 @@ def traffic_probe(args, bw, op):
         for n in args.batches:
             for t in args.default_ts:
                 cell = LayerCell(n, t, dt)
-                bound = (1 + t) * cell.state_bytes() / (bw * 1e9) * 1e6
-                row: dict = {}
-                for blk in TRAFFIC_BLOCKS:
-                    timed(row, str(blk), lambda blk=blk: cell.traffic(blk), True, args.rep)
+                bound = bound_us(cell.state_bytes(), t, bw)
+                row = time_traffic(cell, args.rep)
                 if op is not None:
                     timed(row, "op", lambda: cell.op(op), True, args.rep)
                 shares = " ".join(f"{k} {v:.1f} ({pct(bound, v)})" for k, v in row.items() if not k.endswith("_error"))
@@ -887,7 +898,7 @@ def cuda_sweep(args, bw, op):
                 o = bench(lambda cell=cell: cell.op(op), True, rep=args.rep, warmup=10) if op is not None else None
                 best = min(times, key=times.__getitem__) if times else None
                 sb = cell.state_bytes()
-                bound = (1 + t) * sb / (bw * 1e9) * 1e6
+                bound = bound_us(sb, t, bw)
                 line = " ".join(f"{sh}:{us:.1f}" for sh, us in times.items())
                 log(f"{str(dt)[6:]} batch {n:4d} T {t}: bound {bound:.1f} op {'-' if o is None else f'{o:.1f}'} "
                     f"triton {tri:.1f}; best {best} {times.get(best, float('nan')):.1f}; {line}; errs vs f64 "
