@@ -193,15 +193,18 @@ def test_force_merges_a_hand_edit_three_way_and_revert_keeps_only_it(tree, patch
     assert target.read_text() == "# local hotfix at the top\n" + upstream + "# and one at the end\n"
 
 
-def test_force_refuses_a_hand_edit_on_sndrs_own_lines_naming_file_and_line(tree, patch_set):
-    """A hand edit of the very lines sndr changed does not merge: refused (force_merge_conflict, exit 1), the
-    file and the line named, nothing written (the dry-run says the same)."""
-    run_apply(tree, patch_set)
+def edit_sndrs_line(tree: Path) -> int:
+    """A hand edit of the line T0004's edit changed in POOL; returns that line's number."""
     target = tree / POOL
     text = target.read_text()
     assert text.count(CLAMPED) == 1
     target.write_text(text.replace(CLAMPED, "        return max(1, self.free_block_queue.num_free_blocks)\n"))
-    line = text[:text.index(CLAMPED)].count("\n") + 1
+    return text[:text.index(CLAMPED)].count("\n") + 1
+
+
+def assert_force_refused(tree: Path, patch_set, line: int) -> None:
+    """``apply --force`` (dry-run and real) refuses with force_merge_conflict naming POOL:line, exit 1, and
+    leaves the tree (its state included) as it was."""
     before = tree_hash(tree)
     for dry_run in (True, False):
         r = run_apply(tree, patch_set, force=True, dry_run=dry_run)
@@ -209,6 +212,14 @@ def test_force_refuses_a_hand_edit_on_sndrs_own_lines_naming_file_and_line(tree,
         [p] = [p for p in r.problems if p.code == "force_merge_conflict"]
         assert (p.file, p.line) == (POOL, line) and "nothing was written" in p.message, p
         assert tree_hash(tree) == before
+
+
+def test_force_refuses_a_hand_edit_on_sndrs_own_lines_naming_file_and_line(tree, patch_set):
+    """A hand edit of the very lines sndr changed does not merge: refused (force_merge_conflict, exit 1), the
+    file and the line named, nothing written (the dry-run says the same)."""
+    run_apply(tree, patch_set)
+    line = edit_sndrs_line(tree)
+    assert_force_refused(tree, patch_set, line)
     r = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--force")
     assert r.returncode == 1 and f"{POOL}:{line}" in r.stdout + r.stderr and "force_merge_conflict" in r.stdout + r.stderr
 
@@ -307,17 +318,7 @@ def test_force_across_a_changed_set_refuses_a_hand_edit_on_sndrs_lines(tree, pat
     ``force_merge_conflict`` naming the file and the line, exit 1, the tree (state included) untouched."""
     run_apply(tree, patch_set)
     b = set_b(tmp_path, "added")
-    target = tree / POOL
-    text = target.read_text()
-    target.write_text(text.replace(CLAMPED, "        return max(1, self.free_block_queue.num_free_blocks)\n"))
-    line = text[:text.index(CLAMPED)].count("\n") + 1
-    before = tree_hash(tree)
-    for dry_run in (True, False):
-        r = run_apply(tree, b, force=True, dry_run=dry_run)
-        assert not r.ok and r.exit_code == 1 and r.files_written == []
-        [p] = [p for p in r.problems if p.code == "force_merge_conflict"]
-        assert (p.file, p.line) == (POOL, line) and "nothing was written" in p.message, p
-        assert tree_hash(tree) == before
+    assert_force_refused(tree, b, edit_sndrs_line(tree))
 
 
 def test_force_over_a_damaged_stored_base_stops_naming_the_object(tree, patch_set):
