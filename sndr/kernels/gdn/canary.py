@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .. import _cudart
 from .. import canary as _canary
 
 PK0003 = "PK0003"
@@ -113,7 +114,7 @@ def step_ok(state: torch.Tensor, h: int, t: int, decode: bool, kernel: str = "tr
     One dict lookup once the verdict is known; the first eager call of a shape runs the
     canary. None: not known yet and this call is inside a CUDA-graph capture (skipped for
     this call; vLLM's kernel is captured)."""
-    idx = state.device.index if state.device.index is not None else torch.cuda.current_device()
+    idx = _cudart.device_index(state)
     hv, v, k = state.shape[1], state.shape[2], state.shape[3]
     key = (idx, decode, h, hv, k, v, state.dtype, t, kernel, shape)
     hit = _OK.get(key)

@@ -179,7 +179,7 @@ def why_not(state: torch.Tensor, tensors: dict[str, torch.Tensor], cfg: CudaConf
         return "not a CUDA device (or the Triton interpreter is on)"
     if torch.version.hip is not None:
         return "ROCm"
-    idx = state.device.index if state.device.index is not None else torch.cuda.current_device()
+    idx = _cudart.device_index(state)
     if torch.cuda.get_device_capability(idx) < (9, 0):
         return "thread-block clusters need sm_90+"
     if state.dtype not in (torch.float32, torch.bfloat16):
@@ -261,7 +261,7 @@ class CudaStep:
                                acc64=acc is not None and acc.dtype == torch.int64,
                                cu64=cu is not None and cu.dtype == torch.int64)
         self.spec, self.cfg = spec, cfg
-        dev = state.device.index if state.device.index is not None else torch.cuda.current_device()
+        dev = _cudart.device_index(state)
         self.device = dev
         kern = kernel(self.defines, dev, tile_bytes(state) if cfg.bulk else 0)
         items = n_req * HV

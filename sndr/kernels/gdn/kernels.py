@@ -59,6 +59,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _cudart
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -487,7 +489,7 @@ _RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
 def norm_workspace(device: torch.device, n_parts: int, n_counters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial sums >= n_parts floats, counters >= n_counters zeroed int32) for this device and stream."""
     if device.type == "cuda":
-        key: tuple = (device.index if device.index is not None else torch.cuda.current_device(),
+        key: tuple = (_cudart.device_index(device),
                       torch.cuda.current_stream(device).cuda_stream)
     else:
         key = (device.type, 0)

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Literal, TypeAlias, TypeVar, cast
 
 import torch
 
+from .. import _cudart
+
 if TYPE_CHECKING:
     from .cuda_step import CudaStep
     from .kernels import Plan
@@ -82,7 +84,7 @@ def _scope_why(t: torch.Tensor, default_path: bool) -> str | None:
                 "takes them")
     if torch.version.hip is not None:
         return "ROCm"
-    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    idx = _cudart.device_index(t)
     return routing.capability_why(torch.cuda.get_device_capability(idx), _explicit())
 
 
@@ -206,7 +208,7 @@ def _device_ok(t: torch.Tensor) -> str | None:
             return "triton is not importable"
     if torch.version.hip is not None:
         return "ROCm"
-    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    idx = _cudart.device_index(t)
     ok = _CAPABLE.get(idx)
     if ok is None:
         try:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .. import _cudart
 from .. import canary as _canary
 from . import reference as ref
 
@@ -122,7 +123,7 @@ def decode_ok(query: torch.Tensor, kv_cache: torch.Tensor, how: str) -> bool:
     tests is not a device to protect)."""
     if query.device.type != "cuda":
         return True
-    idx = query.device.index if query.device.index is not None else torch.cuda.current_device()
+    idx = _cudart.device_index(query)
     hq, d, page, hk = query.shape[1], query.shape[2], kv_cache.shape[1], kv_cache.shape[2]
     key = (PK0001, idx, how, hq, hk, d, page, query.dtype)
     hit = _OK.get(key)
