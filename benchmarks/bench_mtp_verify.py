@@ -255,19 +255,28 @@ PROBE = {
     "st5": mtp_verify.VerifyConfig(softmax=0, stages=5),  # 4 tiles in flight instead of 2
     "smx1_st5": mtp_verify.VerifyConfig(softmax=1, stages=5),
     "wide4_s1": mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=1),
+    # the warp-specialised pair (17..32 rows): a score warp and a P.V warp per KV head, sm_90a
+    "ws": mtp_verify.VerifyConfig(ws=1),
+    "ws_st3": mtp_verify.VerifyConfig(ws=1, ws_stages=3),
+    "ws_st6": mtp_verify.VerifyConfig(ws=1, ws_stages=6),
+    "ws8": mtp_verify.VerifyConfig(ws=1, heads_per_block=8),
+    "ws_r96": mtp_verify.VerifyConfig(ws=1, ws_regs=(96, 160)),  # (the P.V warps spill 96 bytes under NVRTC 13.5)
+    "ws_r104": mtp_verify.VerifyConfig(ws=1, ws_regs=(104, 152)),  # (112 bytes)
 }
 
 
 def plan_of(hq: int, k: int, cfg) -> str:
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
     smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]
-    return f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "") + (f" s{smx}" if smx else "")
+    return (f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "") + (f" s{smx}" if smx else "")
+            + (" ws" if p.ws else ""))
 
 
 def probe(vl, pools, names=tuple(PROBE)) -> list[dict]:
     """Block plans and variants (``names`` of PROBE) on the cells with more than 16 query rows per KV head
     (B >= 8)."""
     rows = []
+    plain: dict = {}
     for ctx in CTXS:
         for b in (8, 32):
             for hq in HQS:
@@ -280,9 +289,12 @@ def probe(vl, pools, names=tuple(PROBE)) -> list[dict]:
                         cfg = PROBE[name]
                         ts[name] = graph_us(lambda cfg=cfg, cell=cell, k=k: mtp_verify.verify_attention(
                             cell.q, cell.cache, cell.bt, cell.sl, cell.scale, k, out=cell.out, config=cfg))
-                    rows.append(dict(b=b, ctx=ctx, hq=hq, k=k, **ts))
-                    log(f"probe B {b} ctx {ctx} Hq {hq} K {k}: " + "  ".join(
-                        f"{n}[{plan_of(hq, k, PROBE[n])}] {t:.1f}" for n, t in ts.items()))
+                    key = (ctx, b, hq)
+                    if key not in plain:  # (d): one plain decode step, the targets' denominator
+                        plain[key] = graph_us(cell.d)
+                    rows.append(dict(b=b, ctx=ctx, hq=hq, k=k, d=plain[key], **ts))
+                    log(f"probe B {b} ctx {ctx} Hq {hq} K {k} (d) {plain[key]:.1f}: " + "  ".join(
+                        f"{n}[{plan_of(hq, k, PROBE[n])}] {t:.1f} ({t / plain[key]:.2f}x d)" for n, t in ts.items()))
                     del cell
     return rows
 

@@ -114,8 +114,10 @@ def verify_builds(softmax: int | None = None):
         c = mv.DEFAULT if cfg < 0 else PLAN_CFGS[cfg]
         if softmax is not None:
             c = dataclasses.replace(c, softmax=softmax)
-        yield (f"verify d{d} hk{hk} g{g} k{k} p{page} bf16={int(bf16)} cfg{cfg} sm90", mv.source(), mv.KERNEL, "90",
-               mv.defines(hk * g, hk, d, page, sp, bf16, k + 1, c))
+        defs = mv.defines(hk * g, hk, d, page, sp, bf16, k + 1, c)
+        arch = "90" + mv.arch_suffix(defs)  # (sm_90a: the warp-specialised pair)
+        yield (f"verify d{d} hk{hk} g{g} k{k} p{page} bf16={int(bf16)} cfg{cfg} sm{arch}", mv.source(), mv.KERNEL,
+               arch, defs)
 
 
 def main(argv=None) -> int:

@@ -430,16 +430,18 @@ def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
 _MODULES: dict[tuple, Module] = {}
 
 
-def load_module(source: str, defines: dict[str, int | str], device_index: int, label: str = "sndr") -> Module:
-    """Compile (or take from the disk cache) ``source`` and load it on one CUDA device."""
+def load_module(source: str, defines: dict[str, int | str], device_index: int, label: str = "sndr",
+                arch_suffix: str = "") -> Module:
+    """Compile (or take from the disk cache) ``source`` and load it on one CUDA device. ``arch_suffix``
+    "a": the architecture-specific target (e.g. sm_90a, for setmaxnreg), which runs on that exact one only."""
     import torch
 
-    key = (hash(source), source, tuple(sorted(defines.items())), device_index, label)
+    key = (hash(source), source, tuple(sorted(defines.items())), device_index, label, arch_suffix)
     m = _MODULES.get(key)
     if m is not None:
         return m
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = compile_cubin(source, label, f"{major}{minor}", defines)
+    cubin = compile_cubin(source, label, f"{major}{minor}{arch_suffix}", defines)
     drv = _driver()
     _setup_driver_signatures(drv)
     with torch.cuda.device(device_index):
@@ -451,6 +453,6 @@ def load_module(source: str, defines: dict[str, int | str], device_index: int, l
 
 
 def load_kernel(source: str, name: str, defines: dict[str, int | str], device_index: int,
-                dynamic_smem: int = 0, label: str | None = None) -> Kernel:
+                dynamic_smem: int = 0, label: str | None = None, arch_suffix: str = "") -> Kernel:
     """One kernel of ``source`` (compiled and loaded once per device and defines)."""
-    return load_module(source, defines, device_index, label or name).kernel(name, dynamic_smem)
+    return load_module(source, defines, device_index, label or name, arch_suffix).kernel(name, dynamic_smem)

@@ -81,9 +81,12 @@ PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(rows_per_warp=16, h
              # run, spill 8 bytes at 128 registers under NVRTC 13.5: not listed here.)
              mv.VerifyConfig(unpack=1), mv.VerifyConfig(unpack=1, heads_per_block=8, unpack_buffers=1),
              # the cheaper per-score softmax paths (softmax_tile_mma; 2: with ex2.approx.f16x2)
-             mv.VerifyConfig(softmax=1), mv.VerifyConfig(softmax=2)]
+             mv.VerifyConfig(softmax=1), mv.VerifyConfig(softmax=2),
+             # the warp-specialised pair (sm_90a: setmaxnreg), 4 and 8 KV heads a block
+             mv.VerifyConfig(ws=1), mv.VerifyConfig(ws=1, heads_per_block=8)]
 PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
 PLANNED += [(128, 8, 8, 5, 16, True, PLAN_CFGS.index(mv.VerifyConfig(rows_per_warp=32)))]
+PLANNED += [(128, 8, g, k, 16, True, PLAN_CFGS.index(mv.VerifyConfig(ws=1))) for g, k in ((4, 7), (6, 3))]
 
 
 @pytest.mark.parametrize("d,hk,g,k,page,bf16,cfg", [s + (-1,) for s in GRID + OTHER] + PLANNED)
@@ -92,7 +95,7 @@ def test_verify_source_compiles_for_sm90_without_spills(d, hk, g, k, page, bf16,
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
     sp = hk * Layout(d).slot_size_aligned
     defs = mv.defines(hk * g, hk, d, page, sp, bf16, k + 1, mv.DEFAULT if cfg < 0 else PLAN_CFGS[cfg])
-    cubin = _cudart.compile_cubin(mv.source(), mv.KERNEL, "90", defs)
+    cubin = _cudart.compile_cubin(mv.source(), mv.KERNEL, "90" + mv.arch_suffix(defs), defs)
     assert cubin[:4] == b"\x7fELF"
     usage = _usage(cubin, tmp_path)
     if _cuobjdump() is None:
@@ -333,3 +336,37 @@ def test_every_kernel_python_launches_is_defined_in_the_sources():
     text = mv.source()
     defined = set(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s+(\w+)\(', text))
     assert {mv.KERNEL, mv.MERGE} <= defined
+
+
+@pytest.mark.parametrize("g,k,ws", [(8, 3, True), (4, 5, True), (4, 7, True), (6, 3, True), (8, 5, False),
+                                    (8, 7, False), (4, 3, False), (8, 1, False)])
+def test_warp_specialised_pair_plan(g, k, ws):
+    """VerifyConfig(ws=1) takes the wide one-chunk plan only (17..32 rows per KV head at head dim 128): a score
+    warp and a P.V warp per KV head, 16 warps per SM, registers split by setmaxnreg (sm_90a); 48 and 64 rows
+    (16-row warps, two wide warps) and <= 16 rows keep their kernels, built exactly as without it."""
+    cfg = mv.VerifyConfig(ws=1)
+    plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
+    defs = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
+    assert plan.ws is ws
+    if not ws:
+        assert defs == mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1) and mv.arch_suffix(defs) == ""
+        return
+    assert (plan.hpb, plan.warps, plan.blocks(8)) == (4, 8, 2)
+    assert (defs["WSP"], defs["WS_SREG"], defs["WS_PREG"], defs["MINB"], defs["STAGES"]) == (1, 88, 168, 2, 4)
+    assert (defs["SMX"], defs["QSMEM"], defs["NCH"], defs["ROWCOPY"]) == (1, 1, 1, 1)
+    assert mv.arch_suffix(defs) == "a"
+    # ring (4 stages of 16 rows of 784 bytes, 8-byte full / empty barriers), the 4 score warps' Q fragments,
+    # two hand-off buffers per KV head of 4 NH + 1 words per lane (verify_k8v4.cu's XOFF, XWORDS)
+    nh = -(-plan.rc // 8)
+    assert mv.smem_bytes(cfg, 784, 4, plan.rc, 128, 0, 2, 4) == (
+        4 * 16 * 784 + 16 * 4 + 4 * nh * 8 * 2 * 32 * 4 + 4 * 2 * (4 * nh + 1) * 32 * 4)
+    eight = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, mv.VerifyConfig(ws=1, heads_per_block=8))
+    assert (eight.ws, eight.warps) == (True, 16)
+    assert mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(ws=1, heads_per_block=8))["MINB"] == 1
+    # the two register counts split 2 x the launch's 128 a thread, in multiples of 8
+    for bad in ((96, 168), (92, 164), (16, 240)):
+        with pytest.raises(ValueError, match="ws_regs"):
+            mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(ws=1, ws_regs=bad))
+    # not at head dim 64, with SMX 0, or with Q fragments in registers
+    for d, c in ((64, cfg), (128, mv.VerifyConfig(ws=1, softmax=0)), (128, mv.VerifyConfig(ws=1, qsmem=0))):
+        assert not mv.block_plan(8 * g, 8, d, k + 1, 8 * 196, 196, c).ws

@@ -11,6 +11,8 @@ an unwritten row shows up.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -114,6 +116,8 @@ def _precompiled():
                for x in (0, 1, 2)]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(rows_per_warp=32, heads_per_block=4,
                                                                           softmax=1)) for g, k in ((8, 3),)]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, c) for g, k in WS_SHAPES
+               for cfg in WS.values() for c in (cfg, _per_warp(cfg), dataclasses.replace(cfg, max_splits=128))]
     mv.precompile(shapes, workers=12)
 
 
@@ -348,3 +352,64 @@ def test_capture_without_prepare_records_synthetic_rows_and_prepare_avoids_it(mo
     assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
     assert mv.prepare(q.device, q.dtype, q.shape[1], 8, 128, 32, k)
     assert _cuda_used(q, cache, k)
+
+
+# the warp-specialised pair (VerifyConfig.ws: a score warp and a P.V warp per KV head, sm_90a); at most 4 splits (the
+# caller's cap and the config's), so that the per-warp kernel it is compared with gets the same split count (a
+# different number of blocks per SM gives another one: 6 stages leave one block per SM)
+WS = {
+    "ws": mv.VerifyConfig(ws=1, max_splits=4),
+    "ws, 8 heads a block": mv.VerifyConfig(ws=1, heads_per_block=8, max_splits=4),
+    "ws, 3 stages": mv.VerifyConfig(ws=1, ws_stages=3, max_splits=4),
+    "ws, 6 stages": mv.VerifyConfig(ws=1, ws_stages=6, max_splits=4),
+}
+WS_SHAPES = [(8, 3), (4, 5), (4, 7), (6, 3)]
+
+
+def _per_warp(cfg):
+    """The per-warp kernel on the same plan (wide warps, softmax_tile_mma, the same heads per block)."""
+    return dataclasses.replace(cfg, ws=0, rows_per_warp=32, heads_per_block=cfg.heads_per_block or cfg.wide_heads,
+                               softmax=1)
+
+
+@pytest.mark.parametrize("name", list(WS))
+@pytest.mark.parametrize("g,k", WS_SHAPES)
+def test_warp_specialised_pair_is_the_per_warp_kernel_bit_for_bit(g, k, name):
+    """The same operations on the same values, split over two warps per KV head: outputs bit for bit those of the
+    per-warp kernel with softmax_tile_mma at the same split count, 4 (ragged lengths, pages ending mid-block,
+    contexts <= K + 1, a long context with lazy rescales, one-tile splits, on 0xFF-poisoned caches), and within
+    float64's bound with the default split count."""
+    cfg = WS[name]
+    assert mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg).ws
+    lens = [4100, 37, 5, k + 1, 1000, 16, 9000, 17]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=70 + 3 * g + k)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg, max_splits=4)
+    base = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=_per_warp(cfg), max_splits=4)
+    assert not out.isnan().any()
+    assert torch.equal(out, base), (out - base).abs().max().item()
+    ref = _ref(q, cache, bt, sl, 0.088, k)
+    full = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=dataclasses.replace(cfg, max_splits=128))
+    assert _rel(full, ref) < 1e-2 and _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("g,k", [(8, 3), (4, 7)])
+def test_warp_specialised_pair_graph_replay_with_new_lengths(g, k):
+    cfg = dataclasses.replace(WS["ws"], max_splits=128)
+    lens0 = [64, 64, 64]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=16, max_len=5000)
+    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
+    mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
+    gen = torch.Generator(device=DEV).manual_seed(17)
+    for lens in ([4999, 3, 700], [1, 4096, 65]):
+        _fill(cache, bt, lens, gen, start=lens0)
+        lens0 = [max(a, b) for a, b in zip(lens0, lens)]
+        sl.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not out.isnan().any()
+        assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2, lens

@@ -213,8 +213,8 @@ static __device__ __forceinline__ void issue_tile(u32 stage, u64 row, const Copy
 // Stage = 16 token rows of ROWP bytes (all KV heads of the row, as in the
 // cache); `stage` points at this warp's head slot in row 0.
 #define VWORD(g, u) ((g) + 8 * (u))
-static __device__ __forceinline__ void load_frags(
-    const u32* stage, int g, int t4, u32 (&kw)[2][KSTEPS], u32 (&vw)[4][VW], u32& sz0, u32& sz1)
+// The key words of tokens g, g + 8 (load_frags' kw; also the warp-specialised verify kernel's score warps).
+static __device__ __forceinline__ void load_kw(const u32* stage, int g, int t4, u32 (&kw)[2][KSTEPS])
 {
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -222,12 +222,22 @@ static __device__ __forceinline__ void load_frags(
 #pragma unroll
         for (int k = 0; k < KSTEPS; ++k) kw[n][k] = p[4 * k];
     }
+}
+// The value words of tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 (load_frags' vw; also its P.V warps).
+static __device__ __forceinline__ void load_vw(const u32* stage, int g, int t4, u32 (&vw)[4][VW])
+{
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
 #pragma unroll
         for (int u = 0; u < VW; ++u) vw[i][u] = stage[tau * (ROWP / 4) + D / 4 + VWORD(g, u)];
     }
+}
+static __device__ __forceinline__ void load_frags(
+    const u32* stage, int g, int t4, u32 (&kw)[2][KSTEPS], u32 (&vw)[4][VW], u32& sz0, u32& sz1)
+{
+    load_kw(stage, g, t4, kw);
+    load_vw(stage, g, t4, vw);
     sz0 = stage[g * (ROWP / 4) + D / 4 + D / 8];
     sz1 = stage[(g + 8) * (ROWP / 4) + D / 4 + D / 8];
 }
@@ -324,10 +334,12 @@ static __device__ __forceinline__ void init_state(State& st) {
 // The lazy rescale (softmax_tile, verify_k8v4.cu's softmax_tile_mma): each head's running max raised to
 // tmax (log2 units) and s_run to smax where they are larger; o, sp, l and z rescaled to match; then
 // per_head(nh) for each n-tile of heads, after its rescale (inside the same loop: a separate loop after this
-// one gives verify_k8v4.cu's builds other SASS, benchmarks/tq_sass_digest.py).
-template <typename PerHead>
+// one gives verify_k8v4.cu's builds other SASS, benchmarks/tq_sass_digest.py). scale_o(nh, e, f) applies
+// column (nh, e)'s factor f to the accumulators: scale_o_sp (below) scales o and sp in place; the
+// warp-specialised verify kernel (verify_k8v4.cu, WSP) hands f to the warp that holds them.
+template <typename PerHead, typename ScaleO>
 static __device__ __forceinline__ void rescale_state(State& st, const float (&tmax)[NH][2], float smax,
-                                                     PerHead per_head) {
+                                                     PerHead per_head, ScaleO scale_o) {
     const float s_new = fmaxf(st.s_run, smax);
     const float ratio = st.s_run / s_new;
 #pragma unroll
@@ -337,9 +349,7 @@ static __device__ __forceinline__ void rescale_state(State& st, const float (&tm
             const float m_new = fmaxf(st.m[nh][e], tmax[nh][e]);  // stays >= -1e30: never -inf
             const float alpha = ex2(st.m[nh][e] - m_new);
             const float f = alpha * ratio;
-#pragma unroll
-            for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
-            st.sp[nh][e] *= f;
+            scale_o(nh, e, f);
             st.l[nh][e] *= alpha; st.z[nh][e] *= alpha;
             st.m[nh][e] = m_new;
         }
@@ -347,6 +357,19 @@ static __device__ __forceinline__ void rescale_state(State& st, const float (&tm
     }
     st.s_run = s_new;
     st.inv_s = 1.0f / s_new;
+}
+
+// Column (nh, e) of o and sp times f (rescale_state's accumulators, where this warp holds them).
+static __device__ __forceinline__ void scale_o_sp(State& st, int nh, int e, float f) {
+#pragma unroll
+    for (int j = 0; j < NT16; ++j) { st.o[j][nh][e] *= f; st.o[j][nh][2 + e] *= f; }
+    st.sp[nh][e] *= f;
+}
+
+template <typename PerHead>
+static __device__ __forceinline__ void rescale_state(State& st, const float (&tmax)[NH][2], float smax,
+                                                     PerHead per_head) {
+    rescale_state(st, tmax, smax, per_head, [&](int nh, int e, float f) { scale_o_sp(st, nh, e, f); });
 }
 
 static __device__ __forceinline__ u32 movmatrix_t(u32 x) {

@@ -98,6 +98,15 @@ class VerifyConfig:
     # -1: 1 where G (K + 1) > 16 at head dim 128, else 0 (1 measured 2.8-5.6% faster than 0 in all 20 probed
     # cells: docs/bench-mtp-verify-h200.md, "Round 3"). The shared-unpack CTA always runs 0.
     softmax: int = -1
+    # 1: the warp-specialised pair (verify_k8v4.cu, WSP) where the wide-warp plan runs one row chunk per KV head
+    # (17..32 rows at head dim 128, 4 or 8 heads a block): per KV head a score warp (scores, softmax) and a P.V
+    # warp (value words, accumulators) on the same TMA ring, P' handed over in shared memory, registers moved
+    # from the score to the P.V warpgroups by setmaxnreg (ws_regs: score, P.V registers per thread; their sum is
+    # 256, two blocks of 8 warps per SM); built for sm_90a. ws_stages: its TMA ring depth (the P.V warp frees a
+    # stage up to two tiles after the score warp).
+    ws: int = 0
+    ws_regs: tuple[int, int] = (88, 168)
+    ws_stages: int = 4
 
 
 DEFAULT = VerifyConfig()
@@ -137,6 +146,7 @@ class BlockPlan:
     ncw: int
     shu: bool = False  # the shared-unpack CTA
     ubuf: int = 2  # its unpacked tiles: 2 (one barrier per tile), 1 (two; where 2 would cost a block per SM)
+    ws: bool = False  # the warp-specialised pair: a score warp and a P.V warp per KV head
 
     @property
     def nchb(self) -> int:
@@ -144,7 +154,7 @@ class BlockPlan:
 
     @property
     def warps(self) -> int:
-        return self.hpb * self.ncw
+        return self.hpb * self.ncw * (2 if self.ws else 1)
 
     def blocks(self, hk: int) -> int:
         """Blocks per (request, split)."""
@@ -170,7 +180,9 @@ def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyC
 
     if wide and nch == 1:
         h = cfg.heads_per_block or cfg.wide_heads
-        return BlockPlan(rc, nch, h if 0 < h <= hk and hk % h == 0 and aligned(h) else hk, 1)
+        h = h if 0 < h <= hk and hk % h == 0 and aligned(h) else hk
+        ws = bool(cfg.ws) and d == 128 and cfg.softmax in (-1, 1) and cfg.qsmem != 0 and h % 4 == 0 and h <= 8
+        return BlockPlan(rc, nch, h, 1, ws=ws)
     if nch == 1 or cfg.chunk_warps == 1 or d not in VERIFY_SHARED_TILE_HEAD_DIMS:
         return BlockPlan(rc, nch, hk, 1)
     mw = max(1, min(cfg.max_warps, 8) if rc > 16 else cfg.max_warps)
@@ -223,23 +235,30 @@ SMEM_SM = 228 * 1024  # shared memory of an SM (1 KB of it reserved per block)
 
 
 def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128, unpack_heads: int = 0,
-               ubuf: int = 2) -> int:
+               ubuf: int = 2, ws_heads: int = 0) -> int:
     """Dynamic shared memory: the ring of 16-row stages of ``cb`` bytes per row, its barriers, and the Q
     fragments of ``warps`` warps where they live in shared memory; with ``unpack_heads`` (the shared-unpack
-    CTA) then ``ubuf`` unpacked f16 tiles of that many KV heads (verify_k8v4.cu's UOFF, UHEAD)."""
-    ring = cfg.stages * 16 * row_pitch(cb)[0] + 16 * cfg.stages
+    CTA) then ``ubuf`` unpacked f16 tiles of that many KV heads (verify_k8v4.cu's UOFF, UHEAD); with
+    ``ws_heads`` (the warp-specialised pair: ``warps`` counts its score warps) then two hand-off buffers per
+    KV head (XWORDS words per lane each)."""
+    stages = cfg.ws_stages if ws_heads else cfg.stages
+    ring = stages * 16 * row_pitch(cb)[0] + 16 * stages
     if warps and q_in_smem(cfg, rc):
         ring += warps * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
+    if ws_heads:
+        return ring + ws_heads * 2 * (4 * ((rc + 7) // 8) + 1) * 32 * 4
     if unpack_heads:
         return -(-ring // 128) * 128 + ubuf * unpack_heads * (32 * (d + 8) * 2 + 64)
     return ring
 
 
-def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False) -> int:
+def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False, ws: bool = False) -> int:
     """Blocks per SM asked of the register allocator (``warps`` per block): more than 8 rows per warp hold
     twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills). The
     shared-unpack CTA (Q in registers, no key/value words held) fits 16 warps per SM at D <= 128."""
     n = max(1, (cfg.min_blocks * 8) // warps)
+    if ws:  # the warp-specialised pair: 16 warps per SM, the launch's 128 registers split by setmaxnreg
+        return max(1, 16 // warps)
     if shu:
         return min(n, 2)
     if rc > 16:  # three or four n-tiles: about 240 registers (170 spill), so 8 warps per SM
@@ -265,14 +284,27 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
     if plan.hpb < hk:
         rowcopy = 1  # block_plan only splits heads where sp is a multiple of 16
     smx = cfg.softmax if cfg.softmax >= 0 else int(ql * g > 16 and d == 128)
-    return {
-        "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16), "STAGES": cfg.stages, "NW": 1,
-        "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu), "TAU": f"{float(cfg.tau)!r}f", "PAGE_CTA": 1,
+    ws: dict[str, int | str] = {}
+    if plan.ws:  # setmaxnreg: multiples of 8 in [24, 256] that split the launch's registers (2 x 128 a thread)
+        budget = 65536 // (32 * plan.warps * min_blocks(cfg, plan.warps, plan.rc, d, ws=True))
+        if sum(cfg.ws_regs) != 2 * budget or any(r % 8 or not 24 <= r <= 256 for r in cfg.ws_regs):
+            raise ValueError(f"ws_regs={cfg.ws_regs}: two multiples of 8 in [24, 256] summing to {2 * budget}")
+        ws = {"WSP": 1, "WS_SREG": cfg.ws_regs[0], "WS_PREG": cfg.ws_regs[1]}
+    return ws | {
+        "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16),
+        "STAGES": cfg.ws_stages if plan.ws else cfg.stages, "NW": 1,
+        "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu, plan.ws), "TAU": f"{float(cfg.tau)!r}f",
+        "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
         "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf, "SMX": 0 if plan.shu else smx,
     }
+
+
+def arch_suffix(defs: dict[str, int | str]) -> str:
+    """"a" (sm_90a, for setmaxnreg) for the warp-specialised pair's builds, else ""."""
+    return "a" if defs.get("WSP") else ""
 
 
 # the device facts have one home (_cudart); these names are this module's seams (tests set them)
@@ -341,9 +373,9 @@ def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, hs, ql, cfg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
-    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.warps, plan.rc, d, plan.hpb if plan.shu else 0,
-                      plan.ubuf)
-    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4")
+    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws else plan.warps, plan.rc, d,
+                      plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0)
+    k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4", arch_suffix=arch_suffix(defs))
     merge = k.module.kernel(MERGE)
     blocks = max(1, k.blocks_per_sm(32 * plan.warps))
     return k, merge, blocks, plan.blocks(hk), plan.warps
@@ -584,5 +616,5 @@ def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
         jobs.append(defines(hq, hk, d, page, sp, bf16, ql, cfg))
     src = source()
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        list(ex.map(lambda defs: _cudart.compile_cubin(src, "verify_k8v4", arch, defs), jobs))
+        list(ex.map(lambda defs: _cudart.compile_cubin(src, "verify_k8v4", arch + arch_suffix(defs), defs), jobs))
     return len(jobs)

@@ -79,7 +79,14 @@ static_assert(PAGE_CTA == 1, "built on the page kernel's TMA ring");
 #ifndef SHU
 #define SHU 0                     // 1: the shared-unpack CTA (below): each tile unpacked once per block into f16
 #endif
+#ifndef WSP
+#define WSP 0                     // 1: the warp-specialised pair (below): a score warp and a P.V warp per KV head
+#endif
+#if WSP
+#define NWB (2 * HPB)             // warps per block: HPB score warps, then HPB P.V warps
+#else
 #define NWB (HPB * NCW)           // warps per block
+#endif
 #define NHG (HK / HPB)            // KV-head groups (blocks per (request, split, chunk block))
 static_assert(HK % HPB == 0, "heads per block divide the KV heads");
 static_assert(NCHB * NCW >= NCH && (NCHB - 1) * NCW < NCH, "chunk blocks cover the row chunks");
@@ -160,10 +167,11 @@ static __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
 // (every g lane holds the same sums: write_rows does not reduce them again). P' = P * (scale / s_run) is
 // then one HMUL2 per two scores in the B layout, whose tokens are 2 t4, 2 t4 + 1 (+ 8): the scale|zero
 // words of those four tokens are read here (tokens past seq_len get 0: stale bytes never reach an MMA).
-template <bool MASKED>
+// scale_o: rescale_state's (scale_o_sp where this warp holds o and sp).
+template <bool MASKED, typename ScaleO>
 static __device__ __forceinline__ void softmax_tile_mma(
     State& st, float (&c)[NH][4], const u32* stage, int t4, int tok0, int seq_len, float qk_scale,
-    u32 (&pb)[NH][2])
+    u32 (&pb)[NH][2], ScaleO scale_o)
 {
     u32 sz[4];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
 #pragma unroll
@@ -205,7 +213,7 @@ static __device__ __forceinline__ void softmax_tile_mma(
         rescale_state(st, tmax, sm, [&](int nh) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
-        });
+        }, scale_o);
     }
     const u32 wp0 = pack_f16x2(sc[0] * st.inv_s, sc[1] * st.inv_s);  // scale / s_run of tokens 2 t4, 2 t4 + 1
     const u32 wp1 = pack_f16x2(sc[2] * st.inv_s, sc[3] * st.inv_s);  // and + 8
@@ -237,27 +245,10 @@ static __device__ __forceinline__ void mask_causal(float (&x)[NH][4], int nh, in
     if (p1 >= lim[nh][1]) x[nh][3] = NEG_INF;
 }
 
-// attend_tile of decode_k8v4.cu with a causal limit per column: token p of the
-// tile (absolute position tok0 + row) counts for column (nh, e) only when
-// p < lim[nh][e]; rows at or past seq_len (nvalid_abs) may hold stale bytes and
-// get scale = zero = 0 so nothing non-finite can reach the accumulators.
-template <bool MASKED>
-static __device__ __forceinline__ void attend_tile_causal(
-    State& st, const QOp& q, const u32* stage, int g, int t4, int tok0,
-    int seq_len, const int (&lim)[NH][2], float qk_scale)
+// S^T = K Q^T of one tile (c[0]; KCHAIN == 2: even / odd k-steps summed into it), k-step by k-step: each key
+// word converted right before its MMAs.
+static __device__ __forceinline__ void score_mma(float (&c)[KCHAIN][NH][4], const QOp& q, const u32 (&kw)[2][KSTEPS])
 {
-    u32 kw[2][KSTEPS];
-    u32 vw[4][VW];
-    u32 sz0, sz1;
-    load_frags(stage, g, t4, kw, vw, sz0, sz1);
-    if (MASKED) {
-        if (tok0 + g >= seq_len) sz0 = 0u;
-        if (tok0 + g + 8 >= seq_len) sz1 = 0u;
-    }
-    const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
-
-    // ---- S^T, k-step by k-step: each key word converted right before its MMAs
-    float c[KCHAIN][NH][4];  // KCHAIN independent accumulator chains (even / odd k-steps): shorter MMA chains
 #pragma unroll
     for (int x = 0; x < KCHAIN; ++x)
 #pragma unroll
@@ -293,13 +284,38 @@ static __device__ __forceinline__ void attend_tile_causal(
 #pragma unroll
         for (int i = 0; i < 4; ++i) c[0][nh][i] += c[1][nh][i];
 #endif
+}
+
+// attend_tile of decode_k8v4.cu with a causal limit per column: token p of the
+// tile (absolute position tok0 + row) counts for column (nh, e) only when
+// p < lim[nh][e]; rows at or past seq_len (nvalid_abs) may hold stale bytes and
+// get scale = zero = 0 so nothing non-finite can reach the accumulators.
+template <bool MASKED>
+static __device__ __forceinline__ void attend_tile_causal(
+    State& st, const QOp& q, const u32* stage, int g, int t4, int tok0,
+    int seq_len, const int (&lim)[NH][2], float qk_scale)
+{
+    u32 kw[2][KSTEPS];
+    u32 vw[4][VW];
+    u32 sz0, sz1;
+    load_frags(stage, g, t4, kw, vw, sz0, sz1);
+    if (MASKED) {
+        if (tok0 + g >= seq_len) sz0 = 0u;
+        if (tok0 + g + 8 >= seq_len) sz1 = 0u;
+    }
+    const float sc[2] = {f16_lo(sz0), f16_lo(sz1)}, zr[2] = {f16_hi(sz0), f16_hi(sz1)};
+
+    // ---- S^T, k-step by k-step: each key word converted right before its MMAs
+    float c[KCHAIN][NH][4];  // KCHAIN independent accumulator chains (even / odd k-steps): shorter MMA chains
+    score_mma(c, q, kw);
 #if SMX
     if (MASKED) {  // the causal limit on the raw scores (qk_scale > 0): -inf stays -inf through the FFMA
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) mask_causal(c[0], nh, tok0, g, lim);
     }
     u32 pb[NH][2];
-    softmax_tile_mma<MASKED>(st, c[0], stage, t4, tok0, seq_len, qk_scale, pb);
+    softmax_tile_mma<MASKED>(st, c[0], stage, t4, tok0, seq_len, qk_scale, pb,
+                             [&](int nh, int e, float f) { scale_o_sp(st, nh, e, f); });
 #else
     float t[NH][4];  // [tok g | col 2t4, tok g | 2t4+1, tok g+8 | 2t4, tok g+8 | 2t4+1]
 #pragma unroll
@@ -545,7 +561,7 @@ static __device__ __forceinline__ void init_rows(State& st, int (&lim)[NH][2], c
     int pg_next = rg.pg_next;                                                                       \
     auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
 
-#if !SHU
+#if !SHU && !WSP
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
 extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
@@ -581,7 +597,220 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
     }
     write_rows(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
-#endif  // !SHU
+#endif  // !SHU && !WSP
+
+#if WSP
+// ---------------------------------------------------------------------------
+// The warp-specialised pair (WSP = 1, VerifyConfig.ws; mtp_verify.block_plan offers it where the wide-warp
+// plan runs: 17..32 query rows per KV head, one row chunk, HPB a multiple of 4). The per-warp kernel above
+// holds, per KV head, one warp with the scores, the softmax AND the P.V accumulators (about 240 registers:
+// 8 warps per SM, each waiting about 5 cycles per instruction, docs/bench-mtp-verify-h200.md). Here each KV
+// head has two warps on the same TMA ring:
+//
+// * the score warp (warps 0 .. HPB - 1, a whole warpgroup or more): key words, S^T = K Q^T, the causal
+//   mask and softmax_tile_mma's softmax (state m, l, z, s_run), and hands the tile's P' fragments, and the
+//   rescale factors where the tile raised a running max, to its P.V warp through shared memory;
+// * the P.V warp (warps HPB .. 2 HPB - 1): value words, the rescale of o and sp by those factors, PV_MMA;
+//   at the end the score warp's m, l, z and s_run, then write_rows.
+//
+// Same operations on the same values as the per-warp kernel with SMX = 1, so the outputs are bitwise
+// equal (GPU test). setmaxnreg moves registers from the score warpgroup(s) (WS_SREG) to the P.V ones
+// (WS_PREG; WS_SREG + WS_PREG = 2 x the launch's per-thread budget), so that two blocks of 2 HPB warps fit
+// an SM: 16 warps per SM for the same 8 KV heads, each tile's score and P.V work overlapped across two
+// warps. Built for sm_90a (setmaxnreg). The hand-off: two buffers per KV head, named barriers 1 + j
+// ("buffer j full": the score warps arrive, the P.V warps wait) and 3 + j ("buffer j free": the other way
+// round, from the third tile on), barrier 5 for the final state; the TMA ring's empty barriers count both
+// warps of every head (NWB), so a stage is refilled once the P.V warp has read its value words.
+static_assert(!SHU && NCH == 1 && NCW == 1 && SMX == 1 && QSMEM == 1 && ROWCOPY == 1 && HPB % 4 == 0,
+              "WSP: the wide one-chunk plan with softmax_tile_mma, Q in shared memory, whole warpgroups per role");
+#ifndef WS_SREG
+#define WS_SREG 88                // registers per thread of the score warps after setmaxnreg
+#endif
+#ifndef WS_PREG
+#define WS_PREG 168               // and of the P.V warps
+#endif
+#define XWORDS (4 * NH + 1)       // words per lane and tile: P' (2 NH), rescale factors (2 NH), the rescale flag
+#define QAREA (NH * (KSTEPS / 2) * 32 * 16)  // bytes of one warp's Q fragments (load_qop's QSMEM layout)
+#define XOFF (STAGES * STAGE_BYTES + 16 * STAGES + HPB * QAREA)  // the hand-off buffers (mtp_verify.smem_bytes)
+static_assert(6 * NH + 1 <= QAREA / 128, "the final state fits the score warp's Q area");
+static_assert(NH <= 4 && QL <= 16, "score_tile's packed limits: 8 columns of 4 bits");
+
+static __device__ __forceinline__ void bar_sync_n(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive_n(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// The hand-off of tile i (buffer i & 1) between a head's score warp and its P.V warp: named barriers 1 + j
+// (buffer j full: the score warps arrive, the P.V warps wait) and 3 + j (buffer j free, from the third tile on), 5
+// (the final state), each counting every warp of the block. (Per-head mbarriers instead, so that the heads of a
+// block do not wait for each other, were measured: faster in 5 of the 12 cells with 24 or 32 rows, slower in 7,
+// 8-16 bytes of stack; not kept: docs/bench-mtp-verify-h200.md.)
+struct HandOff {
+    __device__ __forceinline__ void wait_free(int i) const { bar_sync_n(3 + (i & 1), NWB * 32); }  // score, i >= 2
+    __device__ __forceinline__ void full(int i) const { bar_arrive_n(1 + (i & 1), NWB * 32); }  // score, after stores
+    __device__ __forceinline__ void wait_full(int i) const { bar_sync_n(1 + (i & 1), NWB * 32); }  // P.V
+    __device__ __forceinline__ void free(int i, int n) const {  // P.V, after its loads (the last two: never waited for)
+        if (i < n - 2) bar_arrive_n(3 + (i & 1), NWB * 32);
+    }
+    __device__ __forceinline__ void final_done() const { bar_arrive_n(5, NWB * 32); }
+    __device__ __forceinline__ void final_wait() const { bar_sync_n(5, NWB * 32); }
+};
+
+// The score half of attend_tile_causal (SMX 1): P' of the tile into pb; a rescale hands each column's factor to
+// scale_o instead of scaling o and sp, which this warp does not hold. The causal limits come packed (lim4: column
+// (nh, e)'s limit less first_hidden in bits 8 nh + 4 e: at most QL - 1), two registers instead of init_rows' 8,
+// which the score warps' register budget has no room for.
+template <bool MASKED, typename ScaleO>
+static __device__ __forceinline__ void score_tile(
+    State& st, const QOp& q, const u32* stage, int g, int t4, int tok0, int seq_len, u32 lim4, int first_hidden,
+    float qk_scale, u32 (&pb)[NH][2], ScaleO scale_o)
+{
+    u32 kw[2][KSTEPS];
+    load_kw(stage, g, t4, kw);
+    float c[KCHAIN][NH][4];
+    score_mma(c, q, kw);
+    if (MASKED) {
+        asm volatile("" : "+r"(lim4));  // (decoded here: hoisted out of the tile loop, the 8 limits spill)
+        int lim[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) lim[nh][e] = first_hidden + (int)((lim4 >> (8 * nh + 4 * e)) & 15u);
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) mask_causal(c[0], nh, tok0, g, lim);
+    }
+    softmax_tile_mma<MASKED>(st, c[0], stage, t4, tok0, seq_len, qk_scale, pb, scale_o);
+}
+
+extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, hl = w % HPB;
+    VerifyBlock v;
+    if (!verify_block(v, SL, S, min_tiles, hl)) return;  // (the whole block)
+    const int g = lane >> 2, t4 = lane & 3;
+    const HandOff ho;
+    VerifyRing rg;
+    ring_start<true>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);
+    const u32 bars = rg.bars;
+    const unsigned char* my = smem + hl * kv_shead;  // this head's slot in row 0 of a stage
+    u32* xh = reinterpret_cast<u32*>(smem + XOFF) + hl * (2 * XWORDS * 32) + lane;  // buffer j: + j * XWORDS * 32
+    float* fin = reinterpret_cast<float*>(smem + STAGES * STAGE_BYTES + 16 * STAGES + hl * QAREA) + lane;
+    const int n = v.t_end - v.t_begin;
+    int slot = 0;
+    u32 phase = 0;
+    if (w < HPB) {
+        QOp qop;  // (its 16 NH fragment registers before setmaxnreg: the P.V warps' setmaxnreg.inc waits for it)
+        load_qop(qop, smem, w, lane, [&](u32 (&qb)[NH][KSTEPS][2]) {
+            load_q_rows(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4);
+        });
+        State st;
+        u32 lim4 = 0;  // the causal limits of the thread's 8 columns, less first_hidden, 4 bits each (score_tile)
+        {
+            int lim[NH][2];
+            init_rows(st, lim, v, t4);
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) lim4 |= (u32)(lim[nh][e] - v.first_hidden) << (8 * nh + 4 * e);
+        }
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WS_SREG));
+        int pg_next = rg.pg_next;
+        u32 empty_phase = 0;
+        for (int T = v.t_begin; T < v.t_end; ++T) {
+            const int i = T - v.t_begin;
+            if (w == 0) {  // refill the stage freed by tile T - 1 with tile T + STAGES - 1
+                const int Tn = T + STAGES - 1;
+                const int sn = slot == 0 ? STAGES - 1 : slot - 1;
+                const int pg = __shfl_sync(0xffffffffu, pg_next, 0);
+                if (Tn < v.t_end) {
+                    if (T > v.t_begin) {
+                        mbar_wait(bars + 8 * (STAGES + sn), (empty_phase >> sn) & 1);
+                        empty_phase ^= 1u << sn;
+                    }
+                    ring_produce(rg, v, KV, kv_sblk, Tn, sn, pg, lane);
+                    if (lane == 0) pg_next = rg.bt_row[(16 * min(Tn + 1, v.t_end - 1)) / PAGE];
+                }
+            }
+            mbar_wait(bars + 8 * slot, (phase >> slot) & 1);
+            phase ^= 1u << slot;
+            const u32* stage = reinterpret_cast<const u32*>(my + slot * STAGE_BYTES);
+            u32* x = xh + (i & 1) * (XWORDS * 32);
+            if (i >= 2) ho.wait_free(i);  // the P.V warp has read this buffer's tile i - 2
+            u32 pb[NH][2];
+            bool resc = false;  // (warp-uniform: the softmax's vote) the factors go straight to the buffer
+            auto hand = [&](int nh, int e, float f) { x[(2 * NH + 2 * nh + e) * 32] = __float_as_uint(f); resc = true; };
+            if (T >= v.t_mask)
+                score_tile<true>(st, qop, stage, g, t4, 16 * T, v.seq_len, lim4, v.first_hidden, qk_scale, pb, hand);
+            else score_tile<false>(st, qop, stage, g, t4, 16 * T, v.seq_len, lim4, v.first_hidden, qk_scale, pb, hand);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                x[(2 * nh) * 32] = pb[nh][0];
+                x[(2 * nh + 1) * 32] = pb[nh][1];
+            }
+            x[4 * NH * 32] = resc ? 1u : 0u;
+            ho.full(i);
+            slot = slot + 1 == STAGES ? 0 : slot + 1;
+        }
+        __syncwarp();  // every lane is done with its Q fragments: the area takes the final state
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                fin[(2 * nh + e) * 32] = st.m[nh][e];
+                fin[(2 * NH + 2 * nh + e) * 32] = st.l[nh][e];
+                fin[(4 * NH + 2 * nh + e) * 32] = st.z[nh][e];
+            }
+        fin[6 * NH * 32] = st.s_run;
+        ho.final_done();
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WS_PREG));
+        State st;
+        init_state(st);
+        for (int T = v.t_begin; T < v.t_end; ++T) {
+            const int i = T - v.t_begin;
+            mbar_wait(bars + 8 * slot, (phase >> slot) & 1);
+            phase ^= 1u << slot;
+            u32 vw[4][VW];
+            load_vw(reinterpret_cast<const u32*>(my + slot * STAGE_BYTES), g, t4, vw);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
+            const u32* x = xh + (i & 1) * (XWORDS * 32);
+            ho.wait_full(i);  // the score warp has written tile i
+            u32 pb[NH][2];
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                pb[nh][0] = x[(2 * nh) * 32];
+                pb[nh][1] = x[(2 * nh + 1) * 32];
+            }
+            if (x[4 * NH * 32]) {
+#pragma unroll
+                for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) scale_o_sp(st, nh, e, __uint_as_float(x[(2 * NH + 2 * nh + e) * 32]));
+            }
+            ho.free(i, n);  // buffer free for tile i + 2
+            PV_MMA(st, vw, pb);
+            slot = slot + 1 == STAGES ? 0 : slot + 1;
+        }
+        ho.final_wait();  // the score warp's final state is in its Q area
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                st.m[nh][e] = fin[(2 * nh + e) * 32];
+                st.l[nh][e] = fin[(2 * NH + 2 * nh + e) * 32];
+                st.z[nh][e] = fin[(4 * NH + 2 * nh + e) * 32];
+            }
+        st.s_run = fin[6 * NH * 32];
+        write_rows(st, MID_O, MID_L, v.b, v.hk, v.c, S, v.s, g, t4);
+    }
+}
+#endif  // WSP
 
 #if SHU
 // ---------------------------------------------------------------------------
