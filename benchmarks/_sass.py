@@ -36,7 +36,7 @@ def cuobjdump() -> str:
 
 
 def sass_by_function(cubin: bytes) -> dict[str, str]:
-    """Each kernel's SASS (the instruction lines, stripped), by function name."""
+    """Each kernel's SASS (the instruction lines, whitespace collapsed), by function name."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -49,7 +49,9 @@ def sass_by_function(cubin: bytes) -> dict[str, str]:
             cur = m.group(1)
             out[cur] = []
         elif cur and re.match(r"\s*/\*[0-9a-f]{4}\*/", line):
-            out[cur].append(line.strip())
+            # (whitespace collapsed: cuobjdump pads the columns to the widest instruction of the whole cubin, so
+            # removing another kernel from a module would otherwise change every line)
+            out[cur].append(" ".join(line.split()))
     return {k: "\n".join(v) for k, v in out.items()}
 
 

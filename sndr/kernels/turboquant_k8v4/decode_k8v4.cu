@@ -784,6 +784,7 @@ static __device__ __forceinline__ void page_split(
     write_partials(st, MID_O, MID_L, b, threadIdx.x >> 5, HQ, S, s, lane >> 2, lane & 3);
 }
 
+#ifndef QL  // (a verify build, verify_k8v4.cu, launches its own kernel and tq_k8v4_merge only: NVRTC skips these two)
 extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
     const int* __restrict__ BT, const int* __restrict__ SL,
@@ -798,6 +799,7 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page(
     pdl_launch_dependents();
     page_split(Q, KV, BT, MID_O, MID_L, qk_scale, HQ, S, b, s, seq_len, split, q_sb, q_sh, bt_sb, kv_sblk, kv_shead);
 }
+#endif  // !QL
 
 // One warp merges n rows of one query head, log2-sum-exp weighted: rows o + i * D
 // and log2-sum-exps l[i], i < n <= 128 (read through L2: written by other blocks
@@ -919,6 +921,7 @@ static __device__ __forceinline__ bool last_to_arrive(int* cnt, int expect) {
 // finish (a per-sequence arrival counter in CNT, zero between launches: the last
 // block resets it) merges the splits of all its query heads, warp hk the G heads
 // of KV head hk. CNT must not be shared by launches that can run concurrently.
+#ifndef QL
 extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_merged(
     MERGING_PAGE_PARAMS)
 {
@@ -934,6 +937,7 @@ extern "C" __global__ void __launch_bounds__(HK * 32, MINB) tq_k8v4_decode_page_
                    out_kind, write_lse, lane);
     }
 }
+#endif  // !QL
 
 #ifdef CL
 // ---------------------------------------------------------------------------
