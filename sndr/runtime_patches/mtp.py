@@ -95,7 +95,9 @@ def _applicable(builder) -> int:
     device = torch.device(builder.device)
     if device.type != "cuda" or torch.version.hip is not None:
         return _fallback(f"device {device} is not an NVIDIA CUDA device")
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    from ..kernels import _cudart  # (the one home of the device index rule)
+
+    idx = _cudart.device_index(device)
     cap = tuple(torch.cuda.get_device_capability(idx))
     if cap < (8, 9):
         return _fallback(f"sm_{cap[0]}{cap[1]} (sm_89+ covered)")
