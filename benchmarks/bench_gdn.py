@@ -35,7 +35,9 @@ launch shapes next to the CUDA op; ``--cuda-sweep`` the CUDA step's launch shape
 (``CUDA_SWEEP``), each first checked against float64. ``--triton-baselines`` adds the older table:
 sndr's update alone vs vLLM's two Triton kernels and FLA (``--sweep``: its
 launch-shape grid). Timing: ``triton.testing.do_bench`` medians, L2 flushed
-before each call.
+before each call by do_bench's 256 MB write; ``--flush read`` times every path instead after a flush
+that *reads* 256 MB (``_tq_gpu.clean_cold_us``: no dirty lines left for the timed call to write back, as
+after a layer's projections, which read weights), the median of 100 event-timed calls.
 """
 
 from __future__ import annotations
@@ -82,8 +84,12 @@ def sync():
         torch.cuda.synchronize()
 
 
+#: how the L2 is flushed before each timed call: "write" (do_bench's) or "read" (--flush read)
+FLUSH = "write"
+
+
 def bench(fn, graph: bool, rep: int = 100, warmup: int = 25) -> float:
-    """Median microseconds per call (L2 flushed before each)."""
+    """Median microseconds per call (L2 flushed before each, as FLUSH says)."""
     if DEV == "cpu":
         t = time.perf_counter()
         fn()
@@ -103,6 +109,10 @@ def bench(fn, graph: bool, rep: int = 100, warmup: int = 25) -> float:
         run = g.replay
     else:
         run = fn
+    if FLUSH == "read":
+        from _tq_gpu import clean_cold_us  # (benchmarks/: the one home of the read flush)
+
+        return clean_cold_us(run)
     return triton.testing.do_bench(run, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 
@@ -1050,6 +1060,9 @@ def main() -> int:
     ap.add_argument("--sweep-cells", type=str, default=None,
                     help="(--norm-sweep) DTYPES/BATCHES/TS, e.g. fp32,bf16/8,32/1,2,4 (default: both/1,8,32,256/1,2,4)")
     ap.add_argument("--rep", type=int, default=100, help="do_bench's rep (ms) per timing")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="the L2 flush before each timed call: do_bench's 256 MB write (default), or a 256 MB read "
+                         "(_tq_gpu.clean_cold_us, 100 calls; no dirty lines to write back)")
     ap.add_argument("--replay-diag", action="store_true", help="replayed vs eager step, with the suspects varied")
     ap.add_argument("--ncu-launches", action="store_true",
                     help="only one launch of sndr's step and of the op per --diag-cells cell, in an NVTX range 'prof'")
@@ -1095,6 +1108,8 @@ def main() -> int:
                            else tuple(t for t in (1, 2, 3, 4, 6, 8) if t <= args.max_t))
         rep = args.rep
     args.out.mkdir(parents=True, exist_ok=True)
+    global FLUSH
+    FLUSH = args.flush
     if args.prebuild and DEV == "cuda":
         prebuild(args, args.prebuild)
     dl = device_line()
@@ -1106,7 +1121,7 @@ def main() -> int:
     log(f"vLLM 0.32.0 gated RMSNorm (layer_norm_fwd_kernel): {'loaded' if norm else 'missing; T = 1 baseline skipped'}")
     op, op_note = load_cuda_op()
     log(f"vLLM CUDA op: {op_note if op is None else 'loaded: ' + op_note}")
-    result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv)}
+    result = {"device": dl, "copy_GBps": bw, "cuda_op": op_note, "cmd": " ".join(sys.argv), "flush": FLUSH}
     # every cell measured: the routing table is what this run decides (routing.WINS, written below)
     cells = routing.measuring()
     cells.__enter__()
@@ -1140,7 +1155,8 @@ def main() -> int:
     result["launch_stats"] = dict(kernels.STATS)
     log(f"sndr launches: {kernels.STATS}")
     (args.out / "bench_gdn.json").write_text(json.dumps(result, indent=1))
-    text = f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
+    text = (f"device: {dl}\ncopy bandwidth {bw:.0f} GB/s\ncommand: {' '.join(sys.argv)}\n"
+            f"L2 flush before each timed call: {FLUSH}\n")
     if rows:
         text += "\n## Targets (graph replay)\n\n" + fmt_targets(rows) + "\n" + fmt_default(rows) + "\n"
         wins = routing.wins_literal(rows) + "\n" + routing.wins_literal(rows, "CUDA") + "\n" + routing.shapes_literal(rows)
