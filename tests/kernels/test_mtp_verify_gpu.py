@@ -265,19 +265,18 @@ def test_softmax_paths_match_float64(g, k, smx):
     assert err < (1.25 if smx == 1 else 2.0) * base + 1e-4, (g, k, smx, err, base)
 
 
-@pytest.mark.parametrize("smx", [0, 1])
-def test_wide_warps_graph_replay_with_new_lengths(smx):
-    cfg = mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=smx)
-    g, k = 8, 3
+def _graph_replay_with_new_lengths(cfg, g: int, k: int, seed: int, fill_seed: int) -> None:
+    """Capture one verify call of ``cfg`` at three 64-token requests, then replay it with new lengths (4999 /
+    3 / 700, then 1 / 4096 / 65; the caches filled as they grow): every output row against float64."""
     lens0 = [64, 64, 64]
-    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=6, max_len=5000)
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=seed, max_len=5000)
     out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
     mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
-    gen = torch.Generator(device=DEV).manual_seed(11)
+    gen = torch.Generator(device=DEV).manual_seed(fill_seed)
     for lens in ([4999, 3, 700], [1, 4096, 65]):
         _fill(cache, bt, lens, gen, start=lens0)
         lens0 = [max(a, b) for a, b in zip(lens0, lens)]
@@ -287,6 +286,11 @@ def test_wide_warps_graph_replay_with_new_lengths(smx):
         torch.cuda.synchronize()
         assert not out.isnan().any()
         assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2, lens
+
+
+@pytest.mark.parametrize("smx", [0, 1])
+def test_wide_warps_graph_replay_with_new_lengths(smx):
+    _graph_replay_with_new_lengths(mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=smx), 8, 3, 6, 11)
 
 
 @pytest.mark.parametrize("g,k", [(4, 3), (8, 7)])
@@ -394,22 +398,4 @@ def test_warp_specialised_pair_is_the_per_warp_kernel_bit_for_bit(g, k, name):
 
 @pytest.mark.parametrize("g,k", [(8, 3), (4, 7)])
 def test_warp_specialised_pair_graph_replay_with_new_lengths(g, k):
-    cfg = dataclasses.replace(WS["ws"], max_splits=128)
-    lens0 = [64, 64, 64]
-    q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=16, max_len=5000)
-    out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
-    mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
-    gen = torch.Generator(device=DEV).manual_seed(17)
-    for lens in ([4999, 3, 700], [1, 4096, 65]):
-        _fill(cache, bt, lens, gen, start=lens0)
-        lens0 = [max(a, b) for a, b in zip(lens0, lens)]
-        sl.copy_(torch.tensor(lens, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert not out.isnan().any()
-        assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2, lens
+    _graph_replay_with_new_lengths(dataclasses.replace(WS["ws"], max_splits=128), g, k, 16, 17)
