@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._layout import FP8_MAX, Layout
+from ._layout import FP8_MAX, LOG2E, Layout
 
 
 def pack(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -112,4 +112,57 @@ def spec_verify(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     for t in range(ql):
         lens = (sl - num_spec + t).clamp_min(0).to(torch.int32)
         out[:, t] = decode(q[:, t], kv_cache.cpu(), bt, lens, scale)
+    return out.view(n, hq, d)
+
+def split_of(seq_len: int, splits: int, min_tiles: int) -> tuple[int, int, int]:
+    """(tiles, tiles per split, active splits): decode_k8v4.cu's split_of (16-token tiles), for the emulation."""
+    n_tiles = (seq_len + 15) // 16
+    act = min(splits, (n_tiles + min_tiles - 1) // min_tiles)
+    per = max((n_tiles + max(act, 1) - 1) // max(act, 1), 1)
+    return n_tiles, per, (n_tiles + per - 1) // per
+
+
+EMPTY_LSE = -1e30
+
+
+def emulate_verify(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+            scale: float, num_spec: int, splits: int, min_tiles: int = 2) -> torch.Tensor:
+    """mtp_verify's CUDA kernel's algorithm in float64 on the CPU: the same split boundaries, per-row causal
+    limits, empty-row partials (o = 0, lse = EMPTY_LSE) and merge. Checks the contract between
+    ``tq_k8v4_verify_page`` and ``tq_k8v4_merge``, not the fragment arithmetic (the GPU tests do)."""
+    n, hq, d = query.shape
+    ql = num_spec + 1
+    b = n // ql
+    hk = kv_cache.shape[2]
+    g = hq // hk
+    out = torch.zeros(b, ql, hq, d, dtype=torch.float64)
+    cache = kv_cache.cpu()
+    for i in range(b):
+        sl = int(seq_lens[i])
+        n_tiles, per, n_act = split_of(sl, splits, min_tiles)
+        if n_act == 0:
+            continue
+        k, v = gather(cache, block_table[i].cpu(), sl, d)  # [Hk, L, D]
+        k = k.double().repeat_interleave(g, 0)
+        v = v.double().repeat_interleave(g, 0)
+        q = query[i * ql:(i + 1) * ql].double().cpu()  # [QL, Hq, D]
+        s = torch.einsum("thd,hld->thl", q, k) * scale * LOG2E  # log2 units
+        pos = torch.arange(sl)
+        lim = (sl - num_spec + torch.arange(ql))[:, None, None]  # row t sees [0, lim_t)
+        s = s.masked_fill(pos[None, None, :] >= lim, float("-inf"))
+        o_parts, l_parts = [], []
+        for sp in range(n_act):
+            lo, hi = 16 * sp * per, min(16 * (sp + 1) * per, sl)
+            ss = s[..., lo:hi]
+            m = ss.amax(-1, keepdim=True).clamp_min(EMPTY_LSE)
+            p = torch.exp2(ss - m)
+            l_ = p.sum(-1, keepdim=True)
+            o = torch.einsum("thl,hld->thd", p, v[:, lo:hi]) / l_.clamp_min(1e-300)
+            o = torch.where(l_ > 0, o, torch.zeros_like(o))
+            lse = torch.where(l_ > 0, m + torch.log2(l_.clamp_min(1e-300)), torch.full_like(l_, EMPTY_LSE))
+            o_parts.append(o)
+            l_parts.append(lse)
+        lse = torch.stack(l_parts)  # [S, QL, Hq, 1]
+        w = torch.exp2(lse - lse.amax(0, keepdim=True))
+        out[i] = (w * torch.stack(o_parts)).sum(0) / w.sum(0)
     return out.view(n, hq, d)
