@@ -15,6 +15,8 @@ times. :func:`verify_attention` reads it once:
   the shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
   tile (up to 16 warps a block, all or a group of the KV heads), so a tile is
   copied once for up to 64 rows. Split-KV, then ``decode_k8v4.cu``'s merge.
+  Opt-in (``VerifyConfig.ws``, measured slower): the warp-specialised pair, a
+  score warp and a P.V warp per KV head where the wide warps run.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
   :func:`dispatch.decode_attention` (CUDA or Triton; Triton's interpreter on the
   CPU), with lengths ``seq_len - K + t`` built on the device.

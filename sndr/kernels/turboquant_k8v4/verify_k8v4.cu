@@ -31,6 +31,8 @@
 //   SMX  the per-warp kernel's softmax path: 0 softmax_tile (decode_k8v4.cu), 1
 //        softmax_tile_mma (below: fewer instructions per score, l and z by MMA),
 //        2 the same with ex2.approx.f16x2; the shared-unpack CTA (SHU) takes 0
+//   WSP  1: the warp-specialised pair (at the end: a score warp and a P.V warp per KV
+//        head, sm_90a), WS_SREG / WS_PREG their registers after setmaxnreg
 //
 // A block runs HPB * NCW warps: warp w serves KV head hg * HPB + w % HPB and
 // row chunk cb * NCW + w / HPB, where (b, s, hg, cb) is the block. All its
