@@ -24,6 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch not installed (install the [kernels] extra)")
 
+from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.gdn import canary, cuda_step, routing, vllm_entry  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "bench-gdn-h200.md"
@@ -244,11 +245,11 @@ def test_cpu_tensors_are_the_interpreters_tests(stubbed):
 def test_scope_of_the_entries(monkeypatch):
     t = types.SimpleNamespace(device=torch.device("cuda", 0))
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (9, 0))
+    monkeypatch.setattr(_cudart, "_CAPABILITY", {0: (9, 0)})  # (the device facts' one home, asked once per device)
     monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": False})
     assert vllm_entry._scope_why(t, default_path=True) is None
     assert "SNDR_ENABLE_PK0003=1" in vllm_entry._scope_why(t, default_path=False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=None: (8, 6))
+    monkeypatch.setattr(_cudart, "_CAPABILITY", {0: (8, 6)})
     assert "sm_86 is outside the measured default set" in vllm_entry._scope_why(t, default_path=True)
     monkeypatch.setattr(vllm_entry, "_SCOPE", {"explicit": True})
     assert vllm_entry._scope_why(t, default_path=True) is None

@@ -180,7 +180,7 @@ def why_not(state: torch.Tensor, tensors: dict[str, torch.Tensor], cfg: CudaConf
     if torch.version.hip is not None:
         return "ROCm"
     idx = _cudart.device_index(state)
-    if torch.cuda.get_device_capability(idx) < (9, 0):
+    if _cudart.capability(idx) < (9, 0):
         return "thread-block clusters need sm_90+"
     if state.dtype not in (torch.float32, torch.bfloat16):
         return f"state dtype {state.dtype}"

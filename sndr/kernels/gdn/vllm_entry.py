@@ -85,7 +85,7 @@ def _scope_why(t: torch.Tensor, default_path: bool) -> str | None:
     if torch.version.hip is not None:
         return "ROCm"
     idx = _cudart.device_index(t)
-    return routing.capability_why(torch.cuda.get_device_capability(idx), _explicit())
+    return routing.capability_why(_cudart.capability(idx), _explicit())  # (asked of torch once per device)
 
 
 # cell verdicts per (plan key, mode): True taken, False refused (logged once per reason)
@@ -213,7 +213,7 @@ def _device_ok(t: torch.Tensor) -> str | None:
     if ok is None:
         try:
             _kernels()
-            ok = torch.cuda.get_device_capability(idx) >= (8, 0)
+            ok = _cudart.capability(idx) >= (8, 0)
         except ImportError:
             ok = False
         _CAPABLE[idx] = ok
