@@ -1538,6 +1538,81 @@ def salvage_ledger(root: Path | str) -> str | None:
         return best[1]
 
 
+# ----------------------------------------------------------------------------- stored copies nothing reads any more
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """What :func:`collect_garbage` found in ``.sndr/objects``: the copies still read (``kept``, sha256s) and the
+    others (``removed``: sha256, bytes; with ``dry_run`` the ones that would go)."""
+
+    kept: tuple[tuple[str, str], ...]  # (sha256, what it is: "ledger", "pristine <file>", "patched <file>")
+    removed: tuple[tuple[str, int], ...]
+
+
+def live_objects(ledger_raw: bytes | None, ledger: Ledger | None) -> dict[str, str]:
+    """The stored copies a tree with this ledger, and no pending journal, can still read, each with what it is:
+    the ledger's own copy (what salvage-ledger puts back), and each file's pristine copy (revert, the pristine
+    view of --verify, manifest and dry-run, a merge's upstream side) and patched copy (apply --force's merge
+    base). Every other object was a journal's before-bytes or an earlier ledger's copy or file, which only a
+    journal or that earlier ledger named."""
+    live = {sha256_bytes(ledger_raw): "ledger"} if ledger_raw is not None else {}
+    for rel, entry in sorted(ledger.files.items()) if ledger is not None else ():
+        live.setdefault(entry.pristine_sha256, f"pristine {rel}")
+        live.setdefault(entry.patched_sha256, f"patched {rel}")
+    return live
+
+
+def collect_garbage(root: Path | str, *, dry_run: bool = False) -> Garbage:
+    """Remove from ``.sndr/objects`` every stored copy that :func:`live_objects` does not name (files whose
+    names are not sha256s, e.g. a crashed writer's temporary, are left alone).
+
+    Under the writer lock, after :func:`recover` (an interrupted commit is rolled back first, as every writer
+    does); a ledger no reader accepts stops it (``ledger_corrupt`` and friends: salvage-ledger first, which
+    needs the stored ledgers). ``dry_run``: pure (no lock, no recovery, nothing removed); a pending journal
+    then stops it (``journal_pending``), since what the journal names depends on how it resolves."""
+    tree = TreeRoot(root)
+    if tree.state_fd() is None:
+        return Garbage((), ())
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            stack.enter_context(tree.lock())
+            recover(tree)
+        elif tree.read_state(JOURNAL, MAX_JOURNAL_BYTES) is not None:
+            raise SndrError(Problem("journal_pending", "an interrupted commit's journal is pending; what it names "
+                                    "depends on how it resolves", file=str(tree.journal_path),
+                                    hint="run gc without --dry-run (it rolls the commit back first), or "
+                                         "`python -m sndr apply --verify` to see the tree's state"), EXIT_FINDINGS)
+        ledger = tree.read_ledger()  # a corrupt one raises: nothing is removed
+        live = live_objects(tree.read_state(LEDGER), ledger)
+        ofd = tree.objects_fd()
+        if ofd is None:
+            return Garbage((), ())
+        kept: list[tuple[str, str]] = []
+        removed: list[tuple[str, int]] = []
+        for name in sorted(os.listdir(ofd)):
+            if not _SHA.match(name):
+                continue
+            if name in live:
+                kept.append((name, live[name]))
+                continue
+            try:
+                st = os.stat(name, dir_fd=ofd, follow_symlinks=False)
+                if not dry_run:
+                    os.unlink(name, dir_fd=ofd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise os_error(exc, tree.objects / name, "cannot remove a stored copy") from None
+            removed.append((name, st.st_size))
+        if removed and not dry_run:
+            try:
+                os.fsync(ofd)
+            except OSError as exc:
+                raise os_error(exc, tree.objects, "cannot make the removals durable") from None
+        return Garbage(tuple(kept), tuple(removed))
+
+
 if __name__ == "__main__":  # `python -m sndr.commit --salvage-ledger TREE`, the old spelling: say where it went
     import sys
 

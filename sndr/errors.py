@@ -148,6 +148,8 @@ CODES: dict[str, Code] = {
                                    "wrote there), or no ledger and none kept matches the files (a reverted tree); "
                                    "the tree is left untouched"),
     "journal_too_large": Code(_B, "the journal of an interrupted commit is larger than any sndr writes"),
+    "journal_pending": Code(_F, "gc --dry-run on a tree with an interrupted commit: what it keeps depends on how the "
+                                "commit resolves (gc without --dry-run rolls it back first)"),
     "journal_mismatch": Code(_B, "a file holds neither the before- nor the after-bytes of the interrupted commit"),
     "object_missing": Code(_B, "a copy sndr stored in .sndr/objects is missing"),
     "object_corrupt": Code(_B, "a copy sndr stored in .sndr/objects does not match its hash"),

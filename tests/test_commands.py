@@ -320,3 +320,86 @@ def test_the_readme_pin_bump_runs_from_an_installed_sndr():
                 written.add(str(getattr(args, flag)))
     assert patches == {"patches"}, patches
     assert any(a[3:5] == ["pin", "advance"] for a in commands)
+
+
+def _objects(site: Path) -> dict[str, bytes]:
+    d = site / ".sndr" / "objects"
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else {}
+
+
+def test_gc_removes_only_what_the_ledger_does_not_name_and_every_reader_still_works(tmp_path, capsys):
+    """Two applies (the whole set, then F0001 alone) leave the first set's copies behind; gc --dry-run lists them
+    and changes nothing; gc removes exactly them and keeps the ledger's copy and the pristine and patched copies
+    it names, each listed with what it is. After it: --verify passes, a damaged ledger still salvages (its copy
+    was kept), and --revert gives back the pristine tree byte for byte. After the revert nothing is kept."""
+    import json
+
+    from hook_fixtures import make_patches, make_tree, tree_bytes
+
+    from sndr.commit import TreeRoot, live_objects
+
+    site = make_tree(tmp_path / "site")
+    pristine = tree_bytes(site)
+    every, one = make_patches(tmp_path / "all"), make_patches(tmp_path / "one", only=["F0001"])
+    assert main(["apply", "--patches", str(every), "--tree", str(site), "-q"]) == 0
+    assert main(["apply", "--patches", str(one), "--tree", str(site), "-q"]) == 0
+    tree = TreeRoot(site)
+    live = live_objects(tree.read_state("ledger.json"), tree.read_ledger())
+    before = _objects(site)
+    stale = sorted(set(before) - set(live))
+    assert stale and set(live) <= set(before)
+    capsys.readouterr()
+
+    assert main(["gc", "--dry-run", str(site)]) == 0
+    out = capsys.readouterr().out
+    assert _objects(site) == before  # pure
+    assert f"would remove {len(stale)} stored copies" in out and all(f"would remove {s[:12]}" in out for s in stale)
+    assert "kept" in out and "ledger" in out and "pristine vllm/" in out and "patched vllm/" in out, out
+
+    assert main(["gc", str(site), "--json", str(tmp_path / "gc.json")]) == 0
+    doc = json.loads((tmp_path / "gc.json").read_text())
+    assert sorted(r["sha256"] for r in doc["removed"]) == stale
+    assert {k["sha256"]: k["what"] for k in doc["kept"]} == live
+    assert doc["freed_bytes"] == sum(len(before[s]) for s in stale)
+    assert _objects(site) == {s: before[s] for s in live}
+    capsys.readouterr()
+
+    assert main(["apply", "--verify", "--patches", str(one), "--tree", str(site)]) == 0
+    (site / ".sndr" / "ledger.json").write_text("{damaged")
+    assert main(["gc", str(site)]) == 2  # a ledger no reader accepts: nothing removed
+    assert "ledger_corrupt" in capsys.readouterr().err
+    assert _objects(site) == {s: before[s] for s in live}
+    assert main(["salvage-ledger", str(site)]) == 0
+    assert main(["apply", "--revert", "--patches", str(one), "--tree", str(site), "-q"]) == 0
+    assert tree_bytes(site) == pristine
+    capsys.readouterr()
+    assert main(["gc", str(site)]) == 0
+    assert "kept 0" in capsys.readouterr().out and _objects(site) == {}
+
+
+def test_gc_dry_run_with_a_pending_journal_says_so_and_touches_nothing(tmp_path, capsys):
+    """What a pending journal's commit keeps depends on how it resolves: the dry-run stops with journal_pending
+    (exit 1) instead of guessing; files in objects/ that are not sha256 names are never gc's."""
+    from hook_fixtures import make_patches, make_tree
+
+    site = make_tree(tmp_path / "site")
+    assert main(["apply", "--patches", str(make_patches(tmp_path / "p")), "--tree", str(site), "-q"]) == 0
+    (site / ".sndr" / "objects" / "not-a-sha.tmp").write_bytes(b"x")
+    (site / ".sndr" / "journal.json").write_text("{}")
+    before = _objects(site)
+    capsys.readouterr()
+    assert main(["gc", "--dry-run", str(site)]) == 1
+    assert "journal_pending" in capsys.readouterr().err
+    assert _objects(site) == before
+    (site / ".sndr" / "journal.json").unlink()
+    assert main(["gc", str(site)]) == 0
+    assert (site / ".sndr" / "objects" / "not-a-sha.tmp").read_bytes() == b"x"
+
+
+def test_gc_on_a_tree_sndr_never_applied_to_creates_nothing(tmp_path, capsys):
+    from hook_fixtures import make_tree
+
+    site = make_tree(tmp_path / "site")
+    assert main(["gc", str(site / "vllm")]) == 0  # vllm/ itself names its parent, as apply's --tree
+    assert "removed 0 stored copies" in capsys.readouterr().out
+    assert not (site / ".sndr").exists()

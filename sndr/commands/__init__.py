@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hook": ("sndr.commands.hook", "install or remove the in-memory import hook (.pth)"),
     "salvage-ledger": ("sndr.commands.salvage_ledger",
                        "put back the last ledger sndr wrote that matches a tree's files (ledger_corrupt)"),
+    "gc": ("sndr.commands.gc", "remove the stored copies in a tree's .sndr/objects its ledger no longer names"),
 }
 
 
