@@ -335,7 +335,6 @@ def test_gc_removes_only_what_the_ledger_does_not_name_and_every_reader_still_wo
     import json
 
     from hook_fixtures import make_patches, make_tree, tree_bytes
-
     from sndr.commit import TreeRoot, live_objects
 
     site = make_tree(tmp_path / "site")
