@@ -95,10 +95,10 @@ def _applicable(builder) -> int:
     device = torch.device(builder.device)
     if device.type != "cuda" or torch.version.hip is not None:
         return _fallback(f"device {device} is not an NVIDIA CUDA device")
-    from ..kernels import _cudart  # (the one home of the device index rule)
+    from ..kernels import _cudart  # (the one home of the device facts)
 
     idx = _cudart.device_index(device)
-    cap = tuple(torch.cuda.get_device_capability(idx))
+    cap = _cudart.capability(idx)
     if cap < (8, 9):
         return _fallback(f"sm_{cap[0]}{cap[1]} (sm_89+ covered)")
     if cap not in MEASURED_CAPABILITIES and not _explicit():

@@ -195,8 +195,9 @@ def cfg(**over):
 @case("applicable")
 def _():
     out = {}
-    orig = torch.cuda.get_device_capability
-    torch.cuda.get_device_capability = lambda idx=None: (9, 0)
+    from sndr.kernels import _cudart  # the device facts' one home: the route asks it, torch once per device
+    orig = dict(_cudart._CAPABILITY)
+    _cudart._CAPABILITY[0] = (9, 0)
     mtp._prepare = lambda *a: None
     mtp._canary = lambda *a: True
     try:
@@ -212,7 +213,7 @@ def _():
             b.vllm_config, b.device = c, torch.device(dev)
             out[name] = mtp.verify_len(b)
         # on by default: the measured capability only; SNDR_ENABLE_PK0002=1 covers sm_89+
-        torch.cuda.get_device_capability = lambda idx=None: (8, 9)
+        _cudart._CAPABILITY[0] = (8, 9)
         for name, env in [("sm89_default", None), ("sm89_opted_in", "1")]:
             if env is not None:
                 os.environ["SNDR_ENABLE_PK0002"] = env
@@ -221,13 +222,14 @@ def _():
             out[name] = mtp.verify_len(b)
             os.environ.pop("SNDR_ENABLE_PK0002", None)
         # a failed (or skipped) canary: not routed
-        torch.cuda.get_device_capability = lambda idx=None: (9, 0)
+        _cudart._CAPABILITY[0] = (9, 0)
         mtp._canary = lambda *a: False
         b = object.__new__(tq.TurboQuantMetadataBuilder)
         b.vllm_config, b.device = cfg(), torch.device("cuda:0")
         out["canary_failed"] = mtp.verify_len(b)
     finally:
-        torch.cuda.get_device_capability = orig
+        _cudart._CAPABILITY.clear()
+        _cudart._CAPABILITY.update(orig)
     return out
 
 # the forward: a marked batch through the wrapper on the CPU (synthetic rows under the interpreter)
