@@ -529,8 +529,11 @@ class TreeRoot(Tree):
         JSON, not the shape sndr writes or its checksum does not match. The state file itself is read
         through ``.sndr``'s fd (:meth:`read_state`: symlink_refused, state_unsafe, file_too_large)."""
         raw = self.read_state(LEDGER)
-        if raw is None:
-            return None
+        return None if raw is None else self.ledger_from(raw)
+
+    def ledger_from(self, raw: bytes) -> Ledger:
+        """The ledger file's bytes ``raw`` as :meth:`read_ledger` reads them (its checks, codes and hint), for
+        a caller that also needs the bytes themselves."""
         hint = (f"run `python -m sndr salvage-ledger {self.root}` to put back the last ledger sndr "
                 f"wrote that matches the tree (kept in .sndr/objects), then --verify or --revert; if it finds "
                 f"none, reinstall vLLM and delete .sndr/")
@@ -1583,8 +1586,8 @@ def collect_garbage(root: Path | str, *, dry_run: bool = False) -> Garbage:
                                     "depends on how it resolves", file=str(tree.journal_path),
                                     hint="run gc without --dry-run (it rolls the commit back first), or "
                                          "`python -m sndr apply --verify` to see the tree's state"), EXIT_FINDINGS)
-        ledger = tree.read_ledger()  # a corrupt one raises: nothing is removed
-        live = live_objects(tree.read_state(LEDGER), ledger)
+        raw = tree.read_state(LEDGER)
+        live = live_objects(raw, tree.ledger_from(raw) if raw is not None else None)  # a corrupt one raises
         ofd = tree.objects_fd()
         if ofd is None:
             return Garbage((), ())

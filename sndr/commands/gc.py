@@ -52,7 +52,7 @@ def _body(spec: str, dry_run: bool, json_dest: str | None) -> int:
     for sha, what in found.kept:
         print(f"  kept     {sha[:12]}  {what}", file=out)
     for sha, size in found.removed:
-        print(f"  {'would remove' if dry_run else 'removed':<8} {sha[:12]}  {size:,d} bytes", file=out)
+        print(f"  {verb:<8} {sha[:12]}  {size:,d} bytes", file=out)
     print(f"sndr gc: {tree / STATE_DIR / 'objects'}: {verb} {len(found.removed)} stored cop"
           f"{'y' if len(found.removed) == 1 else 'ies'} ({freed:,d} bytes); kept {len(found.kept)} (the ledger's "
           f"copy and the pristine and patched copies it names)", file=out)

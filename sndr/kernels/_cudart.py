@@ -440,7 +440,7 @@ def load_module(source: str, defines: dict[str, int | str], device_index: int, l
     m = _MODULES.get(key)
     if m is not None:
         return m
-    major, minor = torch.cuda.get_device_capability(device_index)
+    major, minor = capability(device_index)
     cubin = compile_cubin(source, label, f"{major}{minor}{arch_suffix}", defines)
     drv = _driver()
     _setup_driver_signatures(drv)

@@ -552,7 +552,7 @@ def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     if arch is None:
-        major, minor = torch.cuda.get_device_capability()
+        major, minor = _capability(torch.cuda.current_device())
         arch = f"{major}{minor}"
     jobs = []
     for s in shapes:

@@ -115,8 +115,10 @@ def spec_verify(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.
     return out.view(n, hq, d)
 
 def split_of(seq_len: int, splits: int, min_tiles: int) -> tuple[int, int, int]:
-    """(tiles, tiles per split, active splits): decode_k8v4.cu's split_of (16-token tiles), for the emulation."""
-    n_tiles = (seq_len + 15) // 16
+    """(tiles, tiles per split, active splits): decode_k8v4.cu's split_of, for the emulation."""
+    from .mtp_verify import TILE  # (the kernels' tile, 16 tokens)
+
+    n_tiles = (seq_len + TILE - 1) // TILE
     act = min(splits, (n_tiles + min_tiles - 1) // min_tiles)
     per = max((n_tiles + max(act, 1) - 1) // max(act, 1), 1)
     return n_tiles, per, (n_tiles + per - 1) // per
