@@ -591,7 +591,7 @@ def run_default_table(args, bw, op, vl, norm, state_dtype, rows, rep):
                 # entries first build their step
                 cand = {}
                 for label in args.cuda_candidates:
-                    if t == 1 and label.endswith("cb"):  # (see cuda_step.CHAIN_TILE_SHAPES: spec-verify cells only)
+                    if t == 1 and cuda_step.CudaConfig.parse(label).spec_only():  # (spec-verify cells only)
                         continue
                     timed(cand, label, lambda label=label: cell.cuda(cuda_step.CudaConfig.parse(label)), True, rep)
                 times = {k: v for k, v in cand.items() if not k.endswith("_error")}
@@ -1026,7 +1026,7 @@ def prebuild(args, workers: int) -> None:
     import multiprocessing as mp
 
     jobs = sorted({(label, d, t) for label in args.cuda_candidates for d in args.states.split(",")
-                   for t in args.default_ts if not (t == 1 and label.endswith("cb"))})  # (as the table times them)
+                   for t in args.default_ts if not (t == 1 and cuda_step.CudaConfig.parse(label).spec_only())})
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
         built = sum(pool.map(_prebuild_one, jobs))

@@ -280,17 +280,19 @@ def _sm90():
         pytest.skip("the CUDA step's shared-tile shapes (cp.async.bulk, mbarriers) need an sm_90+ GPU")
 
 
-@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES)
+@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES
+                         + cuda_step.SPLIT_TILE_SHAPES + cuda_step.STORE_TILE_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
 def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):
-    """A shape with the tile in shared memory (suffix ``b``) or with the short load chain (suffix ``c``) gives
-    bit for bit the outputs and every state of the register-tile shape with the same rows and lanes per thread
-    (same operations, same order), with padding, an empty request and a 0 initial slot in the batch; and
-    float64's values within the usual tolerances."""
+    """A shape with the tile in shared memory (suffix ``b``; its copy split per pass, ``w``; its snapshots stored by
+    bulk copies, ``o``) or with the
+    short load chain (suffix ``c``) gives bit for bit the outputs and every state of the register-tile shape with
+    the same rows and lanes per thread (same operations, same order), with padding, an empty request and a 0
+    initial slot in the batch; and float64's values within the usual tolerances."""
     _sm90()
     cfg = cuda_step.CudaConfig.parse(label)
-    twin = cuda_step.CudaConfig.parse(label.rstrip("cb"))
+    twin = cuda_step.CudaConfig.parse(label.rstrip("cbwo"))
     assert (cfg.bulk or cfg.chain) and not (twin.bulk or twin.chain)
     c = Cell(n, t, state_dtype, seed=n + 7 * t)
     _ragged(c, torch.Generator(device=DEV).manual_seed(n * t))

@@ -61,6 +61,21 @@
 // outputs and states are bitwise those of that shape. (A persistent form, each CTA taking items in turn
 // and copying the next item's tile in while one computed, was measured slower in every cell and removed:
 // docs/bench-gdn-h200.md.)
+//
+// TILE_SPLIT 1 (suffix `w`, with TILE_SMEM): the tile's copy in CH pieces, one per pass (RP rows each), each
+// completing its own mbarrier, and pass c waits only for piece c: the first pass computes (and stores its
+// snapshot rows) while the later pieces are still arriving. The same operations in the same order: outputs and
+// states are bitwise those of the shape without `w`.
+//
+// TILE_STORE 1 or 2 (suffix `o` / `oo`, with TILE_SMEM, not STREAM): each token's snapshot rows of a pass leave
+// through shared memory and one bulk copy (cp.async.bulk shared -> global, PIECE bytes), not 16-byte stores per
+// thread: the threads write their rows (pool dtype) into a staging buffer, fence it for the async proxy, meet at
+// a barrier, and thread 0 starts the copy; the TMA engine drains it while the next token computes. TILE_STORE 1
+// stages in the pass's own rows of the tile buffer (free once the pass loaded them: a thread writes only the
+// chunks it loaded) and waits, before the next token writes it, for the copy to have read it (a second barrier);
+// TILE_STORE 2 alternates that region with one more PIECE of dynamic shared memory, so the wait for the token
+// before's copy (thread 0, before the one barrier) is all. Thread 0 waits for its copies to complete before the
+// CTA exits. The same values: outputs and states are bitwise those of the shape without `o`.
 
 #define CL (V / BV)
 #define RP ((NT / P) * R)  // rows per pass
@@ -90,6 +105,18 @@
 #define REG_CHAIN (SHORT_CHAIN && !TILE_SMEM)
 #if TILE_SMEM && CL > 1
 #error "TILE_SMEM: one CTA per head (BV == V)"
+#endif
+#ifndef TILE_SPLIT
+#define TILE_SPLIT 0
+#endif
+#if TILE_SPLIT && !TILE_SMEM
+#error "TILE_SPLIT: the tile in shared memory (TILE_SMEM)"
+#endif
+#ifndef TILE_STORE
+#define TILE_STORE 0
+#endif
+#if TILE_STORE && (!TILE_SMEM || STREAM)
+#error "TILE_STORE: the tile in shared memory (TILE_SMEM), plain stores (STREAM 0)"
 #endif
 
 #include "rows.cuh"
@@ -177,6 +204,33 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+#define PIECE (RP * K * SB)  // (TILE_SPLIT, TILE_STORE) pass c's rows of the tile: piece c
+// (TILE_STORE) a bulk copy shared -> global of `bytes` from shared address src, committed as its own group; wait
+// until every committed copy has read its source (read) or completed (all)
+__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// the tile's barrier (TILE_SPLIT: one per piece, 8 bytes apart) initialised, then its copy from src started
+__device__ __forceinline__ void tile_init(unsigned bar) {
+#if TILE_SPLIT
+#pragma unroll
+    for (int c = 0; c < CH; ++c) mbar_init(bar + 8 * c, 1);
+#else
+    mbar_init(bar, 1);
+#endif
+}
+__device__ __forceinline__ void tile_copy(unsigned dst, const char* src, unsigned bar) {
+#if TILE_SPLIT
+#pragma unroll
+    for (int c = 0; c < CH; ++c) bulk_load(dst + c * PIECE, src + c * PIECE, PIECE, bar + 8 * c);
+#else
+    bulk_load(dst, src, TILE_BYTES, bar);
+#endif
+}
 #endif
 
 // cluster barrier halves (sm_90): arrive (relaxed or release) and wait (acquire)
@@ -229,8 +283,13 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const int row0 = rank * BV;
 #if TILE_SMEM
     extern __shared__ __align__(128) unsigned char tbuf[];  // the item's state tile (TILE_BYTES)
+#if TILE_SPLIT
+    __shared__ __align__(8) unsigned long long tbar[CH];    // piece c (pass c's rows) completes tbar[c]
+    const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar[0]), dst = (unsigned)__cvta_generic_to_shared(tbuf);
+#else
     __shared__ __align__(8) unsigned long long tbar;        // completed by the tile's copy
     const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar), dst = (unsigned)__cvta_generic_to_shared(tbuf);
+#endif
 #if SHORT_CHAIN
     // every lane resolves the item at once (resolve_lanes: one round trip), then thread 0 starts the tile's copy
     const int nh = blockIdx.x;
@@ -238,16 +297,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     int ntok;
     resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
     if (tid == 0) {
-        mbar_init(bar, 1);
+        tile_init(bar);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if (ntok > 0 && slot0 > 0)
-            bulk_load(dst, (const char*)state + (slot0 * s_state_slot + (i64)(nh % HV) * V * K) * SB, TILE_BYTES, bar);
+            tile_copy(dst, (const char*)state + (slot0 * s_state_slot + (i64)(nh % HV) * V * K) * SB, bar);
     }
     __syncthreads();  // (the barrier initialised before any thread waits on it)
 #else
     __shared__ i64 info[3];                                 // the item's bos, ntok, slot0 (from thread 0)
     if (tid == 0) {  // the item's chain; its tile's copy started where it has a state
-        mbar_init(bar, 1);
+        tile_init(bar);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if ((int)blockIdx.x < n_items) {
             i64 b_, s_;
@@ -258,8 +317,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             info[2] = s_;
             const int it = blockIdx.x;
             if (info[1] > 0 && info[2] > 0)
-                bulk_load(dst, (const char*)state + (info[2] * s_state_slot + (i64)(it % HV) * V * K) * SB,
-                          TILE_BYTES, bar);
+                tile_copy(dst, (const char*)state + (info[2] * s_state_slot + (i64)(it % HV) * V * K) * SB, bar);
         }
     }
     __syncthreads();
@@ -398,15 +456,21 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     if (!EARLY_QK) stage_rows();
 #endif
     __syncthreads();
-#if TILE_SMEM
+#if TILE_SMEM && !TILE_SPLIT
     mbar_wait(bar, 0);  // the item's tile is in the buffer
 #endif
 
     // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
+#if TILE_STORE
+    int nst = 0;  // the snapshot copies started so far
+#endif
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const i64 off = (i64)c * RP * K * SB;
 #if TILE_SMEM
+#if TILE_SPLIT
+        mbar_wait(bar + 8 * c, 0);  // piece c (this pass's rows) is in the buffer
+#endif
         load_rows(S, (const char*)tbuf + off, g, p);
         if (c + 1 == CH) __syncthreads();  // (not needed with one item per CTA; in the measured build, kept)
 #else
@@ -421,7 +485,25 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
                 for (int i = 0; i < R; ++i) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
             }
             const i64 st = slots[t];
+#if TILE_STORE
+            if (st > 0) {  // (slots[t] is the CTA's: every thread takes the same branch)
+                char* buf = (TILE_STORE == 2 && (nst & 1)) ? (char*)tbuf + TILE_BYTES : (char*)tbuf + off;
+                if (TILE_STORE == 1 && nst > 0) {  // the previous copy has read the buffer
+                    if (tid == 0) bulk_wait_read();
+                    __syncthreads();
+                }
+                store_rows(buf, S, g, p);
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                if (TILE_STORE == 2 && tid == 0) bulk_wait_read();  // the other buffer is free for the next token
+                __syncthreads();
+                if (tid == 0)
+                    bulk_store((char*)state + (st * s_state_slot + tile) * SB + off,
+                               (unsigned)__cvta_generic_to_shared(buf), PIECE);
+                ++nst;
+            }
+#else
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
+#endif
         }
         if (!TILE_SMEM && c + 1 < CH) {
 #pragma unroll
@@ -455,4 +537,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         const float y = on[t][r] * rstd[t] * wn[r] * gz[t][r];
         stf<O_KIND>(out, (bos + t) * s_o_tok + (i64)hv * V + row0 + r, y);
     }
+#if TILE_STORE
+    if (tid == 0) bulk_wait_all();  // (the buffers stay the CTA's until its copies have completed)
+#endif
 }
