@@ -67,22 +67,15 @@ def _chain_tile_shapes():
             for dt in (torch.float32, BF) for tm in (2, 4, 8)]
 
 
-def _split_tile_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.SPLIT_TILE_SHAPES`` (suffix ``w``) at every TM the table uses
-    (the ``cbw`` ones at the spec-verify TMs only, as their ``cb`` twins)."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SPLIT_TILE_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8) if tm > 1 or "c" not in label]
-
-
-def _store_tile_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.STORE_TILE_SHAPES`` (suffix ``o`` / ``oo``), as above."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.STORE_TILE_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8) if tm > 1 or "c" not in label]
+def _async_norm_shapes():
+    """(state dtype, spec, TM, config) of ``cuda_step.ASYNC_NORM_SHAPES`` (suffix ``a``) at every TM the table uses."""
+    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.ASYNC_NORM_SHAPES
+            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
 
 
 @pytest.mark.parametrize("state_dtype,spec,tm,cfg",
                          _shipped() + _shared_tile_shapes() + _chain_shapes() + _chain_tile_shapes()
-                         + _split_tile_shapes() + _store_tile_shapes())
+                         + _async_norm_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -201,44 +194,19 @@ def test_chain_shapes_parse_and_refuse_what_they_cannot_take():
                                                       tm=4, kinds={})
 
 
-def test_split_tile_shapes_parse_and_refuse_what_they_cannot_take():
-    """The labels' ``w`` suffix round-trips into the TILE_SPLIT build, only with the tile in shared memory and more
-    than one pass (one piece per pass); the other shapes' defines are as before."""
-    for label in cuda_step.SPLIT_TILE_SHAPES:
+def test_async_norm_shapes_parse_and_refuse_what_they_cannot_take():
+    """The labels' ``a`` suffix round-trips into the NORM_ASYNC build, for clusters only (more than one CTA per
+    head); the other shapes' defines are as before."""
+    for label in cuda_step.ASYNC_NORM_SHAPES:
         cfg = cuda_step.CudaConfig.parse(label)
-        assert cfg.label() == label and cfg.split and cfg.bulk
+        assert cfg.label() == label and cfg.norm_async and cfg.block_v < V
         assert cuda_step.config_why(K, V, BF, cfg) is None
-        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["TILE_SPLIT"] == 1
-    assert "one pass" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x4t256m2bw"))
-    assert "without the tile" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4w"))
-    for bad in ("128x8x2t256m4wb", "128x8x2t256m4bwc"):
-        with pytest.raises(ValueError):
-            cuda_step.CudaConfig.parse(bad)
-    for label in cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_TILE_SHAPES + ("128x8x4t256m2",):
-        assert "TILE_SPLIT" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
-                                                     tm=4, kinds={})
-
-
-def test_store_tile_shapes_parse_and_refuse_what_they_cannot_take():
-    """The labels' ``o`` / ``oo`` suffix round-trips into TILE_STORE 1 / 2, only with the tile in shared memory and
-    plain stores; ``oo`` asks one more pass's rows of dynamic shared memory; the other shapes' defines and shared
-    memory are as before."""
-    for label in cuda_step.STORE_TILE_SHAPES:
-        cfg = cuda_step.CudaConfig.parse(label)
-        assert cfg.label() == label and cfg.bulk and cfg.store == label.count("o")
-        assert cuda_step.config_why(K, V, BF, cfg) is None
-        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["TILE_STORE"] == cfg.store
-    pool = torch.empty(2, HV, V, K, dtype=BF)
-    assert cuda_step.dynamic_smem(pool, cuda_step.CudaConfig.parse("128x8x2t256m4cboo")) == V * K * 2 + 64 * K * 2
-    assert cuda_step.dynamic_smem(pool, cuda_step.CudaConfig.parse("128x8x2t256m4cbo")) == V * K * 2
-    assert cuda_step.dynamic_smem(pool, cuda_step.CudaConfig.parse("128x8x4t256m2c")) == 0
-    assert "streaming" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4sbo"))
-    assert "without the tile" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4o"))
-    for bad in ("128x8x2t256m4ooo", "128x8x2t256m4bow"):
-        with pytest.raises(ValueError):
-            cuda_step.CudaConfig.parse(bad)
-    for label in cuda_step.SMEM_TILE_SHAPES + cuda_step.SPLIT_TILE_SHAPES + ("128x8x4t256m2",):
-        assert "TILE_STORE" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["NORM_ASYNC"] == 1
+    assert "one CTA per head" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x4t256m2ca"))
+    with pytest.raises(ValueError):
+        cuda_step.CudaConfig.parse("64x8x4t128m4ac")
+    for label in cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + ("64x8x1t128m8",):
+        assert "NORM_ASYNC" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
                                                      tm=4, kinds={})
 
 

@@ -281,19 +281,18 @@ def _sm90():
 
 
 @pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES
-                         + cuda_step.SPLIT_TILE_SHAPES + cuda_step.STORE_TILE_SHAPES)
+                         + cuda_step.ASYNC_NORM_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
 def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):
-    """A shape with the tile in shared memory (suffix ``b``; its copy split per pass, ``w``; its snapshots stored by
-    bulk copies, ``o``) or with the
-    short load chain (suffix ``c``) gives bit for bit the outputs and every state of the register-tile shape with
-    the same rows and lanes per thread (same operations, same order), with padding, an empty request and a 0
-    initial slot in the batch; and float64's values within the usual tolerances."""
+    """A shape with the tile in shared memory (suffix ``b``), with the short load chain (suffix ``c``) or with the
+    norm's sums sent by st.async (suffix ``a``) gives bit for bit the outputs and every state of the register-tile
+    shape with the same rows and lanes per thread (same operations, same order), with padding, an empty request
+    and a 0 initial slot in the batch; and float64's values within the usual tolerances."""
     _sm90()
     cfg = cuda_step.CudaConfig.parse(label)
-    twin = cuda_step.CudaConfig.parse(label.rstrip("cbwo"))
-    assert (cfg.bulk or cfg.chain) and not (twin.bulk or twin.chain)
+    twin = cuda_step.CudaConfig.parse(label.rstrip("cba"))
+    assert (cfg.bulk or cfg.chain or cfg.norm_async) and not (twin.bulk or twin.chain or twin.norm_async)
     c = Cell(n, t, state_dtype, seed=n + 7 * t)
     _ragged(c, torch.Generator(device=DEV).manual_seed(n * t))
     s0 = c.state.clone()
@@ -360,14 +359,14 @@ def test_chain_shapes_take_num_accepted_out_of_range_as_padding(label, state_dty
 
 
 @pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c",
-                                   "128x8x2t256m4cb", "128x16x4t512m2cb"])
+                                   "128x8x2t256m4cb", "128x16x4t512m2cb", "64x8x4t128m4ca"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("t", [1, 4])
 def test_shared_tile_shapes_replay_in_a_graph(label, state_dtype, t):
     """Captured once, replayed after new lengths, slots, padding, accepted counts and inputs: bit for bit what
     the register-tile twin computes eagerly from the same pool (nothing compiled inside the capture)."""
     _sm90()
-    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cb"))
+    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cba"))
     n = 40
     c = Cell(n, t, state_dtype, seed=11 + t)
     _, run = _direct(c, cfg)

@@ -52,19 +52,13 @@ SMEM_TILE_SHAPES = ("128x8x4t256m2b", "128x8x2t256m4b", "128x16x4t512m2b", "128x
 #: tile's copy starts one memory round trip earlier), timed by bench_gdn.py in the spec-verify cells (T >= 2) only:
 #: a plain decode's chain is one load already, and there the R = 2 build keeps a 16-24 byte stack (NVRTC 13.5)
 CHAIN_TILE_SHAPES = ("128x8x2t256m4cb", "128x16x4t512m2cb", "128x16x2t512m2cb")
-#: shared-tile shapes whose tile copy is split per pass (suffix ``w``: pass c waits only for its own rows, so the first
-#: pass computes and stores while the rest arrive), timed by bench_gdn.py beside their twins without ``w``
-SPLIT_TILE_SHAPES = ("128x8x2t256m4bw", "128x8x2t256m4cbw", "128x8x2t128m6cbw", "128x8x1t256m4cbw",
-                     "128x16x2t512m2cbw")
-#: shared-tile shapes whose snapshot rows leave by bulk copies from shared memory (suffix ``o``: staged in the pass's
-#: own rows of the tile, two barriers a token; ``oo``: two staging buffers, one barrier), timed by bench_gdn.py
-#: beside their twins without ``o``
-STORE_TILE_SHAPES = ("128x8x2t256m4cbo", "128x8x2t256m4cboo", "128x8x2t256m4bo", "128x16x4t512m2cbo",
-                     "128x16x2t512m2cbo", "128x16x2t512m2cboo", "128x8x4t256m2cbo")
 #: launch shapes with the short load chain (suffix ``c``), timed by bench_gdn.py at batch 1 and 8 (docs/bench-gdn-h200.md)
 #: (128 registers, one pass: 1, 2 or 4 CTAs a head; the 64-register R = 2 cluster shapes keep 16-48 byte stacks with
 #: NVRTC 13.0, with or without it)
 CHAIN_SHAPES = ("128x8x4t256m2c", "64x8x4t128m4c", "32x8x4t64m8c", "16x8x1t128m8c")
+#: cluster shapes whose norm's partial sums go by st.async to the receiver's mbarrier (suffix ``a``: no release
+#: barrier draining the snapshot stores before the norm), timed by bench_gdn.py beside their twins
+ASYNC_NORM_SHAPES = ("64x8x4t128m4ca", "32x8x4t64m8ca", "16x8x1t128m8ca", "64x8x1t128m8a")
 #: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
 #: the staging's static arrays beside it)
 MAX_SMEM_TILE = 128 * 1024
@@ -87,9 +81,8 @@ class CudaConfig:
     ``min_blocks``: CTAs per SM asked of ptxas's register allocator; ``stream``: streaming (``.cs``)
     snapshot stores; ``bulk``: the head's state tile copied into shared memory while the CTA stages its
     inputs (one CTA per head: ``block_v`` = V); ``chain``: the short load chain (register tile, one pass);
-    ``split`` (with ``bulk``): the tile's copy in one piece per pass, each pass waiting only for its own rows;
-    ``store`` (with ``bulk``): each token's snapshot rows of a pass written by one bulk copy from shared memory
-    (1: staged in the pass's own rows of the tile; 2: alternating with one more piece of shared memory)."""
+    ``norm_async`` (clusters): the norm's partial sums sent by ``st.async`` completing the receiver's mbarrier,
+    with no release barrier (which waits for the snapshot stores to drain)."""
 
     block_v: int = 128
     lanes: int = 8
@@ -99,27 +92,26 @@ class CudaConfig:
     stream: bool = False
     bulk: bool = False
     chain: bool = False
-    split: bool = False
-    store: int = 0
+    norm_async: bool = False
 
     def threads(self) -> int:
         return self.nthreads
 
     def label(self) -> str:
-        """``BVxPxRtNTmN[s][c][b][w][o|oo]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
-        streaming, short load chain, state tile in shared memory, its copy split per pass, bulk snapshot stores)."""
+        """``BVxPxRtNTmN[s][c][b][a]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
+        streaming, short load chain, state tile in shared memory, the norm's sums by st.async)."""
         return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
                 f"{'s' if self.stream else ''}{'c' if self.chain else ''}{'b' if self.bulk else ''}"
-                f"{'w' if self.split else ''}{'o' * self.store}")
+                f"{'a' if self.norm_async else ''}")
 
     @classmethod
     def parse(cls, label: str) -> CudaConfig:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)(w?)(o{0,2})", label)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)(a?)", label)
         if not m:
-            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b][w][o|oo]")
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b][a]")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
-                   m.group(6) == "s", m.group(8) == "b", m.group(7) == "c", m.group(9) == "w",
-                   len(m.group(10)))
+                   m.group(6) == "s", m.group(8) == "b", m.group(7) == "c",
+                   m.group(9) == "a")
 
     def spec_only(self) -> bool:
         """Timed (and routed) in spec-verify cells only: the shared tile with the short chain (``cb``; see
@@ -166,10 +158,8 @@ def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm:
         d["TILE_SMEM"] = 1
     if cfg.chain:  # (likewise)
         d["SHORT_CHAIN"] = 1
-    if cfg.split:  # (likewise)
-        d["TILE_SPLIT"] = 1
-    if cfg.store:  # (likewise)
-        d["TILE_STORE"] = cfg.store
+    if cfg.norm_async:  # (likewise)
+        d["NORM_ASYNC"] = 1
     d.update(kinds)
     return d
 
@@ -188,10 +178,8 @@ def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str
         return f"a {V} x {K} state tile in shared memory (takes <= {MAX_SMEM_TILE // 1024} KiB)"
     if cfg.bulk and cfg.block_v != V:
         return f"a state tile in shared memory with {V // cfg.block_v} CTAs per head (one CTA per head only)"
-    if cfg.split and (not cfg.bulk or cfg.block_v == rp):
-        return "a split tile copy without the tile in shared memory or with one pass (one piece per pass)"
-    if cfg.store and (not cfg.bulk or cfg.stream):
-        return "bulk snapshot stores without the tile in shared memory or with streaming stores"
+    if cfg.norm_async and cfg.block_v == V:
+        return "the norm's sums by st.async with one CTA per head (a cluster's only)"
     if cfg.chain and not cfg.bulk and cfg.block_v != rp:
         return f"the short load chain with {cfg.block_v // rp} passes (the register tile in one pass only)"
     e = cfg.rows * K // cfg.lanes
@@ -259,15 +247,6 @@ def tile_bytes(state: torch.Tensor) -> int:
     return state.shape[2] * state.shape[3] * state.element_size()
 
 
-def dynamic_smem(state: torch.Tensor, cfg: CudaConfig) -> int:
-    """A launch's dynamic shared memory: the state tile (``bulk``), and with ``store == 2`` one more pass's rows
-    (the second staging buffer of the bulk snapshot stores)."""
-    if not cfg.bulk:
-        return 0
-    piece = cfg.rows_per_pass() * state.shape[3] * state.element_size()
-    return tile_bytes(state) + (piece if cfg.store == 2 else 0)
-
-
 def scalar_values(mixed_qkv, a, b, out, state, idx, z, *, scale: float, norm_eps: float, cols: int,
                   n_items: int = 0) -> list:
     """Every value of :data:`PARAMS` for one call layout, the pointers as 0 (written per call); ``n_items``:
@@ -301,7 +280,7 @@ class CudaStep:
         self.spec, self.cfg = spec, cfg
         dev = _cudart.device_index(state)
         self.device = dev
-        kern = kernel(self.defines, dev, dynamic_smem(state, cfg))
+        kern = kernel(self.defines, dev, tile_bytes(state) if cfg.bulk else 0)
         items = n_req * HV
         self.grid = items * (V // cfg.block_v)
         self.launch = _cudart.Launch(kern, max(self.grid, 1), cfg.threads(), SIG,

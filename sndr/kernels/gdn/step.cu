@@ -52,6 +52,13 @@
 // tile's copy one round trip earlier than TILE_SMEM's own chain (thread 0 alone: cu_seqlens and num_accepted,
 // then the index column); the staging is TILE_SMEM's, the tokens' slots from the lanes' index columns.
 //
+// NORM_ASYNC 1 (launch shape label suffix `a`; clusters only, CL > 1): the norm's partial sums go to the cluster's
+// CTAs by st.async, each completing the receiving CTA's mbarrier (expecting CL x nt sums), which the CTA waits for,
+// instead of plain DSMEM stores and a cluster barrier with release semantics: that release waits until every
+// earlier store of the thread, the snapshot rows included, has been performed (ncu, fp32 batch 8 T = 2
+// `64x8x4t128m4c`: 9% of the warps' stall samples at its ERRBAR), so the norm and the output stores no longer
+// wait for the state stores to drain. The same values in the same order: bitwise the shape without `a`.
+//
 // TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
 // contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
 // shared memory by one cp.async.bulk completing an mbarrier, started by thread 0 before the CTA stages its
@@ -61,21 +68,6 @@
 // outputs and states are bitwise those of that shape. (A persistent form, each CTA taking items in turn
 // and copying the next item's tile in while one computed, was measured slower in every cell and removed:
 // docs/bench-gdn-h200.md.)
-//
-// TILE_SPLIT 1 (suffix `w`, with TILE_SMEM): the tile's copy in CH pieces, one per pass (RP rows each), each
-// completing its own mbarrier, and pass c waits only for piece c: the first pass computes (and stores its
-// snapshot rows) while the later pieces are still arriving. The same operations in the same order: outputs and
-// states are bitwise those of the shape without `w`.
-//
-// TILE_STORE 1 or 2 (suffix `o` / `oo`, with TILE_SMEM, not STREAM): each token's snapshot rows of a pass leave
-// through shared memory and one bulk copy (cp.async.bulk shared -> global, PIECE bytes), not 16-byte stores per
-// thread: the threads write their rows (pool dtype) into a staging buffer, fence it for the async proxy, meet at
-// a barrier, and thread 0 starts the copy; the TMA engine drains it while the next token computes. TILE_STORE 1
-// stages in the pass's own rows of the tile buffer (free once the pass loaded them: a thread writes only the
-// chunks it loaded) and waits, before the next token writes it, for the copy to have read it (a second barrier);
-// TILE_STORE 2 alternates that region with one more PIECE of dynamic shared memory, so the wait for the token
-// before's copy (thread 0, before the one barrier) is all. Thread 0 waits for its copies to complete before the
-// CTA exits. The same values: outputs and states are bitwise those of the shape without `o`.
 
 #define CL (V / BV)
 #define RP ((NT / P) * R)  // rows per pass
@@ -106,17 +98,11 @@
 #if TILE_SMEM && CL > 1
 #error "TILE_SMEM: one CTA per head (BV == V)"
 #endif
-#ifndef TILE_SPLIT
-#define TILE_SPLIT 0
+#ifndef NORM_ASYNC
+#define NORM_ASYNC 0
 #endif
-#if TILE_SPLIT && !TILE_SMEM
-#error "TILE_SPLIT: the tile in shared memory (TILE_SMEM)"
-#endif
-#ifndef TILE_STORE
-#define TILE_STORE 0
-#endif
-#if TILE_STORE && (!TILE_SMEM || STREAM)
-#error "TILE_STORE: the tile in shared memory (TILE_SMEM), plain stores (STREAM 0)"
+#if NORM_ASYNC && CL == 1
+#error "NORM_ASYNC: a cluster (BV < V)"
 #endif
 
 #include "rows.cuh"
@@ -186,8 +172,7 @@ __device__ __forceinline__ void resolve_lanes(int n, const void* indices, const 
 }
 #endif
 
-#if TILE_SMEM
-// (sm_90) an mbarrier and a bulk copy global -> shared completing it (bytes counted by the transaction count)
+// (sm_90) an mbarrier (TILE_SMEM: the tile's copy; NORM_ASYNC: the norm's partial sums)
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -197,39 +182,14 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
         " @!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+#if TILE_SMEM
+// a bulk copy global -> shared completing an mbarrier (bytes counted by the transaction count)
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
     // (no reads of the buffer precede the copy: the proxy fence orders nothing here, kept as measured)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-#define PIECE (RP * K * SB)  // (TILE_SPLIT, TILE_STORE) pass c's rows of the tile: piece c
-// (TILE_STORE) a bulk copy shared -> global of `bytes` from shared address src, committed as its own group; wait
-// until every committed copy has read its source (read) or completed (all)
-__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-// the tile's barrier (TILE_SPLIT: one per piece, 8 bytes apart) initialised, then its copy from src started
-__device__ __forceinline__ void tile_init(unsigned bar) {
-#if TILE_SPLIT
-#pragma unroll
-    for (int c = 0; c < CH; ++c) mbar_init(bar + 8 * c, 1);
-#else
-    mbar_init(bar, 1);
-#endif
-}
-__device__ __forceinline__ void tile_copy(unsigned dst, const char* src, unsigned bar) {
-#if TILE_SPLIT
-#pragma unroll
-    for (int c = 0; c < CH; ++c) bulk_load(dst + c * PIECE, src + c * PIECE, PIECE, bar + 8 * c);
-#else
-    bulk_load(dst, src, TILE_BYTES, bar);
-#endif
 }
 #endif
 
@@ -261,6 +221,19 @@ __device__ __forceinline__ void st_cluster(float* p, int rank, float f) {
 #endif
 }
 
+#if NORM_ASYNC
+// store f to the same shared variable (at generic address p) of cluster CTA `rank`, completing `bytes` of the
+// transaction count of that CTA's mbarrier at shared address bar (this CTA's address of the same variable)
+__device__ __forceinline__ void st_cluster_async(float* p, int rank, float f, unsigned bar) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned ra, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(bar), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(ra),
+                 "r"(__float_as_uint(f)), "r"(rb) : "memory");
+}
+#endif
+
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_step(
     const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
     const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const void* __restrict__ indices,
@@ -283,13 +256,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const int row0 = rank * BV;
 #if TILE_SMEM
     extern __shared__ __align__(128) unsigned char tbuf[];  // the item's state tile (TILE_BYTES)
-#if TILE_SPLIT
-    __shared__ __align__(8) unsigned long long tbar[CH];    // piece c (pass c's rows) completes tbar[c]
-    const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar[0]), dst = (unsigned)__cvta_generic_to_shared(tbuf);
-#else
     __shared__ __align__(8) unsigned long long tbar;        // completed by the tile's copy
     const unsigned bar = (unsigned)__cvta_generic_to_shared(&tbar), dst = (unsigned)__cvta_generic_to_shared(tbuf);
-#endif
 #if SHORT_CHAIN
     // every lane resolves the item at once (resolve_lanes: one round trip), then thread 0 starts the tile's copy
     const int nh = blockIdx.x;
@@ -297,16 +265,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     int ntok;
     resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
     if (tid == 0) {
-        tile_init(bar);
+        mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if (ntok > 0 && slot0 > 0)
-            tile_copy(dst, (const char*)state + (slot0 * s_state_slot + (i64)(nh % HV) * V * K) * SB, bar);
+            bulk_load(dst, (const char*)state + (slot0 * s_state_slot + (i64)(nh % HV) * V * K) * SB, TILE_BYTES, bar);
     }
     __syncthreads();  // (the barrier initialised before any thread waits on it)
 #else
     __shared__ i64 info[3];                                 // the item's bos, ntok, slot0 (from thread 0)
     if (tid == 0) {  // the item's chain; its tile's copy started where it has a state
-        tile_init(bar);
+        mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if ((int)blockIdx.x < n_items) {
             i64 b_, s_;
@@ -317,7 +285,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
             info[2] = s_;
             const int it = blockIdx.x;
             if (info[1] > 0 && info[2] > 0)
-                tile_copy(dst, (const char*)state + (info[2] * s_state_slot + (i64)(it % HV) * V * K) * SB, bar);
+                bulk_load(dst, (const char*)state + (info[2] * s_state_slot + (i64)(it % HV) * V * K) * SB,
+                          TILE_BYTES, bar);
         }
     }
     __syncthreads();
@@ -341,6 +310,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     resolve(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, bos, ntok, slot0);
 #endif
     const int n = nh / HV, hv = nh % HV, h = hv / (HV / H);
+#if NORM_ASYNC
+    // the norm's barrier: completed by the CL x nt partial sums stored into this CTA (initialised before this
+    // CTA's first cluster arrival, so that every CTA's is before any store into it)
+    __shared__ __align__(8) unsigned long long pbar_;
+    const unsigned pbar = (unsigned)__cvta_generic_to_shared(&pbar_);
+    if (tid == 0) {
+        mbar_init(pbar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
     // (every CTA of a cluster is the same request and head: they all take the same branch here)
     if (ntok <= 0) return;
     if (slot0 <= 0) {  // padding: zero outputs, no state
@@ -456,21 +435,15 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     if (!EARLY_QK) stage_rows();
 #endif
     __syncthreads();
-#if TILE_SMEM && !TILE_SPLIT
+#if TILE_SMEM
     mbar_wait(bar, 0);  // the item's tile is in the buffer
 #endif
 
     // CH passes over the CTA's rows, RP rows each: the next pass's rows are loaded before this one computes
-#if TILE_STORE
-    int nst = 0;  // the snapshot copies started so far
-#endif
 #pragma unroll
     for (int c = 0; c < CH; ++c) {
         const i64 off = (i64)c * RP * K * SB;
 #if TILE_SMEM
-#if TILE_SPLIT
-        mbar_wait(bar + 8 * c, 0);  // piece c (this pass's rows) is in the buffer
-#endif
         load_rows(S, (const char*)tbuf + off, g, p);
         if (c + 1 == CH) __syncthreads();  // (not needed with one item per CTA; in the measured build, kept)
 #else
@@ -485,25 +458,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
                 for (int i = 0; i < R; ++i) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
             }
             const i64 st = slots[t];
-#if TILE_STORE
-            if (st > 0) {  // (slots[t] is the CTA's: every thread takes the same branch)
-                char* buf = (TILE_STORE == 2 && (nst & 1)) ? (char*)tbuf + TILE_BYTES : (char*)tbuf + off;
-                if (TILE_STORE == 1 && nst > 0) {  // the previous copy has read the buffer
-                    if (tid == 0) bulk_wait_read();
-                    __syncthreads();
-                }
-                store_rows(buf, S, g, p);
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                if (TILE_STORE == 2 && tid == 0) bulk_wait_read();  // the other buffer is free for the next token
-                __syncthreads();
-                if (tid == 0)
-                    bulk_store((char*)state + (st * s_state_slot + tile) * SB + off,
-                               (unsigned)__cvta_generic_to_shared(buf), PIECE);
-                ++nst;
-            }
-#else
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
-#endif
         }
         if (!TILE_SMEM && c + 1 < CH) {
 #pragma unroll
@@ -511,15 +466,26 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         }
     }
     __syncthreads();
+#if NORM_ASYNC
+    if (tid == 0)  // this phase completes when all CL x nt sums have arrived
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(pbar), "r"(CL * nt * 4)
+                     : "memory");
+#endif
     cluster_wait();  // (CL > 1) every CTA of the cluster has started
     // this CTA's sums of squares, pushed into every CTA of the head
     for (int t = warp; t < nt; t += NWARPS) {
         float ss = 0.f;
         for (int r = lane; r < BV; r += 32) ss = __fmaf_rn(on[t][r], on[t][r], ss);
         ss = warp_sum(ss);
+#if NORM_ASYNC
+        if (lane < CL) st_cluster_async(&parts[t][rank], lane, ss, pbar);
+#else
         if (lane < CL) st_cluster(&parts[t][rank], lane, ss);
+#endif
     }
-#if CL > 1
+#if NORM_ASYNC
+    mbar_wait(pbar, 0);  // (no release fence: the snapshot stores are not drained here)
+#elif CL > 1
     cluster_arrive_release();
     cluster_wait();
 #else
@@ -537,7 +503,4 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
         const float y = on[t][r] * rstd[t] * wn[r] * gz[t][r];
         stf<O_KIND>(out, (bos + t) * s_o_tok + (i64)hv * V + row0 + r, y);
     }
-#if TILE_STORE
-    if (tid == 0) bulk_wait_all();  // (the buffers stay the CTA's until its copies have completed)
-#endif
 }
