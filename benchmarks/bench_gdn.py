@@ -854,11 +854,13 @@ def norm_sweep(args, bw, op):
 #: beside persistent forms, since removed: docs/bench-gdn-h200.md)
 #: (the last five: the short load chain, cuda_step.CHAIN_SHAPES, and the 2-CTA register-tile shape; gb8's run of
 #: 2026-12-02 timed them at batch 1 and 8, where they are routed: docs/bench-gdn-h200.md)
-#: (the last four: the cluster shapes with the norm's sums by st.async, cuda_step.ASYNC_NORM_SHAPES, beside their twins)
+#: (then four: the cluster shapes with the norm's sums by st.async, cuda_step.ASYNC_NORM_SHAPES, beside their twins;
+#: the last three: a uniform batch's token rows sent to L2 while cu_seqlens is in flight, cuda_step.GUESS_SHAPES)
 CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8", "128x8x2t256m4b",
                    "128x16x2t512m2b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c", "64x8x4t128m4",
                    "32x8x4t64m8c", "16x8x1t128m8c", "128x8x2t256m4cb", "128x16x4t512m2cb", "128x16x2t512m2cb",
-                   "64x8x4t128m4ca", "32x8x4t64m8ca", "16x8x1t128m8ca", "64x8x1t128m8a"]
+                   "64x8x4t128m4ca", "32x8x4t64m8ca", "16x8x1t128m8ca", "64x8x1t128m8a",
+                   "128x8x2t256m4cbg", "64x8x4t128m4cag", "128x8x4t256m2cg"]
 CUDA_SWEEP = ["128x8x1t128m6", "128x8x1t128m6s", "128x8x1t64m12", "128x8x1t256m3", "64x8x1t128m8",
               "32x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
 

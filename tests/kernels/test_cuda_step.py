@@ -73,9 +73,15 @@ def _async_norm_shapes():
             for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
 
 
+def _guess_shapes():
+    """(state dtype, spec, TM, config) of ``cuda_step.GUESS_SHAPES`` (suffix ``g``) at every spec-verify TM."""
+    return [(dt, True, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.GUESS_SHAPES
+            for dt in (torch.float32, BF) for tm in (2, 4, 8)]
+
+
 @pytest.mark.parametrize("state_dtype,spec,tm,cfg",
                          _shipped() + _shared_tile_shapes() + _chain_shapes() + _chain_tile_shapes()
-                         + _async_norm_shapes())
+                         + _async_norm_shapes() + _guess_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -207,6 +213,23 @@ def test_async_norm_shapes_parse_and_refuse_what_they_cannot_take():
         cuda_step.CudaConfig.parse("64x8x4t128m4ac")
     for label in cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + ("64x8x1t128m8",):
         assert "NORM_ASYNC" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
+                                                     tm=4, kinds={})
+
+
+def test_guess_shapes_parse_and_refuse_what_they_cannot_take():
+    """The labels' ``g`` suffix round-trips into GUESS_ROWS for the MTP call only (the packed decode's rows are
+    known at launch), with the short chain only; the other shapes' defines are as before."""
+    for label in cuda_step.GUESS_SHAPES:
+        cfg = cuda_step.CudaConfig.parse(label)
+        assert cfg.label() == label and cfg.guess and cfg.chain
+        assert cuda_step.config_why(K, V, BF, cfg) is None
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["GUESS_ROWS"] == 1
+        assert "GUESS_ROWS" not in cuda_step.defines(H, HV, K, V, cfg, spec=False, tm=1, kinds={})
+    assert "without the short load chain" in cuda_step.config_why(K, V, BF, cuda_step.CudaConfig.parse("128x8x2t256m4bg"))
+    with pytest.raises(ValueError):
+        cuda_step.CudaConfig.parse("64x8x4t128m4cga")
+    for label in cuda_step.ASYNC_NORM_SHAPES + cuda_step.CHAIN_TILE_SHAPES:
+        assert "GUESS_ROWS" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
                                                      tm=4, kinds={})
 
 

@@ -59,6 +59,9 @@ CHAIN_SHAPES = ("128x8x4t256m2c", "64x8x4t128m4c", "32x8x4t64m8c", "16x8x1t128m8
 #: cluster shapes whose norm's partial sums go by st.async to the receiver's mbarrier (suffix ``a``: no release
 #: barrier draining the snapshot stores before the norm), timed by bench_gdn.py beside their twins
 ASYNC_NORM_SHAPES = ("64x8x4t128m4ca", "32x8x4t64m8ca", "16x8x1t128m8ca", "64x8x1t128m8a")
+#: short-chain shapes that send a uniform batch's token rows to L2 while cu_seqlens is in flight (suffix ``g``),
+#: timed by bench_gdn.py beside their twins
+GUESS_SHAPES = ("128x8x2t256m4cbg", "64x8x4t128m4cag", "128x8x4t256m2cg")
 #: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
 #: the staging's static arrays beside it)
 MAX_SMEM_TILE = 128 * 1024
@@ -82,7 +85,8 @@ class CudaConfig:
     snapshot stores; ``bulk``: the head's state tile copied into shared memory while the CTA stages its
     inputs (one CTA per head: ``block_v`` = V); ``chain``: the short load chain (register tile, one pass);
     ``norm_async`` (clusters): the norm's partial sums sent by ``st.async`` completing the receiver's mbarrier,
-    with no release barrier (which waits for the snapshot stores to drain)."""
+    with no release barrier (which waits for the snapshot stores to drain); ``guess`` (short chain, MTP call):
+    the token rows of a uniform batch sent to L2 while ``cu_seqlens`` is in flight."""
 
     block_v: int = 128
     lanes: int = 8
@@ -93,25 +97,26 @@ class CudaConfig:
     bulk: bool = False
     chain: bool = False
     norm_async: bool = False
+    guess: bool = False
 
     def threads(self) -> int:
         return self.nthreads
 
     def label(self) -> str:
-        """``BVxPxRtNTmN[s][c][b][a]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
-        streaming, short load chain, state tile in shared memory, the norm's sums by st.async)."""
+        """``BVxPxRtNTmN[s][c][b][a][g]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
+        streaming, short load chain, state tile in shared memory, the norm's sums by st.async, guessed rows to L2)."""
         return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
                 f"{'s' if self.stream else ''}{'c' if self.chain else ''}{'b' if self.bulk else ''}"
-                f"{'a' if self.norm_async else ''}")
+                f"{'a' if self.norm_async else ''}{'g' if self.guess else ''}")
 
     @classmethod
     def parse(cls, label: str) -> CudaConfig:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)(a?)", label)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)(a?)(g?)", label)
         if not m:
-            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b][a]")
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b][a][g]")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
                    m.group(6) == "s", m.group(8) == "b", m.group(7) == "c",
-                   m.group(9) == "a")
+                   m.group(9) == "a", m.group(10) == "g")
 
     def spec_only(self) -> bool:
         """Timed (and routed) in spec-verify cells only: the shared tile with the short chain (``cb``; see
@@ -160,6 +165,8 @@ def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm:
         d["SHORT_CHAIN"] = 1
     if cfg.norm_async:  # (likewise)
         d["NORM_ASYNC"] = 1
+    if cfg.guess and spec:  # (likewise; the packed decode's rows are known at launch: no guess)
+        d["GUESS_ROWS"] = 1
     d.update(kinds)
     return d
 
@@ -178,6 +185,8 @@ def config_why(K: int, V: int, state_dtype: torch.dtype, cfg: CudaConfig) -> str
         return f"a {V} x {K} state tile in shared memory (takes <= {MAX_SMEM_TILE // 1024} KiB)"
     if cfg.bulk and cfg.block_v != V:
         return f"a state tile in shared memory with {V // cfg.block_v} CTAs per head (one CTA per head only)"
+    if cfg.guess and not cfg.chain:
+        return "guessed token rows without the short load chain"
     if cfg.norm_async and cfg.block_v == V:
         return "the norm's sums by st.async with one CTA per head (a cluster's only)"
     if cfg.chain and not cfg.bulk and cfg.block_v != rp:

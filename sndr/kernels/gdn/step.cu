@@ -59,6 +59,10 @@
 // `64x8x4t128m4c`: 9% of the warps' stall samples at its ERRBAR), so the norm and the output stores no longer
 // wait for the state stores to drain. The same values in the same order: bitwise the shape without `a`.
 //
+// GUESS_ROWS 1 (suffix `g`; the short chain's prologue of the MTP call): warp 0 first sends to L2 the token rows
+// (q, k, v, gate) the request would have if every request had `cols` tokens (vLLM's pure spec-verify batches), so
+// that the staging loads, issued once cu_seqlens is known, find them in L2. A hint: the same loads and values.
+//
 // TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
 // contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
 // shared memory by one cp.async.bulk completing an mbarrier, started by thread 0 before the CTA stages its
@@ -100,6 +104,12 @@
 #endif
 #ifndef NORM_ASYNC
 #define NORM_ASYNC 0
+#endif
+#ifndef GUESS_ROWS
+#define GUESS_ROWS 0
+#endif
+#if GUESS_ROWS && !(SHORT_CHAIN && SPEC)
+#error "GUESS_ROWS: the short chain's prologue (SHORT_CHAIN) of the MTP call (SPEC)"
 #endif
 #if NORM_ASYNC && CL == 1
 #error "NORM_ASYNC: a cluster (BV < V)"
@@ -234,6 +244,30 @@ __device__ __forceinline__ void st_cluster_async(float* p, int rank, float f, un
 }
 #endif
 
+#if GUESS_ROWS
+// (warp 0) the token rows request n would have in a batch of `cols` tokens per request (first token n * cols, as
+// in vLLM's pure spec-verify batches) to L2: q, k and v of x and the gate z, while cu_seqlens is in flight. A
+// hint only: the real rows are loaded from cu_seqlens afterwards, whatever the batch.
+__device__ __forceinline__ void guess_rows(const void* x, const void* z, int n, int h, int hv, int cols, i64 s_x_tok,
+                                           i64 s_z_tok, i64 s_z_head, int lane) {
+    constexpr int XB = X_KIND == 0 ? 4 : 2, ZB = Z_KIND == 0 ? 4 : 2;
+    constexpr int LK = (K * XB + 127) / 128, LV = (V * XB + 127) / 128, LZ = (V * ZB + 127) / 128;
+    constexpr int PER = 2 * LK + LV + LZ;  // 128-byte lines per token
+    for (int l = lane; l < PER * cols; l += 32) {
+        const i64 tok = (i64)n * cols + l / PER;
+        const int w = l % PER;
+        const char* a;
+        if (w < 2 * LK)
+            a = (const char*)x + (tok * s_x_tok + (w < LK ? h * K : H * K + h * K)) * XB + (w % LK) * 128;
+        else if (w < 2 * LK + LV)
+            a = (const char*)x + (tok * s_x_tok + 2 * H * K + (i64)hv * V) * XB + (w - 2 * LK) * 128;
+        else
+            a = (const char*)z + (tok * s_z_tok + (i64)hv * s_z_head) * ZB + (w - 2 * LK - LV) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+}
+#endif
+
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_step(
     const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
     const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const void* __restrict__ indices,
@@ -263,6 +297,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const int nh = blockIdx.x;
     i64 bos, slot0, iv;
     int ntok;
+#if GUESS_ROWS
+    if (warp == 0) guess_rows(x, z, nh / HV, (nh % HV) / (HV / H), nh % HV, cols, s_x_tok, s_z_tok, s_z_head, lane);
+#endif
     resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
     if (tid == 0) {
         mbar_init(bar, 1);
@@ -302,6 +339,9 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const float dtb = ldf<DT_KIND>(dt_bias, nh % HV);
     i64 bos, slot0, iv;
     int ntok;
+#if GUESS_ROWS
+    if (warp == 0) guess_rows(x, z, nh / HV, (nh % HV) / (HV / H), nh % HV, cols, s_x_tok, s_z_tok, s_z_head, lane);
+#endif
     resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
 #else
     const int nh = blockIdx.x / CL;
