@@ -268,6 +268,20 @@ __device__ __forceinline__ void guess_rows(const void* x, const void* z, int n, 
 }
 #endif
 
+#if SHORT_CHAIN
+// the short chain's item (request nh / HV, value head nh % HV): with GUESS_ROWS warp 0 first sends the guessed token
+// rows to L2, then every lane resolves the item (resolve_lanes)
+__device__ __forceinline__ void resolve_chain(int nh, const void* x, const void* z, const void* indices,
+                                              const void* num_accepted, const void* cu_seqlens, int cols, i64 s_x_tok,
+                                              i64 s_z_tok, i64 s_z_head, i64 s_idx_seq, i64 s_idx_tok, int warp,
+                                              int lane, i64& bos, int& ntok, i64& slot0, i64& iv) {
+#if GUESS_ROWS
+    if (warp == 0) guess_rows(x, z, nh / HV, (nh % HV) / (HV / H), nh % HV, cols, s_x_tok, s_z_tok, s_z_head, lane);
+#endif
+    resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
+}
+#endif
+
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_step(
     const void* __restrict__ x, const void* __restrict__ a, const void* __restrict__ b, const void* __restrict__ A_log,
     const void* __restrict__ dt_bias, void* __restrict__ out, void* state, const void* __restrict__ indices,
@@ -297,10 +311,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const int nh = blockIdx.x;
     i64 bos, slot0, iv;
     int ntok;
-#if GUESS_ROWS
-    if (warp == 0) guess_rows(x, z, nh / HV, (nh % HV) / (HV / H), nh % HV, cols, s_x_tok, s_z_tok, s_z_head, lane);
-#endif
-    resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
+    resolve_chain(nh, x, z, indices, num_accepted, cu_seqlens, cols, s_x_tok, s_z_tok, s_z_head, s_idx_seq, s_idx_tok,
+                  warp, lane, bos, ntok, slot0, iv);
     if (tid == 0) {
         mbar_init(bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -339,10 +351,8 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
     const float dtb = ldf<DT_KIND>(dt_bias, nh % HV);
     i64 bos, slot0, iv;
     int ntok;
-#if GUESS_ROWS
-    if (warp == 0) guess_rows(x, z, nh / HV, (nh % HV) / (HV / H), nh % HV, cols, s_x_tok, s_z_tok, s_z_head, lane);
-#endif
-    resolve_lanes(nh / HV, indices, num_accepted, cu_seqlens, cols, s_idx_seq, s_idx_tok, lane, bos, ntok, slot0, iv);
+    resolve_chain(nh, x, z, indices, num_accepted, cu_seqlens, cols, s_x_tok, s_z_tok, s_z_head, s_idx_seq, s_idx_tok,
+                  warp, lane, bos, ntok, slot0, iv);
 #else
     const int nh = blockIdx.x / CL;
     i64 bos, slot0;
