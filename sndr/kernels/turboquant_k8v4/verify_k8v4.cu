@@ -121,9 +121,11 @@ struct QOp { u32 r[NH][KSTEPS][2]; };
 #define EMPTY_LSE (-1e30f)
 #define HQ_ (HK * GQ)             // query heads
 
-// Q^T fragments of rows 16 c + 8 nh + g (token-major rows), k-permuted as in
-// load_q_frags; rows past VR are zeros.
-static __device__ __forceinline__ void load_q_rows(
+// Q^T fragments of rows 16 c + 8 nh + g (token-major rows; rows past VR are zeros): k-step k's two words are
+// columns 16 k + TS t4 (+ 1) and 16 k + TS t4 + W2 (+ 1). load_q_rows (TS 4, W2 2): k-permuted as in
+// load_q_frags; load_q_nat (TS 2, W2 8): natural dim order.
+template <int TS, int W2>
+static __device__ __forceinline__ void load_q_cols(
     u32 (&qb)[NH][KSTEPS][2], const unsigned short* __restrict__ Q, int b, int hk, int c,
     long long q_st, long long q_sh, int g, int t4)
 {
@@ -133,13 +135,19 @@ static __device__ __forceinline__ void load_q_rows(
         const bool ok = (8 * nh + g < RC) && r < VR;
         const int rr = ok ? r : 0;
         const int t = rr / GQ, h = rr % GQ;
-        const unsigned short* q = Q + (long long)(b * QL + t) * q_st + (long long)(hk * GQ + h) * q_sh + 4 * t4;
+        const unsigned short* q = Q + (long long)(b * QL + t) * q_st + (long long)(hk * GQ + h) * q_sh + TS * t4;
 #pragma unroll
         for (int k = 0; k < KSTEPS; ++k) {
             qb[nh][k][0] = load_q2(q + 16 * k, ok);
-            qb[nh][k][1] = load_q2(q + 16 * k + 2, ok);
+            qb[nh][k][1] = load_q2(q + 16 * k + W2, ok);
         }
     }
+}
+static __device__ __forceinline__ void load_q_rows(
+    u32 (&qb)[NH][KSTEPS][2], const unsigned short* __restrict__ Q, int b, int hk, int c,
+    long long q_st, long long q_sh, int g, int t4)
+{
+    load_q_cols<4, 2>(qb, Q, b, hk, c, q_st, q_sh, g, t4);
 }
 
 #if SMX
@@ -858,24 +866,12 @@ static __device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-// Q^T fragments in natural dim order (rows past VR are zeros).
+// Q^T fragments in natural dim order (load_q_cols; rows past VR are zeros).
 static __device__ __forceinline__ void load_q_nat(
     u32 (&qb)[NH][KSTEPS][2], const unsigned short* __restrict__ Q, int b, int hk, int c,
     long long q_st, long long q_sh, int g, int t4)
 {
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        const int r = RC * c + 8 * nh + g;
-        const bool ok = (8 * nh + g < RC) && r < VR;
-        const int rr = ok ? r : 0;
-        const int t = rr / GQ, h = rr % GQ;
-        const unsigned short* q = Q + (long long)(b * QL + t) * q_st + (long long)(hk * GQ + h) * q_sh + 2 * t4;
-#pragma unroll
-        for (int k = 0; k < KSTEPS; ++k) {
-            qb[nh][k][0] = load_q2(q + 16 * k, ok);
-            qb[nh][k][1] = load_q2(q + 16 * k + 8, ok);
-        }
-    }
+    load_q_cols<2, 8>(qb, Q, b, hk, c, q_st, q_sh, g, t4);
 }
 
 // The block's share of unpacking one raw stage (HPB heads' slots of 16 token rows) into an unpacked buffer.
