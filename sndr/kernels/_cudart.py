@@ -136,6 +136,20 @@ def capability(idx: int) -> tuple[int, int]:
     return _CAPABILITY[idx]
 
 
+def device_refusal(t, min_cap: tuple[int, int], need: str, broken: dict[int, str] | None = None) -> str | None:
+    """Why a CUDA kernel cannot run on tensor ``t``'s device: not a CUDA device (ROCm included), a backend marked
+    off there (``broken``: device index -> why), or a compute capability below ``min_cap`` (then ``need``);
+    None: it can. (TurboQuant's launch gates; the capability asked of torch once per device.)"""
+    import torch
+
+    if t.device.type != "cuda" or torch.version.hip is not None:
+        return "not a CUDA device"
+    idx = device_index(t)
+    if broken and idx in broken:
+        return broken[idx]
+    return need if capability(idx) < min_cap else None
+
+
 def sm_count(idx: int) -> int:
     """Device ``idx``'s multiprocessor count, asked of torch once per process (the split plans)."""
     if idx not in _SM_COUNT:

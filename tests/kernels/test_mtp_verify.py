@@ -323,11 +323,12 @@ def test_first_call_inside_a_capture_records_synthetic_rows(monkeypatch):
 
 def test_sm89_uses_synthetic_rows(monkeypatch):
     q, cache, bt, sl = _case(64, 2, 4, 3, 16, [20, 20])
-    monkeypatch.setattr(mv, "_device_index", lambda t: 0)
-    monkeypatch.setattr(mv, "_capability", lambda idx: (8, 9))
+    monkeypatch.setattr(_cudart, "_CAPABILITY", {0: (8, 9)})  # (the device facts' one home)
     fake = type("Q", (), {"device": torch.device("cuda", 0)})()  # only the device is read before the check
     monkeypatch.setattr(mv.torch.version, "hip", None)
     assert "sm_90" in mv.unsupported(fake, cache, bt, sl, 3)
+    monkeypatch.setattr(mv, "_BROKEN", {0: "the canary failed here"})  # a backend marked off on that device
+    assert mv.unsupported(fake, cache, bt, sl, 3) == "the canary failed here"
 
 
 def test_every_kernel_python_launches_is_defined_in_the_sources():

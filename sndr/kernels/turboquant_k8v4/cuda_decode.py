@@ -168,13 +168,9 @@ def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
 def unsupported(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                 seq_lens: torch.Tensor) -> str | None:
     """Why the CUDA kernels cannot take this call (None: they can)."""
-    if query.device.type != "cuda" or torch.version.hip is not None:
-        return "not a CUDA device"
-    idx = device_index(query)
-    if idx in _BROKEN:
-        return _BROKEN[idx]
-    if _capability(idx) < (8, 9):
-        return "needs sm_89+ (fp8 e4m3 conversions)"
+    why = _cudart.device_refusal(query, (8, 9), "needs sm_89+ (fp8 e4m3 conversions)", _BROKEN)
+    if why:
+        return why
     why = shape_problem(query, kv_cache, block_table, seq_lens)
     if why is None and query.shape[2] not in WARP_STAGE_BYTES and not page_kind_ok(kv_cache):
         why = f"head dim {query.shape[2]} needs the page kernel (sm_90, 16-byte aligned cache)"

@@ -356,14 +356,9 @@ def shape_problem(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
 
 def unsupported(query, kv_cache, block_table, seq_lens, num_spec) -> str | None:
     """Why the CUDA verify kernel cannot take this call (None: it can)."""
-    if query.device.type != "cuda" or torch.version.hip is not None:
-        return "not a CUDA device"
-    idx = _device_index(query)
-    if idx in _BROKEN:
-        return _BROKEN[idx]
-    if _capability(idx) < (9, 0):
-        return "needs sm_90 (TMA bulk copies); sm_89 uses the synthetic rows"
-    return shape_problem(query, kv_cache, block_table, seq_lens, num_spec)
+    return (_cudart.device_refusal(query, (9, 0), "needs sm_90 (TMA bulk copies); sm_89 uses the synthetic rows",
+                                   _BROKEN)
+            or shape_problem(query, kv_cache, block_table, seq_lens, num_spec))
 
 
 def _key(idx, dtype, hq, hk, d, page, sp, hs, ql, cfg) -> tuple:
