@@ -232,8 +232,8 @@ __device__ __forceinline__ void st_cluster(float* p, int rank, float f) {
 }
 
 #if NORM_ASYNC
-// store f to the same shared variable (at generic address p) of cluster CTA `rank`, completing `bytes` of the
-// transaction count of that CTA's mbarrier at shared address bar (this CTA's address of the same variable)
+// store f to the same shared variable (at generic address p) of cluster CTA `rank`, completing 4 bytes of the
+// transaction count of that CTA's mbarrier (bar: this CTA's shared address of the same mbarrier)
 __device__ __forceinline__ void st_cluster_async(float* p, int rank, float f, unsigned bar) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     unsigned ra, rb;
