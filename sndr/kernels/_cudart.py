@@ -139,7 +139,8 @@ def capability(idx: int) -> tuple[int, int]:
 def device_refusal(t, min_cap: tuple[int, int], need: str, broken: dict[int, str] | None = None) -> str | None:
     """Why a CUDA kernel cannot run on tensor ``t``'s device: not a CUDA device (ROCm included), a backend marked
     off there (``broken``: device index -> why), or a compute capability below ``min_cap`` (then ``need``);
-    None: it can. (TurboQuant's launch gates; the capability asked of torch once per device.)"""
+    None: it can. (The launch gates of TurboQuant's kernels and of PK0003's CUDA step; the capability asked of
+    torch once per device.)"""
     import torch
 
     if t.device.type != "cuda" or torch.version.hip is not None:

@@ -201,13 +201,11 @@ def why_not(state: torch.Tensor, tensors: dict[str, torch.Tensor], cfg: CudaConf
     """Why the CUDA step does not take this call (the Triton step then does), or None."""
     from . import kernels
 
-    if state.device.type != "cuda" or kernels.interpreting():
-        return "not a CUDA device (or the Triton interpreter is on)"
-    if torch.version.hip is not None:
-        return "ROCm"
-    idx = _cudart.device_index(state)
-    if _cudart.capability(idx) < (9, 0):
-        return "thread-block clusters need sm_90+"
+    why = _cudart.device_refusal(state, (9, 0), "thread-block clusters need sm_90+")
+    if why:
+        return why
+    if kernels.interpreting():
+        return "the Triton interpreter is on"
     if state.dtype not in (torch.float32, torch.bfloat16):
         return f"state dtype {state.dtype}"
     for name, t in tensors.items():
