@@ -134,6 +134,15 @@ def test_a_skip_is_not_fatal_even_under_strict(monkeypatch, capsys):
     assert "PK0002 canary_skipped on NVIDIA H200" in capsys.readouterr().err
 
 
+def test_a_first_call_inside_a_capture_is_a_skip_that_is_not_remembered(capsys):
+    """Both plugins' canaries record the capture skip through one helper: a skip, said on stderr, with the one
+    reason text, and not remembered (the next eager call of the shape runs the canary)."""
+    r = canary.skip_in_capture("PK0003", "MTP T=4", DEVICE)
+    assert r.status == canary.SKIPPED and r.why == canary.IN_CAPTURE
+    assert "PK0003 canary_skipped on NVIDIA H200" in capsys.readouterr().err
+    assert canary.results() == []
+
+
 def test_verdicts_reach_the_attestation_status_and_metrics(monkeypatch):
     state = hook._Process(strict=False)
     monkeypatch.setattr(hook, "_STATE", state)

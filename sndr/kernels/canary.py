@@ -293,6 +293,17 @@ def skip(plugin: str, config: str, device: str, why: str, *, remember: bool = Tr
         return _record(result, os.environ if environ is None else environ)
 
 
+#: why a kernel's first call of a shape inside a CUDA-graph capture is not checked there (a transient skip)
+IN_CAPTURE = ("first call of this shape inside a CUDA-graph capture; vLLM's kernel is captured for it and the "
+              "canary runs at the next eager call")
+
+
+def skip_in_capture(plugin: str, config: str, device: str) -> Result:
+    """Record the transient skip of a first call inside a CUDA-graph capture (:data:`IN_CAPTURE`, not
+    remembered: the canary runs at the next eager call of the shape)."""
+    return skip(plugin, config, device, IN_CAPTURE, remember=False)
+
+
 def _record(result: Result, environ: Mapping[str, str]) -> Result:
     _RESULTS[(result.plugin, result.config)] = result
     _publish(result)

@@ -125,8 +125,7 @@ def step_ok(state: torch.Tensor, h: int, t: int, decode: bool, kernel: str = "tr
     config = f"{what} H={h} HV={hv} K={k} V={v} {str(state.dtype).replace('torch.', '')} state"
     ident, device = _canary.identity(idx)
     if _capturing():
-        _canary.skip(PK0003, config, device, "first call of this shape inside a CUDA-graph capture; vLLM's "
-                     "kernel is captured for it and the canary runs at the next eager call", remember=False)
+        _canary.skip_in_capture(PK0003, config, device)
         return None
     dev = torch.device("cuda", idx)
     with torch.cuda.device(idx):

@@ -132,8 +132,7 @@ def decode_ok(query: torch.Tensor, kv_cache: torch.Tensor, how: str) -> bool:
     config = f"{how} d={d} Hq={hq} Hk={hk} page={page} {str(query.dtype).replace('torch.', '')}"
     ident, device = _canary.identity(idx)
     if _capturing():
-        _canary.skip(PK0001, config, device, "first call of this shape inside a CUDA-graph capture; vLLM's "
-                     "kernel is captured for it and the canary runs at the next eager call", remember=False)
+        _canary.skip_in_capture(PK0001, config, device)
         return False
 
     def kernel(q, kv, bt, sl, scale):
