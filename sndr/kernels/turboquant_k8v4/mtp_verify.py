@@ -382,8 +382,7 @@ def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_
     """Build and load the verify kernel for a model shape ahead of any call (e.g. before a
     CUDA-graph capture). ``row_stride``: bytes between token rows of a page (default Hk * slot).
     Returns False (and logs) where the CUDA kernel cannot serve this shape or failed to build."""
-    idx = device if isinstance(device, int) else (device.index if device.index is not None
-                                                  else torch.cuda.current_device())
+    idx = device if isinstance(device, int) else _device_index(device)
     sp = row_stride if row_stride is not None else num_kv_heads * Layout(head_dim).slot_size_aligned
     hs = Layout(head_dim).slot_size_aligned
     key = _key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, config or DEFAULT)
