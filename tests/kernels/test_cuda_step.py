@@ -79,9 +79,17 @@ def _guess_shapes():
             for dt in (torch.float32, BF) for tm in (2, 4, 8)]
 
 
+def _scatter_shapes():
+    """(state dtype, spec, TM, config) of ``cuda_step.SCATTER_SHAPES`` (suffix ``x``) at every TM their twins run
+    at (the ``cb`` and ``g`` ones at spec-verify TMs only)."""
+    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SCATTER_SHAPES
+            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)
+            if tm > 1 or not (cuda_step.CudaConfig.parse(label).spec_only() or cuda_step.CudaConfig.parse(label).guess)]
+
+
 @pytest.mark.parametrize("state_dtype,spec,tm,cfg",
                          _shipped() + _shared_tile_shapes() + _chain_shapes() + _chain_tile_shapes()
-                         + _async_norm_shapes() + _guess_shapes())
+                         + _async_norm_shapes() + _guess_shapes() + _scatter_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -231,6 +239,23 @@ def test_guess_shapes_parse_and_refuse_what_they_cannot_take():
     for label in cuda_step.ASYNC_NORM_SHAPES + cuda_step.CHAIN_TILE_SHAPES:
         assert "GUESS_ROWS" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
                                                      tm=4, kinds={})
+
+
+def test_scatter_shapes_parse_and_build_only_with_it():
+    """The labels' ``x`` suffix round-trips into SCATTER_SUMS (any launch shape: the row sums' reduce-scatter is in the
+    passes); it is the last suffix, and the other shapes' defines are as before (their cubin keys unchanged)."""
+    for label in cuda_step.SCATTER_SHAPES:
+        cfg = cuda_step.CudaConfig.parse(label)
+        assert cfg.label() == label and cfg.scatter
+        assert cuda_step.config_why(K, V, BF, cfg) is None
+        assert cuda_step.defines(H, HV, K, V, cfg, spec=True, tm=4, kinds={})["SCATTER_SUMS"] == 1
+        twin = cuda_step.CudaConfig.parse(label[:-1])
+        assert not twin.scatter and twin.label() == label[:-1]
+    with pytest.raises(ValueError):
+        cuda_step.CudaConfig.parse("64x8x4t128m4cxg")
+    for label in cuda_step.ASYNC_NORM_SHAPES + cuda_step.CHAIN_TILE_SHAPES + cuda_step.GUESS_SHAPES:
+        assert "SCATTER_SUMS" not in cuda_step.defines(H, HV, K, V, cuda_step.CudaConfig.parse(label), spec=True,
+                                                       tm=4, kinds={})
 
 
 def test_refusals_say_why():

@@ -281,18 +281,19 @@ def _sm90():
 
 
 @pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES
-                         + cuda_step.ASYNC_NORM_SHAPES + cuda_step.GUESS_SHAPES)
+                         + cuda_step.ASYNC_NORM_SHAPES + cuda_step.GUESS_SHAPES + cuda_step.SCATTER_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
 def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):
-    """A shape with the tile in shared memory (suffix ``b``), with the short load chain (suffix ``c``) or with the
-    norm's sums sent by st.async (suffix ``a``) gives bit for bit the outputs and every state of the register-tile
+    """A shape with the tile in shared memory (suffix ``b``), with the short load chain (suffix ``c``), with the
+    norm's sums sent by st.async (suffix ``a``) or with the row sums by a reduce-scatter (suffix ``x``) gives bit for bit the outputs and every state of the register-tile
     shape with the same rows and lanes per thread (same operations, same order), with padding, an empty request
     and a 0 initial slot in the batch; and float64's values within the usual tolerances."""
     _sm90()
     cfg = cuda_step.CudaConfig.parse(label)
-    twin = cuda_step.CudaConfig.parse(label.rstrip("cbag"))
-    assert (cfg.bulk or cfg.chain or cfg.norm_async) and not (twin.bulk or twin.chain or twin.norm_async or twin.guess)
+    twin = cuda_step.CudaConfig.parse(label.rstrip("cbagx"))
+    assert (cfg.bulk or cfg.chain or cfg.norm_async or cfg.scatter) and not (
+        twin.bulk or twin.chain or twin.norm_async or twin.guess or twin.scatter)
     c = Cell(n, t, state_dtype, seed=n + 7 * t)
     _ragged(c, torch.Generator(device=DEV).manual_seed(n * t))
     s0 = c.state.clone()

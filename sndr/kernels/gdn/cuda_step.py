@@ -62,6 +62,10 @@ ASYNC_NORM_SHAPES = ("64x8x4t128m4ca", "32x8x4t64m8ca", "16x8x1t128m8ca", "64x8x
 #: short-chain shapes that send a uniform batch's token rows to L2 while cu_seqlens is in flight (suffix ``g``),
 #: timed by bench_gdn.py beside their twins
 GUESS_SHAPES = ("128x8x2t256m4cbg", "64x8x4t128m4cag", "128x8x4t256m2cg")
+#: the routed shapes' twins whose row sums go by a reduce-scatter over the row's lanes (suffix ``x``: bitwise the
+#: shape without it, fewer shuffles), timed by bench_gdn.py beside them
+SCATTER_SHAPES = ("64x8x4t128m4cagx", "128x8x2t256m4cbgx", "128x8x2t256m4bx", "128x16x4t512m2cbx",
+                  "128x16x4t512m2bx", "16x8x1t128m8cax", "128x8x4t256m2cgx", "32x8x4t64m8cax")
 #: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
 #: the staging's static arrays beside it)
 MAX_SMEM_TILE = 128 * 1024
@@ -86,7 +90,8 @@ class CudaConfig:
     inputs (one CTA per head: ``block_v`` = V); ``chain``: the short load chain (register tile, one pass);
     ``norm_async`` (clusters): the norm's partial sums sent by ``st.async`` completing the receiver's mbarrier,
     with no release barrier (which waits for the snapshot stores to drain); ``guess`` (short chain, MTP call):
-    the token rows of a uniform batch sent to L2 while ``cu_seqlens`` is in flight."""
+    the token rows of a uniform batch sent to L2 while ``cu_seqlens`` is in flight; ``scatter``: each token's row
+    sums over the row's lanes by one reduce-scatter (about R + 2R shuffles, not 2R log2(lanes))."""
 
     block_v: int = 128
     lanes: int = 8
@@ -98,25 +103,27 @@ class CudaConfig:
     chain: bool = False
     norm_async: bool = False
     guess: bool = False
+    scatter: bool = False
 
     def threads(self) -> int:
         return self.nthreads
 
     def label(self) -> str:
-        """``BVxPxRtNTmN[s][c][b][a][g]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
-        streaming, short load chain, state tile in shared memory, the norm's sums by st.async, guessed rows to L2)."""
+        """``BVxPxRtNTmN[s][c][b][a][g][x]`` (rows per CTA, lanes per row, rows per thread, threads, CTAs per SM,
+        streaming, short load chain, state tile in shared memory, the norm's sums by st.async, guessed rows to L2,
+        the row sums by a reduce-scatter)."""
         return (f"{self.block_v}x{self.lanes}x{self.rows}t{self.nthreads}m{self.min_blocks}"
                 f"{'s' if self.stream else ''}{'c' if self.chain else ''}{'b' if self.bulk else ''}"
-                f"{'a' if self.norm_async else ''}{'g' if self.guess else ''}")
+                f"{'a' if self.norm_async else ''}{'g' if self.guess else ''}{'x' if self.scatter else ''}")
 
     @classmethod
     def parse(cls, label: str) -> CudaConfig:
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)(a?)(g?)", label)
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(?:t(\d+))?(?:m(\d+))?(s?)(c?)(b?)(a?)(g?)(x?)", label)
         if not m:
-            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b][a][g]")
+            raise ValueError(f"CUDA launch shape {label!r}: BVxPxR[tN][mN][s][c][b][a][g][x]")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4) or 128), int(m.group(5) or 6),
                    m.group(6) == "s", m.group(8) == "b", m.group(7) == "c",
-                   m.group(9) == "a", m.group(10) == "g")
+                   m.group(9) == "a", m.group(10) == "g", m.group(11) == "x")
 
     def spec_only(self) -> bool:
         """Timed (and routed) in spec-verify cells only: the shared tile with the short chain (``cb``; see
@@ -167,6 +174,8 @@ def defines(H: int, HV: int, K: int, V: int, cfg: CudaConfig, *, spec: bool, tm:
         d["NORM_ASYNC"] = 1
     if cfg.guess and spec:  # (likewise; the packed decode's rows are known at launch: no guess)
         d["GUESS_ROWS"] = 1
+    if cfg.scatter:  # (likewise)
+        d["SCATTER_SUMS"] = 1
     d.update(kinds)
     return d
 

@@ -16,6 +16,9 @@
 #ifndef STREAM
 #define STREAM 0
 #endif
+#ifndef SCATTER_SUMS
+#define SCATTER_SUMS 0
+#endif
 #define SB (S_KIND == 0 ? 4 : 2)
 #define EPC (16 / SB)
 #define C (K / P)
@@ -97,6 +100,50 @@ __device__ __forceinline__ float row_sum(const float (&a)[NA]) {
     for (int m = 1; m < P; m <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
     return s;
 }
+
+#if SCATTER_SUMS
+// (SCATTER_SUMS 1, step.cu's suffix `x`) The row sums of `pass` by a reduce-scatter over the row's P lanes instead
+// of one xor butterfly per sum: NS values (the R sums of S k, then with q the R sums of S q), each a lane's NA
+// partial sums combined as in row_sum (local_sum). At the step of lane mask m (1, 2, 4, ...) a lane keeps the half
+// of its values that bit m of its lane selects (the upper half if set) and sends the other half to lane ^ m, adding
+// what it receives; once one value is left, the remaining masks are row_sum's butterfly. Every value is added in
+// row_sum's tree (at each node the same two operands, in the other order on the partner lane: __fadd_rn is
+// commutative), so the sums are bitwise row_sum's, with NS/2 + NS/4 + ... shuffles in place of NS log2 P. Value j
+// ends in lane sum_lane<NS>(j) (and in the lanes that differ from it in bits above log2 NS), as element j % Q of the
+// thread's array (Q = NS / P values a lane when NS > P, else 1).
+__device__ __forceinline__ float local_sum(const float (&a)[NA]) {
+    float s = a[0];
+    if (NA == 2) s = __fadd_rn(a[0], a[1 % NA]);
+    if (NA == 4) s = __fadd_rn(__fadd_rn(a[0], a[1 % NA]), __fadd_rn(a[2 % NA], a[3 % NA]));
+    return s;
+}
+template <int NS> __device__ __forceinline__ void scatter_sums(float (&v)[NS], int p) {
+#pragma unroll
+    for (int m = 1; m < P; m <<= 1) {
+        if (m < NS) {  // a halving step: the lane holds NS / m values and keeps half of them
+            const int h = NS / m / 2;
+            const bool up = (p & m) != 0;
+#pragma unroll
+            for (int j = 0; j < NS / 2; ++j)
+                if (j < h) {
+                    const float send = up ? v[j] : v[j + h];
+                    const float keep = up ? v[j + h] : v[j];
+                    v[j] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, m));
+                }
+        } else {  // one value left (NS <= m): row_sum's butterfly
+            v[0] = __fadd_rn(v[0], __shfl_xor_sync(0xffffffffu, v[0], m));
+        }
+    }
+}
+// the lane (of the row's P) holding value j of scatter_sums<NS>'s NS values: bit s of the lane, for each halving
+// step s (mask 1 << s below P and NS), is whether j is in the upper half kept at that step
+template <int NS> __device__ __forceinline__ constexpr int sum_lane(int j) {
+    int l = 0, s = 0;
+    for (int half = NS / 2; half >= 1 && (1 << s) < P; half /= 2, ++s)
+        if (j & half) l |= 1 << s;
+    return l;
+}
+#endif
 
 // The thread's chunks of its R rows from/to memory (pool dtype), as float32 registers:
 // S[i * C + j * EPC + e] = element (p + P j) EPC + e of row g R + i.
@@ -201,12 +248,32 @@ __device__ __forceinline__ void pass(float (&S)[E], const float* ks, const float
         }
     }
     float u[R];
+#if SCATTER_SUMS
+    {
+        constexpr int NS = NEW ? 2 * R : R, Q = NS > P ? NS / P : 1;
+        float sv[NS];
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            sv[i] = local_sum(a[i]);
+            if (NEW) sv[(R + i) % NS] = local_sum(b[i]);
+        }
+        scatter_sums<NS>(sv, p);
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const float hk = __fmul_rn(__shfl_sync(0xffffffffu, sv[i % Q], sum_lane<NS>(i), P), d);
+            u[i] = __fmul_rn(__fsub_rn(v[i], hk), beta);
+            // (right in lane sum_lane<NS>(R + i) only, which holds row i's sum of S q)
+            if (NEW) o[i] = __fmaf_rn(u[i], kq, __fmul_rn(sv[(R + i) % Q], d));
+        }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const float hk = __fmul_rn(row_sum(a[i]), d);
         u[i] = __fmul_rn(__fsub_rn(v[i], hk), beta);
         if (NEW) o[i] = __fmaf_rn(u[i], kq, __fmul_rn(row_sum(b[i]), d));
     }
+#endif
     if (!upd) return;
 #pragma unroll
     for (int j = 0; j < NCH; ++j) {

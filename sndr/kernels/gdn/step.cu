@@ -63,6 +63,12 @@
 // (q, k, v, gate) the request would have if every request had `cols` tokens (vLLM's pure spec-verify batches), so
 // that the staging loads, issued once cu_seqlens is known, find them in L2. A hint: the same loads and values.
 //
+// SCATTER_SUMS 1 (suffix `x`; rows.cuh): each token's 2R row sums (S k, S q) over a row's P lanes by one
+// reduce-scatter, then R shuffles bring every row's S k sum to its P lanes (R + 2R - 1 shuffles or so, not 2R log2 P;
+// ncu, bf16 batch 64 T = 2: half of the warps' stall samples were in the passes, mostly short scoreboard on the
+// row sums' shuffles and the shared k / q loads). The same additions in the same tree: bitwise the shape without `x`.
+// Row i's output is stored by the lane that holds its sum of S q, not by lane 0.
+//
 // TILE_SMEM 1 (launch shape label suffix `b`; one CTA per head, BV == V): the head's V x K state tile (one
 // contiguous block: the pool's [HV, V, K] rows are contiguous, checked by the entries) is copied into dynamic
 // shared memory by one cp.async.bulk completing an mbarrier, started by thread 0 before the CTA stages its
@@ -503,10 +509,16 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
 #pragma unroll
             for (int i = 0; i < R; ++i) vv[i] = vn[t][c * RP + g * R + i];
             pass<true>(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, true, o);
+#if SCATTER_SUMS
+#pragma unroll
+            for (int i = 0; i < R; ++i)  // (row i's output is right in the lane holding its sum of S q)
+                if (p == sum_lane<2 * R>(R + i)) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
+#else
             if (p == 0) {
 #pragma unroll
                 for (int i = 0; i < R; ++i) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
             }
+#endif
             const i64 st = slots[t];
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
         }
