@@ -360,14 +360,15 @@ def test_chain_shapes_take_num_accepted_out_of_range_as_padding(label, state_dty
 
 
 @pytest.mark.parametrize("label", ["128x8x2t256m4b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c",
-                                   "128x8x2t256m4cb", "128x16x4t512m2cb", "64x8x4t128m4ca"])
+                                   "128x8x2t256m4cb", "128x16x4t512m2cb", "64x8x4t128m4ca", "64x8x4t128m4cagx",
+                                   "128x16x4t512m2cbx", "128x8x2t256m4bx"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("t", [1, 4])
 def test_shared_tile_shapes_replay_in_a_graph(label, state_dtype, t):
     """Captured once, replayed after new lengths, slots, padding, accepted counts and inputs: bit for bit what
     the register-tile twin computes eagerly from the same pool (nothing compiled inside the capture)."""
     _sm90()
-    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cba"))
+    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cbagx"))
     n = 40
     c = Cell(n, t, state_dtype, seed=11 + t)
     _, run = _direct(c, cfg)
