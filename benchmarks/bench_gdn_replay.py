@@ -40,13 +40,15 @@ DEV = bg.DEV
 #: a CUDA kernel config: lanes per state row, rows per thread, blocks per SM, early L2 prefetch of the
 #: block's own tile (0/1), persistent grid (GdnReplay's ``persistent``: "l2", "copy"; None: one tile per
 #: block); None in the int fields: GdnReplay's default
-Cfg = tuple[int | None, int | None, int | None, int | None, str | None]
+Cfg = tuple[int | None, int | None, int | None, int | None, str | None] | tuple[
+    int | None, int | None, int | None, int | None, str | None, bool]
 DEFAULT_CFG: Cfg = (None, None, None, None, None)
 #: the G field's words: the persistent variant, or none
 PERSISTENT = {"-": None, "0": None, "l2": "l2", "copy": "copy"}
-CFG_HELP = ("PxRxM[xF[xG]]: P lanes per state row, R rows per thread, M blocks per SM, F early L2 prefetch "
+CFG_HELP = ("PxRxM[xF[xG]][/x]: P lanes per state row, R rows per thread, M blocks per SM, F early L2 prefetch "
             "0/1, G persistent grid: 0 (none: one tile per block), l2 or copy; '-' or a missing field: "
-            "GdnReplay's default. The split-step field of earlier commits (PxRxMxFxSxG, S 0/1, G 0/1/2) was "
+            "GdnReplay's default; '/b': the row sums by one xor butterfly each (GdnReplay's scatter_sums=False; the "
+            "default is the reduce-scatter). The split-step field of earlier commits (PxRxMxFxSxG, S 0/1, G 0/1/2) was "
             "removed with the split step (docs/gdn-replay.md): such configs are refused, not reread")
 #: the issue's target cells (batch >= 32, T = 2 and 4): timed first, and the only ones --target-configs runs
 TARGET_TS = (2, 4)
@@ -62,6 +64,9 @@ def parse_cfgs(text: str) -> list[Cfg]:
     for c in text.split(","):
         if not c:
             continue
+        c, slash, flag = c.partition("/")
+        if slash and flag != "b":
+            raise ValueError(f"config {c + slash + flag!r}: '/{flag}', not '/b' ({CFG_HELP})")
         parts = c.split("x")
         if len(parts) > 5:
             raise ValueError(f"config {c!r}: {len(parts)} fields, not 5 at most ({CFG_HELP})")
@@ -73,7 +78,8 @@ def parse_cfgs(text: str) -> list[Cfg]:
                 raise ValueError(f"config {c!r}: {name} is {x!r}, not '-' or a whole number ({CFG_HELP})")
             f.append(None if x == "-" else int(x))
         f += [None] * (4 - len(f))
-        out.append((f[0], f[1], f[2], f[3], PERSISTENT[parts[4]] if len(parts) == 5 else None))
+        cfg: Cfg = (f[0], f[1], f[2], f[3], PERSISTENT[parts[4]] if len(parts) == 5 else None)
+        out.append((*cfg, False) if flag else cfg)
     return out
 
 
@@ -100,8 +106,8 @@ class ReplayCell:
         self.new_replay(backend, cfg)
 
     def new_replay(self, backend: str | None, cfg: Cfg) -> None:
-        p, r, minb, pf, pers = cfg
-        kw: dict = {"persistent": pers}
+        p, r, minb, pf, pers = cfg[:5]
+        kw: dict = {"persistent": pers, "scatter_sums": len(cfg) <= 5 or bool(cfg[5])}
         if pf is not None:
             kw["prefetch"] = bool(pf)
         self.rep = replay.GdnReplay(self.c1.state, bg.H, max_tokens=max(self.t, 2), max_requests=max(self.n, 1),
@@ -294,6 +300,7 @@ def one_row(cell: ReplayCell, op, op_us, bw: float, rep: int, no_rand: bool) -> 
            "config": (f"P={r.P} R={r.R} minb={r.min_blocks}"
                       + (f" persistent-{r.persistent}" if r.persistent else " one-kernel")
                       + ("" if r.prefetch or r.persistent == "l2" else " no-prefetch")
+                      + ("" if r.scatter_sums else " butterfly-sums")
                       if r.backend == "cuda" else f"block_v={r.block_v(n)}")}
     try:
         row["check"] = cell.check(op)

@@ -296,9 +296,12 @@ def test_cuda_defines_are_one_kernel_with_the_layers_launch_and_the_calls_kinds(
             assert defs == {"H": 16, "HV": 32, "K": 128, "V": 128, "P": p, "R": r, "TM": 4, "MINB": minb,
                             "PREFETCH": pf, "STEP_SMEM_MAX": replay.step_smem_bytes(128, 128, 4),
                             "S_KIND": 0 if dt == torch.float32 else 2, "X_KIND": 1, "AB_KIND": 2, "ALOG_KIND": 0,
-                            "DT_KIND": 0, "Z_KIND": 1, "W_KIND": 0, "O_KIND": 0, "SIGMOID_GATE": 1, "KSEL": ksel}
+                            "DT_KIND": 0, "Z_KIND": 1, "W_KIND": 0, "O_KIND": 0, "SIGMOID_GATE": 1, "KSEL": ksel,
+                            "SCATTER_SUMS": 1}
     with pytest.raises(KeyError):
         rep.cuda_defines("gdn_replay_prep", {})  # the removed split step has no build
+    rep = replay.GdnReplay(pool, 16, max_tokens=3, max_requests=2, scatter_sums=False)
+    assert "SCATTER_SUMS" not in rep.cuda_defines("gdn_replay_step", {})
 
 
 @pytest.mark.parametrize("state_kind,p,r,minb", [(0, 8, 4, 2), (2, 8, 4, 2), (0, 8, 2, 2), (2, 4, 2, 2),
@@ -326,9 +329,14 @@ def test_cuda_kernel_compiles_for_sm90_at_the_35b_shape(state_kind, p, r, minb):
 STEP_CFGS = [(0, 8, 2, 2, 1), (2, 8, 4, 2, 0), (0, 8, 4, 2, 1), (2, 8, 2, 2, 0)]
 
 
+#: the builds compiled below: STEP_CFGS with the row sums by a reduce-scatter (GdnReplay's default scatter_sums:
+#: SCATTER_SUMS 1), and the two defaults with one butterfly per sum (scatter_sums=False)
+STEP_BUILDS = [(*c, 1) for c in STEP_CFGS] + [(0, 8, 2, 2, 1, 0), (2, 8, 4, 2, 0, 0)]
+
+
 @pytest.mark.parametrize("tm", [2, 4, 8])
-@pytest.mark.parametrize("state_kind,p,r,minb,pf", STEP_CFGS)
-def test_cuda_step_kernels_compile_without_spills(state_kind, p, r, minb, pf, tm, tmp_path):
+@pytest.mark.parametrize("state_kind,p,r,minb,pf,scatter", STEP_BUILDS)
+def test_cuda_step_kernels_compile_without_spills(state_kind, p, r, minb, pf, scatter, tm, tmp_path):
     """The one-kernel step and its two persistent variants (the L2 prefetch and the TMA copy into
     shared memory), each compiled alone (KSEL, as GdnReplay compiles them) for sm_90 at the 35B-A3B
     shape: no local memory and no stack (cuobjdump's resource usage, where triton ships it)."""
@@ -352,7 +360,7 @@ def test_cuda_step_kernels_compile_without_spills(state_kind, p, r, minb, pf, tm
         defs = {"H": 16, "HV": 32, "K": 128, "V": 128, "P": p, "R": r, "TM": tm, "MINB": minb, "S_KIND": state_kind,
                 "X_KIND": 2, "AB_KIND": 2, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 2, "W_KIND": 2, "O_KIND": 2,
                 "SIGMOID_GATE": 0, "PREFETCH": pf, "STEP_SMEM_MAX": replay.step_smem_bytes(128, 128, tm),
-                "KSEL": ksel}
+                "KSEL": ksel, **({"SCATTER_SUMS": 1} if scatter else {})}
         cubin = _cudart.compile_cubin(replay.cuda_source(), "gdn_replay", "90", defs, cache=False)
         assert name.encode() in cubin
         if tool is None:
@@ -377,7 +385,8 @@ def test_bench_config_syntax_has_no_split_field(monkeypatch):
         (8, 2, 2, 1, None), (None, 4, None, 0, "copy"), (8, 4, 2, 0, None), (None, None, None, None, "l2"),
         (8, None, None, None, None)]
     assert bench.parse_cfgs("") == []
+    assert bench.parse_cfgs("8x2x2x1/b,-/b") == [(8, 2, 2, 1, None, False), (None, None, None, None, None, False)]
     for bad, why in (("8x4x2x1x1", "G is '1'"), ("-x-x-x-x-x2", "6 fields"), ("8x4x2x1x0x0", "6 fields"),
-                     ("8xfourx2", "R is 'four'")):
+                     ("8xfourx2", "R is 'four'"), ("8x2x2/x", "not '/b'")):
         with pytest.raises(ValueError, match=why):
             bench.parse_cfgs(bad)

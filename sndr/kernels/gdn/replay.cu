@@ -26,7 +26,8 @@
 // X_KIND (mixed_qkv and the side buffer's v), AB_KIND (a, b), ALOG_KIND, DT_KIND, Z_KIND
 // (output_gate), W_KIND (norm weight), O_KIND (out), S_KIND (state: 0 or 2). KSEL: compile only
 // the kernel of one launch (0 step, 1 step_persistent, 2 step_copy, 3 materialize; undefined:
-// all), at most a third of NVRTC's time. STEP_SMEM_MAX: the host's bound of StepSmem.
+// all), at most a third of NVRTC's time. STEP_SMEM_MAX: the host's bound of StepSmem. SCATTER_SUMS (rows.cuh;
+// GdnReplay's scatter_sums): each token's row sums by one reduce-scatter over the row's lanes, the same bits.
 
 #ifndef R
 #define R 1
@@ -310,10 +311,16 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next, cons
 #pragma unroll
         for (int i = 0; i < R; ++i) vv[i] = vn[t][g * R + i];
         pass<true>(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, t + 1 < ntok, o);
+#if SCATTER_SUMS
+#pragma unroll
+        for (int i = 0; i < R; ++i)  // (row i's output is right in the lane holding its sum of S q: rows.cuh)
+            if (p == sum_lane<2 * R>(R + i)) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
+#else
         if (p == 0) {
 #pragma unroll
             for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
         }
+#endif
     }
     __syncthreads();
     // the gated RMSNorm over V of each token's output

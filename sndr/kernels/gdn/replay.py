@@ -341,7 +341,8 @@ class GdnReplay:
     def __init__(self, state: torch.Tensor, num_k_heads: int, max_tokens: int = 8, max_requests: int = 1024,
                  act_dtype: torch.dtype = torch.bfloat16, backend: str | None = None,
                  threads_per_row: int | None = None, min_blocks: int | None = None, prefetch: bool | None = None,
-                 rows_per_thread: int | None = None, persistent: str | None = None):
+                 rows_per_thread: int | None = None, persistent: str | None = None,
+                 scatter_sums: bool = True):
         """``backend``: ``"cuda"`` (the NVRTC kernel, ``replay.cu``), ``"triton"``, or None: CUDA where
         :func:`cuda_unsupported` finds nothing against it, else Triton (the reason logged once).
         ``threads_per_row``/``rows_per_thread``/``min_blocks``/``prefetch``: the CUDA kernel's P (lanes per
@@ -351,7 +352,9 @@ class GdnReplay:
         once per token for 2 R FMAs). ``persistent``: the step on a grid of (blocks per SM) x (SMs) blocks
         that each run several (request, value head) tiles, bringing the next tile's state in while this one's
         passes run: ``"l2"`` (an L2 prefetch) or ``"copy"`` (a TMA copy into a shared-memory buffer); None:
-        one tile per block. Same bits."""
+        one tile per block. ``scatter_sums``: each token's row sums over the row's lanes by one reduce-scatter
+        (``rows.cuh``'s ``scatter_sums``; PK0003's suffix ``x``) instead of one xor butterfly per sum: the default,
+        2-5% faster at batch 32-256 on the H200 (docs/gdn-replay.md). Same bits."""
         slots, hv, vd, kd = state.shape
         self.state, self.H, self.HV, self.V, self.K = state, num_k_heads, hv, vd, kd
         self.TM = triton.next_power_of_2(max_tokens)
@@ -362,6 +365,7 @@ class GdnReplay:
         self.threads = (vd // self.R) * self.P if vd % self.R == 0 else 0
         self.min_blocks = min_blocks or (2 if self.threads <= 512 else 1)
         self.prefetch = f32 if prefetch is None else prefetch
+        self.scatter_sums = bool(scatter_sums)
         if persistent not in (None, *PERSISTENT_KERNELS):
             raise ValueError(f"GdnReplay: persistent must be None or one of {sorted(PERSISTENT_KERNELS)}")
         if persistent == "copy" and copy_smem_bytes(kd, vd, self.TM, state.element_size()) > MAX_SMEM_PER_BLOCK:
@@ -450,6 +454,8 @@ class GdnReplay:
             "STEP_SMEM_MAX": step_smem_bytes(self.K, self.V, self.TM), "MINB": self.min_blocks,
             "PREFETCH": int(self.prefetch), "S_KIND": _KIND[self.state.dtype], "X_KIND": _KIND[self.side.v.dtype],
             "AB_KIND": 0, "ALOG_KIND": 0, "DT_KIND": 0, "Z_KIND": 0, "W_KIND": 0, "O_KIND": 0, "SIGMOID_GATE": 0}
+        if self.scatter_sums:  # (absent otherwise: the butterfly builds' cubin keys stay as they were)
+            defs["SCATTER_SUMS"] = 1
         defs.update(kinds)
         defs["KSEL"] = _KSEL[name]  # NVRTC compiles only this launch's kernel(s)
         return defs
