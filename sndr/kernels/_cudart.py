@@ -137,18 +137,21 @@ def capability(idx: int) -> tuple[int, int]:
 
 
 def device_refusal(t, min_cap: tuple[int, int], need: str, broken: dict[int, str] | None = None) -> str | None:
-    """Why a CUDA kernel cannot run on tensor ``t``'s device: not a CUDA device (ROCm included), a backend marked
-    off there (``broken``: device index -> why), or a compute capability below ``min_cap`` (then ``need``);
-    None: it can. (The launch gates of TurboQuant's kernels and of PK0003's CUDA step; the capability asked of
-    torch once per device.)"""
+    """Why a CUDA kernel cannot run on the device of ``t`` (a tensor or a ``torch.device``): not a CUDA device
+    (ROCm included), a backend marked off there (``broken``: device index -> why), or a compute capability below
+    ``min_cap`` (then ``need``, its ``{sm}`` replaced by the device's, e.g. ``sm_86``); None: it can. (The launch
+    gates of TurboQuant's kernels, PK0002's verify route and PK0003's entries and CUDA step; the capability asked
+    of torch once per device.)"""
     import torch
 
-    if t.device.type != "cuda" or torch.version.hip is not None:
+    d = getattr(t, "device", t)
+    if d.type != "cuda" or torch.version.hip is not None:
         return "not a CUDA device"
-    idx = device_index(t)
+    idx = device_index(d)
     if broken and idx in broken:
         return broken[idx]
-    return need if capability(idx) < min_cap else None
+    cap = capability(idx)
+    return need.replace("{sm}", f"sm_{cap[0]}{cap[1]}") if cap < min_cap else None
 
 
 def sm_count(idx: int) -> int:

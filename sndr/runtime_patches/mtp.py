@@ -92,15 +92,14 @@ def _applicable(builder) -> int:
         return _fallback("decode or prefill context parallelism")
     import torch
 
-    device = torch.device(builder.device)
-    if device.type != "cuda" or torch.version.hip is not None:
-        return _fallback(f"device {device} is not an NVIDIA CUDA device")
-    from ..kernels import _cudart  # (the one home of the device facts)
+    from ..kernels import _cudart  # (the one home of the device facts and the device gate)
 
+    device = torch.device(builder.device)
+    why = _cudart.device_refusal(device, (8, 9), "{sm} (sm_89+ covered)")
+    if why:
+        return _fallback(f"device {device}: {why}")
     idx = _cudart.device_index(device)
     cap = _cudart.capability(idx)
-    if cap < (8, 9):
-        return _fallback(f"sm_{cap[0]}{cap[1]} (sm_89+ covered)")
     if cap not in MEASURED_CAPABILITIES and not _explicit():
         return _fallback(f"sm_{cap[0]}{cap[1]} is outside the measured default set (sm_90); "
                          "SNDR_ENABLE_PK0002=1 routes verify batches there")

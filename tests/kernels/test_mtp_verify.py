@@ -331,6 +331,27 @@ def test_sm89_uses_synthetic_rows(monkeypatch):
     assert mv.unsupported(fake, cache, bt, sl, 3) == "the canary failed here"
 
 
+def test_the_device_gate_takes_a_tensor_or_a_device_and_names_the_capability(monkeypatch):
+    """``_cudart.device_refusal``, the one device gate (PK0002's route, PK0003's entries, the kernels' launch
+    gates, ``prepare``): a CPU or ROCm device is not a CUDA device; a capability below the kernel's is refused
+    with ``need``, its ``{sm}`` the device's; the same answers for a tensor and for its ``torch.device``."""
+    monkeypatch.setattr(_cudart, "_CAPABILITY", {0: (8, 6), 1: (9, 0)})
+    monkeypatch.setattr(mv.torch.version, "hip", None)
+    assert _cudart.device_refusal(torch.device("cpu"), (0, 0), "") == "not a CUDA device"
+    assert _cudart.device_refusal(torch.zeros(1), (0, 0), "") == "not a CUDA device"
+    d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    assert _cudart.device_refusal(d0, (8, 9), "{sm} (sm_89+ covered)") == "sm_86 (sm_89+ covered)"
+    fake = type("T", (), {"device": d0})()  # a tensor: only its device is read
+    assert _cudart.device_refusal(fake, (8, 9), "{sm} (sm_89+ covered)") == "sm_86 (sm_89+ covered)"
+    assert _cudart.device_refusal(d1, (9, 0), "needs sm_90") is None
+    assert _cudart.device_refusal(d1, (9, 0), "x", broken={1: "marked off"}) == "marked off"
+    monkeypatch.setenv("SNDR_TQ_BACKEND", "cuda")
+    monkeypatch.setattr(mv, "_build", lambda key: pytest.fail("built on an sm_86 device"))
+    assert mv.prepare(0, torch.bfloat16, 32, 8, 128, 16, 3) is False  # sm_86: refused before any build
+    monkeypatch.setattr(mv.torch.version, "hip", "6.2")
+    assert _cudart.device_refusal(d1, (0, 0), "") == "not a CUDA device"
+
+
 def test_every_kernel_python_launches_is_defined_in_the_sources():
     import re
 

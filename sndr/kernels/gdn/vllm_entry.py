@@ -45,7 +45,6 @@ _LOGGED: set[str] = set()
 _SCOPE: dict[str, bool] = {}  # "explicit": SNDR_ENABLE_PK0003=1 (read once per process)
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 _IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_CAPABLE: dict[int, bool] = {}
 _K = {"kernels": None}
 
 
@@ -82,10 +81,10 @@ def _scope_why(t: torch.Tensor, default_path: bool) -> str | None:
             return None
         return ("vLLM's Triton fallback kernels are outside the measured default set; SNDR_ENABLE_PK0003=1 "
                 "takes them")
-    if torch.version.hip is not None:
-        return "ROCm"
-    idx = _cudart.device_index(t)
-    return routing.capability_why(_cudart.capability(idx), _explicit())  # (asked of torch once per device)
+    why = _cudart.device_refusal(t, (0, 0), "")  # (ROCm: not a CUDA device)
+    if why:
+        return why
+    return routing.capability_why(_cudart.capability(_cudart.device_index(t)), _explicit())
 
 
 # cell verdicts per (plan key, mode): True taken, False refused (logged once per reason)
@@ -206,18 +205,11 @@ def _device_ok(t: torch.Tensor) -> str | None:
             return None if _kernels().interpreting() else f"{t.device.type} tensors"
         except ImportError:
             return "triton is not importable"
-    if torch.version.hip is not None:
-        return "ROCm"
-    idx = _cudart.device_index(t)
-    ok = _CAPABLE.get(idx)
-    if ok is None:
-        try:
-            _kernels()
-            ok = _cudart.capability(idx) >= (8, 0)
-        except ImportError:
-            ok = False
-        _CAPABLE[idx] = ok
-    return None if ok else "needs triton and an sm_80+ GPU"
+    try:
+        _kernels()
+    except ImportError:
+        return "needs triton and an sm_80+ GPU"
+    return _cudart.device_refusal(t, (8, 0), "needs triton and an sm_80+ GPU")
 
 
 def _state_ok(s: torch.Tensor) -> str | None:

@@ -389,7 +389,7 @@ def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_
     if key in _PLANS:
         return True
     try:
-        if backend_choice() == "triton" or torch.version.hip is not None or _capability(idx) < (9, 0):
+        if backend_choice() == "triton" or _cudart.device_refusal(torch.device("cuda", idx), (9, 0), "sm_90"):
             return False
         _PLANS[key] = _build(key)
         return True
