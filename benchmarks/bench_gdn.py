@@ -856,12 +856,14 @@ def norm_sweep(args, bw, op):
 #: 2026-12-02 timed them at batch 1 and 8, where they are routed: docs/bench-gdn-h200.md)
 #: (then four: the cluster shapes with the norm's sums by st.async, cuda_step.ASYNC_NORM_SHAPES, beside their twins;
 #: the last three: a uniform batch's token rows sent to L2 while cu_seqlens is in flight, cuda_step.GUESS_SHAPES)
-#: (after them: the twins of the routed shapes with the row sums by a reduce-scatter, cuda_step.SCATTER_SHAPES)
+#: (after them: the twins of the routed shapes with the row sums by a reduce-scatter, cuda_step.SCATTER_SHAPES, and
+#: one at five CTAs per SM, cuda_step.SPILL_AT_CAP_SHAPES)
 CUDA_CANDIDATES = ["128x8x1t128m6", "64x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8", "128x8x2t256m4b",
                    "128x16x2t512m2b", "128x16x4t512m2b", "128x8x4t256m2c", "64x8x4t128m4c", "64x8x4t128m4",
                    "32x8x4t64m8c", "16x8x1t128m8c", "128x8x2t256m4cb", "128x16x4t512m2cb", "128x16x2t512m2cb",
                    "64x8x4t128m4ca", "32x8x4t64m8ca", "16x8x1t128m8ca", "64x8x1t128m8a",
-                   "128x8x2t256m4cbg", "64x8x4t128m4cag", "128x8x4t256m2cg", *cuda_step.SCATTER_SHAPES]
+                   "128x8x2t256m4cbg", "64x8x4t128m4cag", "128x8x4t256m2cg", *cuda_step.SCATTER_SHAPES,
+                   *cuda_step.SPILL_AT_CAP_SHAPES]
 CUDA_SWEEP = ["128x8x1t128m6", "128x8x1t128m6s", "128x8x1t64m12", "128x8x1t256m3", "64x8x1t128m8",
               "32x8x1t128m8", "128x8x4t256m2", "16x8x1t128m8"]
 

@@ -87,9 +87,15 @@ def _scatter_shapes():
             if tm > 1 or not (cuda_step.CudaConfig.parse(label).spec_only() or cuda_step.CudaConfig.parse(label).guess)]
 
 
+def _spill_at_cap_shapes():
+    """(state dtype, spec, TM, config) of ``cuda_step.SPILL_AT_CAP_SHAPES`` at every TM."""
+    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SPILL_AT_CAP_SHAPES
+            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
+
+
 @pytest.mark.parametrize("state_dtype,spec,tm,cfg",
                          _shipped() + _shared_tile_shapes() + _chain_shapes() + _chain_tile_shapes()
-                         + _async_norm_shapes() + _guess_shapes() + _scatter_shapes())
+                         + _async_norm_shapes() + _guess_shapes() + _scatter_shapes() + _spill_at_cap_shapes())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()
@@ -118,7 +124,10 @@ def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state
         # No local memory, and no stack frame, except one 8-byte slot at the register cap: NVRTC 13.0 (the H200
         # host's, torch 2.11+cu130) keeps one value on the stack (1 store, 1-2 loads) in two bf16 shapes that
         # MINB 8 caps at 64 registers, which NVRTC 13.5 fits in registers; the benchmark measured them with it.
-        assert "LOCAL:0" in lines[0] and (stack == 0 or (stack <= 8 and regs >= cap)), \
+        # cuda_step.SPILL_AT_CAP_SHAPES (five CTAs per SM, 96 registers) keep a stack of up to 56 bytes at the cap (its
+        # comment: the benchmark's timings of them include those spills; routed only where they measured fastest)
+        slack = 64 if cfg.label() in cuda_step.SPILL_AT_CAP_SHAPES else 8
+        assert "LOCAL:0" in lines[0] and (stack == 0 or (stack <= slack and regs >= cap)), \
             f"NVRTC {_cudart.nvrtc_version()}, {cfg} {defs}: {lines[0].strip()}"
         assert regs * cfg.threads() * min(cfg.min_blocks, 2048 // cfg.threads()) <= 65536, (cfg, regs)
 

@@ -66,6 +66,11 @@ GUESS_SHAPES = ("128x8x2t256m4cbg", "64x8x4t128m4cag", "128x8x4t256m2cg")
 #: shape without it, fewer shuffles), timed by bench_gdn.py beside them
 SCATTER_SHAPES = ("64x8x4t128m4cagx", "128x8x2t256m4cbgx", "128x8x2t256m4bx", "128x16x4t512m2cbx",
                   "128x16x4t512m2bx", "16x8x1t128m8cax", "128x8x4t256m2cgx", "32x8x4t64m8cax")
+#: the twin of a routed shape at five CTAs per multiprocessor (96 registers, not 128): faster with a bf16 pool at
+#: T = 2 in this stop's probe (batch 32-256, 4-5%), timed by bench_gdn.py beside it. At the register cap NVRTC 13.0
+#: keeps a stack of 8-56 bytes (the layer's bf16 call: 0-8 at TM 1-2, 16-48 at TM 4-8; fp32 pool 16-24), spills the
+#: benchmark's timings include (test_cuda_step allows up to 64 bytes for these shapes only)
+SPILL_AT_CAP_SHAPES = ("64x8x4t128m5cagx",)
 #: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
 #: the staging's static arrays beside it)
 MAX_SMEM_TILE = 128 * 1024
