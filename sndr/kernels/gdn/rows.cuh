@@ -91,11 +91,17 @@ __device__ __forceinline__ float norm_qk(const float (&qv)[K / 32], const float 
     return warp_sum(kq);
 }
 
-// The NA partial sums of one row (fixed tree), then the row's P lanes (xor shuffles).
-__device__ __forceinline__ float row_sum(const float (&a)[NA]) {
+// The NA partial sums of one row of a thread, combined in a fixed tree.
+__device__ __forceinline__ float local_sum(const float (&a)[NA]) {
     float s = a[0];
     if (NA == 2) s = __fadd_rn(a[0], a[1 % NA]);
     if (NA == 4) s = __fadd_rn(__fadd_rn(a[0], a[1 % NA]), __fadd_rn(a[2 % NA], a[3 % NA]));
+    return s;
+}
+
+// The NA partial sums of one row (local_sum), then the row's P lanes (xor shuffles).
+__device__ __forceinline__ float row_sum(const float (&a)[NA]) {
+    float s = local_sum(a);
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, m));
     return s;
@@ -111,12 +117,6 @@ __device__ __forceinline__ float row_sum(const float (&a)[NA]) {
 // commutative), so the sums are bitwise row_sum's, with NS/2 + NS/4 + ... shuffles in place of NS log2 P. Value j
 // ends in lane sum_lane<NS>(j) (and in the lanes that differ from it in bits above log2 NS), as element j % Q of the
 // thread's array (Q = NS / P values a lane when NS > P, else 1).
-__device__ __forceinline__ float local_sum(const float (&a)[NA]) {
-    float s = a[0];
-    if (NA == 2) s = __fadd_rn(a[0], a[1 % NA]);
-    if (NA == 4) s = __fadd_rn(__fadd_rn(a[0], a[1 % NA]), __fadd_rn(a[2 % NA], a[3 % NA]));
-    return s;
-}
 template <int NS> __device__ __forceinline__ void scatter_sums(float (&v)[NS], int p) {
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) {
