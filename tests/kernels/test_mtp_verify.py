@@ -257,7 +257,8 @@ def test_reference_is_k_plus_1_separate_decodes():
 
 @pytest.mark.parametrize("k,g", [(0, 8), (1, 4), (3, 4), (3, 6), (7, 1), (7, 8)])
 def test_fallback_synthetic_rows_match_reference(k, g, monkeypatch):
-    """B (K + 1) rows through PK0001's decode (Triton under the interpreter here)."""
+    """B (K + 1) rows through PK0001's decode: Triton under the interpreter on a CPU host; on a GPU host the
+    same rows on the GPU, the Triton fallback asked for by name (SNDR_TQ_BACKEND=triton)."""
     from sndr.kernels.turboquant_k8v4 import kernels
 
     if not kernels.interpreting() and not torch.cuda.is_available():
@@ -266,11 +267,14 @@ def test_fallback_synthetic_rows_match_reference(k, g, monkeypatch):
         from sndr.kernels.turboquant_k8v4 import _interp
 
         _interp.fix_scalar_index()
-    monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+        monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
+    else:  # compiled Triton cannot read CPU tensors
+        monkeypatch.setenv("SNDR_TQ_BACKEND", "triton")
     lens = [37, 5 + k, 50]
     q, cache, bt, sl = _case(64, 2, g, k, 16, lens, seed=k + g)
-    out = mv.verify_attention(q, cache, bt, sl, 0.125, k, max_splits=4)
-    ref = reference.spec_verify(q, cache, bt, sl, 0.125, k)
+    ref = reference.spec_verify(q, cache, bt, sl, 0.125, k)  # (the reference on the CPU)
+    dev = "cpu" if kernels.interpreting() else "cuda"
+    out = mv.verify_attention(*(t.to(dev) for t in (q, cache, bt, sl)), 0.125, k, max_splits=4).cpu()
     assert out.shape == q.shape and out.dtype == q.dtype
     assert _rel(out, ref) < 1e-2
 
