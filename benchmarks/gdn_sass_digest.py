@@ -12,7 +12,7 @@ Builds, all sm_90 at the measured head shape (H, HV, K, V = 16, 32, 128, 128):
 
 * ``step``: PK0003's fused step (``cuda_step``) at every launch shape it can launch: those of
   ``routing.CUDA_SHAPES`` (what ``pick_config`` ships), ``bench_gdn.CUDA_CANDIDATES`` (what the benchmark
-  routes from), ``cuda_step.SMEM_TILE_SHAPES`` / ``CHAIN_SHAPES`` / ``CHAIN_TILE_SHAPES`` / ``ASYNC_NORM_SHAPES`` / ``GUESS_SHAPES`` / ``SCATTER_SHAPES``
+  routes from), ``cuda_step.TWIN_SHAPES`` (the shapes beside the register tile)
   and ``default_config``; both pool dtypes
   (float32, bfloat16); TM 1 (the packed decode) and 2, 4, 8 (the MTP op's call: T = 2..8); each in the
   layer's call (bf16 activations, SiLU gate, int32 indices) and ``test_cuda_step``'s other variant (fp16,
@@ -43,9 +43,8 @@ def step_shapes() -> list[str]:
     from sndr.kernels.gdn import cuda_step, routing
 
     shipped = {label for per_t in routing.CUDA_SHAPES.values() for per_b in per_t.values() for label in per_b.values()}
-    return sorted(shipped | set(bench_gdn.CUDA_CANDIDATES) | set(cuda_step.SMEM_TILE_SHAPES)
-                  | set(cuda_step.CHAIN_SHAPES) | set(cuda_step.CHAIN_TILE_SHAPES) | set(cuda_step.ASYNC_NORM_SHAPES)
-                  | set(cuda_step.GUESS_SHAPES) | set(cuda_step.SCATTER_SHAPES) | {cuda_step.default_config(V, K).label()})
+    return sorted(shipped | set(bench_gdn.CUDA_CANDIDATES) | set(cuda_step.TWIN_SHAPES)
+                  | {cuda_step.default_config(V, K).label()})
 
 
 def step_builds(refused: list[str]):

@@ -46,56 +46,14 @@ def _shipped():
     return sorted(seen, key=str)
 
 
-def _shared_tile_shapes():
-    """(state dtype, spec, TM, config) of the launch shapes with the state tile in shared memory that
-    ``cuda_step.SMEM_TILE_SHAPES`` offers (suffix ``b``) at every TM the table uses."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SMEM_TILE_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
+def _offered():
+    """(state dtype, spec, TM, config) of every shape of ``cuda_step.TWIN_SHAPES`` at every TM the benchmark times it
+    at (1, 2, 4, 8; not TM 1 for the spec-verify-only ``cb`` shapes, as ``bench_gdn.prebuild``)."""
+    return [(dt, tm > 1, tm, cfg) for cfg in map(cuda_step.CudaConfig.parse, cuda_step.TWIN_SHAPES)
+            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8) if tm > 1 or not cfg.spec_only()]
 
 
-def _chain_shapes():
-    """(state dtype, spec, TM, config) of the short-chain shapes ``cuda_step.CHAIN_SHAPES`` offers (suffix ``c``)
-    at every TM the table uses."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.CHAIN_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
-
-
-def _chain_tile_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.CHAIN_TILE_SHAPES`` (suffix ``cb``) at every spec-verify TM
-    (the benchmark times them at T >= 2 only)."""
-    return [(dt, True, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.CHAIN_TILE_SHAPES
-            for dt in (torch.float32, BF) for tm in (2, 4, 8)]
-
-
-def _async_norm_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.ASYNC_NORM_SHAPES`` (suffix ``a``) at every TM the table uses."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.ASYNC_NORM_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
-
-
-def _guess_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.GUESS_SHAPES`` (suffix ``g``) at every spec-verify TM."""
-    return [(dt, True, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.GUESS_SHAPES
-            for dt in (torch.float32, BF) for tm in (2, 4, 8)]
-
-
-def _scatter_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.SCATTER_SHAPES`` (suffix ``x``) at every TM their twins run
-    at (the ``cb`` and ``g`` ones at spec-verify TMs only)."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SCATTER_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)
-            if tm > 1 or not (cuda_step.CudaConfig.parse(label).spec_only() or cuda_step.CudaConfig.parse(label).guess)]
-
-
-def _spill_at_cap_shapes():
-    """(state dtype, spec, TM, config) of ``cuda_step.SPILL_AT_CAP_SHAPES`` at every TM."""
-    return [(dt, tm > 1, tm, cuda_step.CudaConfig.parse(label)) for label in cuda_step.SPILL_AT_CAP_SHAPES
-            for dt in (torch.float32, BF) for tm in (1, 2, 4, 8)]
-
-
-@pytest.mark.parametrize("state_dtype,spec,tm,cfg",
-                         _shipped() + _shared_tile_shapes() + _chain_shapes() + _chain_tile_shapes()
-                         + _async_norm_shapes() + _guess_shapes() + _scatter_shapes() + _spill_at_cap_shapes())
+@pytest.mark.parametrize("state_dtype,spec,tm,cfg", _shipped() + _offered())
 def test_every_shipped_launch_shape_compiles_for_sm90_without_local_memory(state_dtype, spec, tm, cfg, tmp_path,
                                                                            monkeypatch):
     _nvrtc_or_skip()

@@ -280,9 +280,7 @@ def _sm90():
         pytest.skip("the CUDA step's shared-tile shapes (cp.async.bulk, mbarriers) need an sm_90+ GPU")
 
 
-@pytest.mark.parametrize("label", cuda_step.SMEM_TILE_SHAPES + cuda_step.CHAIN_SHAPES + cuda_step.CHAIN_TILE_SHAPES
-                         + cuda_step.ASYNC_NORM_SHAPES + cuda_step.GUESS_SHAPES + cuda_step.SCATTER_SHAPES
-                         + cuda_step.SPILL_AT_CAP_SHAPES)
+@pytest.mark.parametrize("label", cuda_step.TWIN_SHAPES)
 @pytest.mark.parametrize("state_dtype", [torch.float32, BF])
 @pytest.mark.parametrize("n,t", [(1, 2), (8, 1), (33, 4), (256, 3), (64, 8), (300, 1)])
 def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype, n, t):

@@ -71,6 +71,11 @@ SCATTER_SHAPES = ("64x8x4t128m4cagx", "128x8x2t256m4cbgx", "128x8x2t256m4bx", "1
 #: keeps a stack of 8-56 bytes (the layer's bf16 call: 0-8 at TM 1-2, 16-48 at TM 4-8; fp32 pool 16-24), spills the
 #: benchmark's timings include (test_cuda_step allows up to 64 bytes for these shapes only)
 SPILL_AT_CAP_SHAPES = ("64x8x4t128m5cagx",)
+#: every launch shape offered beside the plain register-tile ones (the lists above, in order): each is bit for bit
+#: its register-tile twin (the shape without its suffixes; GPU test_shared_tile_shapes_equal_their_register_twin_bitwise),
+#: compiled for sm_90 by test_cuda_step and digested by benchmarks/gdn_sass_digest.py
+TWIN_SHAPES = tuple(dict.fromkeys(SMEM_TILE_SHAPES + CHAIN_SHAPES + CHAIN_TILE_SHAPES + ASYNC_NORM_SHAPES + GUESS_SHAPES
+                                  + SCATTER_SHAPES + SPILL_AT_CAP_SHAPES))
 #: the largest state tile (bytes) a shared-tile shape takes (dynamic shared memory; 227 KiB a CTA at most on sm_90,
 #: the staging's static arrays beside it)
 MAX_SMEM_TILE = 128 * 1024
