@@ -31,23 +31,29 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "bench-gdn-h200.md"
 _HEAD = re.compile(r"^### (float32|bfloat16) state, (CUDA-graph replay|eager Python call), µs")
 
 
-def measured_tables() -> dict[tuple[str, str], dict[int, dict[int, float]]]:
-    """{(state dtype, mode): {T: {batch: sndr / default}}} from the doc's tables."""
-    tables: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
-    cur = None
+def _table_rows():
+    """(state dtype, mode), the cells of each data row of the doc's tables (headings ``_HEAD``; the one reader of
+    their layout, for both readers below)."""
+    key = None
     for line in DOC.read_text(encoding="utf-8").splitlines():
         m = _HEAD.match(line)
         if m:
-            cur = tables.setdefault((m.group(1), "graph" if m.group(2).startswith("CUDA") else "eager"), {})
+            key = (m.group(1), "graph" if m.group(2).startswith("CUDA") else "eager")
             continue
         if line.startswith("### "):
-            cur = None
-        if cur is None or not line.startswith("| ") or line.startswith("| batch"):
+            key = None
+        if key is None or not line.startswith("| ") or line.startswith("| batch"):
             continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        yield key, [c.strip() for c in line.strip("|").split("|")], line
+
+
+def measured_tables() -> dict[tuple[str, str], dict[int, dict[int, float]]]:
+    """{(state dtype, mode): {T: {batch: sndr / default}}} from the doc's tables."""
+    tables: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
+    for key, cells, line in _table_rows():
         ratio = re.fullmatch(r"\*\*(\d+\.\d\d)\*\*", cells[6])
         assert ratio, line
-        cur.setdefault(int(cells[1]), {})[int(cells[0])] = float(ratio.group(1))
+        tables.setdefault(key, {}).setdefault(int(cells[1]), {})[int(cells[0])] = float(ratio.group(1))
     return tables
 
 
@@ -55,22 +61,13 @@ def measured_steps() -> dict[tuple[str, str], dict[int, dict[int, tuple[str, str
     """{(state dtype, mode): {T: {batch: (the faster step, the CUDA step's launch shape)}}} from the doc's
     "Triton step" / "CUDA step" columns (the faster in bold)."""
     tables: dict[tuple[str, str], dict[int, dict[int, tuple[str, str | None]]]] = {}
-    cur = None
-    for line in DOC.read_text(encoding="utf-8").splitlines():
-        m = _HEAD.match(line)
-        if m:
-            cur = tables.setdefault((m.group(1), "graph" if m.group(2).startswith("CUDA") else "eager"), {})
-            continue
-        if line.startswith("### "):
-            cur = None
-        if cur is None or not line.startswith("| ") or line.startswith("| batch"):
-            continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
+    for key, cells, line in _table_rows():
         tri, cu = cells[-2], cells[-1]
         m_cu = re.fullmatch(r"(\*\*)?\d+\.\d(\*\*)? (\S+)", cu)
         assert m_cu and re.fullmatch(r"(\*\*)?\d+\.\d(\*\*)?", tri), line
         assert tri.startswith("**") != cu.startswith("**"), line  # exactly one step is the faster
-        cur.setdefault(int(cells[1]), {})[int(cells[0])] = ("cuda" if cu.startswith("**") else "triton", m_cu.group(3))
+        tables.setdefault(key, {}).setdefault(int(cells[1]), {})[int(cells[0])] = (
+            "cuda" if cu.startswith("**") else "triton", m_cu.group(3))
     return tables
 
 
