@@ -138,6 +138,19 @@ def bound_us(state_bytes: int, t: int, bw: float) -> float:
     return (1 + t) * state_bytes / (bw * 1e9) * 1e6
 
 
+def _pool(n: int, t: int, state_dtype: torch.dtype, g: torch.Generator):
+    """Both cells' state pool and indexing, drawn from ``g`` in this order: a pool of n T + 1 slots (slot 0
+    unused), every request's T slots at random places ([n, T] int32, and its column 0), ``num_accepted`` random in
+    [1, T], uniform ``cu_seqlens``."""
+    slots = n * t + 1
+    state = (torch.randn(slots, HV, V, K, generator=g, device=DEV) * 0.1).to(state_dtype)
+    perm = torch.randperm(slots - 1, generator=g, device=DEV) + 1
+    idx = perm.reshape(n, t).to(torch.int32).contiguous()
+    num_acc = torch.randint(1, t + 1, (n,), generator=g, device=DEV, dtype=torch.int32)
+    cu = torch.arange(0, n * t + 1, t, device=DEV, dtype=torch.int32)
+    return state, idx, idx[:, 0].contiguous(), num_acc, cu
+
+
 class Cell:
     """One batch x T problem: a state pool with every sequence's T slots at random places."""
 
@@ -148,13 +161,7 @@ class Cell:
         g = torch.Generator(device=DEV).manual_seed(seed)
         dev = DEV
         tok = n * t
-        slots = n * t + 1
-        self.state = (torch.randn(slots, hv, v, k, generator=g, device=dev) * 0.1).to(state_dtype)
-        perm = torch.randperm(slots - 1, generator=g, device=dev) + 1
-        self.idx2 = perm.reshape(n, t).to(torch.int32).contiguous()
-        self.idx1 = self.idx2[:, 0].contiguous()
-        self.num_acc = torch.randint(1, t + 1, (n,), generator=g, device=dev, dtype=torch.int32)
-        self.cu = torch.arange(0, tok + 1, t, device=dev, dtype=torch.int32)
+        self.state, self.idx2, self.idx1, self.num_acc, self.cu = _pool(n, t, state_dtype, g)
         bf = torch.bfloat16
         self.mixed = torch.randn(tok, 2 * h * k + hv * v, generator=g, device=dev).to(bf)
         self.q = torch.randn(1, tok, h, k, generator=g, device=dev).to(bf)
@@ -408,14 +415,8 @@ class LayerCell:
         self.n, self.t = n, t
         g = torch.Generator(device=DEV).manual_seed(seed)
         tok = n * t
-        slots = tok + 1
         bf = torch.bfloat16
-        self.state = (torch.randn(slots, HV, V, K, generator=g, device=DEV) * 0.1).to(state_dtype)
-        perm = torch.randperm(slots - 1, generator=g, device=DEV) + 1
-        self.idx = perm.reshape(n, t).to(torch.int32).contiguous()
-        self.idx1 = self.idx[:, 0].contiguous()
-        self.num_acc = torch.randint(1, t + 1, (n,), generator=g, device=DEV, dtype=torch.int32)
-        self.cu = torch.arange(0, tok + 1, t, device=DEV, dtype=torch.int32)
+        self.state, self.idx, self.idx1, self.num_acc, self.cu = _pool(n, t, state_dtype, g)
         width = 2 * H * K + HV * V
         self.qkvz = torch.randn(tok, width + HV * V, generator=g, device=DEV).to(bf)
         self.mixed = self.qkvz[:, :width]
