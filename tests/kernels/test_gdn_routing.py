@@ -342,3 +342,32 @@ def test_a_cuda_cell_first_met_inside_a_capture_keeps_vllm_and_builds_nothing(st
     stubbed.capturing["v"] = True
     assert vllm_entry._cell_taken(*args, decode=False, build=build) is True
     assert built == [1] and vllm_entry._KERNEL[(("cap",), "graph")] == "cuda"
+
+
+def test_readme_and_the_patch_state_the_pages_target_counts():
+    """The README's PK0003 and PK0004 paragraphs and PK0003's description state the hit counts of the runs of
+    record (docs/bench-gdn-h200.md's target bullets, written by gdn_adopt_run.py; docs/gdn-replay.md's benchmark
+    of record), not an earlier run's."""
+    root = DOC.parents[1]
+    text = DOC.read_text(encoding="utf-8")
+    targets = text[text.index("## Targets of issue 26"):]
+    counts = {}
+    for name, pat in (("0.97", r"<= 0\.97x[^:]*\*\*: (\d+) of 40 hit"), ("1.15", r">= 1\.15x[^:]*\*\*: (\d+) of 20 hit"),
+                      ("bound", r">= 85% of the snapshot bound[^:]*\*\*: (\d+) of 36 hit")):
+        m = re.search(pat, targets)
+        assert m, name
+        counts[name] = int(m.group(1))
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    pk3 = readme[readme.index("### GDN decode and spec verify (patch PK0003"):readme.index("### Replayed GDN spec verify")]
+    desc = (root / "patches" / "PK0003-gdn-decode-kernels.toml").read_text(encoding="utf-8")
+    for said in (f"{counts['0.97']} of 40 cells at <= 0.97x", f"{counts['1.15']} of 20 cells",
+                 f"{counts['bound']} of 36"):
+        assert said in " ".join(pk3.split()), said
+    for said in (f"{counts['0.97']} of the 40 T = 1-4 cells", f"{counts['1.15']} of 20 batch",
+                 f"{counts['bound']} of 36 the bound targets"):
+        assert said in " ".join(desc.split()), said
+    replay = (root / "docs" / "gdn-replay.md").read_text(encoding="utf-8")
+    record = replay[replay.index("## Benchmark of record"):]
+    record = record[:record.index("\n## ")]
+    hits = sum(1 for line in record.splitlines() if line.startswith("| ") and "| hit (" in line)
+    assert f"{hits} of the 12 target cells" in " ".join(readme[readme.index("### Replayed GDN spec verify"):].split())
