@@ -311,16 +311,7 @@ __device__ __forceinline__ void step_tile(StepSmem& sm, int tile, int next, cons
 #pragma unroll
         for (int i = 0; i < R; ++i) vv[i] = vn[t][g * R + i];
         pass<true>(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, t + 1 < ntok, o);
-#if SCATTER_SUMS
-#pragma unroll
-        for (int i = 0; i < R; ++i)  // (row i's output is right in the lane holding its sum of S q: rows.cuh)
-            if (p == sum_lane<2 * R>(R + i)) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
-#else
-        if (p == 0) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) on[t][g * R + i] = roundf_kind<O_KIND>(o[i]);  // rounded before the norm
-        }
-#endif
+        store_outputs<O_KIND>(&on[t][g * R], o, p);  // (rounded before the norm)
     }
     __syncthreads();
     // the gated RMSNorm over V of each token's output

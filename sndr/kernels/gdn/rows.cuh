@@ -145,6 +145,22 @@ template <int NS> __device__ __forceinline__ constexpr int sum_lane(int j) {
 }
 #endif
 
+// A token's outputs of the thread's R rows after pass<true>, rounded to the output dtype (kind OK), into orow[i]:
+// written by lane 0 after row_sum's butterfly (every lane of the row has them), or with SCATTER_SUMS by the lane that
+// holds row i's sum of S q (sum_lane), the only one whose o[i] is right (step.cu's and replay.cu's output rows).
+template <int OK> __device__ __forceinline__ void store_outputs(float* orow, const float (&o)[R], int p) {
+#if SCATTER_SUMS
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+        if (p == sum_lane<2 * R>(R + i)) orow[i] = roundf_kind<OK>(o[i]);
+#else
+    if (p == 0) {
+#pragma unroll
+        for (int i = 0; i < R; ++i) orow[i] = roundf_kind<OK>(o[i]);
+    }
+#endif
+}
+
 // The thread's chunks of its R rows from/to memory (pool dtype), as float32 registers:
 // S[i * C + j * EPC + e] = element (p + P j) EPC + e of row g R + i.
 __device__ __forceinline__ void load_rows(float (&S)[E], const char* tilep, int g, int p) {

@@ -509,16 +509,7 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(NT, MINB) gdn_fused_st
 #pragma unroll
             for (int i = 0; i < R; ++i) vv[i] = vn[t][c * RP + g * R + i];
             pass<true>(S, kn[t], qn[t], vv, sn[t][0], sn[t][1], sn[t][2], p, true, o);
-#if SCATTER_SUMS
-#pragma unroll
-            for (int i = 0; i < R; ++i)  // (row i's output is right in the lane holding its sum of S q)
-                if (p == sum_lane<2 * R>(R + i)) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
-#else
-            if (p == 0) {
-#pragma unroll
-                for (int i = 0; i < R; ++i) on[t][c * RP + g * R + i] = roundf_kind<O_KIND>(o[i]);
-            }
-#endif
+            store_outputs<O_KIND>(&on[t][c * RP + g * R], o, p);
             const i64 st = slots[t];
             if (st > 0) store_rows((char*)state + (st * s_state_slot + tile) * SB + off, S, g, p);
         }
