@@ -290,7 +290,7 @@ def test_shared_tile_shapes_equal_their_register_twin_bitwise(label, state_dtype
     and a 0 initial slot in the batch; and float64's values within the usual tolerances."""
     _sm90()
     cfg = cuda_step.CudaConfig.parse(label)
-    twin = cuda_step.CudaConfig.parse(label.rstrip("cbagx"))
+    twin = cfg.register_twin()
     assert (cfg.bulk or cfg.chain or cfg.norm_async or cfg.scatter) and not (
         twin.bulk or twin.chain or twin.norm_async or twin.guess or twin.scatter)
     c = Cell(n, t, state_dtype, seed=n + 7 * t)
@@ -367,7 +367,8 @@ def test_shared_tile_shapes_replay_in_a_graph(label, state_dtype, t):
     """Captured once, replayed after new lengths, slots, padding, accepted counts and inputs: bit for bit what
     the register-tile twin computes eagerly from the same pool (nothing compiled inside the capture)."""
     _sm90()
-    cfg, twin = cuda_step.CudaConfig.parse(label), cuda_step.CudaConfig.parse(label.rstrip("cbagx"))
+    cfg = cuda_step.CudaConfig.parse(label)
+    twin = cfg.register_twin()
     n = 40
     c = Cell(n, t, state_dtype, seed=11 + t)
     _, run = _direct(c, cfg)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -139,6 +139,12 @@ class CudaConfig:
         """Timed (and routed) in spec-verify cells only: the shared tile with the short chain (``cb``; see
         :data:`CHAIN_TILE_SHAPES`)."""
         return self.chain and self.bulk
+
+    def register_twin(self) -> CudaConfig:
+        """The plain register-tile shape this one must equal bit for bit (:data:`TWIN_SHAPES`): the same rows, lanes,
+        threads and CTAs per SM, without the shared tile, the short chain, the st.async norm, the guessed rows and
+        the reduce-scatter."""
+        return replace(self, bulk=False, chain=False, norm_async=False, guess=False, scatter=False)
 
     def rows_per_pass(self) -> int:
         return (self.nthreads // self.lanes) * self.rows if self.lanes > 0 else 0
