@@ -182,17 +182,11 @@ static __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
 // (every g lane holds the same sums: write_rows does not reduce them again). P' = P * (scale / s_run) is
 // then one HMUL2 per two scores in the B layout, whose tokens are 2 t4, 2 t4 + 1 (+ 8): the scale|zero
 // words of those four tokens are read here (tokens past seq_len get 0: stale bytes never reach an MMA).
-// scale_o: rescale_state's (scale_o_sp where this warp holds o and sp). grp: the warps that share the softmax state
-// and so its rescales: one (OneWarp), or the token-split warps of a KV head (TspGroup: their vote, and the tile
-// maxima of them all).
-struct OneWarp {
-    __device__ __forceinline__ bool vote(bool need) const { return __any_sync(0xffffffffu, need); }
-    __device__ __forceinline__ void gather(float (&)[NH][2], float&) const {}
-};
-template <bool MASKED, typename ScaleO, typename Group = OneWarp>
+// scale_o: rescale_state's (scale_o_sp where this warp holds o and sp).
+template <bool MASKED, typename ScaleO>
 static __device__ __forceinline__ void softmax_tile_mma(
     State& st, float (&c)[NH][4], const u32* stage, int t4, int tok0, int seq_len, float qk_scale,
-    u32 (&pb)[NH][2], ScaleO scale_o, const Group& grp = Group())
+    u32 (&pb)[NH][2], ScaleO scale_o)
 {
     u32 sz[4];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
 #pragma unroll
@@ -214,7 +208,7 @@ static __device__ __forceinline__ void softmax_tile_mma(
             x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
             xm = fmaxf(xm, x[nh][i]);
         }
-    if (grp.vote(xm > TAU || smax > st.s_run)) {
+    if (__any_sync(0xffffffffu, xm > TAU || smax > st.s_run)) {
         float tmax[NH][2];
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) {
@@ -231,7 +225,6 @@ static __device__ __forceinline__ void softmax_tile_mma(
             }
         sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 1));  // the 16 tokens lie on the 4 t4 lanes
         sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
-        grp.gather(tmax, sm);
         rescale_state(st, tmax, sm, [&](int nh) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
@@ -875,14 +868,51 @@ static __device__ __forceinline__ bool bar_or(int id, int n, bool p) {
     return r != 0u;
 }
 
-// The token-split warps of a KV head as softmax_tile_mma's group: the vote is one bar.red.or over them (named
-// barrier bar); where it says rescale, each warp's tile maxima (per column, over its 16 tokens: lanes g = 0) and
-// largest scale go through xch, and every warp takes the maxima of all TSP tiles in the same order.
-struct TspGroup {
-    float* xch;
-    int bar, j, g, t4;
-    __device__ __forceinline__ bool vote(bool need) const { return bar_or(bar, TSP * 32, need); }
-    __device__ __forceinline__ void gather(float (&tmax)[NH][2], float& sm) const {
+// softmax_tile_mma for warp j's tile of the group (c: raw scores, masked ones -inf; an absent tile: all -inf and
+// stage unused) with the group's vote and exchange (xch: the head's area; bar: its named barrier); the rescale
+// factors go to this warp's slice of O^T (o) and to sp.
+template <bool MASKED>
+static __device__ __forceinline__ void tsp_softmax(
+    State& st, float (&o)[MT][NH][4], const float (&c)[NH][4], const u32* stage, bool present, int g, int t4,
+    int lane, int j, int tok0, int seq_len, float qk_scale, u32 (&pb)[NH][2], float* xch, int bar)
+{
+    u32 sz[4];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
+        sz[i] = present ? stage[tau * (ROWP / 4) + D / 4 + D / 8] : 0u;
+        if (MASKED && tok0 + tau >= seq_len) sz[i] = 0u;
+    }
+    float sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc[i] = f16_lo(sz[i]);
+    const float smax = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+    float x[NH][4];
+    float xm = NEG_INF;
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
+            xm = fmaxf(xm, x[nh][i]);
+        }
+    if (bar_or(bar, TSP * 32, xm > TAU || smax > st.s_run)) {
+        float tmax[NH][2];
+#pragma unroll
+        for (int nh = 0; nh < NH; ++nh) {
+            tmax[nh][0] = fmaxf(c[nh][0], c[nh][2]) * qk_scale;
+            tmax[nh][1] = fmaxf(c[nh][1], c[nh][3]) * qk_scale;
+        }
+        float sm = smax;
+#pragma unroll
+        for (int x2 = 4; x2 <= 16; x2 <<= 1)
+#pragma unroll
+            for (int nh = 0; nh < NH; ++nh) {
+                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x2));
+                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x2));
+            }
+        sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 1));
+        sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
         if (g == 0) {  // column 2 t4 + e of n-tile nh, then the tile's largest scale
 #pragma unroll
             for (int nh = 0; nh < NH; ++nh) {
@@ -893,7 +923,7 @@ struct TspGroup {
         }
         bar_sync_n(bar, TSP * 32);
 #pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
+        for (int nh = 0; nh < NH; ++nh) {  // the group's maxima, in the same order in every warp
             tmax[nh][0] = xch[t4 * XS + 2 * nh];
             tmax[nh][1] = xch[t4 * XS + 2 * nh + 1];
 #pragma unroll
@@ -905,8 +935,30 @@ struct TspGroup {
         sm = xch[2 * NH];
 #pragma unroll
         for (int k = 1; k < TSP; ++k) sm = fmaxf(sm, xch[(k * 4) * XS + 2 * NH]);
+        rescale_state(st, tmax, sm, [&](int nh) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
+        }, [&](int nh, int e, float f) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i) { o[i][nh][e] *= f; o[i][nh][2 + e] *= f; }
+            st.sp[nh][e] *= f;
+        });
     }
-};
+    const u32 wp0 = pack_f16x2(sc[0] * st.inv_s, sc[1] * st.inv_s);  // scale / s_run of tokens 2 t4, 2 t4 + 1
+    const u32 wp1 = pack_f16x2(sc[2] * st.inv_s, sc[3] * st.inv_s);  // and + 8
+    const u32 z0 = prmt(sz[0], sz[1], 0x7632u), z1 = prmt(sz[2], sz[3], 0x7632u);  // their zero points
+#pragma unroll
+    for (int nh = 0; nh < NH; ++nh) {
+        const u32 e0 = pack_f16x2(ex2(x[nh][0]), ex2(x[nh][1])), e1 = pack_f16x2(ex2(x[nh][2]), ex2(x[nh][3]));
+        const u32 u0 = movmatrix_t(e0), u1 = movmatrix_t(e1);  // B layout: tokens 2 t4 (+1), + 8; column g
+        float lz[4] = {st.l[nh][0], st.l[nh][1], st.z[nh][0], st.z[nh][1]};
+        mma(lz, 0x3C003C00u, z0, 0x3C003C00u, z1, u0, u1);
+        st.l[nh][0] = lz[0]; st.l[nh][1] = lz[1]; st.z[nh][0] = lz[2]; st.z[nh][1] = lz[3];
+        pb[nh][0] = hmul2(u0, wp0);
+        pb[nh][1] = hmul2(u1, wp1);
+    }
+    sum_p(st, pb);  // this warp's tile's P' (the warps' sums are added at the end)
+}
 
 // One tile's P.V on warp j's dims (PV_MMA's m-tiles 4 u + i of value word u = MT j / 4, i in [MT j % 4, + MT)).
 static __device__ __forceinline__ void tsp_pv(State& st, float (&o)[MT][NH][4], const u32* stage,
@@ -1008,16 +1060,9 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
             for (int nh = 0; nh < NH; ++nh) c[0][nh][0] = c[0][nh][1] = c[0][nh][2] = c[0][nh][3] = NEG_INF;
         }
         u32 pb[NH][2];
-        const TspGroup grp{xch, bar, j, g, t4};
-        auto scale_o = [&](int nh, int e, float f) {  // the rescale of this warp's dims of O^T, and of sp
-#pragma unroll
-            for (int i = 0; i < MT; ++i) { o[i][nh][e] *= f; o[i][nh][2 + e] *= f; }
-            st.sp[nh][e] *= f;
-        };
-        if (!present || T >= v.t_mask)  // (an absent tile: masked as past seq_len, so its scale|zero words are 0)
-            softmax_tile_mma<true>(st, c[0], stj, t4, 16 * T, present ? v.seq_len : 0, qk_scale, pb, scale_o, grp);
-        else softmax_tile_mma<false>(st, c[0], stj, t4, 16 * T, v.seq_len, qk_scale, pb, scale_o, grp);
-        sum_p(st, pb);  // this warp's tile's P' (the warps' sums are added at the end)
+        if (T >= v.t_mask)
+            tsp_softmax<true>(st, o, c[0], stj, present, g, t4, lane, j, 16 * T, v.seq_len, qk_scale, pb, xch, bar);
+        else tsp_softmax<false>(st, o, c[0], stj, present, g, t4, lane, j, 16 * T, v.seq_len, qk_scale, pb, xch, bar);
 #pragma unroll
         for (int nh = 0; nh < NH; ++nh) pbuf[(j * NH + nh) * 32] = make_uint2(pb[nh][0], pb[nh][1]);
         bar_sync_n(bar, TSP * 32);  // every tile's P' of the group
