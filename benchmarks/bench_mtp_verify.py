@@ -262,11 +262,6 @@ PROBE = {
     "ws8": mtp_verify.VerifyConfig(ws=1, heads_per_block=8),
     "ws_r96": mtp_verify.VerifyConfig(ws=1, ws_regs=(96, 160)),  # (the P.V warps spill 96 bytes under NVRTC 13.5)
     "ws_r104": mtp_verify.VerifyConfig(ws=1, ws_regs=(104, 152)),  # (112 bytes)
-    # the token-split warps (17..32 rows): 4 warps per KV head share each group of 4 tiles (16 warps per SM)
-    "tsp4": mtp_verify.VerifyConfig(tsplit=4),
-    "tsp4_st12": mtp_verify.VerifyConfig(tsplit=4, tsp_stages=12),
-    "tsp4_w2": mtp_verify.VerifyConfig(tsplit=4, waves=2),
-    "tsp4_mst64": mtp_verify.VerifyConfig(tsplit=4, min_split_tokens=64),
 }
 
 
@@ -274,7 +269,7 @@ def plan_of(hq: int, k: int, cfg) -> str:
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
     smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]
     return (f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "") + (f" s{smx}" if smx else "")
-            + (" ws" if p.ws else "") + (f" tsp{p.tsp}" if p.tsp else ""))
+            + (" ws" if p.ws else ""))
 
 
 def probe(vl, pools, names=tuple(PROBE)) -> list[dict]:

@@ -83,13 +83,10 @@ PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(rows_per_warp=16, h
              # the cheaper per-score softmax paths (softmax_tile_mma; 2: with ex2.approx.f16x2)
              mv.VerifyConfig(softmax=1), mv.VerifyConfig(softmax=2),
              # the warp-specialised pair (sm_90a: setmaxnreg), 4 and 8 KV heads a block
-             mv.VerifyConfig(ws=1), mv.VerifyConfig(ws=1, heads_per_block=8),
-             # the token-split warps (4 warps per KV head, 16 warps a block, 128 registers)
-             mv.VerifyConfig(tsplit=4), mv.VerifyConfig(tsplit=4, tsp_stages=12)]
+             mv.VerifyConfig(ws=1), mv.VerifyConfig(ws=1, heads_per_block=8)]
 PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
 PLANNED += [(128, 8, 8, 5, 16, True, PLAN_CFGS.index(mv.VerifyConfig(rows_per_warp=32)))]
 PLANNED += [(128, 8, g, k, 16, True, PLAN_CFGS.index(mv.VerifyConfig(ws=1))) for g, k in ((4, 7), (6, 3))]
-PLANNED += [(128, 8, g, k, 16, True, PLAN_CFGS.index(mv.VerifyConfig(tsplit=4))) for g, k in ((4, 7), (6, 3), (6, 5))]
 
 
 @pytest.mark.parametrize("d,hk,g,k,page,bf16,cfg", [s + (-1,) for s in GRID + OTHER] + PLANNED)
@@ -399,32 +396,3 @@ def test_warp_specialised_pair_plan(g, k, ws):
     # not at head dim 64, with SMX 0, or with Q fragments in registers
     for d, c in ((64, cfg), (128, mv.VerifyConfig(ws=1, softmax=0)), (128, mv.VerifyConfig(ws=1, qsmem=0))):
         assert not mv.block_plan(8 * g, 8, d, k + 1, 8 * 196, 196, c).ws
-
-
-@pytest.mark.parametrize("g,k,chunks", [(8, 3, (32,)), (4, 5, (24,)), (4, 7, (32,)), (6, 3, (24,)),
-                                        (8, 5, (24, 24)), (8, 7, (32, 32)), (6, 5, (24, 24)), (4, 3, ()), (8, 1, ())])
-def test_token_split_warps_plan(g, k, chunks):
-    """VerifyConfig(tsplit=4) takes every shape with more than 16 query rows per KV head at head dim 128, in row
-    chunks of at most 32 rows (48 rows: two of 24), one chunk a block: 4 warps per KV head, 4 heads a block, one
-    block of 16 warps per SM (128 registers); <= 16 rows keep their kernel, built exactly as without it."""
-    cfg = mv.VerifyConfig(tsplit=4)
-    plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
-    defs = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
-    if not chunks:
-        assert plan.tsp == 0 and defs == mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1)
-        return
-    assert (plan.tsp, plan.hpb, plan.warps, (plan.rc,) * plan.nch) == (4, 4, 16, chunks), plan
-    assert plan.blocks(8) == 2 * len(chunks)
-    assert (defs["TSP"], defs["MINB"], defs["STAGES"], defs["SMX"], defs["QSMEM"], defs["NCW"]) == (4, 1, 8, 1, 1, 1)
-    # ring (8 stages of 16 rows of 784 bytes, 8-byte full / empty barriers), one copy of Q per KV head, then per
-    # head and warp the group's P' (NH uint2 per lane) and the exchange (6 NH floats for each of the 4 t4 lanes):
-    # verify_k8v4.cu's TPOFF, TXOFF, XS
-    nh = -(-plan.rc // 8)
-    assert mv.smem_bytes(cfg, 784, 4, plan.rc, 128, tsp=4) == (
-        8 * 16 * 784 + 16 * 8 + 4 * nh * 8 * 2 * 32 * 4 + 4 * 4 * (nh * 32 * 8 + 4 * 6 * nh * 4))
-    # not at head dim 64, with SMX 0, with Q fragments in registers, beside the warp-specialised pair or the shared
-    # unpack, or with more than 16 warps a block
-    for d, c in ((64, cfg), (128, mv.VerifyConfig(tsplit=4, softmax=0)), (128, mv.VerifyConfig(tsplit=4, qsmem=0)),
-                 (128, mv.VerifyConfig(tsplit=4, ws=1)), (128, mv.VerifyConfig(tsplit=4, unpack=1)),
-                 (128, mv.VerifyConfig(tsplit=4, heads_per_block=8))):
-        assert not mv.block_plan(8 * g, 8, d, k + 1, 8 * 196, 196, c).tsp

@@ -118,8 +118,6 @@ def _precompiled():
                                                                           softmax=1)) for g, k in ((8, 3),)]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, c) for g, k in WS_SHAPES
                for cfg in WS.values() for c in (cfg, _per_warp(cfg), dataclasses.replace(cfg, max_splits=128))]
-    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, c) for g, k in TSP_SHAPES
-               for c in list(TSP.values()) + [mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=1)]]
     mv.precompile(shapes, workers=12)
 
 
@@ -401,42 +399,3 @@ def test_warp_specialised_pair_is_the_per_warp_kernel_bit_for_bit(g, k, name):
 @pytest.mark.parametrize("g,k", [(8, 3), (4, 7)])
 def test_warp_specialised_pair_graph_replay_with_new_lengths(g, k):
     _graph_replay_with_new_lengths(dataclasses.replace(WS["ws"], max_splits=128), g, k, 16, 17)
-
-
-# the token-split warps (VerifyConfig.tsplit: 4 warps per KV head, warp j scoring tile j of each group of 4 and holding
-# a quarter of the head dims for all of them)
-TSP = {
-    "tsp4": mv.VerifyConfig(tsplit=4),
-    "tsp4, 12 stages": mv.VerifyConfig(tsplit=4, tsp_stages=12),
-    "tsp4, at most 4 splits": mv.VerifyConfig(tsplit=4, max_splits=4),
-}
-TSP_SHAPES = [(8, 3), (4, 5), (4, 7), (6, 3), (8, 5), (8, 7)]
-
-
-@pytest.mark.parametrize("name", list(TSP))
-@pytest.mark.parametrize("g,k", TSP_SHAPES)
-def test_token_split_warps_match_float64(g, k, name):
-    """Ragged lengths, pages ending mid-block, contexts <= K + 1, one- and two-tile splits (groups with absent
-    tiles), a long context (lazy rescales through the group's vote and exchange), on 0xFF-poisoned caches: against
-    float64, within the bound of the per-warp kernel with softmax_tile_mma on the same rows (1.25x its error +
-    1e-4; not bit for bit: the group raises m where a per-warp kernel raises it a tile later, and l / z are summed
-    per warp, then across the warps)."""
-    cfg = TSP[name]
-    plan = mv.block_plan(8 * g, 8, 128, k + 1, 8 * 196, 196, cfg)
-    assert plan.tsp == 4 and plan.warps == 16 and plan.rc > 16, plan
-    lens = [4100, 37, 5, k + 1, 1000, 16, 9000, 17, 33, 64]
-    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=90 + 3 * g + k)
-    ref = _ref(q, cache, bt, sl, 0.088, k)
-    for splits in (4, 128):
-        out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg, max_splits=splits)
-        base = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32,
-                       config=mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=1), max_splits=splits)
-        assert not out.isnan().any()
-        err, err0 = _rel(out, ref), _rel(base, ref)
-        print(f"G={g} K={k} {name} splits<={splits}: rel err {err:.3e} (per-warp kernel {err0:.3e})")
-        assert err < 1e-2 and err < 1.25 * err0 + 1e-4, (err, err0)
-
-
-@pytest.mark.parametrize("g,k", [(8, 3), (4, 7)])
-def test_token_split_warps_graph_replay_with_new_lengths(g, k):
-    _graph_replay_with_new_lengths(TSP["tsp4"], g, k, 26, 27)

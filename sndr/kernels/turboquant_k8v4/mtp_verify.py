@@ -108,13 +108,6 @@ class VerifyConfig:
     ws: int = 0
     ws_regs: tuple[int, int] = (88, 168)
     ws_stages: int = 4
-    # 4: the token-split warps (verify_k8v4.cu, TSP) at more than 16 query rows per KV head (head dim 128): rows in
-    # chunks of at most 32 (24 + 24 at 48 rows), one chunk per block; 4 warps per KV head, warp j scoring tile j of
-    # each group of 4 tiles and holding a quarter of the head dims of O^T for all of them (P' shared in shared
-    # memory), so the head's accumulators take a quarter of a wide warp's registers: 16 warps per SM. tsp_stages:
-    # their ring depth (a multiple of 4, at least two groups).
-    tsplit: int = 0
-    tsp_stages: int = 8
 
 
 DEFAULT = VerifyConfig()
@@ -155,7 +148,6 @@ class BlockPlan:
     shu: bool = False  # the shared-unpack CTA
     ubuf: int = 2  # its unpacked tiles: 2 (one barrier per tile), 1 (two; where 2 would cost a block per SM)
     ws: bool = False  # the warp-specialised pair: a score warp and a P.V warp per KV head
-    tsp: int = 0  # the token-split warps: this many warps per KV head
 
     @property
     def nchb(self) -> int:
@@ -163,7 +155,7 @@ class BlockPlan:
 
     @property
     def warps(self) -> int:
-        return self.hpb * self.ncw * (2 if self.ws else self.tsp or 1)
+        return self.hpb * self.ncw * (2 if self.ws else 1)
 
     def blocks(self, hk: int) -> int:
         """Blocks per (request, split)."""
@@ -180,19 +172,13 @@ def block_plan(hq: int, hk: int, d: int, ql: int, sp: int, hs: int, cfg: VerifyC
     from .dispatch import VERIFY_SHARED_TILE_HEAD_DIMS
 
     rows = ql * (hq // hk)
+    rpw = cfg.rows_per_warp or (32 if 16 < rows and (rows <= 32 or rows % 32 == 0) else 16)
+    wide = rpw > 16 and cfg.chunk_warps != 1 and not cfg.unpack and d in VERIFY_SHARED_TILE_HEAD_DIMS
+    rc, nch = row_chunks(ql, hq // hk, 32 if wide else 16)
 
     def aligned(h: int) -> bool:
         return h == hk or (sp % 16 == 0 and (h * hs) % 16 == 0)
 
-    if cfg.tsplit == 4 and rows > 16 and d == 128 and not (cfg.ws or cfg.unpack) and cfg.softmax in (-1, 1) \
-            and cfg.qsmem != 0:
-        h = cfg.heads_per_block or cfg.wide_heads
-        if 0 < h <= 4 and hk % h == 0 and aligned(h):
-            nch = -(-rows // 32)
-            return BlockPlan(-(-rows // (8 * nch)) * 8, nch, h, 1, tsp=4)
-    rpw = cfg.rows_per_warp or (32 if 16 < rows and (rows <= 32 or rows % 32 == 0) else 16)
-    wide = rpw > 16 and cfg.chunk_warps != 1 and not cfg.unpack and d in VERIFY_SHARED_TILE_HEAD_DIMS
-    rc, nch = row_chunks(ql, hq // hk, 32 if wide else 16)
     if wide and nch == 1:
         h = cfg.heads_per_block or cfg.wide_heads
         h = h if 0 < h <= hk and hk % h == 0 and aligned(h) else hk
@@ -250,35 +236,30 @@ SMEM_SM = 228 * 1024  # shared memory of an SM (1 KB of it reserved per block)
 
 
 def smem_bytes(cfg: VerifyConfig, cb: int, warps: int = 0, rc: int = 0, d: int = 128, unpack_heads: int = 0,
-               ubuf: int = 2, ws_heads: int = 0, tsp: int = 0) -> int:
+               ubuf: int = 2, ws_heads: int = 0) -> int:
     """Dynamic shared memory: the ring of 16-row stages of ``cb`` bytes per row, its barriers, and the Q
     fragments of ``warps`` warps where they live in shared memory; with ``unpack_heads`` (the shared-unpack
     CTA) then ``ubuf`` unpacked f16 tiles of that many KV heads (verify_k8v4.cu's UOFF, UHEAD); with
     ``ws_heads`` (the warp-specialised pair: ``warps`` counts its score warps) then two hand-off buffers per
-    KV head (XWORDS words per lane each); with ``tsp`` (the token-split warps: ``warps`` counts their heads) then
-    each head's P' of a group (TPOFF) and its exchange area (TXOFF)."""
-    stages = cfg.ws_stages if ws_heads else cfg.tsp_stages if tsp else cfg.stages
+    KV head (XWORDS words per lane each)."""
+    stages = cfg.ws_stages if ws_heads else cfg.stages
     ring = stages * 16 * row_pitch(cb)[0] + 16 * stages
     if warps and q_in_smem(cfg, rc):
         ring += warps * ((rc + 7) // 8) * (d // 16) * 2 * 32 * 4  # NH x KSTEPS x 2 words per lane
     if ws_heads:
         return ring + ws_heads * 2 * (4 * ((rc + 7) // 8) + 1) * 32 * 4
-    if tsp:
-        nh = (rc + 7) // 8
-        return ring + warps * tsp * (nh * 32 * 8 + 4 * 6 * nh * 4)
     if unpack_heads:
         return -(-ring // 128) * 128 + ubuf * unpack_heads * (32 * (d + 8) * 2 + 64)
     return ring
 
 
-def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False, ws: bool = False,
-               tsp: int = 0) -> int:
+def min_blocks(cfg: VerifyConfig, warps: int, rc: int, d: int, shu: bool = False, ws: bool = False) -> int:
     """Blocks per SM asked of the register allocator (``warps`` per block): more than 8 rows per warp hold
     twice the accumulators; with Q in shared memory they still fit 16 warps per SM (no spills). The
     shared-unpack CTA (Q in registers, no key/value words held) fits 16 warps per SM at D <= 128."""
     n = max(1, (cfg.min_blocks * 8) // warps)
-    if ws or tsp:  # the warp-specialised pair (the launch's 128 registers split by setmaxnreg), the token-split
-        return max(1, 16 // warps)  # warps: 16 warps per SM
+    if ws:  # the warp-specialised pair: 16 warps per SM, the launch's 128 registers split by setmaxnreg
+        return max(1, 16 // warps)
     if shu:
         return min(n, 2)
     if rc > 16:  # three or four n-tiles: about 240 registers (170 spill), so 8 warps per SM
@@ -312,14 +293,14 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         ws = {"WSP": 1, "WS_SREG": cfg.ws_regs[0], "WS_PREG": cfg.ws_regs[1]}
     return ws | {
         "D": d, "SP": sp, "PAGE": page, "G": plan.rc, "QBF16": int(bf16),
-        "STAGES": cfg.ws_stages if plan.ws else cfg.tsp_stages if plan.tsp else cfg.stages, "NW": 1,
-        "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu, plan.ws, plan.tsp), "TAU": f"{float(cfg.tau)!r}f",
+        "STAGES": cfg.ws_stages if plan.ws else cfg.stages, "NW": 1,
+        "MINB": min_blocks(cfg, plan.warps, plan.rc, d, plan.shu, plan.ws), "TAU": f"{float(cfg.tau)!r}f",
         "PAGE_CTA": 1,
         "HK": hk, "ROWP": rowp, "ROWCOPY": rowcopy,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
         "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf, "SMX": 0 if plan.shu else smx,
-    } | ({"TSP": plan.tsp} if plan.tsp else {})
+    }
 
 
 def arch_suffix(defs: dict[str, int | str]) -> str:
@@ -388,8 +369,8 @@ def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, hs, ql, cfg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
-    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws or plan.tsp else plan.warps, plan.rc,
-                      d, plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0, plan.tsp)
+    smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws else plan.warps, plan.rc, d,
+                      plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0)
     k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4", arch_suffix=arch_suffix(defs))
     merge = k.module.kernel(MERGE)
     blocks = max(1, k.blocks_per_sm(32 * plan.warps))

@@ -84,13 +84,8 @@ static_assert(PAGE_CTA == 1, "built on the page kernel's TMA ring");
 #ifndef WSP
 #define WSP 0                     // 1: the warp-specialised pair (below): a score warp and a P.V warp per KV head
 #endif
-#ifndef TSP
-#define TSP 0                     // 4: the token-split warps (below): TSP warps per KV head share a group of tiles
-#endif
 #if WSP
 #define NWB (2 * HPB)             // warps per block: HPB score warps, then HPB P.V warps
-#elif TSP
-#define NWB (TSP * HPB)           // warps per block: TSP per KV head (warp w: head w % HPB, part w / HPB)
 #else
 #define NWB (HPB * NCW)           // warps per block
 #endif
@@ -576,17 +571,7 @@ static __device__ __forceinline__ void init_rows(State& st, int (&lim)[NH][2], c
     int pg_next = rg.pg_next;                                                                       \
     auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
 
-#define QAREA (NH * (KSTEPS / 2) * 32 * 16)  // bytes of one warp's Q fragments (load_qop's QSMEM layout)
-
-// Named barriers of n threads (the warp-specialised pair's hand-off, the token-split warps of a KV head).
-static __device__ __forceinline__ void bar_sync_n(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void bar_arrive_n(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-#if !SHU && !WSP && !TSP
+#if !SHU && !WSP
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
 extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
@@ -622,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
     }
     write_rows(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
-#endif  // !SHU && !WSP && !TSP
+#endif  // !SHU && !WSP
 
 #if WSP
 // ---------------------------------------------------------------------------
@@ -655,10 +640,17 @@ static_assert(!SHU && NCH == 1 && NCW == 1 && SMX == 1 && QSMEM == 1 && ROWCOPY 
 #define WS_PREG 168               // and of the P.V warps
 #endif
 #define XWORDS (4 * NH + 1)       // words per lane and tile: P' (2 NH), rescale factors (2 NH), the rescale flag
+#define QAREA (NH * (KSTEPS / 2) * 32 * 16)  // bytes of one warp's Q fragments (load_qop's QSMEM layout)
 #define XOFF (STAGES * STAGE_BYTES + 16 * STAGES + HPB * QAREA)  // the hand-off buffers (mtp_verify.smem_bytes)
 static_assert(6 * NH + 1 <= QAREA / 128, "the final state fits the score warp's Q area");
 static_assert(NH <= 4 && QL <= 16, "score_tile's packed limits: 8 columns of 4 bits");
 
+static __device__ __forceinline__ void bar_sync_n(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void bar_arrive_n(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 
 // The hand-off of tile i (buffer i & 1) between a head's score warp and its P.V warp: named barriers 1 + j
 // (buffer j full: the score warps arrive, the P.V warps wait) and 3 + j (buffer j free, from the third tile on), 5
@@ -829,308 +821,6 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
     }
 }
 #endif  // WSP
-
-#if TSP
-// ---------------------------------------------------------------------------
-// The token-split warps (TSP = 4, VerifyConfig.tsplit; mtp_verify.block_plan offers them at more than 16 query rows
-// per KV head, head dim 128: row chunks of up to 32 rows, one chunk per block). The wide warp holds, per KV head, the
-// scores, the softmax and the whole O^T of its rows (8 m-tiles x NH n-tiles: 128 of its ~240 registers, so 8 warps
-// per SM, each issuing about every 5 cycles: docs/bench-mtp-verify-h200.md). Here TSP warps share a KV head and
-// split both sides of each group of TSP consecutive tiles instead of repeating any of it:
-//
-// * scores: warp j takes tile j of the group (key words, S^T = K Q^T, the causal mask, the softmax of its 16
-//   tokens for all the rows): the wide warp's per-tile work, once per tile;
-// * P.V: warp j holds the dims of value word m-tiles MT j .. MT (j + 1) - 1 (MT = 8 / TSP) for every tile of the
-//   group, reading the other warps' P' from shared memory: each value word is unpacked once, and O^T takes 32 / TSP
-//   registers a row group instead of 128.
-//
-// The softmax state (m, s_run) must be the same in the TSP warps, since their P' meet in one accumulator: the lazy
-// rescale's vote is one bar.red.or over the head's warps (the common path: no rescale, no exchange); where any tile
-// of the group raises m or s_run, the warps exchange their tiles' maxima through shared memory and every warp
-// raises its state by the same operations on the same values. l and z stay per warp (their tiles' sums, the ones
-// MMA as softmax_tile_mma), and so does sp (the sum of P' by the ones MMA, for the code offsets): each is rescaled by
-// the same factors in every warp and summed across the warps once, at the end. One named barrier per KV head
-// (1 + head), TSP warps.
-static_assert(TSP == 4, "four warps per KV head (two hold 64 accumulators a thread and spill at 128 registers)");
-static_assert(!SHU && !WSP && NCW == 1 && RC > 16 && SMX == 1 && QSMEM == 1 && D == 128 && HPB <= 8,
-              "TSP: wide row chunks, one per block, with softmax_tile_mma and Q in shared memory, head dim 128");
-static_assert(STAGES % TSP == 0 && STAGES >= 2 * TSP, "whole groups in the ring, one in flight while one is read");
-#define MT (NT16 / TSP)                                          // O^T m-tiles of a warp
-#define TQOFF (STAGES * STAGE_BYTES + 16 * STAGES)               // the heads' Q fragments (one copy per head)
-#define TPOFF (TQOFF + HPB * QAREA)                              // P' of a group: [HPB][TSP][NH][32] uint2
-#define TXOFF (TPOFF + HPB * TSP * NH * 32 * 8)                   // the exchange: [HPB][TSP][4 t4 lanes][XS] floats
-#define XS (6 * NH)                                              // (the group's maxima; at the end l, z and sp)
-
-static __device__ __forceinline__ bool bar_or(int id, int n, bool p) {
-    u32 r;
-    asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
-                 " selp.u32 %0, 1, 0, q;\n}\n" : "=r"(r) : "r"((u32)p), "r"(id), "r"(n) : "memory");
-    return r != 0u;
-}
-
-// softmax_tile_mma for warp j's tile of the group (c: raw scores, masked ones -inf; an absent tile: all -inf and
-// stage unused) with the group's vote and exchange (xch: the head's area; bar: its named barrier); the rescale
-// factors go to this warp's slice of O^T (o) and to sp.
-template <bool MASKED>
-static __device__ __forceinline__ void tsp_softmax(
-    State& st, float (&o)[MT][NH][4], const float (&c)[NH][4], const u32* stage, bool present, int g, int t4,
-    int lane, int j, int tok0, int seq_len, float qk_scale, u32 (&pb)[NH][2], float* xch, int bar)
-{
-    u32 sz[4];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int tau = 2 * t4 + (i & 1) + 8 * (i >> 1);
-        sz[i] = present ? stage[tau * (ROWP / 4) + D / 4 + D / 8] : 0u;
-        if (MASKED && tok0 + tau >= seq_len) sz[i] = 0u;
-    }
-    float sc[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sc[i] = f16_lo(sz[i]);
-    const float smax = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
-    float x[NH][4];
-    float xm = NEG_INF;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
-            xm = fmaxf(xm, x[nh][i]);
-        }
-    if (bar_or(bar, TSP * 32, xm > TAU || smax > st.s_run)) {
-        float tmax[NH][2];
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {
-            tmax[nh][0] = fmaxf(c[nh][0], c[nh][2]) * qk_scale;
-            tmax[nh][1] = fmaxf(c[nh][1], c[nh][3]) * qk_scale;
-        }
-        float sm = smax;
-#pragma unroll
-        for (int x2 = 4; x2 <= 16; x2 <<= 1)
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) {
-                tmax[nh][0] = fmaxf(tmax[nh][0], __shfl_xor_sync(0xffffffffu, tmax[nh][0], x2));
-                tmax[nh][1] = fmaxf(tmax[nh][1], __shfl_xor_sync(0xffffffffu, tmax[nh][1], x2));
-            }
-        sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 1));
-        sm = fmaxf(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
-        if (g == 0) {  // column 2 t4 + e of n-tile nh, then the tile's largest scale
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) {
-                xch[(j * 4 + t4) * XS + 2 * nh] = tmax[nh][0];
-                xch[(j * 4 + t4) * XS + 2 * nh + 1] = tmax[nh][1];
-            }
-            if (t4 == 0) xch[(j * 4) * XS + 2 * NH] = sm;
-        }
-        bar_sync_n(bar, TSP * 32);
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) {  // the group's maxima, in the same order in every warp
-            tmax[nh][0] = xch[t4 * XS + 2 * nh];
-            tmax[nh][1] = xch[t4 * XS + 2 * nh + 1];
-#pragma unroll
-            for (int k = 1; k < TSP; ++k) {
-                tmax[nh][0] = fmaxf(tmax[nh][0], xch[(k * 4 + t4) * XS + 2 * nh]);
-                tmax[nh][1] = fmaxf(tmax[nh][1], xch[(k * 4 + t4) * XS + 2 * nh + 1]);
-            }
-        }
-        sm = xch[2 * NH];
-#pragma unroll
-        for (int k = 1; k < TSP; ++k) sm = fmaxf(sm, xch[(k * 4) * XS + 2 * NH]);
-        rescale_state(st, tmax, sm, [&](int nh) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
-        }, [&](int nh, int e, float f) {
-#pragma unroll
-            for (int i = 0; i < MT; ++i) { o[i][nh][e] *= f; o[i][nh][2 + e] *= f; }
-            st.sp[nh][e] *= f;
-        });
-    }
-    const u32 wp0 = pack_f16x2(sc[0] * st.inv_s, sc[1] * st.inv_s);  // scale / s_run of tokens 2 t4, 2 t4 + 1
-    const u32 wp1 = pack_f16x2(sc[2] * st.inv_s, sc[3] * st.inv_s);  // and + 8
-    const u32 z0 = prmt(sz[0], sz[1], 0x7632u), z1 = prmt(sz[2], sz[3], 0x7632u);  // their zero points
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-        const u32 e0 = pack_f16x2(ex2(x[nh][0]), ex2(x[nh][1])), e1 = pack_f16x2(ex2(x[nh][2]), ex2(x[nh][3]));
-        const u32 u0 = movmatrix_t(e0), u1 = movmatrix_t(e1);  // B layout: tokens 2 t4 (+1), + 8; column g
-        float lz[4] = {st.l[nh][0], st.l[nh][1], st.z[nh][0], st.z[nh][1]};
-        mma(lz, 0x3C003C00u, z0, 0x3C003C00u, z1, u0, u1);
-        st.l[nh][0] = lz[0]; st.l[nh][1] = lz[1]; st.z[nh][0] = lz[2]; st.z[nh][1] = lz[3];
-        pb[nh][0] = hmul2(u0, wp0);
-        pb[nh][1] = hmul2(u1, wp1);
-    }
-    sum_p(st, pb);  // this warp's tile's P' (the warps' sums are added at the end)
-}
-
-// One tile's P.V on warp j's dims (PV_MMA's m-tiles 4 u + i of value word u = MT j / 4, i in [MT j % 4, + MT)).
-static __device__ __forceinline__ void tsp_pv(State& st, float (&o)[MT][NH][4], const u32* stage,
-                                              const u32 (&pb)[NH][2], int g, int t4, int j)
-{
-    const int u = (MT * j) / 4;
-    u32 a4[4];  // value word u of tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a4[i] = stage[(2 * t4 + (i & 1) + 8 * (i >> 1)) * (ROWP / 4) + D / 4 + VWORD(g, u)];
-    u32 x[2][MT];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        // bytes 0, 1 (j even) or 2, 3 (j odd) of the two tokens' words (PV_MMA's lo or hi)
-        const u32 w2 = prmt(a4[2 * hh], a4[2 * hh + 1], (j & 1) ? 0x7632u : 0x5410u);
-        x[hh][0] = w2; x[hh][1] = w2 >> 8;
-    }
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-        const u32 a0 = (x[0][i] & 0x000F000Fu) | 0x64006400u;
-        const u32 a1 = (x[0][i] & 0x00F000F0u) | 0x54005400u;
-        const u32 a2 = (x[1][i] & 0x000F000Fu) | 0x64006400u;
-        const u32 a3 = (x[1][i] & 0x00F000F0u) | 0x54005400u;
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) mma(o[i][nh], a0, a1, a2, a3, pb[nh][0], pb[nh][1]);
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
-{
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, hl = w % HPB, j = w / HPB;
-    VerifyBlock v;
-    if (!verify_block(v, SL, S, min_tiles, hl)) return;  // (the whole block)
-    const int g = lane >> 2, t4 = lane & 3;
-    VerifyRing rg;
-    ring_start<true>(rg, v, smem, KV, BT, bt_sb, kv_sblk, w, lane);
-    QOp qop;  // one copy of the head's Q fragments, written by its warp 0
-    if (j == 0) {
-        load_qop(qop, smem, hl, lane, [&](u32 (&qb)[NH][KSTEPS][2]) {
-            load_q_rows(qb, Q, v.b, v.hk, v.c, q_st, q_sh, g, t4);
-        });
-    }
-    qop.p = reinterpret_cast<const uint4*>(smem + TQOFF) + hl * (NH * (KSTEPS / 2) * 32) + lane;
-    State st;
-    int lim[NH][2];
-    init_rows(st, lim, v, t4);
-    float o[MT][NH][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) o[i][nh][0] = o[i][nh][1] = o[i][nh][2] = o[i][nh][3] = 0.f;
-    const unsigned char* my = smem + hl * kv_shead;
-    float* xch = reinterpret_cast<float*>(smem + TXOFF) + hl * (TSP * 4 * XS);
-    uint2* pbuf = reinterpret_cast<uint2*>(smem + TPOFF) + hl * (TSP * NH * 32) + lane;
-    const int bar = 1 + hl;
-    const u32 bars = rg.bars;
-    const int n = v.t_end - v.t_begin;
-    int pg_next = rg.pg_next;
-    u32 phase = 0, empty_phase = 0;
-    __syncthreads();  // the heads' Q fragments
-    for (int i0 = 0; i0 < n; i0 += TSP) {  // tile i of the split (t_begin + i) lives in slot i % STAGES
-        if (w == 0) {  // tiles up to i0 + STAGES - 1 into the slots of the groups before this one
-#pragma unroll
-            for (int k = 0; k < TSP; ++k) {
-                const int tn = i0 + STAGES - TSP + k;
-                if (tn < STAGES - 1 || tn >= n) continue;  // (in flight since ring_start, or past the split)
-                const int sn = tn % STAGES;
-                const int pg = __shfl_sync(0xffffffffu, pg_next, 0);
-                if (tn >= STAGES) {
-                    mbar_wait(bars + 8 * (STAGES + sn), (empty_phase >> sn) & 1);
-                    empty_phase ^= 1u << sn;
-                }
-                ring_produce(rg, v, KV, kv_sblk, v.t_begin + tn, sn, pg, lane);
-                if (lane == 0) pg_next = rg.bt_row[(16 * min(v.t_begin + tn + 1, v.t_end - 1)) / PAGE];
-            }
-        }
-        const int s0 = i0 % STAGES, cnt = min(TSP, n - i0);
-#pragma unroll
-        for (int k = 0; k < TSP; ++k) {
-            if (k < cnt) {
-                mbar_wait(bars + 8 * (s0 + k), (phase >> (s0 + k)) & 1);
-                phase ^= 1u << (s0 + k);
-            }
-        }
-        const bool present = j < cnt;
-        const int T = v.t_begin + i0 + j;
-        const u32* stj = reinterpret_cast<const u32*>(my + (s0 + (present ? j : 0)) * STAGE_BYTES);
-        float c[KCHAIN][NH][4];
-        if (present) {
-            u32 kw[2][KSTEPS];
-            load_kw(stj, g, t4, kw);
-            score_mma(c, qop, kw);
-            if (T >= v.t_mask) {
-#pragma unroll
-                for (int nh = 0; nh < NH; ++nh) mask_causal(c[0], nh, 16 * T, g, lim);
-            }
-        } else {
-#pragma unroll
-            for (int nh = 0; nh < NH; ++nh) c[0][nh][0] = c[0][nh][1] = c[0][nh][2] = c[0][nh][3] = NEG_INF;
-        }
-        u32 pb[NH][2];
-        if (T >= v.t_mask)
-            tsp_softmax<true>(st, o, c[0], stj, present, g, t4, lane, j, 16 * T, v.seq_len, qk_scale, pb, xch, bar);
-        else tsp_softmax<false>(st, o, c[0], stj, present, g, t4, lane, j, 16 * T, v.seq_len, qk_scale, pb, xch, bar);
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) pbuf[(j * NH + nh) * 32] = make_uint2(pb[nh][0], pb[nh][1]);
-        bar_sync_n(bar, TSP * 32);  // every tile's P' of the group
-#pragma unroll
-        for (int k = 0; k < TSP; ++k) {
-            if (k < cnt) {
-                u32 pk[NH][2];
-#pragma unroll
-                for (int nh = 0; nh < NH; ++nh) {
-                    const uint2 t = pbuf[(k * NH + nh) * 32];
-                    pk[nh][0] = t.x; pk[nh][1] = t.y;
-                }
-                tsp_pv(st, o, reinterpret_cast<const u32*>(my + (s0 + k) * STAGE_BYTES), pk, g, t4, j);
-            }
-        }
-        __syncwarp();
-        if (lane == 0) {
-#pragma unroll
-            for (int k = 0; k < TSP; ++k)
-                if (k < cnt) mbar_arrive(bars + 8 * (STAGES + s0 + k));
-        }
-    }
-    // l, z and sp: the sums of the warps' own tiles (the same in every g lane), added in the same order in every warp
-    if (g == 0) {
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                xch[(j * 4 + t4) * XS + 2 * nh + e] = st.l[nh][e];
-                xch[(j * 4 + t4) * XS + 2 * NH + 2 * nh + e] = st.z[nh][e];
-                xch[(j * 4 + t4) * XS + 4 * NH + 2 * nh + e] = st.sp[nh][e];
-            }
-    }
-    bar_sync_n(bar, TSP * 32);
-    const int u = (MT * j) / 4, i_first = (MT * j) % 4;
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float l = xch[t4 * XS + 2 * nh + e], z = xch[t4 * XS + 2 * NH + 2 * nh + e];
-            float sp = xch[t4 * XS + 4 * NH + 2 * nh + e];
-#pragma unroll
-            for (int k = 1; k < TSP; ++k) {
-                l += xch[(k * 4 + t4) * XS + 2 * nh + e];
-                z += xch[(k * 4 + t4) * XS + 2 * NH + 2 * nh + e];
-                sp += xch[(k * 4 + t4) * XS + 4 * NH + 2 * nh + e];
-            }
-            const int rl = 8 * nh + 2 * t4 + e, r = RC * v.c + rl;
-            if (rl >= RC || r >= VR) continue;
-            const int tq = r / GQ, h = r % GQ;
-            const bool any = l > 0.f;
-            const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
-            const long long row = ((long long)v.b * (QL * HQ_) + tq * HQ_ + v.hk * GQ + h) * S + v.s;
-            float* orow = MID_O + row * D + 8 * VWORD(g, u) + 2 * i_first;
-#pragma unroll
-            for (int i = 0; i < MT; i += 2) {  // m-tile 4 u + i_first + i, row half h <-> dim 8 VWORD(g, u) + 2 (i_first + i) + h
-                float4 q4;
-                q4.x = (sr * (o[i][nh][e] - 1024.f * sp) + z) * inv_l;
-                q4.y = (sr * (o[i][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                q4.z = (sr * (o[i + 1][nh][e] - 1024.f * sp) + z) * inv_l;
-                q4.w = (sr * (o[i + 1][nh][2 + e] - 64.f * sp) + z) * inv_l;
-                *reinterpret_cast<float4*>(orow + 2 * i) = q4;
-            }
-            if (g == 0 && j == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
-        }
-    }
-}
-#endif  // TSP
 
 #if SHU
 // ---------------------------------------------------------------------------
