@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     import argparse
+    from types import FrameType
 
 
 #: Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
@@ -105,15 +106,33 @@ def catch_early_interrupt(prog: str) -> None:
         pass
 
 
-def _restore_interrupt() -> None:
+#: Set by :func:`_noting_interrupt` when a SIGINT reaches the body. An extension that catches the
+#: KeyboardInterrupt and raises its own error (pydantic-core building a model's validator during a lazy
+#: import reports ``SchemaError: ... KeyboardInterrupt``) would otherwise turn Ctrl-C into "internal error"
+#: (exit 3) with a traceback; :func:`_run` reads this and reports the interrupt instead.
+_sigint_seen = False
+
+
+def _noting_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Python's own SIGINT behaviour (raise KeyboardInterrupt), remembering that it happened."""
     import signal
 
+    global _sigint_seen
+    _sigint_seen = True
+    signal.default_int_handler(signum, frame)
+
+
+def _restore_interrupt() -> None:
+    """Hand SIGINT from :func:`catch_early_interrupt`'s handler (or Python's) to :func:`_noting_interrupt`."""
+    import signal
+
+    global _sigint_seen
+    _sigint_seen = False
     try:
-        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
-            handler = signal.getsignal(signal.SIGINT)
-            if getattr(handler, "__name__", "") == "early":  # catch_early_interrupt's, the only one
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-    except (ValueError, OSError):
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is signal.default_int_handler or getattr(handler, "__name__", "") == "early":
+            signal.signal(signal.SIGINT, _noting_interrupt)
+    except (ValueError, OSError):  # not the main thread
         pass
 
 
@@ -308,6 +327,20 @@ def run(prog: str, body: Callable[[], int], *, on_interrupt: Callable[[], str] |
         expect_json(None)  # the command's --json ends with it: a later in-process run never inherits it
 
 
+def _report_interrupt(prog: str, on_interrupt: Callable[[], str] | None) -> int:
+    """Ctrl-C stopped the body: one line (with ``on_interrupt``'s state of the tree), the JSON document, 130."""
+    detail = ""
+    if on_interrupt is not None:
+        try:
+            detail = on_interrupt()
+        except Exception:  # noqa: BLE001 - the interrupt message must always print
+            detail = ""
+    say(prog, "interrupted" + (f"; {detail}" if detail else ""))
+    _json_error(EXIT_INTERRUPTED, [{"code": "interrupted", "message": "interrupted" + (f"; {detail}" if detail
+                                                                                     else "")}])
+    return EXIT_INTERRUPTED
+
+
 def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | None) -> int:
     # imported here, not at module level: `--help` and a usage error never need them (sndr.errors pulls in
     # dataclasses and inspect, about a fifth of a command's --help)
@@ -331,16 +364,7 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
                                                ("line", exc.line)) if v is not None}])
         return code
     except KeyboardInterrupt:
-        detail = ""
-        if on_interrupt is not None:
-            try:
-                detail = on_interrupt()
-            except Exception:  # noqa: BLE001 - the interrupt message must always print
-                detail = ""
-        say(prog, "interrupted" + (f"; {detail}" if detail else ""))
-        _json_error(EXIT_INTERRUPTED, [{"code": "interrupted", "message": "interrupted" + (f"; {detail}" if detail
-                                                                                         else "")}])
-        return EXIT_INTERRUPTED
+        return _report_interrupt(prog, on_interrupt)
     except BrokenPipeError:
         # The reader went away (``| head``): not an error. Point stdout at devnull
         # so the interpreter's final flush does not raise again.
@@ -362,6 +386,8 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
                                       **({"file": str(name)} if name else {})}])
         return EXIT_BAD_INPUT
     except Exception:  # noqa: BLE001 - the last-resort boundary: a traceback and exit 3, never a silent exit
+        if _sigint_seen:  # Ctrl-C, turned into another error by an extension that caught it: still Ctrl-C
+            return _report_interrupt(prog, on_interrupt)
         import traceback
 
         traceback.print_exc()

@@ -168,6 +168,41 @@ def test_ctrl_c_is_one_line_and_exit_130(tree, monkeypatch, capsys):
     assert "python -m sndr.apply --verify" in err[0]
 
 
+def test_ctrl_c_that_an_extension_turned_into_another_error_is_still_ctrl_c(tree, monkeypatch, capsys):
+    """CI, stop 43: a real SIGINT 0.3 s into ``sndr.apply`` landed while pydantic-core built a model's
+    validator during a lazy import; pydantic caught the KeyboardInterrupt and raised ``SchemaError: ...
+    KeyboardInterrupt``, which the boundary reported as "internal error" (exit 3) with a traceback. The
+    boundary now notes every SIGINT that reaches the body, so such an error is reported as the interrupt."""
+    def swallowed(*a, **kw):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # a real signal, through the boundary's handler
+            time.sleep(5)  # the handler raises here
+        except KeyboardInterrupt:
+            raise RuntimeError("Error building validator: KeyboardInterrupt") from None
+        raise AssertionError("the SIGINT never arrived")
+
+    monkeypatch.setattr(applymod, "run_apply", swallowed)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        code = sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "Traceback" not in err and "internal error" not in err
+    assert err.strip().splitlines()[-1].startswith("sndr apply: interrupted; the tree is whole")
+
+    def broken(*a, **kw):  # no SIGINT: a genuine internal error stays one (exit 3, with its traceback)
+        raise RuntimeError("a real bug")
+
+    monkeypatch.setattr(applymod, "run_apply", broken)
+    try:
+        assert sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)]) == 3
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "a real bug" in capsys.readouterr().err
+
+
 def _interrupt_at(point: str, argv: list[str]) -> tuple[int, str, str]:
     """Run ``python -m sndr ...`` with the test-only start-up pause at ``point`` (``SNDR_TEST_PAUSE``, see
     sndr/env.py), wait until it says it is there, send it a real SIGINT; (exit status, stdout, stderr)."""
