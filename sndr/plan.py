@@ -32,7 +32,7 @@ from .classify import Finding, classify_create, classify_edit, diff_spans, marke
 from .errors import Problem, SndrError
 from .load import PatchSet
 from .locate import line_of, scopes
-from .model import EditResult, LeftOut, Location, Patch, PatchResult, PatchStatus, Verdict
+from .model import EditResult, LeftOut, Location, Patch, PatchResult, PatchStatus, RuntimeEdit, Verdict
 
 Reader = Callable[[str], "str | None"]
 
@@ -602,6 +602,11 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
             files[path] = FileState(path, text, text)
         return files[path]
 
+    def binding_file(r: RuntimeEdit) -> str:
+        """Where a runtime target is defined in this tree (its imports followed), else its module's name."""
+        _, _, b = check_binding(r, lambda rel: state(rel).text if state(rel).pristine is not None else None)
+        return b.file if b else r.target.split(":")[0]
+
     results: list[PatchResult] = []
     for p in ordered:
         g = gates[p.id]
@@ -609,6 +614,10 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
             edits = [] if g.code == "not_selected" else [
                 EditResult(patch=p.id, file=f.path, name=e.name, verdict=Verdict.GATED, required=e.required,
                            group=e.group, reason=g.reason) for f, e in p.edits()]
+            if g.code != "not_selected":  # its runtime edits too: a bump that gates a plugin patch names them
+                edits += [EditResult(patch=p.id, file=binding_file(r), name=r.name,
+                                     verdict=Verdict.GATED, required=r.required, reason=g.reason, binding=True)
+                          for r in p.runtime]
             results.append(PatchResult(id=p.id, title=p.title, kind=p.kind, status="gated", reason=g.reason,
                                        reason_code=g.code, on_failure=p.on_failure, edits=edits))
             continue

@@ -63,6 +63,7 @@ EXPECTED_032_033 = {
     ("PF27", "port"): ("applies", "file_missing", "moved"),
     ("PF28", "parse"): ("applies", "file_missing", "moved"),
     ("PF29", "create"): ("applies", "applies", "survives"),
+    ("PF30", "group"): ("applies", "gated", "gated"),  # a runtime edit: gated like a text one, named like one
 }
 
 EXPECTED_0100_0101 = {
@@ -224,7 +225,7 @@ def test_lists(bump):
     assert ref(report.chain_broken) == [("PF16", "log"), ("PF18", "detail")]
     assert ref(report.optional_absent) == [("PF19", "reconcile")]  # the group variant switch is not a soft-skip
     assert ref(report.qualname_changed) == [("PF21", "kernel")]
-    assert ref(report.newly_gated) == [("PF25", "tweak"), ("PF26", "moved")]
+    assert ref(report.newly_gated) == [("PF25", "tweak"), ("PF26", "moved"), ("PF30", "group")]
     actions = {p.id: p.action for p in report.patches}
     assert actions["PF13"] == actions["PF12"] == actions["PF17"] == "retire"
     assert actions["PF03"] == "reanchor" and actions["PF19"] == "soft_skip" and actions["PF01"] == "keep"
@@ -266,8 +267,8 @@ def test_scope_change_and_gates(bump):
 def test_summary_and_fail_on(bump):
     _, report, _, _ = bump
     s = report.summary
-    assert s.edits == len(EXPECTED_032_033) and s.patches == 29
-    assert s.counts["drifted"] == 14 and s.pin_counts["applies"] == 31
+    assert s.edits == len(EXPECTED_032_033) and s.patches == 30
+    assert s.counts["drifted"] == 14 and s.pin_counts["applies"] == 32  # PF30's runtime edit counted on the pin
     assert s.transitions["applies->drifted"] == 14
     assert s.findings["drift"] >= 12 and s.findings["ambiguous"] == 1
     assert exit_code(report, ["drift"]) == 1
@@ -588,3 +589,21 @@ def test_multi_hop_via_is_not_worse_than_direct(tmp_path, vllm_root, capsys):
     assert report.summary.via == ["0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0"]
     e0 = next(x for p in report.patches if p.id == "MH00" for x in p.edits)
     assert e0.path[0].version == "0.24.0" and e0.path[-1].version == "0.32.0" and len(e0.path) == 9
+
+
+def test_a_bump_that_gates_a_runtime_patch_alone_is_a_finding(tmp_path, vllm_pin_root, vllm_candidate_root):
+    """The new-user review (stop 44): a runtime patch whose range ends before the candidate (PK0003 on 0.33.0)
+    was listed nowhere but a note: no edits, ``newly_gated`` empty, "Review (0)" under a headline of "review 1",
+    and exit 0 under ``--fail-on any``. Its runtime edits are now gated edits like a text patch's."""
+    src = DATA / "bump_032_033" / "PF30-pin-only-runtime-wrapper--range-excludes.toml"
+    (tmp_path / src.name).write_bytes(src.read_bytes())
+    ps = load_patch_set(tmp_path, packs=False)
+    report = run_preflight(ps, vllm_pin_root, vllm_candidate_root, config=False)
+    (p,) = report.patches
+    assert (p.action, [(e.name, e.pin_verdict, e.verdict) for e in p.edits]) == (
+        "review", [("group", Verdict.APPLIES, Verdict.GATED)])
+    assert [(r.patch, r.name) for r in report.newly_gated] == [("PF30", "group")]
+    assert report.summary.pin_counts == {"applies": 1} and report.summary.findings["any"] == 1
+    assert exit_code(report, ["any"]) == 1 and exit_code(report, ["drift"]) == 0
+    md = render_markdown(report, ps)
+    assert "## Review (1)" in md and "PF30" in md.split("## Review (1)")[1]
