@@ -16,7 +16,7 @@ if __name__ == "__main__":  # `python -m sndr.apply`: an alias of `python -m snd
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -116,6 +116,7 @@ class _LedgerState:
     patched: list[str] = field(default_factory=list)  # holds the patched bytes the ledger records
     pristine: list[str] = field(default_factory=list)  # back to its pristine bytes (reinstall, restore)
     foreign: list[str] = field(default_factory=list)  # neither: someone else changed or deleted it
+    reread: list[str] = field(default_factory=list)  # read by the set, written by none: changed or deleted since
 
 
 def _ledger_state(tree: TreeRoot, ledger: Ledger) -> _LedgerState:
@@ -127,6 +128,8 @@ def _ledger_state(tree: TreeRoot, ledger: Ledger) -> _LedgerState:
         sha = sha256_bytes(now) if now is not None else None
         if now is not None and sha == entry.patched_sha256:
             st.patched.append(rel)
+        elif entry.read_only:
+            st.reread.append(rel)
         elif (now is None and entry.created) or (sha == entry.pristine_sha256 and not entry.created):
             st.pristine.append(rel)
         else:
@@ -171,6 +174,12 @@ def _no_interrupt():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _writes_any(ledger: Ledger) -> bool:
+    """A ledger is kept only for a set that changes some file: one that only reads (a runtime-only set, every
+    edit merged) leaves the tree with no ledger, as before files read were recorded."""
+    return any(not e.read_only for e in ledger.files.values())
 
 
 def _drop_entries(ledger: Ledger, rels: set[str]) -> Ledger:
@@ -305,7 +314,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
             upstream = tree.reinstalled(st.patched)
             notes.append(f"ledger_stale: the ledger was written for vLLM {ledger.vllm_version}, the tree now "
                          f"holds vLLM {version}: planning again from the tree as it is")
-            ledger = _drop_entries(ledger, set(st.pristine) | set(st.foreign) | set(upstream))
+            ledger = _drop_entries(ledger, set(st.pristine) | set(st.foreign) | set(st.reread) | set(upstream))
             st = _LedgerState(patched=[r for r in st.patched if r not in upstream])
         reinstalled = tree.reinstalled(st.foreign)
         if reinstalled:
@@ -317,6 +326,11 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
         if st.pristine:
             notes.append(f"{len(st.pristine)} file(s) were back to pristine (vLLM reinstalled or files "
                          f"restored): patching them again")
+        if st.reread:
+            # sndr wrote nothing there, so nothing of sndr's is lost: their bytes now are the new pristine
+            notes.append(f"read_changed: {len(st.reread)} file(s) the set read and wrote nothing to changed since "
+                         f"apply ({', '.join(st.reread)}): planning them again from their bytes now")
+            ledger = _drop_entries(ledger, set(st.reread))
         foreign = _foreign_problems(tree, st.foreign)
         if foreign and not force:
             return _report(mode, tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,
@@ -345,6 +359,10 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
                              f"its current bytes as pristine")
         elif ledger is original and not st.pristine and ledger.patch_set_digest == digest and not ledger.left_out:
             # Fast path: same set, and every file holds its patched bytes (checked above).
+            damaged = _stored_copy_problems(tree, ledger)
+            if damaged:  # "ok" over a tree whose revert would fail is not ok
+                return _report(mode, tree, version, None, ok=False, exit_code=EXIT_BAD_INPUT, problems=damaged,
+                               digest=digest, notes=notes + [f"refused: {nothing}"])
             results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, es, edits=True,
                                       reason="ledger matches; nothing to do")
             return _report(mode, tree, version, None, ok=True, exit_code=EXIT_OK, digest=digest,
@@ -386,7 +404,7 @@ def _apply_decide(tree: TreeRoot, version: str, patch_set: PatchSet, ledger: Led
             notes.append("no file would change; apply would only record the ledger")
         return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
                        files_written=[w.rel for w in writes], notes=notes)
-    commit(tree, writes, new_ledger.sealed() if new_ledger.files else None, plan.digest)
+    commit(tree, writes, new_ledger.sealed() if _writes_any(new_ledger) else None, plan.digest)
     return _report(mode, tree, version, plan, ok=True, exit_code=EXIT_OK,
                    files_written=[w.rel for w in writes], notes=notes)
 
@@ -472,6 +490,23 @@ def _dropped_files(plan: Plan, ledger: Ledger | None, writes: list[FileWrite]) -
         return []
     written = {w.rel for w in writes}
     return sorted(rel for rel in ledger.files if rel not in plan.changes and rel in written)
+
+
+def _stored_copy_problems(tree: TreeRoot, ledger: Ledger) -> list[Problem]:
+    """``object_missing`` / ``object_corrupt`` (or the state's own code) for each copy in ``.sndr/objects`` the
+    ledger's files need: the pristine copy revert puts back and plans read (a created file needs none). A
+    verify or an "already applied" that said ok over a tree whose revert then fails was not ok."""
+    from .errors import SndrError
+
+    out: list[Problem] = []
+    for rel, entry in sorted(ledger.files.items()):
+        if entry.created:
+            continue
+        try:
+            tree.get_object(entry.pristine_sha256)
+        except SndrError as exc:
+            out += [replace(p, message=f"{p.message} (the pristine copy of {rel})") for p in exc.problems]
+    return out
 
 
 def _ledger_patches(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, version: str, environ, only, profile,
@@ -669,6 +704,12 @@ def _writes_for(tree: TreeRoot, plan: Plan, ledger: Ledger | None, patch_set: Pa
             after = upstream.read_bytes(rel)
         if now != after:
             writes.append(FileWrite(rel, now, after))
+    for rel, text in plan.read.items():
+        # Read, written by no patch: recorded with the bytes the verdicts rest on (state.read_only_entry).
+        data = text.encode("utf-8")
+        sha = sha256_bytes(data)
+        files[rel] = LedgerFile(pristine_sha256=sha, patched_sha256=sha, patches=[], created=False)
+        to_store.append(data)
     if store:
         tree.put_objects(to_store)  # durable before the journal (and the ledger) name them
     # The ledger describes the tree after the commit: what "applies" now is "applied".
@@ -707,6 +748,8 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
                            digest=ledger.patch_set_digest, notes=notes + ["refused: nothing was written"])
         writes = []
         for rel, entry in sorted(ledger.files.items()):
+            if entry.read_only:
+                continue  # sndr wrote nothing there: revert leaves it as it is, changed since or not
             now = tree.read_bytes(rel)
             want = None if entry.created else tree.get_object(entry.pristine_sha256)
             if now != want:
@@ -775,9 +818,20 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
             problems.append(_set_mismatch(tree, ledger, patch_set, es))
         for rel, entry in sorted(ledger.files.items()):
             now = tree.read_bytes(rel)
-            if now is None or sha256_bytes(now) != entry.patched_sha256:
-                problems.append(Problem("hash_mismatch", "file does not hold the patched bytes the ledger records",
-                                        file=rel, patch=", ".join(entry.patches)))
+            if now is not None and sha256_bytes(now) == entry.patched_sha256:
+                continue
+            if entry.read_only:
+                readers = [p.id for p in patch_set.patches if p.id in ledger.patches and any(f.path == rel for f in p.files)]
+                problems.append(Problem("read_changed", f"file {'was deleted' if now is None else 'changed'} since "
+                                        f"apply; sndr wrote nothing to it, but the set's verdicts there (merged, optional "
+                                        f"absent, a runtime target) rest on the bytes it had", file=rel,
+                                        patch=", ".join(readers) or None,
+                                        hint="run python -m sndr.apply to plan the set again from the file as it is"))
+                continue
+            problems.append(Problem("hash_mismatch", "file does not hold the patched bytes the ledger records",
+                                    file=rel, patch=", ".join(entry.patches)))
+        damaged = _stored_copy_problems(tree, ledger)
+        problems += damaged
         bad = {pr.file for pr in problems if pr.code == "hash_mismatch" and pr.file}
         results = _ledger_patches(tree, ledger, patch_set, version, environ, only, profile, es,
                                   edits=(edits and not problems) or bool(bad), reason="verified against the ledger")
@@ -799,8 +853,8 @@ def _verify_locked(tree: TreeRoot, version: str, patch_set: PatchSet, only, envi
                                         hint="fix the patch (or its order) and apply again"))
         vnotes += _left_out_notes([lo for lo in ledger.left_out.values() if lo.allowed])
         return _report("verify", tree, version, None, ok=not problems,
-                       exit_code=EXIT_OK if not problems else EXIT_FINDINGS, problems=problems, digest=digest,
-                       patches=results, counts=counts, notes=vnotes)
+                       exit_code=EXIT_OK if not problems else EXIT_BAD_INPUT if damaged else EXIT_FINDINGS,
+                       problems=problems, digest=digest, patches=results, counts=counts, notes=vnotes)
 
 
 def _set_mismatch(tree: TreeRoot, ledger: Ledger, patch_set: PatchSet, es: EnabledSet) -> Problem:

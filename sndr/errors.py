@@ -159,6 +159,8 @@ CODES: dict[str, Code] = {
     # -- applying, verifying, reverting (findings) ---------------------------------------------
     "hash_mismatch": Code(_F, "a file does not hold the patched bytes the ledger records"),
     "modified_since_apply": Code(_F, "a file was changed by someone else since sndr patched it"),
+    "read_changed": Code(_F, "a file the set read and wrote nothing to (a merged marker, an absent optional anchor, "
+                             "a runtime target) changed since apply: the verdicts there may no longer hold"),
     "force_merge_conflict": Code(_F, "apply --force cannot merge a change made since apply: it overlaps lines "
                                      "sndr's edits changed (3-way merge; the file and line named, nothing written)"),
     "changed_during_apply": Code(_F, "a file changed between plan and commit"),

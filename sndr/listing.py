@@ -263,11 +263,17 @@ def _as_held(plan, ledger, patched: set[str]) -> None:
 
 
 def _patched_line(ledger, patched: set[str], plan) -> str:
+    written = {rel for rel, e in ledger.files.items() if not e.read_only}
+    reads = set(ledger.files) - written
     line = (f"patched by sndr: enabled set {ledger.patch_set_digest[:12]} (ledger: {len(ledger.patches)} patch(es), "
-            f"{len(ledger.files)} file(s)); verdicts read on the pristine copies in .sndr/objects")
-    stale = sorted(set(ledger.files) - patched)
+            f"{len(written)} file(s) written" + (f", {len(reads)} read" if reads else "") +
+            "); verdicts read on the pristine copies in .sndr/objects")
+    stale = sorted(written - patched)
     if stale:
         line += f"; {len(stale)} file(s) no longer hold the patched bytes: {', '.join(stale)}"
+    changed = sorted(reads - patched)
+    if changed:
+        line += f"; {len(changed)} file(s) the set read changed since apply (read as they are now): {', '.join(changed)}"
     if plan is not None and plan.digest != ledger.patch_set_digest:
         line += f"; this patch set's enabled set is {plan.digest[:12]}, not the ledger's"
     return line

@@ -139,8 +139,8 @@ def pristine_source(tree: Tree) -> tuple[Tree, str | None]:
     if ledger is None or not ledger.files:
         return tree, None
     if ledger.vllm_version and ledger.vllm_version != tree.version:
-        held = [rel for rel, e in sorted(ledger.files.items())
-                if (now := troot.read_bytes(rel)) is not None and sha256_bytes(now) == e.patched_sha256]
+        held = [rel for rel, e in sorted(ledger.files.items()) if not e.read_only
+                and (now := troot.read_bytes(rel)) is not None and sha256_bytes(now) == e.patched_sha256]
         held = [rel for rel in held if rel not in set(troot.reinstalled(held))]
         if held:
             raise bad_input("tree_patched", f"{held[0]} still holds the bytes sndr patched into vLLM "

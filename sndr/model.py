@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from .errors import Problem  # errors are values: reports carry the same dataclass
-from .state import canonical_json, relpath_problem
+from .state import canonical_json, read_only_entry, relpath_problem
 
 ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 # A runtime target or replacement: ``package.module:Qual.name``.
@@ -323,6 +323,11 @@ class LedgerFile(BaseModel):
     patched_sha256: str
     patches: list[str]
     created: bool = Field(default=False, description="the file did not exist before sndr created it")
+
+    @property
+    def read_only(self) -> bool:
+        """Read by the set, written by none of its patches (:func:`sndr.state.read_only_entry`)."""
+        return read_only_entry(self)
 
 
 class Ledger(BaseModel):

@@ -294,6 +294,9 @@ class Plan:
     enabled: list[str]
     digest: str
     left_out: list[LeftOut] = field(default_factory=list)
+    #: Files the plan read and changes not (path -> the text it read): the verdicts there (merged, optional
+    #: absent, a binding) rest on them, so the ledger records them too (:func:`sndr.state.read_only_entry`).
+    read: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -603,8 +606,15 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
         return files[path]
 
     def binding_file(r: RuntimeEdit) -> str:
-        """Where a runtime target is defined in this tree (its imports followed), else its module's name."""
-        _, _, b = check_binding(r, lambda rel: state(rel).text if state(rel).pristine is not None else None)
+        """Where a runtime target is defined in this tree (its imports followed), else its module's name. Read
+        aside (not a file the plan's verdicts rest on: the patch is off)."""
+        def text(rel: str) -> str | None:
+            try:
+                return files[rel].pristine if rel in files else read(rel)
+            except SndrError:
+                return None
+
+        _, _, b = check_binding(r, text)
         return b.file if b else r.target.split(":")[0]
 
     results: list[PatchResult] = []
@@ -670,8 +680,10 @@ def _plan_once(patch_set: PatchSet, read: Reader, version: str, es: EnabledSet, 
     if check_compile:
         problems.extend(_compile_check(changes, files))
     left_out = [left[p.id] for p in ordered if p.id in left and gates[p.id].enabled]
+    only_read = {path: st.pristine for path, st in sorted(files.items())
+                 if st.pristine is not None and path not in changes and path not in unreadable}
     return Plan(version=version, patches=results, changes=changes, problems=problems, enabled=enabled, digest=es.digest,
-                left_out=left_out)
+                left_out=left_out, read=only_read)
 
 
 def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: set[str],

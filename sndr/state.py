@@ -50,6 +50,17 @@ _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _LEDGER_KEYS = frozenset({"format", "patch_set_digest", "patches", "vllm_version", "files", "results", "counts",
                           "left_out", "checksum"})
 _FILE_KEYS = frozenset({"pristine_sha256", "patched_sha256", "patches", "created"})
+
+
+def read_only_entry(entry: Any) -> bool:
+    """A ledger file entry for a file the set read and wrote nothing to (``patches`` empty, pristine and
+    "patched" the same bytes, not created): its verdicts there (a merged marker present, an optional anchor
+    absent, a runtime target's binding) rest on those bytes, so every reader that hashes the ledger's
+    files notices the file changing. Revert never writes it; apply plans it again from its bytes as they
+    are; verify and the hook report it (``read_changed``). The one definition: ``LedgerFile.read_only``
+    and the dict readers (hook, status) call this."""
+    get = entry.get if isinstance(entry, dict) else lambda k: getattr(entry, k)
+    return not get("patches") and not get("created") and get("pristine_sha256") == get("patched_sha256")
 _LEFT_OUT_KEYS = frozenset({"id", "reason", "code", "by", "on_failure"})
 _LEFT_OUT_BY = ("on_failure", "keep_going", "requires")
 _ON_FAILURE = ("fail", "skip")

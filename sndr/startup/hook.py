@@ -401,7 +401,11 @@ def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> Non
         if now != entry.get("patched_sha256"):
             bad[rel] = list(entry.get("patches", []))
             created = bool(entry.get("created"))
-            if (now is None and created) or (now is not None and not created and now == entry.get("pristine_sha256")):
+            if statemod.read_only_entry(entry):
+                why = "read by the set, written by none of its patches, and changed since apply: the verdicts there " \
+                      "(merged, optional absent, a runtime target) may no longer hold (read_changed)"
+                state.foreign.append(rel)
+            elif (now is None and created) or (now is not None and not created and now == entry.get("pristine_sha256")):
                 why = "back to pristine: a reinstall or a restore put it back"
             else:
                 why = "changed by someone else since apply"

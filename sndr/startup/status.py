@@ -212,7 +212,9 @@ def recheck_trees(records: list[dict]) -> list[str]:
                 out.append(f"{root}/{rel}: cannot be re-hashed: {exc}")
                 continue
             if now != entry.get("patched_sha256"):
-                out.append(f"{root}/{rel}: changed since it was patched (tree no longer matches the ledger)")
+                what = "changed since apply (read by the set, written by none of its patches: read_changed)" \
+                    if statemod.read_only_entry(entry) else "changed since it was patched"
+                out.append(f"{root}/{rel}: {what} (tree no longer matches the ledger)")
     return out
 
 

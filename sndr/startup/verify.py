@@ -151,6 +151,8 @@ def check(tree: str | None, patches: str | None, environ: Mapping[str, str]) -> 
                 data = read_bytes(os.path.join(root, rel))
                 if data is None or sha256(data) != entry["patched_sha256"]:
                     return None
+            if not _stored_copies_whole(sfd, led["files"]):
+                return None  # the full verifier names the missing or damaged copy (object_missing, ...)
             if statemod.find_probes(root, led["files"]):
                 return None
         finally:
@@ -187,6 +189,32 @@ def prime(tree: str | None, patches: str | None, environ: Mapping[str, str]) -> 
         resolve_set(version, tree_identity(root), environ, cache, pdir)
     except SndrError:
         pass  # the full verifier has already reported what is wrong with this tree or set
+
+
+def _stored_copies_whole(sfd: int, files: Mapping[str, Mapping[str, object]]) -> bool:
+    """Every pristine copy in ``.sndr/objects`` the ledger's files need (what revert puts back; a created file
+    needs none) is there, a regular file, with its hash: the full verifier's ``object_missing`` /
+    ``object_corrupt`` check (``sndr.apply._stored_copy_problems``), so this path never says ok where it
+    would not."""
+    from ..fsio import FileProblem, read_regular
+
+    try:
+        ofd = os.open(statemod.OBJECTS, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=sfd)
+    except OSError:
+        return not any(not e["created"] for e in files.values())
+    try:
+        for entry in files.values():
+            if entry["created"]:
+                continue
+            sha = str(entry["pristine_sha256"])
+            try:
+                if sha256(read_regular(sha, None, "stored copy", dir_fd=ofd, follow_symlinks=False)) != sha:
+                    return False
+            except (FileProblem, ValueError):
+                return False
+    finally:
+        os.close(ofd)
+    return True
 
 
 def answer(tree: str | None, patches: str | None, quiet: bool, environ: Mapping[str, str] | None = None) -> int | None:

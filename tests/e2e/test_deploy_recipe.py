@@ -119,7 +119,7 @@ def test_recipe_a_patched_on_disk_at_build_time(make_vllm_env, tmp_path):
     status = _status(env, image_env)
     assert status.returncode == 0, status.stdout + status.stderr
     # The verify step is a real gate: a later layer that reinstalls a pristine file fails the build.
-    rel = sorted(ledger["files"])[0]
+    rel = sorted(r for r, e in ledger["files"].items() if e["patches"])[0]  # a file sndr wrote (not one it read)
     pristine = env.site / ".sndr" / "objects" / ledger["files"][rel]["pristine_sha256"]
     assert pristine.is_file()
     target = env.site / rel
