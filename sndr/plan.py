@@ -735,6 +735,40 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                     # finding, never an absence (the other order would have applied it).
                     er.verdict = Verdict.CONFLICT
                     er.reason += "; the edit is optional, but an edit refused is never skipped"
+            if fd.verdict == Verdict.AMBIGUOUS and st.pristine is not None and st.pristine.count(e.anchor) == 1:
+                # Unique on pristine, repeated now: an unordered patch's text made it ambiguous. That is the
+                # stack's overlap (exit 1, naming the patch), not the author's bad anchor (exit 2).
+                la = len(e.anchor)
+                foreign = [c for off in fd.offsets for c in st.changed_in(off, off + la)
+                           if c.patch != p.id and c.patch not in ordered_ids]
+                if foreign:
+                    c = foreign[0]
+                    own = [off for off in fd.offsets if not [x for x in st.changed_in(off, off + la) if x.patch != p.id]]
+                    fd = Finding(Verdict.CONFLICT, offset=(own or fd.offsets)[0], offsets=list(fd.offsets),
+                                 reason=(f"the anchor occurs once in the pristine file, but {c.patch}.{c.edit} "
+                                         f"(pristine lines {c.lines[0]}-{c.lines[1]}) wrote another copy of it, and the "
+                                         f"two patches are not ordered"),
+                                 code="overlap_conflict")
+                    er = _edit_result(p, f.path, e, fd, st)
+                    er.conflict_with = sorted({c.patch for c in foreign})
+                    er.hint = (f"order the two patches (after = [\"{c.patch}\"] in {p.id}, then widen this anchor so "
+                               f"it occurs once on {c.patch}'s text; or after = [\"{p.id}\"] in {c.patch})")
+            if fd.verdict == Verdict.APPLIED and fd.offset is not None:
+                # "Replacement present" is upstream's text only if no other patch of this plan wrote those bytes:
+                # two unordered patches making the same change both read done (one wrote it) were never flagged.
+                r0, r1 = fd.offset, fd.offset + len(e.replacement)
+                foreign = [c for c in st.changed_in(r0, r1) if c.patch != p.id and c.patch not in ordered_ids]
+                if foreign:
+                    c = foreign[0]
+                    fd = Finding(Verdict.CONFLICT, offset=r0, offsets=[r0],
+                                 reason=(f"the replacement text is present only because {c.patch}.{c.edit} (pristine "
+                                         f"lines {c.lines[0]}-{c.lines[1]}) wrote it, and the two patches are not "
+                                         f"ordered: two patches make the same change"),
+                                 code="overlap_conflict")
+                    er = _edit_result(p, f.path, e, fd, st)
+                    er.conflict_with = sorted({c.patch for c in foreign})
+                    er.hint = (f"keep the change in one of them (drop this edit, or {c.patch}'s), or declare "
+                               f"after = [\"{c.patch}\"] in {p.id} if it is meant to build on it")
             if fd.verdict == Verdict.APPLIES:
                 at = fd.offset
                 assert at is not None, "an APPLIES finding always says where the anchor sits"
