@@ -171,6 +171,21 @@ def _output_dir_problem(dest: str) -> str | None:
     if not os.path.isdir(d):
         return f"{d} on its path is not a directory"
     if os.access(d, os.W_OK | os.X_OK):
+        if d != os.path.dirname(os.path.abspath(dest)):
+            return None  # write_output creates the missing directories; os.access is what can be known now
+        # Permission bits are not the whole answer (root under /proc, a filesystem that refuses new files):
+        # create and remove a file where the report's temporary file will go, before any work is done.
+        import tempfile
+
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".sndr-output-probe-", dir=d)
+        except OSError as exc:
+            return f"its directory {d} takes no new file ({exc.strerror or exc})"
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
         return None
     try:
         readonly = bool(os.statvfs(d).f_flag & os.ST_RDONLY)

@@ -122,12 +122,31 @@ def _full(args: argparse.Namespace) -> int:
     try:
         report = _report(args)
     except SndrError as exc:
-        if args.json:  # the JSON reader still gets one document; the problems also go to stderr (cli.run)
+        refused = any(p.code == "output_refused" and p.file == args.json for p in exc.problems)
+        if args.json and not refused:  # the JSON reader still gets one document; the problems also go to stderr
             _write_json(args.json, {"ok": False, "exit_code": exc.exit_code,
                                     "problems": [p.to_json() for p in exc.problems]})
         raise
     if args.json:
-        _write_json(args.json, json.loads(report.model_dump_json()))
+        try:
+            _write_json(args.json, json.loads(report.model_dump_json()))
+        except BrokenPipeError:
+            # `--json - | reader` whose reader left: the findings and the exit status still count (the human
+            # report goes to stderr below); stdout points at devnull so the final flush does not raise again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, SndrError) as exc:
+            # Checked before any work (check_output probes the directory), yet the write failed: the command's
+            # work is done (an apply committed), so its report still prints, and the status never reads
+            # "bad input, tree untouched" (2).
+            from ..render import make_console, print_report
+
+            print_report(report, verbose=args.verbose, console=make_console(stderr=True))
+            why = "; ".join(p.render() for p in exc.problems) if isinstance(exc, SndrError) else str(exc)
+            print(f"sndr apply: --json {args.json}: the report above could not be written there ({why}); the "
+                  f"{_mode(args)} itself finished as the report says", file=sys.stderr)
+            return report.exit_code or 1
     if not args.quiet or report.exit_code:
         from ..render import make_console, print_report
 
@@ -153,6 +172,7 @@ def _report(args: argparse.Namespace) -> Report:
             print(f"sndr apply: no vLLM is installed for this interpreter; dry-run of the patch set against the "
                   f"pinned vLLM {PIN_VERSION} tree ({root})", file=sys.stderr)
             args.dry_run = True
+    _refuse_output_in_tree(args.json, root)
     if args.revert:
         return run_revert(root, force=args.force)
     from ..cli import pause_at
@@ -184,6 +204,21 @@ def _report(args: argparse.Namespace) -> Report:
                            keep_going=args.keep_going, profile=profile, announce=announce)
     report.notes[:0] = ignored
     return report
+
+
+def _refuse_output_in_tree(dest: str | None, root: str | os.PathLike[str]) -> None:
+    """``--json FILE`` inside the tree (or its ``.sndr``) would overwrite a file sndr patches or its own state
+    after the commit (a report over ``vllm/x.py`` left verify failing; over ``.sndr/ledger.json``, the ledger
+    corrupt): refused before any work, as every other unwritable output is (``output_refused``)."""
+    if dest is None or dest == "-":
+        return
+    from ..errors import bad_input
+
+    where, tree = os.path.realpath(dest), os.path.realpath(root)
+    if where == tree or where.startswith(tree.rstrip(os.sep) + os.sep):
+        raise bad_input("output_refused", f"--json: {dest} is inside the tree sndr works on ({root}): the report "
+                        f"would overwrite a file of vLLM or sndr's state; nothing was written", file=dest,
+                        hint="write the report outside the tree, or to - for stdout")
 
 
 def _write_json(target: str, data: dict[str, object]) -> None:
