@@ -68,11 +68,20 @@ def _interrupted_doc(message: str) -> bytes:
 
 
 def _json_error(exit_code: int, problems: list[dict[str, object]]) -> None:
-    if _json_dest != "-" or _json_written:
+    """The one document of a command that an error ended, where its ``--json`` goes (stdout or FILE), unless
+    the command wrote its own there, or FILE is the very output refused (``output_refused``)."""
+    if _json_dest is None or _json_written or any(p.get("code") == "output_refused" for p in problems):
         return
     import json
 
-    write_output("-", json.dumps({"ok": False, "exit_code": exit_code, "problems": problems}, indent=2) + "\n")
+    doc = json.dumps({"ok": False, "exit_code": exit_code, "problems": problems}, indent=2) + "\n"
+    if _json_dest == "-":
+        write_output("-", doc)
+        return
+    try:  # a stale report of an earlier run must not stay there as if it were this run's
+        write_output(_json_dest, doc, "--json")
+    except Exception as exc:  # noqa: BLE001 - the error itself is already on stderr; say this one too
+        print(f"sndr: --json {_json_dest}: the error document could not be written either ({exc})", file=sys.stderr)
 
 
 def catch_early_interrupt(prog: str) -> None:
@@ -240,6 +249,8 @@ def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "o
     # atomic_write's rename replaces the entry itself: a symlink swapped in after the check is
     # replaced, never followed, and in a sticky directory another user's entry cannot be replaced.
     fsio.atomic_write(os.path.abspath(dest), data, mode)
+    if dest == _json_dest:
+        _json_written = True  # the command's own document (or its error document) is there
 
 
 def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:

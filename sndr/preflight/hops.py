@@ -114,19 +114,32 @@ def resolve_via(via, pin_version: str, cand_version: str) -> list[str]:
     prev: Version | None = None
     for item in items:
         spec = f"vllm=={item}" if _VERSION.match(item) else item
-        if _VERSION.match(item):
-            v: Version | None
+        if _VERSION.match(item):  # a tree spec's version is known once it is opened: Chain.build checks it
             try:
-                v, lo, hi = Version(item), Version(pin_version), Version(cand_version)
+                Version(item)
             except InvalidVersion:
-                v = None
+                prev = None
             else:
-                if not (lo < v < hi and (prev is None or prev < v)):
-                    raise bad_input("bad_via", f"--via {item}: not between {pin_version} and {cand_version} in order",
-                                    key="--via")
-            prev = v
+                prev = check_between(item, item, prev, pin_version, cand_version)
         specs.append(spec)
     return specs
+
+
+def check_between(label: str, version: str, prev, pin_version: str, cand_version: str):
+    """``bad_via`` unless ``version`` (of the hop ``label`` names) lies strictly between the pin and the
+    candidate and after the hop before it (``prev``); returns it as a Version for the next hop's check."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v, lo, hi = Version(version), Version(pin_version), Version(cand_version)
+    except InvalidVersion:
+        raise bad_input("bad_via", f"--via {label}: its vLLM version {version!r} is not a version", key="--via") \
+            from None
+    if not (lo < v < hi and (prev is None or prev < v)):
+        what = label if label == version else f"{label} (vLLM {version})"
+        raise bad_input("bad_via", f"--via {what}: not between {pin_version} and {cand_version} in order",
+                        key="--via")
+    return v
 
 
 # ----------------------------------------------------------------------------- per-tree state, shared
@@ -242,6 +255,9 @@ class Chain:
     @classmethod
     def build(cls, pin: Snapshot, via_specs: list[str], cand: Snapshot) -> Chain:
         states = [tree_state(pin), *(tree_state(s) for s in via_specs), tree_state(cand)]
+        prev = None
+        for spec, st in zip(via_specs, states[1:-1]):  # a tree spec's version, now that it is open
+            prev = check_between(spec, st.snapshot.version, prev, pin.version, cand.version)
         chain = cls(states)
         for a, b in zip(states, states[1:]):
             chain.relocators.append(Relocator(a.snapshot.text_or_none, b.snapshot.text_or_none,

@@ -60,9 +60,25 @@ def rt_yaml():
 
 def yaml_problem(exc: Exception, file: str) -> Problem:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is None:
+        mark = _constructing_mark(exc)
     line = mark.line + 1 if mark is not None else None
     what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     return Problem("yaml_syntax", f"malformed YAML: {what}", file=file, line=line)
+
+
+def _constructing_mark(exc: Exception):
+    """The start mark of the node ruamel was constructing when ``exc`` (no mark of its own) was raised: a
+    value that parses as YAML but not as its type, e.g. ``since: 2026-13-45`` ("month must be in 1..12",
+    from the timestamp constructor), still gets its line. The innermost frame holding a ``node`` wins."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        mark = getattr(tb.tb_frame.f_locals.get("node"), "start_mark", None)
+        if mark is not None:
+            found = mark
+        tb = tb.tb_next
+    return found
 
 
 def content_end(node, text: str) -> int:

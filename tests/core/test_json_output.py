@@ -57,3 +57,17 @@ def test_findings_keep_their_status_when_the_json_reader_leaves(tmp_path):
     err = (tmp_path / "err").read_text()
     assert r.returncode == 1, err  # was 0 with nothing on stderr: the findings and the status were dropped
     assert "PT0200" in err and "FAILED (exit 1)" in err, err
+
+
+def test_an_error_leaves_its_document_in_the_json_file_too(tmp_path):
+    """The README: bad input that ends a command "still leaves one document there", FILE or stdout. With FILE
+    a stale report of an earlier run stayed in place (the new-user review of stop 44, `sndr preflight`)."""
+    out = tmp_path / "report.json"
+    out.write_text('{"old": 1}\n')
+    r = subprocess.run([sys.executable, "-m", "sndr", "preflight", "--pin", str(tmp_path / "nope"), "--candidate",
+                        str(tmp_path / "nope2"), "--json", str(out)], capture_output=True, text=True)
+    import json
+
+    doc = json.loads(out.read_text())
+    assert r.returncode == 2 and (doc["ok"], doc["exit_code"]) == (False, 2), (r.stderr, doc)
+    assert doc["problems"][0]["code"] == "tree_not_found" and r.stdout == ""

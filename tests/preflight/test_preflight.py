@@ -607,3 +607,21 @@ def test_a_bump_that_gates_a_runtime_patch_alone_is_a_finding(tmp_path, vllm_pin
     assert exit_code(report, ["any"]) == 1 and exit_code(report, ["drift"]) == 0
     md = render_markdown(report, ps)
     assert "## Review (1)" in md and "PF30" in md.split("## Review (1)")[1]
+
+
+@pytest.mark.parametrize("hop", ["0.31.0", "pin", "candidate"])
+def test_a_via_tree_is_checked_to_lie_between_as_a_version_is(tmp_path, vllm_pin_root, vllm_candidate_root,
+                                                              vllm_root, hop):
+    """The new-user review (stop 44): `--via 0.31.0` was refused (bad_via) but the same release as a tree
+    (a directory, or `vllm==0.31.0`) was taken, and the report's path went back in time (0.32.0 -> 0.31.0 ->
+    0.33.0); the pin or the candidate themselves were taken as hops too."""
+    from sndr.errors import SndrError
+
+    src = DATA / "bump_032_033" / "PF03-explain-the-kv-memory-shortfall.toml"  # drifted: asks for suggestions
+    (tmp_path / src.name).write_bytes(src.read_bytes())
+    ps = load_patch_set(tmp_path, packs=False)
+    tree = {"0.31.0": vllm_root("0.31.0"), "pin": vllm_pin_root, "candidate": vllm_candidate_root}[hop]
+    with pytest.raises(SndrError) as exc:
+        run_preflight(ps, vllm_pin_root, vllm_candidate_root, config=False, via=[str(tree)])
+    (p,) = exc.value.problems
+    assert p.code == "bad_via" and str(tree) in p.message and "not between 0.32.0 and 0.33.0" in p.message, p

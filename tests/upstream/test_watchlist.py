@@ -135,6 +135,14 @@ def test_yaml_errors_carry_a_line():
     with pytest.raises(SndrError) as exc:
         parse_watchlist("watch:\n- upstream: vllm#1\n  status: [open\n", "w.yaml")
     assert exc.value.problems[0].code == "yaml_syntax" and exc.value.problems[0].line
+    # a value YAML parses but its type refuses (the timestamp constructor's ValueError has no mark): still
+    # the line (the new-user review of stop 44 got "w5.yaml: malformed YAML: month must be in 1..12")
+    bad_date = ("watch:\n- upstream: vllm#1\n  status: open\n  severity: P1-correctness\n  local_patches: [PX0001]\n"
+                "  action: watch\n  since: 2026-13-45\n__sentinel__: complete\n")
+    with pytest.raises(SndrError) as exc:
+        parse_watchlist(bad_date, "w.yaml")
+    p = exc.value.problems[0]
+    assert (p.code, p.line) == ("yaml_syntax", 7) and "month must be in 1..12" in p.message, p
 
 
 def test_markers_are_optional_and_validated(loaded):
