@@ -741,7 +741,10 @@ def run_revert(root: Path | str, *, force: bool = False) -> Report:
             notes.append(f"removed {len(swept)} probe file(s) an interrupted sndr left: {', '.join(swept)}")
         if ledger is None:
             return _report("revert", tree, version, None, ok=True, exit_code=EXIT_OK,
-                           notes=notes + ["no ledger: the tree is pristine as far as sndr knows; nothing to revert"])
+                           notes=notes + ["no ledger: sndr has no record of writing any file here, so it has nothing to "
+                                          "restore (a tree whose ledger was deleted may still hold patched files: "
+                                          "`--verify --patches DIR` classifies them; reinstalling vLLM restores "
+                                          "pristine files)"])
         foreign = _foreign_changes(tree, ledger, FORCE_REVERT_HINT)
         if foreign and not force:
             return _report("revert", tree, version, None, ok=False, exit_code=EXIT_FINDINGS, problems=foreign,

@@ -315,6 +315,7 @@ def parse_patch(text: str, source: str) -> Patch:
         problems = []
         for err in exc.errors():
             loc = tuple(err.get("loc", ()))
+            loc += tuple(getattr((err.get("ctx") or {}).get("error"), "loc", ()))  # model.LocatedError's key
             msg = err.get("msg", "invalid")
             if err.get("type") == "extra_forbidden":
                 msg = f"unknown key {loc[-1]!r}"
@@ -447,7 +448,8 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
             warnings.append(misnamed)
         if patch.id in sources:
             problems.append(Problem("duplicate_id", f"patch id {patch.id} is also defined in {sources[patch.id]}",
-                                    file=str(path), key="id"))
+                                    file=str(path), key="id",  # the file just loaded: its id's line
+                                    line=_key_line(path.read_text(encoding="utf-8", errors="replace"), ("id",))))
             continue
         outside = _code_outside(patch, str(path))
         if outside:

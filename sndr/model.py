@@ -117,6 +117,15 @@ class FileEdits(Strict):
         return self
 
 
+class LocatedError(ValueError):
+    """A cross-field check's ValueError that names the key it is about (``loc``, pydantic's form), so the
+    loader can point at that key's line; a model validator's own errors carry only the model's location."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
 class RuntimeEdit(Strict):
     """Replace an attribute at import time (kind = runtime or plugin)."""
 
@@ -197,35 +206,41 @@ class Patch(Strict):
         if not self.files and not self.runtime and not self.module:
             raise ValueError("a patch needs 'files' (text), 'runtime' or 'module' (plugin)")
         if self.kind == "text" and not self.files:
-            raise ValueError("kind = 'text' needs at least one [[files]] entry")
+            raise LocatedError(("kind",), "kind = 'text' needs at least one [[files]] entry")
         if self.kind == "runtime" and not self.runtime:
-            raise ValueError("kind = 'runtime' needs at least one [[runtime]] entry")
+            raise LocatedError(("kind",), "kind = 'runtime' needs at least one [[runtime]] entry")
         if self.kind == "plugin" and not self.module:
-            raise ValueError("kind = 'plugin' needs 'module'")
-        if self.id in self.requires or self.id in self.conflicts or self.id in self.after:
-            raise ValueError(f"{self.id} cannot require, follow or conflict with itself")
+            raise LocatedError(("kind",), "kind = 'plugin' needs 'module'")
+        for key in ("requires", "conflicts", "after"):
+            if self.id in getattr(self, key):
+                raise LocatedError((key,), f"{self.id} cannot require, follow or conflict with itself")
         both = sorted(set(self.after) & set(self.requires))
         if both:
-            raise ValueError(f"{both[0]} is in both requires and after; requires already orders it first")
+            raise LocatedError(("after",), f"{both[0]} is in both requires and after; requires already orders it first")
         seen: set[str] = set()
-        for name in [e.name for f in self.files for e in f.edits] + [r.name for r in self.runtime]:
+        named = [(("files", i, "edits", j, "name"), e.name) for i, f in enumerate(self.files)
+                 for j, e in enumerate(f.edits)] + [(("runtime", k, "name"), r.name) for k, r in enumerate(self.runtime)]
+        for loc, name in named:
             if name in seen:
-                raise ValueError(f"edit name {name!r} is used twice in patch {self.id}")
+                raise LocatedError(loc, f"edit name {name!r} is used twice in patch {self.id}")
             seen.add(name)
-        paths = [f.path for f in self.files]
-        if len(paths) != len(set(paths)):
-            dup = sorted({p for p in paths if paths.count(p) > 1})
-            raise ValueError(f"file {dup[0]!r} is listed twice; put all its edits in one [[files]] entry")
+        firsts: set[str] = set()
+        for i, f in enumerate(self.files):
+            if f.path in firsts:
+                raise LocatedError(("files", i, "path"),
+                                   f"file {f.path!r} is listed twice; put all its edits in one [[files]] entry")
+            firsts.add(f.path)
         members: dict[str, int] = {g: 0 for g in self.groups}
-        for f in self.files:
-            for e in f.edits:
+        for i, f in enumerate(self.files):
+            for j, e in enumerate(f.edits):
                 if e.group is not None:
                     if e.group not in self.groups:
-                        raise ValueError(f"edit {e.name!r} names group {e.group!r}, which is not declared in [groups]")
+                        raise LocatedError(("files", i, "edits", j, "group"),
+                                           f"edit {e.name!r} names group {e.group!r}, which is not declared in [groups]")
                     members[e.group] += 1
         for g, n in members.items():
             if n == 0:
-                raise ValueError(f"group {g!r} has no member edits")
+                raise LocatedError(("groups", g), f"group {g!r} has no member edits")
         return self
 
     def edits(self):
