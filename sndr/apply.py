@@ -46,7 +46,8 @@ def _report(mode: ReportMode, tree: TreeRoot, version: str, plan: Plan | None, *
         others = plan.not_selected
         patches = [p for p in plan.patches if p.reason_code != "not_selected"]
         if others:
-            kw["notes"] = [f"--only: {len(others)} other patch(es) not selected (not planned, not counted)"] \
+            kw["notes"] = [f"--only: {len(others)} other patch(es) not selected (not planned, not counted): "
+                           f"{', '.join(p.id for p in others)}"] \
                 + list(kw.get("notes", []))
         if plan.left_out:
             kw["left_out"] = list(plan.left_out)
