@@ -420,3 +420,10 @@ def _run(prog: str, body: Callable[[], int], on_interrupt: Callable[[], str] | N
         say(prog, f"internal error (exit {EXIT_INTERNAL}); please report it with the traceback above")
         _json_error(EXIT_INTERNAL, [{"code": "internal", "message": "internal error; the traceback is on stderr"}])
         return EXIT_INTERNAL
+    except BaseException as exc:
+        # A Rust extension's panic is a BaseException (pyo3's PanicException): a Ctrl-C that landed while
+        # pydantic-core imported `datetime` made pyo3 panic ("failed to import datetime C API") and the process
+        # die with a traceback, exit 1 (seen under load, stop 44). After a SIGINT it is the interrupt.
+        if _sigint_seen and not isinstance(exc, (SystemExit, GeneratorExit)):
+            return _report_interrupt(prog, on_interrupt)
+        raise

@@ -55,9 +55,9 @@ def print_report(report: Report, verbose: bool = False, console: Console | None 
             console.print(f"        hint: {_esc(pr.hint)}")
     if report.files_written:
         verb = "would write" if report.mode == "dry-run" else "wrote"
-        names = report.files_written
-        which = f": {', '.join(names)}" if verbose or len(names) <= 8 else " (-v names them)"
-        console.print(f"{verb} {len(names)} file(s){_esc(which)}")
+        written = report.files_written
+        which = f": {', '.join(written)}" if verbose or len(written) <= 8 else " (-v names them)"
+        console.print(f"{verb} {len(written)} file(s){_esc(which)}")
     for n in report.notes:
         console.print(f"note: {_esc(n)}")
     status = "ok" if report.ok else f"FAILED (exit {report.exit_code})"

@@ -86,6 +86,29 @@ def relpath_problem(path: str) -> str | None:
     return None
 
 
+def ledger_identity(root: str | os.PathLike[str]) -> list[int] | None:
+    """``[st_dev, st_ino, st_mtime_ns]`` of the tree's ledger file (None: none there). A commit writes the
+    ledger anew and renames it into place, so this changes with every commit, even one that writes the same
+    bytes (a revert, then a re-apply of the same set)."""
+    try:
+        st = os.stat(state_path(root, LEDGER), follow_symlinks=False)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_mtime_ns]
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None where
+    there is no such file (not Linux, no /proc, the process gone). With the pid it names one process: a pid
+    that a new process reuses (vLLM is pid 1 in every container) has another start."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[19])  # fields after "(comm)": state is 3, starttime 22
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (signal 0); a process of another user exists too."""
     try:

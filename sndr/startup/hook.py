@@ -103,6 +103,9 @@ class _Process:
         # disk mode: sha256 (None: missing) of every file the ledger names, as this process saw it at
         # register(); `sndr status` compares them with the tree as it is now (a re-apply under a live process)
         self.files: dict[str, str | None] = {}
+        #: (st_dev, st_ino, st_mtime_ns) of the ledger file it verified: every commit replaces the file, so a
+        #: revert and a re-apply of the same set since this process started still show (``sndr status``)
+        self.ledger_id: list[int] | None = None
         self.canary: dict[str, dict] = {}  # plugin -> its worst canary verdict here (sndr.kernels.canary)
 
     def forked(self) -> _Process:
@@ -149,7 +152,8 @@ class _Process:
                 "gated": self.gated, "gate_reasons": self.gate_reasons, "profile": self.profile,
                 "counts": dict(sorted(counts.items())), "text": self.text, "files": self.files, "runtime": runtime,
                 "missing_required": self.missing + self.runtime_missing(), "problems": self.problems,
-                "strict": self.strict, "register_ms": round(self.register_ms, 3), "canary": dict(self.canary)}
+                "strict": self.strict, "register_ms": round(self.register_ms, 3), "canary": dict(self.canary),
+                "proc_start": statemod.proc_start_ticks(self.pid), "ledger_id": self.ledger_id}
 
     def write(self) -> None:
         if not self.ready:
@@ -392,6 +396,7 @@ def _record_path(state: _Process, root: str, environ) -> str | None:
 
 def _check_disk(state: _Process, root: str, ledger: dict, resolved: dict) -> None:
     state.ledger_digest = ledger.get("patch_set_digest")
+    state.ledger_id = statemod.ledger_identity(root)
     if os.path.exists(statemod.state_path(root, statemod.JOURNAL)):
         state.problems.append("an interrupted commit is pending on this tree (journal.json); files may be torn")
     bad: dict[str, list[str]] = {}
@@ -485,6 +490,13 @@ def run_status(args) -> int:
     try:
         st = status.read_status(directory, live=args.live, prune=args.prune)
     except UnsafeDirError as exc:
+        if args.prometheus and args.prometheus != "-":  # never leave an earlier run's sndr_status_ok 1 there
+            from contextlib import suppress
+
+            from .metrics import write_textfile
+
+            with suppress(Exception):
+                write_textfile(args.prometheus, [], [f"{exc.message}; its records cannot be trusted"])
         raise bad_input(exc.code, f"{exc.message}; its records cannot be trusted", file=exc.path) from None
     if args.prometheus:
         from .metrics import write_textfile

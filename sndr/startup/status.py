@@ -78,14 +78,16 @@ def _tree_root(tree: str | None) -> Path:
 def read_status(directory: str, *, live: bool = False, prune: bool = False) -> Status:
     """Every record of ``directory`` and the findings. ``prune`` deletes the records of exited processes,
     ``live`` leaves them out. Raises :class:`sndr.fsio.UnsafeDirError` when the directory cannot be trusted."""
-    from ..state import pid_alive
+    from ..state import pid_alive, proc_start_ticks
     from .attest import read_records
 
     if os.path.isdir(directory):
         secure_dir(directory, "attestation")
     records, bad = read_records(directory)  # every record is validated: its pid is a positive int
     for r in records:
-        r["_alive"] = pid_alive(r["pid"])
+        # the pid alone is not the process: a recorded start that differs is another process on a reused pid
+        started, now = r.get("proc_start"), proc_start_ticks(r["pid"])
+        r["_alive"] = pid_alive(r["pid"]) and (not isinstance(started, int) or now is None or now == started)
     if prune:
         for r in records:
             if not r["_alive"]:
@@ -105,6 +107,8 @@ def read_status(directory: str, *, live: bool = False, prune: bool = False) -> S
     for r in records:
         for m in r.get("missing_required") or []:
             findings.append(f"pid {r['pid']} ({r.get('role')}): missing {m}")
+        for pr in r.get("problems") or []:  # what the process itself found at startup (a bad SNDR_ENABLE_*, ...)
+            findings.append(f"pid {r['pid']} ({r.get('role')}): {pr}")
         ledger, own = r.get("ledger_digest"), r.get("patch_set_digest")
         if r.get("mode") == "disk" and ledger and own and ledger != own:
             # The process resolved another enabled set (its SNDR_ENABLE_*/profile) than the one on disk:
@@ -261,8 +265,13 @@ def attested_vs_tree(live: list[dict]) -> list[str]:
             if rel not in attested or isinstance(now, Unreadable) or now != attested[rel]:
                 differ.append(rel)
         if differ:
-            shown = ", ".join(differ[:5]) + (f" (+{len(differ) - 5} more)" if len(differ) > 5 else "")
-            why.append(f"{len(differ)} file(s) do not hold the bytes it attested: {shown}")
+            why.append(f"{len(differ)} file(s) do not hold the bytes it attested: {', '.join(differ)}")
+        attested_id = r.get("ledger_id")
+        if not why and isinstance(attested_id, list) and statemod.ledger_identity(root) != attested_id:
+            # the same set and the same bytes again, but written by a later commit: between the two (a revert,
+            # then a re-apply) the process may have imported pristine modules, and it would still look right
+            why.append("the ledger was rewritten by a commit since it attested (a revert and a re-apply, or "
+                       "another apply), so a module it imported in between may be another version of the file")
         if why:
             out.append(f"{who}: the tree no longer holds the patch set this process attested: " + "; ".join(why)
                        + "; modules it imports from now on are not the ones it attested: restart it")

@@ -192,6 +192,25 @@ def test_ctrl_c_that_an_extension_turned_into_another_error_is_still_ctrl_c(tree
     assert "Traceback" not in err and "internal error" not in err
     assert err.strip().splitlines()[-1].startswith("sndr apply: interrupted; the tree is whole")
 
+    class PanicException(BaseException):  # pyo3's panic: a BaseException (pydantic-core, under a Ctrl-C)
+        pass
+
+    def panicked(*a, **kw):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise PanicException("failed to import `datetime` C API") from None
+        raise AssertionError("the SIGINT never arrived")
+
+    monkeypatch.setattr(applymod, "run_apply", panicked)
+    try:
+        code = sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err, err
+
     def broken(*a, **kw):  # no SIGINT: a genuine internal error stays one (exit 3, with its traceback)
         raise RuntimeError("a real bug")
 
@@ -275,10 +294,11 @@ def test_real_sigint_leaves_a_whole_tree_no_traceback_no_probe(tree, delay, vllm
     patched = run_verify(tree, load_patch_set(DATA, packs=False), environ={}).ok
     pristine = all((tree / f).read_bytes() == (vllm_pin_root / f).read_bytes() for f in FILES)
     # CPython's own fatal error when the KeyboardInterrupt hits its start-up import of `site` (exit 1)
-    site_died = proc.returncode == 1 and "Fatal Python error: init_import_site" in err
+    site_died = proc.returncode == 1 and ("Fatal Python error: init_import_site" in err
+                                          or "Could not import runpy module" in err)  # before `python -m` runs
     if proc.returncode == -signal.SIGINT or site_died:
         # The signal landed outside sndr's code: while the interpreter was still starting (importing
-        # `site`, or runpy compiling sndr/apply.py on a fresh checkout, before any line of it runs), or
+        # `site` or `runpy` itself, or runpy compiling sndr/apply.py on a fresh checkout, before any line of it runs), or
         # after the command finished, during interpreter shutdown. CPython then dies by SIGINT (or, inside
         # `site`, with its fatal error and exit 1), and may print its own traceback, but never one through
         # sndr's code. The tree must be whole (below). (Seen in CI on a loaded 2-core machine: the start-up

@@ -23,6 +23,7 @@ import pytest
 from hook_fixtures import REPO, Box, box, out_of  # noqa: F401 (box is a fixture)
 from sndr.__main__ import main as sndr_main
 from sndr.startup.attest import FORMAT, MAX_RECORD_BYTES, validate_record
+from sndr.state import proc_start_ticks
 
 REGISTER = """
     import json, sys
@@ -112,12 +113,54 @@ def test_a_revert_and_reapply_of_the_same_set_is_still_the_attested_tree(box, li
     assert rc == 0, out
 
 
+def test_a_revert_then_a_reapply_under_a_live_process_is_a_finding(box, live, capsys):
+    """The new-user review (stop 44): after a revert a live process imported pristine modules; the re-apply
+    of the same set put the same bytes and the same ledger back, and status said ok. Every commit replaces
+    the ledger file, whose identity the process attested: a commit since its start is a finding."""
+    from sndr.apply import run_revert
+
+    box.apply()
+    proc = live()
+    assert _status(box, capsys, "--live")[0] == 0
+    assert run_revert(box.root).ok
+    box.apply()
+    rc, out = _status(box, capsys, "--live")
+    assert rc == 1 and f"pid {proc.proc.pid} (main)" in out and "rewritten by a commit since it attested" in out, out
+    assert "restart it" in out
+
+
+def test_a_reused_pid_is_not_the_process_that_attested(box, capsys):
+    """vLLM is pid 1 in each container: a record of a container's pid 1 that exited read "running" in the
+    next container (the new-user review, stop 44). The process's start time (/proc) is attested with it."""
+    if proc_start_ticks(os.getpid()) is None:
+        pytest.skip("no /proc/<pid>/stat here")
+    box.apply()
+    path = _own_record(box)
+    rec = json.loads(path.read_text())
+    assert _status(box, capsys, "--live")[0] == 0
+    rec["proc_start"] += 1  # the same pid, another start: another process
+    path.write_text(json.dumps(rec))
+    rc, out = _status(box, capsys, "--live", "--prune")
+    assert rc == 1 and "no attestation records" in out and not path.exists(), out
+
+
+def test_what_a_process_found_at_startup_is_a_finding(box, capsys):
+    box.apply()
+    path = _own_record(box)
+    rec = json.loads(path.read_text())
+    rec["problems"] = ["SNDR_ENABLE_PK004 names no patch (did you mean PK0004?)"]
+    path.write_text(json.dumps(rec))
+    rc, out = _status(box, capsys, "--live")
+    assert rc == 1 and f"pid {os.getpid()} (" in out and "SNDR_ENABLE_PK004 names no patch" in out, out
+
+
 def _own_record(box) -> Path:
     """A record of an exited process rewritten for this (live) test process: a scripted live record."""
     box.py(REGISTER)
     [path] = sorted(box.run_dir.glob("*.json"))
     rec = json.loads(path.read_text())
     rec["pid"] = os.getpid()
+    rec["proc_start"] = proc_start_ticks(os.getpid())  # this process's, or status takes it for a reused pid
     new = box.run_dir / f"{os.getpid()}-{time.time_ns()}.json"
     path.unlink()
     new.write_text(json.dumps(rec))
@@ -318,3 +361,19 @@ def test_an_untrusted_run_directory_is_refused_with_one_json_document(box, capsy
     data = json.loads(out)
     assert data["ok"] is False and [p["code"] for p in data["problems"]] == ["state_unsafe"]
     assert str(box.run_dir) in data["problems"][0]["file"] and "cannot be trusted" in data["problems"][0]["message"]
+
+
+def test_a_run_dir_that_cannot_be_trusted_leaves_no_old_ok_gauge(tmp_path):
+    """`status --prometheus FILE` exited 2 on a symlinked run dir and left an earlier run's sndr_status_ok 1 in
+    FILE (the documented cron line drops stderr): the new-user review, stop 44."""
+    pytest.importorskip("prometheus_client")
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    prom = tmp_path / "s.prom"
+    prom.write_text("sndr_status_ok 1.0\n")
+    proc = _status_subprocess(link, "--prometheus", str(prom))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = prom.read_text()
+    assert "sndr_status_ok 0.0" in text and "sndr_status_ok 1.0" not in text, text
