@@ -62,7 +62,7 @@ class PatchSet:
 
 # ----------------------------------------------------------------------------- line lookup
 
-_TOML_LINE = re.compile(r"at line (\d+)", re.I)
+TOML_LINE = re.compile(r"at line (\d+)", re.I)
 
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]")
@@ -95,7 +95,7 @@ def _toml_lines(lines: list[str]) -> tuple[list[bool], list[tuple[int, str, bool
     return outside, headers
 
 
-def _key_line(text: str, loc: tuple) -> int | None:
+def key_line(text: str, loc: tuple) -> int | None:
     """Best-effort line of a pydantic error location inside the TOML text.
 
     ``loc`` looks like ``('files', 0, 'edits', 2, 'anchor')``: the n-th
@@ -283,7 +283,7 @@ def _confine(patch: Patch, text: str, source: str) -> None:
             why = "is a .pth file, which Python runs at interpreter start"
         if why:
             problems.append(Problem("path_outside_package", f"path {f.path!r} {why}; patches change files inside "
-                                    f"{roots} only", file=source, line=_key_line(text, ("files", i, "path")),
+                                    f"{roots} only", file=source, line=key_line(text, ("files", i, "path")),
                                     key=f"files[{i}].path"))
     if problems:
         raise SndrError(problems)
@@ -298,7 +298,7 @@ def parse_patch(text: str, source: str) -> Patch:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        m = _TOML_LINE.search(str(exc))
+        m = TOML_LINE.search(str(exc))
         raise SndrError(Problem("toml_syntax", f"malformed TOML: {exc}", file=source,
                                 line=int(m.group(1)) if m else None,
                                 hint="patch files are TOML; use literal strings ('''...''') for code")) from None
@@ -330,7 +330,7 @@ def parse_patch(text: str, source: str) -> Patch:
                        f"(double brackets), one per entry")
             elif msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
-            problems.append(Problem("bad_patch", msg, file=source, line=_key_line(text, loc),
+            problems.append(Problem("bad_patch", msg, file=source, line=key_line(text, loc),
                                     key=_loc_str(loc) or None))
         raise SndrError(problems) from None
     _confine(patch, text, source)
@@ -407,7 +407,7 @@ def name_problem(patch: Patch, path: Path) -> Problem | None:
     except (OSError, UnicodeDecodeError):
         text = ""
     return Problem("name_mismatch", f"the file name {path.name} does not start with its id {patch.id} "
-                   f"(a patch file is <ID>-<slug>.toml)", file=str(path), line=_key_line(text, ("id",)) if text else None,
+                   f"(a patch file is <ID>-<slug>.toml)", file=str(path), line=key_line(text, ("id",)) if text else None,
                    key="id", patch=patch.id,
                    hint=f"rename the file to {patch.id}-{stem.split('-', 1)[-1]}.toml, or fix its id")
 
@@ -449,7 +449,7 @@ def load_patch_set(directory: Path | str | None = None, *, packs: bool = True, e
         if patch.id in sources:
             problems.append(Problem("duplicate_id", f"patch id {patch.id} is also defined in {sources[patch.id]}",
                                     file=str(path), key="id",  # the file just loaded: its id's line
-                                    line=_key_line(path.read_text(encoding="utf-8", errors="replace"), ("id",))))
+                                    line=key_line(path.read_text(encoding="utf-8", errors="replace"), ("id",))))
             continue
         outside = _code_outside(patch, str(path))
         if outside:
@@ -535,7 +535,7 @@ def _code_outside(patch: Patch, source: str) -> list[Problem]:
     except OSError:
         text = ""
     return [Problem("module_outside", f"module {mod} is outside {' and '.join(allowed)}: no vLLM process would run "
-                    f"its code (the startup hook refuses it)", file=source, line=_key_line(text, loc) if text else None,
+                    f"its code (the startup hook refuses it)", file=source, line=key_line(text, loc) if text else None,
                     key=_loc_str(loc), patch=patch.id, hint="runtime code lives in sndr or in the plugin pack that "
                     "ships the patch") for loc, mod in bad]
 

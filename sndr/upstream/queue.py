@@ -109,18 +109,25 @@ def _rename_closure(surface: Surface, changes: dict[str, list]) -> tuple[set[str
 def load_sync_config(path: Path) -> list[str]:
     import tomllib
 
+    from ..load import TOML_LINE, key_line  # the patch files' reader: the same line rules
+
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise bad_input("not_found", "sync config does not exist", file=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
-        raise bad_input("toml_syntax", f"malformed TOML: {exc}", file=str(path)) from None
+        m = TOML_LINE.search(str(exc))
+        raise bad_input("toml_syntax", f"malformed TOML: {exc}", file=str(path),
+                        line=int(m.group(1)) if m else None) from None
     unknown = sorted(set(data) - {"surface"})
     if unknown:
-        raise bad_input("bad_sync_config", f"unknown key {unknown[0]!r}", file=str(path), key=unknown[0])
+        raise bad_input("bad_sync_config", f"unknown key {unknown[0]!r}", file=str(path), key=unknown[0],
+                        line=key_line(text, (unknown[0],)))
     globs = data.get("surface", [])
     if not isinstance(globs, list) or not all(isinstance(g, str) and g for g in globs):
-        raise bad_input("bad_sync_config", "'surface' must be a list of glob strings", file=str(path), key="surface")
+        raise bad_input("bad_sync_config", "'surface' must be a list of glob strings", file=str(path), key="surface",
+                        line=key_line(text, ("surface",)))
     return globs
 
 
@@ -275,7 +282,13 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
     pin_ids = {forward[c.sha]: c.sha for c in rng.pin_side if c.sha in forward}
     inverse = git.patch_ids(surface_shas, inverse=True)
     rv = pair_reverts(commits, set(deps), forward, inverse)
-    partner = rv.partner
+    # A pair found by its subject, body or PR whose revert is not the exact inverse of the original (patch-id:
+    # the revert changes more, or other lines, than it undoes) does not cancel: cancelling both would drop
+    # the difference from the queue unsaid. Both stay ordinary commits (the original simulated, the revert on
+    # it), each flagged with the other.
+    inexact = {a: b for a, b in rv.partner.items() if a not in rv.chain and b not in rv.chain
+               and inverse.get(commits[max(a, b)].sha) != forward.get(commits[min(a, b)].sha)}
+    partner = {a: b for a, b in rv.partner.items() if a not in inexact}
     picked: dict[int, str] = {}
     dup_of: dict[int, int] = {}
     first_with: dict[str, int] = {}
@@ -361,6 +374,9 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             sim = work
         entries.append(entry)
 
+    for a, b in inexact.items():
+        entries[a].flags.append(f"revert pair with {commits[b].sha[:10]}, but not an exact inverse (patch-id): the "
+                                f"revert changes more than it undoes, so neither cancels; both stay queued, in order")
     # ordering rules: revert pairs and chains
     for a, b in partner.items():
         if a > b:

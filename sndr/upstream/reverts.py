@@ -72,6 +72,11 @@ def parse_revert(subject: str) -> tuple[str, bool, list[int]] | None:
         m = re.match(r"^Revert\s+\u201c(?P<inner>.*?)\u201d?$", s, re.S)
     if m is not None:
         inner = m.group("inner")
+        if not s.endswith(('"', "\u201d")) and not _TRUNCATED.search(inner):
+            # No closing quote: the subject was cut (a tool's line limit, no ellipsis), maybe inside the PR
+            # suffix (`Revert "Title (#12`): keep the words, drop a partial suffix and mark it cut, so it
+            # pairs by prefix as GitHub's own ellipsis does (truncated_prefix).
+            inner = re.sub(r"\s*\(#?\d*$", "", inner).rstrip() + "\u2026"
         return inner, True, pr_numbers(inner)[-1:]
     m = _REVERT_BARE.match(s)
     if m is None:

@@ -1029,3 +1029,46 @@ def test_the_repos_own_work_tree_is_checked_by_its_head(releases, tmp_path, caps
     repo.commit("local patch")
     rc, out, err = _plan_cli(capsys, *args)
     assert rc == 1 and json.loads(out)["warnings"] == [], err
+
+
+def test_a_revert_cut_without_an_ellipsis_pairs_and_one_that_does_more_never_cancels(tmp_path, source):
+    """The new-user review (stop 44), on scripted history: (1) a revert subject cut by a line limit, with no
+    ellipsis and no closing quote, even inside the PR suffix (`Revert "Title (#45`), pairs by prefix like
+    GitHub's own ellipsis; it was "outside the range" and both halves were port work. (2) A revert whose diff
+    is not the inverse of the original (it also changes another line) was "cancelled" with the original, so
+    its extra line dropped out of the queue unsaid: such a pair now stays queued, in order, flagged."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    repo.git("tag", "-f", "pin")
+    d = repo.edit(*NEW_BLOCKS_MSG, LONG_TITLE)
+    rd = _inverse(repo, *NEW_BLOCKS_MSG, 'Revert "[Bugfix] Make the block pool say how many blocks are free when '
+                  'it runs out of blocks (#456')
+    u = repo.edit(*USAGE, "[Perf] Float usage (#45700)")
+    p = repo.path / COORD
+    p.write_text(p.read_text().replace(PROBE_OLD, PROBE_NEW))  # the revert also changes another file
+    ru = _inverse(repo, *USAGE, 'Revert "[Perf] Float usage (#45700)" (#45701)')
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    ed, erd = rep.entry(d), rep.entry(rd)
+    assert ed.status == erd.status == "cancelled", (ed.reason, erd.reason, erd.flags)
+    assert erd.reverts == d and f"reverts {d[:10]} (paired by subject)" in erd.flags
+    assert not any("outside the range" in f for f in erd.flags)
+    eu, eru = rep.entry(u), rep.entry(ru)
+    assert eu.status == eru.status == "port", (eu.status, eru.status, eru.reason)
+    assert eru.reverts == u and any("not an exact inverse" in f for f in eu.flags + eru.flags)
+    assert rep.counts["reverts_outside"] == 0
+
+
+def test_a_bad_sync_config_names_its_line(tmp_path):
+    from sndr.upstream.queue import load_sync_config
+
+    cfg = tmp_path / "_sync.toml"
+    for text, code, line in (('# the surface\nsurface = "vllm/*"\n', "bad_sync_config", 2),
+                             ('surface = ["vllm/*"]\n\nsurfaces = []\n', "bad_sync_config", 3),
+                             ('# x\nsurface = ["vllm/*",,]\n', "toml_syntax", 2)):
+        cfg.write_text(text)
+        with pytest.raises(SndrError) as exc:
+            load_sync_config(cfg)
+        p = exc.value.problems[0]
+        assert (p.code, p.file, p.line) == (code, str(cfg), line), p
+    cfg.write_text('surface = ["vllm/*", "tests/*"]\n')
+    assert load_sync_config(cfg) == ["vllm/*", "tests/*"]
