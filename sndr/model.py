@@ -425,8 +425,6 @@ def attestation_problem(rec: dict) -> str | None:
     """None when ``rec`` is a valid :class:`AttestationRecord`; else its first error, located."""
     try:
         AttestationRecord.model_validate(rec, strict=True)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "record"
-        return f"{where}: {err['msg']}" + (f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
+    except ValidationError as exc:  # every error named, never "(+N more)"
+        return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'record'}: {err['msg']}" for err in exc.errors())
     return None

@@ -32,6 +32,12 @@ MAX_RECORD_BYTES = 1 << 20
 MODES = ("disk", "memory", "none")
 
 
+def missing_patch_id(entry: str) -> str:
+    """The patch a ``missing_required`` entry names: entries read ``<id>: <why>`` or ``<id>/<edit>: <why>``
+    (a runtime edit). The one reading of them: status's line and the metrics' gauges count the same."""
+    return entry.split(":", 1)[0].split("/", 1)[0]
+
+
 def tree_key(root: str) -> str:
     import hashlib
 
@@ -68,7 +74,17 @@ def write_record(path: str, record: dict[str, Any]) -> None:
     d.write(name, (json.dumps(record, sort_keys=True, indent=1) + "\n").encode(), mode=0o600)
 
 
-def read_records(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
+def _dead_by_name(name: str) -> bool:
+    """Whether a record file named ``<pid>-<start>.json`` names a process that no longer runs (a name that
+    does not say: False)."""
+    from ..state import pid_alive
+
+    head = name.split("-", 1)[0]
+    return head.isdigit() and int(head) > 0 and not pid_alive(int(head))
+
+
+def read_records(directory: str, *, live: bool = False,
+                 prune: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
     """(records, problems). Records are sorted by start time.
 
     Every ``*.json`` is read bounded (:data:`MAX_RECORD_BYTES`), never through a
@@ -99,6 +115,15 @@ def read_records(directory: str) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         why = validate_record(rec, n)
         if why is not None:
+            if (live or prune) and _dead_by_name(n):
+                # a record another sndr version wrote for a process gone since: --live leaves it out and
+                # --prune removes it, as they do a valid record of an exited process
+                if prune:
+                    try:
+                        os.unlink(p)
+                    except OSError:
+                        pass
+                continue
             problems.append(f"{p}: not a valid attestation record ({why}); no process is attested by it")
             continue
         rec["_path"] = p

@@ -488,7 +488,8 @@ def run_status(args) -> int:
     # Every refusal below is a SndrError (or an OSError) for the command boundary (cli.run): one line on stderr,
     # exit 2, and under --json - one JSON document on stdout.
     try:
-        st = status.read_status(directory, live=args.live, prune=args.prune)
+        st = status.read_status(directory, live=args.live, prune=args.prune,
+                                tree=status.tree_filter(args.run_dir, args.tree))
     except UnsafeDirError as exc:
         if args.prometheus and args.prometheus != "-":  # never leave an earlier run's sndr_status_ok 1 there
             from contextlib import suppress
@@ -540,6 +541,9 @@ def run_hook(action: str, site: str | None, python: str | None) -> int:
         raise bad_input("site_not_a_dir", "--site is not a directory", file=site, key="--site",
                         hint="pass the site-packages directory of the vLLM environment")
     path = os.path.join(site, PTH_NAME)
+    from ..cli import check_output
+
+    check_output(path, "the hook's .pth")  # a symlink, FIFO or directory there: refused, never replaced
     if action == "uninstall":
         if os.path.exists(path):
             os.unlink(path)

@@ -73,8 +73,10 @@ class Facts:
 
 
 def _missing_ids(entries: list[str]) -> set[str]:
-    # Entries read "<id>: <why>"; several lines may name one patch (two changed files).
-    return {str(m).split(":", 1)[0] for m in entries}
+    # several lines may name one patch (two changed files, two runtime edits)
+    from .attest import missing_patch_id
+
+    return {missing_patch_id(str(m)) for m in entries}
 
 
 def facts_of_record(record: dict[str, Any]) -> Facts:

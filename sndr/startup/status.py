@@ -75,15 +75,26 @@ def _tree_root(tree: str | None) -> Path:
     return root
 
 
-def read_status(directory: str, *, live: bool = False, prune: bool = False) -> Status:
+def tree_filter(run_dir: str | None, tree: str | None) -> str | None:
+    """The tree whose records alone count, when ``--tree`` names one but the directory read is not keyed by
+    it (``--run-dir`` or ``$SNDR_RUN_DIR``, which may hold several trees' processes); else None."""
+    if tree is None or not (run_dir or os.environ.get(envmod.RUN_DIR)):
+        return None
+    return os.path.realpath(_tree_root(tree))
+
+
+def read_status(directory: str, *, live: bool = False, prune: bool = False, tree: str | None = None) -> Status:
     """Every record of ``directory`` and the findings. ``prune`` deletes the records of exited processes,
-    ``live`` leaves them out. Raises :class:`sndr.fsio.UnsafeDirError` when the directory cannot be trusted."""
+    ``live`` leaves them out; ``tree`` (:func:`tree_filter`) keeps that tree's processes only. Raises
+    :class:`sndr.fsio.UnsafeDirError` when the directory cannot be trusted."""
     from ..state import pid_alive, proc_start_ticks
     from .attest import read_records
 
     if os.path.isdir(directory):
         secure_dir(directory, "attestation")
-    records, bad = read_records(directory)  # every record is validated: its pid is a positive int
+    records, bad = read_records(directory, live=live, prune=prune)  # each validated: its pid is a positive int
+    if tree is not None:
+        records = [r for r in records if r.get("tree") and os.path.realpath(r["tree"]) == tree]
     for r in records:
         # the pid alone is not the process: a recorded start that differs is another process on a reused pid
         started, now = r.get("proc_start"), proc_start_ticks(r["pid"])
@@ -100,10 +111,18 @@ def read_status(directory: str, *, live: bool = False, prune: bool = False) -> S
         records = [r for r in records if r["_alive"]]
     findings: list[str] = list(bad)
     if not records:
-        findings.append(f"no attestation records in {directory}: no process proved its patch set")
+        findings.append(f"no attestation records in {directory}" + (f" of processes of {tree}" if tree else "")
+                        + ": no process proved its patch set")
     digests = sorted({r.get("patch_set_digest") or "" for r in records})
     if len(digests) > 1:
-        findings.append("processes disagree on the patch set: " + ", ".join(d[:12] or "(none)" for d in digests))
+        # which processes hold which set, and the patches that make the difference (not two digests only)
+        who = {d: [str(r["pid"]) for r in records if (r.get("patch_set_digest") or "") == d] for d in digests}
+        sets = [set(r.get("enabled") or []) for r in records]
+        differ = sorted(set.union(*sets) - set.intersection(*sets))
+        findings.append("processes disagree on the patch set: "
+                        + ", ".join(f"{d[:12] or '(none)'} (pid {', '.join(who[d])})" for d in digests)
+                        + (f"; enabled in some, not all: {', '.join(differ)}" if differ else
+                           "; the same patch ids, other contents or settings"))
     for r in records:
         for m in r.get("missing_required") or []:
             findings.append(f"pid {r['pid']} ({r.get('role')}): missing {m}")
@@ -162,15 +181,17 @@ def status_line(r: dict) -> str:
 
 def active_summary(r: dict) -> str:
     """``active 23/23 patches (applied=64 ...)`` when all is well; else which enabled patches are NOT active."""
+    from .attest import missing_patch_id
+
     enabled = list(r.get("enabled") or [])
     missing = list(r.get("missing_required") or [])
-    named = {m.split(":", 1)[0].split("/", 1)[0] for m in missing}
+    named = {missing_patch_id(m) for m in missing}
     inactive = [pid for pid in enabled if pid in named]
     active = len(enabled) - len(inactive)
     if not missing:
         counts = " ".join(f"{k}={v}" for k, v in sorted((r.get("counts") or {}).items()))
         return f"ok  active {active}/{len(enabled)} patches" + (f"  ({counts})" if counts else "")
-    other = len(missing) - sum(1 for m in missing if m.split(":", 1)[0].split("/", 1)[0] in inactive)
+    other = len(missing) - sum(1 for m in missing if missing_patch_id(m) in inactive)
     what = ", ".join(inactive) + (f" (+{other} other)" if other and inactive else f"{other} other" if other else "")
     return f"MISSING {len(missing)}  active {active}/{len(enabled)} patches; NOT active: {what}"
 

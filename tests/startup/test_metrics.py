@@ -107,3 +107,15 @@ def test_publish_costs_nothing_without_prometheus(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.split("OUT", 1)[1]) == [False, False]  # not even imported
+
+
+def test_a_missing_runtime_edit_counts_its_patch_once_as_status_does():
+    """`PK0002/forward: ...` counted PK0002 active in the gauges (5 active + 31 missing of 35) while the
+    status line said 4/35 (the new-user review, stop 44): one reading of the entries now, attest.missing_patch_id."""
+    from sndr.startup.status import active_summary
+
+    rec = {"enabled": ["PK0001", "PK0002", "PX0003"], "patch_set_digest": "d" * 64,
+           "missing_required": ["PK0002/forward: target signature changed", "PK0002/build: gone"]}
+    facts = facts_of_record(rec)
+    assert (facts.active, facts.missing) == (2, 1)
+    assert "active 2/3 patches; NOT active: PK0002" in active_summary(rec)

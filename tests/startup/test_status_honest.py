@@ -377,3 +377,51 @@ def test_a_run_dir_that_cannot_be_trusted_leaves_no_old_ok_gauge(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = prom.read_text()
     assert "sndr_status_ok 0.0" in text and "sndr_status_ok 1.0" not in text, text
+
+
+def test_status_names_who_disagrees_and_on_what(box, capsys):
+    """Two digests only ("processes disagree on the patch set: 074dcb7247a8, 0d8ea41e82e1") named neither
+    the processes nor the patches (the new-user review, stop 44)."""
+    box.apply()
+    path = _own_record(box)
+    rec = json.loads(path.read_text())
+    other = dict(rec, patch_set_digest="f" * 64, enabled=[*rec["enabled"], "PX0099"])
+    twin = box.run_dir / f"{os.getpid()}-{time.time_ns() + 1}.json"
+    twin.write_text(json.dumps(other))
+    rc, out = _status(box, capsys, "--live")
+    assert rc == 1 and f"{'f' * 12} (pid {os.getpid()})" in out and "enabled in some, not all: PX0099" in out, out
+
+
+def test_an_old_format_record_of_a_gone_process_does_not_fail_live_status_forever(box, capsys):
+    box.apply()
+    own = _own_record(box)
+    dead = box.run_dir / "999999-1.json"  # pid 999999: no such process here
+    dead.write_text(json.dumps({"format": 1, "pid": 999999}))
+    rc, out = _status(box, capsys, "--live")
+    assert rc == 0 and "999999" not in out, out
+    rc, out = _status(box, capsys)
+    assert rc == 1 and "999999-1.json: not a valid attestation record" in out, out  # without --live: named
+    assert _status(box, capsys, "--live", "--prune")[0] == 0 and not dead.exists() and own.exists()
+
+
+def test_tree_narrows_a_shared_run_dir_to_its_processes(box, capsys, tmp_path):
+    box.apply()
+    path = _own_record(box)
+    rec = json.loads(path.read_text())
+    rec["tree"] = str(tmp_path / "another-tree")
+    path.write_text(json.dumps(rec))
+    rc, out = _status(box, capsys, "--live", "--tree", str(box.root))
+    assert rc == 1 and "no attestation records" in out and f"of processes of {os.path.realpath(box.root)}" in out, out
+
+
+def test_hook_install_never_replaces_a_symlink_or_fifo(tmp_path, capsys):
+    site = tmp_path / "site"
+    site.mkdir()
+    pth = site / "_sndr_hook.pth"
+    pth.symlink_to(tmp_path / "elsewhere")
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 2
+    assert pth.is_symlink() and not (tmp_path / "elsewhere").exists()
+    pth.unlink()
+    os.mkfifo(pth)
+    assert sndr_main(["hook", "install", "--site", str(site)]) == 2
+    assert "output_refused" in capsys.readouterr().err
