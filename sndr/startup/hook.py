@@ -139,6 +139,9 @@ class _Process:
             counts["runtime_" + k] = v
         if self.mode == "memory" and self.finder is not None:
             self.text = self.finder.text_state()  # modules are served after register() ran
+            reads = (self.finder.plan or {}).get("reads")
+            if isinstance(reads, dict):  # the bytes the in-memory plan was made from: status re-hashes them
+                self.files = {str(rel): sha if isinstance(sha, str) else None for rel, sha in reads.items()}
         role, name = self.role, self.process_name
         if not self.forked_from:
             from .attest import process_role

@@ -256,6 +256,21 @@ def attested_vs_tree(live: list[dict]) -> list[str]:
     shas: dict[str, str | None | Unreadable] = {}
     for r in live:
         root = r.get("tree")
+        if r.get("mode") == "memory" and root and r.get("files"):
+            # in-memory: the files its plan was made from; one changed since means the modules it serves
+            # from now on (and any process started later) differ from what it attested
+            changed = []
+            for rel, sha in sorted(r["files"].items()):
+                try:
+                    held: str | None = tree_sha(os.path.join(root, rel))
+                except Unreadable:
+                    held = "unreadable"
+                if held != sha:
+                    changed.append(rel)
+            if changed:
+                out.append(f"pid {r['pid']} ({r.get('role')}): {len(changed)} file(s) its in-memory patches were "
+                           f"planned from changed since it attested: {', '.join(changed)}; restart it")
+            continue
         if r.get("mode") != "disk" or not root:
             continue
         who = f"pid {r['pid']} ({r.get('role')})"

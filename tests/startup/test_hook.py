@@ -107,6 +107,17 @@ def test_in_memory_mode_attests_what_it_served(box):
     [rec] = box.records()
     assert rec["mode"] == "memory" and rec["text"]["served"] == {"vllm.engine": "vllm/engine.py"}
     assert not (box.root / ".sndr").exists()
+    # it attests the bytes its plan was made from: a file changed since is a status finding (the new-user
+    # review, stop 44: an in-memory process and a later one served different code under one digest, "ok")
+    assert "vllm/engine.py" in rec["files"] and all(len(v) == 64 for v in rec["files"].values() if v)
+    from sndr.startup.status import attested_vs_tree
+
+    rec["_alive"] = True
+    assert attested_vs_tree([rec]) == []
+    engine = box.root / "vllm" / "engine.py"
+    engine.write_text(engine.read_text() + "# changed under a running process\n")
+    [finding] = attested_vs_tree([rec])
+    assert "its in-memory patches were planned from changed since it attested: vllm/engine.py" in finding
 
 
 def test_runtime_drift_is_loud_and_fatal_under_strict(box):
