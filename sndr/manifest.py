@@ -393,6 +393,13 @@ def build_command(tree_spec: str, patches_dir: Path | str | None = None, out: Pa
     return cmd
 
 
+def failing_edits(manifest: Manifest) -> list[tuple[str, str, str]]:
+    """(patch, edit, verdict) of every required (or group) edit the manifest records as not applying: the one
+    rule ``manifest build`` and ``manifest check`` exit 1 on."""
+    return [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
+            if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
+
+
 def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tuple[int, list[str]]:
     """(exit code, lines). 1 when a committed manifest is stale or missing for a non-empty set."""
     patch_set = load_patch_set(patches_dir)
@@ -415,8 +422,13 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
             notes: list[str] = []
             fresh = build_manifest(tree, patch_set, notes)
             lines.extend(f"note: {n}" for n in notes)
+        failing = failing_edits(fresh)
+        if failing:  # up to date or not, a manifest that records a broken required edit is a finding (as build)
+            code = EXIT_FINDINGS
+            lines.extend(f"  {pid}.{name}: {verdict} on vllm {fresh.vllm_version}" for pid, name, verdict in failing)
         if path.read_bytes() == fresh.to_json().encode("utf-8"):
-            lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})")
+            lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})"
+                         + (f"; {len(failing)} required edit(s) do not apply, listed above" if failing else ""))
             continue
         code = EXIT_FINDINGS
         lines.append(f"{path}: stale; rebuild with: {build_command(spec, patches_dir, path if custom else None)}")
@@ -453,8 +465,7 @@ def _build_cmd(args) -> int:
     path = write_manifest(manifest, out)
     for line in notes:  # how it was read, when not as the tree is (said before the result line)
         print(f"note: {line}", file=sys.stderr if to_stdout else sys.stdout)
-    failing = [(p.id, e.name, e.verdict.value) for p in manifest.patches for e in p.edits
-               if e.verdict in (Verdict.DRIFTED, Verdict.AMBIGUOUS, Verdict.FILE_MISSING) and (e.required or e.group)]
+    failing = failing_edits(manifest)
     print(f"wrote {'stdout' if to_stdout else path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, "
           f"tree {manifest.tree_digest[:12]})", file=sys.stderr if to_stdout else sys.stdout)
     pin = _pin_version(patch_set)

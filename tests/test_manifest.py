@@ -193,6 +193,21 @@ def test_check_passes_then_catches_staleness(pin, patches, tmp_path, capsys):
     assert "PT0003: in the manifest but no longer in the patch set" in err and "PT0004: new patch" in err
 
 
+def test_check_fails_an_up_to_date_manifest_that_records_a_drifted_edit(pin, patches, tmp_path, capsys):
+    """`manifest build` exits 1 on a required edit that does not apply; `check` said "up to date" and exit 0
+    over the same state (the new-user review, stop 44). One rule for both now (manifest.failing_edits)."""
+    f = patches / "PT0001-clamp.toml"
+    f.write_text(f.read_text().replace("            curr_hit_length = hit_length\n",
+                                       "            curr_hit_length = hit_length_gone\n", 1))  # no such anchor
+    anchors = tmp_path / "anchors"
+    assert _cli("build", "--tree", f"vllm=={PIN}", "--patches", patches, "--out", anchors) == 1
+    capsys.readouterr()
+    assert _cli("check", "--patches", patches, "--anchors", anchors) == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "up to date" in text and "PT0001.clamp: drifted on vllm" in text, text
+
+
 def test_check_catches_a_moved_pin(patches, pin_subtree, tmp_path, capsys):
     site = pin_subtree([COORD, POOL])
     anchors = tmp_path / "anchors"

@@ -136,7 +136,7 @@ def import_series(members: list[Member], read, version: str, out: Path, *, prefi
                                   f"{len(members)})" + (f" against vLLM {version}" if version else "") + ".",
                                   "Say here why this patch exists, for whom, and when it can go."])
         rec = Imported(position=m.position, source=m.source, id=pid, ok=res.ok, after=after, edits=len(res.edits),
-                       created=list(res.created), skipped=list(res.skipped), warnings=list(res.warnings),
+                       created=list(res.created), skipped=[str(k) for k in res.skipped], warnings=list(res.warnings),
                        problems=[p.to_json() for p in res.problems])
         if res.ok:
             patch, text = res.written()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, Problem, SndrError, registered_exit
 from ..load import PatchSet
 from ..locate import scopes
 from ..model import ID_PATTERN, Edit, FileEdits, Patch, Verdict
@@ -44,7 +44,7 @@ from ..plan import Reader
 from .defaults import DEFAULT_FUZZ, DEFAULT_MAX_CONTEXT  # their one home: stdlib only, read by the parser
 from .diff import DiffFile
 from .vendor_anchor import WORD, choose_marker, edit_name, slug, widen
-from .vendor_check import EditReport, VendorResult, verify
+from .vendor_check import EditReport, Skip, VendorResult, verify
 from .vendor_place import DiffHunk, parse_diff, place, resolve_path, split_lines, to_pin_line, unified_diff
 
 _PACKAGE = "vllm/"
@@ -86,7 +86,7 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
     """
     problems: list[Problem] = []
     warnings: list[str] = []
-    skipped: list[str] = []
+    skipped: list[Skip] = []
     reports: list[EditReport] = []
     created: list[str] = []
     markers = dict(markers or {})
@@ -140,13 +140,14 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
     for rnd, df in enumerate(files):
         path = resolve_path(df, lambda p: _safe_exists(pin, p), strip)
         if include and not _match(path, include):
-            skipped.append(f"{path}: not matched by --include")
+            skipped.append(Skip(path, "not_included", "not matched by --include"))
             continue
         if exclude and _match(path, exclude):
-            skipped.append(f"{path}: excluded by --exclude")
+            skipped.append(Skip(path, "excluded", "excluded by --exclude"))
             continue
         if not path.startswith(_PACKAGE):
-            skipped.append(f"{path}: outside vllm/ (not part of an installed vLLM; tests and docs are not shipped)")
+            skipped.append(Skip(path, "outside_package",
+                                "outside vllm/ (not part of an installed vLLM; tests and docs are not shipped)"))
             continue
         if path not in by_path:
             order.append(path)
@@ -185,7 +186,7 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
             continue
         hunks = [(rnd, h) for rnd, df in entries for h in df.hunks]
         if not hunks:
-            skipped.append(f"{path}: no content change (mode or metadata only)")
+            skipped.append(Skip(path, "metadata_only", "no content change (mode or metadata only)"))
             continue
         numbers = list(range(hunk_no + 1, hunk_no + 1 + len(hunks)))
         hunk_no += len(hunks)
@@ -299,12 +300,11 @@ def vendor_diff(diff_text: str, read: Reader, *, patch_id: str, title: str | Non
             warnings.append(f"{rep.file}: hunk {rep.hunk} placed {rep.offset:+d} lines from where the diff says"
                             + (f", with fuzz {rep.fuzz}" if rep.fuzz else ""))
         warnings.extend(f"{rep.file}: {rep.name}: {n}" for n in rep.notes)
-    if problems:
-        code = EXIT_BAD_INPUT if any(p.code in ("bad_marker", "bad_diff") for p in problems) else EXIT_FINDINGS
-        return fail(code)
+    if problems:  # each code's registered exit status (schema codes), the worst of them
+        return fail(max(registered_exit(p.code, EXIT_FINDINGS) for p in problems))
     if not file_entries:
         problems.append(Problem("nothing_to_vendor", "the diff has no change inside vllm/ to vendor", key="--diff"))
-        return fail(EXIT_FINDINGS)
+        return fail(registered_exit("nothing_to_vendor", EXIT_FINDINGS))
 
     if description is None:
         description = meta.get("body", "")

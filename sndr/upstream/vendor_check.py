@@ -41,12 +41,24 @@ class EditReport:
 
 
 @dataclass
+class Skip:
+    """A file of the diff vendor leaves out, and why, with its reason code (never prose alone)."""
+
+    file: str
+    code: str  # not_included, excluded, outside_package, metadata_only
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.reason} ({self.code})"
+
+
+@dataclass
 class VendorResult:
     patch: Patch | None
     text: str | None
     edits: list[EditReport]
     created: list[str]
-    skipped: list[str]
+    skipped: list[Skip]
     problems: list[Problem]
     warnings: list[str]
     exit_code: int
@@ -68,7 +80,7 @@ class VendorResult:
             "id": self.patch.id if self.patch else None,
             "edits": [dict(asdict(e), widened=e.widened) for e in self.edits],
             "created": self.created,
-            "skipped": self.skipped,
+            "skipped": [asdict(k) for k in self.skipped],
             "warnings": self.warnings,
             "problems": [p.to_json() for p in self.problems],
         }

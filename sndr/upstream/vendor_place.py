@@ -123,11 +123,11 @@ def _components(raw: str, strip: int | None) -> list[str]:
 def resolve_path(df: DiffFile[DiffHunk], exists: Callable[[str], bool], strip: int | None) -> str:
     """The tree-relative path a diff names: git's a/ b/ prefixes off, then the suffix from a ``vllm/`` component."""
     raw = df.raw_path
-    if strip is None and df.source.startswith("a/") and df.target.startswith("b/"):
-        raw = raw[2:]
-    elif strip is None and df.status == "added" and df.target.startswith("b/"):
-        raw = raw[2:]
-    elif strip is None and df.status == "deleted" and df.source.startswith("a/"):
+    # git's prefixes: a/ and b/, or /dev/null on the side of a creation or a deletion (any status: a new
+    # binary file is "binary", and kept its b/ and was called outside vllm/)
+    src_git = df.source.startswith("a/") or df.source == "/dev/null"
+    dst_git = df.target.startswith("b/") or df.target == "/dev/null"
+    if strip is None and src_git and dst_git and raw.startswith(("a/", "b/")):
         raw = raw[2:]
     parts = _components(raw, strip)
     path = "/".join(parts)

@@ -9,6 +9,7 @@ against 0.32.0, and the result must rebuild 0.33.0 byte for byte and read
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -299,10 +300,29 @@ def test_deleted_file_is_refused(tmp_path, capsys):
     out = tmp_path / "patches"
     rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0105", "--title", "t", "--tree", str(tree), "--out", str(out)])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 2  # deleted_file is bad input (schema codes), as every vendor refusal
     assert "refused: vllm/v1/core/kv_cache_utils.py: deleted file refused" in err
     assert "never deletes" in err and "nothing written" in err
     assert not out.exists()
+
+
+def test_a_new_binary_file_is_refused_by_its_own_name_and_skips_carry_codes(tmp_path, capsys):
+    """The new-user review (stop 44): git's diff of a new binary file kept its b/ prefix, so vendor skipped
+    `b/vllm/newbin.dat` as "outside vllm/" and, next to text changes, said ok without it. And each skip now
+    carries a reason code in --json."""
+    tree = make_tree(tmp_path / "site", PIN_FILES)
+    diff = tmp_path / "bin.patch"
+    diff.write_text(unified_diff(SCHED, SCHED_NEW, "vllm/v1/core/sched/scheduler.py")
+                    + "diff --git a/vllm/newbin.dat b/vllm/newbin.dat\nnew file mode 100644\nindex 0000000..1111111\n"
+                    "Binary files /dev/null and b/vllm/newbin.dat differ\n"
+                    + unified_diff("x = 1\n", "x = 2\n", "docs/notes.py"))
+    rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0106", "--title", "t", "--tree", str(tree),
+                    "--out", str(tmp_path / "patches"), "--json", "-"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 2 and [(p["code"], p["file"]) for p in data["problems"]] == [("binary_file", "vllm/newbin.dat")]
+    assert data["skipped"] == [{"file": "docs/notes.py", "code": "outside_package",
+                                "reason": "outside vllm/ (not part of an installed vLLM; tests and docs are not "
+                                          "shipped)"}]
 
 
 def test_renamed_file_is_refused():
@@ -330,7 +350,7 @@ def test_hunk_that_cannot_be_made_unique_is_refused(tmp_path, capsys):
     rc = sndr_main(["vendor", "--diff", str(diff), "--id", "PN0107", "--title", "t", "--tree", str(tree), "--out", str(out),
                    "--max-context", "3"])
     err = capsys.readouterr().err
-    assert rc == 1 and not out.exists()
+    assert rc == 2 and not out.exists()  # hunk_not_found: bad input (schema codes)
     assert "vllm/rep.py" in err and "hunk 1 (@@ -" in err and "cannot be made unique" in err
     # With room to widen, the same hunk vendors (and says it was widened).
     res = vendor_diff(diff.read_text(), reader({"vllm/rep.py": text}), patch_id="PN0107", title="t")
@@ -738,7 +758,7 @@ def test_include_exclude_and_json_report(tmp_path, capsys):
 
     data = json.loads(report.read_text())
     assert data["ok"] and data["edits"][0]["name"] == "Scheduler"  # one hunk spanning two methods
-    assert any("excluded by --exclude" in s for s in data["skipped"])
+    assert any(s["code"] == "excluded" and "excluded by --exclude" in s["reason"] for s in data["skipped"])
     res = vendor_diff(series_diff(), reader(PIN_FILES), patch_id="PN0127", include=["vllm/v1/core/clamp.py"])
     assert res.created == ["vllm/v1/core/clamp.py"] and len(res.patch.files) == 1
 
