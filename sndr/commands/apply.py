@@ -207,18 +207,21 @@ def _report(args: argparse.Namespace) -> Report:
 
 
 def _refuse_output_in_tree(dest: str | None, root: str | os.PathLike[str]) -> None:
-    """``--json FILE`` inside the tree (or its ``.sndr``) would overwrite a file sndr patches or its own state
-    after the commit (a report over ``vllm/x.py`` left verify failing; over ``.sndr/ledger.json``, the ledger
-    corrupt): refused before any work, as every other unwritable output is (``output_refused``)."""
+    """``--json FILE`` inside the tree's ``vllm/`` package or its ``.sndr/`` would overwrite a file sndr patches
+    or its own state after the commit (a report over ``vllm/x.py`` left verify failing; over
+    ``.sndr/ledger.json``, the ledger corrupt): refused before any work, as every other unwritable output is
+    (``output_refused``). Beside them (``site-packages/report.json``) is fine."""
     if dest is None or dest == "-":
         return
     from ..errors import bad_input
 
-    where, tree = os.path.realpath(dest), os.path.realpath(root)
-    if where == tree or where.startswith(tree.rstrip(os.sep) + os.sep):
-        raise bad_input("output_refused", f"--json: {dest} is inside the tree sndr works on ({root}): the report "
-                        f"would overwrite a file of vLLM or sndr's state; nothing was written", file=dest,
-                        hint="write the report outside the tree, or to - for stdout")
+    where = os.path.realpath(dest)
+    for part, what in (("vllm", "the vLLM package sndr patches"), (".sndr", "sndr's state of the tree")):
+        inside = os.path.realpath(os.path.join(root, part))
+        if where == inside or where.startswith(inside.rstrip(os.sep) + os.sep):
+            raise bad_input("output_refused", f"--json: {dest} is inside {what} ({inside}): the report would "
+                            f"overwrite a file sndr verifies; nothing was written", file=dest,
+                            hint="write the report elsewhere (outside vllm/ and .sndr/), or to - for stdout")
 
 
 def _write_json(target: str, data: dict[str, object]) -> None:

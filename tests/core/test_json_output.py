@@ -30,13 +30,15 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("inside", ["vllm/x/a.py", ".sndr/ledger.json", "report.json"])
-def test_a_report_path_inside_the_tree_is_refused_before_any_work(tmp_path, inside):
+@pytest.mark.parametrize("inside", ["vllm/x/a.py", "vllm/x/new-report.json", ".sndr/ledger.json"])
+def test_a_report_path_inside_vllm_or_sndr_state_is_refused_before_any_work(tmp_path, inside):
     root, pdir = _tree(tmp_path)
     before = _snapshot(root)
     r = _apply("--tree", str(root), "--patches", str(pdir), "--json", str(root / inside))
-    assert r.returncode == 2 and "output_refused" in r.stderr and "inside the tree" in r.stderr, r.stderr
+    assert r.returncode == 2 and "output_refused" in r.stderr and "is inside" in r.stderr, r.stderr
     assert r.stdout == "" and _snapshot(root) == before  # no report, no error document, no ledger
+    beside = _apply("--tree", str(root), "--patches", str(pdir), "--json", str(root / "report.json"))
+    assert beside.returncode == 0 and (root / "report.json").is_file(), beside.stderr  # beside them: fine
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
