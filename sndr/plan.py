@@ -712,6 +712,11 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
             failed |= fd.verdict in FAILING
             continue
         decided: dict[str, Finding] = {}
+
+        def unordered(a: int, b: int, st: FileState = st) -> list:
+            """The changes in [a, b) of the working text made by another patch not ordered with this one."""
+            return [c for c in st.changed_in(a, b) if c.patch != p.id and c.patch not in ordered_ids]
+
         for e in f.edits:
             if patch_marker:
                 fd = Finding(Verdict.MERGED, reason=f"patch merged marker present: {patch_marker.strip()[:80]!r}", code="merged_marker")
@@ -739,36 +744,30 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                 # Unique on pristine, repeated now: an unordered patch's text made it ambiguous. That is the
                 # stack's overlap (exit 1, naming the patch), not the author's bad anchor (exit 2).
                 la = len(e.anchor)
-                foreign = [c for off in fd.offsets for c in st.changed_in(off, off + la)
-                           if c.patch != p.id and c.patch not in ordered_ids]
+                foreign = [c for off in fd.offsets for c in unordered(off, off + la)]
                 if foreign:
                     c = foreign[0]
                     own = [off for off in fd.offsets if not [x for x in st.changed_in(off, off + la) if x.patch != p.id]]
-                    fd = Finding(Verdict.CONFLICT, offset=(own or fd.offsets)[0], offsets=list(fd.offsets),
-                                 reason=(f"the anchor occurs once in the pristine file, but {c.patch}.{c.edit} "
-                                         f"(pristine lines {c.lines[0]}-{c.lines[1]}) wrote another copy of it, and the "
-                                         f"two patches are not ordered"),
-                                 code="overlap_conflict")
-                    er = _edit_result(p, f.path, e, fd, st)
-                    er.conflict_with = sorted({c.patch for c in foreign})
-                    er.hint = (f"order the two patches (after = [\"{c.patch}\"] in {p.id}, then widen this anchor so "
-                               f"it occurs once on {c.patch}'s text; or after = [\"{p.id}\"] in {c.patch})")
+                    fd, er = _overlap(p, f.path, e, st, foreign, (own or fd.offsets)[0], list(fd.offsets),
+                                      f"the anchor occurs once in the pristine file, but {c.patch}.{c.edit} (pristine "
+                                      f"lines {c.lines[0]}-{c.lines[1]}) wrote another copy of it, and the two patches "
+                                      f"are not ordered",
+                                      f"order the two patches (after = [\"{c.patch}\"] in {p.id}, then widen this "
+                                      f"anchor so it occurs once on {c.patch}'s text; or after = [\"{p.id}\"] in "
+                                      f"{c.patch})")
             if fd.verdict == Verdict.APPLIED and fd.offset is not None:
                 # "Replacement present" is upstream's text only if no other patch of this plan wrote those bytes:
                 # two unordered patches making the same change both read done (one wrote it) were never flagged.
-                r0, r1 = fd.offset, fd.offset + len(e.replacement)
-                foreign = [c for c in st.changed_in(r0, r1) if c.patch != p.id and c.patch not in ordered_ids]
+                r0 = fd.offset
+                foreign = unordered(r0, r0 + len(e.replacement))
                 if foreign:
                     c = foreign[0]
-                    fd = Finding(Verdict.CONFLICT, offset=r0, offsets=[r0],
-                                 reason=(f"the replacement text is present only because {c.patch}.{c.edit} (pristine "
-                                         f"lines {c.lines[0]}-{c.lines[1]}) wrote it, and the two patches are not "
-                                         f"ordered: two patches make the same change"),
-                                 code="overlap_conflict")
-                    er = _edit_result(p, f.path, e, fd, st)
-                    er.conflict_with = sorted({c.patch for c in foreign})
-                    er.hint = (f"keep the change in one of them (drop this edit, or {c.patch}'s), or declare "
-                               f"after = [\"{c.patch}\"] in {p.id} if it is meant to build on it")
+                    fd, er = _overlap(p, f.path, e, st, foreign, r0, [r0],
+                                      f"the replacement text is present only because {c.patch}.{c.edit} (pristine "
+                                      f"lines {c.lines[0]}-{c.lines[1]}) wrote it, and the two patches are not "
+                                      f"ordered: two patches make the same change",
+                                      f"keep the change in one of them (drop this edit, or {c.patch}'s), or declare "
+                                      f"after = [\"{c.patch}\"] in {p.id} if it is meant to build on it")
             if fd.verdict == Verdict.APPLIES:
                 at = fd.offset
                 assert at is not None, "an APPLIES finding always says where the anchor sits"
@@ -776,19 +775,15 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
                 hits = [c for c in st.changed_in(a0, a1) if c.patch != p.id]
                 foreign = [c for c in hits if c.patch not in ordered_ids]
                 if foreign:
-                    others = sorted({c.patch for c in foreign})
                     c = foreign[0]
                     base = st.pristine or ""
                     l0, l1 = _line_span(base, st.to_pristine(a0), st.to_pristine(a1))
-                    fd = Finding(Verdict.CONFLICT, offset=at, offsets=[at],
-                                 reason=(f"the anchor (pristine lines {l0}-{l1}) overlaps bytes that "
-                                         f"{c.patch}.{c.edit} (pristine lines "
-                                         f"{c.lines[0]}-{c.lines[1]}) changed, and the two patches are not ordered"),
-                                 code="overlap_conflict")
-                    er = _edit_result(p, f.path, e, fd, st)
-                    er.conflict_with = others
-                    er.hint = (f"if {p.id} is written on the text {c.patch} produces, declare after = [\"{c.patch}\"] "
-                               f"in {p.id}; otherwise re-anchor one of them")
+                    fd, er = _overlap(p, f.path, e, st, foreign, at, [at],
+                                      f"the anchor (pristine lines {l0}-{l1}) overlaps bytes that {c.patch}.{c.edit} "
+                                      f"(pristine lines {c.lines[0]}-{c.lines[1]}) changed, and the two patches are "
+                                      f"not ordered",
+                                      f"if {p.id} is written on the text {c.patch} produces, declare after = "
+                                      f"[\"{c.patch}\"] in {p.id}; otherwise re-anchor one of them")
                 else:
                     # Chained: the anchor holds bytes an ordered patch changed (re-emitted context is pristine).
                     er.chained_from = sorted({c.patch for c in hits})
@@ -820,6 +815,17 @@ def _simulate_patch(p: Patch, state: Callable[[str], FileState], ordered_ids: se
         reason = "every edit is optional and absent here (or its file is missing): the patch changes nothing"
     return PatchResult(id=p.id, title=p.title, kind=p.kind, status=status, reason=reason,
                        reason_code="nothing_to_do" if status == "nothing_to_do" else "", edits=edits_out), local
+
+
+def _overlap(p: Patch, path: str, e, st: FileState, foreign: list, offset: int, offsets: list[int], reason: str,
+             hint: str) -> tuple[Finding, EditResult]:
+    """The ``overlap_conflict`` of edit ``e``: its finding and result, naming the unordered patches (``foreign``:
+    their changes) whose bytes it rests on, with ``reason`` and ``hint``."""
+    fd = Finding(Verdict.CONFLICT, offset=offset, offsets=offsets, reason=reason, code="overlap_conflict")
+    er = _edit_result(p, path, e, fd, st)
+    er.conflict_with = sorted({c.patch for c in foreign})
+    er.hint = hint
+    return fd, er
 
 
 def _explain_conflict(er: EditResult, p: Patch, e, st: FileState, ordered_ids: set[str],
