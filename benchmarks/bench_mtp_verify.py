@@ -41,6 +41,7 @@ warm-up call) at Hq 64, K 3, B 32, 8K and nothing else, for ``ncu --launch-skip 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -262,7 +263,42 @@ PROBE = {
     "ws8": mtp_verify.VerifyConfig(ws=1, heads_per_block=8),
     "ws_r96": mtp_verify.VerifyConfig(ws=1, ws_regs=(96, 160)),  # (the P.V warps spill 96 bytes under NVRTC 13.5)
     "ws_r104": mtp_verify.VerifyConfig(ws=1, ws_regs=(104, 152)),  # (112 bytes)
+    # the ring's depth and the bytes a block copies per token row (4 or all 8 KV heads a block)
+    "st6": mtp_verify.VerifyConfig(stages=6),  # 5 tiles in flight, 2 blocks per SM
+    "w8": mtp_verify.VerifyConfig(wide_heads=8),  # whole token rows, 1 block of 8 warps per SM
+    "w8_st5": mtp_verify.VerifyConfig(wide_heads=8, stages=5),
+    "w8_st6": mtp_verify.VerifyConfig(wide_heads=8, stages=6),
+    # the software-pipelined tile loop (tile T + 1's score MMAs before tile T's softmax)
+    "pipe": mtp_verify.VerifyConfig(pipe=1),
+    "pipe_st4": mtp_verify.VerifyConfig(pipe=1, stages=4),
+    "pipe_st5": mtp_verify.VerifyConfig(pipe=1, stages=5),
 }
+# Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at
+# the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the
+# math), which keeps them apart from the full builds in mtp_verify's plan cache.
+RING_TAU = 7.75
+for _n in ("default", "st6", "w8", "w8_st6"):
+    PROBE["ring_" + _n] = dataclasses.replace(PROBE[_n], tau=RING_TAU)
+
+
+def _ring_only_hooks() -> None:
+    defines, build = mtp_verify.defines, mtp_verify._build
+
+    def ring_defines(*a, **kw):
+        out = defines(*a, **kw)
+        cfg = kw.get("cfg", a[7] if len(a) > 7 else mtp_verify.DEFAULT)
+        return out | {"RING_ONLY": 1} if cfg.tau == RING_TAU else out
+
+    def ring_build(key):
+        k, merge, blocks, nb, warps = build(key)
+        if key[-1].tau == RING_TAU:  # the full build's blocks per SM, so the same split count
+            blocks = build(key[:-1] + (dataclasses.replace(key[-1], tau=8.0),))[2]
+        return k, merge, blocks, nb, warps
+
+    mtp_verify.defines, mtp_verify._build = ring_defines, ring_build
+
+
+_ring_only_hooks()
 
 
 def plan_of(hq: int, k: int, cfg) -> str:

@@ -83,7 +83,9 @@ PLAN_CFGS = [mv.VerifyConfig(chunk_warps=1), mv.VerifyConfig(rows_per_warp=16, h
              # the cheaper per-score softmax paths (softmax_tile_mma; 2: with ex2.approx.f16x2)
              mv.VerifyConfig(softmax=1), mv.VerifyConfig(softmax=2),
              # the warp-specialised pair (sm_90a: setmaxnreg), 4 and 8 KV heads a block
-             mv.VerifyConfig(ws=1), mv.VerifyConfig(ws=1, heads_per_block=8)]
+             mv.VerifyConfig(ws=1), mv.VerifyConfig(ws=1, heads_per_block=8),
+             # the software-pipelined tile loop (the next tile's score MMAs before this one's softmax), 3 and 4 stages
+             mv.VerifyConfig(pipe=1), mv.VerifyConfig(pipe=1, stages=4)]
 PLANNED = [(128, 8, g, k, 16, True, i) for g, k in ((8, 3), (4, 5), (8, 7)) for i in range(len(PLAN_CFGS))]
 PLANNED += [(128, 8, 8, 5, 16, True, PLAN_CFGS.index(mv.VerifyConfig(rows_per_warp=32)))]
 PLANNED += [(128, 8, g, k, 16, True, PLAN_CFGS.index(mv.VerifyConfig(ws=1))) for g, k in ((4, 7), (6, 3))]

@@ -108,6 +108,9 @@ class VerifyConfig:
     ws: int = 0
     ws_regs: tuple[int, int] = (88, 168)
     ws_stages: int = 4
+    # 1: the per-warp kernel's tile loop software-pipelined (verify_k8v4.cu, PIPE): iteration T issues tile T + 1's
+    # score MMAs before tile T's softmax and P.V, where softmax_tile_mma runs (SMX 1) in the per-warp kernel
+    pipe: int = 0
 
 
 DEFAULT = VerifyConfig()
@@ -300,6 +303,7 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
         "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf, "SMX": 0 if plan.shu else smx,
+        "PIPE": int(bool(cfg.pipe) and smx == 1 and not plan.shu and not plan.ws),
     }
 
 
