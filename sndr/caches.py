@@ -23,6 +23,11 @@ speed-up calls :func:`enable` once, with its environment; it opens
 or unwritable cache directory turns the caches off and says so once; the plan
 is the same either way.
 
+**A dry run writes nothing** (under the cache root either): ``enable(readonly=True)``
+injects a read-only view (:class:`sndr.fsio.PrivateDir` with ``readonly``): entries
+already there are read (under the same seal), nothing is created or written, no
+mode is tightened, and a cache that does not exist yet is simply not used.
+
 Two caches share the plan directory:
 
 * ``ok-<sha256>``: "this exact patched text compiled under this Python";
@@ -45,13 +50,14 @@ def root_path(root: str | os.PathLike[str] | None = None, environ=None) -> str:
 
 
 def require_dir(name: str, what: str, *, root: str | os.PathLike[str] | None = None,
-                environ=None) -> fsio.PrivateDir:
+                environ=None, readonly: bool = False) -> fsio.PrivateDir:
     """``<cache root>/<name>`` (``name`` may be ``a/b``) under the cache-root rule, created 0700 when missing.
 
     Raises :class:`sndr.fsio.UnsafeDirError` when the root (so every cache under
     it) or the directory is refused, ``OSError`` when it cannot be created.
+    ``readonly``: a read-only view that creates and changes nothing (``FileNotFoundError`` when missing).
     """
-    base = fsio.PrivateDir.open(root_path(root, environ), "cache root")
+    base = fsio.PrivateDir.open(root_path(root, environ), "cache root", readonly=readonly)
     d = base
     try:
         for part in [p for p in name.split("/") if p]:
@@ -70,13 +76,16 @@ def require_dir(name: str, what: str, *, root: str | os.PathLike[str] | None = N
 
 
 def open_dir(name: str, what: str, *, root: str | os.PathLike[str] | None = None, environ=None,
-             without: str = "continuing without it") -> fsio.PrivateDir | None:
-    """:func:`require_dir`, or None (said once on stderr, ``without`` saying what that costs) when refused."""
+             without: str = "continuing without it", readonly: bool = False) -> fsio.PrivateDir | None:
+    """:func:`require_dir`, or None (said once on stderr, ``without`` saying what that costs) when refused.
+    ``readonly``: a read-only view, or None (quietly) where the directory does not exist yet."""
     try:
-        return require_dir(name, what, root=root, environ=environ)
+        return require_dir(name, what, root=root, environ=environ, readonly=readonly)
     except fsio.UnsafeDirError as exc:
         say(f"{exc}; the {what} is disabled ({without})", once_key=f"unsafe:{what}:{exc.path}")
     except OSError as exc:
+        if readonly and isinstance(exc, FileNotFoundError):
+            return None  # nothing cached yet, and a read-only view creates nothing
         say(f"cannot use the {what} under {root_path(root, environ)} ({exc.strerror or exc}); {without}",
             once_key=f"oserror:{what}:{name}")
     return None
@@ -93,17 +102,19 @@ def dir_path(name: str, what: str, *, root: str | os.PathLike[str] | None = None
     return Path(d.path)
 
 
-def open_plan_cache(environ=None) -> fsio.PrivateDir | None:
-    """The planner's cache directory under the cache root, or None (said on stderr) when unsafe."""
+def open_plan_cache(environ=None, *, readonly: bool = False) -> fsio.PrivateDir | None:
+    """The planner's cache directory under the cache root, or None (said on stderr) when unsafe;
+    ``readonly``: a read-only view of it, or None where it does not exist yet."""
     return open_dir(env.plan_cache_name(fsio.python_tag()), "plan cache", environ=environ,
-                    without="plans are the same, only slower")
+                    without="plans are the same, only slower", readonly=readonly)
 
 
-def enable(environ=None) -> fsio.PrivateDir | None:
-    """Inject the plan cache (or None) into the core; returns it."""
+def enable(environ=None, *, readonly: bool = False) -> fsio.PrivateDir | None:
+    """Inject the plan cache (or None) into the core; returns it. ``readonly`` (a dry run): the entries
+    already there are read, nothing is written under the cache root."""
     from . import locate, plan
 
-    cache = open_plan_cache(environ)
+    cache = open_plan_cache(environ, readonly=readonly)
     plan.use_compile_memo(cache)
     locate.use_disk_cache(cache)
     return cache

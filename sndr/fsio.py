@@ -231,15 +231,22 @@ class PrivateDir:
 
     SECRET = ".secret"
 
-    def __init__(self, fd: int, path: str):
+    def __init__(self, fd: int, path: str, readonly: bool = False):
         self.fd = fd
         self.path = path
+        #: A read-only view (:meth:`open` with ``readonly=True``): it creates no directory, secret or entry
+        #: and changes no mode; :meth:`write` raises ``EROFS`` and a sealed entry reads None without a secret.
+        self.readonly = readonly
         self._secret: bytes | None = None
 
     # -- opening -------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], what: str = "cache", create: bool = True) -> PrivateDir:
+    def open(cls, path: str | os.PathLike[str], what: str = "cache", create: bool = True, *,
+             readonly: bool = False) -> PrivateDir:
+        """``readonly``: the same checks, but nothing is created (a missing directory raises
+        ``FileNotFoundError``) and no mode is tightened: what a dry run may do."""
+        create = create and not readonly
         path = os.path.abspath(os.fspath(path))
         # Symlinks above the directory are resolved (the resolved path is then checked
         # strictly); the directory itself must not be one.
@@ -274,14 +281,14 @@ class PrivateDir:
                 if not last:
                     _check_ancestor(st, here, uid)
             if parts:
-                cls._check_own(fd, st, path, uid, what)
+                cls._check_own(fd, st, path, uid, what, readonly)
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, path)
+        return cls(fd, path, readonly)
 
     @staticmethod
-    def _check_own(fd: int, st: os.stat_result, path: str, uid: int, what: str) -> None:
+    def _check_own(fd: int, st: os.stat_result, path: str, uid: int, what: str, readonly: bool = False) -> None:
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafeDirError(path, f"the {what} directory is not a directory")
         if st.st_uid != uid:
@@ -290,16 +297,17 @@ class PrivateDir:
         if st.st_mode & 0o022:
             raise UnsafeDirError(path, f"the {what} directory is writable by group or others "
                                        f"(mode {oct(st.st_mode & 0o777)}); chmod 700 it or remove it")
-        if st.st_mode & 0o077:
+        if st.st_mode & 0o077 and not readonly:
             os.fchmod(fd, 0o700)  # ours and not writable by others: tighten quietly
 
     def sub(self, name: str, what: str = "cache") -> PrivateDir:
         """The child directory ``name`` (created 0700), with the same checks, through our fd."""
         full = os.path.join(self.path, name)
-        try:
-            os.mkdir(name, 0o700, dir_fd=self.fd)
-        except FileExistsError:
-            pass
+        if not self.readonly:  # a read-only view creates nothing: a missing child raises FileNotFoundError
+            try:
+                os.mkdir(name, 0o700, dir_fd=self.fd)
+            except FileExistsError:
+                pass
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError as exc:
@@ -307,11 +315,11 @@ class PrivateDir:
                 raise UnsafeDirError(full, f"the {what} directory is {_kind(name, self.fd)}") from None
             raise
         try:
-            self._check_own(fd, os.fstat(fd), full, os.geteuid(), what)
+            self._check_own(fd, os.fstat(fd), full, os.geteuid(), what, self.readonly)
         except BaseException:
             os.close(fd)
             raise
-        return PrivateDir(fd, full)
+        return PrivateDir(fd, full, self.readonly)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -334,6 +342,8 @@ class PrivateDir:
             return None
 
     def write(self, name: str, data: bytes, mode: int = 0o600, durable: bool = False) -> None:
+        if self.readonly:
+            raise OSError(errno.EROFS, "a read-only view of the cache writes nothing", os.path.join(self.path, name))
         atomic_write(name, data, mode, durable=durable, dir_fd=self.fd)
 
     def exists(self, name: str) -> bool:
@@ -366,6 +376,9 @@ class PrivateDir:
                                          "the cache secret is not a 32-byte file of mode 0600 owned by this uid")
                 self._secret = data
                 return data
+            if self.readonly:  # nothing was sealed here yet; a read-only view makes no secret
+                raise FileNotFoundError(errno.ENOENT, "no cache secret (a read-only view creates none)",
+                                        os.path.join(self.path, self.SECRET))
             # Write it under a temp name, then link: readers never see a short secret.
             tfd, tmp = create_temp(self.SECRET, 0o600, dir_fd=self.fd)
             try:
@@ -399,6 +412,8 @@ class PrivateDir:
 
         if blob is None or len(blob) < 32:
             return None
+        if self.readonly and self._secret is None and not self.exists(self.SECRET):
+            return None  # no secret: nothing here was sealed by this uid, and a read-only view creates none
         payload = blob[32:]
         return payload if hmac.compare_digest(blob[:32], self._mac(kind, name, payload)) else None
 

@@ -73,15 +73,22 @@ def cached_tree(cache: Path, want: Version) -> Path | None:
     return None
 
 
-def trusted_cache_root() -> Path:
+def trusted_cache_root(*, readonly: bool = False) -> Path | None:
     """The cache root for fetched trees, under the cache-root rule (:mod:`sndr.caches`): a root another
-    uid could change is refused (``cache_unsafe``), never read from or fetched into."""
+    uid could change is refused (``cache_unsafe``), never read from or fetched into. ``readonly``: the same
+    check of the root and ``trees/`` creating nothing (None where ``trees/`` does not exist), so reading a
+    tree fetched before writes nothing under the cache root (a dry run)."""
     from . import caches
     from .fsio import UnsafeDirError
 
+    names = (env.CACHE_TREES,) if readonly else (env.CACHE_TREES, env.CACHE_WHEELS, env.CACHE_LOCKS)
     try:
-        for name in (env.CACHE_TREES, env.CACHE_WHEELS, env.CACHE_LOCKS):
-            caches.require_dir(name, "tree cache").close()
+        for name in names:
+            caches.require_dir(name, "tree cache", readonly=readonly).close()
+    except FileNotFoundError:
+        if not readonly:
+            raise
+        return None
     except UnsafeDirError as exc:
         raise bad_input("cache_unsafe", f"refused: {exc.why}; a vllm==X tree is never read from or fetched into "
                         f"a cache another user could change", file=exc.path,
@@ -232,10 +239,12 @@ def fetch_version(version: str) -> Path:
     from filelock import FileLock
 
     want = want_version(version)
-    cache = trusted_cache_root()
-    hit = cached_tree(cache, want)
+    cache = trusted_cache_root(readonly=True)  # a tree fetched before is read without writing anything
+    hit = cached_tree(cache, want) if cache is not None else None
     if hit is not None:
         return hit
+    cache = trusted_cache_root()
+    assert cache is not None  # not readonly: created, or raised
     (cache / env.CACHE_LOCKS).mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / env.CACHE_LOCKS / "fetch.lock")):
         hit = cached_tree(cache, want)

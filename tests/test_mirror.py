@@ -29,7 +29,7 @@ WITHOUT_TEST_FILE = frozenset({
     # the core's homes of the rules: tested through test_one_home.py, test_codes.py, reliability/
     "sndr/_boot.py", "sndr/env.py", "sndr/errors.py", "sndr/fsio.py",
     # the core: tested through core/test_apply.py, core/test_plan.py, reliability/ and stack/
-    "sndr/caches.py", "sndr/locate.py", "sndr/model.py", "sndr/modelconfig.py",
+    "sndr/locate.py", "sndr/model.py", "sndr/modelconfig.py",
     "sndr/profile.py", "sndr/schema.py", "sndr/tomlwrite.py",
     # startup: the records are tested through startup/test_status_honest.py and startup/test_hook.py
     "sndr/startup/attest.py",

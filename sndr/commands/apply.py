@@ -112,13 +112,11 @@ def _full(args: argparse.Namespace) -> int:
     """The full command: the engine (sndr.apply), its report, ``--json`` and the exit status."""
     import json
 
-    from .. import caches
     from ..cli import check_output
     from ..errors import SndrError
 
     if args.json:
         check_output(args.json, "--json")  # before any work: a refused output path changes nothing
-    caches.enable()  # the shell hands the core its caches (compile-ok memo, scopes); the tree is never one
     try:
         report = _report(args)
     except SndrError as exc:
@@ -173,6 +171,11 @@ def _report(args: argparse.Namespace) -> Report:
                   f"pinned vLLM {PIN_VERSION} tree ({root})", file=sys.stderr)
             args.dry_run = True
     _refuse_output_in_tree(args.json, root)
+    from .. import caches
+
+    # The shell hands the core its caches (compile-ok memo, scopes); the tree is never one. A dry run (also
+    # the fallback one just decided) reads them and writes nothing under the cache root either.
+    caches.enable(readonly=args.dry_run)
     if args.revert:
         return run_revert(root, force=args.force)
     from ..cli import pause_at
