@@ -605,7 +605,7 @@ def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: Patc
     bytes it writes, :func:`_writes_for`), so the merge works whatever set is applied now, the set that wrote
     the file or a changed one. A ledger written before sndr stored them has no such copy: then the bytes are
     rebuilt by planning this set on the pristine copies, and used only when their sha256 is the ledger's.
-    A change on lines sndr's edits changed is a conflict (``force_merge_conflict``, the file and its line);
+    A change on or next to lines sndr's edits changed is a conflict (:func:`_merge_conflict`);
     a file deleted, one sndr created, or one with neither a stored copy nor bytes that rebuild (an old
     ledger and a set changed since apply) has no merge base: its current bytes are taken as pristine (as
     before), and a note says why."""
@@ -636,20 +636,90 @@ def _force_merge(tree: TreeRoot, ledger: Ledger, rels: set[str], patch_set: Patc
         m = Merge3(base.splitlines(True), now.splitlines(True), pristine.splitlines(True))
         clashes = [r for r in m.merge_regions() if r[0] == "conflict"]
         if clashes:
-            def span(a: int, b: int) -> str:
-                return f"line {a + 1}" if b <= a + 1 else f"lines {a + 1}-{b}"
-
-            where = "; ".join(f"{span(c[3], c[4])} of the file now ({span(c[1], c[2])} of the bytes sndr wrote)"
-                              for c in clashes)
-            out.conflicts.append(Problem(
-                "force_merge_conflict", f"--force cannot merge the change made since apply: it overlaps lines "
-                f"sndr's edits changed: {where}; nothing was written", file=rel, line=clashes[0][3] + 1,
-                hint="resolve it by hand: put sndr's lines back and re-apply, or revert (--force gives back "
-                     "upstream's file) and make the change there, then apply"))
+            writers = {p.id: [e.replacement for f, e in p.edits() if f.path == rel]
+                       for p in patch_set.patches if p.id in entry.patches}
+            out.conflicts.append(_merge_conflict(rel, m, clashes, writers, entry.patches))
             continue
         out.merged[rel] = b"".join(m.merge_lines())
         out.bases[rel] = how
     return out
+
+
+def _merge_conflict(rel: str, m, clashes: list[tuple], writers: dict[str, list[str]], patches: list[str]) -> Problem:
+    """The ``force_merge_conflict`` of one file. For each conflict region of the 3-way merge ``m`` (base = the bytes
+    sndr wrote, a = the file now, b = its pristine copy): the lines changed since apply, in the file now (the
+    problem's line is the first), and the lines sndr's edits changed that they overlap or sit next to (merge3
+    places no change on or next to the other side's: there is no common line between them), each with the
+    patches that wrote it: those whose replacement text holds it (``writers``: id -> its replacements in this
+    file), else every patch the ledger records on the file (``patches``)."""
+    from difflib import SequenceMatcher
+
+    base, now, pristine = m.base, m.a, m.b
+    text = b"".join(base)
+    owned: list[tuple[str, int, int]] = []  # (patch, lines [lo, hi) of the base that one of its replacements holds)
+    for pid, reps in writers.items():
+        for raw in (r.encode("utf-8") for r in reps if r):
+            at = text.find(raw)
+            while at >= 0:
+                owned.append((pid, text.count(b"\n", 0, at), text.count(b"\n", 0, at + len(raw) - 1) + 1))
+                at = text.find(raw, at + 1)
+
+    def owners(s: int, e: int) -> list[str]:
+        """The patches that wrote base lines [s, e) (e == s: the place of lines they removed)."""
+        found = {pid for pid, lo, hi in owned if (max(lo, s) < min(hi, e) if e > s else lo <= s <= hi)}
+        return [pid for pid in patches if pid in found] or patches
+
+    def sndrs(s: int, e: int) -> list[tuple[int, int, list[str]]]:
+        """Base lines [s, e) sndr changed, split where the patch that wrote them changes (two patches' edits on
+        adjacent lines are one block of the diff)."""
+        out = [(s, e, owners(s, e))] if e == s else []
+        for k in range(s, e):
+            who = owners(k, k + 1)
+            if out and out[-1][2] == who:
+                out[-1] = (out[-1][0], k + 1, who)
+            else:
+                out.append((k, k + 1, who))
+        return out
+
+    def span(a: int, b: int) -> str:
+        return f"line {a + 1}" if b <= a + 1 else f"lines {a + 1}-{b}"
+
+    parts: list[str] = []
+    named: set[str] = set()
+    first, overlap = None, False
+    for _, z1, z2, a1, a2, b1, b2 in clashes:
+        ours = [g for tag, _, _, j1, j2 in SequenceMatcher(None, pristine[b1:b2], base[z1:z2], autojunk=False)
+                .get_opcodes() if tag != "equal" for g in sndrs(z1 + j1, z1 + j2)]
+        ops = SequenceMatcher(None, base[z1:z2], now[a1:a2], autojunk=False).get_opcodes()
+        to_now = {z1 + i1 + k: a1 + j1 + k for tag, i1, i2, j1, _ in ops if tag == "equal" for k in range(i2 - i1)}
+        for tag, i1, i2, j1, j2 in ops:
+            if tag == "equal":
+                continue
+            t0, t1 = z1 + i1, z1 + i2  # the base lines the change replaced (t0 == t1: it inserted there)
+            first = a1 + j1 + 1 if first is None else first
+            theirs = (f"{span(a1 + j1, a1 + j2)} of the file now" if j2 > j1
+                      else f"the deletion of {span(t0, t1)} of the bytes sndr wrote")
+            hit = [g for g in ours if max(g[0], t0) < min(g[1], t1) or (t0 == t1 and g[0] < t0 < g[1])]
+            near = hit or [g for g in ours if max(g[0], t0) <= min(g[1], t1)] or ours
+            overlap |= bool(hit)
+            said = []
+            for s, e, who in near:
+                named.update(who)
+                if e == s:
+                    said.append(f"the place of lines sndr removed, before {span(s, s + 1)} of the bytes it wrote")
+                elif all(k in to_now for k in range(s, e)) and to_now[e - 1] - to_now[s] == e - 1 - s:
+                    # unchanged since apply, and together: where they are in the file now
+                    said.append(f"sndr's {span(to_now[s], to_now[e - 1] + 1)}")
+                else:
+                    said.append(f"sndr's {span(s, e)} of the bytes it wrote")
+                said[-1] += f" ({', '.join(who)})"
+            parts.append(f"{theirs} {'overlaps' if hit else 'is next to'} {' and '.join(said)}")
+    why = "" if overlap else " (a 3-way merge places no change next to another without a common line between them)"
+    return Problem("force_merge_conflict", f"--force cannot merge the change made since apply: {'; '.join(parts)}"
+                   f"{why}; nothing was written", file=rel, line=first,
+                   patch=", ".join(pid for pid in patches if pid in named) or None,
+                   hint="resolve it by hand: put sndr's lines back and re-apply, or revert (--force gives back "
+                        "upstream's file) and make the change there, then apply")
 
 
 def _take_merged(tree: TreeRoot, ledger: Ledger, merged: dict[str, bytes], *, store: bool) -> Ledger:

@@ -161,8 +161,9 @@ CODES: dict[str, Code] = {
     "modified_since_apply": Code(_F, "a file was changed by someone else since sndr patched it"),
     "read_changed": Code(_F, "a file the set read and wrote nothing to (a merged marker, an absent optional anchor, "
                              "a runtime target) changed since apply: the verdicts there may no longer hold"),
-    "force_merge_conflict": Code(_F, "apply --force cannot merge a change made since apply: it overlaps lines "
-                                     "sndr's edits changed (3-way merge; the file and line named, nothing written)"),
+    "force_merge_conflict": Code(_F, "apply --force cannot merge a change made since apply: it overlaps or is next "
+                                     "to lines sndr's edits changed (3-way merge; the file, the line changed since "
+                                     "apply and the patches whose lines it touches named, nothing written)"),
     "changed_during_apply": Code(_F, "a file changed between plan and commit"),
     "foreign_write_lost": Code(_F, "a concurrent foreign write landed during the commit; the set was rolled back"),
     "not_applied": Code(_F, "a patch that should be active is not applied"),

@@ -211,6 +211,8 @@ def assert_force_refused(tree: Path, patch_set, line: int) -> None:
         assert not r.ok and r.exit_code == 1 and r.files_written == []
         [p] = [p for p in r.problems if p.code == "force_merge_conflict"]
         assert (p.file, p.line) == (POOL, line) and "nothing was written" in p.message, p
+        assert f"line {line} of the file now overlaps sndr's line {line} of the bytes it wrote (T0004);" in p.message, p
+        assert p.patch == "T0004", p  # the patch whose line it is, not every patch of the file
         assert tree_hash(tree) == before
 
 
@@ -319,6 +321,37 @@ def test_force_across_a_changed_set_refuses_a_hand_edit_on_sndrs_lines(tree, pat
     run_apply(tree, patch_set)
     b = set_b(tmp_path, "added")
     assert_force_refused(tree, b, edit_sndrs_line(tree))
+
+
+@pytest.mark.parametrize("hand_line, names, sndr_lines", [
+    (876, ["T0004", "T0099"], "sndr's line 875 (T0004) and sndr's line 877 (T0099)"),  # the blank line between the two edits
+    (874, ["T0004"], "sndr's line 875 (T0004)"),  # the docstring's end, next to T0004's line only
+])
+def test_force_refuses_a_hand_edit_next_to_sndrs_lines_naming_its_line_and_the_patches(
+        tree, tmp_path, hand_line, names, sndr_lines):
+    """Two patches edit lines 875 (T0004) and 877 (T0099) of POOL; a hand edit of a line next to them (not on
+    them) does not merge either (merge3 has no common line to place it by). The refusal named the whole
+    merge region as lines sndr's edits changed ("lines 875-877 ... overlaps lines sndr's edits changed"), the
+    file at line 875 (T0004's line, not the one edited by hand) and no patch: now it names the line changed
+    since apply (the file:line too), says it is next to sndr's lines, which, and which patch wrote each."""
+    b = set_b(tmp_path, "added")
+    assert run_apply(tree, b).ok
+    target = tree / POOL
+    lines = target.read_text().splitlines(True)
+    assert lines[874] == CLAMPED and lines[876] == b_edit("added")  # 1-based 875 and 877: sndr's lines
+    lines[hand_line - 1] = "        # a hand edit\n"
+    target.write_text("".join(lines))
+    before = tree_hash(tree)
+    for dry_run in (True, False):
+        r = run_apply(tree, b, force=True, dry_run=dry_run)
+        assert not r.ok and r.exit_code == 1 and r.files_written == []
+        [p] = [p for p in r.problems if p.code == "force_merge_conflict"]
+        assert (p.file, p.line) == (POOL, hand_line), p
+        assert f"line {hand_line} of the file now is next to {sndr_lines} (a 3-way merge" in p.message, p
+        assert p.patch == ", ".join(names) and "overlaps" not in p.message, p
+        assert tree_hash(tree) == before
+    r = sndr_apply("--tree", str(tree), "--patches", str(tmp_path / "patches-added"), "--force")
+    assert r.returncode == 1 and f"{POOL}:{hand_line}" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 def test_force_over_a_damaged_stored_base_stops_naming_the_object(tree, patch_set):
