@@ -19,7 +19,13 @@ new path, or an existing regular file owned by the caller, is replaced
 atomically (:func:`sndr.fsio.atomic_write`: a temp file beside it, then a
 rename that never follows a final symlink); anything else (a symlink, FIFO,
 device, socket, directory, or another user's file) is refused with exit 2
-(``output_refused``), naming the path, and left untouched.
+(``output_refused``), naming the path, and left untouched. An output named as a
+directory to write into (``manifest build --out DIR``) is held to the same rule:
+``DIR`` is the path the user named, so a symlink there is refused as it is for a
+file (``check_output(DIR, directory=True)``), and the file is written through
+``DIR`` opened without following a link (``write_output(..., named_dir=True)``).
+The directories above the named path are resolved as the system resolves them,
+for every output alike.
 """
 
 from __future__ import annotations
@@ -145,29 +151,44 @@ def _restore_interrupt() -> None:
         pass
 
 
-def _output_problem(dest: str) -> str | None:
-    """Why ``dest`` cannot be an output file (None: a new path, or a regular file of ours)."""
+def _output_problem(dest: str, directory: bool = False) -> str | None:
+    """Why ``dest`` cannot be an output file (None: a new path, or a regular file of ours); with ``directory``,
+    why it cannot be the directory an output file is written into (None: a new path, or a directory that
+    takes a new file)."""
     import stat
 
+    inside = os.path.join(dest, "output")  # a file in the directory ``dest``: where the output will go
     try:
         st = os.lstat(dest)
     except FileNotFoundError:
-        return _output_dir_problem(dest)
+        return _output_dir_problem(inside if directory else dest)
     except NotADirectoryError:
         return "a directory on its path is not a directory"
     except OSError as exc:
         return f"it cannot be examined ({exc.strerror})"
     if stat.S_ISLNK(st.st_mode):
-        return "it is a symlink, which sndr does not follow for an output"
+        try:
+            to = f" to {os.readlink(dest)}"
+        except OSError:
+            to = ""
+        return f"it is a symlink{to}, which sndr does not follow for an output"
     if stat.S_ISDIR(st.st_mode):
-        return "it is a directory"
+        return _output_dir_problem(inside) if directory else "it is a directory"
+    if directory:
+        return f"it is {_kind_of(st.st_mode)}, not a directory (the output file is written into it)"
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
-                else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket")
-        return f"it is {kind}, not a regular file (sndr replaces an output file atomically)"
+        return f"it is {_kind_of(st.st_mode)}, not a regular file (sndr replaces an output file atomically)"
     if st.st_uid != os.geteuid():
         return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
     return _output_dir_problem(dest)
+
+
+def _kind_of(mode: int) -> str:
+    import stat
+
+    return ("a regular file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket")
 
 
 def _output_dir_problem(dest: str) -> str | None:
@@ -204,22 +225,45 @@ def _output_dir_problem(dest: str) -> str | None:
         f"its directory {d} is not writable by this user"
 
 
-def check_output(dest: str | os.PathLike[str], flag: str = "output") -> None:
-    """Refuse (``output_refused``, exit 2) an output path :func:`write_output` would not write."""
+def check_output(dest: str | os.PathLike[str], flag: str = "output", *, directory: bool = False) -> None:
+    """Refuse (``output_refused``, exit 2) an output path :func:`write_output` would not write.
+
+    With ``directory``, ``dest`` names the directory the output file goes into (``manifest build --out DIR``,
+    whose file name is known only after the work): a new path, or a directory (never a symlink to one) that
+    takes a new file; :func:`write_output` with ``named_dir`` then writes there."""
     dest = os.fspath(dest)
     if dest == "-":
         return
-    why = _output_problem(dest)
+    why = _output_problem(dest, directory)
     if why is not None:
         from .errors import bad_input
 
         raise bad_input("output_refused", f"{flag}: {why}; nothing was written there", file=dest,
-                        hint="give a new path or a regular file you own, or - for stdout")
+                        hint=("give a new path or a directory you can write (not a symlink to one), or - for stdout"
+                              if directory else "give a new path or a regular file you own, or - for stdout"))
+
+
+def _open_named_dir(path: str, flag: str) -> int:
+    """The fd of the directory ``path``, opened without following a final symlink (``output_refused`` if one
+    was put there since :func:`check_output`)."""
+    import errno
+
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        check_output(path, flag, directory=True)  # names what is there now
+        raise
 
 
 def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "output", *,
-                 mode: int | None = None) -> None:
-    """The one output writer of every command: ``-`` is stdout, else an atomic replace (see the module doc)."""
+                 mode: int | None = None, named_dir: bool = False) -> None:
+    """The one output writer of every command: ``-`` is stdout, else an atomic replace (see the module doc).
+
+    ``named_dir``: the directory holding ``dest`` is the path the user named (``--out DIR``), an output path
+    as well: refused when it is a symlink (or not a directory), and ``dest`` is written through it opened
+    with ``O_NOFOLLOW``, so that a link put there after the check is never followed either."""
     global _json_written
     dest = os.fspath(dest)
     if dest == "-":
@@ -232,10 +276,12 @@ def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "o
         sys.stdout.flush()
         return
     data = text.encode("utf-8") if isinstance(text, str) else text
+    parent = os.path.dirname(os.path.abspath(dest))
+    if named_dir:
+        check_output(parent, flag, directory=True)  # first: the file check below would look through a link
     check_output(dest, flag)
     from . import fsio
 
-    parent = os.path.dirname(os.path.abspath(dest))
     os.makedirs(parent, exist_ok=True)
     if mode is None:
         try:
@@ -248,7 +294,14 @@ def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "o
             mode = 0o666 & ~umask
     # atomic_write's rename replaces the entry itself: a symlink swapped in after the check is
     # replaced, never followed, and in a sticky directory another user's entry cannot be replaced.
-    fsio.atomic_write(os.path.abspath(dest), data, mode)
+    if named_dir:
+        fd = _open_named_dir(parent, flag)
+        try:
+            fsio.atomic_write(os.path.basename(dest), data, mode, dir_fd=fd)
+        finally:
+            os.close(fd)
+    else:
+        fsio.atomic_write(os.path.abspath(dest), data, mode)
     if dest == _json_dest:
         _json_written = True  # the command's own document (or its error document) is there
 

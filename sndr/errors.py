@@ -206,7 +206,8 @@ CODES: dict[str, Code] = {
     "bad_via": Code(_B, "--via names no release, or a release not strictly between the pin and the candidate"),
     "via_unavailable": Code(_B, "--via auto cannot list the releases in between (offline, or the index has none)"),
     "stdout_conflict": Code(_B, "two outputs of one command were both sent to stdout"),
-    "output_refused": Code(_B, "an output path is a symlink, FIFO, device, directory or another user's file"),
+    "output_refused": Code(_B, "an output path is a symlink, FIFO, device, directory or another user's file, or its "
+                               "directory takes no new file (an --out DIR: a symlink or not a directory)"),
     # -- upstream: watchlist, sync, pin, vendor ---------------------------------------------------
     "bad_watchlist": Code(_B, "the watchlist does not match its schema"),
     "truncated_watchlist": Code(_B, "the watchlist's sentinel line is missing (truncated file)"),

@@ -337,11 +337,11 @@ def write_manifest(manifest: Manifest, out: Path) -> Path:
     from .cli import write_output
 
     if str(out) == "-" or out_is_file(out):  # '-': stdout
-        target = out
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        target = out / manifest_name(manifest.vllm_version)
-    write_output(target, manifest.to_json(), "--out")  # the one output writer: no symlink, FIFO or device
+        write_output(out, manifest.to_json(), "--out")  # the one output writer: no symlink, FIFO or device
+        return out
+    target = out / manifest_name(manifest.vllm_version)
+    # --out DIR is the path the user named: never a symlink (to a directory elsewhere) either; made if missing
+    write_output(target, manifest.to_json(), "--out", named_dir=True)
     return target
 
 
@@ -351,8 +351,12 @@ def out_is_file(out: Path) -> bool:
     A directory is an existing directory or a name without a suffix; a file is a
     name ending in ``.json`` (that is not an existing directory). An existing
     file, or a name with another suffix, is neither, and says so instead of
-    silently becoming a directory of that name.
+    silently becoming a directory of that name. A symlink, FIFO or device is
+    taken by its name alone: :func:`sndr.cli.check_output` refuses it, saying
+    what it is (a symlink to a directory is never written through).
     """
+    if out.is_symlink() or (out.exists() and not out.is_dir() and not out.is_file()):
+        return out.suffix == ".json"
     if out.is_dir():
         return False
     if out.suffix == ".json":
@@ -446,11 +450,12 @@ def _build_cmd(args) -> int:
 
     if not to_stdout:
         refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
-    to_file = to_stdout or out_is_file(out)  # refuses an --out that is neither a directory nor a .json file
-    if to_file and not to_stdout:
-        from .cli import check_output
+    from .cli import check_output
 
-        check_output(out, "--out")
+    to_file = to_stdout or out_is_file(out)  # refuses an --out that is neither a directory nor a .json file
+    if not to_stdout:
+        # before any work: a FILE.json or the DIR it goes into, never a symlink, FIFO, device or read-only place
+        check_output(out, "--out", directory=not to_file)
     spec = args.tree
     if spec is None:
         pins = _pin_trees(shipped_anchors_dir() if to_stdout else out.parent if to_file else out, None)
@@ -461,6 +466,8 @@ def _build_cmd(args) -> int:
     patch_set = load_patch_set(args.patches)
     notes: list[str] = []
     with open_tree(spec) as tree:
+        if not to_file:  # the file's name is known now: what is there must be replaceable before the build
+            check_output(out / manifest_name(tree.version), "--out")
         manifest = build_manifest(tree, patch_set, notes)
     path = write_manifest(manifest, out)
     for line in notes:  # how it was read, when not as the tree is (said before the result line)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -324,6 +325,58 @@ def test_patched_tree_without_a_pristine_view_is_refused_naming_the_file(patches
         build_manifest(open_tree(site), ps)
     p = exc.value.problems[0]
     assert p.code == "tree_patched" and p.file.endswith(".sndr/journal.json") and "--verify" in (p.hint or ""), p
+
+
+# ----------------------------------------------------------------------------- output and input paths
+
+
+def test_build_out_never_writes_through_a_symlinked_directory(patches, pin_subtree, tmp_path, capsys):
+    """``manifest build --out DIR`` with DIR a symlink to a directory elsewhere wrote DIR/vllm-0.32.0.json there,
+    exit 0 (as did ``--out LINK.json`` to a directory): the final symlink check of the one writer saw only the
+    file name inside it. DIR is the path the user named, an output path like FILE.json: refused (output_refused,
+    exit 2, naming it and where it points), nothing written anywhere."""
+    site = pin_subtree([COORD, POOL])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("anchors", "anchors.json"):
+        link = tmp_path / name
+        link.symlink_to(elsewhere, target_is_directory=True)
+        capsys.readouterr()
+        assert _cli("build", "--tree", site, "--patches", patches, "--out", link) == 2
+        err = capsys.readouterr().err
+        assert f"{link}: --out: it is a symlink to {elsewhere}" in err and "(output_refused)" in err, err
+        assert list(elsewhere.iterdir()) == [] and link.is_symlink()
+    real = tmp_path / "real"
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", real) == 0  # made, and written into
+    assert load_manifest(real / f"vllm-{PIN}.json").vllm_version == PIN
+
+
+def test_build_refuses_what_it_cannot_write_before_it_builds(patches, pin_subtree, tmp_path, capsys, monkeypatch):
+    """The file ``--out DIR`` gets (DIR/vllm-<version>.json) was checked only when written, after the build: a
+    symlink or FIFO there was refused once the work was done; a FIFO named as --out read "an existing file that
+    is not .json" (usage). Each is output_refused now, naming the path and what it is, before the build runs."""
+    import sndr.manifest
+
+    site = pin_subtree([COORD, POOL])
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built although the output is refused")
+
+    monkeypatch.setattr(sndr.manifest, "build_manifest", no_build)
+    victim = tmp_path / "victim.json"
+    victim.write_text("kept\n")
+    out = tmp_path / "anchors"
+    out.mkdir()
+    (out / f"vllm-{PIN}.json").symlink_to(victim)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for dest, path, what in ((out, out / f"vllm-{PIN}.json", f"it is a symlink to {victim}"),
+                             (fifo, fifo, "it is a FIFO, not a directory")):
+        capsys.readouterr()
+        assert _cli("build", "--tree", site, "--patches", patches, "--out", dest) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: --out: {what}" in err and "(output_refused)" in err and "Traceback" not in err, err
+    assert victim.read_text() == "kept\n" and (out / f"vllm-{PIN}.json").is_symlink()
 
 
 # ----------------------------------------------------------------------------- fast path

@@ -15,8 +15,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed "
                                   "manifest)")
     b.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
-    b.add_argument("--out", type=Path, help="output directory (vllm-<version>.json is written into it), a "
-                                            "FILE.json, or - for stdout (default: the shipped anchors/)")
+    b.add_argument("--out", type=Path, help="output directory (vllm-<version>.json is written into it; made if "
+                                            "missing, never a symlink), a FILE.json, or - for stdout (default: "
+                                            "the shipped anchors/)")
     c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
     c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
     c.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")

@@ -286,6 +286,35 @@ def test_a_report_path_on_a_read_only_filesystem_is_refused_before_the_tree_is_t
         subprocess.run(["umount", str(ro)], capture_output=True)
 
 
+def test_manifest_out_on_a_read_only_filesystem_is_refused_before_the_build(tmp_path, pin_subtree, monkeypatch,
+                                                                              capsys):
+    """``manifest build --out RO`` (RO a read-only mount) built the manifest, then refused to write it;
+    ``--out RO/sub/new`` built it, then failed with "Read-only file system (os_error)". The directory --out names
+    is checked with the output now, before the build (output_refused, naming it)."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    import sndr.manifest
+
+    tree = pin_subtree(FILES)
+    pdir = _patches(tmp_path, _two_files())
+    ro = tmp_path / "ro"
+    (ro / "sub").mkdir(parents=True)
+    if not _bind_read_only(ro):
+        pytest.skip("cannot bind-mount read-only here")
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built although the output is refused")
+
+    monkeypatch.setattr(sndr.manifest, "build_manifest", no_build)
+    try:
+        for dest in (ro, ro / "sub" / "new", ro / "m.json"):
+            capsys.readouterr()
+            rc = sndr_main(["manifest", "build", "--tree", str(tree), "--patches", str(pdir), "--out", str(dest)])
+            _assert_clean_error(rc, capsys.readouterr().err, "(output_refused)", str(dest), "read-only", exit_code=2)
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
 def _bind_read_only(tree: Path) -> bool:
     if subprocess.run(["mount", "--bind", str(tree), str(tree)], capture_output=True).returncode:
         return False

@@ -328,6 +328,58 @@ def test_write_output_refuses_what_is_not_a_regular_file_of_ours(tmp_path, kind)
     assert _kind(target) == before and victim.read_text() == "secret\n"
 
 
+def test_write_output_into_a_named_directory_never_follows_a_link_there(tmp_path, monkeypatch):
+    """``manifest build --out DIR`` wrote DIR/vllm-<version>.json through DIR when DIR was a symlink to a directory
+    elsewhere: the writer checked the file's own name only. The directory the user named is an output path too
+    (``check_output(directory=True)``, ``write_output(named_dir=True)``): a symlink, FIFO or file there is refused,
+    naming it, and a link swapped in between that check and the write is not followed either (the file is written
+    through the directory opened O_NOFOLLOW)."""
+    from sndr import cli
+    from sndr.errors import SndrError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "out"
+    link.symlink_to(elsewhere)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    for where, said in ((link, f"it is a symlink to {elsewhere}"), (fifo, "it is a FIFO, not a directory"),
+                        (plain, "it is a regular file, not a directory")):
+        for named_dir in (False, True):  # the check before the work; the writer itself
+            with pytest.raises(SndrError) as info:
+                if named_dir:
+                    cli.write_output(where / "m.json", "{}\n", "--out", named_dir=True)
+                else:
+                    cli.check_output(where, "--out", directory=True)
+            p = info.value.problems[0]
+            assert (p.code, p.file, info.value.exit_code) == ("output_refused", str(where), 2), p
+            assert said in p.message, p
+    assert list(elsewhere.iterdir()) == [] and link.is_symlink() and plain.read_text() == "x"
+
+    real = tmp_path / "real"
+    real.mkdir()
+    makedirs = os.makedirs
+
+    def swap_then_makedirs(path, *args, **kwargs):  # after the checks, before the write: a link takes its place
+        if os.fspath(path) == str(real):
+            real.rename(tmp_path / "moved")
+            real.symlink_to(elsewhere)
+        return makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", swap_then_makedirs)
+    with pytest.raises(SndrError) as info:
+        cli.write_output(real / "m.json", "{}\n", "--out", named_dir=True)
+    assert info.value.problems[0].code == "output_refused" and "symlink" in info.value.problems[0].message
+    assert list(elsewhere.iterdir()) == [] and not [p for p in (tmp_path / "moved").iterdir()]
+    monkeypatch.undo()
+    for dest in (tmp_path / "moved" / "m.json", tmp_path / "new" / "sub" / "m.json"):  # a directory; a new one
+        cli.write_output(dest, "{}\n", "--out", named_dir=True)
+        assert dest.read_text() == "{}\n"
+        assert not [p for p in dest.parent.iterdir() if fsio.is_temp_name(p.name)]
+
+
 @ROOT_ONLY
 def test_symlink_of_another_uid_to_a_root_only_file_is_never_written(world):
     """Issue 33 MEDIUM 7: ``apply --json FILE --dry-run`` followed uid 65534's symlink and overwrote a
