@@ -198,6 +198,8 @@ CODES: dict[str, Code] = {
     "tree_patched": Code(_B, "a manifest needs a pristine tree: this one is patched by sndr and has no pristine view "
                              "(a pending journal, a stored copy missing, a file patched under another vLLM version)"),
     "tree_required": Code(_B, "--tree is required to pick one of several manifests"),
+    "anchors_not_a_dir": Code(_B, "manifest check --anchors names a file (or FIFO, device), not the directory of the "
+                                  "manifests (vllm-<version>.json)"),
     "bad_fail_on": Code(_B, "--fail-on names an unknown verdict"),
     "bad_config": Code(_B, "a config-drift watch file is malformed"),
     "bad_toml": Code(_B, "a TOML input is not valid"),

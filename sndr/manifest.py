@@ -376,6 +376,39 @@ def committed_manifests(anchors: Path) -> list[Path]:
     return sorted(anchors.glob("vllm-*.json")) if anchors.is_dir() else []
 
 
+def _check_anchors_dir(anchors: Path) -> None:
+    """``--anchors`` names the directory of the manifests (``vllm-<version>.json``): a missing one holds none
+    (``check`` says which are missing); anything else that is not a directory is refused, naming it."""
+    import stat
+
+    try:
+        mode = anchors.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise bad_input("anchors_not_a_dir", f"--anchors cannot be examined ({exc.strerror})", file=str(anchors),
+                        key="--anchors") from None
+    if stat.S_ISDIR(mode):
+        return
+    kind = "a file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+    if stat.S_ISREG(mode) and _manifest_version(anchors) is not None:
+        hint = f"--anchors {anchors.parent or '.'} (the directory that holds it)"
+    else:
+        hint = ("pass the directory that holds the manifests; a manifest is found there by its name, "
+                "vllm-<version>.json (python -m sndr manifest build --out DIR writes it so)")
+    raise bad_input("anchors_not_a_dir", f"--anchors is {kind}, not a directory: it names the directory that "
+                    "holds the manifests (vllm-<version>.json), not a manifest", file=str(anchors), key="--anchors",
+                    hint=hint)
+
+
+def _manifest_version(path: Path) -> str | None:
+    """The version a manifest's name ``vllm-<version>.json`` records, None for another name."""
+    name = path.name
+    if not (name.startswith("vllm-") and name.endswith(".json")) or len(name) <= len("vllm-.json"):
+        return None
+    return name[len("vllm-"):-len(".json")]
+
+
 def _pin_trees(anchors: Path, tree_spec: str | None) -> list[str]:
     """The trees to check: the one given, else the pin of every committed manifest."""
     if tree_spec:
@@ -406,6 +439,7 @@ def failing_edits(manifest: Manifest) -> list[tuple[str, str, str]]:
 
 def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tuple[int, list[str]]:
     """(exit code, lines). 1 when a committed manifest is stale or missing for a non-empty set."""
+    _check_anchors_dir(anchors)
     patch_set = load_patch_set(patches_dir)
     specs = _pin_trees(anchors, tree_spec)
     custom = anchors.resolve() != shipped_anchors_dir().resolve()

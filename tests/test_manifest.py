@@ -379,6 +379,30 @@ def test_build_refuses_what_it_cannot_write_before_it_builds(patches, pin_subtre
     assert victim.read_text() == "kept\n" and (out / f"vllm-{PIN}.json").is_symlink()
 
 
+def test_check_anchors_names_a_directory_and_a_manifest_file_is_refused(patches, pin_subtree, tmp_path, capsys):
+    """``check --anchors m.json`` (the file ``build --out m.json`` wrote) read it as a directory: "no manifest in
+    m.json ...; run: ... --out m.json" (exit 1), and with --tree "m.json/vllm-0.32.0.json: missing". --anchors
+    names the directory of the manifests (its --help and docs/format.md): a file, FIFO or device is refused,
+    naming it (anchors_not_a_dir, exit 2); for a vllm-<version>.json the hint is its directory."""
+    site = pin_subtree([COORD, POOL])
+    anchors = tmp_path / "anchors"
+    single = tmp_path / "m.json"
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", anchors) == 0
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", single) == 0
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind, hint in ((single, "a file", "found there by its name, vllm-<version>.json"),
+                             (anchors / f"vllm-{PIN}.json", "a file", f"hint: --anchors {anchors} "),
+                             (fifo, "a FIFO", "found there by its name")):
+        for tree in ((), ("--tree", site)):
+            capsys.readouterr()
+            assert _cli("check", *tree, "--patches", patches, "--anchors", path) == 2
+            err = capsys.readouterr().err
+            assert f"{path} [--anchors]: --anchors is {kind}, not a directory" in err, err
+            assert "(anchors_not_a_dir)" in err and hint in err, err
+    assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+
+
 # ----------------------------------------------------------------------------- fast path
 
 

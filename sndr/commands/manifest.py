@@ -21,7 +21,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
     c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
     c.add_argument("--patches", type=Path, help="patch directory (default: the shipped set)")
-    c.add_argument("--anchors", type=Path, help="manifest directory (default: the shipped anchors/)")
+    c.add_argument("--anchors", type=Path, help="the directory that holds the manifests, each named "
+                                                "vllm-<version>.json (a manifest file itself is refused; default: "
+                                                "the shipped anchors/)")
 
 
 def run(args: argparse.Namespace) -> int:
