@@ -173,7 +173,8 @@ def _header_of(loc: tuple, name: str) -> str:
     return "[[" + ".".join([str(p) for p in loc if not isinstance(p, int)] + [name]) + "]]"
 
 
-def _loc_str(loc: tuple) -> str:
+def loc_str(loc: tuple) -> str:
+    """A pydantic error location as a dotted path with indices: ``files[0].edits[1].anchor``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -331,7 +332,7 @@ def parse_patch(text: str, source: str) -> Patch:
             elif msg.startswith("Value error, "):
                 msg = msg[len("Value error, "):]
             problems.append(Problem("bad_patch", msg, file=source, line=key_line(text, loc),
-                                    key=_loc_str(loc) or None))
+                                    key=loc_str(loc) or None))
         raise SndrError(problems) from None
     _confine(patch, text, source)
     return patch
@@ -536,7 +537,7 @@ def _code_outside(patch: Patch, source: str) -> list[Problem]:
         text = ""
     return [Problem("module_outside", f"module {mod} is outside {' and '.join(allowed)}: no vLLM process would run "
                     f"its code (the startup hook refuses it)", file=source, line=key_line(text, loc) if text else None,
-                    key=_loc_str(loc), patch=patch.id, hint="runtime code lives in sndr or in the plugin pack that "
+                    key=loc_str(loc), patch=patch.id, hint="runtime code lives in sndr or in the plugin pack that "
                     "ships the patch") for loc, mod in bad]
 
 

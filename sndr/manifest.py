@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import EXIT_FINDINGS, EXIT_OK, bad_input
-from .load import PatchSet, load_patch_set, shipped_anchors_dir
+from .load import PatchSet, load_patch_set, loc_str, shipped_anchors_dir
 from .model import Patch, Verdict
 from .tree import DirTree, Tree, open_tree
 
@@ -262,14 +262,47 @@ def trusted_offsets(manifest: Manifest, patch_set: PatchSet, file_sha256: dict[s
 # ----------------------------------------------------------------------------- compare
 
 
+#: A manifest sndr writes is ~60 KB for the shipped set; one over this is not one of them.
+MAX_MANIFEST_BYTES = 64 * 2**20
+
+
 def load_manifest(path: Path) -> Manifest:
+    return _read_manifest(path)[1]
+
+
+def _read_manifest(path: Path) -> tuple[bytes, Manifest]:
+    """The bytes of the manifest ``path`` and the manifest they hold. Read as every input file is (a FIFO, a
+    device or a directory refused without blocking, a size bound, strict UTF-8); a bad one names the file and
+    the line (malformed JSON) or the field (a manifest that does not match the schema)."""
+    from pydantic import ValidationError
+
+    from .fsio import FileProblem, decode_strict, read_regular
+
+    hint = "regenerate it with python -m sndr manifest build"
     try:
-        return Manifest.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        raise bad_input("manifest_missing", "manifest does not exist", file=str(path)) from None
-    except ValueError as exc:
-        raise bad_input("manifest_corrupt", f"not a valid manifest: {str(exc).splitlines()[0]}", file=str(path),
-                        hint="regenerate it with python -m sndr manifest build") from None
+        raw = read_regular(path, MAX_MANIFEST_BYTES, "the manifest")
+        text = decode_strict(raw, path, "the manifest")
+    except FileProblem as exc:
+        if exc.code == "not_found" and path.is_symlink():  # dangling: say where it points
+            raise bad_input("manifest_missing", f"the manifest is a symlink to {os.readlink(path)}, which does not "
+                            "exist", file=str(path)) from None
+        code = "manifest_missing" if exc.code == "not_found" else exc.code
+        raise bad_input(code, exc.message, file=exc.path, line=exc.line) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad_input("manifest_corrupt", f"not a valid manifest: malformed JSON ({exc.msg}, column {exc.colno})",
+                        file=str(path), line=exc.lineno, hint=hint) from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit integer, nesting too deep
+        raise bad_input("manifest_corrupt", f"not a valid manifest: unusable JSON ({str(exc).split(';')[0]})",
+                        file=str(path), hint=hint) from None
+    try:
+        return raw, Manifest.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()  # every one named, with its place (patches[3].edits[0].verdict), never "(+N more)"
+        where = "; ".join(f"{loc_str(e['loc']) or '(top level)'}: {e['msg']}" for e in errors)
+        raise bad_input("manifest_corrupt", f"not a valid manifest ({len(errors)} error(s)): {where}",
+                        file=str(path), hint=hint) from None
 
 
 def _edit_key(e: ManifestEdit) -> dict:
@@ -409,11 +442,25 @@ def _manifest_version(path: Path) -> str | None:
     return name[len("vllm-"):-len(".json")]
 
 
-def _pin_trees(anchors: Path, tree_spec: str | None) -> list[str]:
-    """The trees to check: the one given, else the pin of every committed manifest."""
-    if tree_spec:
+def pin_trees(anchors: Path, tree_spec: str | None, flag: str = "--anchors") -> list[str]:
+    """The trees to check: the one given, else the pin of every committed manifest (named by its file name,
+    which must hold a PEP 440 version: the file is named when it does not)."""
+    if tree_spec is not None:  # '' too: open_tree refuses it (bad_tree_spec), never the default pin instead
         return [tree_spec]
-    return [f"vllm=={p.name[len('vllm-'):-len('.json')]}" for p in committed_manifests(anchors)]
+    from packaging.version import InvalidVersion, Version
+
+    specs = []
+    for path in committed_manifests(anchors):
+        version = _manifest_version(path) or ""
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise bad_input("bad_version", f"{version!r} in this manifest's name is not a PEP 440 version: a "
+                            "manifest is named vllm-<version>.json, and its version is the pin checked",
+                            file=str(path), key=flag,
+                            hint="rename or remove it, or pass --tree to name the tree") from None
+        specs.append(f"vllm=={version}")
+    return specs
 
 
 def build_command(tree_spec: str, patches_dir: Path | str | None = None, out: Path | str | None = None) -> str:
@@ -441,7 +488,7 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
     """(exit code, lines). 1 when a committed manifest is stale or missing for a non-empty set."""
     _check_anchors_dir(anchors)
     patch_set = load_patch_set(patches_dir)
-    specs = _pin_trees(anchors, tree_spec)
+    specs = pin_trees(anchors, tree_spec)
     custom = anchors.resolve() != shipped_anchors_dir().resolve()
     if not specs:
         if not patch_set.patches:
@@ -450,13 +497,13 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
                                f"run: {build_command('vllm==<pin>', patches_dir, anchors if custom else None)}"]
     code, lines = EXIT_OK, []
     for spec in specs:
-        with open_tree(spec) as tree:
+        with _open_pin(spec, anchors, tree_spec is None) as tree:
             path = anchors / manifest_name(tree.version)
-            if not path.exists():
+            if not path.exists() and not path.is_symlink():
                 code = EXIT_FINDINGS
                 lines.append(f"{path}: missing; run: {build_command(spec, patches_dir, path if custom else None)}")
                 continue
-            committed = load_manifest(path)
+            raw, committed = _read_manifest(path)
             notes: list[str] = []
             fresh = build_manifest(tree, patch_set, notes)
             lines.extend(f"note: {n}" for n in notes)
@@ -464,8 +511,8 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
         if failing:  # up to date or not, a manifest that records a broken required edit is a finding (as build)
             code = EXIT_FINDINGS
             lines.extend(f"  {pid}.{name}: {verdict} on vllm {fresh.vllm_version}" for pid, name, verdict in failing)
-        if path.read_bytes() == fresh.to_json().encode("utf-8"):
-            lines.append(f"{path}: up to date ({len(fresh.patches)} patches, vllm {fresh.vllm_version})"
+        if raw == fresh.to_json().encode("utf-8"):
+            lines.append(f"{path}: up to date ({counts(fresh)}; vllm {fresh.vllm_version})"
                          + (f"; {len(failing)} required edit(s) do not apply, listed above" if failing else ""))
             continue
         code = EXIT_FINDINGS
@@ -474,76 +521,35 @@ def check(tree_spec: str | None, patches_dir: Path | None, anchors: Path) -> tup
     return code, lines
 
 
-# ----------------------------------------------------------------------------- CLI
+def _open_pin(spec: str, anchors: Path, from_name: bool) -> Tree:
+    """``open_tree(spec)``; a pin read from a manifest's name says so when it cannot be opened."""
+    from dataclasses import replace
 
-
-def _build_cmd(args) -> int:
-    out = args.out or shipped_anchors_dir()
-    to_stdout = str(out) == "-"  # '-' is stdout, as for every output (sndr.cli.write_output)
-    from .env import refuse_shipped_write
-
-    if not to_stdout:
-        refuse_shipped_write(out, flag="--out DIR")  # never into an installed sndr's shipped anchors
-    from .cli import check_output
-
-    to_file = to_stdout or out_is_file(out)  # refuses an --out that is neither a directory nor a .json file
-    if not to_stdout:
-        # before any work: a FILE.json or the DIR it goes into, never a symlink, FIFO, device or read-only place
-        check_output(out, "--out", directory=not to_file)
-    spec = args.tree
-    if spec is None:
-        pins = _pin_trees(shipped_anchors_dir() if to_stdout else out.parent if to_file else out, None)
-        if len(pins) != 1:
-            raise bad_input("tree_required", f"--tree is required ({len(pins)} manifests in {out})", key="--tree",
-                            hint="e.g. --tree vllm==0.32.0")
-        spec = pins[0]
-    patch_set = load_patch_set(args.patches)
-    notes: list[str] = []
-    with open_tree(spec) as tree:
-        if not to_file:  # the file's name is known now: what is there must be replaceable before the build
-            check_output(out / manifest_name(tree.version), "--out")
-        manifest = build_manifest(tree, patch_set, notes)
-    path = write_manifest(manifest, out)
-    for line in notes:  # how it was read, when not as the tree is (said before the result line)
-        print(f"note: {line}", file=sys.stderr if to_stdout else sys.stdout)
-    failing = failing_edits(manifest)
-    print(f"wrote {'stdout' if to_stdout else path} ({len(manifest.patches)} patches, vllm {manifest.vllm_version}, "
-          f"tree {manifest.tree_digest[:12]})", file=sys.stderr if to_stdout else sys.stdout)
-    pin = _pin_version(patch_set)
-    on = "on the pin" if _same_release(manifest.vllm_version, pin) else \
-        f"on vllm {manifest.vllm_version} (a target tree, not the pin {pin})"
-    for pid, name, verdict in failing:
-        print(f"  {pid}.{name}: {verdict} {on}", file=sys.stderr)
-    return EXIT_FINDINGS if failing else EXIT_OK
-
-
-def _pin_version(patch_set: PatchSet) -> str:
-    """The pin the patch set is validated on: its pin record's version, else sndr's pinned vLLM."""
-    from .pinrecord import pin_version
-
-    return pin_version(patch_set.directory or None)[0]
-
-
-def _same_release(a: str, b: str) -> bool:
-    from packaging.version import InvalidVersion, Version
+    from .errors import SndrError
 
     try:
-        return Version(a).public == Version(b).public
-    except InvalidVersion:
-        return a == b
+        return open_tree(spec)
+    except SndrError as exc:
+        if not from_name:
+            raise
+        path = anchors / manifest_name(spec[len("vllm=="):])
+        why = f"{spec} is the pin named by {path}; pass --tree to check another tree"
+        raise SndrError([replace(exc.problems[0], hint=f"{exc.problems[0].hint}; {why}" if exc.problems[0].hint
+                                 else why), *exc.problems[1:]], exc.exit_code) from None
 
 
-def run_manifest(args) -> int:
-    """``sndr manifest build|check`` (its options: :mod:`sndr.commands.manifest`)."""
-    if args.cmd == "build":
-        return _build_cmd(args)
-    code, lines = check(args.tree, args.patches, args.anchors or shipped_anchors_dir())
-    print("\n".join(lines), file=sys.stdout if code == EXIT_OK else sys.stderr)
-    return code
+def counts(manifest: Manifest) -> str:
+    """``36 patches: 10 applies, 23 merged, 2 gated, 1 failed``: what the set does on the tree, not its size only
+    (a tree outside every patch's version range reads ``36 gated``, not as if 36 patches applied)."""
+    from collections import Counter
+
+    by = Counter(p.status for p in manifest.patches)
+    return f"{len(manifest.patches)} patches" + (": " + ", ".join(f"{n} {s}" for s, n in sorted(by.items()))
+                                                 if by else "")
 
 
 __all__ = [
     "Manifest", "ManifestEdit", "ManifestPatch", "ManifestFile", "ManifestLocation",
-    "build_manifest", "check", "run_manifest", "diff_manifests", "load_manifest", "manifest_schema",
-    "trusted_offsets", "write_manifest",
+    "build_manifest", "check", "counts", "diff_manifests", "failing_edits", "load_manifest", "manifest_schema",
+    "out_is_file", "pin_trees", "trusted_offsets", "write_manifest",
 ]

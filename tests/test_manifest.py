@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -401,6 +403,108 @@ def test_check_anchors_names_a_directory_and_a_manifest_file_is_refused(patches,
             assert f"{path} [--anchors]: --anchors is {kind}, not a directory" in err, err
             assert "(anchors_not_a_dir)" in err and hint in err, err
     assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+
+
+def test_check_names_what_is_wrong_with_a_manifest(patches, pin_subtree, tmp_path, capsys):
+    """A bad manifest read "not a valid manifest: 1 validation error for Manifest" (no line, no field) for
+    malformed JSON, a wrong field and non-UTF-8 bytes alike, and a directory in its place "Is a directory
+    (os_error)". Each names the file and the line, the field or what it is now."""
+    site = pin_subtree([COORD, POOL])
+    anchors = tmp_path / "anchors"
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", anchors) == 0
+    path = anchors / f"vllm-{PIN}.json"
+    good = json.loads(path.read_text())
+    wrong = json.loads(path.read_text())
+    wrong["patches"][1]["edits"][0]["verdict"] = "bogus"
+    cases = [
+        ('{\n  "format": 1,\n  oops\n}\n', f"{path}:3: not a valid manifest: malformed JSON", "manifest_corrupt"),
+        (json.dumps(wrong), f"{path}: not a valid manifest (1 error(s)): patches[1].edits[0].verdict: Input should "
+                            "be", "manifest_corrupt"),
+        ('{"format": 1}', "vllm_version: Field required; tree_digest: Field required", "manifest_corrupt"),
+        (b'{\n"tool": "\xff"}', f"{path}:2: the manifest is not UTF-8", "not_utf8"),
+        (None, f"{path}: the manifest is a directory", "not_regular"),
+    ]
+    for content, said, code in cases:
+        path.unlink() if path.is_file() else path.rmdir()
+        if content is None:
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        capsys.readouterr()
+        assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 2
+        err = capsys.readouterr().err
+        assert said in err and f"({code})" in err and "Traceback" not in err, err
+    path.rmdir()
+    path.write_text(json.dumps(good, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+
+
+def test_check_never_hangs_on_a_fifo_manifest(patches, pin_subtree, tmp_path):
+    """A FIFO named vllm-0.32.0.json in --anchors hung ``manifest check`` for ever (read_bytes on a FIFO waits
+    for a writer). It is read as every input is now (sndr.fsio.read_regular): refused, naming it, exit 2."""
+    site = pin_subtree([COORD, POOL])
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    os.mkfifo(anchors / f"vllm-{PIN}.json")
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "sndr", "manifest", "check", "--patches", str(patches),
+                           "--anchors", str(anchors), "--tree", str(site)], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{anchors / f'vllm-{PIN}.json'}: the manifest is not a regular file" in proc.stderr, proc.stderr
+    assert "(not_regular)" in proc.stderr
+
+
+def test_check_names_the_manifest_whose_name_gives_the_pin(patches, tmp_path, capsys, monkeypatch):
+    """Without --tree the pin is read from each manifest's name: ``vllm-foo.json`` said "'foo' is not a PEP 440
+    version", and an unopenable pin "vllm==0.99.0 is not in the cache", neither naming the file they came from."""
+    anchors = tmp_path / "anchors"
+    anchors.mkdir()
+    odd = anchors / "vllm-foo.json"
+    odd.write_text("{}")
+    capsys.readouterr()
+    assert _cli("check", "--patches", patches, "--anchors", anchors) == 2
+    err = capsys.readouterr().err
+    assert f"{odd} [--anchors]: 'foo' in this manifest's name is not a PEP 440 version" in err, err
+    odd.unlink()
+    (anchors / "vllm-0.99.0.json").write_text("{}")
+    monkeypatch.setenv("SNDR_OFFLINE", "1")
+    assert _cli("check", "--patches", patches, "--anchors", anchors) == 2
+    err = capsys.readouterr().err
+    assert "(offline)" in err and f"vllm==0.99.0 is the pin named by {anchors / 'vllm-0.99.0.json'}" in err, err
+
+
+def test_an_empty_path_or_tree_is_refused_never_the_working_directory_or_the_default(patches, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """An unset variable (``--tree "$TREE"``): ``check --tree ""`` checked the shipped manifest's pin instead and
+    said "up to date" (exit 0); ``--anchors ""`` and ``--patches ""`` read the working directory (``Path("")``),
+    and ``build --out ""`` wrote vllm-0.32.0.json into it. Each is refused now (exit 2), nothing written."""
+    monkeypatch.chdir(tmp_path)
+    for argv, said in ((["check", "--tree", ""], "empty tree spec (bad_tree_spec)"),
+                       (["check", "--anchors", ""], "argument --anchors: an empty path names nothing"),
+                       (["check", "--patches", ""], "argument --patches: an empty path names nothing"),
+                       (["build", "--tree", f"vllm=={PIN}", "--patches", str(patches), "--out", ""],
+                        "argument --out: an empty path names nothing")):
+        capsys.readouterr()
+        assert _cli(*argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "up to date" not in err, err
+    assert list(tmp_path.iterdir()) == [patches]
+
+
+def test_build_and_check_say_what_the_set_does_on_the_tree(patches, pin_subtree, tmp_path, capsys):
+    """"wrote ... (3 patches, vllm 0.32.0 ...)" read the same for a tree where every patch applies and one
+    outside every patch's version range (0.10.0 with the shipped set: 36 gated, exit 0). The line counts the
+    patches by status."""
+    site = pin_subtree([COORD, POOL])
+    anchors = tmp_path / "anchors"
+    capsys.readouterr()
+    assert _cli("build", "--tree", site, "--patches", patches, "--out", anchors) == 0
+    assert f"(3 patches: 2 applies, 1 gated; vllm {PIN}, tree " in capsys.readouterr().out
+    assert _cli("check", "--tree", site, "--patches", patches, "--anchors", anchors) == 0
+    assert f"up to date (3 patches: 2 applies, 1 gated; vllm {PIN})" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- fast path
