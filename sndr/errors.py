@@ -207,6 +207,10 @@ CODES: dict[str, Code] = {
     "config_unreadable": Code(_B, "a config-drift watch file cannot be read"),
     "bad_via": Code(_B, "--via names no release, or a release not strictly between the pin and the candidate"),
     "via_unavailable": Code(_B, "--via auto cannot list the releases in between (offline, or the index has none)"),
+    "same_tree": Code(_B, "preflight: the pin and the candidate are the same tree (one version, the same files): "
+                          "every patch would trivially still apply, which proves nothing about a bump"),
+    "same_version": Code(_B, "preflight: the pin and the candidate are one vLLM version with other files (two builds of "
+                             "one release, not a bump); a warning on stderr and in the report's warnings: it runs"),
     "stdout_conflict": Code(_B, "two outputs of one command were both sent to stdout"),
     "output_refused": Code(_B, "an output path is a symlink, FIFO, device, directory or another user's file, or its "
                                "directory takes no new file (an --out DIR: a symlink or not a directory)"),

@@ -33,7 +33,9 @@ def _parse_fail_on(values: list[str] | None) -> list[str]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--patches", metavar="DIR", help="patch directory (default: the shipped set)")
     ap.add_argument("--pin", required=True, metavar="TREE", help="dir, wheel, vllm==X, git:REPO@REV or installed")
-    ap.add_argument("--candidate", required=True, metavar="TREE")
+    ap.add_argument("--candidate", required=True, metavar="TREE",
+                    help="the vLLM to move to, in the same forms; the pin's own tree is refused (same_tree, exit 2), "
+                         "the pin's version with other files runs with a warning (same_version)")
     add_json_option(ap, "the preflight report")
     ap.add_argument("--markdown", metavar="OUT", help="write the Markdown report ('-' for stdout)")
     ap.add_argument("--sarif", metavar="OUT", help="write SARIF 2.1.0 ('-' for stdout)")
@@ -113,6 +115,10 @@ def _body(args: argparse.Namespace) -> int:
                            config=not args.no_config, watch=args.watch, check_compile=args.check_compile,
                            enable_all=args.enable_all, fail_on=fail_on, via=via)
     elapsed = time.perf_counter() - t0
+    from ..stderr import say
+
+    for w in report.warnings:  # stderr, whatever owns stdout: a --json - document stays the only thing there
+        say(f"preflight: warning: {w.render()}")
     if args.json:
         write_output(args.json, report.model_dump_json(indent=2) + "\n", "--json")
     if args.markdown:

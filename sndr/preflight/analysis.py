@@ -36,7 +36,7 @@ from .models import (
     PreflightReport,
     SuggestionModel,
 )
-from .snapshot import Snapshot, changed_files
+from .snapshot import Snapshot, changed_files, same_release
 from .suggest import Relocator
 
 # ============================================================================ the preflight
@@ -79,6 +79,7 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
     cand_s = candidate if isinstance(candidate, Snapshot) else Snapshot(open_tree(candidate))
     pin_s.load_all()
     cand_s.load_all()
+    warnings = same_release(pin_s, cand_s)  # the same tree twice is refused here, before any planning
     pin_version, cand_version = pin_s.version, cand_s.version
 
     pin_plan = build_plan(patch_set, pin_s.read_text, pin_version, environ=environ, only=only,
@@ -110,6 +111,7 @@ def run_preflight(patch_set: PatchSet, pin, candidate, *, environ=None, only: li
         pin=pin_s.info(), candidate=cand_s.info(),
         patch_set=PatchSetInfo(directory=str(patch_set.directory) if patch_set.directory else None,
                                patches=len(patch_set.patches), digest=patch_set.digest()),
+        warnings=warnings,
     )
     for cr in cand_plan.patches:
         report.patches.append(_patch_entry(ctx, pin_by[cr.id], cr))

@@ -120,10 +120,11 @@ def _gh_escape(text: str, prop: bool = False) -> str:
 
 
 def github_annotations(report: PreflightReport) -> list[str]:
-    """GitHub workflow commands (``::error file=...,line=...::msg``), one per finding."""
+    """GitHub workflow commands (``::error file=...,line=...::msg``), one per finding, after one ``::warning``
+    per warning of the run (``same_version``)."""
     level = {"error": "error", "warning": "warning", "note": "notice"}
     sources = {p.id: p.source for p in report.patches}
-    out = []
+    out = [f"::warning title={_gh_escape('sndr ' + w.code, True)}::{_gh_escape(w.message)}" for w in report.warnings]
     for rule, r, msg in _findings_for_annotation(report):
         src = sources.get(r.patch) or r.patch
         props = f"file={_gh_escape(src, True)},line={_toml_line(src, r.name)},title={_gh_escape('sndr ' + rule, True)}"

@@ -242,5 +242,9 @@ class PreflightReport(_Model):
     config: ConfigDrift | None = Field(default=None, description="configuration drift (dependencies, env defaults, "
                                        "engine args, runtime targets), unless --no-config")
     problems: list[Problem] = Field(default_factory=list)
+    warnings: list[Problem] = Field(
+        default_factory=list, description="what the run is not, said on stderr too: same_version (pin and candidate "
+                                          "are two builds of one vLLM version, not a bump). The same tree as both is "
+                                          "refused (same_tree, exit 2)")
 
 

@@ -130,6 +130,7 @@ def render_markdown(report: PreflightReport, patch_set: PatchSet | None = None) 
     out.append(f"- candidate: `{report.candidate.spec}` (vllm {report.candidate.version}, "
                f"tree {report.candidate.tree_digest[:12]})")
     out.append(f"- patch set: {report.patch_set.patches} patches ({report.patch_set.digest[:12]}), {s.edits} edits")
+    out += [f"- **warning**: {_md_cell(w.message, 600)} ({w.code})" for w in report.warnings]
     fail = [k for k in s.fail_on if k != "none"]
     out.append(f"- result: exit {s.exit_code} (fail on {', '.join(fail) or 'nothing'}): "
                + findings_in_words(s.findings, report.config))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import SndrError
+from ..errors import Problem, SndrError
 from ..state import LEDGER, STATE_DIR
 from .models import TreeInfo
 
@@ -113,3 +113,47 @@ def changed_files(pin: Snapshot, cand: Snapshot) -> tuple[list[str], list[str]]:
     return changed, gone
 
 
+def same_release(pin: Snapshot, cand: Snapshot) -> list[Problem]:
+    """Pin and candidate that are one release: the same tree (``same_tree``, raised: exit 2) or the same version
+    with other bytes (``same_version``, returned: the report's warnings, said on stderr).
+
+    The same tree, compared with itself, finds every patch still applying: a green preflight that proves nothing
+    about a bump (a CI job whose candidate fell back to the pin reads "Bump clear"), so it stops before planning.
+    Two builds of one version are a real comparison, but not a bump: the patches' ``vllm`` ranges read alike on
+    both, so no gate can change.
+    """
+    if not _same_version(pin.version, cand.version):
+        return []
+    both = f"the pin ({pin.spec}) and the candidate ({cand.spec}) are both vLLM {cand.version}"
+    if pin.digest == cand.digest:
+        raise SndrError(Problem(
+            "same_tree", f"{both} with the same files (tree digest {cand.digest[:12]}, {len(cand.files())} files): "
+            "a tree compared with itself finds every patch still applying, which says nothing about a bump",
+            key="--candidate", hint="pass the vLLM you are moving to as --candidate; to check the patch set on this "
+            f"one tree, run `python -m sndr apply --dry-run --tree {_dry_run_spec(pin)}`"))
+    changed, gone = changed_files(pin, cand)
+    on_pin = set(pin.files())
+    parts = [f"{len(rels)} file{'s' if len(rels) != 1 else ''} {what} ({_names(rels)})" for what, rels in
+             (("changed", [r for r in changed if r in on_pin]),
+              ("only on the candidate", [r for r in changed if r not in on_pin]), ("only on the pin", gone)) if rels]
+    return [Problem("same_version", f"{both}, with other files (tree digest {pin.digest[:12]} -> "
+                    f"{cand.digest[:12]}; {', '.join(parts)}): this compares two builds of one release, not a bump, "
+                    "and the patches' vllm ranges read alike on both", key="--candidate")]
+
+
+def _same_version(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a.strip() == b.strip()
+
+
+def _dry_run_spec(snap: Snapshot) -> str:
+    """A --tree that ``apply --dry-run`` reads for this tree: its own spec, or (a wheel, a git revision) its release."""
+    return f"vllm=={snap.version}" if snap.kind in ("wheel", "git") else snap.spec
+
+
+def _names(rels: list[str], limit: int = 10) -> str:
+    return ", ".join(rels[:limit]) + (f" and {len(rels) - limit} more" if len(rels) > limit else "")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sndr.__main__ import main as sndr_main
+from sndr.errors import SndrError
 from sndr.load import load_patch_set
 from sndr.model import Verdict
 from sndr.preflight.analysis import exit_code, run_preflight
@@ -459,6 +460,68 @@ name = "x"\nanchor = '''\n    x = 1\n'''\nreplacement = '''\n    x = 1  # local\
     assert report.pin.tree_digest == pristine_digest  # the ledger's pristine bytes, not the patched ones
     e = report.patches[0].edits[0]
     assert (e.pin_verdict, e.verdict) == (Verdict.APPLIES, Verdict.APPLIES)
+
+
+_L1 = """id = "L1"\ntitle = "local"\n[[files]]\npath = "vllm/a.py"\n[[files.edits]]
+name = "x"\nanchor = '''\n    x = 1\n'''\nreplacement = '''\n    x = 1  # local\n'''\n"""
+
+
+def test_the_same_tree_as_pin_and_candidate_is_refused_before_planning(tmp_path, capsys):
+    """`--candidate` equal to `--pin` (a CI job whose candidate fell back to the pin) ran as a bump: "Bump clear",
+    exit 0, every patch "still applies", and not a word that nothing was compared. It is bad input now
+    (same_tree, exit 2): by spec, by a byte-identical copy elsewhere, and by a patched pin read through its
+    ledger; --json - holds the error document and nothing else."""
+    from sndr.apply import run_apply
+
+    text = "def f():\n    x = 1\n    return x\n"
+    pin = _tree(tmp_path / "pin", "1.0.0", {"vllm/a.py": text})
+    copy = _tree(tmp_path / "copy", "1.0.0", {"vllm/a.py": text})
+    _patch(tmp_path / "p", "L1", _L1)
+    args = ["preflight", "--patches", str(tmp_path / "p"), "--no-config"]
+    assert sndr_main([*args, "--pin", str(pin), "--candidate", str(pin), "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    doc = json.loads(out)  # one document, nothing else on stdout
+    assert doc["ok"] is False and doc["exit_code"] == 2 and [p["code"] for p in doc["problems"]] == ["same_tree"]
+    assert "are both vLLM 1.0.0 with the same files" in err and "(same_tree)" in err, err
+    assert f"apply --dry-run --tree {pin}" in err  # the command that checks a set on one tree
+    assert sndr_main([*args, "--pin", str(pin), "--candidate", str(copy), "-q"]) == 2  # same bytes, another path
+    assert "(same_tree)" in capsys.readouterr().err
+    assert run_apply(pin, load_patch_set(tmp_path / "p", packs=False)).ok  # the pin patched: read through its ledger
+    with pytest.raises(SndrError) as exc:
+        run_preflight(load_patch_set(tmp_path / "p", packs=False), pin, copy, config=False)
+    assert exc.value.problems[0].code == "same_tree" and exc.value.exit_code == 2
+    # The wrapper CI runs, exactly as the defect was found: exit 2, nothing on stdout.
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bump_preflight.py"), "--patches",
+                           str(tmp_path / "p"), "--pin", str(copy), "--candidate", str(copy)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "" and "(same_tree)" in proc.stderr, proc
+
+
+def test_one_version_with_other_files_runs_with_a_warning(tmp_path, capsys):
+    """Two builds of one version (a local tree against its release) are a real comparison, but not a bump: it
+    runs, and says so on stderr, in --json's warnings (stdout stays one JSON document), in the Markdown and as a
+    GitHub ::warning. A real bump has no warning."""
+    text = "def f():\n    x = 1\n    return x\n"
+    pin = _tree(tmp_path / "pin", "1.0.0", {"vllm/a.py": text, "vllm/b.py": "B = 1\n"})
+    build = _tree(tmp_path / "build", "1.0.0", {"vllm/a.py": text + "# local build\n", "vllm/c.py": "C = 1\n"})
+    _patch(tmp_path / "p", "L1", _L1)
+    md = tmp_path / "r.md"
+    assert sndr_main(["preflight", "--patches", str(tmp_path / "p"), "--no-config", "--pin", str(pin),
+                      "--candidate", str(build), "--json", "-", "--markdown", str(md)]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    [w] = doc["warnings"]
+    assert w["code"] == "same_version" and w["key"] == "--candidate"
+    for words in ("are both vLLM 1.0.0, with other files", "1 file changed (vllm/a.py)",
+                  "1 file only on the candidate (vllm/c.py)", "1 file only on the pin (vllm/b.py)", "not a bump"):
+        assert words in w["message"], w["message"]
+    assert f"sndr: preflight: warning: [--candidate]: {w['message']} (same_version)" in err, err
+    assert doc["summary"]["transitions"] == {"applies->applies": 1}  # it ran: the edit was compared
+    assert f"- **warning**: {w['message']} (same_version)" in md.read_text()
+    report = PreflightReport.model_validate(doc)
+    assert github_annotations(report)[0].startswith("::warning title=sndr same_version::the pin (")
+    bump = _tree(tmp_path / "bump", "1.1.0", {"vllm/a.py": text})
+    assert run_preflight(load_patch_set(tmp_path / "p", packs=False), pin, bump, config=False).warnings == []
 
 
 # ---------------------------------------------------------------------------- confidence and --via (issue 20)
