@@ -1485,8 +1485,19 @@ def _restore(p: Path, now: bytes | None, want: bytes | None):
 # ----------------------------------------------------------------------------- ledger salvage
 
 
-def salvage_ledger(root: Path | str) -> str | None:
-    """Put back the last ledger sndr wrote that matches the tree; returns its sha256, or None.
+@dataclass(frozen=True)
+class Salvage:
+    """What :func:`salvage_ledger` did: the ledger it put back (``sha``), or the reason code why none
+    (``problem``: ``nothing_to_salvage`` or ``no_ledger_matches``, with their exit status in CODES), and every
+    stored ledger it examined that does not describe the tree (``rejected``: sha256, the first file that differs)."""
+
+    sha: str | None
+    problem: Problem | None = None
+    rejected: tuple[tuple[str, str], ...] = ()
+
+
+def salvage_ledger(root: Path | str) -> Salvage:
+    """Put back the last ledger sndr wrote that matches the tree, or say why none was.
 
     Every ledger sndr writes is also kept in ``.sndr/objects``. A candidate
     must be what :func:`sndr.state.check_ledger` accepts (shape and checksum: what every ledger
@@ -1494,17 +1505,21 @@ def salvage_ledger(root: Path | str) -> str | None:
     file it names holds its patched bytes. Of several, the one naming the most
     files wins (a later set over an earlier subset). Runs under the lock; a tree with no ``.sndr/`` (sndr
     never wrote there) has nothing to put back and is left as it is (the lock would create the directory).
+    When none matches, the tree's own ledger, read under the same lock, decides the reason: none (a reverted
+    tree) or one that reads (nothing to repair) is ``nothing_to_salvage``; one that does not read is
+    ``no_ledger_matches`` (the state cannot be repaired from what sndr kept).
     """
     tree = TreeRoot(root)
     if tree.state_fd() is None:
-        return None
+        return Salvage(None, Problem(
+            "nothing_to_salvage", f"nothing to salvage in {tree.root}: it has no {STATE_DIR}/ (sndr never applied "
+            "there, so no ledger is kept to put back); the tree is untouched"))
     with tree.lock():
         recover(tree)
         ofd = tree.objects_fd()
-        if ofd is None:
-            return None
         best: tuple[int, str, bytes] | None = None
-        for name in sorted(os.listdir(ofd)):
+        rejected: list[tuple[str, str]] = []
+        for name in sorted(os.listdir(ofd)) if ofd is not None else []:
             if not _SHA.match(name):
                 continue
             try:
@@ -1522,23 +1537,46 @@ def salvage_ledger(root: Path | str) -> str | None:
             files = candidate["files"] if candidate is not None else None
             if not files:
                 continue
-            ok = True
+            differs = None
             for rel, entry in files.items():
                 try:
                     now = tree.read_bytes(rel)
                 except SndrError:
-                    ok = False
+                    differs = rel
                     break
                 if now is None or sha256_bytes(now) != entry["patched_sha256"]:
-                    ok = False
+                    differs = rel
                     break
-            if ok and (best is None or len(files) > best[0]):
+            if differs is not None:
+                rejected.append((name, differs))
+            elif best is None or len(files) > best[0]:
                 best = (len(files), name, raw)
         if best is None:
-            return None
+            return Salvage(None, _no_match(tree, statemod.read_ledger_at(tree.open_state_fd(), tree.root), rejected),
+                           tuple(rejected))
         tree.write_state(LEDGER, best[2])
         tree.fsync_state()
-        return best[1]
+        return Salvage(best[1], None, tuple(rejected))
+
+
+def _no_match(tree: TreeRoot, own: statemod.LedgerState, rejected: list[tuple[str, str]]) -> Problem:
+    """Why no stored ledger was put back, by the tree's own ledger (``own``, read under the salvage's lock)."""
+    kept = (f"none of the {len(rejected)} ledger{'s' if len(rejected) != 1 else ''} sndr kept in "
+            f"{STATE_DIR}/objects matches its files ("
+            + "; ".join(f"{sha[:12]}: {rel} differs" for sha, rel in rejected[:10])
+            + (f"; and {len(rejected) - 10} more" if len(rejected) > 10 else "") + ")"
+            if rejected else f"sndr kept no ledger in {STATE_DIR}/objects")
+    if own.kind == "absent":  # reverted (or an apply that never committed)
+        return Problem("nothing_to_salvage", f"nothing to salvage in {tree.root}: it has no ledger, and {kept} (a "
+                       "reverted tree reads like this); no ledger was put back",
+                       hint=f"`python -m sndr apply --dry-run --tree {tree.root}` shows its state")
+    if own.kind == "ok":
+        return Problem("nothing_to_salvage", f"nothing to salvage in {tree.root}: its ledger reads (there is nothing "
+                       f"to repair), and {kept}: a file changed since apply; no ledger was put back",
+                       hint=f"`python -m sndr apply --verify --tree {tree.root}` names the files")
+    return Problem("no_ledger_matches", f"no stored ledger matches the files of {tree.root}: its ledger does not "
+                   f"read ({own.line()}), and {kept}; no ledger was put back",
+                   hint=f"reinstall vLLM and delete {tree.root / STATE_DIR}/ to start from a pristine tree")
 
 
 # ----------------------------------------------------------------------------- stored copies nothing reads any more

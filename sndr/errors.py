@@ -145,8 +145,12 @@ CODES: dict[str, Code] = {
     "ledger_corrupt": Code(_B, "the ledger's checksum does not match (edited by hand or damaged)"),
     "journal_corrupt": Code(_B, "the journal of an interrupted commit is unreadable"),
     "nothing_to_salvage": Code(_F, "salvage-ledger on a tree without a ledger to repair: no .sndr/ (sndr never "
-                                   "wrote there), or no ledger and none kept matches the files (a reverted tree); "
-                                   "the tree is left untouched"),
+                                   "wrote there), no ledger and none kept matches the files (a reverted tree), or a "
+                                   "ledger that reads while none kept matches the files (a file changed since apply: "
+                                   "apply --verify names it); the tree is left untouched"),
+    "no_ledger_matches": Code(_F, "salvage-ledger: the tree's ledger does not read and no ledger sndr kept in "
+                                  ".sndr/objects matches its files (each names a file that differs), so none was put "
+                                  "back; reinstall vLLM and delete .sndr/"),
     "journal_too_large": Code(_B, "the journal of an interrupted commit is larger than any sndr writes"),
     "journal_pending": Code(_F, "gc --dry-run on a tree with an interrupted commit: what it keeps depends on how the "
                                 "commit resolves (gc without --dry-run rolls it back first)"),

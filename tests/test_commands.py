@@ -100,7 +100,7 @@ def test_salvage_ledger_takes_a_tree_as_apply_does(tmp_path, capsys):
     (tmp_path / ".sndr" / "ledger.json").write_text("{not json")
     assert main(["salvage-ledger", str(tmp_path / "vllm")]) == 1  # a tree, with no stored ledger to put back
     out = capsys.readouterr().out
-    assert f"no stored ledger matches the files of {tmp_path};" in out, out
+    assert f"no stored ledger matches the files of {tmp_path}:" in out and "(no_ledger_matches)" in out, out
     assert main(["salvage-ledger", str(tmp_path / "missing")]) == 2
     assert "tree_not_found" in capsys.readouterr().err
 
@@ -136,6 +136,52 @@ def test_salvage_ledger_on_a_reverted_tree_says_nothing_to_salvage(tmp_path, cap
     out = capsys.readouterr().out
     assert "nothing to salvage" in out and "(nothing_to_salvage)" in out and "reinstall" not in out, out
     assert tree_bytes(site) == before
+
+
+def test_salvage_ledger_names_a_reason_code_for_every_outcome_and_json_carries_it(tmp_path, capsys):
+    """No stored ledger matching a tree whose ledger is damaged printed "no stored ledger matches ..." with no
+    reason code (the other outcomes had theirs), and salvage-ledger had no --json. Each outcome now says its
+    registered code with its exit status, on the terminal and in --json (stdout holds the document only)."""
+    import json
+
+    from hook_fixtures import make_patches, make_tree
+    from sndr.errors import CODES
+
+    site, patches = make_tree(tmp_path / "site"), make_patches(tmp_path / "patches", only=["F0001"])
+    assert main(["apply", "--patches", str(patches), "--tree", str(site), "-q"]) == 0
+    ledger = site / ".sndr" / "ledger.json"
+    good = ledger.read_bytes()
+    ledger.write_text("{not json")
+    [rel] = json.loads(good)["files"]  # the one file F0001 patches
+    patched = site / rel
+    patched.write_text(patched.read_text() + "# changed by hand since\n")
+    capsys.readouterr()
+
+    def salvage(*extra: str) -> tuple[int, str, str]:
+        rc = main(["salvage-ledger", str(site), *extra])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    rc, out, _ = salvage()  # the defect's path: damaged ledger, no stored one matches
+    assert rc == CODES["no_ledger_matches"].exit == 1 and "(no_ledger_matches)" in out, out
+    assert "none of the 1 ledger sndr kept in .sndr/objects matches its files (" in out and f": {rel} differs" in out
+    assert "hint: reinstall vLLM and delete" in out
+    rc, out, err = salvage("--json", "-")
+    doc = json.loads(out)  # one document, the human line on stderr
+    assert rc == 1 and doc["ok"] is False and doc["exit_code"] == 1 and doc["restored"] is None
+    assert [p["code"] for p in doc["problems"]] == ["no_ledger_matches"] and "(no_ledger_matches)" in err
+    assert [r["differs"] for r in doc["rejected"]] == [rel]
+    patched.write_text(patched.read_text().replace("# changed by hand since\n", ""))
+    rc, out, err = salvage("--json", "-")  # the stored ledger matches again: restored, exit 0
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"] is True and doc["problems"] == [] and doc["restored"] and ledger.read_bytes() == good
+    assert f"restored the ledger {doc['restored'][:12]}" in err
+    report = tmp_path / "salvage.json"
+    patched.write_text(patched.read_text() + "# changed by hand since\n")
+    rc, out, _ = salvage("--json", str(report))  # the intact ledger, a file changed: nothing to repair
+    assert rc == CODES["nothing_to_salvage"].exit and "(nothing_to_salvage)" in out
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and [p["code"] for p in doc["problems"]] == ["nothing_to_salvage"]
 
 
 def test_the_old_salvage_spelling_is_not_a_silent_success():

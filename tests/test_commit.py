@@ -32,7 +32,7 @@ import pytest
 from sndr import commit as commit_mod
 from sndr import env as envmod
 from sndr.commit import FileWrite, TreeRoot, commit, recover, salvage_ledger
-from sndr.errors import SndrError
+from sndr.errors import CODES, SndrError
 from sndr.fsio import TEMP_MARK
 from sndr.model import Ledger, LedgerFile
 
@@ -414,24 +414,45 @@ def test_salvage_puts_back_the_stored_ledger_naming_the_most_files_that_matches_
     root, _, both = _two_commits(tmp_path)
     _corrupt_ledger(root)
     got = salvage_ledger(root)
-    assert got == sha(both.model_dump_json(indent=1).encode())
+    assert got.sha == sha(both.model_dump_json(indent=1).encode()) and got.problem is None
     assert TreeRoot(root).read_ledger() == both
 
 
 def test_salvage_skips_a_stored_ledger_the_tree_no_longer_matches(tmp_path):
-    root, first, _ = _two_commits(tmp_path)
+    root, first, both = _two_commits(tmp_path)
     _corrupt_ledger(root)
     (root / "vllm/b.py").write_bytes(b"# b.py edited by hand since\n")  # the later ledger no longer describes it
-    assert salvage_ledger(root) == sha(first.model_dump_json(indent=1).encode())
+    got = salvage_ledger(root)
+    assert got.sha == sha(first.model_dump_json(indent=1).encode()) and got.problem is None
+    assert got.rejected == ((sha(both.model_dump_json(indent=1).encode()), "vllm/b.py"),)  # named, with why
     assert TreeRoot(root).read_ledger() == first
 
 
 def test_salvage_writes_nothing_when_no_stored_ledger_matches(tmp_path):
-    root, _, _ = _two_commits(tmp_path)
+    """No stored ledger matches and the tree's own does not read: a registered reason code (it was a bare None,
+    and the command's line had no code), naming every stored ledger and the file it differs on."""
+    root, first, both = _two_commits(tmp_path)
     raw = _corrupt_ledger(root)
     (root / "vllm/a.py").write_bytes(b"# a.py edited by hand since\n")  # every ledger named a.py patched
-    assert salvage_ledger(root) is None
+    got = salvage_ledger(root)
+    assert got.sha is None and got.problem is not None and got.problem.code == "no_ledger_matches"
+    assert CODES["no_ledger_matches"].exit == 1
+    assert sorted(got.rejected) == sorted((sha(x.model_dump_json(indent=1).encode()), "vllm/a.py") for x in (first, both))
+    for s, _ in got.rejected:
+        assert f"{s[:12]}: vllm/a.py differs" in got.problem.message
+    assert "none of the 2 ledgers sndr kept" in got.problem.message and "(ledger_corrupt)" in got.problem.message
     assert (root / ".sndr/ledger.json").read_bytes() == raw
+
+
+def test_salvage_with_a_ledger_that_reads_has_nothing_to_repair(tmp_path):
+    """A readable ledger and a file changed since apply: nothing to salvage (the code, and apply --verify to name
+    the file), not the corrupt ledger's advice to reinstall vLLM and delete .sndr/."""
+    root, _, both = _two_commits(tmp_path)
+    (root / "vllm/a.py").write_bytes(b"# a.py edited by hand since\n")
+    got = salvage_ledger(root)
+    assert got.sha is None and got.problem is not None and got.problem.code == "nothing_to_salvage"
+    assert "its ledger reads" in got.problem.message and "apply --verify" in (got.problem.hint or "")
+    assert TreeRoot(root).read_ledger() == both
 
 
 def test_salvage_on_a_tree_sndr_never_wrote_to_creates_nothing(tmp_path):
@@ -439,7 +460,8 @@ def test_salvage_on_a_tree_sndr_never_wrote_to_creates_nothing(tmp_path):
     lock created .sndr/ and .sndr/lock)."""
     root = make_tree(tmp_path)
     before = _snapshot(root)
-    assert salvage_ledger(root) is None
+    got = salvage_ledger(root)
+    assert got.sha is None and got.problem is not None and got.problem.code == "nothing_to_salvage"
     assert _snapshot(root) == before
     assert not (root / ".sndr").exists()
 
