@@ -111,8 +111,8 @@ def main() -> int:
     print(f"statuses: {c['queued']} queued commits in {len(rep.waves)} waves; "
           + ", ".join(f"{v} {k.split(':', 1)[1]}" for k, v in sorted(c.items()) if k.startswith("status:")))
     print(f"identity: {c['cherry_picked']} commits cherry-picked onto the pin's branch (satisfied), "
-          f"{c['reverts_paired']} reverts paired inside the range, {c['reverts_outside']} reverts of commits "
-          f"outside it")
+          f"{c['reverts_paired']} reverts paired inside the range, {c['relands']} re-lands of a reverted commit, "
+          f"{c['reverts_outside']} reverts of commits outside it")
     print(f"time: sync plan {t_plan:.1f} s; git log -p of the range {t_log:.2f} s "
           f"(plan/log = {t_plan / t_log:.0f}x); {1000 * t_plan / max(1, c['commits']):.1f} ms per commit")
     if args.json:

@@ -342,7 +342,12 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             what = rv.outside[i]
             entry.reverts = what
             entry.flags.append(f"reverts {what if what.startswith(chr(34)) else what[:10]} (outside the range)")
-        if i in rv.target:
+        if i in rv.relands:  # a revert of a revert, or the reverted title again: a re-land, not a revert
+            orig, undone = rv.relands[i]
+            entry.relands = commits[orig].sha
+            entry.flags.append(f"re-lands {commits[orig].short} after its revert {commits[undone].short} "
+                               f"({rv.reland_how[i]})")
+        elif i in rv.target:
             entry.reverts = commits[rv.target[i]].sha
             entry.flags.append(f"reverts {commits[rv.target[i]].short} (paired by {rv.how[i]})")
         if i in rv.again:
@@ -383,6 +388,11 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             continue
         ea, eb = entries[a], entries[b]
         ea.pair, eb.pair = eb.sha, ea.sha
+        # b undoes a: a revert of it, or (a being a revert) a re-land of what a reverted
+        kind, undo = "revert pair", f"{eb.sha[:10]} reverts {ea.sha[:10]}"
+        if b in rv.relands:
+            kind, undo = "revert and re-land pair", (f"{eb.sha[:10]} re-lands {commits[rv.relands[b][0]].short} "
+                                                     f"over its revert {ea.sha[:10]}")
         chain = rv.chain.get(a)
         net = ""
         if chain:
@@ -393,17 +403,18 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
         if ea.disposition == "satisfied" and eb.disposition != "satisfied" and a not in picked and a not in picked3:
             for e, other in ((ea, eb), (eb, ea)):
                 e.status = "refused"
-                e.reason = (f"revert pair with {other.sha[:10]}: the tree already carries {ea.sha[:10]}, which "
-                            f"{eb.sha[:10]} reverts inside the range; porting one half alone is refused{net}")
+                e.reason = (f"{kind} with {other.sha[:10]}: the tree already carries {ea.sha[:10]}, and {undo} "
+                            f"inside the range; porting one half alone is refused{net}")
             findings.append(Problem("revert_pair_half_ported",
-                                    f"{eb.sha[:10]} reverts {ea.sha[:10]} inside the range, but the tree already "
+                                    f"{undo} inside the range, but the tree already "
                                     f"carries {ea.sha[:10]}: decide by hand (drop it locally or keep it as a patch)"))
         else:
             for e, other in ((ea, eb), (eb, ea)):
                 if e.status == "skip" and e.cherry_pick_of:
                     continue
                 e.status = "cancelled"
-                e.reason = f"revert pair with {other.sha[:10]} inside the range: they cancel out{net}"
+                e.reason = (f"{kind} with {other.sha[:10]} inside the range: they cancel out{net}" if b not in rv.relands
+                            else f"{kind} with {other.sha[:10]}: {undo} inside the range; they cancel out{net}")
     for k, chain in rv.chain.items():
         if k == chain[0] and len(chain) % 2 == 1 and entries[k].status not in ("cancelled", "refused"):
             entries[k].flags.append(f"revert chain of {len(chain)} nets out to this commit standing")
@@ -419,8 +430,10 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
             e.reason = "add-then-remove: removes only lines added inside the range by " + \
                 ", ".join(entries[a].sha[:10] for a in adders)
     for j in sorted(set(zero_flags) - zero):
-        entries[j].flags.append("net-zero lines: every line it adds is removed again by "
-                                + ", ".join(entries[r].sha[:10] for r in sorted(zero_flags[j])))
+        removers = [r for r in sorted(zero_flags[j]) if entries[r].status != "cancelled"]
+        if removers:  # a remover cancelled by its re-land (or its own revert) removes nothing in the end
+            entries[j].flags.append("net-zero lines: every line it adds is removed again by "
+                                    + ", ".join(entries[r].sha[:10] for r in removers))
     for j, by in sorted(later.items()):
         e = entries[j]
         if e.status == "port-by-hand" and by:
@@ -489,7 +502,8 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
     counts: dict[str, int] = {"commits": len(commits), "mirrored": len(deps), "merges_skipped": len(rng.merges),
                               "pin_side": len(rng.pin_side), "cherry_picked": len(picked) + len(picked3),
                               "cherry_picked_3way": len(picked3),
-                              "reverts_paired": len(rv.target), "reverts_outside": len(rv.outside)}
+                              "reverts_paired": len(set(rv.target) - set(rv.relands)),
+                              "reverts_outside": len(rv.outside), "relands": len(rv.relands)}
     for e in entries:
         counts[e.disposition] = counts.get(e.disposition, 0) + 1
         counts[f"status:{e.status}"] = counts.get(f"status:{e.status}", 0) + 1
@@ -548,7 +562,9 @@ def _select(entries: list[CommitEntry], by_sha: dict[str, int], select: list[str
     for i in sorted(chosen):
         e = entries[i]
         if e.pair and by_sha[e.pair] not in chosen:
-            refusals.append(Problem("revert_pair_split", f"{e.sha[:10]} and {e.pair[:10]} are a revert pair "
+            later = max(e, entries[by_sha[e.pair]], key=lambda x: x.position)  # the half that undoes the other
+            kind = "revert and re-land pair" if later.relands else "revert pair"
+            refusals.append(Problem("revert_pair_split", f"{e.sha[:10]} and {e.pair[:10]} are a {kind} "
                                     "inside the range; porting one half alone is refused",
                                     hint="select both (they cancel) or neither"))
         missing = [d for d in e.depends_on if by_sha[d] not in chosen]

@@ -32,7 +32,12 @@ class CommitEntry(BaseModel):
     wave: int | None = None
     depends_on: list[str] = Field(default_factory=list, description="earlier queued commits this one builds on")
     pair: str | None = Field(default=None, description="the other half of a revert pair inside the range")
-    reverts: str | None = Field(default=None, description="the commit (or quoted subject) this one reverts")
+    reverts: str | None = Field(default=None, description="the commit (or quoted subject) this one reverts; "
+                                "None for a re-land (see relands)")
+    relands: str | None = Field(default=None, description="the commit this one lands again after its revert inside "
+                                "the range: a revert of that revert (Reapply \"X\", Revert \"Revert \"X\"\", or X "
+                                "again with the revert's inverse diff; `pair` names the revert when they cancel), or "
+                                "X's title again with a diff of its own")
     superseded_by: list[str] = Field(default_factory=list)
     cherry_pick_of: str | None = Field(default=None, description="the commit with the same patch-id already on "
                                        "the pin's side (or a 3-way pick of it there), or earlier in the range")

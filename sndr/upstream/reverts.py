@@ -24,6 +24,15 @@ subjects on both sides). Chains
 (a revert of a revert of ...) resolve to their net effect: the members pair
 off from the newest, so an even number of reverts leaves the original
 standing and an odd number cancels everything.
+
+A revert of a revert re-lands the original: ``Reapply "X (#N)" (#K)`` (git's
+own subject for it), ``Revert "Revert "X (#N)" (#M)"``, or ``X (#K)`` again
+with the revert's inverse diff. It pairs as a revert (of the revert), but it is
+a re-land, and :attr:`RevertInfo.relands` says so: the one home of that rule,
+which the queue's descriptions read. A commit that is no revert and pairs with
+nothing, yet carries the title of a commit reverted before it (``X (#K)``, or
+``Reapply "X (#N)"``, with a diff of its own), re-lands it too (judged as any
+commit, never cancelled).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: gitio imports this module's subject matching (Git.find_subject)
     from .gitio import CommitInfo
 
-__all__ = ["RevertInfo", "pair_reverts", "parse_revert", "pr_numbers", "revert_target_subject", "strip_pr",
+__all__ = ["RevertInfo", "pair_reverts", "parse_reapply", "parse_revert", "pr_numbers", "revert_target_subject", "strip_pr",
            "subject_matches", "truncated_prefix"]
 
 _PR_SUFFIX = re.compile(r"(?:\s*\(#\d+\))+\s*$")
@@ -44,6 +53,7 @@ _REVERT = re.compile(r'^Revert\s+"(?P<inner>.*?)"?$', re.S)
 _REVERT_BARE = re.compile(r"^Revert\s+(?P<inner>[^\s\"].*)$", re.S)
 #: GitHub cuts a long title and ends it with an ellipsis (U+2026, or three dots)
 _TRUNCATED = re.compile(r"(?:\u2026|\.\.\.)\s*$")
+_REAPPLY = re.compile(r'^Reapply\s+["\u201c](?P<inner>.*?)["\u201d]?$', re.S)
 _BODY_SHA = re.compile(r"This reverts commit ([0-9a-f]{7,40})")
 _BODY_PR = re.compile(r"^Reverts\s+(?:[\w.-]+/[\w.-]+)?#(\d+)\s*$", re.M)
 
@@ -83,6 +93,12 @@ def parse_revert(subject: str) -> tuple[str, bool, list[int]] | None:
         return None
     nums = pr_numbers(subject)
     return m.group("inner").strip(), False, nums[-2:-1] or nums[-1:]
+
+
+def parse_reapply(subject: str) -> str | None:
+    """The subject a ``Reapply "X (#N)" (#K)`` subject names (git's subject for a revert of a revert), or None."""
+    m = _REAPPLY.match(strip_pr(subject))
+    return m.group("inner") if m else None
 
 
 def revert_target_subject(subject: str) -> str | None:
@@ -125,6 +141,11 @@ class RevertInfo:
     chain: dict[int, list[int]] = field(default_factory=dict)
     #: revert index -> the earlier revert of the same commit it duplicates
     again: dict[int, int] = field(default_factory=dict)
+    #: re-land index -> (the commit it lands again, the revert of that commit it follows): a revert of that
+    #: revert (paired: also in ``target``), or a commit with the reverted commit's title (not paired)
+    relands: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: re-land index -> how it was found: 'paired by <how>' (a revert of the revert) or 'same title'
+    reland_how: dict[int, str] = field(default_factory=dict)
 
 
 def pair_reverts(commits: list[CommitInfo], candidates: set[int] | None = None,
@@ -219,4 +240,29 @@ def pair_reverts(commits: list[CommitInfo], candidates: set[int] | None = None,
         if len(chain) > 2:
             for j in chain:
                 info.chain[j] = chain
+        for k in range(2, len(chain), 2):  # every other member after the root reverts a revert of it
+            info.relands[chain[k]] = (root, chain[k - 1])
+            info.reland_how[chain[k]] = f"paired by {info.how[chain[k]]}"
+    _relands_by_title(commits, cands, info, reverted_by, by_subject)
     return info
+
+
+def _relands_by_title(commits: list[CommitInfo], cands: set[int], info: RevertInfo, reverted_by: dict[int, int],
+                      by_subject: dict[str, list[int]]) -> None:
+    """Commits that pair with nothing but carry the title of an earlier commit that stands reverted when they
+    land (``X (#K)`` or ``Reapply "X (#N)"`` after ``Revert "X (#N)"``): re-lands, with a diff of their own."""
+    for i in sorted(cands):
+        if i in info.target or i in info.outside:  # a revert (a paired revert of a revert is found above)
+            continue
+        subject = commits[i].subject
+        if parse_revert(subject) is not None:
+            continue
+        title = strip_pr(parse_reapply(subject) or subject)
+        for j in reversed([j for j in by_subject.get(title, []) if j < i]):
+            chain = [j]
+            while chain[-1] in reverted_by and reverted_by[chain[-1]] < i:
+                chain.append(reverted_by[chain[-1]])
+            if len(chain) % 2 == 0:  # reverted (an odd number of reverts) when i lands
+                info.relands[i] = (j, chain[-1])
+                info.reland_how[i] = "same title"
+                break

@@ -182,7 +182,70 @@ def test_reverts_pair_by_subject_body_and_patch_id_and_chains_net_out(tmp_path, 
     assert e["d"].status == "port" and "revert chain of 3 nets out to this commit standing" in e["d"].flags
     assert e["rd"].status == e["rrd"].status == "cancelled"
     assert "nets out to" in e["rd"].reason
-    assert rep.counts["reverts_paired"] == 5 and rep.counts["reverts_outside"] == 1
+    # the revert of the revert re-lands d: said as a re-land, counted apart from the reverts
+    assert e["rrd"].relands == d and e["rrd"].reverts is None
+    assert f"re-lands {d[:10]} after its revert {rd[:10]} (paired by subject)" in e["rrd"].flags
+    assert rep.counts["reverts_paired"] == 4 and rep.counts["relands"] == 1 and rep.counts["reverts_outside"] == 1
+
+
+#: (how the change lands again after `Revert "X (#51234)" (#51300)`, its subject, whether it carries X's diff
+#: exactly, its body, how it is found). vLLM re-lands a reverted PR as a new PR with the same title, or as
+#: `Reapply "X (#N)"` (git's own subject for a revert of a revert since 2.43, with `This reverts commit`), or
+#: with GitHub's revert button on the revert.
+RELAND_TITLE = "[Bugfix] Add BlockPool.debug_dump"
+RELANDS = {
+    "title again": (f"{RELAND_TITLE} (#51400)", True, "", "paired by patch-id"),
+    "Reapply": (f'Reapply "{RELAND_TITLE} (#51234)" (#51400)', True, "", "paired by patch-id"),
+    "git revert of the revert": (f'Reapply "{RELAND_TITLE} (#51234)" (#51400)', True, "This reverts commit {rx}.",
+                                 "paired by body"),
+    "revert button on the revert": (f'Revert "Revert "{RELAND_TITLE} (#51234)" (#51300)" (#51400)', True, "",
+                                    "paired by subject"),
+    "title again, fixed": (f"{RELAND_TITLE} (#51400)", False, "", "same title"),
+    "Reapply, fixed": (f'Reapply "{RELAND_TITLE} (#51234)" (#51400)', False, "", "same title"),
+}
+
+
+@pytest.mark.parametrize("form", list(RELANDS))
+def test_a_change_landed_again_after_its_revert_is_a_re_land_not_a_revert(tmp_path, source, form):
+    """X (#51234), `Revert "X (#51234)" (#51300)`, then X again: the third commit was flagged "reverts <the
+    revert> (paired by ...)", its `reverts` set, its reason "revert pair ...", and it was counted in
+    reverts_paired; X itself was flagged "net-zero lines ... removed again by" the revert its re-land cancels.
+    It is a re-land: said so in its flags, reason and `relands`, counted apart. One with a diff of its own (a
+    fixed re-land) pairs with nothing and is queued as any commit, flagged as the re-land it is."""
+    subject, exact, body, how = RELANDS[form]
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL])
+    x = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, f"{RELAND_TITLE} (#51234)")
+    rx = _inverse(repo, BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, f'Revert "{RELAND_TITLE} (#51234)" (#51300)')
+    new = DEBUG_DUMP_NEW if exact else DEBUG_DUMP_NEW.replace('"total": self.num_gpu_blocks}',
+                                                            '"total": self.num_gpu_blocks, "used": 0}')
+    (repo.path / BLOCK_POOL).write_text((repo.path / BLOCK_POOL).read_text().replace(DEBUG_DUMP_OLD, new))
+    repo.git("add", "-A")
+    repo.git("commit", "-q", "-m", subject, *(["-m", body.format(rx=rx)] if body else []))
+    again = repo.git("rev-parse", "HEAD")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL])
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL}), _dir_tree(tree))
+    ex, erx, e = rep.entry(x), rep.entry(rx), rep.entry(again)
+    assert not any(f.startswith("reverts ") for f in e.flags), e.flags
+    assert f"re-lands {x[:10]} after its revert {rx[:10]} ({how})" in e.flags, e.flags
+    assert e.relands == x and e.reverts is None
+    assert erx.reverts == x and f"reverts {x[:10]} (paired by subject)" in erx.flags  # the revert stays a revert
+    assert rep.counts["reverts_paired"] == 1 and rep.counts["relands"] == 1
+    assert not any(f.startswith("net-zero lines") for f in ex.flags), ex.flags
+    if exact:  # the revert and its re-land cancel; X stands and is the one ported
+        assert (ex.status, erx.status, e.status) == ("port", "cancelled", "cancelled")
+        assert erx.pair == again and e.pair == rx
+        for entry in (erx, e):
+            assert entry.reason.startswith("revert and re-land pair with ")
+            assert f"{again[:10]} re-lands {x[:10]} over its revert {rx[:10]} inside the range" in entry.reason
+            assert f"nets out to {x[:10]} standing" in entry.reason
+        assert [w.commits for w in rep.waves] == [[x]]
+    else:  # X and its revert cancel; the fixed re-land is the change to port
+        assert (ex.status, erx.status, e.status) == ("cancelled", "cancelled", "port") and e.pair is None
+        assert ex.reason == f"revert pair with {rx[:10]} inside the range: they cancel out"
+        assert [w.commits for w in rep.waves] == [[again]]
+    md = render_markdown(rep)
+    assert f"re-lands {x[:10]}" in md and f"reverts {rx[:10]}" not in md
+    assert json.loads(rep.model_dump_json())["commits"][2]["relands"] == x
 
 
 # ----------------------------------------------------------------------------- 3. pure additions
