@@ -22,8 +22,8 @@ the full context, the K + 1 new tokens included), Hq/Hk 32/8 and 64/8, head dim
 CUDA-event-timed eager calls for (b). GB/s = the cache bytes one step must read
 (B x context x Hk x 196 B, the same for all four variants) / time; %BW against
 the device-to-device copy bandwidth measured in the same run. (a0): the kernel before issue 27
-(``chunk_warps=1, kchain=1``: one warp per KV head, a block per 16-row chunk, one score
-accumulator chain), timed in the same run. (aw): wide warps (``rows_per_warp=32,
+(``chunk_warps=1, kchain=1, merge_rows=0``: one warp per KV head, a block per 16-row chunk, one score
+accumulator chain, the block-per-row merge), timed in the same run. (aw): wide warps (``rows_per_warp=32,
 heads_per_block=4``: up to 32 query rows a warp, the tile unpacked once in its registers for all of
 them), timed in the cells with more than 16 query rows per KV head where the default's plan differs
 (the default takes them at 17..32 and 64 rows: "=" there). ``--probe`` adds the
@@ -239,7 +239,7 @@ def check(vl) -> list[dict]:
 
 
 # (a0): one warp per KV head, a block per 16-row chunk, softmax_tile
-TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1, softmax=0)
+TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1, softmax=0, merge_rows=0)  # (its merge too: a block per row)
 TILE = mtp_verify.VerifyConfig(unpack=0, rows_per_warp=16, softmax=0)  # the shared-tile CTA: 16-row warps
 WIDE = mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=0)  # (aw): wide warps, 4 KV heads
 PROBE = {
@@ -268,10 +268,8 @@ PROBE = {
     "w8": mtp_verify.VerifyConfig(wide_heads=8),  # whole token rows, 1 block of 8 warps per SM
     "w8_st5": mtp_verify.VerifyConfig(wide_heads=8, stages=5),
     "w8_st6": mtp_verify.VerifyConfig(wide_heads=8, stages=6),
-    # the software-pipelined tile loop (tile T + 1's score MMAs before tile T's softmax)
-    "pipe": mtp_verify.VerifyConfig(pipe=1),
-    "pipe_st4": mtp_verify.VerifyConfig(pipe=1, stages=4),
-    "pipe_st5": mtp_verify.VerifyConfig(pipe=1, stages=5),
+    # the warp-per-row merge (the default) against the block-per-row merge
+    "merge_block": mtp_verify.VerifyConfig(merge_rows=0),
 }
 # Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at
 # the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the
@@ -346,7 +344,9 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                         continue
                     cell = Cell(pools[ctx], b, k, hq, vl)
                     ta = graph_us(cell.a)
-                    same = plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, TODAY)  # <= 16 rows: one build
+                    # one build (<= 16 rows) and one merge (TODAY's: the block merge, not the default's warp merge)
+                    same = plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, TODAY) \
+                        and mtp_verify.DEFAULT.merge_rows == TODAY.merge_rows
                     ta0 = ta if same else graph_us(lambda cell=cell: mtp_verify.verify_attention(
                         cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=TODAY))
                     samew = (hq // HK) * (k + 1) <= 16 or plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, WIDE)

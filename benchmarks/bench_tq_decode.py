@@ -695,8 +695,8 @@ def host_us(fn, n: int = 300, every: int = 10) -> float:
     return ts[len(ts) // 2] * 1e6
 
 
-GRAPH_MODES = ("triton", "cuda", "pdl", "fold")
-EAGER_MODES = ("cuda", "pdl", "fold")
+GRAPH_MODES = ("triton", "cuda", "pdl", "fold", "rows", "rows_pdl")
+EAGER_MODES = ("cuda", "pdl", "fold", "rows", "rows_pdl")
 
 
 def set_merge(eager: str, graph: str) -> None:

@@ -401,36 +401,26 @@ def test_warp_specialised_pair_graph_replay_with_new_lengths(g, k):
     _graph_replay_with_new_lengths(dataclasses.replace(WS["ws"], max_splits=128), g, k, 16, 17)
 
 
-# the software-pipelined tile loop (VerifyConfig.pipe: tile T + 1's score MMAs issued before tile T's softmax and
-# P.V), where softmax_tile_mma runs in the per-warp kernel (more than 16 rows per KV head at head dim 128)
-PIPE = {
-    "pipe": mv.VerifyConfig(pipe=1, max_splits=4),
-    "pipe, 4 stages": mv.VerifyConfig(pipe=1, stages=4, max_splits=4),
-    "pipe, 5 stages": mv.VerifyConfig(pipe=1, stages=5, max_splits=4),
-}
-PIPE_SHAPES = [(8, 3), (4, 5), (8, 5), (8, 7), (6, 3)]  # wide warps of 24 / 32 rows, 16-row warps at 48, two wide at 64
 
-
-@pytest.mark.parametrize("name", list(PIPE))
-@pytest.mark.parametrize("g,k", PIPE_SHAPES)
-def test_pipelined_tile_loop_is_the_per_warp_kernel_bit_for_bit(g, k, name):
-    """Same operations on the same values in another order of issue: outputs bit for bit the default's at the same
-    split count (ragged lengths, pages ending mid-block, contexts <= K + 1, one-tile splits, a long context with lazy
-    rescales, on 0xFF-poisoned caches), and within float64's bound at the default split count."""
-    cfg = PIPE[name]
-    assert mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)["PIPE"] == 1
-    lens = [4100, 37, 5, k + 1, 1000, 16, 9000, 17]
-    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=90 + 3 * g + k)
-    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg, max_splits=4)
-    base = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32,
-                   config=dataclasses.replace(cfg, pipe=0, stages=3), max_splits=4)
-    assert not out.isnan().any()
-    assert torch.equal(out, base), (out - base).abs().max().item()
-    ref = _ref(q, cache, bt, sl, 0.088, k)
-    full = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=dataclasses.replace(cfg, max_splits=128))
-    assert _rel(full, ref) < 1e-2 and _rel(out, ref) < 1e-2
-
-
-@pytest.mark.parametrize("g,k", [(8, 3), (8, 7)])
-def test_pipelined_tile_loop_graph_replay_with_new_lengths(g, k):
-    _graph_replay_with_new_lengths(dataclasses.replace(PIPE["pipe, 4 stages"], max_splits=128), g, k, 26, 27)
+@pytest.mark.parametrize("d,hk,g,k,lens,cap", [
+    (128, 8, 8, 3, [8192, 5000, 777, 3, 0], 4),  # a verify step's few splits, an empty request, a context <= K + 1
+    (128, 8, 4, 7, [40000], 16),  # one request, 16 splits: the most the warp merge takes (MERGE_ROWS_MAX_SPLITS)
+    (128, 8, 8, 3, [40000, 9], 128),  # more splits: both configs run the block merge
+    (64, 4, 8, 1, [3000, 1], 48),  # head dim 64: two dims a lane
+    (256, 8, 4, 3, [9000, 20], 40),  # head dim 256: eight dims a lane
+])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_warp_per_row_merge_matches_the_block_merge_and_float64(d, hk, g, k, lens, cap, out_dtype):
+    """tq_k8v4_merge_rows (the default, VerifyConfig.merge_rows, up to 16 splits a request) against tq_k8v4_merge on
+    the same partials: the same weights and sums (its FMA chain may round differently), zeros for a request with no
+    token; and against float64."""
+    q, cache, bt, sl = _case(d, hk, g, k, 16, lens, seed=7 * d + g + k)
+    cfg = mv.VerifyConfig(max_splits=cap)
+    rows = _verify(q, cache, bt, sl, 0.088, k, out_dtype=out_dtype, config=cfg, max_splits=cap)
+    block = _verify(q, cache, bt, sl, 0.088, k, out_dtype=out_dtype, config=dataclasses.replace(cfg, merge_rows=0),
+                    max_splits=cap)
+    assert any(key[-1] == cfg for key in mv._PLANS)  # the CUDA kernel ran, not the synthetic rows
+    assert not rows.isnan().any()
+    tol = 1e-6 if out_dtype == torch.float32 else 1e-2
+    assert torch.allclose(rows.float(), block.float(), rtol=tol, atol=tol), (rows.float() - block.float()).abs().max()
+    assert _rel(rows.float(), _ref(q, cache, bt, sl, 0.088, k)) < 1e-2

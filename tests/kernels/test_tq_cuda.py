@@ -230,7 +230,7 @@ def test_every_kernel_python_launches_is_defined_in_the_source():
     defined = set(re.findall(r'extern "C" __global__ void (?:__cluster_dims__\([^)]*\) )?__launch_bounds__\([^)]*\)\s+'
                              r'(\w+)\(', text))
     assert defined == set(cuda_decode.KERNELS.values()) | {cuda_decode.MERGE, cuda_decode.MERGED, cuda_decode.CLUSTERED,
-                                                           cuda_decode.GRID}
+                                                           cuda_decode.GRID, cuda_decode.MERGE_ROWS}
 
 
 def test_first_call_inside_a_graph_capture_records_triton(monkeypatch):

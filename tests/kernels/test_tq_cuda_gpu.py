@@ -209,7 +209,7 @@ def merge_policy():
     dispatch.reset()
 
 
-@pytest.mark.parametrize("mode", ["cuda", "pdl", "fold"])
+@pytest.mark.parametrize("mode", ["cuda", "pdl", "fold", "rows", "rows_pdl"])
 @pytest.mark.parametrize("d,hk,g,page,qdtype", [
     (128, 8, 4, 16, torch.bfloat16), (64, 2, 12, 32, torch.float16), (256, 8, 4, 16, torch.bfloat16),
 ])

@@ -42,6 +42,8 @@ from ._layout import LOG2E, workspace_numel
 SOURCE_PATH = Path(__file__).with_name("decode_k8v4.cu")
 KERNELS = {"page": "tq_k8v4_decode_page", "warp": "tq_k8v4_decode_split"}
 MERGE = "tq_k8v4_merge"
+MERGE_ROWS = "tq_k8v4_merge_rows"  # the same merge, a warp per output row (merge modes "rows", "rows_pdl"; PK0002's)
+MERGE_ROWS_PER_BLOCK = 8  # decode_k8v4.cu's MRW
 MERGED = "tq_k8v4_decode_page_merged"  # page kernel with the merge folded into each sequence's last block
 CLUSTERED = "tq_k8v4_decode_page_cluster"  # page kernel merging through clusters of splits (CudaConfig.cluster)
 GRID = "tq_k8v4_decode_page_grid"  # page kernel merging in the same cooperative grid (CudaConfig.grid_merge)
@@ -272,7 +274,8 @@ def num_splits(batch_heads: int, warps_per_sm: int, sms: int, max_splits: int, w
 
 
 # How the splits are merged, for eager calls and inside a CUDA-graph capture:
-#   "cuda"   the CUDA merge kernel after the split kernel;
+#   "cuda"   the CUDA merge kernel after the split kernel (tq_k8v4_merge: a block per output row);
+#   "rows"   the same with tq_k8v4_merge_rows (a warp per output row, PK0002's merge); "rows_pdl" that with PDL;
 #   "pdl"    the same, launched with programmatic dependent launch (sm_90 and a
 #            split grid of one wave; else "cuda"): its blocks are scheduled while
 #            the split kernel drains and wait for it in-kernel;
@@ -291,6 +294,7 @@ MERGE_POLICY = {"eager": "cuda", "graph": "triton"}
 _OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _SPLIT_SIG = "ppppppfiiiiiqqqqq"
 _MERGE_SIG = "pppppiiiqqqii"
+_MERGE_ROWS_SIG = _MERGE_SIG + "i"  # + the row count
 _MERGED_SIG = _SPLIT_SIG + "pppqqqii"
 _PTRS6 = struct.Struct("<6Q")
 _PTRS5 = struct.Struct("<5Q")
@@ -347,18 +351,23 @@ class LaunchPlan:
         self.fold_ok = cfg.kind == "page" and self.cuda_merge
         self.merge: _cudart.Launch | None = None
         self.merge_pdl: _cudart.Launch | None = None
+        self.merge_rows: _cudart.Launch | None = None
+        self.merge_rows_pdl: _cudart.Launch | None = None
         self.merged: _cudart.Launch | None = None
         self.clustered: _cudart.Launch | None = None
         self.gridded: _cudart.Launch | None = None
         self.write_lse = lse_stride0 is not None
         if self.cuda_merge:
-            mk = k.module.kernel(MERGE)
+            mk, rk = k.module.kernel(MERGE), k.module.kernel(MERGE_ROWS)
             o_sb, o_sh = out_strides
             vals = [0] * 5 + [hq, splits, min_tiles, o_sb, o_sh, lse_stride0 or 0, _OUT_KIND[out_dtype],
                               int(self.write_lse)]
+            rgrid, rvals = -(-bsz * hq // MERGE_ROWS_PER_BLOCK), vals + [bsz * hq]  # a warp per row, the rows last
             self.merge = _cudart.Launch(mk, bsz * hq, 256, _MERGE_SIG, vals)
+            self.merge_rows = _cudart.Launch(rk, rgrid, 256, _MERGE_ROWS_SIG, rvals)
             if self.pdl_ok:
                 self.merge_pdl = _cudart.Launch(mk, bsz * hq, 256, _MERGE_SIG, vals, pdl=True)
+                self.merge_rows_pdl = _cudart.Launch(rk, rgrid, 256, _MERGE_ROWS_SIG, rvals, pdl=True)
             if self.fold_ok:
                 fk = k.module.kernel(MERGED, k.smem)
                 self.merged = _cudart.Launch(fk, grid, block, _MERGED_SIG, split_vals + [
@@ -393,8 +402,8 @@ class LaunchPlan:
             return "triton"
         if want == "fold" and not self.fold_ok:
             want = "pdl"
-        if want == "pdl" and not self.pdl_ok:
-            want = "cuda"
+        if want in ("pdl", "rows_pdl") and not self.pdl_ok:
+            want = "cuda" if want == "pdl" else "rows"
         return want
 
     def workspace(self, stream: int) -> torch.Tensor:
@@ -442,8 +451,8 @@ class LaunchPlan:
             rc = run(sp.cfg_addr, sp.func, sp.params, None)
             if rc:
                 _cudart._check(rc, f"cuLaunchKernelEx({sp.kernel.name})")
-            m = self.merge_pdl if mode == "pdl" else self.merge
-            assert m is not None  # mode() gives "pdl" / "cuda" only where they were built (pdl_ok, cuda_merge)
+            m = {"pdl": self.merge_pdl, "rows": self.merge_rows, "rows_pdl": self.merge_rows_pdl}.get(mode, self.merge)
+            assert m is not None  # mode() gives "pdl" / "rows_pdl" / "cuda" / "rows" only where they were built
             _PTRS5.pack_into(m.args, 0, mo, ml, sl, out, lse)
             _STREAM.pack_into(m.cfg, _cudart._CFG_STREAM, stream)
             rc = run(m.cfg_addr, m.func, m.params, None)

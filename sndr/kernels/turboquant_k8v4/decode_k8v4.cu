@@ -1162,6 +1162,73 @@ extern "C" __global__ void __launch_bounds__(MW * 32) tq_k8v4_merge(
     merge_block<false>(MID_O, MID_L, n_act, OUT, LSE, b, h, HQ, S, o_sb, o_sh, lse_sb, out_kind, write_lse);
 }
 
+// ---------------------------------------------------------------------------
+// The same merge, one WARP per (sequence, query head) row and MRW rows a block (the verify kernel's merge,
+// mtp_verify.VerifyConfig.merge = "rows"). tq_k8v4_merge gives each row a block of 8 warps, three block-wide
+// barriers and 16 predicated loads per warp (sized for 128 splits); at a verify step's 4-8 splits and thousands of
+// rows it ran at 8-27% of DRAM bandwidth (41 us for 8192 rows of 4 splits at B = 32, K = 3, Hq 64 on an H200:
+// docs/bench-mtp-verify-h200.md, "Round 6"). Here lane s holds the log2-sum-exp of splits s, s + 32, ... (S <= 128),
+// the max and the denominator are warp reductions, and each lane sums its DPL dims over the active splits, four
+// splits' loads in flight at a time. No shared memory, no block barrier. Same weights as merge_block (a split
+// whose rows saw no token, EMPTY_LSE, weighs 0; a row with no active split gets zeros and lse = -inf).
+#define MRW 8                 // rows (warps) per block
+extern "C" __global__ void __launch_bounds__(MRW * 32) tq_k8v4_merge_rows(
+    const float* __restrict__ MID_O, const float* __restrict__ MID_L, const int* __restrict__ SL,
+    void* __restrict__ OUT, float* __restrict__ LSE,
+    int HQ, int S, int min_tiles, long long o_sb, long long o_sh, long long lse_sb, int out_kind, int write_lse,
+    int ROWS)
+{
+    const int lane = threadIdx.x & 31;
+    const int r = blockIdx.x * MRW + (threadIdx.x >> 5);
+    pdl_wait();
+    if (r >= ROWS) return;  // (whole warps)
+    const int b = r / HQ, h = r % HQ;
+    const int n_act = split_of(SL[b], S, min_tiles).n_act;
+    const long long row0 = (long long)r * S;
+    float wl[4];
+    float m = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int s = lane + 32 * j;
+        wl[j] = s < n_act ? MID_L[row0 + s] : NEG_INF;
+        m = fmaxf(m, wl[j]);
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+    float den = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        wl[j] = lane + 32 * j < n_act ? ex2(wl[j] - m) : 0.f;
+        den += wl[j];
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
+    float acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
+    const float* base = MID_O + row0 * D + lane * DPL;
+#pragma unroll 4
+    for (int s = 0; s < n_act; ++s) {
+        const int j = s >> 5;
+        const float wj = j == 0 ? wl[0] : j == 1 ? wl[1] : j == 2 ? wl[2] : wl[3];
+        const float ws = __shfl_sync(0xffffffffu, wj, s & 31);
+#if DPL >= 4
+#pragma unroll
+        for (int c = 0; c < DPL / 4; ++c) {
+            const float4 v = *reinterpret_cast<const float4*>(base + (long long)s * D + 4 * c);
+            acc[4 * c] += ws * v.x; acc[4 * c + 1] += ws * v.y; acc[4 * c + 2] += ws * v.z; acc[4 * c + 3] += ws * v.w;
+        }
+#else
+        const float2 v = *reinterpret_cast<const float2*>(base + (long long)s * D);
+        acc[0] += ws * v.x; acc[1] += ws * v.y;
+#endif
+    }
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) store_out(OUT, b * o_sb + h * o_sh + lane * DPL + i, acc[i] * inv, out_kind);
+    if (write_lse && lane == 0) LSE[b * lse_sb + h] = n_act > 0 ? (m + __log2f(den)) * 0.6931471805599453f : NEG_INF;
+}
+
 #if PAGE_CTA && defined(GM)
 // ---------------------------------------------------------------------------
 // The page kernel with the merge in the same grid, launched cooperatively

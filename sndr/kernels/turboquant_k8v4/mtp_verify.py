@@ -45,6 +45,7 @@ import torch
 from ... import env as sndr_env
 from .. import _cudart
 from ._layout import LOG2E, Layout
+from .cuda_decode import MERGE_ROWS, MERGE_ROWS_PER_BLOCK
 
 DECODE_SOURCE = Path(__file__).with_name("decode_k8v4.cu")
 SOURCE_PATH = Path(__file__).with_name("verify_k8v4.cu")
@@ -52,6 +53,7 @@ KERNEL = "tq_k8v4_verify_page"
 MERGE = "tq_k8v4_merge"
 TILE = 16
 MAX_SPLITS = 128  # the merge kernel's limit
+MERGE_ROWS_MAX_SPLITS = 16  # VerifyConfig.merge_rows: the warp-per-row merge up to this many splits a request
 MAX_QL = 16
 LOG = logging.getLogger("sndr.kernels")
 
@@ -108,9 +110,13 @@ class VerifyConfig:
     ws: int = 0
     ws_regs: tuple[int, int] = (88, 168)
     ws_stages: int = 4
-    # 1: the per-warp kernel's tile loop software-pipelined (verify_k8v4.cu, PIPE): iteration T issues tile T + 1's
-    # score MMAs before tile T's softmax and P.V, where softmax_tile_mma runs (SMX 1) in the per-warp kernel
-    pipe: int = 0
+    # The merge of the splits: 1 decode_k8v4.cu's tq_k8v4_merge_rows (a warp per output row, 8 rows a block) where a
+    # request has at most MERGE_ROWS_MAX_SPLITS splits, else (and with 0) its tq_k8v4_merge (a block of 8 warps per
+    # row, every split's load issued at once). The block merge took 41 us for the 8192 rows of 4 splits at B = 32,
+    # K = 3, Hq 64 on an H200, where the verify kernel took 214 us; the warp merge is faster in all 20 probed cells
+    # (4 and 16 splits), but a warp sums its splits four loads at a time, so at 33-128 splits (B = 1..4) it is the
+    # slower one (PK0001's merge probe: 60 vs 32 us at 128 splits). docs/bench-mtp-verify-h200.md, "Round 6".
+    merge_rows: int = 1
 
 
 DEFAULT = VerifyConfig()
@@ -303,7 +309,6 @@ def defines(hq: int, hk: int, d: int, page: int, sp: int, bf16: bool, ql: int,
         "QL": ql, "GQ": g, "RC": plan.rc, "NCH": plan.nch, "QSMEM": int(q_in_smem(cfg, plan.rc)),
         "HPB": plan.hpb, "NCW": plan.ncw, "NCHB": plan.nchb, "CB": cb, "HS": hs if plan.hpb < hk else 0,
         "KCHAIN": cfg.kchain, "SHU": int(plan.shu), "UBUF": plan.ubuf, "SMX": 0 if plan.shu else smx,
-        "PIPE": int(bool(cfg.pipe) and smx == 1 and not plan.shu and not plan.ws),
     }
 
 
@@ -376,7 +381,7 @@ def _build(key) -> tuple:
     smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws else plan.warps, plan.rc, d,
                       plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0)
     k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4", arch_suffix=arch_suffix(defs))
-    merge = k.module.kernel(MERGE)
+    merge = (k.module.kernel(MERGE_ROWS), k.module.kernel(MERGE))  # _launch picks by the split count
     blocks = max(1, k.blocks_per_sm(32 * plan.warps))
     return k, merge, blocks, plan.blocks(hk), plan.warps
 
@@ -514,13 +519,19 @@ def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, works
         C.c_longlong(ql * out.stride(0)), C.c_longlong(out.stride(1)), C.c_longlong(0),
         C.c_int(_OUT_KIND[out.dtype]), C.c_int(0),
     ]
+    # tq_k8v4_merge_rows: a warp per row, its ROWS last (few splits); tq_k8v4_merge: a block of 256 threads per row
+    by_rows = bool(cfg.merge_rows) and splits <= MERGE_ROWS_MAX_SPLITS
+    merge = merge[0] if by_rows else merge[1]
+    mgrid = -(-rows // MERGE_ROWS_PER_BLOCK) if by_rows else rows
+    if by_rows:
+        margs.append(C.c_int(rows))
     if idx != torch.cuda.current_device():
         with torch.cuda.device(idx):
             k.launch(b * splits * per_split, 32 * warps, stream, args)
-            merge.launch(b * ql * hq, 256, stream, margs)
+            merge.launch(mgrid, 256, stream, margs)
         return
     k.launch(b * splits * per_split, 32 * warps, stream, args)
-    merge.launch(b * ql * hq, 256, stream, margs)
+    merge.launch(mgrid, 256, stream, margs)
 
 
 def synthetic_lengths(seq_lens: torch.Tensor, b: int, num_spec: int) -> torch.Tensor:

@@ -84,9 +84,6 @@ static_assert(PAGE_CTA == 1, "built on the page kernel's TMA ring");
 #ifndef RING_ONLY
 #define RING_ONLY 0               // 1: the per-warp kernel skips the tile math (wrong outputs): timing the TMA ring alone
 #endif
-#ifndef PIPE
-#define PIPE 0                    // 1: the per-warp kernel's tile loop software-pipelined (below): tile T + 1's scores first
-#endif
 #ifndef WSP
 #define WSP 0                     // 1: the warp-specialised pair (below): a score warp and a P.V warp per KV head
 #endif
@@ -184,13 +181,10 @@ static __device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
 // then one HMUL2 per two scores in the B layout, whose tokens are 2 t4, 2 t4 + 1 (+ 8): the scale|zero
 // words of those four tokens are read here (tokens past seq_len get 0: stale bytes never reach an MMA).
 // scale_o: rescale_state's (scale_o_sp where this warp holds o and sp).
-// mid(): work the caller puts after the rescale test, in the same basic block as the exponentials (PIPE: the next
-// tile's score MMAs); the other callers pass none.
-struct NoMid { __device__ __forceinline__ void operator()() const {} };
-template <bool MASKED, typename ScaleO, typename Mid = NoMid>
+template <bool MASKED, typename ScaleO>
 static __device__ __forceinline__ void softmax_tile_mma(
     State& st, float (&c)[NH][4], const u32* stage, int t4, int tok0, int seq_len, float qk_scale,
-    u32 (&pb)[NH][2], ScaleO scale_o, Mid mid = Mid())
+    u32 (&pb)[NH][2], ScaleO scale_o)
 {
     u32 sz[4];  // tokens 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9
 #pragma unroll
@@ -234,7 +228,6 @@ static __device__ __forceinline__ void softmax_tile_mma(
             for (int i = 0; i < 4; ++i) x[nh][i] = fmaf(c[nh][i], qk_scale, -st.m[nh][i & 1]);
         }, scale_o);
     }
-    mid();
     const u32 wp0 = pack_f16x2(sc[0] * st.inv_s, sc[1] * st.inv_s);  // scale / s_run of tokens 2 t4, 2 t4 + 1
     const u32 wp1 = pack_f16x2(sc[2] * st.inv_s, sc[3] * st.inv_s);  // and + 8
     const u32 z0 = prmt(sz[0], sz[1], 0x7632u), z1 = prmt(sz[2], sz[3], 0x7632u);  // their zero points
@@ -581,7 +574,7 @@ static __device__ __forceinline__ void init_rows(State& st, int (&lim)[NH][2], c
     int pg_next = rg.pg_next;                                                                       \
     auto produce = [&](int T, int slot, int pg) { ring_produce(rg, v, KV, kv_sblk, T, slot, pg, lane); };
 
-#if !SHU && !WSP && !PIPE
+#if !SHU && !WSP
 // One block per (request, split, row chunk), one warp per KV head; the TMA
 // ring of tq_k8v4_decode_page (same stage layout, same barriers).
 extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
@@ -619,95 +612,6 @@ extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page
     write_rows(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
 }
 #endif  // !SHU && !WSP
-
-#if PIPE
-// ---------------------------------------------------------------------------
-// The per-warp kernel with its tile loop software-pipelined (PIPE = 1, VerifyConfig.pipe; softmax_tile_mma only).
-// The per-warp kernel issues about 350 instructions a tile at 8 warps per SM (242 registers), and its warps wait
-// 5.4 cycles per instruction on dependencies (ncu, docs/bench-mtp-verify-h200.md, "Round 6"). Here iteration T first
-// issues tile T + 1's key loads and score MMAs (independent of tile T), then runs tile T's mask, softmax and P.V
-// on the scores the previous iteration left: tile T + 1's key loads and score MMAs go right after tile T's rescale
-// test (softmax_tile_mma's mid), in one basic block with T's exponentials and P.V, so the scheduler interleaves two
-// independent chains. Tile T + 1 must be in its stage one iteration earlier than in the kernel above (STAGES >= 3).
-static_assert(!SHU && !WSP && SMX == 1 && STAGES >= 3, "PIPE: the per-warp kernel with softmax_tile_mma");
-
-// S^T = K Q^T of one tile, raw (the causal mask and the scale come in finish_tile).
-static __device__ __forceinline__ void score_raw(float (&c)[NH][4], const QOp& q, const u32* stage, int g, int t4)
-{
-    u32 kw[2][KSTEPS];
-    load_kw(stage, g, t4, kw);
-    float cc[KCHAIN][NH][4];
-    score_mma(cc, q, kw);
-#pragma unroll
-    for (int nh = 0; nh < NH; ++nh)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[nh][i] = cc[0][nh][i];
-}
-
-// The rest of attend_tile_causal (SMX 1) on scores c of the tile in `stage`.
-template <bool MASKED, typename Next>
-static __device__ __forceinline__ void finish_tile(
-    State& st, float (&c)[NH][4], const u32* stage, int g, int t4, int tok0, int seq_len, const int (&lim)[NH][2],
-    float qk_scale, Next next)
-{
-    if (MASKED) {
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh) mask_causal(c, nh, tok0, g, lim);
-    }
-    u32 pb[NH][2];
-    softmax_tile_mma<MASKED>(st, c, stage, t4, tok0, seq_len, qk_scale, pb,
-                             [&](int nh, int e, float f) { scale_o_sp(st, nh, e, f); }, next);
-    u32 vw[4][VW];
-    load_vw(stage, g, t4, vw);
-    PV_MMA(st, vw, pb);
-}
-
-extern "C" __global__ void __launch_bounds__(NWB * 32, MINB) tq_k8v4_verify_page(VERIFY_PARAMS)
-{
-    VERIFY_START(true, load_q_rows)
-
-    const unsigned char* my = smem + hl * kv_shead;
-    int slot = 0;
-    u32 phase = 1u;  // tile t_begin's stage (slot 0) is waited for below
-    u32 empty_phase = 0;
-    float sc[NH][4];  // tile T's raw scores
-    mbar_wait(bars, 0);
-    score_raw(sc, qop, reinterpret_cast<const u32*>(my), g, t4);
-    for (int T = t_begin; T < t_end; ++T) {
-        if (w == 0) {
-            const int Tn = T + STAGES - 1;
-            const int sn = slot == 0 ? STAGES - 1 : slot - 1;
-            const int pg = __shfl_sync(0xffffffffu, pg_next, 0);
-            if (Tn < t_end) {
-                if (T > t_begin) {
-                    mbar_wait(bars + 8 * (STAGES + sn), (empty_phase >> sn) & 1);
-                    empty_phase ^= 1u << sn;
-                }
-                produce(Tn, sn, pg);
-                if (lane == 0) pg_next = bt_row[(16 * min(Tn + 1, t_end - 1)) / PAGE];
-            }
-        }
-        const int nslot = slot + 1 == STAGES ? 0 : slot + 1;
-        if (T + 1 < t_end) {  // tile T + 1 in its stage (past the last tile the scores below are of stale bytes, unused)
-            mbar_wait(bars + 8 * nslot, (phase >> nslot) & 1);
-            phase ^= 1u << nslot;
-        }
-        float sn_[NH][4];
-        const auto next = [&]() { score_raw(sn_, qop, reinterpret_cast<const u32*>(my + nslot * STAGE_BYTES), g, t4); };
-        const u32* stage = reinterpret_cast<const u32*>(my + slot * STAGE_BYTES);
-        if (T >= t_mask) finish_tile<true>(st, sc, stage, g, t4, 16 * T, seq_len, lim, qk_scale, next);
-        else finish_tile<false>(st, sc, stage, g, t4, 16 * T, seq_len, lim, qk_scale, next);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + slot));
-#pragma unroll
-        for (int nh = 0; nh < NH; ++nh)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) sc[nh][i] = sn_[nh][i];
-        slot = nslot;
-    }
-    write_rows(st, MID_O, MID_L, b, hk, c, S, s, g, t4);
-}
-#endif  // PIPE
 
 #if WSP
 // ---------------------------------------------------------------------------
