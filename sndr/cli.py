@@ -20,19 +20,21 @@ atomically (:func:`sndr.fsio.atomic_write`: a temp file beside it, then a
 rename that never follows a final symlink); anything else (a symlink, FIFO,
 device, socket, directory, or another user's file) is refused with exit 2
 (``output_refused``), naming the path, and left untouched. An output named as a
-directory to write into (``manifest build --out DIR``) is held to the same rule:
-``DIR`` is the path the user named, so a symlink there is refused as it is for a
-file (``check_output(DIR, directory=True)``), and the file is written through
-``DIR`` opened without following a link (``write_output(..., named_dir=True)``).
-The directories above the named path are resolved as the system resolves them,
-for every output alike.
+directory to write into (``manifest build --out DIR``, ``vendor --out DIR``,
+``import --to DIR``) is held to the same rule: ``DIR`` is the path the user named,
+so a symlink there is refused as it is for a file (``check_output(DIR,
+directory=True)``), and each file is written through ``DIR`` opened without
+following a link (``write_output(..., named_dir=True)``); several files of one
+command go through :func:`write_outputs`, which checks every one before it writes
+any. The directories above the named path are resolved as the system resolves
+them, for every output alike.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -239,8 +241,9 @@ def check_output(dest: str | os.PathLike[str], flag: str = "output", *, director
         from .errors import bad_input
 
         raise bad_input("output_refused", f"{flag}: {why}; nothing was written there", file=dest,
-                        hint=("give a new path or a directory you can write (not a symlink to one), or - for stdout"
-                              if directory else "give a new path or a regular file you own, or - for stdout"))
+                        hint=("give a new path, or a directory you can write that is not a symlink (the directory "
+                              "the link points to, if that is where the output belongs)" if directory
+                              else "give a new path or a regular file you own, or - for stdout"))
 
 
 def _open_named_dir(path: str, flag: str) -> int:
@@ -304,6 +307,19 @@ def write_output(dest: str | os.PathLike[str], text: str | bytes, flag: str = "o
         fsio.atomic_write(os.path.abspath(dest), data, mode)
     if dest == _json_dest:
         _json_written = True  # the command's own document (or its error document) is there
+
+
+def write_outputs(files: Sequence[tuple[str | os.PathLike[str], str | bytes]], flag: str = "output", *,
+                  named_dir: bool = False) -> None:
+    """Several output files of one command (``import --to DIR``: a patch file per member and the report):
+    every path is checked first (:func:`check_output`, and with ``named_dir`` each one's directory, the path the
+    user named), so that a refused one leaves nothing written; then each is written by :func:`write_output`."""
+    for dest, _ in files:
+        if named_dir:
+            check_output(os.path.dirname(os.path.abspath(dest)), flag, directory=True)
+        check_output(dest, flag)
+    for dest, text in files:
+        write_output(dest, text, flag, named_dir=named_dir)
 
 
 def parse_args(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:

@@ -217,7 +217,7 @@ CODES: dict[str, Code] = {
                              "one release, not a bump); a warning on stderr and in the report's warnings: it runs"),
     "stdout_conflict": Code(_B, "two outputs of one command were both sent to stdout"),
     "output_refused": Code(_B, "an output path is a symlink, FIFO, device, directory or another user's file, or its "
-                               "directory takes no new file (an --out DIR: a symlink or not a directory)"),
+                               "directory takes no new file (an --out DIR, --to DIR: a symlink or not a directory)"),
     # -- upstream: watchlist, sync, pin, vendor ---------------------------------------------------
     "bad_watchlist": Code(_B, "the watchlist does not match its schema"),
     "truncated_watchlist": Code(_B, "the watchlist's sentinel line is missing (truncated file)"),

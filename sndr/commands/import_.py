@@ -17,7 +17,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "file; genesis: a checkout of the seed system (its text patchers and registry, read "
                          "statically)")
     ap.add_argument("src", type=Path, help="the series (genesis: the checkout's root)")
-    ap.add_argument("--to", required=True, type=Path, dest="out", help="directory to write the patch files into")
+    ap.add_argument("--to", required=True, type=Path, dest="out",
+                    help="directory to write the patch files and _import.json into (made if missing, never a symlink)")
     ap.add_argument("--tree", help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
                                    "place each hunk on it; genesis converts without a tree)")
     ap.add_argument("--prefix", default=None, help="id prefix (default: Q for quilt, M for mbox): Q001, Q002, ...")
@@ -36,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
             raise bad_input("usage", "--to - : an import writes one patch file per member and its report, so it "
                             "needs a directory, not stdout", key="--to", hint="e.g. --to patches/")
-        if args.json:  # before any work and any engine import: a refused output path changes nothing
+        # before any work and any engine import: a refused output path changes nothing. --to DIR is the directory
+        # the user named: never a symlink (to a directory elsewhere), a FIFO or a file, and one that takes a file
+        check_output(args.out, "--to", directory=True)
+        if args.json:
             check_output(args.json, "--json")
         from ..upstream.series import run_import
 

@@ -19,7 +19,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="upstream reference, e.g. vllm#12345 (repeatable; default: the (#N) of the Subject)")
     ap.add_argument("--tree", required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
     ap.add_argument("--out", default=None,
-                    help="directory to write <ID>-<slug>.toml into, or a .toml path (- : stdout, as --stdout); "
+                    help="directory to write <ID>-<slug>.toml into (made if missing, never a symlink), or a .toml "
+                         "path (- : stdout, as --stdout); "
                          "default: the patch set in effect ($SNDR_PATCHES, else the shipped set of a checkout), "
                          "never the working directory; an installed sndr's shipped data is refused")
     ap.add_argument("--marker", action="append", default=[], metavar="EDIT=TEXT",

@@ -26,9 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import EXIT_FINDINGS, EXIT_OK, Problem, SndrError
-from ..fsio import FileProblem, atomic_write, read_text_strict
+from ..fsio import FileProblem, read_text_strict
 from ..model import ID_PATTERN
 
+#: The report an import writes beside its patch files (a name starting with ``_`` is not a patch).
+REPORT_NAME = "_import.json"
 _MBOX_FROM = re.compile(r"^From [0-9a-f]{7,40} ", re.M)
 _STRIP = re.compile(r"^-p(\d+)$")
 
@@ -149,17 +151,23 @@ def import_series(members: list[Member], read, version: str, out: Path, *, prefi
                 overlay[rel] = ch.new
             prev = pid
         results.append(rec)
+    report = {"kind": kind, "version": version, "members": [asdict(r) for r in results]}
+    _write_set(out, writes, report, force)
+    return results, EXIT_OK if all(r.ok for r in results) else EXIT_FINDINGS
+
+
+def _write_set(out: Path, writes: list[tuple[Path, str]], report: dict, force: bool) -> None:
+    """The patch files and ``_import.json`` into ``out``, the directory the user named (``--to DIR``): through the
+    one output writer, which never follows a symlink at ``out`` or at a file's name, and checks every path before
+    it writes any (a refused one leaves nothing written). An existing patch file is replaced only with ``force``."""
+    from ..cli import write_outputs
+
     existing = [t for t, _ in writes if t.exists()]
     if existing and not force:
         raise SndrError(Problem("patch_exists", "patch file already exists", file=str(existing[0]),
                                 hint="pass --force to overwrite, or import into an empty directory"))
-    out.mkdir(parents=True, exist_ok=True)
-    for target, text in writes:
-        atomic_write(target, text.encode("utf-8"))
-    atomic_write(out / "_import.json", (json.dumps({"kind": kind, "version": version,
-                                                    "members": [asdict(r) for r in results]}, indent=2)
-                                        + "\n").encode("utf-8"), durable=False)
-    return results, EXIT_OK if all(r.ok for r in results) else EXIT_FINDINGS
+    files: list[tuple[str | Path, str]] = [*writes, (out / REPORT_NAME, json.dumps(report, indent=2) + "\n")]
+    write_outputs(files, "--to", named_dir=True)
 
 
 def _has_subject(text: str) -> bool:
@@ -206,7 +214,7 @@ def run_import(args) -> int:
             if not args.quiet:
                 print(f"        skipped {s}", file=err)
     done = sum(r.ok for r in results)
-    print(f"imported {done} of {len(results)} into {args.out} (report: {args.out / '_import.json'})", file=err)
+    print(f"imported {done} of {len(results)} into {args.out} (report: {args.out / REPORT_NAME})", file=err)
     if args.json:
         from ..cli import write_output
 
@@ -243,16 +251,9 @@ def _genesis(args) -> int:
         head = [f"Imported by `sndr import genesis` from {args.src.name} (apply order as after chains).",
                 "Best-effort as the seed applies it: on_failure = skip."]
         writes.append((args.out / f"{p.id}-{slug(p.title)}.toml", dumps_patch(p, header=head)))
-    existing = [t for t, _ in writes if t.exists()]
-    if existing and not args.force:
-        raise SndrError(Problem("patch_exists", "patch file already exists", file=str(existing[0]),
-                                hint="pass --force to overwrite, or import into an empty directory"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    for target, text in writes:
-        atomic_write(target, text.encode("utf-8"))
     report = dict(res.to_json(), kind="genesis", edits=sum(len(f.edits) for p in res.patches for f in p.files),
                   files=len({f.path for p in res.patches for f in p.files}))
-    atomic_write(args.out / "_import.json", (json.dumps(report, indent=2) + "\n").encode("utf-8"), durable=False)
+    _write_set(args.out, writes, report, args.force)
     err = sys.stderr
     if not args.quiet:
         for n in res.notes:
@@ -261,7 +262,7 @@ def _genesis(args) -> int:
             print(f"  {pid}: not imported: {why}", file=err)
     print(f"imported {len(res.patches)} patch(es), {report['edits']} edit(s) over {report['files']} file(s) into "
           f"{args.out}; {len(res.skipped)} registry entr(ies) not imported, {len(res.notes)} construct(s) not "
-          f"expressed (report: {args.out / '_import.json'})", file=err)
+          f"expressed (report: {args.out / REPORT_NAME})", file=err)
     if args.json:
         from ..cli import write_output
 

@@ -446,12 +446,19 @@ def run_vendor(args) -> int:
     if args.stdout and args.json == "-":  # --json - means stdout holds the JSON document only
         raise SndrError(Problem("stdout_conflict", "--stdout and --json - would both write to stdout",
                                 key="--json", hint="send the report to a file: --json FILE"))
+    flag, named = "the patch file", False  # named: --out DIR, the directory the user named (never a symlink)
     if not args.stdout:
         from ..env import patches_dir, refuse_shipped_write
 
-        if args.out is None:  # the patch set in effect, as sync decide and pin advance write into; never the cwd
+        given = args.out is not None
+        if not given:  # the patch set in effect, as sync decide and pin advance write into; never the cwd
             args.out = str(patches_dir())
         refuse_shipped_write(args.out, flag="--out DIR")  # before any work: a reinstall would lose it
+        if given:
+            # before any work: a FILE.toml, or the DIR it goes into, never a symlink, FIFO, device or read-only
+            # place (the file's own name is known after the vendoring; the writer checks it then)
+            flag, named = "--out", Path(args.out).suffix != ".toml"
+            check_output(args.out, flag, directory=named)
 
     if args.diff == "-":
         diff_text = sys.stdin.buffer.read().decode("utf-8")
@@ -488,7 +495,7 @@ def run_vendor(args) -> int:
             if same_id:
                 raise SndrError(Problem("duplicate_id", f"another patch file already uses id {args.patch_id}",
                                         file=str(same_id[0]), key="--id"))
-        write_output(target, text, "the patch file")
+        write_output(target, text, flag, named_dir=named)
     if args.stdout and res.ok:
         sys.stdout.write(res.written()[1])
     _print_result(res, target, args.quiet)

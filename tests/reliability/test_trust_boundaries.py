@@ -433,6 +433,9 @@ OUTPUT_COMMANDS = {
     "schema codes --json": ["schema", "codes", "--json", "{out}"],
     "import --json": ["import", "quilt", "/nonexistent-series", "--to", "/nonexistent-out", "--tree", "/x",
                       "--json", "{out}"],
+    "import --to": ["import", "quilt", "/nonexistent-series", "--to", "{out}", "--tree", "/x"],
+    "vendor --out": ["vendor", "--diff", "/nonexistent.diff", "--id", "PN0001", "--tree", "/nonexistent",
+                     "--out", "{out}"],
 }
 
 

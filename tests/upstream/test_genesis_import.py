@@ -261,3 +261,18 @@ def test_cli_writes_a_set_that_stacks_in_boot_order(seed, tmp_path, capsys):
     assert "# [PN7] capped below\n        budget =" in new
     assert "budget, self.long_prefill_threshold)  # [PN7]\n            logger.debug('budget %d', budget)  # [PN8]\n" in new
     assert "ssm_state = ssm_state.clone()  # [PN3]" in plan.changes["vllm/model_executor/layers/mamba/gdn_linear_attn.py"].new
+
+
+def test_cli_to_a_symlinked_directory_is_refused_and_nothing_is_written(seed, tmp_path, capsys):
+    """``import genesis SRC --to linkdir`` (linkdir -> a directory elsewhere) wrote the patch files and _import.json
+    there: --to is the directory the user named, never written through a symlink (output_refused, exit 2)."""
+    from sndr.__main__ import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+    assert main(["import", "genesis", str(seed), "--to", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert f"{link}: --to: it is a symlink to {elsewhere}" in err and "(output_refused)" in err, err
+    assert list(elsewhere.iterdir()) == [] and link.is_symlink()

@@ -160,3 +160,54 @@ def test_cli_to_dash_is_refused_not_a_directory_named_dash(tmp_path, monkeypatch
     assert "--to -" in capsys.readouterr().err
     assert not (tmp_path / "-").exists()
 
+
+
+def test_cli_to_dir_is_never_written_through_a_symlink_and_a_refused_file_leaves_nothing_written(
+        tmp_path, monkeypatch, capsys):
+    """``import mbox SRC --to linkdir`` (linkdir -> a directory elsewhere) wrote every patch file and _import.json
+    there, exit 0: --to was mkdir'ed and written into without a check. It is the directory the user named, an
+    output path as every command's (sndr.cli.check_output(directory=True), before any work): a symlink, dangling
+    or not, a FIFO or a file there is refused (output_refused, exit 2, naming it). And an import writes several
+    files: a FIFO (or a symlink) at DIR/_import.json was replaced after the patch files were written; every file
+    is checked before any is written now (sndr.cli.write_outputs), so a refused one leaves nothing written."""
+    import os
+
+    import sndr.upstream.series as series_mod
+    from sndr.__main__ import main
+
+    pin = make_tree(tmp_path / "pin", PIN_FILES)
+    src = tmp_path / "series"
+    src.mkdir()
+    for name, text in series():
+        (src / name).write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link, dangling, fifo, plain = (tmp_path / n for n in ("link", "dangling", "fifo", "plain"))
+    link.symlink_to(elsewhere)
+    dangling.symlink_to(tmp_path / "nowhere")
+    os.mkfifo(fifo)
+    plain.write_text("x\n")
+    real_import = series_mod.import_series
+
+    def never(*args, **kwargs):
+        raise AssertionError("imported although --to is refused")
+
+    monkeypatch.setattr(series_mod, "import_series", never)
+    for where, said in ((link, f"it is a symlink to {elsewhere}"), (dangling, "it is a symlink to"),
+                        (fifo, "it is a FIFO, not a directory"), (plain, "it is a regular file, not a directory")):
+        assert main(["import", "mbox", str(src), "--to", str(where), "--tree", str(pin)]) == 2
+        err = capsys.readouterr().err
+        assert "(output_refused)" in err and f"{where}: --to: {said}" in err and "Traceback" not in err, err
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "nowhere").exists() and plain.read_text() == "x\n"
+    monkeypatch.setattr(series_mod, "import_series", real_import)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "_import.json")  # the last file the import writes
+    assert main(["import", "mbox", str(src), "--to", str(out), "--tree", str(pin)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / '_import.json'}: --to: it is a FIFO" in err and "(output_refused)" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["_import.json"]  # no patch file was written before it
+    (out / "_import.json").unlink()
+    assert main(["import", "mbox", str(src), "--to", str(out / "new"), "--tree", str(pin)]) == 1
+    assert len(list((out / "new").glob("M*.toml"))) == 4 and (out / "new" / "_import.json").is_file()

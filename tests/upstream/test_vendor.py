@@ -795,3 +795,42 @@ def test_cli_out_dash_is_stdout_not_a_directory_named_dash(tmp_path, monkeypatch
     assert not (tmp_path / "-").exists()
     assert sndr_main([*argv, "--json", "-"]) == 2
     assert json.loads(capsys.readouterr().out)["problems"][0]["code"] == "stdout_conflict"
+
+
+def test_out_dir_is_never_written_through_a_symlink_and_is_checked_before_the_work(tmp_path, monkeypatch, capsys):
+    """``vendor --out linkdir`` (linkdir -> a directory elsewhere) wrote elsewhere/<ID>-<slug>.toml and exit 0: the
+    writer checked only the file's own name, never the directory the user named. --out DIR is an output path as
+    every command's is (sndr.cli.check_output(directory=True) before the work, write_output(named_dir=True)): a
+    symlink there (dangling or not), a FIFO or a file is refused (output_refused, exit 2, naming it and what it is),
+    before the diff is vendored, and nothing is written anywhere. A new DIR (and the directories to it) is made."""
+    import sndr.upstream.vendor as vendor_mod
+
+    tree = make_tree(tmp_path / "site", PIN_FILES)
+    diff = tmp_path / "d.patch"
+    diff.write_text(series_diff())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link, dangling, fifo, plain = (tmp_path / n for n in ("link", "dangling", "fifo", "plain"))
+    link.symlink_to(elsewhere)
+    dangling.symlink_to(tmp_path / "nowhere")
+    os.mkfifo(fifo)
+    plain.write_text("x\n")
+    argv = ["vendor", "--diff", str(diff), "--id", "PN0130", "--tree", str(tree)]
+    real_vendor = vendor_mod.vendor_diff
+
+    def never(*args, **kwargs):
+        raise AssertionError("vendored although --out is refused")
+
+    monkeypatch.setattr(vendor_mod, "vendor_diff", never)
+    for where, said in ((link, f"it is a symlink to {elsewhere}"), (dangling, "it is a symlink to"),
+                        (fifo, "it is a FIFO, not a directory"), (plain, "it is a regular file, not a directory")):
+        rc = sndr_main([*argv, "--out", str(where)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "(output_refused)" in err and f"{where}: --out: {said}" in err, err
+        assert "Traceback" not in err
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "nowhere").exists()
+    assert link.is_symlink() and dangling.is_symlink() and plain.read_text() == "x\n"
+    monkeypatch.setattr(vendor_mod, "vendor_diff", real_vendor)
+    new = tmp_path / "new" / "patches"
+    assert sndr_main([*argv, "--out", str(new)]) == 0, capsys.readouterr().err
+    assert [p.name for p in new.iterdir()] == ["PN0130-clamp-the-hit-length-to-the-model-length.toml"]
