@@ -16,6 +16,10 @@ imported. Adding a subcommand is one file here and one line in the table.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: name -> (module, the one line ``python -m sndr --help`` shows). ``{schemas}`` is filled in from sndr.schema.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,10 +41,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: What an empty path option is told (argparse puts ``argument --json: `` before it; exit 2, usage).
+EMPTY_PATH = "an empty path names nothing (an unset variable?)"
+
+
+def path_text(text: str) -> str:
+    """The ``type`` of every path option sndr writes to (an output: ``--json``, ``--md``, ``--markdown``,
+    ``--sarif``, ``--prometheus``, ``--out``, ``--to``; a file it edits: ``--decisions``, ``--pin-file``,
+    ``--watchlist``; where it writes: ``--site``), the one rule for an empty value: a usage error (exit 2) naming
+    the option. ``--json "$REPORT"`` with the variable unset wrote no report and exited 0; ``--to ""`` and
+    ``--out ""`` wrote into the working directory; ``--decisions ""`` edited the default file. ``-`` (stdout)
+    and every other path are the command's to check (:func:`sndr.cli.check_output`)."""
+    if not text:
+        raise argparse.ArgumentTypeError(EMPTY_PATH)
+    return text
+
+
+def path_value(text: str) -> Path:
+    """:func:`path_text` as a :class:`~pathlib.Path`: the ``type`` of a path option the command reads as one
+    (never ``type=Path``: ``Path("")`` is ``.``, the working directory, and the empty value would be lost)."""
+    from pathlib import Path  # here: a command's --help imports no more than it needs
+
+    return Path(path_text(text))
+
+
 def add_json_option(parser: argparse.ArgumentParser, what: str = "the report") -> None:
     """``--json FILE|-``, the one meaning of ``--json`` in every command: write ``what`` as JSON to FILE
     (atomically, :func:`sndr.cli.write_output`) or to stdout for ``-`` (the human text then goes to stderr
-    or is left out, so stdout holds one JSON document)."""
-    parser.add_argument("--json", metavar="FILE|-",
+    or is left out, so stdout holds one JSON document); an empty FILE is a usage error (:func:`path_text`)."""
+    parser.add_argument("--json", metavar="FILE|-", type=path_text,
                         help=f"write {what} as JSON to FILE, or to stdout for '-' (stdout then holds the JSON only)")
 

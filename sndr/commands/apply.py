@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import add_json_option
+from . import add_json_option, path_value
 
 if TYPE_CHECKING:
     from ..model import Report
@@ -27,7 +26,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "(default: where `import vllm` finds it, without importing it); with --dry-run also "
                          "vllm==X.Y.Z (sndr's cached copy). Apply writes, so it needs a directory: wheels and git: "
                          "trees are for `python -m sndr list` and `python -m sndr preflight`")
-    ap.add_argument("--patches", type=Path, help="patch directory (default: $SNDR_PATCHES, else the shipped set)")
+    ap.add_argument("--patches", type=path_value, help="patch directory (default: $SNDR_PATCHES, else the shipped set)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="simulate only; never writes")
     mode.add_argument("--verify", action="store_true", help="check the tree holds exactly this patch set")
@@ -37,7 +36,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--keep-going", action="store_true",
                     help="leave out whole every patch that cannot apply (and what requires it), apply the rest, "
                          "listing what was left out and why; exit 1 when one has on_failure = fail")
-    ap.add_argument("--profile", type=Path, metavar="FILE",
+    ap.add_argument("--profile", type=path_value, metavar="FILE",
                     help="deployment profile for `when` predicates (TOML/JSON; default: $SNDR_PROFILE; "
                          "python -m sndr schema profile)")
     ap.add_argument("--allow-empty", action="store_true",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from . import path_text
+
 HELP = "Install or remove the in-memory import hook (.pth) of an environment."
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("action", choices=["install", "uninstall"])
-    ap.add_argument("--site", help="site-packages directory to write the .pth into "
+    ap.add_argument("--site", type=path_text, help="site-packages directory to write the .pth into "
                                    "(default: the directory that holds vllm/ for --python)")
     ap.add_argument("--python", help="interpreter of the target environment (default: this one)")
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from . import add_json_option
+from . import add_json_option, path_value
 
 HELP = ("Turn a patch series (quilt, git format-patch) into sndr patch files, in series order with after "
         "chains.")
@@ -16,8 +15,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="quilt: a directory with a series file; mbox: numbered format-patch files, or one mbox "
                          "file; genesis: a checkout of the seed system (its text patchers and registry, read "
                          "statically)")
-    ap.add_argument("src", type=Path, help="the series (genesis: the checkout's root)")
-    ap.add_argument("--to", required=True, type=Path, dest="out",
+    ap.add_argument("src", type=path_value, help="the series (genesis: the checkout's root)")
+    ap.add_argument("--to", required=True, type=path_value, dest="out",
                     help="directory to write the patch files and _import.json into (made if missing, never a symlink)")
     ap.add_argument("--tree", help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
                                    "place each hunk on it; genesis converts without a tree)")

@@ -5,15 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import path_value
+
 HELP = "Build or check anchors/vllm-<version>.json."
-
-
-def _path(text: str) -> Path:
-    """A path option's value; an empty one (an unset variable, ``--out "$OUT"``) is a usage error, never ``.``
-    (``Path("")`` is the working directory: a check read it as the patch set or the manifests, a build wrote there)."""
-    if not text:
-        raise argparse.ArgumentTypeError("an empty path names nothing (an unset variable?)")
-    return Path(text)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -22,14 +16,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                                      "read through its pristine copies in .sndr/objects)")
     b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed "
                                   "manifest)")
-    b.add_argument("--patches", type=_path, help="patch directory (default: the shipped set)")
-    b.add_argument("--out", type=_path, help="output directory (vllm-<version>.json is written into it; made if "
+    b.add_argument("--patches", type=path_value, help="patch directory (default: the shipped set)")
+    b.add_argument("--out", type=path_value, help="output directory (vllm-<version>.json is written into it; made if "
                                             "missing, never a symlink), a FILE.json, or - for stdout (default: "
                                             "the shipped anchors/)")
     c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
     c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
-    c.add_argument("--patches", type=_path, help="patch directory (default: the shipped set)")
-    c.add_argument("--anchors", type=_path, help="the directory that holds the manifests, each named "
+    c.add_argument("--patches", type=path_value, help="patch directory (default: the shipped set)")
+    c.add_argument("--anchors", type=path_value, help="the directory that holds the manifests, each named "
                                                 "vllm-<version>.json (a manifest file itself is refused; default: "
                                                 "the shipped anchors/)")
 

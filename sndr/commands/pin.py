@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import path_text
+
 HELP = "Show the pin, or advance it when the preflight, manifest, queue, deviation and benchmark gates pass."
 
 
@@ -12,7 +14,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
     sub = ap.add_subparsers(dest="cmd", required=True)
     sh = sub.add_parser("show", help="print the recorded pin")
-    sh.add_argument("--pin-file", metavar="PATH")
+    sh.add_argument("--pin-file", metavar="PATH", type=path_text)
     sh.add_argument("--patches", metavar="DIR", help=f"patch set whose {PIN_FILE_NAME} to read (default: "
                     "$SNDR_PATCHES, else the shipped set)")
     ad = sub.add_parser("advance", help="record a new pin when the preflight, manifest, queue, deviation and benchmark gates pass")
@@ -23,11 +25,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ad.add_argument("--patches", metavar="DIR", help="patch set being advanced: the preflight, manifest and queue "
                     "must be of it (default: the queue's recorded patch dir, else $SNDR_PATCHES, else the shipped "
                     "set)")
-    ad.add_argument("--pin-file", metavar="PATH", help=f"pin record to write (default: <patches>/{PIN_FILE_NAME}; "
+    ad.add_argument("--pin-file", metavar="PATH", type=path_text, help=f"pin record to write (default: <patches>/{PIN_FILE_NAME}; "
                     "never an installed sndr's shipped data)")
     ad.add_argument("--version", help="vLLM version to record when --to is a commit")
     ad.add_argument("--tree", help="target tree to take the digest from (any tree spec)")
-    ad.add_argument("--decisions", metavar="PATH", help="kept decisions and deviations (default: "
+    ad.add_argument("--decisions", metavar="PATH", type=path_text, help="kept decisions and deviations (default: "
                     "<patches>/sync-decisions.yaml)")
     bench = ad.add_mutually_exclusive_group()  # a reference and a waiver of it cannot both hold
     bench.add_argument("--benchmark-ref", metavar="FILE", help="benchmark reference re-measured on the target "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 HELP = "Classify the patch set on a pin and a candidate vLLM tree."
 
@@ -37,8 +37,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the vLLM to move to, in the same forms; the pin's own tree is refused (same_tree, exit 2), "
                          "the pin's version with other files runs with a warning (same_version)")
     add_json_option(ap, "the preflight report")
-    ap.add_argument("--markdown", metavar="OUT", help="write the Markdown report ('-' for stdout)")
-    ap.add_argument("--sarif", metavar="OUT", help="write SARIF 2.1.0 ('-' for stdout)")
+    ap.add_argument("--markdown", metavar="OUT", type=path_text, help="write the Markdown report ('-' for stdout)")
+    ap.add_argument("--sarif", metavar="OUT", type=path_text, help="write SARIF 2.1.0 ('-' for stdout)")
     ap.add_argument("--github", action="store_true", help="print GitHub workflow annotations")
     ap.add_argument("--fail-on", action="append", metavar="CLASS",
                     help="drift (default), ambiguous, any, config, none; repeat or comma-separate")

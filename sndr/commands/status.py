@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 HELP = ("One line per vLLM process: the patch set it attested. Exit 1 if processes disagree, one misses a required "
         "patch, a record is not valid, or the tree no longer holds the set and the file hashes a live process "
@@ -18,7 +18,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--live", action="store_true", help="only processes that are still running")
     ap.add_argument("--prune", action="store_true", help="delete the records of processes that have exited")
     add_json_option(ap, "the records and the verdict")
-    ap.add_argument("--prometheus", metavar="FILE",
+    ap.add_argument("--prometheus", metavar="FILE", type=path_text,
                     help="also write the live processes' patch-set gauges to FILE in the Prometheus text format, "
                          "atomically (for node_exporter's textfile collector; see docs/deploy.md)")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 HELP = "Plan the port queue of an upstream range; record decisions and deviations."
 
@@ -25,12 +25,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="extra mirrored files (fnmatch; '*' crosses '/'); repeatable")
     pl.add_argument("--config", metavar="FILE",
                     help=f"TOML with surface = [globs] (default: <patches>/{SYNC_CONFIG_NAME} if present)")
-    pl.add_argument("--decisions", metavar="PATH", help=f"kept decisions and deviations (default: "
+    pl.add_argument("--decisions", metavar="PATH", type=path_text, help=f"kept decisions and deviations (default: "
                     f"<patches>/{DECISIONS_NAME} if present)")
     pl.add_argument("--select", metavar="SHA,...",
                     help="queue only these commits (refused if it splits a revert pair or a series)")
     add_json_option(pl, "the queue report")
-    pl.add_argument("--md", metavar="PATH", help="write the Markdown report here ('-' for stdout)")
+    pl.add_argument("--md", metavar="PATH", type=path_text, help="write the Markdown report here ('-' for stdout)")
 
     de = sub.add_parser("decide", help="record the decision on one queued commit (kept across re-plans)")
     de.add_argument("sha", nargs="?", help="the upstream commit (7 to 40 hex digits)")
@@ -46,7 +46,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "`sync plan --json` report; its recorded patch dir is the default --patches")
     de.add_argument("--patches", metavar="DIR", help="patch set the decisions belong to (default: the queue's "
                     "recorded patch dir, else $SNDR_PATCHES; never an installed sndr's shipped data)")
-    de.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
+    de.add_argument("--decisions", metavar="PATH", type=path_text, help=f"default: <patches>/{DECISIONS_NAME}")
     de.add_argument("--allow-unknown", action="store_true", help="accept 'ported-as ID' for an id the patch set "
                     "does not have yet (pin advance still refuses it until the patch exists)")
 
@@ -62,7 +62,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "never an installed sndr's shipped data)")
     dv.add_argument("--allow-unknown", action="store_true", help="accept a patch id the patch set does not have "
                     "(yet); give --paths, or the deviation lives in no file")
-    dv.add_argument("--decisions", metavar="PATH", help=f"default: <patches>/{DECISIONS_NAME}")
+    dv.add_argument("--decisions", metavar="PATH", type=path_text, help=f"default: <patches>/{DECISIONS_NAME}")
 
 
 def run(args: argparse.Namespace) -> int:

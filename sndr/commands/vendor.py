@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 HELP = "Turn a unified diff (git format-patch, git diff, diff -u) into a patch file for a pinned vLLM tree."
 
@@ -18,7 +18,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--upstream", action="append", metavar="REF",
                     help="upstream reference, e.g. vllm#12345 (repeatable; default: the (#N) of the Subject)")
     ap.add_argument("--tree", required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
-    ap.add_argument("--out", default=None,
+    ap.add_argument("--out", default=None, type=path_text,
                     help="directory to write <ID>-<slug>.toml into (made if missing, never a symlink), or a .toml "
                          "path (- : stdout, as --stdout); "
                          "default: the patch set in effect ($SNDR_PATCHES, else the shipped set of a checkout), "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 if TYPE_CHECKING:
     from ..errors import Problem
@@ -18,8 +18,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand that is not given --watchlist leaves the one given before it (`watchlist --watchlist
     # X lint`) in place; a default of None there overwrote it, and the default watchlist was linted instead.
     where = "watchlist file (default: watchlist.yaml of the patch directory: $SNDR_PATCHES, else the shipped set)"
-    common.add_argument("--watchlist", metavar="PATH", default=argparse.SUPPRESS, help=where)
-    ap.add_argument("--watchlist", metavar="PATH", help=where)
+    common.add_argument("--watchlist", metavar="PATH", type=path_text, default=argparse.SUPPRESS, help=where)
+    ap.add_argument("--watchlist", metavar="PATH", type=path_text, help=where)
     sub = ap.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("lint", parents=[common],
                         help="flag unknown patches, contradictions, duplicates, retired patches")

@@ -439,6 +439,102 @@ def test_json_means_file_or_dash_in_every_command():
                                 "python -m sndr apply", "python -m sndr sync plan"} <= set(found), found
 
 
+def _every_parser():
+    """(prog, parser) of every command and subcommand of the one parser."""
+    import argparse
+
+    from sndr.__main__ import build_parser
+    from sndr.commands import COMMANDS
+
+    def parsers(p):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    yield from parsers(sub)
+
+    for name in COMMANDS:
+        yield from ((p.prog, p) for p in parsers(build_parser([name])))
+
+
+#: Every option that names a path sndr writes to (an output, a file it edits, where it writes), by command.
+WRITTEN_PATHS = {
+    "apply": {"--json"}, "list": {"--json"}, "schema": {"--json"}, "gc": {"--json"},
+    "status": {"--json", "--prometheus"}, "preflight": {"--json", "--markdown", "--sarif"},
+    "sync plan": {"--json", "--md", "--decisions"}, "sync decide": {"--decisions"},
+    "sync deviation": {"--decisions"}, "pin show": {"--pin-file"}, "pin advance": {"--pin-file", "--decisions"},
+    "vendor": {"--json", "--out"}, "import": {"--json", "--to"}, "manifest build": {"--out"},
+    "watchlist": {"--watchlist"}, "watchlist lint": {"--json", "--watchlist"},
+    "watchlist check": {"--json", "--watchlist"}, "watchlist set": {"--watchlist"}, "watchlist show": {"--watchlist"},
+    "hook": {"--site"},
+}
+
+
+def test_every_written_path_option_takes_the_one_empty_path_rule():
+    """``python -m sndr.apply --json ""`` (an unset variable) wrote no report and exited 0; ``vendor --out ""``,
+    ``import --to ""`` and ``hook install --site ""`` wrote into the working directory; ``sync decide --decisions ""``
+    edited the default file. The rule for an empty path is one function, ``sndr.commands.path_text`` (as a Path:
+    ``path_value``), the ``type`` of every option that names where sndr writes; and no option is ``type=Path``,
+    whose ``Path("")`` is the working directory."""
+    from pathlib import Path
+
+    from sndr.commands import path_text, path_value
+
+    found: dict[str, set[str]] = {}
+    for prog, p in _every_parser():
+        cmd = prog.removeprefix("python -m sndr ")
+        for a in p._actions:
+            assert a.type is not Path, f"{prog} {a.option_strings or a.dest}: type=Path reads '' as '.'"
+            flags = set(a.option_strings) & WRITTEN_PATHS.get(cmd, set())
+            if flags:
+                assert a.type in (path_text, path_value), f"{prog} {sorted(flags)} has no empty-path rule"
+                found.setdefault(cmd, set()).update(flags)
+            elif "--json" in a.option_strings:
+                raise AssertionError(f"{prog} --json is not listed in WRITTEN_PATHS")
+    assert found == WRITTEN_PATHS, found
+
+
+EMPTY_PATH_CASES = {
+    "apply --json": ["apply", "--dry-run", "--json", ""],
+    "list --json=": ["list", "--json="],
+    "schema --json": ["schema", "codes", "--json", ""],
+    "gc --json": ["gc", "/nonexistent-tree", "--json", ""],
+    "status --prometheus": ["status", "--run-dir", "/nonexistent-run", "--prometheus", ""],
+    "preflight --markdown": ["preflight", "--pin", "/x", "--candidate", "/y", "--markdown", ""],
+    "preflight --sarif": ["preflight", "--pin", "/x", "--candidate", "/y", "--sarif", ""],
+    "sync plan --md": ["sync", "plan", "--repo", "/nonexistent", "--from", "a", "--to", "b", "--md", ""],
+    "sync decide --decisions": ["sync", "decide", "abcdef1", "--tier", "IGNORE", "--decisions", ""],
+    "pin advance --pin-file": ["pin", "advance", "--to", "0.33.0", "--no-benchmark-ref", "t", "--pin-file", ""],
+    "vendor --out": ["vendor", "--diff", "/x.diff", "--id", "PN0001", "--tree", "/x", "--out", ""],
+    "import --to": ["import", "mbox", "/x", "--tree", "/x", "--to", ""],
+    "manifest build --out": ["manifest", "build", "--tree", "/x", "--out", ""],
+    "watchlist set --watchlist": ["watchlist", "set", "--watchlist", "", "vllm#1", "title", "x"],
+    "hook install --site": ["hook", "install", "--site", ""],
+}
+
+
+@pytest.mark.parametrize("argv", EMPTY_PATH_CASES.values(), ids=EMPTY_PATH_CASES.keys())
+def test_an_empty_written_path_is_a_usage_error_naming_the_option(argv, tmp_path, monkeypatch, capsys):
+    """In process, through the one entry: exit 2, argparse's line names the option, nothing is written (the
+    working directory, where ``vendor --out ""`` and ``import --to ""`` wrote, stays empty)."""
+    flag = next(a for a in argv if a.startswith("--") and (a.endswith("=") or argv[argv.index(a) + 1:][:1] == [""]))
+    monkeypatch.chdir(tmp_path)
+    assert sndr_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag.rstrip('=')}: an empty path names nothing (an unset variable?)" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_apply_json_empty_is_refused_before_the_tree_is_touched(tree):
+    """The reported case, as a process: ``python -m sndr.apply --tree T --json ""`` applied the set and exited 0
+    with no report anywhere. Now a usage error (exit 2) naming --json, and the tree is as it was."""
+    before = vllm_hash(tree)
+    proc = sndr_apply("--tree", str(tree), "--patches", str(DATA), "--json", "")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert "python -m sndr.apply: error: argument --json: an empty path names nothing" in proc.stderr, proc.stderr
+    assert vllm_hash(tree) == before and not (tree / ".sndr").exists()
+
+
 def test_schema_json_writes_the_schema_to_file_or_stdout(tmp_path, capsys):
     """``schema NAME --json FILE|-`` writes the schema there, as --json does in every command (it was refused
     with "--json is for `schema codes`", exit 2, though the help promised FILE|-)."""
