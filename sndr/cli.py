@@ -159,6 +159,8 @@ def _output_problem(dest: str, directory: bool = False) -> str | None:
     takes a new file)."""
     import stat
 
+    from .fsio import kind_of
+
     inside = os.path.join(dest, "output")  # a file in the directory ``dest``: where the output will go
     try:
         st = os.lstat(dest)
@@ -177,20 +179,12 @@ def _output_problem(dest: str, directory: bool = False) -> str | None:
     if stat.S_ISDIR(st.st_mode):
         return _output_dir_problem(inside) if directory else "it is a directory"
     if directory:
-        return f"it is {_kind_of(st.st_mode)}, not a directory (the output file is written into it)"
+        return f"it is {kind_of(st.st_mode)}, not a directory (the output file is written into it)"
     if not stat.S_ISREG(st.st_mode):
-        return f"it is {_kind_of(st.st_mode)}, not a regular file (sndr replaces an output file atomically)"
+        return f"it is {kind_of(st.st_mode)}, not a regular file (sndr replaces an output file atomically)"
     if st.st_uid != os.geteuid():
         return f"it is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
     return _output_dir_problem(dest)
-
-
-def _kind_of(mode: int) -> str:
-    import stat
-
-    return ("a regular file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket")
 
 
 def _output_dir_problem(dest: str) -> str | None:

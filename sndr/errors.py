@@ -116,7 +116,8 @@ CODES: dict[str, Code] = {
     "sndr_not_importable": Code(_B, "hook install: the --python interpreter cannot import sndr, so its .pth would "
                                     "import nothing"),
     "tree_not_found": Code(_B, "the tree path does not exist"),
-    "bad_tree_spec": Code(_B, "a tree spec (DIR, vllm==X, wheel, git:REV, installed[:PY]) is malformed"),
+    "bad_tree_spec": Code(_B, "a tree spec (DIR, vllm==X, wheel, git:REV, installed[:PY]) is malformed, or names "
+                              "a path that is none of them (a regular file, FIFO, device or socket: said which)"),
     "bad_path": Code(_B, "a path is not a relative POSIX path inside the tree"),
     "path_escape": Code(_B, "a path resolves outside the tree (symlink or '..')"),
     "symlink_refused": Code(_B, "a target or sndr's state directory is a symlink, which sndr refuses to follow"),

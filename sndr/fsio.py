@@ -59,6 +59,15 @@ def is_temp_name(name: str) -> bool:
     return TEMP_MARK in name
 
 
+def kind_of(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, as messages name it: "a directory", "a regular file", "a FIFO",
+    "a character device", "a block device", "a socket", "a symlink" (the one naming of every kind)."""
+    return ("a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a symlink" if stat.S_ISLNK(mode) else f"a file of mode {oct(stat.S_IFMT(mode))}")
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
     try:

@@ -414,6 +414,8 @@ def _check_anchors_dir(anchors: Path) -> None:
     (``check`` says which are missing); anything else that is not a directory is refused, naming it."""
     import stat
 
+    from .fsio import kind_of
+
     try:
         mode = anchors.stat().st_mode
     except FileNotFoundError:
@@ -423,7 +425,7 @@ def _check_anchors_dir(anchors: Path) -> None:
                         key="--anchors") from None
     if stat.S_ISDIR(mode):
         return
-    kind = "a file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+    kind = kind_of(mode)
     if stat.S_ISREG(mode) and _manifest_version(anchors) is not None:
         hint = f"--anchors {anchors.parent or '.'} (the directory that holds it)"
     else:

@@ -39,11 +39,14 @@ and its opener in :func:`open_tree` (CONTRIBUTING.md, "Adding a tree source").
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from .errors import Problem, SndrError, bad_input
+from .fsio import kind_of
 from .tree_git import GitTree, open_checkout_rev, open_git
 from .tree_installed import find_installed_root, open_installed
 from .tree_release import fetch_version, open_release
@@ -69,11 +72,31 @@ __all__ = [
 # ----------------------------------------------------------------------------- reading: any form
 
 
+def _not_a_dir(path: Path) -> str | None:
+    """What ``path`` is when it is there and is not a directory, as the messages name it ("a FIFO", "a character
+    device", "a socket", "a regular file"; through a symlink, said: "a symlink to fifo, which is a FIFO"); None
+    for a directory, a missing path or one that cannot be examined (the callers' own checks name those).
+    ``stat`` only: a FIFO or device is never opened."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    kind = kind_of(mode)
+    try:
+        return f"a symlink to {os.readlink(path)}, which is {kind}" if path.is_symlink() else kind
+    except OSError:
+        return kind
+
+
 def _open_path(spec: str, path: Path) -> Tree:
-    if path.is_file():
-        if path.suffix == ".whl":
+    kind = _not_a_dir(path)
+    if kind is not None:
+        if path.suffix == ".whl" and path.is_file():
             return WheelTree(path, spec=spec)
-        raise bad_input("bad_tree_spec", f"{path} is a file but not a .whl", file=str(path), hint=f"a tree is {SPEC_FORMS}")
+        raise bad_input("bad_tree_spec", f"{path} is {kind}, not a directory that contains {PKG}/ or a .whl file",
+                        file=str(path), hint=f"a tree is {SPEC_FORMS}")
     root = vllm_root(path)
     if root is None:
         raise bad_input("no_vllm", f"{path} does not contain a {PKG}/ package", file=str(path),
@@ -144,14 +167,16 @@ def directory(spec: str, *, dry_run: bool) -> Path:
         assert root is not None, "a cached release is a directory"
         return root
     path = Path(text).expanduser()
-    if parsed.kind == "git" or path.suffix == ".whl":
+    kind = _not_a_dir(path) if parsed.kind == "path" else None
+    if parsed.kind == "git" or (path.suffix == ".whl" and (kind is None or path.is_file())):
         raise SndrError(Problem("bad_tree_spec", f"{text!r} is not a directory", key="--tree", hint=_NEEDS_DIR))
     if not path.exists():
         raise SndrError(Problem("tree_not_found", f"{text} does not exist", file=text, key="--tree",
                                 hint="pass the directory that contains vllm/ (site-packages or a checkout)"))
-    if not path.is_dir():
-        raise SndrError(Problem("bad_tree_spec", f"{text} is a file, not a directory", file=text, key="--tree",
-                                hint=_NEEDS_DIR))
+    if kind is not None:  # a regular file, a FIFO, a device, a socket: said as what it is
+        raise SndrError(Problem("bad_tree_spec", f"{text} is {kind}, not a directory", file=text, key="--tree",
+                                hint=_NEEDS_DIR if path.is_file() else
+                                "pass the directory that contains vllm/ (site-packages or a checkout)"))
     return vllm_root(path) or path  # without vllm/, TreeRoot names it (not_a_tree)
 
 

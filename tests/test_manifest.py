@@ -393,8 +393,8 @@ def test_check_anchors_names_a_directory_and_a_manifest_file_is_refused(patches,
     assert _cli("build", "--tree", site, "--patches", patches, "--out", single) == 0
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    for path, kind, hint in ((single, "a file", "found there by its name, vllm-<version>.json"),
-                             (anchors / f"vllm-{PIN}.json", "a file", f"hint: --anchors {anchors} "),
+    for path, kind, hint in ((single, "a regular file", "found there by its name, vllm-<version>.json"),
+                             (anchors / f"vllm-{PIN}.json", "a regular file", f"hint: --anchors {anchors} "),
                              (fifo, "a FIFO", "found there by its name")):
         for tree in ((), ("--tree", site)):
             capsys.readouterr()

@@ -18,6 +18,7 @@ from sndr.tree import (
     DirTree,
     GitTree,
     WheelTree,
+    directory,
     fetch_version,
     find_installed_root,
     open_tree,
@@ -238,6 +239,55 @@ def test_bad_specs_exit_2(make, code, tmp_path):
         open_tree(make(tmp_path))
     assert exc.value.exit_code == 2
     assert exc.value.problems[0].code == code
+
+
+def _not_dirs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """A path of every kind that is not a directory, and how the error names it."""
+    import socket
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    whl_fifo = tmp_path / "x.whl"
+    os.mkfifo(whl_fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    sock = tmp_path / "sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    s.close()
+    plain = tmp_path / "notes.txt"
+    plain.write_text("x")
+    return {"fifo": (fifo, "a FIFO"), "fifo named .whl": (whl_fifo, "a FIFO"),
+            "symlink to a fifo": (link, f"a symlink to {fifo}, which is a FIFO"),
+            "socket": (sock, "a socket"), "device": (Path("/dev/null"), "a character device"),
+            "regular file": (plain, "a regular file")}
+
+
+def test_a_tree_that_is_not_a_directory_is_named_as_what_it_is(pin_subtree, tmp_path, capsys):
+    """``--tree FIFO`` said "fifo does not contain a vllm/ package" (no_vllm) in every reading command, and "fifo is
+    a file, not a directory" in apply, verify, revert, status, gc: a FIFO, a device or a socket is not a file you
+    could have meant. Tree resolution names the kind (bad_tree_spec, registered, exit 2), for the reading view
+    (open_tree) and the directory a writing command uses (directory) alike, through a symlink too; and a real
+    tree still opens."""
+    from sndr.__main__ import main
+    from sndr.errors import CODES
+
+    site = pin_subtree(["vllm/v1/core/block_pool.py"])
+    assert open_tree(str(site)).root == site.resolve() and directory(str(site), dry_run=False) == site
+    assert "bad_tree_spec" in CODES
+    for name, (path, kind) in _not_dirs(tmp_path).items():
+        for resolve, tail in ((open_tree, "not a directory that contains vllm/ or a .whl file"),
+                              (lambda spec: directory(spec, dry_run=True), "not a directory")):
+            with pytest.raises(SndrError) as exc:
+                resolve(str(path))
+            p = exc.value.problems[0]
+            assert (p.code, p.file, exc.value.exit_code) == ("bad_tree_spec", str(path), 2), (name, p)
+            assert p.message == f"{path} is {kind}, {tail}", (name, p.message)
+        for argv in (["list", "--tree", str(path)], ["apply", "--dry-run", "--tree", str(path)]):
+            assert main(argv) == 2, (name, argv)
+            err = capsys.readouterr().err
+            assert f"{path} is {kind}, not a directory" in err and "(bad_tree_spec)" in err, (name, err)
+            assert "does not contain a vllm/ package" not in err and "Traceback" not in err, (name, err)
 
 
 def test_bare_version_hints_the_spec():
