@@ -466,7 +466,7 @@ WRITTEN_PATHS = {
     "vendor": {"--json", "--out"}, "import": {"--json", "--to"}, "manifest build": {"--out"},
     "watchlist": {"--watchlist"}, "watchlist lint": {"--json", "--watchlist"},
     "watchlist check": {"--json", "--watchlist"}, "watchlist set": {"--watchlist"}, "watchlist show": {"--watchlist"},
-    "hook": {"--site"},
+    "hook": {"--site"}, "salvage-ledger": {"--json"},
 }
 
 
