@@ -14,8 +14,15 @@ try:
     if _os.environ.get("SNDR_TEST_FAULT") == "boot":
         raise RuntimeError("injected boot failure (SNDR_TEST_FAULT=boot)")
     from sndr.startup import importer as _importer
+    from sndr.startup import plugincheck as _plugincheck
 
-    _importer.install(memory=True)
+    def _attest_without_plugin(finding):
+        from sndr.startup.hook import attest_without_plugin
+
+        attest_without_plugin(finding)
+
+    # a process vLLM loads its plugins in without calling sndr's (VLLM_PLUGINS) attests all the same
+    _plugincheck.watch(_importer.install(memory=True), _attest_without_plugin)
 except Exception as _exc:  # noqa: BLE001 - interpreter start must survive any error here
     BOOT_ERROR = f"{type(_exc).__name__}: {_exc}"
     try:

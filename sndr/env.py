@@ -43,6 +43,14 @@ DEFAULT_TEST_VLLM_PYTHON = os.path.join(os.path.expanduser("~"), ".cache", "sndr
 TEST_VLLM_BUILD = ("python3 -m venv ~/.cache/sndr/vllm-0.32.0-venv && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip install "
                    "vllm==0.32.0 torch==2.13.0 && ~/.cache/sndr/vllm-0.32.0-venv/bin/pip uninstall -y torchvision "
                    "torchaudio torchcodec")
+#: vLLM's allow-list of general plugins (read by vLLM 0.32.0's ``vllm/plugins/__init__.py``): unset, vLLM loads
+#: every ``vllm.general_plugins`` entry point; set, only those whose name is in ``value.split(",")``, compared
+#: exactly (no strip, no case folding; ``""`` names none). sndr reads it only to say when it excludes sndr
+#: (:func:`vllm_plugins_exclusion`); it never sets it.
+VLLM_PLUGINS = "VLLM_PLUGINS"
+#: The name of sndr's entry point in vLLM's ``vllm.general_plugins`` group (``pyproject.toml``):
+#: ``sndr.startup.hook:register``, the name ``VLLM_PLUGINS`` must list.
+PLUGIN_NAME = "sndr"
 #: ``SNDR_HOOK=0``: the in-memory import hook stays inert in this process (its .pth still loads).
 HOOK = "SNDR_HOOK"
 #: TurboQuant k8v4 decode backend: ``auto`` (CUDA where it supports the call, else Triton),
@@ -87,6 +95,22 @@ def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None
     val = _bool(name, raw)
     if val is None:
         raise bad_input("bad_env", f"{name}={raw!r} is not a boolean; use {BOOL_WORDS}", key=name)
+    return val
+
+
+def strict_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """``SNDR_STRICT`` (default 0). A value that is no boolean turns strict mode on, said once on stderr: a typo
+    in a safety switch must not turn it off silently."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(STRICT)
+    if raw is None:
+        return False
+    val = _bool(STRICT, raw)
+    if val is None:
+        from .stderr import say
+
+        say(f"{STRICT}={raw!r} is not a boolean ({BOOL_WORDS}); treating it as 1 (strict)", once_key="strict-typo")
+        return True
     return val
 
 
@@ -252,3 +276,24 @@ def pause_point(environ: Mapping[str, str] | None = None) -> str:
     """The start-up point ``$SNDR_TEST_PAUSE`` names (test-only; empty when unset)."""
     environ = os.environ if environ is None else environ
     return environ.get(PAUSE, "")
+
+
+def vllm_plugins_exclusion(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why vLLM will not call sndr's plugin under ``VLLM_PLUGINS`` here, or None when it will (unset, or a list
+    naming :data:`PLUGIN_NAME`). vLLM's own rule, exactly: the value split on ``,``, each name compared as it
+    is, so ``"a, sndr"`` (a space) and ``"SNDR"`` exclude sndr, and ``""`` excludes every plugin."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(VLLM_PLUGINS)
+    if raw is None:
+        return None
+    names = raw.split(",")
+    if PLUGIN_NAME in names:
+        return None
+    head = f"{VLLM_PLUGINS}={raw!r} does not name {PLUGIN_NAME!r}"
+    if not raw.strip(","):
+        return f"{head}: it names no plugin, so vLLM loads no general plugin"
+    near = [n for n in names if n != PLUGIN_NAME and n.strip().lower() == PLUGIN_NAME]
+    if near:
+        return (f"{head}: vLLM compares each comma-separated name exactly (no strip, no case folding), and "
+                f"{', '.join(repr(n) for n in near)} is not {PLUGIN_NAME!r}")
+    return f"{head}: vLLM loads only {', '.join(repr(n) for n in names if n)}"

@@ -172,6 +172,13 @@ CODES: dict[str, Code] = {
     "changed_during_apply": Code(_F, "a file changed between plan and commit"),
     "foreign_write_lost": Code(_F, "a concurrent foreign write landed during the commit; the set was rolled back"),
     "not_applied": Code(_F, "a patch that should be active is not applied"),
+    "vllm_plugins_excludes_sndr": Code(_F, "VLLM_PLUGINS is set and does not name sndr (vLLM compares each comma-"
+                                           "separated name exactly): vLLM never calls sndr's register(), so its "
+                                           "runtime and plugin patches are not active and the process does not attest "
+                                           "by itself (sndr status, apply and the in-memory hook say so)"),
+    "plugin_not_called": Code(_F, "vLLM loaded its general plugins in a process and sndr's register() was not among "
+                                  "them although VLLM_PLUGINS allows it (sndr's vllm.general_plugins entry point is "
+                                  "not installed for that interpreter): its runtime and plugin patches are not active"),
     "patch_set_mismatch": Code(_F, "the tree was patched with another patch set"),
     "compile_error": Code(_F, "a patched file does not compile"),
     "conflicts_enabled": Code(_F, "two patches declared as conflicting are both enabled"),

@@ -82,6 +82,13 @@ def _refuse_unused(args: argparse.Namespace) -> None:
 
 def _body(args: argparse.Namespace) -> int:
     _refuse_unused(args)
+    from ..startup.plugincheck import finding
+
+    excluded = finding()  # this environment's VLLM_PLUGINS leaves sndr out: said in every mode, even --quiet
+    if excluded is not None:
+        from ..stderr import say
+
+        say(f"warning: {excluded}")
     if not _fast_eligible(args):
         return _full(args)
     from ..startup import verify
@@ -204,7 +211,9 @@ def _report(args: argparse.Namespace) -> Report:
         announce = None if args.quiet else (lambda line: print(f"sndr apply: {line}", file=sys.stderr))
         report = run_apply(root, patch_set, dry_run=args.dry_run, force=args.force, only=args.only,
                            keep_going=args.keep_going, profile=profile, announce=announce)
-    report.notes[:0] = ignored
+    from ..startup.plugincheck import finding
+
+    report.notes[:0] = ignored + [f for f in [finding()] if f is not None]  # and in --json
     return report
 
 

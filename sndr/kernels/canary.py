@@ -308,9 +308,9 @@ def _record(result: Result, environ: Mapping[str, str]) -> Result:
     _RESULTS[(result.plugin, result.config)] = result
     _publish(result)
     if result.status == FAILED:
-        from ..startup.hook import _strict
+        from ..env import strict_mode
 
-        if _strict(environ):
+        if strict_mode(environ):
             from ..startup.runtime import StrictError
 
             raise StrictError(f"sndr: {result.plugin} canary_failed on {result.device}: {result.why}\n"

@@ -48,21 +48,6 @@ _LOCK = _thread.RLock()
 _AT_FORK = False
 
 
-def _strict(environ) -> bool:
-    raw = environ.get(envmod.STRICT)
-    if raw is None:
-        return False
-    val = raw.strip().lower()
-    if val in ("1", "true", "yes", "on"):
-        return True
-    if val in ("0", "false", "no", "off", ""):
-        return False
-    # A typo in a safety switch must not turn it off silently.
-    log(f"SNDR_STRICT={raw!r} is not a boolean ({envmod.BOOL_WORDS}); treating it as 1 (strict)",
-        once_key="strict-typo")
-    return True
-
-
 def _sha_file(path: str) -> str | None:
     data = read_bytes(path)
     return None if data is None else sha256(data)
@@ -107,6 +92,7 @@ class _Process:
         #: revert and a re-apply of the same set since this process started still show (``sndr status``)
         self.ledger_id: list[int] | None = None
         self.canary: dict[str, dict] = {}  # plugin -> its worst canary verdict here (sndr.kernels.canary)
+        self.not_called = ""  # the finding when vLLM loaded its plugins here without sndr's (sndr.startup.plugincheck)
 
     def forked(self) -> _Process:
         child = _Process.__new__(_Process)
@@ -220,19 +206,38 @@ def _after_fork_in_child() -> None:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; never raises unless ``SNDR_STRICT=1``."""
+    _register("")
+
+
+def attest_without_plugin(finding: str) -> None:
+    """vLLM loaded its plugins here without calling :func:`register` (:mod:`sndr.startup.plugincheck`): attest as it
+    would, with ``finding`` and no runtime patch installed. No-op where a record stands; raises only under strict."""
+    _register(finding)
+
+
+def _register(not_called: str) -> None:
     global _STATE, _AT_FORK
     with _LOCK:
-        if _STATE is not None:
-            if _STATE.pid != os.getpid():  # forked without the at-fork hook (os.fork in C code)
-                _after_fork_in_child()
-            if _STATE.strict and _STATE.failed_message:
-                raise _strict_error(_STATE.failed_message)
+        old = _STATE
+        if old is not None and old.pid != os.getpid():  # forked without the at-fork hook (os.fork in C code)
+            _after_fork_in_child()
+            old = _STATE
+        if old is not None and (not_called or not old.not_called):  # a register() replaces a not-called record
+            if old.strict and old.failed_message:
+                raise _strict_error(old.failed_message)
             return
         environ = os.environ
-        strict = _strict(environ)
+        strict = envmod.strict_mode(environ)
         t0 = time.perf_counter()
         state = _Process(strict)
+        state.not_called = not_called
+        state.problems.extend([not_called] if not_called else [])
         _STATE = state
+        if old is not None and old.record_path:  # one record per process
+            try:
+                os.unlink(old.record_path)
+            except OSError:
+                pass
         try:
             _startup(state, environ)
         except Exception as exc:  # noqa: BLE001 - the boundary: vLLM must keep running unless strict
@@ -254,13 +259,15 @@ def register() -> None:
         missing = state.missing + state.runtime_missing()
         if missing and not state.failed_message:
             msg = (f"{len(missing)} required patch(es) NOT active in this process (pid {state.pid}, "
-                   f"{state.mode} mode):\n  " + "\n  ".join(missing) + "\n  " + fix_hint(state.mode, state.foreign))
+                   f"{state.mode} mode):\n  " + "\n  ".join(missing) + "\n  "
+                   + (state.not_called or fix_hint(state.mode, state.foreign)))
             if strict:
                 state.failed_message = "sndr: " + msg + "\nSNDR_STRICT=1: refusing to start vLLM"
             else:
                 log(msg + "\n  (set SNDR_STRICT=1 to make this fatal)", once_key="missing")
         for p in state.problems:
-            log(p, once_key="problem:" + p)
+            if p != state.not_called or not missing:  # else the message above ends with it
+                log(p, once_key="problem:" + p)
         if state.patcher is not None:
             state.patcher.strict = strict  # deferred failures at import time now abort under strict
         if strict and state.failed_message:
@@ -470,6 +477,11 @@ def _apply_runtime(state: _Process, root: str, resolved: dict, cache, finder) ->
         if module and not module_allowed(module, *info.get("allowed", [])):
             state.missing.append(f"{pid}: plugin module {module} is outside sndr and the patch's pack: refused")
 
+    if state.not_called:  # vLLM did not call register(): no runtime patch is installed, and the record says so
+        from .plugincheck import inactive
+
+        inactive(state, resolved)
+        return
     patcher = RuntimePatcher(strict=False, memo=cache, on_change=_on_change)
     state.patcher = patcher
     if resolved["runtime"]:

@@ -83,10 +83,13 @@ def tree_filter(run_dir: str | None, tree: str | None) -> str | None:
     return os.path.realpath(_tree_root(tree))
 
 
-def read_status(directory: str, *, live: bool = False, prune: bool = False, tree: str | None = None) -> Status:
+def read_status(directory: str, *, live: bool = False, prune: bool = False, tree: str | None = None,
+                environ=None) -> Status:
     """Every record of ``directory`` and the findings. ``prune`` deletes the records of exited processes,
-    ``live`` leaves them out; ``tree`` (:func:`tree_filter`) keeps that tree's processes only. Raises
-    :class:`sndr.fsio.UnsafeDirError` when the directory cannot be trusted."""
+    ``live`` leaves them out; ``tree`` (:func:`tree_filter`) keeps that tree's processes only. ``environ``
+    (default: this process's) is checked for a ``VLLM_PLUGINS`` that leaves sndr out: a readiness probe runs in
+    the container's environment, and vLLM processes started with it never attest without the import hook.
+    Raises :class:`sndr.fsio.UnsafeDirError` when the directory cannot be trusted."""
     from ..state import pid_alive, proc_start_ticks
     from .attest import read_records
 
@@ -110,9 +113,15 @@ def read_status(directory: str, *, live: bool = False, prune: bool = False, tree
     if live:
         records = [r for r in records if r["_alive"]]
     findings: list[str] = list(bad)
+    from .plugincheck import finding
+
+    excluded = finding(environ)
+    if excluded is not None:
+        findings.append(f"in the environment sndr status runs in: {excluded}")
     if not records:
         findings.append(f"no attestation records in {directory}" + (f" of processes of {tree}" if tree else "")
-                        + ": no process proved its patch set")
+                        + ": no process proved its patch set (a vLLM process whose VLLM_PLUGINS leaves out sndr "
+                          "attests only where sndr's import hook is installed: check its environment)")
     digests = sorted({r.get("patch_set_digest") or "" for r in records})
     if len(digests) > 1:
         # which processes hold which set, and the patches that make the difference (not two digests only)
