@@ -46,12 +46,16 @@ EMPTY_PATH = "an empty path names nothing (an unset variable?)"
 
 
 def path_text(text: str) -> str:
-    """The ``type`` of every path option sndr writes to (an output: ``--json``, ``--md``, ``--markdown``,
-    ``--sarif``, ``--prometheus``, ``--out``, ``--to``; a file it edits: ``--decisions``, ``--pin-file``,
-    ``--watchlist``; where it writes: ``--site``), the one rule for an empty value: a usage error (exit 2) naming
-    the option. ``--json "$REPORT"`` with the variable unset wrote no report and exited 0; ``--to ""`` and
-    ``--out ""`` wrote into the working directory; ``--decisions ""`` edited the default file. ``-`` (stdout)
-    and every other path are the command's to check (:func:`sndr.cli.check_output`)."""
+    """The ``type`` of every path option, the one rule for an empty value: a usage error (exit 2) naming the
+    option. Options sndr writes to (an output: ``--json``, ``--md``, ``--markdown``, ``--sarif``,
+    ``--prometheus``, ``--out``, ``--to``; a file it edits: ``--decisions``, ``--pin-file``, ``--watchlist``;
+    where it writes: ``--site``): ``--json "$REPORT"`` with the variable unset wrote no report and exited 0;
+    ``--to ""`` and ``--out ""`` wrote into the working directory; ``--decisions ""`` edited the default file.
+    Options sndr reads (``--patches``, ``--profile``, ``--config``, ``--preflight``, ``--queue``, ``--diff``,
+    a ``--tree`` or ``TREE``, ``--repo``, ``--python``, ...): ``list --patches ""`` listed the shipped set,
+    ``pin advance --preflight ""`` read no report, ``gc ""`` worked on the working directory. ``-`` (stdout,
+    or stdin where an option reads it, ``vendor --diff -``) and every other path are the command's to check
+    (:func:`sndr.cli.check_output` for an output)."""
     if not text:
         raise argparse.ArgumentTypeError(EMPTY_PATH)
     return text

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from . import add_json_option, path_value
+from . import add_json_option, path_text, path_value
 
 if TYPE_CHECKING:
     from ..model import Report
@@ -21,7 +21,7 @@ HELP = "Apply the sndr patch set to a vLLM tree, transactionally."
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--tree", metavar="TREE",
+    ap.add_argument("--tree", type=path_text, metavar="TREE",
                     help="the directory containing vllm/, or installed[:PYTHON] for the vLLM that interpreter imports "
                          "(default: where `import vllm` finds it, without importing it); with --dry-run also "
                          "vllm==X.Y.Z (sndr's cached copy). Apply writes, so it needs a directory: wheels and git: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 HELP = ("Remove the stored copies in a tree's .sndr/objects that nothing reads any more: every apply keeps the "
         "files' pristine and patched bytes, the bytes each commit replaced and a copy of each ledger, so the "
@@ -16,7 +16,7 @@ HELP = ("Remove the stored copies in a tree's .sndr/objects that nothing reads a
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("tree", metavar="TREE", help="the directory containing vllm/ and .sndr/ (or vllm/ itself), "
+    ap.add_argument("tree", type=path_text, metavar="TREE", help="the directory containing vllm/ and .sndr/ (or vllm/ itself), "
                                                  "or installed[:PYTHON], as apply's --tree")
     ap.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
     add_json_option(ap, "the kept and removed copies")

@@ -13,7 +13,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("action", choices=["install", "uninstall"])
     ap.add_argument("--site", type=path_text, help="site-packages directory to write the .pth into "
                                    "(default: the directory that holds vllm/ for --python)")
-    ap.add_argument("--python", help="interpreter of the target environment (default: this one)")
+    ap.add_argument("--python", type=path_text, help="interpreter of the target environment (default: this one)")
 
 
 def run(args: argparse.Namespace) -> int:

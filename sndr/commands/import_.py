@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_json_option, path_value
+from . import add_json_option, path_text, path_value
 
 HELP = ("Turn a patch series (quilt, git format-patch) into sndr patch files, in series order with after "
         "chains.")
@@ -18,7 +18,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("src", type=path_value, help="the series (genesis: the checkout's root)")
     ap.add_argument("--to", required=True, type=path_value, dest="out",
                     help="directory to write the patch files and _import.json into (made if missing, never a symlink)")
-    ap.add_argument("--tree", help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
+    ap.add_argument("--tree", type=path_text, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z (quilt and mbox "
                                    "place each hunk on it; genesis converts without a tree)")
     ap.add_argument("--prefix", default=None, help="id prefix (default: Q for quilt, M for mbox): Q001, Q002, ...")
     ap.add_argument("--force", action="store_true", help="overwrite existing patch files")

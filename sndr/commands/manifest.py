@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import path_value
+from . import path_text, path_value
 
 HELP = "Build or check anchors/vllm-<version>.json."
 
@@ -14,14 +14,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write anchors/vllm-<version>.json for a pristine tree (a tree sndr patched is "
                                      "read through its pristine copies in .sndr/objects)")
-    b.add_argument("--tree", help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed "
+    b.add_argument("--tree", type=path_text, help="vllm==X, a directory, a .whl, git:REPO@REV (default: the pin of the one committed "
                                   "manifest)")
     b.add_argument("--patches", type=path_value, help="patch directory (default: the shipped set)")
     b.add_argument("--out", type=path_value, help="output directory (vllm-<version>.json is written into it; made if "
                                             "missing, never a symlink), a FILE.json, or - for stdout (default: "
                                             "the shipped anchors/)")
     c = sub.add_parser("check", help="exit 1 when a committed manifest does not match the patch set and pin")
-    c.add_argument("--tree", help="tree to check against (default: the pin of every committed manifest)")
+    c.add_argument("--tree", type=path_text, help="tree to check against (default: the pin of every committed manifest)")
     c.add_argument("--patches", type=path_value, help="patch directory (default: the shipped set)")
     c.add_argument("--anchors", type=path_value, help="the directory that holds the manifests, each named "
                                                 "vllm-<version>.json (a manifest file itself is refused; default: "

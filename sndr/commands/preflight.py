@@ -31,9 +31,9 @@ def _parse_fail_on(values: list[str] | None) -> list[str]:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--patches", metavar="DIR", help="patch directory (default: the shipped set)")
-    ap.add_argument("--pin", required=True, metavar="TREE", help="dir, wheel, vllm==X, git:REPO@REV or installed")
-    ap.add_argument("--candidate", required=True, metavar="TREE",
+    ap.add_argument("--patches", type=path_text, metavar="DIR", help="patch directory (default: the shipped set)")
+    ap.add_argument("--pin", type=path_text, required=True, metavar="TREE", help="dir, wheel, vllm==X, git:REPO@REV or installed")
+    ap.add_argument("--candidate", type=path_text, required=True, metavar="TREE",
                     help="the vLLM to move to, in the same forms; the pin's own tree is refused (same_tree, exit 2), "
                          "the pin's version with other files runs with a warning (same_version)")
     add_json_option(ap, "the preflight report")
@@ -42,7 +42,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--github", action="store_true", help="print GitHub workflow annotations")
     ap.add_argument("--fail-on", action="append", metavar="CLASS",
                     help="drift (default), ambiguous, any, config, none; repeat or comma-separate")
-    ap.add_argument("--watch", metavar="FILE", help="watch config for the configuration-drift section (default: sndr.toml/pyproject.toml found upward)")
+    ap.add_argument("--watch", type=path_text, metavar="FILE", help="watch config for the configuration-drift section (default: sndr.toml/pyproject.toml found upward)")
     ap.add_argument("--no-config", action="store_true", help="skip the configuration-drift section")
     ap.add_argument("--no-suggestions", action="store_true", help="skip relocation suggestions")
     ap.add_argument("--only", metavar="IDS", help="comma-separated patch ids (plus what they require)")

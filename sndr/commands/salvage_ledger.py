@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_json_option
+from . import add_json_option, path_text
 
 HELP = ("Repair sndr's state in a tree: put back the last ledger sndr wrote (kept in .sndr/objects) that matches "
         "the tree's files. Exit 1 when none is put back, with its reason code: nothing_to_salvage (no .sndr/; no "
@@ -14,7 +14,7 @@ HELP = ("Repair sndr's state in a tree: put back the last ledger sndr wrote (kep
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("tree", metavar="TREE", help="the directory containing vllm/ and .sndr/ (or vllm/ itself), "
+    ap.add_argument("tree", type=path_text, metavar="TREE", help="the directory containing vllm/ and .sndr/ (or vllm/ itself), "
                                                  "or installed[:PYTHON], as apply's --tree")
     add_json_option(ap, "the outcome (ok, exit_code, the ledger restored, the stored ledgers that do not match, "
                         "problems with their reason codes)")

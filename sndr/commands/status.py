@@ -12,8 +12,8 @@ HELP = ("One line per vLLM process: the patch set it attested. Exit 1 if process
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--run-dir", help="attestation directory (default: $SNDR_RUN_DIR, or the default for --tree)")
-    ap.add_argument("--tree", help="directory containing vllm/ (or vllm/ itself), or installed[:PYTHON] "
+    ap.add_argument("--run-dir", type=path_text, help="attestation directory (default: $SNDR_RUN_DIR, or the default for --tree)")
+    ap.add_argument("--tree", type=path_text, help="directory containing vllm/ (or vllm/ itself), or installed[:PYTHON] "
                                    "(default: where `import vllm` finds it)")
     ap.add_argument("--live", action="store_true", help="only processes that are still running")
     ap.add_argument("--prune", action="store_true", help="delete the records of processes that have exited")

@@ -12,12 +12,12 @@ HELP = "Turn a unified diff (git format-patch, git diff, diff -u) into a patch f
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     from ..upstream.defaults import DEFAULT_FUZZ, DEFAULT_MAX_CONTEXT
 
-    ap.add_argument("--diff", required=True, help="the diff file ('-' for stdin)")
+    ap.add_argument("--diff", type=path_text, required=True, help="the diff file ('-' for stdin)")
     ap.add_argument("--id", required=True, dest="patch_id", help="patch id, e.g. PN0101")
     ap.add_argument("--title", help="patch title (default: the Subject: of a format-patch mail)")
     ap.add_argument("--upstream", action="append", metavar="REF",
                     help="upstream reference, e.g. vllm#12345 (repeatable; default: the (#N) of the Subject)")
-    ap.add_argument("--tree", required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
+    ap.add_argument("--tree", type=path_text, required=True, help="the pin: a directory containing vllm/, a wheel, or vllm==X.Y.Z")
     ap.add_argument("--out", default=None, type=path_text,
                     help="directory to write <ID>-<slug>.toml into (made if missing, never a symlink), or a .toml "
                          "path (- : stdout, as --stdout); "

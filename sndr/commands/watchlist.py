@@ -23,7 +23,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     lp = sub.add_parser("lint", parents=[common],
                         help="flag unknown patches, contradictions, duplicates, retired patches")
-    lp.add_argument("--patches", metavar="DIR", help="patch directory for the registry checks (default: shipped set)")
+    lp.add_argument("--patches", type=path_text, metavar="DIR", help="patch directory for the registry checks (default: shipped set)")
     lp.add_argument("--no-registry", action="store_true", help="skip the checks that need the patch set")
     add_json_option(lp, "the findings")
     sp = sub.add_parser("set", parents=[common], help="set one key of one row, keeping every comment")
@@ -32,7 +32,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     sp.add_argument("value", help="lists are comma-separated; '' is an empty list")
     sp.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
     cp = sub.add_parser("check", parents=[common], help="which triggers fired on a preflight's candidate")
-    cp.add_argument("--preflight", required=True, metavar="REPORT.json")
+    cp.add_argument("--preflight", type=path_text, required=True, metavar="REPORT.json")
     add_json_option(cp, "the fired triggers")
     sh = sub.add_parser("show", parents=[common], help="print the watchlist (or one row) as JSON")
     sh.add_argument("row", nargs="?")

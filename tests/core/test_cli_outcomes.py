@@ -6,6 +6,7 @@ real CLI as a process unless the test needs to inject an interrupt.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -466,32 +467,70 @@ WRITTEN_PATHS = {
     "vendor": {"--json", "--out"}, "import": {"--json", "--to"}, "manifest build": {"--out"},
     "watchlist": {"--watchlist"}, "watchlist lint": {"--json", "--watchlist"},
     "watchlist check": {"--json", "--watchlist"}, "watchlist set": {"--watchlist"}, "watchlist show": {"--watchlist"},
+    "watchlist schema": {"--watchlist"},
     "hook": {"--site"}, "salvage-ledger": {"--json"},
 }
 
 
-def test_every_written_path_option_takes_the_one_empty_path_rule():
+#: Every option that names a path sndr reads (a tree, a patch set, a report, a config, an interpreter), by
+#: command; a positional by its dest.
+READ_PATHS = {
+    "apply": {"--tree", "--patches", "--profile"}, "list": {"--patches", "--tree", "--profile"},
+    "manifest build": {"--tree", "--patches"}, "manifest check": {"--tree", "--patches", "--anchors"},
+    "preflight": {"--patches", "--pin", "--candidate", "--watch"}, "vendor": {"--diff", "--tree"},
+    "import": {"src", "--tree"}, "watchlist lint": {"--patches"}, "watchlist check": {"--preflight"},
+    "sync plan": {"--repo", "--tree", "--patches", "--config"},
+    "sync decide": {"--from-file", "--repo", "--queue", "--patches"}, "sync deviation": {"--paths", "--patches"},
+    "pin show": {"--patches"},
+    "pin advance": {"--preflight", "--queue", "--manifest", "--patches", "--tree", "--benchmark-ref", "--perf-ref"},
+    "status": {"--run-dir", "--tree"}, "hook": {"--python"}, "salvage-ledger": {"tree"}, "gc": {"tree"},
+}
+
+#: What makes an option look like a path: a word of its dest, or of its metavar (upper case).
+PATH_DEST_WORDS = {"tree", "patches", "path", "paths", "file", "dir", "repo", "config", "profile", "diff", "site",
+                   "python", "src", "out", "anchors", "manifest", "preflight", "queue", "watch", "watchlist",
+                   "decisions", "json", "md", "markdown", "sarif", "prometheus"}
+PATH_METAVAR_WORDS = {"FILE", "PATH", "DIR", "TREE", "JSON", "OUT", "REPO", "SRC"}
+
+
+def _names_a_path(a) -> bool:
+    import re
+
+    words = set(a.dest.split("_")) | {w for f in a.option_strings for w in f.lstrip("-").split("-")}
+    meta = {w.upper() for w in re.split(r"[^A-Za-z]+", str(a.metavar or "")) if w}
+    return bool(words & PATH_DEST_WORDS or meta & PATH_METAVAR_WORDS)
+
+
+def test_every_path_option_takes_the_one_empty_path_rule():
     """``python -m sndr.apply --json ""`` (an unset variable) wrote no report and exited 0; ``vendor --out ""``,
     ``import --to ""`` and ``hook install --site ""`` wrote into the working directory; ``sync decide --decisions ""``
-    edited the default file. The rule for an empty path is one function, ``sndr.commands.path_text`` (as a Path:
-    ``path_value``), the ``type`` of every option that names where sndr writes; and no option is ``type=Path``,
-    whose ``Path("")`` is the working directory."""
+    edited the default file; ``list --patches ""`` listed the shipped set, ``pin advance --preflight ""`` read no
+    report, ``gc ""`` worked on the working directory. The rule for an empty path is one function,
+    ``sndr.commands.path_text`` (as a Path: ``path_value``), the ``type`` of every option that names a path sndr
+    writes or reads; no option is ``type=Path``, whose ``Path("")`` is the working directory; and an option
+    whose dest, flag or metavar looks like a path is listed in WRITTEN_PATHS or READ_PATHS (a new one cannot
+    miss the rule)."""
     from pathlib import Path
 
     from sndr.commands import path_text, path_value
 
+    listed = {cmd: WRITTEN_PATHS.get(cmd, set()) | READ_PATHS.get(cmd, set())
+              for cmd in WRITTEN_PATHS.keys() | READ_PATHS.keys()}
     found: dict[str, set[str]] = {}
     for prog, p in _every_parser():
         cmd = prog.removeprefix("python -m sndr ")
         for a in p._actions:
+            if a.nargs == 0 or isinstance(a, argparse._SubParsersAction):  # flags, --help, subcommands
+                continue
             assert a.type is not Path, f"{prog} {a.option_strings or a.dest}: type=Path reads '' as '.'"
-            flags = set(a.option_strings) & WRITTEN_PATHS.get(cmd, set())
+            flags = set(a.option_strings or [a.dest]) & listed.get(cmd, set())
             if flags:
                 assert a.type in (path_text, path_value), f"{prog} {sorted(flags)} has no empty-path rule"
                 found.setdefault(cmd, set()).update(flags)
-            elif "--json" in a.option_strings:
-                raise AssertionError(f"{prog} --json is not listed in WRITTEN_PATHS")
-    assert found == WRITTEN_PATHS, found
+            elif _names_a_path(a):
+                raise AssertionError(f"{prog} {a.option_strings or a.dest} looks like a path and is in neither "
+                                     "WRITTEN_PATHS nor READ_PATHS")
+    assert found == listed, found
 
 
 EMPTY_PATH_CASES = {
@@ -523,6 +562,44 @@ def test_an_empty_written_path_is_a_usage_error_naming_the_option(argv, tmp_path
     err = capsys.readouterr().err
     assert f"argument {flag.rstrip('=')}: an empty path names nothing (an unset variable?)" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+EMPTY_READ_CASES = {
+    "apply --tree": ["apply", "--dry-run", "--tree", ""],
+    "list --patches": ["list", "--patches", ""],
+    "list --profile=": ["list", "--profile="],
+    "preflight --pin": ["preflight", "--pin", "", "--candidate", "/y"],
+    "vendor --diff": ["vendor", "--diff", "", "--id", "PN0001", "--tree", "/x"],
+    "import src": ["import", "mbox", "", "--tree", "/x", "--to", "/x"],
+    "sync plan --config": ["sync", "plan", "--repo", "/x", "--from", "a", "--to", "b", "--config", ""],
+    "pin show --patches": ["pin", "show", "--patches", ""],
+    "pin advance --preflight": ["pin", "advance", "--to", "0.33.0", "--no-benchmark-ref", "t", "--preflight", ""],
+    "status --run-dir": ["status", "--run-dir", ""],
+    "hook install --python": ["hook", "install", "--python", ""],
+    "gc TREE": ["gc", ""],
+    "salvage-ledger TREE": ["salvage-ledger", ""],
+}
+
+
+@pytest.mark.parametrize("argv", EMPTY_READ_CASES.values(), ids=EMPTY_READ_CASES.keys())
+def test_an_empty_read_path_is_a_usage_error_naming_the_option(argv, tmp_path, monkeypatch, capsys):
+    """An empty path sndr reads was the default or the working directory: ``list --patches ""`` listed the
+    shipped set (exit 0), ``pin advance --preflight ""`` read no report, ``gc ""`` and ``apply --tree ""`` took
+    the working directory for the tree. Now argparse's usage error names the option (a positional by its
+    metavar), exit 2, before anything is read."""
+    name = next(k for k, v in EMPTY_READ_CASES.items() if v == argv).split()[-1].rstrip("=")
+    monkeypatch.chdir(tmp_path)
+    assert sndr_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"argument {name}: an empty path names nothing (an unset variable?)" in err, err
+
+
+def test_vendor_diff_dash_still_reads_stdin():
+    """The empty-path rule leaves ``-`` alone: ``vendor --diff -`` reads the diff from stdin."""
+    from sndr.__main__ import build_parser
+
+    args = build_parser(["vendor"]).parse_args(["vendor", "--diff", "-", "--id", "PN0001", "--tree", "/x"])
+    assert args.diff == "-"
 
 
 def test_apply_json_empty_is_refused_before_the_tree_is_touched(tree):
