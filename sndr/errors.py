@@ -222,7 +222,8 @@ CODES: dict[str, Code] = {
     "same_tree": Code(_B, "preflight: the pin and the candidate are the same tree (one version, the same files): "
                           "every patch would trivially still apply, which proves nothing about a bump"),
     "same_version": Code(_B, "preflight: the pin and the candidate are one vLLM version with other files (two builds of "
-                             "one release, not a bump); a warning on stderr and in the report's warnings: it runs"),
+                             "one release, not a bump); a warning on stderr and in the report's warnings: it runs "
+                             "(pin advance refuses the report: not_a_bump)"),
     "stdout_conflict": Code(_B, "two outputs of one command were both sent to stdout"),
     "output_refused": Code(_B, "an output path is a symlink, FIFO, device, directory or another user's file, or its "
                                "directory takes no new file (an --out DIR, --to DIR: a symlink or not a directory)"),
@@ -233,6 +234,8 @@ CODES: dict[str, Code] = {
     "ambiguous_row": Code(_B, "a watchlist selector matches more than one row"),
     "no_such_row": Code(_B, "a watchlist selector matches no row"),
     "bad_selector": Code(_B, "a watchlist selector is malformed"),
+    "not_a_bump": Code(_B, "pin advance: the preflight report's warnings carry same_version (its pin and candidate "
+                           "are two builds of one vLLM version): no evidence for a bump, the pin is not advanced"),
     "unknown_key": Code(_B, "a watchlist edit names a key rows do not have"),
     "bad_value": Code(_B, "a watchlist edit's value has the wrong type"),
     "bad_preflight": Code(_B, "a preflight report given as input is malformed"),

@@ -92,12 +92,27 @@ def _preflight_set_problem(data: dict, path: Path, patch_set) -> str | None:
             f"digest {want[:12]}; re-run the preflight with this --patches")
 
 
+def _refuse_a_same_version_report(data: dict, path: Path) -> None:
+    """A preflight whose pin and candidate are one vLLM version (its ``warnings`` carry ``same_version``,
+    :func:`sndr.preflight.snapshot.same_release`) compared two builds of one release: the patches' vllm ranges
+    read alike on both, so it is no evidence for a bump and the pin is never advanced on it (``not_a_bump``)."""
+    warned = data.get("warnings")
+    hit = next((w for w in warned if isinstance(w, dict) and w.get("code") == "same_version"), None) \
+        if isinstance(warned, list) else None
+    if hit is not None:
+        said = hit.get("message") if isinstance(hit.get("message"), str) else "pin and candidate are one version"
+        raise bad_input("not_a_bump", f"the preflight report compares two builds of one vLLM version, not a bump: "
+                        f"{said}", file=str(path), key="--preflight",
+                        hint="re-run the preflight with the current pin as --pin and the target as --candidate")
+
+
 def gate_preflight(path: Path | None, to: str, patch_set=None) -> tuple[PinGate, dict]:
     if path is None:
         return PinGate("preflight", False, "no preflight report given (--preflight)"), {}
     data = _read_json(path, "preflight report")
     if not isinstance(data, dict) or "genuine_anchor_drift" not in data:
         return PinGate("preflight", False, f"{path} is not a preflight report (no genuine_anchor_drift)"), {}
+    _refuse_a_same_version_report(data, path)
     cand = data.get("candidate")
     cver = cand if isinstance(cand, str) else (cand.get("version") if isinstance(cand, dict) else None)
     csha = cand.get("sha") if isinstance(cand, dict) else None

@@ -595,3 +595,26 @@ def test_pin_show_without_a_record_names_the_pin_in_force(tmp_path, capsys):
     assert version == "0.33.0" and rec is not None and rec.version == "0.33.0"
     assert sndr_main(["pin", "show", "--patches", str(patches)]) == 0
     assert "version=0.33.0" in capsys.readouterr().out
+
+
+def test_pin_advance_refuses_a_same_version_preflight(tmp_path, gates_ok, capsys):
+    """A preflight of two builds of one vLLM version (its warnings carry same_version: pin 0.33.0, candidate
+    0.33.0 with other files) passed the preflight gate and advanced the pin, though it compares no bump. Now
+    refused, not_a_bump (exit 2), and no pin record is written; without the warning the same report passes."""
+    pre, anchors, q = gates_ok
+    warning = {"code": "same_version", "message": "the pin (a) and the candidate (b) are both vLLM 0.33.0, with "
+               "other files", "key": "--candidate"}
+    pre.write_text(json.dumps({**GOOD_PREFLIGHT, "pin": "0.33.0", "warnings": [warning]}))
+    os.utime(pre, (1_000_000, 1_000_000))
+    pin_file = tmp_path / PIN_FILE_NAME
+    with pytest.raises(SndrError) as ei:
+        advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=pin_file, **_kw(tmp_path))
+    assert ei.value.problems[0].code == "not_a_bump" and "two builds of one vLLM version" in str(ei.value)
+    assert not pin_file.exists()
+    assert sndr_main(["pin", "advance", "--to", "0.33.0", "--preflight", str(pre), "--no-benchmark-ref", "t",
+                      "--dry-run"]) == 2
+    assert "(not_a_bump)" in capsys.readouterr().err
+    pre.write_text(json.dumps({**GOOD_PREFLIGHT, "pin": "0.33.0", "warnings": []}))
+    os.utime(pre, (1_000_000, 1_000_000))
+    gates, rec = advance("0.33.0", preflight=pre, queue=q, anchors_dir=anchors, pin_path=pin_file, **_kw(tmp_path))
+    assert rec is not None and gates[0].ok
