@@ -482,7 +482,7 @@ def test_an_empty_path_or_tree_is_refused_never_the_working_directory_or_the_def
     said "up to date" (exit 0); ``--anchors ""`` and ``--patches ""`` read the working directory (``Path("")``),
     and ``build --out ""`` wrote vllm-0.32.0.json into it. Each is refused now (exit 2), nothing written."""
     monkeypatch.chdir(tmp_path)
-    for argv, said in ((["check", "--tree", ""], "empty tree spec (bad_tree_spec)"),
+    for argv, said in ((["check", "--tree", ""], "argument --tree: an empty path names nothing"),
                        (["check", "--anchors", ""], "argument --anchors: an empty path names nothing"),
                        (["check", "--patches", ""], "argument --patches: an empty path names nothing"),
                        (["build", "--tree", f"vllm=={PIN}", "--patches", str(patches), "--out", ""],
