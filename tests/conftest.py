@@ -159,6 +159,16 @@ def vllm_py() -> str:
     return python
 
 
+# The vLLM 0.32.0 files the core patch set (tests/data/core) touches: one list for every test of that set.
+CORE_SET_FILES = [
+    "vllm/v1/core/kv_cache_coordinator.py",
+    "vllm/v1/core/sched/scheduler.py",
+    "vllm/v1/core/kv_cache_utils.py",
+    "vllm/v1/core/block_pool.py",
+    "vllm/plugins/__init__.py",
+]
+
+
 def copy_tree(src: Path, dst: Path, paths: list[str] | None = None) -> Path:
     """Copy a real tree (or only ``paths`` of it, plus its version files) to ``dst``."""
     if paths is None:

@@ -14,15 +14,10 @@ from sndr.load import load_patch_set
 from sndr.preflight.snapshot import Snapshot
 from sndr.tree import open_tree
 from sndr.treeview import DirTree, PristineView
+from tests.conftest import CORE_SET_FILES
 
 REPO = Path(__file__).resolve().parents[1]
-FILES = [
-    "vllm/v1/core/kv_cache_coordinator.py",
-    "vllm/v1/core/sched/scheduler.py",
-    "vllm/v1/core/kv_cache_utils.py",
-    "vllm/v1/core/block_pool.py",
-    "vllm/plugins/__init__.py",
-]
+FILES = CORE_SET_FILES  # (tests/conftest.py)
 CREATED = "vllm/sndr_probe.py"
 
 

@@ -15,15 +15,10 @@ from sndr.apply import run_apply, run_revert, run_verify
 from sndr.errors import SndrError
 from sndr.load import load_patch_set
 from sndr.model import Verdict
+from tests.conftest import CORE_SET_FILES
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "core"
-FILES = [
-    "vllm/v1/core/kv_cache_coordinator.py",
-    "vllm/v1/core/sched/scheduler.py",
-    "vllm/v1/core/kv_cache_utils.py",
-    "vllm/v1/core/block_pool.py",
-    "vllm/plugins/__init__.py",
-]
+FILES = CORE_SET_FILES  # (tests/conftest.py)
 
 
 def tree_hash(root: Path) -> dict[str, str]:

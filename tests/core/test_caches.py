@@ -21,15 +21,10 @@ from sndr import PIN_VERSION, caches, env, fsio
 from sndr import plan as plan_mod
 from sndr.apply import run_apply
 from sndr.load import load_patch_set
+from tests.conftest import CORE_SET_FILES
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "core"
-FILES = [
-    "vllm/v1/core/kv_cache_coordinator.py",
-    "vllm/v1/core/sched/scheduler.py",
-    "vllm/v1/core/kv_cache_utils.py",
-    "vllm/v1/core/block_pool.py",
-    "vllm/plugins/__init__.py",
-]
+FILES = CORE_SET_FILES  # (tests/conftest.py)
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
