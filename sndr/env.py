@@ -86,13 +86,18 @@ def _bool(name: str, raw: str) -> bool | None:
     return None
 
 
+def _flag(name: str, environ: Mapping[str, str] | None) -> tuple[str | None, bool | None]:
+    """(the raw value, its boolean: None where it is no boolean word), (None, None) where unset: the one read of a
+    boolean variable, for :func:`env_flag` and :func:`strict_mode`."""
+    raw = (os.environ if environ is None else environ).get(name)
+    return (None, None) if raw is None else (raw, _bool(name, raw))
+
+
 def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
     """A boolean variable: ``1/true/yes/on`` or ``0/false/no/off`` (case-insensitive); unset -> ``default``."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(name)
+    raw, val = _flag(name, environ)
     if raw is None:
         return default
-    val = _bool(name, raw)
     if val is None:
         raise bad_input("bad_env", f"{name}={raw!r} is not a boolean; use {BOOL_WORDS}", key=name)
     return val
@@ -101,11 +106,9 @@ def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None
 def strict_mode(environ: Mapping[str, str] | None = None) -> bool:
     """``SNDR_STRICT`` (default 0). A value that is no boolean turns strict mode on, said once on stderr: a typo
     in a safety switch must not turn it off silently."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(STRICT)
+    raw, val = _flag(STRICT, environ)
     if raw is None:
         return False
-    val = _bool(STRICT, raw)
     if val is None:
         from .stderr import say
 
