@@ -22,12 +22,12 @@ the full context, the K + 1 new tokens included), Hq/Hk 32/8 and 64/8, head dim
 CUDA-event-timed eager calls for (b). GB/s = the cache bytes one step must read
 (B x context x Hk x 196 B, the same for all four variants) / time; %BW against
 the device-to-device copy bandwidth measured in the same run. (a0): the kernel before issue 27
-(``chunk_warps=1, kchain=1, merge_rows=0``: one warp per KV head, a block per 16-row chunk, one score
-accumulator chain, the block-per-row merge), timed in the same run. (aw): wide warps (``rows_per_warp=32,
-heads_per_block=4``: up to 32 query rows a warp, the tile unpacked once in its registers for all of
-them), timed in the cells with more than 16 query rows per KV head where the default's plan differs
-(the default takes them at 17..32 and 64 rows: "=" there). ``--probe`` adds the
-shared-unpack CTA (``unpack=1``, each tile unpacked once per block into shared memory).
+(``chunk_warps=1, kchain=1, merge_rows=0, wgmma=0``: one warp per KV head, a block per 16-row chunk, one score
+accumulator chain, the block-per-row merge), timed in the same run. (aw): the per-warp kernel everywhere
+(``wgmma=0``: round 6's default), timed in the cells where the default runs the warpgroup-MMA kernel
+(``verify_wgmma.cu``, 33..64 query rows per KV head; "=" elsewhere). ``--probe`` times the variants of
+``PROBE`` (block plans, the shared-unpack CTA, the warpgroup-MMA kernel's shapes, ...) on the cells with more
+than 16 rows per KV head.
 
 vLLM's kernel files come from ``.baselines/vllm032_tq`` (copied from the 0.32.0
 wheel, never committed). ``--check`` first compares (a), (c), (d) against a
@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _tq_gpu  # noqa: E402
 
-from sndr.kernels.turboquant_k8v4 import _vllm_baseline, mtp_verify, reference, vllm_entry  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import _vllm_baseline, mtp_verify, reference, verify_wg, vllm_entry  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 D = 128
@@ -239,16 +239,17 @@ def check(vl) -> list[dict]:
 
 
 # (a0): one warp per KV head, a block per 16-row chunk, softmax_tile
-TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1, softmax=0, merge_rows=0)  # (its merge too: a block per row)
+TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1, softmax=0, merge_rows=0, wgmma=0)  # (and the block merge)
 TILE = mtp_verify.VerifyConfig(unpack=0, rows_per_warp=16, softmax=0)  # the shared-tile CTA: 16-row warps
-WIDE = mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=0)  # (aw): wide warps, 4 KV heads
+PER_WARP = mtp_verify.VerifyConfig(wgmma=0)  # (aw): the per-warp kernel everywhere (round 6's default)
 PROBE = {
     "before27": TODAY,
     "tile": TILE,
     "unpack": mtp_verify.VerifyConfig(unpack=1),  # the shared-unpack CTA where > 16 rows (its own plan)
     "unpack_2buf": mtp_verify.VerifyConfig(unpack=1, unpack_buffers=2),  # two unpacked tiles (one barrier a tile)
     "wide8": mtp_verify.VerifyConfig(rows_per_warp=32, softmax=0),  # wide warps, all 8 heads a block (<= 8 warps)
-    "wide4": WIDE,
+    "wide4": mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=0, wgmma=0),
+    "pw": PER_WARP,
     "default": mtp_verify.DEFAULT,  # the shipped build (softmax_tile_mma at > 16 rows)
     "smx0": mtp_verify.VerifyConfig(softmax=0),  # decode_k8v4.cu's softmax_tile
     "smx1": mtp_verify.VerifyConfig(softmax=1),  # softmax_tile_mma: one FFMA a score, l / z by one MMA an n-tile
@@ -270,6 +271,15 @@ PROBE = {
     "w8_st6": mtp_verify.VerifyConfig(wide_heads=8, stages=6),
     # the warp-per-row merge (the default) against the block-per-row merge
     "merge_block": mtp_verify.VerifyConfig(merge_rows=0),
+    # the warpgroup-MMA kernel (verify_wgmma.cu): tiles a stage x stages, blocks per SM
+    "wg": mtp_verify.VerifyConfig(wgmma=1),  # 2 x 4, 3 blocks of one warpgroup per SM
+    "wg_t1": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=1, stages=6)),
+    "wg_s6": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(stages=6)),
+    "wg_s3": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(stages=3)),
+    "wg_t3": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=3, stages=4, min_blocks=2)),
+    "wg_t4": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=4, stages=3, min_blocks=2)),
+    "wg_b2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(min_blocks=2)),
+    "wg_w2": mtp_verify.VerifyConfig(wgmma=1, waves=2),  # splits for two waves of blocks
 }
 # Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at
 # the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the
@@ -288,10 +298,10 @@ def _ring_only_hooks() -> None:
         return out | {"RING_ONLY": 1} if cfg.tau == RING_TAU else out
 
     def ring_build(key):
-        k, merge, blocks, nb, warps = build(key)
-        if key[-1].tau == RING_TAU:  # the full build's blocks per SM, so the same split count
-            blocks = build(key[:-1] + (dataclasses.replace(key[-1], tau=8.0),))[2]
-        return k, merge, blocks, nb, warps
+        k, merge, blocks, nb, warps, wg = build(key)
+        if key[9].tau == RING_TAU:  # the full build's blocks per SM, so the same split count
+            blocks = build(key[:9] + (dataclasses.replace(key[9], tau=8.0),) + key[10:])[2]
+        return k, merge, blocks, nb, warps, wg
 
     mtp_verify.defines, mtp_verify._build = ring_defines, ring_build
 
@@ -300,6 +310,8 @@ _ring_only_hooks()
 
 
 def plan_of(hq: int, k: int, cfg) -> str:
+    if mtp_verify.uses_wg(cfg, torch.bfloat16, hq, HK, D, k + 1, HK * SLOT, 16):
+        return f"wg {cfg.wg.tiles_per_stage}t{cfg.wg.stages}s"
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
     smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]
     return (f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "") + (f" s{smx}" if smx else "")
@@ -349,9 +361,9 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                         and mtp_verify.DEFAULT.merge_rows == TODAY.merge_rows
                     ta0 = ta if same else graph_us(lambda cell=cell: mtp_verify.verify_attention(
                         cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=TODAY))
-                    samew = (hq // HK) * (k + 1) <= 16 or plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, WIDE)
+                    samew = (hq // HK) * (k + 1) <= 16 or plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, PER_WARP)
                     taw = ta if samew else graph_us(lambda cell=cell: mtp_verify.verify_attention(
-                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=WIDE))
+                        cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=PER_WARP))
                     tb = eager_us(cell.b_vllm, n=3 if b * ctx >= 32 * 32768 else 5)
                     tc = graph_us(cell.c)
                     key = (hq, ctx, b)
@@ -360,7 +372,7 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                     td = d_cache[key]
                     gbs = cell.bytes / (ta * 1e-6) / 1e9
                     r = dict(hq=hq, ctx=ctx, b=b, k=k, a=ta, a0=ta0, aw=taw, same_plan=same, same_wide=samew,
-                             plan=plan_of(hq, k, mtp_verify.DEFAULT), plan_wide=plan_of(hq, k, WIDE),
+                             plan=plan_of(hq, k, mtp_verify.DEFAULT), plan_wide=plan_of(hq, k, PER_WARP),
                              b_vllm=tb, c=tc, d=td, gbs=gbs, pct=100 * gbs / bw,
                              a_over_d=ta / td, a0_over_d=ta0 / td, c_over_a=tc / ta, b_over_a=tb / ta)
                     rows.append(r)
@@ -371,7 +383,7 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
 
 
 HEADER = ("| Hq/Hk | B | ctx | K | plan (heads x warps / chunk blocks) | (a) sndr verify, graph us | "
-          "(aw) wide warps, graph us | (a0) before issue 27, graph us | GB/s | %BW | (b) vLLM path, eager us | "
+          "(aw) per-warp kernel, graph us | (a0) before issue 27, graph us | GB/s | %BW | (b) vLLM path, eager us | "
           "(c) synthetic rows PK0001, graph us | (d) PK0001 plain decode, graph us | a/d | aw/d | a0/d | c/a | b/a | "
           "targets |")
 
@@ -453,7 +465,7 @@ def main(argv=None) -> int:
         shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in (3, 5, 7)
                    for cfg in (PROBE[n] for n in names) if (hq // HK) * (k + 1) > 16]
     if not args.no_table:
-        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in KS for cfg in (TODAY, WIDE)]
+        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in KS for cfg in (TODAY, PER_WARP)]
     mtp_verify.precompile(shapes, workers=12)
     log(f"compiled {len(shapes)} verify builds in {time.time() - t0:.0f} s")
     pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}

@@ -214,7 +214,7 @@ def _splits(q, cache, k, cfg, b):
     idx = q.device.index or 0
     key = mv._key(idx, q.dtype, q.shape[1], cache.shape[2], q.shape[2], cache.shape[1], cache.stride(1),
                   cache.stride(2), k + 1, cfg)
-    _, _, blocks_per_sm, per_split, _ = mv._PLANS[key]
+    blocks_per_sm, per_split = mv._PLANS[key][2:4]
     return mv.num_splits(b * per_split, blocks_per_sm, mv._sm_count(idx), min(mv.MAX_SPLITS, max(8, cfg.max_splits)),
                          cfg.waves)
 
@@ -419,8 +419,82 @@ def test_warp_per_row_merge_matches_the_block_merge_and_float64(d, hk, g, k, len
     rows = _verify(q, cache, bt, sl, 0.088, k, out_dtype=out_dtype, config=cfg, max_splits=cap)
     block = _verify(q, cache, bt, sl, 0.088, k, out_dtype=out_dtype, config=dataclasses.replace(cfg, merge_rows=0),
                     max_splits=cap)
-    assert any(key[-1] == cfg for key in mv._PLANS)  # the CUDA kernel ran, not the synthetic rows
+    assert any(key[9] == cfg for key in mv._PLANS)  # the CUDA kernel ran, not the synthetic rows
     assert not rows.isnan().any()
     tol = 1e-6 if out_dtype == torch.float32 else 1e-2
     assert torch.allclose(rows.float(), block.float(), rtol=tol, atol=tol), (rows.float() - block.float()).abs().max()
     assert _rel(rows.float(), _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
+
+
+# The warpgroup-MMA kernel (verify_wgmma.cu, sm_90a): one block per (request, split, KV head), all rows of a KV
+# head in one m64 tile, fp8 score wgmmas on the raw keys with the bf16 query as two e4m3 terms.
+WG = {
+    "wgmma": mv.VerifyConfig(wgmma=1),
+    "wgmma, 1 tile a stage": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(tiles_per_stage=1)),
+    "wgmma, 4 tiles a stage": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(tiles_per_stage=4)),
+    "wgmma, 2 stages, 8 splits": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(stages=2), max_splits=8),
+}
+WG_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5), (3, 7), (4, 15)]
+
+
+def _wg_used(q, cache, k, cfg):
+    key = mv._key(q.device.index or 0, q.dtype, q.shape[1], cache.shape[2], q.shape[2], cache.shape[1],
+                  cache.stride(1), cache.stride(2), k + 1, cfg, True)
+    return key in mv._PLANS
+
+
+@pytest.mark.parametrize("name", list(WG))
+@pytest.mark.parametrize("g,k", WG_SHAPES)
+def test_wgmma_kernel_matches_float64_and_the_per_warp_kernel(g, k, name):
+    """17..64 rows per KV head; ragged, pages ending mid-block, contexts <= K + 1, a request longer than one split,
+    on poisoned caches (NaN keys and scales past every request's end): float64, and the per-warp kernel's error."""
+    cfg = WG[name]
+    lens = [4100, 37, 5, k + 1, 1000, 1]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=5 * g + k)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg)
+    assert _wg_used(q, cache, k, cfg)
+    assert not out.isnan().any()
+    ref = _ref(q, cache, bt, sl, 0.088, k)
+    base = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32)
+    err, err_base = _rel(out, ref), _rel(base, ref)
+    assert err < 1e-2 and err < 1.5 * err_base + 1e-4, (err, err_base)
+
+
+@pytest.mark.parametrize("hk,g,k,page", [(4, 8, 3, 32), (8, 8, 7, 64), (16, 4, 7, 16), (4, 16, 3, 16)])
+def test_wgmma_kernel_other_heads_and_pages(hk, g, k, page):
+    cfg = mv.VerifyConfig(wgmma=1)
+    q, cache, bt, sl = _case(128, hk, g, k, page, [3000, 77, k + 1, 260], seed=hk + g + k + page)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=cfg)
+    assert _wg_used(q, cache, k, cfg)
+    assert not out.isnan().any()
+    assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
+
+
+def test_wgmma_kernel_large_queries_keep_their_precision():
+    """Queries of very different magnitudes per row (1e-3 .. 1e3): the per-warp power-of-two scale keeps the
+    two e4m3 terms exact for the largest rows and within 2^-10 absolute for the smallest."""
+    cfg = mv.VerifyConfig(wgmma=1)
+    q, cache, bt, sl = _case(128, 8, 8, 3, 16, [2000, 900], seed=11)
+    scale = torch.logspace(-3, 3, q.shape[0] * q.shape[1], device=DEV).view(q.shape[0], q.shape[1], 1)
+    q = (q.float() * scale / 30).to(torch.bfloat16)
+    out = _verify(q, cache, bt, sl, 0.088, 3, out_dtype=torch.float32, config=cfg)
+    ref = _ref(q, cache, bt, sl, 0.088, 3)
+    base = _verify(q, cache, bt, sl, 0.088, 3, out_dtype=torch.float32)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < 1.5 * _rel(base, ref) + 1e-4
+
+
+def test_wgmma_kernel_fp16_queries():
+    cfg = mv.VerifyConfig(wgmma=1)
+    q, cache, bt, sl = _case(128, 8, 8, 5, 16, [3000, 100, 6], qdtype=torch.float16, seed=21)
+    out = _verify(q, cache, bt, sl, 0.088, 5, out_dtype=torch.float32, config=cfg)
+    assert _wg_used(q, cache, 5, cfg)
+    ref = _ref(q, cache, bt, sl, 0.088, 5)
+    base = _verify(q, cache, bt, sl, 0.088, 5, out_dtype=torch.float32)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < 1.5 * _rel(base, ref) + 1e-4
+
+
+@pytest.mark.parametrize("g,k", [(8, 3), (8, 7)])
+def test_wgmma_kernel_graph_replay_with_new_lengths(g, k):
+    _graph_replay_with_new_lengths(mv.VerifyConfig(wgmma=1), g, k, 7, 13)

@@ -44,6 +44,7 @@ import torch
 
 from ... import env as sndr_env
 from .. import _cudart
+from . import verify_wg
 from ._layout import LOG2E, Layout
 from .cuda_decode import MERGE_ROWS, MERGE_ROWS_PER_BLOCK
 
@@ -55,6 +56,7 @@ TILE = 16
 MAX_SPLITS = 128  # the merge kernel's limit
 MERGE_ROWS_MAX_SPLITS = 16  # VerifyConfig.merge_rows: the warp-per-row merge up to this many splits a request
 MAX_QL = 16
+WG_MIN_ROWS = 33  # VerifyConfig.wgmma = -1: the warpgroup-MMA kernel from this many query rows per KV head
 LOG = logging.getLogger("sndr.kernels")
 
 __all__ = ["VerifyConfig", "verify_attention", "prepare", "synthetic_rows", "unsupported",
@@ -117,6 +119,13 @@ class VerifyConfig:
     # (4 and 16 splits), but a warp sums its splits four loads at a time, so at 33-128 splits (B = 1..4) it is the
     # slower one (PK0001's merge probe: 60 vs 32 us at 128 splits). docs/bench-mtp-verify-h200.md, "Round 6".
     merge_rows: int = 1
+    # The warpgroup-MMA kernel (verify_wgmma.cu, sm_90a; verify_wg.py): one warpgroup per (request, split, KV
+    # head), all QL * G <= 64 rows of the KV head in one m64 wgmma tile, each tile's keys and values converted
+    # once into f16 operands. Runs only at head dim 128 with 16-byte strided cache rows; -1 (the default): where
+    # a KV head has more than WG_MIN_ROWS - 1 rows (33..64: the per-warp kernel needs two or more warps per head
+    # there); 1: at 17..64 rows; 0: never. wg: its ring and stage shape.
+    wgmma: int = -1
+    wg: verify_wg.WgConfig = verify_wg.WgConfig()
 
 
 DEFAULT = VerifyConfig()
@@ -370,37 +379,58 @@ def unsupported(query, kv_cache, block_table, seq_lens, num_spec) -> str | None:
             or shape_problem(query, kv_cache, block_table, seq_lens, num_spec))
 
 
-def _key(idx, dtype, hq, hk, d, page, sp, hs, ql, cfg) -> tuple:
-    return (idx, dtype, hq, hk, d, page, sp, hs, ql, cfg)
+def _key(idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg: bool = False) -> tuple:
+    """A build's key in _PLANS: the shape, the config, and whether it is the warpgroup-MMA kernel."""
+    return (idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg)
+
+
+def uses_wg(cfg: VerifyConfig, dtype: torch.dtype, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> bool:
+    """Whether a call of this shape runs the warpgroup-MMA kernel (``cfg.wgmma``, verify_wgmma.cu)."""
+    lo = WG_MIN_ROWS if cfg.wgmma < 0 else 17
+    return bool(cfg.wgmma) and d == 128 and lo <= ql * (hq // hk) <= 64 and sp % 16 == 0 and kv_sblk % 16 == 0
 
 
 def _build(key) -> tuple:
-    idx, dtype, hq, hk, d, page, sp, hs, ql, cfg = key
+    idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
+    if wg:  # the warpgroup-MMA kernel
+        wdefs = verify_wg.defines(hq, hk, d, page, hs, ql, cfg.wg, defs)
+        k = _cudart.load_kernel(verify_wg.source(DECODE_SOURCE.read_text()), verify_wg.KERNEL, wdefs, idx,
+                                verify_wg.smem_bytes(cfg.wg), label="verify_wgmma", arch_suffix="a")
+        merge = (k.module.kernel(MERGE_ROWS), k.module.kernel(MERGE))
+        blocks = max(1, k.blocks_per_sm(verify_wg.THREADS))
+        return k, merge, blocks, hk, verify_wg.THREADS // 32, True
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
     smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws else plan.warps, plan.rc, d,
                       plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0)
     k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4", arch_suffix=arch_suffix(defs))
     merge = (k.module.kernel(MERGE_ROWS), k.module.kernel(MERGE))  # _launch picks by the split count
     blocks = max(1, k.blocks_per_sm(32 * plan.warps))
-    return k, merge, blocks, plan.blocks(hk), plan.warps
+    return k, merge, blocks, plan.blocks(hk), plan.warps, False
 
 
 def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
             page: int, num_spec: int, row_stride: int | None = None, config: VerifyConfig | None = None) -> bool:
     """Build and load the verify kernel for a model shape ahead of any call (e.g. before a
     CUDA-graph capture). ``row_stride``: bytes between token rows of a page (default Hk * slot).
-    Returns False (and logs) where the CUDA kernel cannot serve this shape or failed to build."""
+    Returns False (and logs) where the CUDA kernel cannot serve this shape or failed to build. Where the
+    warpgroup-MMA kernel serves the shape, both it and the per-warp kernel are built (a capture that meets a
+    cache before any eager call runs the per-warp one: :func:`verify_wg.tensor_maps`)."""
     idx = device if isinstance(device, int) else _device_index(device)
     sp = row_stride if row_stride is not None else num_kv_heads * Layout(head_dim).slot_size_aligned
     hs = Layout(head_dim).slot_size_aligned
-    key = _key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, config or DEFAULT)
-    if key in _PLANS:
+    cfg = config or DEFAULT
+    keys = [_key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, cfg)]
+    if uses_wg(cfg, dtype, num_heads, num_kv_heads, head_dim, num_spec + 1, sp, page * sp):
+        keys.append(_key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, cfg, True))
+    if all(k in _PLANS for k in keys):
         return True
     try:
         if backend_choice() == "triton" or _cudart.device_refusal(torch.device("cuda", idx), (9, 0), "sm_90"):
             return False
-        _PLANS[key] = _build(key)
+        for k in keys:
+            if k not in _PLANS:
+                _PLANS[k] = _build(k)
         return True
     except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
         mark_broken(idx, str(exc).splitlines()[0])
@@ -466,8 +496,12 @@ def verify_attention(
         why = unsupported(query, kv_cache, block_table, seq_lens, num_spec)
         if why is None and out.stride(2) == 1 and out.stride(0) == hq * out.stride(1) and out.dtype in _OUT_KIND:
             idx = _device_index(query)
+            cfg = config or DEFAULT
+            maps = None  # the wgmma kernel's tensor maps (none in a capture that has not seen this cache yet)
+            if uses_wg(cfg, query.dtype, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
+                maps = verify_wg.tensor_maps(kv_cache)
             key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1),
-                       kv_cache.stride(2), ql, config or DEFAULT)
+                       kv_cache.stride(2), ql, cfg, maps is not None)
             if key not in _PLANS and _capturing():
                 if choice == "cuda":
                     raise RuntimeError("SNDR_TQ_BACKEND=cuda: first verify call of this shape inside a CUDA-graph "
@@ -476,8 +510,8 @@ def verify_attention(
                 try:
                     if key not in _PLANS:
                         _PLANS[key] = _build(key)
-                    _launch(_PLANS[key], key[-1], query, kv_cache, block_table, seq_lens, scale, out, workspace,
-                            b, max_splits)
+                    _launch(_PLANS[key], cfg, query, kv_cache, block_table, seq_lens, scale, out, workspace,
+                            b, max_splits, maps)
                     return out
                 except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
                     if choice == "cuda":
@@ -489,8 +523,20 @@ def verify_attention(
     return synthetic_rows(query, kv_cache, block_table, seq_lens, scale, num_spec, out=out, max_splits=max_splits)
 
 
-def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, workspace, b, max_splits) -> None:
-    k, merge, blocks_per_sm, per_split, warps = plan
+def _args(query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, b, splits, min_tiles) -> list:
+    """The per-warp kernels' parameters (VERIFY_PARAMS of verify_k8v4.cu)."""
+    return [
+        C.c_void_p(query.data_ptr()), C.c_void_p(kv_cache.data_ptr()), C.c_void_p(block_table.data_ptr()),
+        C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
+        C.c_float(scale * LOG2E), C.c_int(b), C.c_int(splits), C.c_int(min_tiles),
+        C.c_longlong(query.stride(0)), C.c_longlong(query.stride(1)), C.c_longlong(block_table.stride(0)),
+        C.c_longlong(kv_cache.stride(0)), C.c_longlong(kv_cache.stride(2)),
+    ]
+
+
+def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, workspace, b, max_splits,
+            maps=None) -> None:
+    k, merge, blocks_per_sm, per_split, warps, wg = plan
     n, hq, d = query.shape
     ql = n // b
     idx = _device_index(query)
@@ -506,13 +552,11 @@ def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, works
     mid_o = flat[: rows * splits * d]
     mid_l = flat[rows * splits * d: need]
     stream = torch.cuda.current_stream(query.device).cuda_stream
-    args = [
-        C.c_void_p(query.data_ptr()), C.c_void_p(kv_cache.data_ptr()), C.c_void_p(block_table.data_ptr()),
-        C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
-        C.c_float(scale * LOG2E), C.c_int(b), C.c_int(splits), C.c_int(min_tiles),
-        C.c_longlong(query.stride(0)), C.c_longlong(query.stride(1)), C.c_longlong(block_table.stride(0)),
-        C.c_longlong(kv_cache.stride(0)), C.c_longlong(kv_cache.stride(2)),
-    ]
+    if wg:
+        args = verify_wg.launch_args(maps, query, block_table, seq_lens, mid_o, mid_l, scale * LOG2E, splits,
+                                     min_tiles)
+    else:
+        args = _args(query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, b, splits, min_tiles)
     margs = [
         C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()), C.c_void_p(seq_lens.data_ptr()),
         C.c_void_p(out.data_ptr()), C.c_void_p(0), C.c_int(ql * hq), C.c_int(splits), C.c_int(min_tiles),
@@ -564,11 +608,16 @@ def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
         major, minor = _capability(torch.cuda.current_device())
         arch = f"{major}{minor}"
     jobs = []
+    src, wsrc = source(), verify_wg.source(DECODE_SOURCE.read_text())
     for s in shapes:
         hq, hk, d, page, sp, bf16, ql = s[:7]
         cfg = s[7] if len(s) > 7 else DEFAULT
-        jobs.append(defines(hq, hk, d, page, sp, bf16, ql, cfg))
-    src = source()
+        defs = defines(hq, hk, d, page, sp, bf16, ql, cfg)
+        if uses_wg(cfg, torch.bfloat16 if bf16 else torch.float16, hq, hk, d, ql, sp, 16):
+            hs = Layout(d).slot_size_aligned
+            jobs.append((wsrc, "verify_wgmma", arch + "a", verify_wg.defines(hq, hk, d, page, hs, ql, cfg.wg, defs)))
+        else:
+            jobs.append((src, "verify_k8v4", arch + arch_suffix(defs), defs))
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        list(ex.map(lambda defs: _cudart.compile_cubin(src, "verify_k8v4", arch + arch_suffix(defs), defs), jobs))
+        list(ex.map(lambda j: _cudart.compile_cubin(*j), jobs))
     return len(jobs)

@@ -1,0 +1,86 @@
+"""The warpgroup-MMA verify kernel (``verify_wgmma.cu``, sm_90a): one warpgroup per (request, split, KV head)
+streams the head's tiles with TMA tensor copies, converts each tile's keys and values once into f16 wgmma
+operands, and scores all ``QL * G <= 64`` query rows of the KV head in one m64 tile. The splits are merged by ``decode_k8v4.cu``'s merges, as for
+``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import _cudart
+from ._layout import Layout
+
+SOURCE_PATH = Path(__file__).with_name("verify_wgmma.cu")
+KERNEL = "tq_k8v4_verify_wg"
+THREADS = 128  # one warpgroup
+_SOURCE: list[str] = []
+_MAPS: dict[tuple, torch.Tensor] = {}
+
+
+@dataclass(frozen=True)
+class WgConfig:
+    tiles_per_stage: int = 2  # 16-token tiles per ring stage (N of the score wgmma: 16 x this)
+    stages: int = 4  # ring depth
+    min_blocks: int = 3  # blocks per SM asked of the register allocator
+    v_desc: tuple[int, int] = (0, 0)  # (LBO, SBO) of the value descriptor; (0, 0): the layout's own steps
+    debug: int = 0  # verify_wgmma.cu's WG_DBG (diagnostics only: wrong outputs)
+
+
+def source(decode_source: str) -> str:
+    if not _SOURCE:
+        _SOURCE.append(SOURCE_PATH.read_text())
+    return decode_source + '\n#line 1 "verify_wgmma.cu"\n' + _SOURCE[0]
+
+
+def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig, base: dict) -> dict:
+    """The decode_k8v4.cu macros of a verify build (``base``) plus this kernel's."""
+    lbo, sbo = cfg.v_desc
+    extra = ({"WV_DESC_LBO": lbo, "WV_DESC_SBO": sbo} if lbo else {}) | ({"WG_DBG": cfg.debug} if cfg.debug else {})
+    return dict(base) | extra | {
+        "QL": ql, "GQ": hq // hk, "HK": hk, "HS": hs, "D": d, "PAGE": page,
+        "WTPS": cfg.tiles_per_stage, "WSTAGES": cfg.stages, "WMINB": cfg.min_blocks,
+    }
+
+
+def smem_bytes(cfg: WgConfig) -> int:
+    """verify_wgmma.cu's WSMEM: one stage's f16 keys, two stages' f16 values, the ring of copied tiles (16 rows of
+    208 bytes), its barriers, and the slack that aligns the base to 1024 bytes."""
+    t = cfg.tiles_per_stage
+    return t * 4096 + 2 * t * 4096 + cfg.stages * t * 16 * 208 + 8 * cfg.stages + 1024
+
+
+def tensor_maps(kv_cache: torch.Tensor) -> torch.Tensor | None:
+    """The cache's tensor map ([row bytes, page tokens, blocks], a box of 208 bytes x 16 tokens: a box starts
+    16-byte aligned, so a head's 196-byte slot is read from its start rounded down to 16) as 128 bytes in device
+    memory, made once per cache tensor by an eager call (None inside a CUDA-graph capture that has not seen this
+    cache: the caller then runs the per-warp kernel)."""
+    nb, page, hk, slot = kv_cache.shape
+    st = kv_cache.stride()
+    key = (kv_cache.data_ptr(), nb, page, st[0], st[1], kv_cache.device.index)
+    m = _MAPS.get(key)
+    if m is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        tm = _cudart.tensor_map_tiled(kv_cache.data_ptr(), (st[1], page, nb), (st[1], st[0]), (208, 16, 1))
+        host = torch.frombuffer(bytearray(bytes(tm)), dtype=torch.uint8)
+        if len(_MAPS) > 256:
+            _MAPS.clear()
+        m = _MAPS[key] = host.to(kv_cache.device)  # (torch's allocations are 512-byte aligned)
+    return m
+
+
+def launch_args(maps: torch.Tensor, query: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                mid_o: torch.Tensor, mid_l: torch.Tensor, qk_scale: float, splits: int, min_tiles: int) -> list:
+    return [C.c_void_p(maps.data_ptr()), C.c_void_p(query.data_ptr()), C.c_void_p(block_table.data_ptr()),
+            C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
+            C.c_float(qk_scale), C.c_int(splits), C.c_int(min_tiles), C.c_longlong(query.stride(0)),
+            C.c_longlong(query.stride(1)), C.c_longlong(block_table.stride(0))]
+
+
+def slot_bytes(d: int) -> int:
+    return Layout(d).slot_size_aligned

@@ -1,0 +1,508 @@
+// TurboQuant k8v4 speculative-verify attention with warpgroup MMAs (sm_90a): every KV tile is read and
+// unpacked once for all QL * GQ <= 64 query rows of a KV head.
+//
+// Compiled by NVRTC after decode_k8v4.cu (verify_wg.py concatenates the two), whose helpers it uses
+// (mbarriers, split_of, ex2, the fp16 packers) and whose merges (tq_k8v4_merge_rows / tq_k8v4_merge) combine
+// the splits written here, in the same partial layout as verify_k8v4.cu.
+//
+// A block is one warpgroup (4 warps) for one (request b, split s, KV head hk).
+//
+// * Warp 0 (lane 0) streams the split's 16-token tiles with one TMA tensor copy each, from a
+//   3-D tensor map over the cache ([row bytes, page tokens, blocks]): 208 bytes of each token row from HS * hk
+//   rounded down to 16 bytes (a box must start 16-byte aligned: HS = 196 is not a multiple of 16), i.e. the
+//   head's slot at byte `off` = (HS * hk) % 16 of each 208-byte row. A stage holds WTPS tiles (N = 16 WTPS
+//   tokens); a ring of WSTAGES stages with full mbarriers; a stage is refilled (stage i + WSTAGES) right after
+//   the block barrier that ends its unpacking, so no empty barriers and no producer warp (three blocks of four
+//   warps fit an SM's registers, where two blocks of five warps did).
+// * The consumer warpgroup converts each tile's keys (e4m3 -> f16, exact) into the 128-byte-swizzled K-major
+//   layout of wgmma's B operand (the layout TMA's 128-byte swizzle writes: two blocks of 64 dims), and unpacks
+//   its values (below): the stage's copy is free after that.
+// * Scores: S = Q K^T, M = 64 query rows (row r = t * GQ + h: token t, head h of the group; rows past
+//   QL * GQ are zeros), N = the stage's tokens, K = 128 dims, as f16 wgmmas m64nNk16 with fp32 accumulators.
+//   The query is the A operand in registers, f16, each row times its own power of two 2^e (its largest |x| 2^e
+//   in [128, 256): bf16's range fits f16's, and a bf16 or f16 value keeps all its bits), which the row folds into
+//   its qk_scale. (Measured and dropped: fp8 wgmmas on the raw keys with the query as two exact e4m3 terms, the
+//   same tensor time, no key conversion, but the fp8 accumulation lost precision at large logits:
+//   docs/bench-mtp-verify-h200.md.)
+// * Values: the consumer warpgroup unpacks the stage's codes once into f16 values (code * scale + zero, one
+//   fused rounding) in shared memory, the MN-major no-swizzle operand layout of wgmma (8 dims x 8 tokens
+//   core matrices); tokens past the split's end or seq_len are written as zeros (stale bytes never reach an
+//   MMA). Within each group of 8 dims the columns are stored as dims 0 4 1 5 2 6 3 7 (the unpack's natural
+//   order), which the output write undoes.
+// * Softmax: per row, in registers, on the S accumulators (thread: rows 16 w + g, 16 w + g + 8; tokens
+//   8 i + 2 t4, + 1 of each n8 block i); lazy running max (raised, with a rescale of the row's O and l, only
+//   when a score exceeds it by TAU). The causal limit of row t is
+//   seq_len - QL + 1 + t, and no row sees past the split's last tile: one per-row limit, applied only on
+//   stages that reach it. Warps whose rows are all padding skip the softmax (P = 0).
+// * P.V: O (64 x 128, fp32) += P (f16, the S accumulators re-packed as the A operand in registers) . V, one
+//   m64n128k16 wgmma per tile, left in flight while the next stage's keys and values are unpacked.
+// * The split's partials: O / l and the log2-sum-exp m + log2(l) per row (rows that saw no token: zeros and
+//   EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s, verify_k8v4.cu's layout.
+//
+// Macros: QL, GQ, HK (KV heads), HS (bytes between two KV heads' slots), D (128 only), PAGE, QBF16,
+// WTPS (tiles per stage: 1 to 4), WSTAGES (ring depth), WMINB (blocks per SM for the register budget),
+// TAU; WV_LBO / WV_SBO: the value operand's descriptor strides (bytes) for its 8-token / 8-dim core-matrix
+// steps.
+
+#ifndef WTPS
+#define WTPS 2
+#endif
+#ifndef WSTAGES
+#define WSTAGES 4
+#endif
+#ifndef WMINB
+#define WMINB 3
+#endif
+#ifndef WV_LBO
+#define WV_LBO 128                // bytes between the two 8-token core matrices of a value tile
+#endif
+#ifndef WV_SBO
+#define WV_SBO 256                // bytes between two 8-dim groups of a value tile
+#endif
+#ifndef WG_DBG
+#define WG_DBG 0                  // diagnostics (wrong outputs): 1 no score wgmma, 2 no P.V wgmma, 4 no tensor copies
+#endif
+#define WROWS (QL * GQ)           // query rows of the KV head
+#define WN (16 * WTPS)            // tokens per stage (N of the score wgmma)
+#define WRT 208                   // bytes of a token's slot one copy reads: 13 x 16 from HS hk rounded down to 16
+#define WRAW (16 * WRT)           // bytes of one tile's copy
+#define WKT 4096                  // bytes of one tile's f16 keys (16 rows x 256: two 128-byte swizzled blocks)
+#define WVF 4096                  // bytes of one tile's f16 values (128 dims x 16 tokens)
+#define WK_OFF 0                                     // the keys of one stage (1024-byte aligned)
+#define WF_OFF (WK_OFF + WTPS * WKT)                 // two stages' f16 values
+#define WR_OFF (WF_OFF + 2 * WTPS * WVF)             // the ring of copied tiles
+#define WB_OFF (WR_OFF + WSTAGES * WTPS * WRAW)      // full[WSTAGES]
+#define WSMEM (WB_OFF + 8 * WSTAGES + 1024)          // + the slack that aligns the base to 1024 bytes
+#define HQW (HK * GQ)
+#define EMPTY_LSE_W (-1e30f)
+static_assert(D == 128, "the wgmma verify kernel: head dim 128");
+static_assert(WROWS >= 1 && WROWS <= 64, "at most 64 query rows per KV head (one m64 tile)");
+static_assert(WTPS >= 1 && WTPS <= 4, "1 to 4 tiles per stage");
+static_assert(PAGE % 16 == 0, "pages of whole tiles");
+
+// A tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), in global memory: the host encodes the cache's
+// two maps once and copies them to the device (verify_wg.tensor_maps). (As __grid_constant__ kernel parameters
+// the copies raised an illegal instruction on the H200, driver 580.159.04.)
+struct __align__(64) TmaMap { unsigned long long v[16]; };
+
+static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, int x, int y, int z, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+
+// wgmma shared-memory matrix descriptor: start address, leading / stride byte offsets (16-byte units), layout
+// (0: no swizzle, 1: 128-byte swizzle).
+static __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo, u32 layout) {
+    return (u64)((addr >> 4) & 0x3FFFu) | ((u64)((lbo >> 4) & 0x3FFFu) << 16) | ((u64)((sbo >> 4) & 0x3FFFu) << 32)
+           | ((u64)layout << 62);
+}
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wg_keep(float (&d)[N]) {  // the accumulators stay put across the async MMA
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// S (64 x WN) [+]= Q (A: f16 registers, k = 16 dims) . K^T (B: f16, K-major, 128-byte swizzle, desc);
+// ACC = 0: S = the product.
+#if WTPS == 1
+template <int ACC>
+static __device__ __forceinline__ void wg_score(float (&d)[8], const u32 (&a)[4], u64 desc)
+{
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
+}
+#endif
+#if WTPS == 2
+template <int ACC>
+static __device__ __forceinline__ void wg_score(float (&d)[16], const u32 (&a)[4], u64 desc)
+{
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
+}
+#endif
+#if WTPS == 3
+template <int ACC>
+static __device__ __forceinline__ void wg_score(float (&d)[24], const u32 (&a)[4], u64 desc)
+{
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %29, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23"
+        "}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
+}
+#endif
+#if WTPS == 4
+template <int ACC>
+static __device__ __forceinline__ void wg_score(float (&d)[32], const u32 (&a)[4], u64 desc)
+{
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
+}
+#endif
+// O (64 x 128) += P (A: f16 registers, k = 16 tokens) . V (B: f16, MN-major, no swizzle, desc).
+static __device__ __forceinline__ void wg_pv(float (&d)[64], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc)
+{
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(1));
+}
+
+// The query rows of warp w as the score wgmma's A operand, f16: k16 step j, qa[j][i] holds row 16 w + g (i = 0, 2) or
+// 16 w + g + 8 (i = 1, 3), dims 16 j + 2 t4 + {0, 1} (i = 0, 1) or 16 j + 8 + 2 t4 + {0, 1} (i = 2, 3). Each row is
+// scaled by its own power of two 2^e (its largest |x| 2^e in [128, 256): the four t4 lanes hold its 128 values), so
+// a bf16 or f16 value is exact in f16 unless it lies below 2^-32 of its row's largest; f[0] / f[1] = 2^-e of rows
+// g / g + 8, the factors of their scores (rows past WROWS: zeros).
+static __device__ __forceinline__ float q_value(u32 w, int hi) {
+#if QBF16
+    return __uint_as_float(hi ? (w & 0xFFFF0000u) : (w << 16));
+#else
+    return hi ? f16_hi(w) : f16_lo(w);
+#endif
+}
+static __device__ __forceinline__ void wg_load_q(u32 (&qa)[8][4], float (&f)[2], const unsigned short* __restrict__ Q,
+                                                 int b, int hk, int w, int g, int t4, long long q_st, long long q_sh)
+{
+    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const bool ok0 = r0 < WROWS, ok1 = r1 < WROWS;
+    const int rr0 = ok0 ? r0 : 0, rr1 = ok1 ? r1 : 0;
+    const unsigned short* q0 = Q + (long long)(b * QL + rr0 / GQ) * q_st + (long long)(hk * GQ + rr0 % GQ) * q_sh
+                               + 2 * t4;
+    const unsigned short* q1 = Q + (long long)(b * QL + rr1 / GQ) * q_st + (long long)(hk * GQ + rr1 % GQ) * q_sh
+                               + 2 * t4;
+    u32 raw[8][4];
+    float mx[2] = {0.f, 0.f};  // the largest |x| of each row
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const bool ok = i & 1 ? ok1 : ok0;
+            const u32 wv = ok ? *reinterpret_cast<const u32*>((i & 1 ? q1 : q0) + 16 * j + (i & 2 ? 8 : 0)) : 0u;
+            raw[j][i] = wv;
+            mx[i & 1] = fmaxf(mx[i & 1], fmaxf(fabsf(q_value(wv, 0)), fabsf(q_value(wv, 1))));
+        }
+    float s[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+        // 2^x with the row's largest |x| 2^x in [128, 256): x = 7 - (its exponent); an all-zero row: x = 0
+        const u32 bits = __float_as_uint(mx[e]);
+        const int x = bits ? max(-100, min(100, 7 - ((int)(bits >> 23) - 127))) : 0;
+        s[e] = __uint_as_float((u32)(127 + x) << 23);
+        f[e] = __uint_as_float((u32)(127 - x) << 23);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            qa[j][i] = pack_f16x2(q_value(raw[j][i], 0) * s[i & 1], q_value(raw[j][i], 1) * s[i & 1]);
+}
+
+// Eight 4-bit codes (one cache word: dims 8 u + 0..7, dim 2 i in the low nibble of byte i) as four f16x2
+// values code * scale + zero: word k = {dim k, dim k + 4} (one fused rounding each).
+static __device__ __forceinline__ u32 wg_unpack2(u32 x, u32 sc2, u32 z2) {
+    const u32 h = (x & 0x000F000Fu) | 0x64006400u;  // 1024 + code, exact
+    u32 c, r;
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(c) : "r"(h), "r"(0x64006400u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(c), "r"(sc2), "r"(z2));
+    return r;
+}
+
+#ifndef WV_DESC_LBO
+#define WV_DESC_LBO WV_LBO        // the value descriptor's leading byte offset (the 8-token step)
+#endif
+#ifndef WV_DESC_SBO
+#define WV_DESC_SBO WV_SBO        // and its stride byte offset (the 8-dim step)
+#endif
+
+// Stage i's copies (warp 0; lane 0 issues them): its tiles' pages come from the lanes' window of 32 block-table
+// entries (cache0: its first tile), refilled with one load when a tile leaves it.
+static __device__ __forceinline__ void wg_produce(const TmaMap* TM, const int* __restrict__ bt, u32 base, u32 full,
+                                                  int i, int t_begin, int t_end, int hk, int lane, int& pg_lane,
+                                                  int& cache0)
+{
+    const int slot = i % WSTAGES;
+    const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0);
+    if (lane == 0) mbar_expect(full + 8 * slot, WG_DBG & 4 ? 0 : nt * WRAW);
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j) {
+        if (j >= nt) break;
+        const int T = T0 + j;
+        if (T - cache0 >= 32) {
+            cache0 = T;
+            pg_lane = T + lane < t_end ? bt[(16 * (T + lane)) / PAGE] : 0;
+        }
+        const int pg = __shfl_sync(0xffffffffu, pg_lane, T - cache0);
+        if (lane == 0 && !(WG_DBG & 4))
+            tma_load_3d(base + WR_OFF + (slot * WTPS + j) * WRAW, TM, (HS * hk) & ~15, (16 * T) % PAGE, pg,
+                        full + 8 * slot);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
+    const TmaMap* __restrict__ TM, const unsigned short* __restrict__ Q,
+    const int* __restrict__ BT, const int* __restrict__ SL, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int S, int min_tiles, long long q_st, long long q_sh, long long bt_sb)
+{
+    extern __shared__ __align__(1024) unsigned char wsm[];
+    const u32 sbase = smem_addr(wsm);
+    const u32 base = (sbase + 1023u) & ~1023u;
+    unsigned char* const gbase = wsm + (base - sbase);
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int hk = blockIdx.x % HK, bs = blockIdx.x / HK, s = bs % S, b = bs / S;
+    const int seq_len = SL[b];
+    const Split sp = split_of(seq_len, S, min_tiles);
+    if (s >= sp.n_act) return;  // (the whole block)
+    const int t_begin = s * sp.tiles_per, t_end = min(t_begin + sp.tiles_per, sp.n_tiles);
+    const int nst = (t_end - t_begin + WTPS - 1) / WTPS;
+    const u32 full = base + WB_OFF;
+    const int* bt = BT + (long long)b * bt_sb;
+    int pg_lane = 0, cache0 = -32;  // warp 0's window of block-table entries (wg_produce)
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < WSTAGES; ++i) mbar_init(full + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        // (the map was written through the generic proxy, by the host's copy: acquired once)
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(TM) : "memory");
+    }
+    __syncthreads();
+    if (w == 0)  // the ring's first WSTAGES stages
+        for (int i = 0; i < min(WSTAGES, nst); ++i) wg_produce(TM, bt, base, full, i, t_begin, t_end, hk, lane, pg_lane,
+                                                              cache0);
+
+    // the warpgroup's rows, operands and state
+    const int g = lane >> 2, t4 = lane & 3;
+    u32 qa[8][4];
+    float qf[2];
+    wg_load_q(qa, qf, Q, b, hk, w, g, t4, q_st, q_sh);
+    const float qk0 = qk_scale * qf[0], qk1 = qk_scale * qf[1];  // rows g, g + 8: log2 units per raw score
+    const bool active = 16 * w < WROWS;  // (warp-uniform) rows of this warp are real query rows
+    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const int first_hidden = seq_len - QL + 1;      // row t sees tokens [0, first_hidden + t)
+    const int tok_end = 16 * t_end;                 // and none past the split
+    const int lim0 = r0 < WROWS ? min(first_hidden + r0 / GQ, tok_end) : 0;
+    const int lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
+    const int lim_min = min(first_hidden, tok_end);  // stages reaching past it are masked
+
+    const int off = (HS * hk) & 15;       // the head's slot within each copied 208-byte row
+    u64 dk[8];                            // the keys' operand, k16 step j: dims 64 (j / 4) + 16 (j % 4) + 0..15
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dk[j] = wg_desc(base + WK_OFF + (j >> 2) * (WN * 128) + 32 * (j & 3), 16, 1024, 1);
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float m0 = EMPTY_LSE_W, m1 = EMPTY_LSE_W, l0 = 0.f, l1 = 0.f;
+    for (int i = 0; i < nst; ++i) {
+        const int slot = i % WSTAGES;
+        const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0), tok0 = 16 * T0;
+        mbar_wait(full + 8 * slot, (i / WSTAGES) & 1);
+        const unsigned char* raw = gbase + WR_OFF + slot * WTPS * WRAW + off;  // the head's slot in row 0, tile 0
+
+        // the stage's keys as f16 into the swizzled operand (the score wgmmas of stage i - 1 are done: waited there):
+        // two column blocks of 64 dims, [WN rows x 128 bytes] each, the 16-byte piece q of row R at
+        // R * 128 + ((q ^ (R % 8)) * 16), as TMA's 128-byte swizzle would write it
+#pragma unroll
+        for (int j = 0; j < WTPS; ++j) {
+            const int r = tid >> 3, c = tid & 7, R = 16 * j + r;  // token R of the stage, fp8 dims 16 c .. 16 c + 15
+            const u32* src = reinterpret_cast<const u32*>(raw + j * WRAW + r * WRT + 16 * c);
+            u32 h[8];
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                const u32 wv = src[x];
+                h[2 * x] = e4m3x2_to_f16x2(wv);
+                h[2 * x + 1] = e4m3x2_to_f16x2(wv >> 16);
+            }
+            unsigned char* kr = gbase + WK_OFF + (c >> 2) * (WN * 128) + R * 128;
+            const int q = (2 * c) & 7;
+            *reinterpret_cast<uint4*>(kr + ((q ^ (R & 7)) << 4)) = make_uint4(h[0], h[1], h[2], h[3]);
+            *reinterpret_cast<uint4*>(kr + (((q + 1) ^ (R & 7)) << 4)) = make_uint4(h[4], h[5], h[6], h[7]);
+        }
+        // and its values as f16 into buffer i & 1 (the P.V of stage i - 2 read it, done: waited at i - 1)
+        const u32 vf = base + WF_OFF + (i & 1) * WTPS * WVF;
+#pragma unroll
+        for (int k = 0; k < 2 * WTPS; ++k) {
+            const int q = tid + 128 * k;
+            const int t = q & 15, u = (q >> 4) & 15, j = q >> 8;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (j < nt && tok0 + 16 * j + t < seq_len) {
+                const unsigned char* row = raw + j * WRAW + t * WRT + D;
+                const u32 x = *reinterpret_cast<const u32*>(row + 4 * u);
+                const u32 szw = *reinterpret_cast<const u32*>(row + D / 2);
+                const u32 sc2 = (szw & 0xFFFFu) * 0x10001u, z2 = (szw >> 16) * 0x10001u;
+                val.x = wg_unpack2(x, sc2, z2);
+                val.y = wg_unpack2(x >> 4, sc2, z2);
+                val.z = wg_unpack2(x >> 8, sc2, z2);
+                val.w = wg_unpack2(x >> 12, sc2, z2);
+            }
+            *reinterpret_cast<uint4*>(gbase + (vf - base) + j * WVF + u * WV_SBO + (t >> 3) * WV_LBO + (t & 7) * 16)
+                = val;
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();  // the operands are written, the stage's copy is read: refilled with stage i + WSTAGES
+        if (w == 0 && i + WSTAGES < nst)
+            wg_produce(TM, bt, base, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
+
+        // S = Q K^T of the stage (the descriptors pinned before the fence: see the P.V below)
+        float sc[WN / 2];
+#pragma unroll
+        for (int k = 0; k < WN / 2; ++k) sc[k] = 0.f;  // (defined before the fence, though the first MMA ignores them)
+        wg_keep(sc);
+        wg_fence();
+#if WG_DBG & 1
+#pragma unroll
+        for (int k = 0; k < WN / 2; ++k) sc[k] = (float)(k & 3);
+#else
+        wg_score<0>(sc, qa[0], dk[0]);
+#pragma unroll
+        for (int j = 1; j < 8; ++j) wg_score<1>(sc, qa[j], dk[j]);
+#endif
+        wg_commit();
+        wg_keep(sc);
+        wg_wait0();  // this stage's scores and the previous stage's P.V
+        wg_keep(sc);
+        wg_keep(o);
+
+        u32 pt[WTPS][4];           // P of this stage (rows of an active warp)
+        float f0 = 1.f, f1 = 1.f;  // the rescale of rows g, g + 8 (a running max raised by more than TAU)
+        if (active) {
+            if (tok0 + WN > lim_min) {
+#pragma unroll
+                for (int k = 0; k < WN / 2; ++k) {
+                    const int tok = tok0 + 8 * (k >> 2) + 2 * t4 + (k & 1);
+                    if (tok >= (k & 2 ? lim1 : lim0)) sc[k] = NEG_INF;
+                }
+            }
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+            for (int k = 0; k < WN / 2; ++k) {
+                if (k & 2) mx1 = fmaxf(mx1, sc[k]);
+                else mx0 = fmaxf(mx0, sc[k]);
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * qk0;
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * qk1;
+            if (mx0 > m0 + TAU) {  // (the factors scale O below, outside any branch: ptxas serialises the
+                f0 = ex2(m0 - mx0);  // wgmmas when their accumulators are written on a divergent path)
+                m0 = mx0;
+                l0 *= f0;
+            }
+            if (mx1 > m1 + TAU) {
+                f1 = ex2(m1 - mx1);
+                m1 = mx1;
+                l1 *= f1;
+            }
+#pragma unroll
+            for (int j = 0; j < WTPS; ++j) {
+                float p[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) p[e] = ex2(fmaf(sc[8 * j + e], e & 2 ? qk1 : qk0, -(e & 2 ? m1 : m0)));
+                l0 += (p[0] + p[1]) + (p[4] + p[5]);
+                l1 += (p[2] + p[3]) + (p[6] + p[7]);
+                pt[j][0] = pack_f16x2(p[0], p[1]);
+                pt[j][1] = pack_f16x2(p[2], p[3]);
+                pt[j][2] = pack_f16x2(p[4], p[5]);
+                pt[j][3] = pack_f16x2(p[6], p[7]);
+            }
+        }
+        // the P.V operand, defined outside the branch (ptxas serialises every wgmma of the kernel when an input
+        // register of one is written on a divergent path): zeros in a warp of padding rows
+        u32 pa[WTPS][4];
+#pragma unroll
+        for (int j = 0; j < WTPS; ++j)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) pa[j][x] = active ? pt[j][x] : 0u;
+
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+            o[4 * k] *= f0;
+            o[4 * k + 1] *= f0;
+            o[4 * k + 2] *= f1;
+            o[4 * k + 3] *= f1;
+        }
+
+        // O += P V (in flight until the next stage's wait); the operands are defined before the fence (ptxas
+        // serialises wgmmas whose input registers are written inside their pipeline stage)
+        u64 dv[WTPS];
+#pragma unroll
+        for (int j = 0; j < WTPS; ++j) {
+            dv[j] = wg_desc(vf + j * WVF, WV_DESC_LBO, WV_DESC_SBO, 0);
+            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3]));
+        }
+        wg_keep(o);
+        wg_fence();
+#if !(WG_DBG & 2)
+#pragma unroll
+        for (int j = 0; j < WTPS; ++j) wg_pv(o, pa[j][0], pa[j][1], pa[j][2], pa[j][3], dv[j]);
+#endif
+        wg_commit();
+        wg_keep(o);
+    }
+    wg_wait0();
+    wg_keep(o);
+
+    if (!active) return;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int r = e ? r1 : r0;
+        if (r >= WROWS) continue;
+        const int t = r / GQ, h = r % GQ;
+        const long long row = ((long long)b * (QL * HQW) + t * HQW + hk * GQ + h) * S + s;
+        const float l = e ? l1 : l0, m = e ? m1 : m0;
+        const float inv = l > 0.f ? 1.0f / l : 0.f;
+        float* op = MID_O + row * D + t4;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {  // columns 8 k + 2 t4 (+ 1) hold dims 8 k + t4 (+ 4)
+            op[8 * k] = o[4 * k + 2 * e] * inv;
+            op[8 * k + 4] = o[4 * k + 2 * e + 1] * inv;
+        }
+        if (t4 == 0) MID_L[row] = l > 0.f ? m + __log2f(l) : EMPTY_LSE_W;
+    }
+}
