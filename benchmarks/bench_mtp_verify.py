@@ -272,14 +272,10 @@ PROBE = {
     # the warp-per-row merge (the default) against the block-per-row merge
     "merge_block": mtp_verify.VerifyConfig(merge_rows=0),
     # the warpgroup-MMA kernel (verify_wgmma.cu): tiles a stage x stages, blocks per SM
-    "wg": mtp_verify.VerifyConfig(wgmma=1),  # 2 x 4, 3 blocks of one warpgroup per SM
-    "wg_t1": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=1, stages=6)),
-    "wg_s6": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(stages=6)),
-    "wg_s3": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(stages=3)),
-    "wg_t3": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=3, stages=4, min_blocks=2)),
-    "wg_t4": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=4, stages=3, min_blocks=2)),
-    "wg_b2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(min_blocks=2)),
-    "wg_w2": mtp_verify.VerifyConfig(wgmma=1, waves=2),  # splits for two waves of blocks
+    "wg_t4": mtp_verify.VerifyConfig(wgmma=1),  # (the default shape: 4 x 3, 2 blocks per SM)
+    "wg": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3)),  # 2 x 4, 3 blocks per SM
+    "wg_t1": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(1, 6, 3)),
+    "wg_w2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3), waves=2),  # two waves of splits
 }
 # Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at
 # the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the
@@ -310,7 +306,7 @@ _ring_only_hooks()
 
 
 def plan_of(hq: int, k: int, cfg) -> str:
-    if mtp_verify.uses_wg(cfg, torch.bfloat16, hq, HK, D, k + 1, HK * SLOT, 16):
+    if verify_wg.uses(cfg, hq, HK, D, k + 1, HK * SLOT, 16):
         return f"wg {cfg.wg.tiles_per_stage}t{cfg.wg.stages}s"
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
     smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]

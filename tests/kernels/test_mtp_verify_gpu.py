@@ -430,8 +430,8 @@ def test_warp_per_row_merge_matches_the_block_merge_and_float64(d, hk, g, k, len
 # head in one m64 tile, fp8 score wgmmas on the raw keys with the bf16 query as two e4m3 terms.
 WG = {
     "wgmma": mv.VerifyConfig(wgmma=1),
-    "wgmma, 1 tile a stage": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(tiles_per_stage=1)),
-    "wgmma, 4 tiles a stage": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(tiles_per_stage=4)),
+    "wgmma, 1 tile a stage": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(1, 6, 3)),
+    "wgmma, 2 tiles a stage, 3 blocks": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(2, 4, 3)),
     "wgmma, 2 stages, 8 splits": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(stages=2), max_splits=8),
 }
 WG_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5), (3, 7), (4, 15)]

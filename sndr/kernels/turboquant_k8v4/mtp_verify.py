@@ -56,7 +56,6 @@ TILE = 16
 MAX_SPLITS = 128  # the merge kernel's limit
 MERGE_ROWS_MAX_SPLITS = 16  # VerifyConfig.merge_rows: the warp-per-row merge up to this many splits a request
 MAX_QL = 16
-WG_MIN_ROWS = 33  # VerifyConfig.wgmma = -1: the warpgroup-MMA kernel from this many query rows per KV head
 LOG = logging.getLogger("sndr.kernels")
 
 __all__ = ["VerifyConfig", "verify_attention", "prepare", "synthetic_rows", "unsupported",
@@ -81,12 +80,9 @@ class VerifyConfig:
     # score MMA accumulator chains per n-tile: 2 (even / odd k-steps) halves the dependent MMA chain, but measured
     # up to 7.8% slower in 20 of 24 probed cells on the H200 (docs/bench-mtp-verify-h200.md, probe), so 1
     kchain: int = 1
-    # 1: the shared-unpack CTA (verify_k8v4.cu, SHU) where the shared-tile CTA runs (> 16 rows per KV head): the
-    # block's warps unpack each tile once into an f16 tile in shared memory and every row-chunk warp reads its
-    # MMA fragments from it with ldmatrix. Measured 1.2-1.5x SLOWER than every warp unpacking the tile in
-    # registers (0, the default) in all 20 probed cells on the H200 (docs/bench-mtp-verify-h200.md): the
-    # block barrier per tile and the shared-memory round trip cost more than the unpacking they share.
-    # unpack_heads: KV heads per block it aims at (smaller blocks: more of them per SM).
+    # 1: the shared-unpack CTA (verify_k8v4.cu, SHU) where the shared-tile CTA runs: each tile unpacked once per
+    # block into shared memory, read with ldmatrix; measured 1.2-1.5x SLOWER than per-warp unpacking in all 20
+    # probed cells (docs/bench-mtp-verify-h200.md). unpack_heads: KV heads per block it aims at.
     unpack: int = 0
     unpack_heads: int = 4
     unpack_buffers: int = 0  # 1 or 2 unpacked tiles; 0: 2 where that costs no block per SM, else 1
@@ -103,27 +99,20 @@ class VerifyConfig:
     # -1: 1 where G (K + 1) > 16 at head dim 128, else 0 (1 measured 2.8-5.6% faster than 0 in all 20 probed
     # cells: docs/bench-mtp-verify-h200.md, "Round 3"). The shared-unpack CTA always runs 0.
     softmax: int = -1
-    # 1: the warp-specialised pair (verify_k8v4.cu, WSP) where the wide-warp plan runs one row chunk per KV head
-    # (17..32 rows at head dim 128, 4 or 8 heads a block): per KV head a score warp (scores, softmax) and a P.V
-    # warp (value words, accumulators) on the same TMA ring, P' handed over in shared memory, registers moved
-    # from the score to the P.V warpgroups by setmaxnreg (ws_regs: score, P.V registers per thread; their sum is
-    # 256, two blocks of 8 warps per SM); built for sm_90a. ws_stages: its TMA ring depth (the P.V warp frees a
-    # stage up to two tiles after the score warp).
+    # 1: the warp-specialised pair (verify_k8v4.cu, WSP, sm_90a) where the wide-warp plan runs one row chunk per
+    # KV head: a score warp and a P.V warp per KV head on one TMA ring, registers moved by setmaxnreg (ws_regs:
+    # score, P.V registers per thread, summing to 256); ws_stages: its ring depth. Measured slower (round 4).
     ws: int = 0
     ws_regs: tuple[int, int] = (88, 168)
     ws_stages: int = 4
-    # The merge of the splits: 1 decode_k8v4.cu's tq_k8v4_merge_rows (a warp per output row, 8 rows a block) where a
-    # request has at most MERGE_ROWS_MAX_SPLITS splits, else (and with 0) its tq_k8v4_merge (a block of 8 warps per
-    # row, every split's load issued at once). The block merge took 41 us for the 8192 rows of 4 splits at B = 32,
-    # K = 3, Hq 64 on an H200, where the verify kernel took 214 us; the warp merge is faster in all 20 probed cells
-    # (4 and 16 splits), but a warp sums its splits four loads at a time, so at 33-128 splits (B = 1..4) it is the
-    # slower one (PK0001's merge probe: 60 vs 32 us at 128 splits). docs/bench-mtp-verify-h200.md, "Round 6".
+    # The merge of the splits: 1 decode_k8v4.cu's tq_k8v4_merge_rows (a warp per output row) where a request has at
+    # most MERGE_ROWS_MAX_SPLITS splits, else (and with 0) its tq_k8v4_merge (a block per row): the warp merge is
+    # faster at 4 and 16 splits, slower at 33-128 (docs/bench-mtp-verify-h200.md, "Round 6").
     merge_rows: int = 1
     # The warpgroup-MMA kernel (verify_wgmma.cu, sm_90a; verify_wg.py): one warpgroup per (request, split, KV
     # head), all QL * G <= 64 rows of the KV head in one m64 wgmma tile, each tile's keys and values converted
-    # once into f16 operands. Runs only at head dim 128 with 16-byte strided cache rows; -1 (the default): where
-    # a KV head has more than WG_MIN_ROWS - 1 rows (33..64: the per-warp kernel needs two or more warps per head
-    # there); 1: at 17..64 rows; 0: never. wg: its ring and stage shape.
+    # once into f16 operands. -1 (the default): at 33..64 rows per KV head; 1: at 17..64; 0: never; wg: its ring
+    # and stage shape (verify_wg.uses: where it can run).
     wgmma: int = -1
     wg: verify_wg.WgConfig = verify_wg.WgConfig()
 
@@ -379,34 +368,23 @@ def unsupported(query, kv_cache, block_table, seq_lens, num_spec) -> str | None:
             or shape_problem(query, kv_cache, block_table, seq_lens, num_spec))
 
 
-def _key(idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg: bool = False) -> tuple:
-    """A build's key in _PLANS: the shape, the config, and whether it is the warpgroup-MMA kernel."""
+def _key(idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg: bool = False) -> tuple:  # (wg: verify_wgmma.cu)
     return (idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg)
-
-
-def uses_wg(cfg: VerifyConfig, dtype: torch.dtype, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> bool:
-    """Whether a call of this shape runs the warpgroup-MMA kernel (``cfg.wgmma``, verify_wgmma.cu)."""
-    lo = WG_MIN_ROWS if cfg.wgmma < 0 else 17
-    return bool(cfg.wgmma) and d == 128 and lo <= ql * (hq // hk) <= 64 and sp % 16 == 0 and kv_sblk % 16 == 0
 
 
 def _build(key) -> tuple:
     idx, dtype, hq, hk, d, page, sp, hs, ql, cfg, wg = key
     defs = defines(hq, hk, d, page, sp, dtype == torch.bfloat16, ql, cfg, hs)
-    if wg:  # the warpgroup-MMA kernel
-        wdefs = verify_wg.defines(hq, hk, d, page, hs, ql, cfg.wg, defs)
-        k = _cudart.load_kernel(verify_wg.source(DECODE_SOURCE.read_text()), verify_wg.KERNEL, wdefs, idx,
-                                verify_wg.smem_bytes(cfg.wg), label="verify_wgmma", arch_suffix="a")
+    if wg:  # the warpgroup-MMA kernel: a block per KV head
+        k = verify_wg.load(DECODE_SOURCE, idx, hq, hk, d, page, hs, ql, cfg.wg, defs)
         merge = (k.module.kernel(MERGE_ROWS), k.module.kernel(MERGE))
-        blocks = max(1, k.blocks_per_sm(verify_wg.THREADS))
-        return k, merge, blocks, hk, verify_wg.THREADS // 32, True
+        return k, merge, max(1, k.blocks_per_sm(verify_wg.THREADS)), hk, verify_wg.THREADS // 32, True
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
     smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws else plan.warps, plan.rc, d,
                       plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0)
     k = _cudart.load_kernel(source(), KERNEL, defs, idx, smem, label="verify_k8v4", arch_suffix=arch_suffix(defs))
     merge = (k.module.kernel(MERGE_ROWS), k.module.kernel(MERGE))  # _launch picks by the split count
-    blocks = max(1, k.blocks_per_sm(32 * plan.warps))
-    return k, merge, blocks, plan.blocks(hk), plan.warps, False
+    return k, merge, max(1, k.blocks_per_sm(32 * plan.warps)), plan.blocks(hk), plan.warps, False
 
 
 def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -421,7 +399,7 @@ def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_
     hs = Layout(head_dim).slot_size_aligned
     cfg = config or DEFAULT
     keys = [_key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, cfg)]
-    if uses_wg(cfg, dtype, num_heads, num_kv_heads, head_dim, num_spec + 1, sp, page * sp):
+    if verify_wg.uses(cfg, num_heads, num_kv_heads, head_dim, num_spec + 1, sp, page * sp):
         keys.append(_key(idx, dtype, num_heads, num_kv_heads, head_dim, page, sp, hs, num_spec + 1, cfg, True))
     if all(k in _PLANS for k in keys):
         return True
@@ -498,7 +476,7 @@ def verify_attention(
             idx = _device_index(query)
             cfg = config or DEFAULT
             maps = None  # the wgmma kernel's tensor maps (none in a capture that has not seen this cache yet)
-            if uses_wg(cfg, query.dtype, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
+            if verify_wg.uses(cfg, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
                 maps = verify_wg.tensor_maps(kv_cache)
             key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1),
                        kv_cache.stride(2), ql, cfg, maps is not None)
@@ -538,8 +516,7 @@ def _launch(plan, cfg, query, kv_cache, block_table, seq_lens, scale, out, works
             maps=None) -> None:
     k, merge, blocks_per_sm, per_split, warps, wg = plan
     n, hq, d = query.shape
-    ql = n // b
-    idx = _device_index(query)
+    ql, idx = n // b, _device_index(query)
     splits = num_splits(b * per_split, blocks_per_sm, _sm_count(idx), min(MAX_SPLITS, max(max_splits, cfg.max_splits)),
                         cfg.waves)
     min_tiles = max(1, math.ceil(cfg.min_split_tokens / TILE))
@@ -613,7 +590,7 @@ def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
         hq, hk, d, page, sp, bf16, ql = s[:7]
         cfg = s[7] if len(s) > 7 else DEFAULT
         defs = defines(hq, hk, d, page, sp, bf16, ql, cfg)
-        if uses_wg(cfg, torch.bfloat16 if bf16 else torch.float16, hq, hk, d, ql, sp, 16):
+        if verify_wg.uses(cfg, hq, hk, d, ql, sp, 16):
             hs = Layout(d).slot_size_aligned
             jobs.append((wsrc, "verify_wgmma", arch + "a", verify_wg.defines(hq, hk, d, page, hs, ql, cfg.wg, defs)))
         else:

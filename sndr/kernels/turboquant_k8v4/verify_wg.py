@@ -24,9 +24,12 @@ _MAPS: dict[tuple, torch.Tensor] = {}
 
 @dataclass(frozen=True)
 class WgConfig:
-    tiles_per_stage: int = 2  # 16-token tiles per ring stage (N of the score wgmma: 16 x this)
-    stages: int = 4  # ring depth
-    min_blocks: int = 3  # blocks per SM asked of the register allocator
+    # 16-token tiles per ring stage (N of the score wgmma: 16 x this), ring depth, blocks per SM asked of the
+    # register allocator. 4 x 3 at 2 blocks (212 registers) measured fastest of 1 x 6, 2 x 4 (3 blocks: 167
+    # registers, or with two waves of splits) and 4 x 3 on the H200 (docs/bench-mtp-verify-h200.md, round 7)
+    tiles_per_stage: int = 4
+    stages: int = 3
+    min_blocks: int = 2
     v_desc: tuple[int, int] = (0, 0)  # (LBO, SBO) of the value descriptor; (0, 0): the layout's own steps
     debug: int = 0  # verify_wgmma.cu's WG_DBG (diagnostics only: wrong outputs)
 
@@ -35,6 +38,24 @@ def source(decode_source: str) -> str:
     if not _SOURCE:
         _SOURCE.append(SOURCE_PATH.read_text())
     return decode_source + '\n#line 1 "verify_wgmma.cu"\n' + _SOURCE[0]
+
+
+MIN_ROWS = 33  # VerifyConfig.wgmma = -1: from this many query rows per KV head (the per-warp kernel needs 2+ warps)
+
+
+def uses(cfg, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> bool:
+    """Whether a call of this shape runs this kernel under ``cfg`` (an ``mtp_verify.VerifyConfig``: its ``wgmma``):
+    head dim 128, 17 (``wgmma=1``) or MIN_ROWS (-1) to 64 query rows per KV head, 16-byte strided rows and
+    blocks (the tensor map's strides)."""
+    lo = MIN_ROWS if cfg.wgmma < 0 else 17
+    return bool(cfg.wgmma) and d == 128 and lo <= ql * (hq // hk) <= 64 and sp % 16 == 0 and kv_sblk % 16 == 0
+
+
+def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig,
+         base: dict) -> _cudart.Kernel:
+    """The kernel of a shape, compiled (sm_90a) and loaded on device ``idx``; its module holds the merges."""
+    return _cudart.load_kernel(source(decode_source.read_text()), KERNEL, defines(hq, hk, d, page, hs, ql, cfg, base),
+                               idx, smem_bytes(cfg), label="verify_wgmma", arch_suffix="a")
 
 
 def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig, base: dict) -> dict:

@@ -12,8 +12,7 @@
 //   rounded down to 16 bytes (a box must start 16-byte aligned: HS = 196 is not a multiple of 16), i.e. the
 //   head's slot at byte `off` = (HS * hk) % 16 of each 208-byte row. A stage holds WTPS tiles (N = 16 WTPS
 //   tokens); a ring of WSTAGES stages with full mbarriers; a stage is refilled (stage i + WSTAGES) right after
-//   the block barrier that ends its unpacking, so no empty barriers and no producer warp (three blocks of four
-//   warps fit an SM's registers, where two blocks of five warps did).
+//   the block barrier that ends its unpacking, so no empty barriers and no producer warp.
 // * The consumer warpgroup converts each tile's keys (e4m3 -> f16, exact) into the 128-byte-swizzled K-major
 //   layout of wgmma's B operand (the layout TMA's 128-byte swizzle writes: two blocks of 64 dims), and unpacks
 //   its values (below): the stage's copy is free after that.
@@ -45,13 +44,13 @@
 // steps.
 
 #ifndef WTPS
-#define WTPS 2
+#define WTPS 4
 #endif
 #ifndef WSTAGES
-#define WSTAGES 4
+#define WSTAGES 3
 #endif
 #ifndef WMINB
-#define WMINB 3
+#define WMINB 2
 #endif
 #ifndef WV_LBO
 #define WV_LBO 128                // bytes between the two 8-token core matrices of a value tile
