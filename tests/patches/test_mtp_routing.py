@@ -588,7 +588,9 @@ def test_harness_patches_apply(harness):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,k,lens", [(32, 3, [3000, 1000, 517, 4096]), (64, 1, [2000, 33]),
-                                       (32, 5, [8192, 100, 1500]), (16, 7, [900, 64])])
+                                       (32, 5, [8192, 100, 1500]), (16, 7, [900, 64]),
+                                       # 48 and 64 rows per KV head: the warpgroup-MMA kernel (verify_wgmma.cu)
+                                       (64, 5, [5000, 300, 6]), (64, 7, [4096, 77])])
 def test_harness_uniform_verify_batch_matches_vllm(harness, hq, k, lens):
     from sndr.kernels.turboquant_k8v4 import reference
 
