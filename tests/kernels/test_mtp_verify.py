@@ -105,45 +105,6 @@ def test_verify_source_compiles_for_sm90_without_spills(d, hk, g, k, page, bf16,
         assert "LOCAL:0" in line and "STACK:0" in line, f"G={g} K={k} D={d}: {line.strip()}"
 
 
-# the warpgroup-MMA kernel (verify_wgmma.cu, sm_90a): (G, K, tiles per stage, stages)
-WG_BUILDS = [(8, 5, 4, 3), (8, 7, 4, 3), (4, 15, 4, 3), (16, 3, 4, 3), (4, 5, 4, 3), (6, 5, 4, 3), (8, 3, 2, 4),
-             (8, 3, 1, 6), (8, 5, 2, 6)]
-
-
-@pytest.mark.parametrize("g,k,tps,stages", WG_BUILDS)
-def test_wgmma_verify_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, tmp_path, monkeypatch):
-    _nvrtc_or_skip()
-    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
-    cfg = mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(tiles_per_stage=tps, stages=stages))
-    assert mv.verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16)
-    base = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
-    defs = mv.verify_wg.defines(8 * g, 8, 128, 16, 196, k + 1, cfg.wg, base)
-    cubin = _cudart.compile_cubin(mv.verify_wg.source(mv.DECODE_SOURCE.read_text()), mv.verify_wg.KERNEL, "90a", defs)
-    assert cubin[:4] == b"\x7fELF"
-    tool = _cuobjdump()
-    if tool is None:
-        return
-    f = tmp_path / "w.cubin"
-    f.write_bytes(cubin)
-    lines = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout.splitlines()
-    usage = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if "tq_k8v4_verify_wg" in ln]
-    assert len(usage) == 1, lines
-    assert "LOCAL:0" in usage[0] and "STACK:0" in usage[0], usage[0]
-
-
-def test_wgmma_plan_only_where_it_can_run():
-    on = mv.VerifyConfig(wgmma=1)
-    assert mv.verify_wg.uses(on, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows per KV head
-    assert not mv.verify_wg.uses(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows: per-warp by default
-    assert mv.verify_wg.uses(mv.DEFAULT, 64, 8, 128, 6, 8 * 196, 16)  # 48 rows: wgmma by default
-    assert mv.verify_wg.uses(mv.DEFAULT, 32, 8, 128, 16, 8 * 196, 16)  # 64 rows (G = 4, K = 15)
-    assert not mv.verify_wg.uses(mv.VerifyConfig(wgmma=0), 64, 8, 128, 8, 8 * 196, 16)
-    assert not mv.verify_wg.uses(on, 32, 8, 128, 4, 8 * 196, 16)  # 16 rows: the per-warp kernel
-    assert not mv.verify_wg.uses(on, 64, 8, 128, 9, 8 * 196, 16)  # 72 rows: more than one m64 tile
-    assert not mv.verify_wg.uses(on, 64, 8, 64, 4, 8 * 132, 16)  # head dim 64
-    assert not mv.verify_wg.uses(on, 16, 2, 128, 8, 2 * 196, 16)  # 392-byte rows: no tensor map
-
-
 def test_compile_error_names_verify_file(tmp_path, monkeypatch):
     _nvrtc_or_skip()
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))

@@ -1,0 +1,81 @@
+"""The warpgroup-MMA verify kernel's host side (``verify_wg.py``) and its source (``verify_wgmma.cu``) on the CPU:
+every shipped shape compiles for sm_90a with NVRTC without spills, the routing rule, the shared-memory budget
+and the build's macros. Its GPU tests are in ``test_mtp_verify_gpu.py`` (the warpgroup-MMA section)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from test_mtp_verify import _cuobjdump, _nvrtc_or_skip  # noqa: E402
+
+from sndr.kernels import _cudart  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import mtp_verify as mv  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import verify_wg  # noqa: E402
+
+# the warpgroup-MMA kernel (verify_wgmma.cu, sm_90a): (G, K, tiles per stage, stages)
+WG_BUILDS = [(8, 5, 4, 3), (8, 7, 4, 3), (4, 15, 4, 3), (16, 3, 4, 3), (4, 5, 4, 3), (6, 5, 4, 3), (8, 3, 2, 4),
+             (8, 3, 1, 6), (8, 5, 2, 6)]
+
+
+@pytest.mark.parametrize("g,k,tps,stages", WG_BUILDS)
+def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
+    cfg = mv.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=tps, stages=stages))
+    assert verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16)
+    base = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
+    defs = verify_wg.defines(8 * g, 8, 128, 16, 196, k + 1, cfg.wg, base)
+    cubin = _cudart.compile_cubin(verify_wg.source(mv.DECODE_SOURCE.read_text()), verify_wg.KERNEL, "90a", defs)
+    assert cubin[:4] == b"\x7fELF"
+    tool = _cuobjdump()
+    if tool is None:
+        return
+    f = tmp_path / "w.cubin"
+    f.write_bytes(cubin)
+    lines = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout.splitlines()
+    usage = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if "tq_k8v4_verify_wg" in ln]
+    assert len(usage) == 1, lines
+    assert "LOCAL:0" in usage[0] and "STACK:0" in usage[0], usage[0]
+
+
+def test_routing_only_where_it_can_run():
+    on = mv.VerifyConfig(wgmma=1)
+    assert verify_wg.uses(on, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows per KV head
+    assert not verify_wg.uses(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows: per-warp by default
+    assert verify_wg.uses(mv.DEFAULT, 64, 8, 128, 6, 8 * 196, 16)  # 48 rows: wgmma by default
+    assert verify_wg.uses(mv.DEFAULT, 32, 8, 128, 16, 8 * 196, 16)  # 64 rows (G = 4, K = 15)
+    assert not verify_wg.uses(mv.VerifyConfig(wgmma=0), 64, 8, 128, 8, 8 * 196, 16)
+    assert not verify_wg.uses(on, 32, 8, 128, 4, 8 * 196, 16)  # 16 rows: the per-warp kernel
+    assert not verify_wg.uses(on, 64, 8, 128, 9, 8 * 196, 16)  # 72 rows: more than one m64 tile
+    assert not verify_wg.uses(on, 64, 8, 64, 4, 8 * 132, 16)  # head dim 64
+    assert not verify_wg.uses(on, 16, 2, 128, 8, 2 * 196, 16)  # 392-byte rows: no tensor map
+
+
+def test_smem_budget_is_the_kernels_own():
+    """verify_wg.smem_bytes is verify_wgmma.cu's WSMEM for every shape the config can name, and the default fits
+    two blocks per SM (228 KB, 1 KB reserved a block)."""
+    src = verify_wg.SOURCE_PATH.read_text()
+    assert re.search(r"#define WKT 4096", src) and re.search(r"#define WVF 4096", src) and "#define WRT 208" in src
+    for tps in (1, 2, 3, 4):
+        for st in (2, 3, 4, 6):
+            cfg = verify_wg.WgConfig(tps, st)
+            keys, vals, ring = tps * 4096, 2 * tps * 4096, st * tps * 16 * 208
+            assert verify_wg.smem_bytes(cfg) == keys + vals + ring + 8 * st + 1024
+    assert 2 * (verify_wg.smem_bytes(verify_wg.WgConfig()) + 1024) <= 228 * 1024
+
+
+def test_defines_keep_the_base_and_name_the_shape():
+    base = mv.defines(64, 8, 128, 16, 8 * 196, True, 6)
+    defs = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(2, 4, 3, v_desc=(256, 128), debug=4), base)
+    assert defs["QBF16"] == 1 and defs["SP"] == 8 * 196  # decode_k8v4.cu's macros, from the per-warp build
+    assert (defs["QL"], defs["GQ"], defs["HK"], defs["HS"], defs["PAGE"]) == (6, 8, 8, 196, 16)
+    assert (defs["WTPS"], defs["WSTAGES"], defs["WMINB"]) == (2, 4, 3)
+    assert (defs["WV_DESC_LBO"], defs["WV_DESC_SBO"], defs["WG_DBG"]) == (256, 128, 4)
+    plain = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(), base)
+    assert "WV_DESC_LBO" not in plain and "WG_DBG" not in plain  # (the kernel's own defaults)
