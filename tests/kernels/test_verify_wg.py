@@ -79,3 +79,36 @@ def test_defines_keep_the_base_and_name_the_shape():
     assert (defs["WV_DESC_LBO"], defs["WV_DESC_SBO"], defs["WG_DBG"]) == (256, 128, 4)
     plain = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(), base)
     assert "WV_DESC_LBO" not in plain and "WG_DBG" not in plain  # (the kernel's own defaults)
+
+
+def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(monkeypatch, caplog):
+    """maps_for: None where the shape is the per-warp kernel's (32 rows by default, head dim 64, 392-byte rows);
+    the map where it runs; a map the driver refuses turns the kernel off on that device only, said once."""
+    monkeypatch.setattr(verify_wg, "BROKEN", {})
+    made = []
+
+    def fake_maps(kv):
+        made.append(kv.shape)
+        return torch.zeros(128, dtype=torch.uint8)
+
+    monkeypatch.setattr(verify_wg, "tensor_maps", fake_maps)
+    cache = torch.zeros(4, 16, 8, 196, dtype=torch.uint8)
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 4, cache) is None  # 32 rows: the per-warp kernel
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 64, 6, cache) is None  # head dim 64
+    small = torch.zeros(4, 16, 2, 196, dtype=torch.uint8)  # 392-byte rows: no tensor map
+    assert verify_wg.maps_for(mv.VerifyConfig(wgmma=1), 0, 16, 128, 8, small) is None
+    assert not made
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is not None  # 48 rows
+    assert made == [cache.shape]
+
+    def refused(kv):
+        raise _cudart.CudaError("cuTensorMapEncodeTiled(...): invalid argument (1)")
+
+    monkeypatch.setattr(verify_wg, "tensor_maps", refused)
+    with caplog.at_level("WARNING", logger="sndr.kernels"):
+        assert verify_wg.maps_for(mv.DEFAULT, 1, 64, 128, 6, cache) is None
+        assert verify_wg.maps_for(mv.DEFAULT, 1, 64, 128, 8, cache) is None
+    assert list(verify_wg.BROKEN) == [1] and "invalid argument" in verify_wg.BROKEN[1]
+    assert sum("wgmma verify kernel disabled on cuda:1" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setattr(verify_wg, "tensor_maps", fake_maps)
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is not None  # device 0 unaffected

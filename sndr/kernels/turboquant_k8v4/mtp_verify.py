@@ -391,9 +391,8 @@ def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_
             page: int, num_spec: int, row_stride: int | None = None, config: VerifyConfig | None = None) -> bool:
     """Build and load the verify kernel for a model shape ahead of any call (e.g. before a
     CUDA-graph capture). ``row_stride``: bytes between token rows of a page (default Hk * slot).
-    Returns False (and logs) where the CUDA kernel cannot serve this shape or failed to build. Where the
-    warpgroup-MMA kernel serves the shape, both it and the per-warp kernel are built (a capture that meets a
-    cache before any eager call runs the per-warp one: :func:`verify_wg.tensor_maps`)."""
+    Returns False (and logs) where the CUDA kernel cannot serve this shape or failed to build. Builds the
+    warpgroup-MMA kernel too where it serves the shape (:func:`verify_wg.maps_for`)."""
     idx = device if isinstance(device, int) else _device_index(device)
     sp = row_stride if row_stride is not None else num_kv_heads * Layout(head_dim).slot_size_aligned
     hs = Layout(head_dim).slot_size_aligned
@@ -475,9 +474,7 @@ def verify_attention(
         if why is None and out.stride(2) == 1 and out.stride(0) == hq * out.stride(1) and out.dtype in _OUT_KIND:
             idx = _device_index(query)
             cfg = config or DEFAULT
-            maps = None  # the wgmma kernel's tensor maps (none in a capture that has not seen this cache yet)
-            if verify_wg.uses(cfg, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
-                maps = verify_wg.tensor_maps(kv_cache)
+            maps = verify_wg.maps_for(cfg, idx, hq, d, ql, kv_cache)  # (None: the per-warp kernel)
             key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1),
                        kv_cache.stride(2), ql, cfg, maps is not None)
             if key not in _PLANS and _capturing():
@@ -494,6 +491,10 @@ def verify_attention(
                 except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
                     if choice == "cuda":
                         raise
+                    if key[10]:  # the wgmma kernel failed: off on this device, the per-warp kernel instead
+                        verify_wg.disable(idx, str(exc).splitlines()[0])
+                        return verify_attention(query, kv_cache, block_table, seq_lens, scale, num_spec, out=out,
+                                                workspace=workspace, max_splits=max_splits, config=config)
                     mark_broken(idx, str(exc).splitlines()[0])
         elif choice == "cuda":
             raise ValueError(f"SNDR_TQ_BACKEND=cuda: verify kernel cannot take the call: "
@@ -502,8 +503,7 @@ def verify_attention(
 
 
 def _args(query, kv_cache, block_table, seq_lens, mid_o, mid_l, scale, b, splits, min_tiles) -> list:
-    """The per-warp kernels' parameters (VERIFY_PARAMS of verify_k8v4.cu)."""
-    return [
+    return [  # the per-warp kernels' parameters (VERIFY_PARAMS of verify_k8v4.cu)
         C.c_void_p(query.data_ptr()), C.c_void_p(kv_cache.data_ptr()), C.c_void_p(block_table.data_ptr()),
         C.c_void_p(seq_lens.data_ptr()), C.c_void_p(mid_o.data_ptr()), C.c_void_p(mid_l.data_ptr()),
         C.c_float(scale * LOG2E), C.c_int(b), C.c_int(splits), C.c_int(min_tiles),

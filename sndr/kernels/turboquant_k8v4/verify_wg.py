@@ -7,6 +7,7 @@ operands, and scores all ``QL * G <= 64`` query rows of the KV head in one m64 t
 from __future__ import annotations
 
 import ctypes as C
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,8 @@ SOURCE_PATH = Path(__file__).with_name("verify_wgmma.cu")
 KERNEL = "tq_k8v4_verify_wg"
 THREADS = 128  # one warpgroup
 _SOURCE: list[str] = []
+BROKEN: dict[int, str] = {}  # device index -> why this kernel is off there (disable)
+LOG = logging.getLogger("sndr.kernels")
 _MAPS: dict[tuple, torch.Tensor] = {}
 
 
@@ -49,6 +52,27 @@ def uses(cfg, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> bool:
     blocks (the tensor map's strides)."""
     lo = MIN_ROWS if cfg.wgmma < 0 else 17
     return bool(cfg.wgmma) and d == 128 and lo <= ql * (hq // hk) <= 64 and sp % 16 == 0 and kv_sblk % 16 == 0
+
+
+def maps_for(cfg, idx: int, hq: int, d: int, ql: int, kv_cache: torch.Tensor) -> torch.Tensor | None:
+    """The cache's tensor map where a call of this shape runs this kernel on device ``idx`` (:func:`uses`, the
+    kernel not disabled there, the map made: :func:`tensor_maps`), else None (the per-warp kernel runs). A map the
+    driver refuses disables the kernel on the device (:func:`disable`)."""
+    if idx in BROKEN or not uses(cfg, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
+        return None
+    try:
+        return tensor_maps(kv_cache)
+    except _cudart.CudaError as exc:
+        disable(idx, str(exc).splitlines()[0])
+        return None
+
+
+def disable(idx: int, why: str) -> None:
+    """This kernel off on device ``idx`` for the process (a build, load or tensor-map failure), said once; the
+    per-warp kernel takes its calls."""
+    if idx not in BROKEN:
+        BROKEN[idx] = why
+        LOG.warning("sndr: TurboQuant wgmma verify kernel disabled on cuda:%d, using the per-warp kernel: %s", idx, why)
 
 
 def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig,
