@@ -80,8 +80,7 @@ static_assert(WTPS >= 1 && WTPS <= 4, "1 to 4 tiles per stage");
 static_assert(PAGE % 16 == 0, "pages of whole tiles");
 
 // A tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), in global memory: the host encodes the cache's
-// two maps once and copies them to the device (verify_wg.tensor_maps). (As __grid_constant__ kernel parameters
-// the copies raised an illegal instruction on the H200, driver 580.159.04.)
+// map once per cache tensor and copies it to the device (verify_wg.tensor_maps), so a launch passes a pointer.
 struct __align__(64) TmaMap { unsigned long long v[16]; };
 
 static __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaMap* map, int x, int y, int z, u32 bar) {
