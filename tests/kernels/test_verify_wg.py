@@ -112,3 +112,15 @@ def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(mo
     assert sum("wgmma verify kernel disabled on cuda:1" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setattr(verify_wg, "tensor_maps", fake_maps)
     assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is not None  # device 0 unaffected
+
+
+def test_maps_for_in_a_capture_before_any_eager_call_runs_the_per_warp_kernel_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(verify_wg, "BROKEN", {})
+    monkeypatch.setattr(verify_wg, "_SAID", set())
+    monkeypatch.setattr(verify_wg, "tensor_maps", lambda kv: None)  # (what it returns inside such a capture)
+    cache = torch.zeros(4, 16, 8, 196, dtype=torch.uint8)
+    with caplog.at_level("INFO", logger="sndr.kernels"):
+        assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is None
+        assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 8, cache) is None
+    assert sum("no eager call had seen" in r.getMessage() for r in caplog.records) == 1
+    assert not verify_wg.BROKEN  # (not a failure: the next eager call makes the map)

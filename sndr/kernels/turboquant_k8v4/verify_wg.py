@@ -1,7 +1,7 @@
 """The warpgroup-MMA verify kernel (``verify_wgmma.cu``, sm_90a): one warpgroup per (request, split, KV head)
 streams the head's tiles with TMA tensor copies, converts each tile's keys and values once into f16 wgmma
-operands, and scores all ``QL * G <= 64`` query rows of the KV head in one m64 tile. The splits are merged by ``decode_k8v4.cu``'s merges, as for
-``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
+operands, and scores all ``QL * G <= 64`` query rows of the KV head in one m64 tile. The splits are merged by
+``decode_k8v4.cu``'s merges, as for ``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from .. import _cudart
-from ._layout import Layout
 
 SOURCE_PATH = Path(__file__).with_name("verify_wgmma.cu")
 KERNEL = "tq_k8v4_verify_wg"
 THREADS = 128  # one warpgroup
 _SOURCE: list[str] = []
 BROKEN: dict[int, str] = {}  # device index -> why this kernel is off there (disable)
+_SAID: set[int] = set()  # devices where a capture met an unseen cache (maps_for)
 LOG = logging.getLogger("sndr.kernels")
 _MAPS: dict[tuple, torch.Tensor] = {}
 
@@ -61,10 +61,15 @@ def maps_for(cfg, idx: int, hq: int, d: int, ql: int, kv_cache: torch.Tensor) ->
     if idx in BROKEN or not uses(cfg, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
         return None
     try:
-        return tensor_maps(kv_cache)
+        m = tensor_maps(kv_cache)
     except _cudart.CudaError as exc:
         disable(idx, str(exc).splitlines()[0])
         return None
+    if m is None and idx not in _SAID:  # (vLLM's eager warm-up before its captures makes the maps first)
+        _SAID.add(idx)
+        LOG.info("sndr: a CUDA-graph capture met a TurboQuant cache no eager call had seen: this capture runs the "
+                 "per-warp verify kernel (cuda:%d)", idx)
+    return m
 
 
 def disable(idx: int, why: str) -> None:
@@ -113,8 +118,8 @@ def tensor_maps(kv_cache: torch.Tensor) -> torch.Tensor | None:
             return None
         tm = _cudart.tensor_map_tiled(kv_cache.data_ptr(), (st[1], page, nb), (st[1], st[0]), (208, 16, 1))
         host = torch.frombuffer(bytearray(bytes(tm)), dtype=torch.uint8)
-        if len(_MAPS) > 256:
-            _MAPS.clear()
+        # kept for the process (128 bytes a cache tensor): a captured graph holds the map's address, so it is
+        # never freed; the same address and shape later make the same map
         m = _MAPS[key] = host.to(kv_cache.device)  # (torch's allocations are 512-byte aligned)
     return m
 
@@ -126,6 +131,3 @@ def launch_args(maps: torch.Tensor, query: torch.Tensor, block_table: torch.Tens
             C.c_float(qk_scale), C.c_int(splits), C.c_int(min_tiles), C.c_longlong(query.stride(0)),
             C.c_longlong(query.stride(1)), C.c_longlong(block_table.stride(0))]
 
-
-def slot_bytes(d: int) -> int:
-    return Layout(d).slot_size_aligned
