@@ -184,6 +184,9 @@ def test_ctrl_c_that_an_extension_turned_into_another_error_is_still_ctrl_c(tree
 
     monkeypatch.setattr(applymod, "run_apply", swallowed)
     previous = signal.getsignal(signal.SIGINT)
+    # each call starts from a fresh process's handler: a pytest-xdist worker may run with SIGINT ignored (CI of
+    # stop 45: "the SIGINT never arrived" in one worker's order)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)])
     finally:
@@ -205,6 +208,7 @@ def test_ctrl_c_that_an_extension_turned_into_another_error_is_still_ctrl_c(tree
         raise AssertionError("the SIGINT never arrived")
 
     monkeypatch.setattr(applymod, "run_apply", panicked)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         code = sndr_main(["apply", "--tree", str(tree), "--patches", str(DATA)])
     finally:
