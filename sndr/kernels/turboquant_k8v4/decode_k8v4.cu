@@ -53,6 +53,9 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define NEG_INF (__int_as_float(0xff800000u))
+// The log2-sum-exp a split kernel writes for a row that saw no token of its split (its running max starts here,
+// not at -inf): the merges weigh it 0, never NaN (verify_k8v4.cu, verify_wgmma.cu).
+#define EMPTY_LSE (-1e30f)
 
 #define KSTEPS (D / 16)            // k-steps of the score MMA = key words per thread per token
 #define VW (D / 64)                // value words per thread per token

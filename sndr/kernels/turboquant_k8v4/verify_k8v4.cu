@@ -121,7 +121,6 @@ struct QOp { const uint4* p; };
 #else
 struct QOp { u32 r[NH][KSTEPS][2]; };
 #endif
-#define EMPTY_LSE (-1e30f)
 #define HQ_ (HK * GQ)             // query heads
 
 // Q^T fragments of rows 16 c + 8 nh + g (token-major rows; rows past VR are zeros): k-step k's two words are

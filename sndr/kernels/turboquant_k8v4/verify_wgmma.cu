@@ -73,7 +73,6 @@
 #define WB_OFF (WR_OFF + WSTAGES * WTPS * WRAW)      // full[WSTAGES]
 #define WSMEM (WB_OFF + 8 * WSTAGES + 1024)          // + the slack that aligns the base to 1024 bytes
 #define HQW (HK * GQ)
-#define EMPTY_LSE_W (-1e30f)
 static_assert(D == 128, "the wgmma verify kernel: head dim 128");
 static_assert(WROWS >= 1 && WROWS <= 64, "at most 64 query rows per KV head (one m64 tile)");
 static_assert(WTPS >= 1 && WTPS <= 4, "1 to 4 tiles per stage");
@@ -332,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float m0 = EMPTY_LSE_W, m1 = EMPTY_LSE_W, l0 = 0.f, l1 = 0.f;
+    float m0 = EMPTY_LSE, m1 = EMPTY_LSE, l0 = 0.f, l1 = 0.f;
     for (int i = 0; i < nst; ++i) {
         const int slot = i % WSTAGES;
         const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0), tok0 = 16 * T0;
@@ -501,6 +500,6 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
             op[8 * k] = o[4 * k + 2 * e] * inv;
             op[8 * k + 4] = o[4 * k + 2 * e + 1] * inv;
         }
-        if (t4 == 0) MID_L[row] = l > 0.f ? m + __log2f(l) : EMPTY_LSE_W;
+        if (t4 == 0) MID_L[row] = l > 0.f ? m + __log2f(l) : EMPTY_LSE;
     }
 }
