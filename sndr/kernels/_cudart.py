@@ -445,43 +445,33 @@ def _setup_driver_signatures(drv: ctypes.CDLL) -> None:
         _LAUNCH_EX.append(drv.cuLaunchKernelEx)
 
 
-# cuTensorMapEncodeTiled's enums (cuda.h)
-TMA_UINT8 = 0
-TMA_SWIZZLE_NONE, TMA_SWIZZLE_128B = 0, 3
-TMA_L2_256B = 3
-
-
-class TensorMap(ctypes.Structure):
-    """A ``CUtensorMap`` (128 opaque bytes, 64-byte aligned): passed by value as a ``__grid_constant__``
-    kernel parameter (``Kernel.launch`` takes it like any ctypes argument)."""
-
-    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
-
-
-def tensor_map_tiled(address: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...],
-                     swizzle: int = TMA_SWIZZLE_NONE, dtype: int = TMA_UINT8) -> TensorMap:
-    """A tiled TMA tensor map (``cuTensorMapEncodeTiled``): ``dims`` elements per dimension, innermost first,
-    ``strides`` the byte strides of the outer ones (len(dims) - 1, multiples of 16), ``box`` the copied box. Out-of-bounds
-    elements of a box are zeros. Raises :class:`CudaError` with the driver's reason."""
-    drv = _driver()
+def tensor_map_tiled(address: int, dims: tuple[int, ...], strides: tuple[int, ...], box: tuple[int, ...]) -> bytes:
+    """The 128 bytes of a tiled TMA tensor map over bytes (``cuTensorMapEncodeTiled``: uint8 elements, no
+    interleave, no swizzle, 256-byte L2 promotion, zeros for out-of-bounds elements): ``dims`` elements per
+    dimension, innermost first, ``strides`` the byte strides of the outer ones (len(dims) - 1, multiples of 16),
+    ``box`` the copied box. Raises :class:`CudaError` with the driver's reason."""
+    try:  # (CUDA 12+ drivers: looked up here, not with the signatures every kernel needs)
+        encode = _driver().cuTensorMapEncodeTiled
+    except AttributeError:
+        raise CudaError("cuTensorMapEncodeTiled: not in this driver (CUDA 12 or newer needed)") from None
+    encode.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int]
+    encode.restype = ctypes.c_int
     n = len(dims)
     if len(strides) != n - 1 or len(box) != n:
         raise ValueError(f"tensor map: {n} dims, {len(strides)} strides, {len(box)} box sizes")
-    buf = ctypes.create_string_buffer(128 + 64)  # aligned by hand: ctypes guarantees 16 bytes
+    buf = ctypes.create_string_buffer(128 + 64)  # the map must be 64-byte aligned; ctypes guarantees 16 bytes
     addr = -(-ctypes.addressof(buf) // 64) * 64
     gdim = (ctypes.c_uint64 * n)(*dims)
     gstr = (ctypes.c_uint64 * max(1, n - 1))(*strides)
     bdim = (ctypes.c_uint32 * n)(*box)
     estr = (ctypes.c_uint32 * n)(*([1] * n))
-    fn = drv.cuTensorMapEncodeTiled
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    _check(fn(addr, dtype, n, ctypes.c_void_p(address), gdim, gstr, bdim, estr, 0, swizzle, TMA_L2_256B, 0),
+    uint8, no_interleave, no_swizzle, l2_256b, zero_fill = 0, 0, 0, 3, 0  # (cuda.h's CUtensorMap* enums)
+    _check(encode(addr, uint8, n, ctypes.c_void_p(address), gdim, gstr, bdim, estr, no_interleave, no_swizzle,
+                  l2_256b, zero_fill),
            f"cuTensorMapEncodeTiled(dims={dims}, strides={strides}, box={box})")
-    m = TensorMap()
-    ctypes.memmove(ctypes.addressof(m), addr, 128)
-    return m
+    return ctypes.string_at(addr, 128)
 
 
 _MODULES: dict[tuple, Module] = {}

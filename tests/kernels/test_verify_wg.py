@@ -124,3 +124,18 @@ def test_maps_for_in_a_capture_before_any_eager_call_runs_the_per_warp_kernel_an
         assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 8, cache) is None
     assert sum("no eager call had seen" in r.getMessage() for r in caplog.records) == 1
     assert not verify_wg.BROKEN  # (not a failure: the next eager call makes the map)
+
+
+def test_tensor_map_needs_a_cuda_12_driver_and_whole_shapes(monkeypatch):
+    """_cudart.tensor_map_tiled: a driver without cuTensorMapEncodeTiled is a CudaError that names it (maps_for then
+    turns the kernel off on that device); dims, strides and box sizes that do not fit are refused before the driver."""
+    monkeypatch.setattr(_cudart, "_driver", lambda: object())
+    with pytest.raises(_cudart.CudaError, match="cuTensorMapEncodeTiled: not in this driver"):
+        _cudart.tensor_map_tiled(0, (1568, 16, 4), (1568, 25088), (208, 16, 1))
+
+    class Driver:
+        cuTensorMapEncodeTiled = staticmethod(lambda *a: 0)
+
+    monkeypatch.setattr(_cudart, "_driver", lambda: Driver())
+    with pytest.raises(ValueError, match="3 dims, 1 strides"):
+        _cudart.tensor_map_tiled(0, (1568, 16, 4), (1568,), (208, 16, 1))

@@ -62,7 +62,7 @@ def maps_for(cfg, idx: int, hq: int, d: int, ql: int, kv_cache: torch.Tensor) ->
         return None
     try:
         m = tensor_maps(kv_cache)
-    except _cudart.CudaError as exc:
+    except (_cudart.CudaUnavailable, _cudart.CudaError) as exc:
         disable(idx, str(exc).splitlines()[0])
         return None
     if m is None and idx not in _SAID:  # (vLLM's eager warm-up before its captures makes the maps first)
@@ -117,7 +117,7 @@ def tensor_maps(kv_cache: torch.Tensor) -> torch.Tensor | None:
         if torch.cuda.is_current_stream_capturing():
             return None
         tm = _cudart.tensor_map_tiled(kv_cache.data_ptr(), (st[1], page, nb), (st[1], st[0]), (208, 16, 1))
-        host = torch.frombuffer(bytearray(bytes(tm)), dtype=torch.uint8)
+        host = torch.frombuffer(bytearray(tm), dtype=torch.uint8)
         # kept for the process (128 bytes a cache tensor): a captured graph holds the map's address, so it is
         # never freed; the same address and shape later make the same map
         m = _MAPS[key] = host.to(kv_cache.device)  # (torch's allocations are 512-byte aligned)
