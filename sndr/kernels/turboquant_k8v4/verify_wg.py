@@ -27,9 +27,10 @@ _MAPS: dict[tuple, torch.Tensor] = {}
 
 @dataclass(frozen=True)
 class WgConfig:
-    # 16-token tiles per ring stage (N of the score wgmma: 16 x this), ring depth, blocks per SM asked of the
-    # register allocator. 4 x 3 at 2 blocks (212 registers) measured fastest of 1 x 6, 2 x 4 (3 blocks: 167
-    # registers, or with two waves of splits) and 4 x 3 on the H200 (docs/bench-mtp-verify-h200.md, round 7)
+    # 16-token tiles per ring stage (1, 2 or 4: N of the score wgmma is 16 x this), ring depth, blocks per SM
+    # asked of the register allocator. 4 x 3 at 2 blocks (212 registers) measured fastest of 1 x 6, 2 x 4 (3
+    # blocks: 167 registers, or with two waves of splits) and 4 x 3 on the H200 (docs/bench-mtp-verify-h200.md,
+    # round 7)
     tiles_per_stage: int = 4
     stages: int = 3
     min_blocks: int = 2

@@ -39,7 +39,7 @@
 //   EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s, verify_k8v4.cu's layout.
 //
 // Macros: QL, GQ, HK (KV heads), HS (bytes between two KV heads' slots), D (128 only), PAGE, QBF16,
-// WTPS (tiles per stage: 1 to 4), WSTAGES (ring depth), WMINB (blocks per SM for the register budget),
+// WTPS (tiles per stage: 1, 2 or 4), WSTAGES (ring depth), WMINB (blocks per SM for the register budget),
 // TAU; WV_LBO / WV_SBO: the value operand's descriptor strides (bytes) for its 8-token / 8-dim core-matrix
 // steps.
 
@@ -75,7 +75,7 @@
 #define HQW (HK * GQ)
 static_assert(D == 128, "the wgmma verify kernel: head dim 128");
 static_assert(WROWS >= 1 && WROWS <= 64, "at most 64 query rows per KV head (one m64 tile)");
-static_assert(WTPS >= 1 && WTPS <= 4, "1 to 4 tiles per stage");
+static_assert(WTPS == 1 || WTPS == 2 || WTPS == 4, "1, 2 or 4 tiles per stage (3 spilled: not built)");
 static_assert(PAGE % 16 == 0, "pages of whole tiles");
 
 // A tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), in global memory: the host encodes the cache's
@@ -129,22 +129,6 @@ static __device__ __forceinline__ void wg_score(float (&d)[16], const u32 (&a)[4
         "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
-}
-#endif
-#if WTPS == 3
-template <int ACC>
-static __device__ __forceinline__ void wg_score(float (&d)[24], const u32 (&a)[4], u64 desc)
-{
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %29, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23"
-        "}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
 }
 #endif
@@ -382,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
         if (w == 0 && i + WSTAGES < nst)
             wg_produce(TM, bt, base, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
 
-        // S = Q K^T of the stage (the descriptors pinned before the fence: see the P.V below)
+        // S = Q K^T of the stage (its input registers defined before the fence: see the P.V below)
         float sc[WN / 2];
 #pragma unroll
         for (int k = 0; k < WN / 2; ++k) sc[k] = 0.f;  // (defined before the fence, though the first MMA ignores them)
@@ -461,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
             o[4 * k + 3] *= f1;
         }
 
-        // O += P V (in flight until the next stage's wait); the operands are defined before the fence (ptxas
+        // O += P V (in flight until the next stage's wait); P and O are defined before the fence (ptxas
         // serialises wgmmas whose input registers are written inside their pipeline stage)
         u64 dv[WTPS];
 #pragma unroll
