@@ -31,7 +31,7 @@ def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, tmp_path, m
     assert verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16)
     base = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
     defs = verify_wg.defines(8 * g, 8, 128, 16, 196, k + 1, cfg.wg, base)
-    cubin = _cudart.compile_cubin(verify_wg.source(mv.DECODE_SOURCE.read_text()), verify_wg.KERNEL, "90a", defs)
+    cubin = _cudart.compile_cubin(verify_wg.source(mv.DECODE_SOURCE), verify_wg.KERNEL, "90a", defs)
     assert cubin[:4] == b"\x7fELF"
     tool = _cuobjdump()
     if tool is None:

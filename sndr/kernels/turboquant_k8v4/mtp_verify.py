@@ -585,7 +585,7 @@ def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
         major, minor = _capability(torch.cuda.current_device())
         arch = f"{major}{minor}"
     jobs = []
-    src, wsrc = source(), verify_wg.source(DECODE_SOURCE.read_text())
+    src, wsrc = source(), verify_wg.source(DECODE_SOURCE)
     for s in shapes:
         hq, hk, d, page, sp, bf16, ql = s[:7]
         cfg = s[7] if len(s) > 7 else DEFAULT

@@ -38,10 +38,11 @@ class WgConfig:
     debug: int = 0  # verify_wgmma.cu's WG_DBG (diagnostics only: wrong outputs)
 
 
-def source(decode_source: str) -> str:
+def source(decode_source: Path) -> str:
+    """decode_k8v4.cu (``decode_source``) then verify_wgmma.cu, read once per process (a #line names the file)."""
     if not _SOURCE:
-        _SOURCE.append(SOURCE_PATH.read_text())
-    return decode_source + '\n#line 1 "verify_wgmma.cu"\n' + _SOURCE[0]
+        _SOURCE.append(decode_source.read_text() + '\n#line 1 "verify_wgmma.cu"\n' + SOURCE_PATH.read_text())
+    return _SOURCE[0]
 
 
 MIN_ROWS = 33  # VerifyConfig.wgmma = -1: from this many query rows per KV head (the per-warp kernel needs 2+ warps)
@@ -84,7 +85,7 @@ def disable(idx: int, why: str) -> None:
 def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig,
          base: dict) -> _cudart.Kernel:
     """The kernel of a shape, compiled (sm_90a) and loaded on device ``idx``; its module holds the merges."""
-    return _cudart.load_kernel(source(decode_source.read_text()), KERNEL, defines(hq, hk, d, page, hs, ql, cfg, base),
+    return _cudart.load_kernel(source(decode_source), KERNEL, defines(hq, hk, d, page, hs, ql, cfg, base),
                                idx, smem_bytes(cfg), label="verify_wgmma", arch_suffix="a")
 
 
