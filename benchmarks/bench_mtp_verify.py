@@ -25,7 +25,7 @@ the device-to-device copy bandwidth measured in the same run. (a0): the kernel b
 (``chunk_warps=1, kchain=1, merge_rows=0, wgmma=0``: one warp per KV head, a block per 16-row chunk, one score
 accumulator chain, the block-per-row merge), timed in the same run. (aw): the per-warp kernel everywhere
 (``wgmma=0``: round 6's default), timed in the cells where the default runs the warpgroup-MMA kernel
-(``verify_wgmma.cu``, 33..64 query rows per KV head; "=" elsewhere). ``--probe`` times the variants of
+(``verify_wgmma.cu``, 17..64 query rows per KV head; "=" elsewhere). ``--probe`` times the variants of
 ``PROBE`` (block plans, the shared-unpack CTA, the warpgroup-MMA kernel's shapes, ...) on the cells with more
 than 16 rows per KV head.
 
@@ -271,12 +271,21 @@ PROBE = {
     "w8_st6": mtp_verify.VerifyConfig(wide_heads=8, stages=6),
     # the warp-per-row merge (the default) against the block-per-row merge
     "merge_block": mtp_verify.VerifyConfig(merge_rows=0),
-    # the warpgroup-MMA kernel (verify_wgmma.cu): tiles a stage x stages, blocks per SM
-    "wg_t4": mtp_verify.VerifyConfig(wgmma=1),  # (the default shape: 4 x 3, 2 blocks per SM)
-    "wg": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3)),  # 2 x 4, 3 blocks per SM
-    "wg_t1": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(1, 6, 3)),
-    "wg_w2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3), waves=2),  # two waves of splits
+    # the one-warpgroup MMA kernel (verify_wgmma.cu's tq_k8v4_verify_wg): tiles a stage x stages, blocks per SM
+    "wg_t4": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(f16_stages=0)),  # 4 x 3, 2 blocks per SM
+    "wg": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3, f16_stages=0)),  # 2 x 4, 3 blocks per SM
+    "wg_t1": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(1, 6, 3, f16_stages=0)),
+    "wg_w2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3, f16_stages=0), waves=2),  # two waves
+    # the warp-specialised one (tq_k8v4_verify_ws): a converting warpgroup feeds the MMA warpgroup a ring of f16
+    # stages (tiles a stage x copy stages, f16 stages, blocks per SM)
+    "ws_t4": mtp_verify.VerifyConfig(wgmma=1),  # (the default: 4 x 3, 2 f16 stages, 2 blocks per SM)
+    "ws_t2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 2, f16_stages=4)),  # 2 x 4, 4 f16
+    "ws_1b": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(4, 2, 1, f16_stages=3, regs=(96, 232))),
 }
+# Diagnostics (wrong outputs): ws_t4 without its score wgmmas (1), P.V wgmmas (2), both (3), tensor copies (4), or
+# copies and MMAs (7): what each part of the pipeline costs
+for _d in (1, 2, 3, 4, 7):
+    PROBE[f"ws_dbg{_d}"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(f16_stages=2, debug=_d))
 # Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at
 # the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the
 # math), which keeps them apart from the full builds in mtp_verify's plan cache.
@@ -307,7 +316,7 @@ _ring_only_hooks()
 
 def plan_of(hq: int, k: int, cfg) -> str:
     if verify_wg.uses(cfg, hq, HK, D, k + 1, HK * SLOT, 16):
-        return f"wg {cfg.wg.tiles_per_stage}t{cfg.wg.stages}s"
+        return f"wg {cfg.wg.tiles_per_stage}t{cfg.wg.stages}s" + (f" ws{cfg.wg.f16_stages}" if cfg.wg.f16_stages else "")
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
     smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]
     return (f"{p.hpb}x{p.ncw}w/{p.nchb}b" + (f" u{p.ubuf}" if p.shu else "") + (f" s{smx}" if smx else "")

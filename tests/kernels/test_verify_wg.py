@@ -18,36 +18,51 @@ from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import mtp_verify as mv  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import verify_wg  # noqa: E402
 
-# the warpgroup-MMA kernel (verify_wgmma.cu, sm_90a): (G, K, tiles per stage, stages)
-WG_BUILDS = [(8, 5, 4, 3), (8, 7, 4, 3), (4, 15, 4, 3), (16, 3, 4, 3), (4, 5, 4, 3), (6, 5, 4, 3), (8, 3, 2, 4),
-             (8, 3, 1, 6), (8, 5, 2, 6)]
+# the warpgroup-MMA kernels (verify_wgmma.cu, sm_90a): (G, K, tiles per stage, stages, f16 stages, blocks per SM,
+# registers); f16 stages 0: tq_k8v4_verify_wg, else the warp-specialised tq_k8v4_verify_ws
+WG_BUILDS = [(8, 5, 4, 3, 0, 2, None), (8, 7, 4, 3, 0, 2, None), (4, 15, 4, 3, 0, 2, None), (16, 3, 4, 3, 0, 2, None),
+             (4, 5, 4, 3, 0, 2, None), (6, 5, 4, 3, 0, 2, None), (8, 3, 2, 4, 0, 3, None), (8, 3, 1, 6, 0, 3, None),
+             (8, 5, 2, 6, 0, 3, None),
+             (8, 3, 4, 3, 2, 2, None), (8, 5, 4, 3, 2, 2, None), (8, 7, 4, 3, 2, 2, None), (4, 5, 4, 3, 2, 2, None),
+             (6, 5, 4, 3, 2, 2, None), (3, 7, 4, 3, 2, 2, None), (4, 15, 4, 3, 2, 2, None), (16, 3, 4, 3, 2, 2, None),
+             (8, 7, 2, 4, 4, 2, None), (8, 3, 2, 4, 4, 2, None), (8, 7, 4, 2, 3, 1, (96, 232))]
 
 
-@pytest.mark.parametrize("g,k,tps,stages", WG_BUILDS)
-def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, tmp_path, monkeypatch):
+@pytest.mark.parametrize("g,k,tps,stages,f16,minb,regs", WG_BUILDS)
+def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, f16, minb, regs, tmp_path, monkeypatch):
+    """No spills; the warp-specialised kernel starts with 65536 / (256 blocks) registers a thread, the pool its two
+    warpgroups' setmaxnreg requests share (fewer would leave the MMA warpgroup's request waiting forever)."""
     _nvrtc_or_skip()
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
-    cfg = mv.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(tiles_per_stage=tps, stages=stages))
+    wg = verify_wg.WgConfig(tiles_per_stage=tps, stages=stages, min_blocks=minb, f16_stages=f16,
+                            **({"regs": regs} if regs else {}))
+    cfg = mv.VerifyConfig(wgmma=1, wg=wg)
     assert verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16)
     base = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
     defs = verify_wg.defines(8 * g, 8, 128, 16, 196, k + 1, cfg.wg, base)
-    cubin = _cudart.compile_cubin(verify_wg.source(mv.DECODE_SOURCE), verify_wg.KERNEL, "90a", defs)
+    cubin = _cudart.compile_cubin(verify_wg.source(mv.DECODE_SOURCE), "verify_wgmma", "90a", defs)
     assert cubin[:4] == b"\x7fELF"
+    assert verify_wg.smem_bytes(wg) + 1024 <= 227 * 1024 and minb * (verify_wg.smem_bytes(wg) + 1024) <= 228 * 1024
     tool = _cuobjdump()
     if tool is None:
         return
     f = tmp_path / "w.cubin"
     f.write_bytes(cubin)
     lines = subprocess.run([tool, "--dump-resource-usage", str(f)], capture_output=True, text=True).stdout.splitlines()
-    usage = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if "tq_k8v4_verify_wg" in ln]
+    usage = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if wg.kernel in ln]
     assert len(usage) == 1, lines
     assert "LOCAL:0" in usage[0] and "STACK:0" in usage[0], usage[0]
+    if f16:
+        reg = int(re.search(r"REG:(\d+)", usage[0]).group(1))
+        assert 2 * reg >= sum(wg.regs), (usage[0], wg.regs)
 
 
 def test_routing_only_where_it_can_run():
     on = mv.VerifyConfig(wgmma=1)
     assert verify_wg.uses(on, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows per KV head
-    assert not verify_wg.uses(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows: per-warp by default
+    assert verify_wg.uses(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows: wgmma by default
+    assert verify_wg.uses(mv.DEFAULT, 48, 8, 128, 3, 8 * 196, 16)  # 18 rows: the per-warp kernel's 2 chunks
+    assert not verify_wg.uses(mv.DEFAULT, 32, 8, 128, 4, 8 * 196, 16)  # 16 rows: one per-warp chunk
     assert verify_wg.uses(mv.DEFAULT, 64, 8, 128, 6, 8 * 196, 16)  # 48 rows: wgmma by default
     assert verify_wg.uses(mv.DEFAULT, 32, 8, 128, 16, 8 * 196, 16)  # 64 rows (G = 4, K = 15)
     assert not verify_wg.uses(mv.VerifyConfig(wgmma=0), 64, 8, 128, 8, 8 * 196, 16)
@@ -62,12 +77,18 @@ def test_smem_budget_is_the_kernels_own():
     two blocks per SM (228 KB, 1 KB reserved a block)."""
     src = verify_wg.SOURCE_PATH.read_text()
     assert re.search(r"#define WKT 4096", src) and re.search(r"#define WVF 4096", src) and "#define WRT 208" in src
+    assert re.search(r"#define WS_STAGE \(2 \* WTPS \* WKT\)", src)
+    assert "#define WS_SMEM (WS_B_OFF + 8 * (WSTAGES + 2 * WFST) + 1024)" in src
     for tps in (1, 2, 4):
         for st in (2, 3, 4, 6):
-            cfg = verify_wg.WgConfig(tps, st)
+            cfg = verify_wg.WgConfig(tps, st, f16_stages=0)
             keys, vals, ring = tps * 4096, 2 * tps * 4096, st * tps * 16 * 208
             assert verify_wg.smem_bytes(cfg) == keys + vals + ring + 8 * st + 1024
-    assert 2 * (verify_wg.smem_bytes(verify_wg.WgConfig()) + 1024) <= 228 * 1024
+            for n in (2, 3, 4):  # the warp-specialised kernel: n stages of f16 keys and values
+                ws = verify_wg.WgConfig(tps, st, f16_stages=n)
+                assert verify_wg.smem_bytes(ws) == n * 2 * tps * 4096 + ring + 8 * (st + 2 * n) + 1024
+    assert 2 * (verify_wg.smem_bytes(verify_wg.WgConfig(f16_stages=0)) + 1024) <= 228 * 1024
+    assert 2 * (verify_wg.smem_bytes(verify_wg.WgConfig()) + 1024) <= 228 * 1024  # (the default)
 
 
 def test_defines_keep_the_base_and_name_the_shape():
@@ -77,12 +98,24 @@ def test_defines_keep_the_base_and_name_the_shape():
     assert (defs["QL"], defs["GQ"], defs["HK"], defs["HS"], defs["PAGE"]) == (6, 8, 8, 196, 16)
     assert (defs["WTPS"], defs["WSTAGES"], defs["WMINB"]) == (2, 4, 3)
     assert (defs["WV_DESC_LBO"], defs["WV_DESC_SBO"], defs["WG_DBG"]) == (256, 128, 4)
-    plain = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(), base)
+    plain = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(f16_stages=0), base)
     assert "WV_DESC_LBO" not in plain and "WG_DBG" not in plain  # (the kernel's own defaults)
+    assert "WFST" not in plain and verify_wg.WgConfig(f16_stages=0).kernel == "tq_k8v4_verify_wg"
+    default = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(), base)
+    assert (default["WFST"], default["WREG_DQ"], default["WREG_MMA"]) == (2, 80, 176)
+    ws = verify_wg.WgConfig(f16_stages=3, regs=(96, 232), min_blocks=1)
+    defs = verify_wg.defines(64, 8, 128, 16, 196, 6, ws, base)
+    assert (defs["WFST"], defs["WREG_DQ"], defs["WREG_MMA"], defs["WMINB"]) == (3, 96, 232, 1)
+    assert (ws.kernel, ws.threads, verify_wg.WgConfig(f16_stages=0).threads) == ("tq_k8v4_verify_ws", 256, 128)
+    src = verify_wg.SOURCE_PATH.read_text()  # the kernels' names and block sizes
+    assert "__launch_bounds__(128, WMINB) tq_k8v4_verify_wg(" in src
+    assert "__launch_bounds__(256, WMINB) tq_k8v4_verify_ws(" in src
+    assert re.search(r"#define WREG_DQ 80 ", src) and re.search(r"#define WREG_MMA 176 ", src)
+    assert verify_wg.WgConfig().regs == (80, 176)  # (the source's defaults, for a build without the macros)
 
 
 def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(monkeypatch, caplog):
-    """maps_for: None where the shape is the per-warp kernel's (32 rows by default, head dim 64, 392-byte rows);
+    """maps_for: None where the shape is the per-warp kernel's (16 rows by default, head dim 64, 392-byte rows);
     the map where it runs; a map the driver refuses turns the kernel off on that device only, said once."""
     monkeypatch.setattr(verify_wg, "BROKEN", {})
     made = []
@@ -93,7 +126,7 @@ def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(mo
 
     monkeypatch.setattr(verify_wg, "tensor_maps", fake_maps)
     cache = torch.zeros(4, 16, 8, 196, dtype=torch.uint8)
-    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 4, cache) is None  # 32 rows: the per-warp kernel
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 32, 128, 4, cache) is None  # 16 rows: the per-warp kernel
     assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 64, 6, cache) is None  # head dim 64
     small = torch.zeros(4, 16, 2, 196, dtype=torch.uint8)  # 392-byte rows: no tensor map
     assert verify_wg.maps_for(mv.VerifyConfig(wgmma=1), 0, 16, 128, 8, small) is None

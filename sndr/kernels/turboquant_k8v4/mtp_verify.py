@@ -109,10 +109,10 @@ class VerifyConfig:
     # most MERGE_ROWS_MAX_SPLITS splits, else (and with 0) its tq_k8v4_merge (a block per row): the warp merge is
     # faster at 4 and 16 splits, slower at 33-128 (docs/bench-mtp-verify-h200.md, "Round 6").
     merge_rows: int = 1
-    # The warpgroup-MMA kernel (verify_wgmma.cu, sm_90a; verify_wg.py): one warpgroup per (request, split, KV
-    # head), all QL * G <= 64 rows of the KV head in one m64 wgmma tile, each tile's keys and values converted
-    # once into f16 operands. -1 (the default): at 33..64 rows per KV head; 1: at 17..64; 0: never; wg: its ring
-    # and stage shape (verify_wg.uses: where it can run).
+    # The warpgroup-MMA kernels (verify_wgmma.cu, sm_90a; verify_wg.py): a block per (request, split, KV head),
+    # all QL * G <= 64 rows of the KV head in one m64 wgmma tile, each tile's keys and values converted once into
+    # f16 operands (by default by a converting warpgroup for an MMA warpgroup). -1 (the default): at
+    # verify_wg.MIN_ROWS (17)..64 rows per KV head; 1: at 17..64; 0: never; wg: its shape (verify_wg.uses).
     wgmma: int = -1
     wg: verify_wg.WgConfig = verify_wg.WgConfig()
 
@@ -378,7 +378,7 @@ def _build(key) -> tuple:
     if wg:  # the warpgroup-MMA kernel: a block per KV head
         k = verify_wg.load(DECODE_SOURCE, idx, hq, hk, d, page, hs, ql, cfg.wg, defs)
         merge = (k.module.kernel(MERGE_ROWS), k.module.kernel(MERGE))
-        return k, merge, max(1, k.blocks_per_sm(verify_wg.THREADS)), hk, verify_wg.THREADS // 32, True
+        return k, merge, max(1, k.blocks_per_sm(cfg.wg.threads)), hk, cfg.wg.threads // 32, True
     plan = block_plan(hq, hk, d, ql, sp, hs, cfg)
     smem = smem_bytes(cfg, copy_bytes(plan, hk, sp, hs), plan.hpb if plan.ws else plan.warps, plan.rc, d,
                       plan.hpb if plan.shu else 0, plan.ubuf, plan.hpb if plan.ws else 0)

@@ -16,8 +16,8 @@ import torch
 from .. import _cudart
 
 SOURCE_PATH = Path(__file__).with_name("verify_wgmma.cu")
-KERNEL = "tq_k8v4_verify_wg"
-THREADS = 128  # one warpgroup
+KERNEL = "tq_k8v4_verify_wg"  # one warpgroup converts and multiplies (WgConfig.f16_stages = 0)
+KERNEL_WS = "tq_k8v4_verify_ws"  # a converting warpgroup feeds an MMA warpgroup (f16_stages >= 2: the default)
 _SOURCE: list[str] = []
 BROKEN: dict[int, str] = {}  # device index -> why this kernel is off there (disable)
 _SAID: set[int] = set()  # devices where a capture met an unseen cache (maps_for)
@@ -27,15 +27,27 @@ _MAPS: dict[tuple, torch.Tensor] = {}
 
 @dataclass(frozen=True)
 class WgConfig:
-    # 16-token tiles per ring stage (1, 2 or 4: N of the score wgmma is 16 x this), ring depth, blocks per SM
-    # asked of the register allocator. 4 x 3 at 2 blocks (212 registers) measured fastest of 1 x 6, 2 x 4 (3
-    # blocks: 167 registers, or with two waves of splits) and 4 x 3 on the H200 (docs/bench-mtp-verify-h200.md,
-    # round 7)
+    # 16-token tiles per ring stage (1, 2 or 4: N of the score wgmma is 16 x this), ring depth (copied tiles),
+    # blocks per SM asked of the register allocator
     tiles_per_stage: int = 4
     stages: int = 3
     min_blocks: int = 2
     v_desc: tuple[int, int] = (0, 0)  # (LBO, SBO) of the value descriptor; (0, 0): the layout's own steps
     debug: int = 0  # verify_wgmma.cu's WG_DBG (diagnostics only: wrong outputs)
+    # 2+: tq_k8v4_verify_ws, a warpgroup converting into a ring of this many f16 stages for an MMA warpgroup, with
+    # these registers each (setmaxnreg; together <= 512 / min_blocks); 0: tq_k8v4_verify_wg (one warpgroup does
+    # both). 4 x 3, 2 f16 stages, 2 blocks per SM measured fastest of that, 2 x 4 with 4 f16 stages, 1 block per SM
+    # with 3, and the one-warpgroup kernel's shapes, on the H200 (docs/bench-mtp-verify-h200.md, round 8)
+    f16_stages: int = 2
+    regs: tuple[int, int] = (80, 176)
+
+    @property
+    def threads(self) -> int:
+        return 256 if self.f16_stages else 128
+
+    @property
+    def kernel(self) -> str:
+        return KERNEL_WS if self.f16_stages else KERNEL
 
 
 def source(decode_source: Path) -> str:
@@ -45,7 +57,9 @@ def source(decode_source: Path) -> str:
     return _SOURCE[0]
 
 
-MIN_ROWS = 33  # VerifyConfig.wgmma = -1: from this many query rows per KV head (the per-warp kernel needs 2+ warps)
+# VerifyConfig.wgmma = -1: from this many query rows per KV head, where the per-warp kernel needs two 16-row chunks
+# (the warp-specialised kernel measured faster than it from 24 rows, its fewest in the table: round 8)
+MIN_ROWS = 17
 
 
 def uses(cfg, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> bool:
@@ -85,7 +99,7 @@ def disable(idx: int, why: str) -> None:
 def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig,
          base: dict) -> _cudart.Kernel:
     """The kernel of a shape, compiled (sm_90a) and loaded on device ``idx``; its module holds the merges."""
-    return _cudart.load_kernel(source(decode_source), KERNEL, defines(hq, hk, d, page, hs, ql, cfg, base),
+    return _cudart.load_kernel(source(decode_source), cfg.kernel, defines(hq, hk, d, page, hs, ql, cfg, base),
                                idx, smem_bytes(cfg), label="verify_wgmma", arch_suffix="a")
 
 
@@ -93,6 +107,8 @@ def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig
     """The decode_k8v4.cu macros of a verify build (``base``) plus this kernel's."""
     lbo, sbo = cfg.v_desc
     extra = ({"WV_DESC_LBO": lbo, "WV_DESC_SBO": sbo} if lbo else {}) | ({"WG_DBG": cfg.debug} if cfg.debug else {})
+    if cfg.f16_stages:
+        extra |= {"WFST": cfg.f16_stages, "WREG_DQ": cfg.regs[0], "WREG_MMA": cfg.regs[1]}
     return dict(base) | extra | {
         "QL": ql, "GQ": hq // hk, "HK": hk, "HS": hs, "D": d, "PAGE": page,
         "WTPS": cfg.tiles_per_stage, "WSTAGES": cfg.stages, "WMINB": cfg.min_blocks,
@@ -101,9 +117,13 @@ def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig
 
 def smem_bytes(cfg: WgConfig) -> int:
     """verify_wgmma.cu's WSMEM: one stage's f16 keys, two stages' f16 values, the ring of copied tiles (16 rows of
-    208 bytes), its barriers, and the slack that aligns the base to 1024 bytes."""
-    t = cfg.tiles_per_stage
-    return t * 4096 + 2 * t * 4096 + cfg.stages * t * 16 * 208 + 8 * cfg.stages + 1024
+    208 bytes), its barriers, and the slack that aligns the base to 1024 bytes; or its WS_SMEM
+    (``cfg.f16_stages``): that many stages of f16 keys and values, the ring, the barriers and the slack."""
+    t, n = cfg.tiles_per_stage, cfg.f16_stages
+    ring = cfg.stages * t * 16 * 208
+    if n:
+        return n * 2 * t * 4096 + ring + 8 * (cfg.stages + 2 * n) + 1024
+    return t * 4096 + 2 * t * 4096 + ring + 8 * cfg.stages + 1024
 
 
 def tensor_maps(kv_cache: torch.Tensor) -> torch.Tensor | None:

@@ -73,6 +73,21 @@
 #define WB_OFF (WR_OFF + WSTAGES * WTPS * WRAW)      // full[WSTAGES]
 #define WSMEM (WB_OFF + 8 * WSTAGES + 1024)          // + the slack that aligns the base to 1024 bytes
 #define HQW (HK * GQ)
+#ifndef WFST
+#define WFST 0                    // 0: tq_k8v4_verify_wg; 2+: tq_k8v4_verify_ws, a ring of WFST converted f16 stages
+#endif
+#ifndef WREG_DQ
+#define WREG_DQ 80                // tq_k8v4_verify_ws: registers of the converting warpgroup
+#endif
+#ifndef WREG_MMA
+#define WREG_MMA 176              // and of the MMA warpgroup (together at most 65536 / (128 WMINB))
+#endif
+#define WS_STAGE (2 * WTPS * WKT)                    // one converted stage: keys (WTPS * WKT) then values
+#define WS_R_OFF (WFST * WS_STAGE)                   // the ring of copied tiles
+#define WS_B_OFF (WS_R_OFF + WSTAGES * WTPS * WRAW)  // full[WSTAGES], kfull[WFST], kempty[WFST]
+#define WS_SMEM (WS_B_OFF + 8 * (WSTAGES + 2 * WFST) + 1024)
+static_assert(WFST == 0 || (WFST >= 2 && (WREG_DQ + WREG_MMA) * WMINB <= 512 && WREG_DQ % 8 == 0
+                            && WREG_MMA % 8 == 0), "the specialised kernel: 2+ f16 stages, registers that fit");
 static_assert(D == 128, "the wgmma verify kernel: head dim 128");
 static_assert(WROWS >= 1 && WROWS <= 64, "at most 64 query rows per KV head (one m64 tile)");
 static_assert(WTPS == 1 || WTPS == 2 || WTPS == 4, "1, 2 or 4 tiles per stage (3 spilled: not built)");
@@ -222,12 +237,14 @@ static __device__ __forceinline__ void wg_load_q(u32 (&qa)[8][4], float (&f)[2],
             qa[j][i] = pack_f16x2(q_value(raw[j][i], 0) * s[i & 1], q_value(raw[j][i], 1) * s[i & 1]);
 }
 
-// Eight 4-bit codes (one cache word: dims 8 u + 0..7, dim 2 i in the low nibble of byte i) as four f16x2
-// values code * scale + zero: word k = {dim k, dim k + 4} (one fused rounding each).
-static __device__ __forceinline__ u32 wg_unpack2(u32 x, u32 sc2, u32 z2) {
-    const u32 h = (x & 0x000F000Fu) | 0x64006400u;  // 1024 + code, exact
-    u32 c, r;
-    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(c) : "r"(h), "r"(0x64006400u));
+// Two 4-bit codes (nibble k of each 16-bit half of x: bits 0..3 with MAGIC 0x6400, 1024 + code; bits 4..7 with
+// MAGIC 0x5400, 64 + code: the f16 whose mantissa they land in has unit 1 there) as an f16x2 code * scale + zero:
+// the subtraction exact, one fused rounding.
+template <u32 MAGIC>
+static __device__ __forceinline__ u32 wg_unpack2(u32 x, u32 mask, u32 sc2, u32 z2) {
+    u32 h, c, r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(h) : "r"(x), "r"(mask), "n"(MAGIC * 0x10001u));  // (x & mask) | magic
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(c) : "r"(h), "r"(MAGIC * 0x10001u));
     asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(c), "r"(sc2), "r"(z2));
     return r;
 }
@@ -239,9 +256,9 @@ static __device__ __forceinline__ u32 wg_unpack2(u32 x, u32 sc2, u32 z2) {
 #define WV_DESC_SBO WV_SBO        // and its stride byte offset (the 8-dim step)
 #endif
 
-// Stage i's copies (warp 0; lane 0 issues them): its tiles' pages come from the lanes' window of 32 block-table
-// entries (cache0: its first tile), refilled with one load when a tile leaves it.
-static __device__ __forceinline__ void wg_produce(const TmaMap* TM, const int* __restrict__ bt, u32 base, u32 full,
+// Stage i's copies into the ring at ring (warp 0; lane 0 issues them): its tiles' pages come from the lanes' window
+// of 32 block-table entries (cache0: its first tile), refilled with one load when a tile leaves it.
+static __device__ __forceinline__ void wg_produce(const TmaMap* TM, const int* __restrict__ bt, u32 ring, u32 full,
                                                   int i, int t_begin, int t_end, int hk, int lane, int& pg_lane,
                                                   int& cache0)
 {
@@ -258,11 +275,239 @@ static __device__ __forceinline__ void wg_produce(const TmaMap* TM, const int* _
         }
         const int pg = __shfl_sync(0xffffffffu, pg_lane, T - cache0);
         if (lane == 0 && !(WG_DBG & 4))
-            tma_load_3d(base + WR_OFF + (slot * WTPS + j) * WRAW, TM, (HS * hk) & ~15, (16 * T) % PAGE, pg,
+            tma_load_3d(ring + (slot * WTPS + j) * WRAW, TM, (HS * hk) & ~15, (16 * T) % PAGE, pg,
                         full + 8 * slot);
     }
 }
 
+// A converting thread's (tid of 128) fixed byte offsets, made once: every address of wg_convert is then
+// one of these plus the stage's base and a constant.
+// * Keys: warp w takes rows 4 w .. 4 w + 3 of each tile, lane l the key bytes 4 l .. 4 l + 3 of a row (a warp
+//   reads one 128-byte row: no bank conflicts), written as their 8 bytes of f16 into the score wgmma's B operand:
+//   two column blocks of 64 dims, [WN rows x 128 bytes] each, the 16-byte piece q of row R at
+//   R * 128 + ((q ^ (R % 8)) * 16), as TMA's 128-byte swizzle would write it (R % 8 does not depend on the tile).
+// * Values: token t = tid % 16 of each tile, code words u0 = tid / 16 and u0 + 8 (dims 8 u0 .. + 7, 8 u0 + 64 ..)
+//   into the P.V wgmma's B operand: per tile, the MN-major no-swizzle layout (8 dims x 8 tokens core matrices),
+//   the 8 dims of a group stored as 0 4 1 5 2 6 3 7.
+struct WgLane {
+    u32 ksrc, kdst[4];  // key word of row 4 w (a copied tile), its f16 bytes in row 4 w + x (a stage's keys)
+    u32 vsrc, ssrc;     // code word u0 of token t in a copied tile, its scale and zero
+    u32 vdst;           // the f16 piece of word u0 in a converted tile
+    int t;
+    u32 mask[2];        // 0x000F000F, 0x00F000F0 (wg_unpack8)
+};
+// (zero: a value the compiler cannot fold, so the masks stay in registers)
+static __device__ __forceinline__ WgLane wg_lane(int tid, int off, u32 zero)
+{
+    WgLane L;
+    L.mask[0] = 0x000F000Fu | zero;
+    L.mask[1] = 0x00F000F0u | zero;
+    const int w = tid >> 5, lane = tid & 31;
+    const int q = (lane >> 1) & 7;
+    L.ksrc = off + 4 * w * WRT + 4 * lane;
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+        L.kdst[x] = (lane >> 4) * (WN * 128) + (4 * w + x) * 128 + ((q ^ ((4 * w + x) & 7)) << 4) + (lane & 1) * 8;
+    L.t = tid & 15;
+    const int u0 = (tid >> 4) & 7;
+    L.vsrc = off + L.t * WRT + D + 4 * u0;
+    L.ssrc = off + L.t * WRT + D + D / 2;
+    L.vdst = u0 * WV_SBO + (L.t >> 3) * WV_LBO + (L.t & 7) * 16;
+    return L;
+}
+
+// Eight codes (one cache word x: dims 8 u + 0..7, dim 2 i in the low nibble of byte i) as two 16-byte f16 pieces:
+// word k = {dim k, dim k + 4} (nibble k of each half; one shift for nibbles 2 and 3). The masks 0x000F000F and
+// 0x00F000F0 come in registers (WgLane: else ptxas makes them again for every use).
+static __device__ __forceinline__ uint4 wg_unpack8(u32 x, u32 sc2, u32 z2, const u32 (&m)[2]) {
+    const u32 y = x >> 8;
+    return make_uint4(wg_unpack2<0x6400u>(x, m[0], sc2, z2), wg_unpack2<0x5400u>(x, m[1], sc2, z2),
+                      wg_unpack2<0x6400u>(y, m[0], sc2, z2), wg_unpack2<0x5400u>(y, m[1], sc2, z2));
+}
+
+// A stage's keys (e4m3 -> f16, exact) into kb and its values (code * scale + zero) into vb, from its copy raw (the
+// tiles' rows of WRT bytes). Every word is loaded before the first store (the compiler cannot tell the copy from
+// the operands, so a load after a store would wait for it). Values of tiles past the stage's nt copied ones and of
+// tokens from seq_len are zeros, with a zero scale and zero point (stale codes are small integers: stale bytes
+// never reach an MMA as anything else; stale keys are masked by the softmax).
+static __device__ __forceinline__ void wg_convert(unsigned char* kb, unsigned char* vb, const unsigned char* raw,
+                                                  const WgLane& L, int nt, int tok0, int seq_len)
+{
+    u32 kw[WTPS][4], cw[WTPS][2], szw[WTPS];
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) kw[j][x] = *reinterpret_cast<const u32*>(raw + L.ksrc + j * WRAW + x * WRT);
+        cw[j][0] = *reinterpret_cast<const u32*>(raw + L.vsrc + j * WRAW);
+        cw[j][1] = *reinterpret_cast<const u32*>(raw + L.vsrc + j * WRAW + 32);
+        szw[j] = *reinterpret_cast<const u32*>(raw + L.ssrc + j * WRAW);  // f16 scale | f16 zero << 16
+    }
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            uint2 h;  // (the halves of the word as they are: no shift for the upper one)
+            asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, u;\n}\n"
+                : "=r"(h.x), "=r"(h.y) : "r"(kw[j][x]));
+            *reinterpret_cast<uint2*>(kb + L.kdst[x] + j * 16 * 128) = h;
+        }
+    const int left = seq_len - tok0 - L.t;  // tile j holds this thread's token where 16 j < left
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j) {
+        const bool ok = j < nt && 16 * j < left;  // else zeros: code (a small integer) * 0 + 0
+        const u32 sc2 = ok ? prmt(szw[j], 0u, 0x1010u) : 0u, z2 = ok ? prmt(szw[j], 0u, 0x3232u) : 0u;
+        *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF) = wg_unpack8(cw[j][0], sc2, z2, L.mask);
+        *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF + 8 * WV_SBO) = wg_unpack8(cw[j][1], sc2, z2, L.mask);
+    }
+}
+
+// The per-row state of a warp's two rows (g, g + 8): running max m (log2 units), sum l, the causal / split limits.
+struct WgRows {
+    float m0, m1, l0, l1;
+};
+
+// The softmax of one stage's scores sc (rows g, g + 8 of warp w; tokens from tok0): P as the P.V wgmma's A
+// operand pa (zeros in a warp of padding rows), the rows' state updated, and f0 / f1 the factors O must be scaled
+// by (1: no rescale). Lazy running max: raised, with a rescale, only when a score exceeds it by TAU. A row sees
+// tokens below its limit (lim0 / lim1); only stages reaching past lim_min are masked.
+static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)[WTPS][4], float& f0, float& f1,
+                                                  WgRows& st, bool active, int tok0, int t4, int lim0, int lim1,
+                                                  int lim_min, float qk0, float qk1)
+{
+    u32 pt[WTPS][4];
+    f0 = 1.f;
+    f1 = 1.f;
+    if (active) {
+        if (tok0 + WN > lim_min) {
+#pragma unroll
+            for (int k = 0; k < WN / 2; ++k) {
+                const int tok = tok0 + 8 * (k >> 2) + 2 * t4 + (k & 1);
+                if (tok >= (k & 2 ? lim1 : lim0)) sc[k] = NEG_INF;
+            }
+        }
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < WN / 2; ++k) {
+            if (k & 2) mx1 = fmaxf(mx1, sc[k]);
+            else mx0 = fmaxf(mx0, sc[k]);
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * qk0;
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * qk1;
+        if (mx0 > st.m0 + TAU) {  // (the factors scale O outside any branch: ptxas serialises the wgmmas when
+            f0 = ex2(st.m0 - mx0);  // their accumulators are written on a divergent path)
+            st.m0 = mx0;
+            st.l0 *= f0;
+        }
+        if (mx1 > st.m1 + TAU) {
+            f1 = ex2(st.m1 - mx1);
+            st.m1 = mx1;
+            st.l1 *= f1;
+        }
+#pragma unroll
+        for (int j = 0; j < WTPS; ++j) {
+            float p[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                p[e] = ex2(fmaf(sc[8 * j + e], e & 2 ? qk1 : qk0, -(e & 2 ? st.m1 : st.m0)));
+            st.l0 += (p[0] + p[1]) + (p[4] + p[5]);
+            st.l1 += (p[2] + p[3]) + (p[6] + p[7]);
+            pt[j][0] = pack_f16x2(p[0], p[1]);
+            pt[j][1] = pack_f16x2(p[2], p[3]);
+            pt[j][2] = pack_f16x2(p[4], p[5]);
+            pt[j][3] = pack_f16x2(p[6], p[7]);
+        }
+    }
+    // defined outside the branch (ptxas serialises every wgmma of the kernel when an input register of one is
+    // written on a divergent path)
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) pa[j][x] = active ? pt[j][x] : 0u;
+}
+
+// O *= the rows' factors, then O += P V (vb: the stage's f16 values), left in flight (committed, not waited). P
+// and O are defined before the fence: ptxas serialises wgmmas whose input registers are written inside their
+// pipeline stage.
+static __device__ __forceinline__ void wg_attend(float (&o)[64], u32 (&pa)[WTPS][4], float f0, float f1, u32 vb)
+{
+    if (__any_sync(0xffffffffu, f0 != 1.f || f1 != 1.f))  // (warp-uniform: a raised running max is rare)
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+        o[4 * k] *= f0;
+        o[4 * k + 1] *= f0;
+        o[4 * k + 2] *= f1;
+        o[4 * k + 3] *= f1;
+    }
+    u64 dv[WTPS];
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j) {
+        dv[j] = wg_desc(vb + j * WVF, WV_DESC_LBO, WV_DESC_SBO, 0);
+        asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3]));
+    }
+    wg_keep(o);
+    wg_fence();
+#if !(WG_DBG & 2)
+#pragma unroll
+    for (int j = 0; j < WTPS; ++j) wg_pv(o, pa[j][0], pa[j][1], pa[j][2], pa[j][3], dv[j]);
+#endif
+    wg_commit();
+    wg_keep(o);
+}
+
+// S = Q K^T of a stage (kb: its f16 keys), waited for, with every earlier wgmma (the previous stage's P.V). The
+// accumulators are defined before the fence, though the first MMA ignores them.
+static __device__ __forceinline__ void wg_scores(float (&sc)[WN / 2], float (&o)[64], const u32 (&qa)[8][4], u32 kb)
+{
+#pragma unroll
+    for (int k = 0; k < WN / 2; ++k) sc[k] = 0.f;
+    wg_keep(sc);
+    wg_fence();
+#if WG_DBG & 1
+#pragma unroll
+    for (int k = 0; k < WN / 2; ++k) sc[k] = (float)(k & 3);
+#else
+    // k16 step j: dims 64 (j / 4) + 16 (j % 4) + 0..15 (column block j / 4, 32 bytes a step within its rows)
+    wg_score<0>(sc, qa[0], wg_desc(kb, 16, 1024, 1));
+#pragma unroll
+    for (int j = 1; j < 8; ++j) wg_score<1>(sc, qa[j], wg_desc(kb + (j >> 2) * (WN * 128) + 32 * (j & 3), 16, 1024, 1));
+#endif
+    wg_commit();
+    wg_keep(sc);
+    wg_wait0();
+    wg_keep(sc);
+    wg_keep(o);
+}
+
+// The split's partials of the warp's rows: O / l and the log2-sum-exp m + log2(l) (rows that saw no token: zeros
+// and EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s, verify_k8v4.cu's layout.
+static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st, int r0, int b, int hk, int s, int S,
+                                                int t4, float* __restrict__ MID_O, float* __restrict__ MID_L)
+{
+    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 1);
+    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 1);
+    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 2);
+    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int r = r0 + 8 * e;
+        if (r >= WROWS) continue;
+        const int t = r / GQ, h = r % GQ;
+        const long long row = ((long long)b * (QL * HQW) + t * HQW + hk * GQ + h) * S + s;
+        const float l = e ? st.l1 : st.l0, m = e ? st.m1 : st.m0;
+        const float inv = l > 0.f ? 1.0f / l : 0.f;
+        float* op = MID_O + row * D + t4;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {  // columns 8 k + 2 t4 (+ 1) hold dims 8 k + t4 (+ 4)
+            op[8 * k] = o[4 * k + 2 * e] * inv;
+            op[8 * k + 4] = o[4 * k + 2 * e + 1] * inv;
+        }
+        if (t4 == 0) MID_L[row] = l > 0.f ? m + __log2f(l) : EMPTY_LSE;
+    }
+}
+
+#if WFST == 0
 extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     const TmaMap* __restrict__ TM, const unsigned short* __restrict__ Q,
     const int* __restrict__ BT, const int* __restrict__ SL, float* __restrict__ MID_O, float* __restrict__ MID_L,
@@ -291,8 +536,8 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     }
     __syncthreads();
     if (w == 0)  // the ring's first WSTAGES stages
-        for (int i = 0; i < min(WSTAGES, nst); ++i) wg_produce(TM, bt, base, full, i, t_begin, t_end, hk, lane, pg_lane,
-                                                              cache0);
+        for (int i = 0; i < min(WSTAGES, nst); ++i) wg_produce(TM, bt, base + WR_OFF, full, i, t_begin, t_end, hk, lane,
+                                                              pg_lane, cache0);
 
     // the warpgroup's rows, operands and state
     const int g = lane >> 2, t4 = lane & 3;
@@ -307,183 +552,126 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     const int lim0 = r0 < WROWS ? min(first_hidden + r0 / GQ, tok_end) : 0;
     const int lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
     const int lim_min = min(first_hidden, tok_end);  // stages reaching past it are masked
-
-    const int off = (HS * hk) & 15;       // the head's slot within each copied 208-byte row
-    u64 dk[8];                            // the keys' operand, k16 step j: dims 64 (j / 4) + 16 (j % 4) + 0..15
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dk[j] = wg_desc(base + WK_OFF + (j >> 2) * (WN * 128) + 32 * (j & 3), 16, 1024, 1);
+    const WgLane L = wg_lane(tid, (HS * hk) & 15, (u32)min_tiles >> 31);  // (the head's slot in a 208-byte row)
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float m0 = EMPTY_LSE, m1 = EMPTY_LSE, l0 = 0.f, l1 = 0.f;
+    WgRows st = {EMPTY_LSE, EMPTY_LSE, 0.f, 0.f};
     for (int i = 0; i < nst; ++i) {
         const int slot = i % WSTAGES;
         const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0), tok0 = 16 * T0;
         mbar_wait(full + 8 * slot, (i / WSTAGES) & 1);
-        const unsigned char* raw = gbase + WR_OFF + slot * WTPS * WRAW + off;  // the head's slot in row 0, tile 0
-
-        // the stage's keys as f16 into the swizzled operand (the score wgmmas of stage i - 1 are done: waited there):
-        // two column blocks of 64 dims, [WN rows x 128 bytes] each, the 16-byte piece q of row R at
-        // R * 128 + ((q ^ (R % 8)) * 16), as TMA's 128-byte swizzle would write it
-#pragma unroll
-        for (int j = 0; j < WTPS; ++j) {
-            const int r = tid >> 3, c = tid & 7, R = 16 * j + r;  // token R of the stage, fp8 dims 16 c .. 16 c + 15
-            const u32* src = reinterpret_cast<const u32*>(raw + j * WRAW + r * WRT + 16 * c);
-            u32 h[8];
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                const u32 wv = src[x];
-                h[2 * x] = e4m3x2_to_f16x2(wv);
-                h[2 * x + 1] = e4m3x2_to_f16x2(wv >> 16);
-            }
-            unsigned char* kr = gbase + WK_OFF + (c >> 2) * (WN * 128) + R * 128;
-            const int q = (2 * c) & 7;
-            *reinterpret_cast<uint4*>(kr + ((q ^ (R & 7)) << 4)) = make_uint4(h[0], h[1], h[2], h[3]);
-            *reinterpret_cast<uint4*>(kr + (((q + 1) ^ (R & 7)) << 4)) = make_uint4(h[4], h[5], h[6], h[7]);
-        }
-        // and its values as f16 into buffer i & 1 (the P.V of stage i - 2 read it, done: waited at i - 1)
+        const unsigned char* raw = gbase + WR_OFF + slot * WTPS * WRAW;  // the stage's copy
+        // the stage's keys (the score wgmmas of stage i - 1 are done: waited there) and its values into buffer
+        // i & 1 (the P.V of stage i - 2 read it, done: waited at i - 1)
         const u32 vf = base + WF_OFF + (i & 1) * WTPS * WVF;
-#pragma unroll
-        for (int k = 0; k < 2 * WTPS; ++k) {
-            const int q = tid + 128 * k;
-            const int t = q & 15, u = (q >> 4) & 15, j = q >> 8;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (j < nt && tok0 + 16 * j + t < seq_len) {
-                const unsigned char* row = raw + j * WRAW + t * WRT + D;
-                const u32 x = *reinterpret_cast<const u32*>(row + 4 * u);
-                const u32 szw = *reinterpret_cast<const u32*>(row + D / 2);
-                const u32 sc2 = (szw & 0xFFFFu) * 0x10001u, z2 = (szw >> 16) * 0x10001u;
-                val.x = wg_unpack2(x, sc2, z2);
-                val.y = wg_unpack2(x >> 4, sc2, z2);
-                val.z = wg_unpack2(x >> 8, sc2, z2);
-                val.w = wg_unpack2(x >> 12, sc2, z2);
-            }
-            *reinterpret_cast<uint4*>(gbase + (vf - base) + j * WVF + u * WV_SBO + (t >> 3) * WV_LBO + (t & 7) * 16)
-                = val;
-        }
+        wg_convert(gbase + WK_OFF, gbase + (vf - base), raw, L, nt, tok0, seq_len);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();  // the operands are written, the stage's copy is read: refilled with stage i + WSTAGES
         if (w == 0 && i + WSTAGES < nst)
-            wg_produce(TM, bt, base, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
+            wg_produce(TM, bt, base + WR_OFF, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
 
-        // S = Q K^T of the stage (its input registers defined before the fence: see the P.V below)
         float sc[WN / 2];
-#pragma unroll
-        for (int k = 0; k < WN / 2; ++k) sc[k] = 0.f;  // (defined before the fence, though the first MMA ignores them)
-        wg_keep(sc);
-        wg_fence();
-#if WG_DBG & 1
-#pragma unroll
-        for (int k = 0; k < WN / 2; ++k) sc[k] = (float)(k & 3);
-#else
-        wg_score<0>(sc, qa[0], dk[0]);
-#pragma unroll
-        for (int j = 1; j < 8; ++j) wg_score<1>(sc, qa[j], dk[j]);
-#endif
-        wg_commit();
-        wg_keep(sc);
-        wg_wait0();  // this stage's scores and the previous stage's P.V
-        wg_keep(sc);
-        wg_keep(o);
-
-        u32 pt[WTPS][4];           // P of this stage (rows of an active warp)
-        float f0 = 1.f, f1 = 1.f;  // the rescale of rows g, g + 8 (a running max raised by more than TAU)
-        if (active) {
-            if (tok0 + WN > lim_min) {
-#pragma unroll
-                for (int k = 0; k < WN / 2; ++k) {
-                    const int tok = tok0 + 8 * (k >> 2) + 2 * t4 + (k & 1);
-                    if (tok >= (k & 2 ? lim1 : lim0)) sc[k] = NEG_INF;
-                }
-            }
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-            for (int k = 0; k < WN / 2; ++k) {
-                if (k & 2) mx1 = fmaxf(mx1, sc[k]);
-                else mx0 = fmaxf(mx0, sc[k]);
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * qk0;
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * qk1;
-            if (mx0 > m0 + TAU) {  // (the factors scale O below, outside any branch: ptxas serialises the
-                f0 = ex2(m0 - mx0);  // wgmmas when their accumulators are written on a divergent path)
-                m0 = mx0;
-                l0 *= f0;
-            }
-            if (mx1 > m1 + TAU) {
-                f1 = ex2(m1 - mx1);
-                m1 = mx1;
-                l1 *= f1;
-            }
-#pragma unroll
-            for (int j = 0; j < WTPS; ++j) {
-                float p[8];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) p[e] = ex2(fmaf(sc[8 * j + e], e & 2 ? qk1 : qk0, -(e & 2 ? m1 : m0)));
-                l0 += (p[0] + p[1]) + (p[4] + p[5]);
-                l1 += (p[2] + p[3]) + (p[6] + p[7]);
-                pt[j][0] = pack_f16x2(p[0], p[1]);
-                pt[j][1] = pack_f16x2(p[2], p[3]);
-                pt[j][2] = pack_f16x2(p[4], p[5]);
-                pt[j][3] = pack_f16x2(p[6], p[7]);
-            }
-        }
-        // the P.V operand, defined outside the branch (ptxas serialises every wgmma of the kernel when an input
-        // register of one is written on a divergent path): zeros in a warp of padding rows
+        wg_scores(sc, o, qa, base + WK_OFF);  // (and the previous stage's P.V: waited)
         u32 pa[WTPS][4];
-#pragma unroll
-        for (int j = 0; j < WTPS; ++j)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) pa[j][x] = active ? pt[j][x] : 0u;
-
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            o[4 * k] *= f0;
-            o[4 * k + 1] *= f0;
-            o[4 * k + 2] *= f1;
-            o[4 * k + 3] *= f1;
-        }
-
-        // O += P V (in flight until the next stage's wait); P and O are defined before the fence (ptxas
-        // serialises wgmmas whose input registers are written inside their pipeline stage)
-        u64 dv[WTPS];
-#pragma unroll
-        for (int j = 0; j < WTPS; ++j) {
-            dv[j] = wg_desc(vf + j * WVF, WV_DESC_LBO, WV_DESC_SBO, 0);
-            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3]));
-        }
-        wg_keep(o);
-        wg_fence();
-#if !(WG_DBG & 2)
-#pragma unroll
-        for (int j = 0; j < WTPS; ++j) wg_pv(o, pa[j][0], pa[j][1], pa[j][2], pa[j][3], dv[j]);
-#endif
-        wg_commit();
-        wg_keep(o);
+        float f0, f1;
+        wg_softmax(sc, pa, f0, f1, st, active, tok0, t4, lim0, lim1, lim_min, qk0, qk1);
+        wg_attend(o, pa, f0, f1, vf);  // in flight until the next stage's wait
     }
     wg_wait0();
     wg_keep(o);
-
-    if (!active) return;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        const int r = e ? r1 : r0;
-        if (r >= WROWS) continue;
-        const int t = r / GQ, h = r % GQ;
-        const long long row = ((long long)b * (QL * HQW) + t * HQW + hk * GQ + h) * S + s;
-        const float l = e ? l1 : l0, m = e ? m1 : m0;
-        const float inv = l > 0.f ? 1.0f / l : 0.f;
-        float* op = MID_O + row * D + t4;
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {  // columns 8 k + 2 t4 (+ 1) hold dims 8 k + t4 (+ 4)
-            op[8 * k] = o[4 * k + 2 * e] * inv;
-            op[8 * k + 4] = o[4 * k + 2 * e + 1] * inv;
-        }
-        if (t4 == 0) MID_L[row] = l > 0.f ? m + __log2f(l) : EMPTY_LSE;
-    }
+    if (active) wg_store(o, st, r0, b, hk, s, S, t4, MID_O, MID_L);
 }
+#else
+// Warp-specialised: warpgroup 0 converts, warpgroup 1 multiplies. Warpgroup 0 (WREG_DQ registers) streams the
+// split's tiles into the ring of copies (its warp 0 issues them) and converts each stage into the next free slot
+// of a ring of WFST f16 stages (keys then values), released by warpgroup 1 (WREG_MMA registers) once the stage's
+// P.V is done. Barriers: full[WSTAGES] (the copies), kfull[WFST] (a converted stage: one arrival after the
+// converting warpgroup's named barrier), kempty[WFST] (its MMAs are done: one arrival a warp of warpgroup 1).
+extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
+    const TmaMap* __restrict__ TM, const unsigned short* __restrict__ Q,
+    const int* __restrict__ BT, const int* __restrict__ SL, float* __restrict__ MID_O, float* __restrict__ MID_L,
+    float qk_scale, int S, int min_tiles, long long q_st, long long q_sh, long long bt_sb)
+{
+    extern __shared__ __align__(1024) unsigned char wsm[];
+    const u32 sbase = smem_addr(wsm);
+    const u32 base = (sbase + 1023u) & ~1023u;
+    unsigned char* const gbase = wsm + (base - sbase);
+    const int tid = threadIdx.x, lane = tid & 31, w = (tid >> 5) & 3;
+    const int hk = blockIdx.x % HK, bs = blockIdx.x / HK, s = bs % S, b = bs / S;
+    const int seq_len = SL[b];
+    const Split sp = split_of(seq_len, S, min_tiles);
+    if (s >= sp.n_act) return;  // (the whole block)
+    const int t_begin = s * sp.tiles_per, t_end = min(t_begin + sp.tiles_per, sp.n_tiles);
+    const int nst = (t_end - t_begin + WTPS - 1) / WTPS;
+    const u32 full = base + WS_B_OFF, kfull = full + 8 * WSTAGES, kempty = kfull + 8 * WFST;
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < WSTAGES; ++i) mbar_init(full + 8 * i, 1);
+#pragma unroll
+        for (int i = 0; i < WFST; ++i) {
+            mbar_init(kfull + 8 * i, 1);
+            mbar_init(kempty + 8 * i, 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(TM) : "memory");
+    }
+    __syncthreads();
+    if (tid < 128) {  // warpgroup 0: copies and conversion
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WREG_DQ));
+        const int* bt = BT + (long long)b * bt_sb;
+        int pg_lane = 0, cache0 = -32;
+        if (w == 0)
+            for (int i = 0; i < min(WSTAGES, nst); ++i)
+                wg_produce(TM, bt, base + WS_R_OFF, full, i, t_begin, t_end, hk, lane, pg_lane, cache0);
+        const WgLane L = wg_lane(tid, (HS * hk) & 15, (u32)min_tiles >> 31);
+        for (int i = 0; i < nst; ++i) {
+            const int slot = i % WSTAGES, fs = i % WFST;
+            const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0);
+            mbar_wait(full + 8 * slot, (i / WSTAGES) & 1);
+            if (i >= WFST) mbar_wait(kempty + 8 * fs, (i / WFST - 1) & 1);  // stage i - WFST's MMAs are done
+            const unsigned char* raw = gbase + WS_R_OFF + slot * WTPS * WRAW;
+            unsigned char* f16 = gbase + fs * WS_STAGE;
+            wg_convert(f16, f16 + WTPS * WKT, raw, L, nt, 16 * T0, seq_len);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the stage is converted, its copy read
+            if (tid == 0) mbar_arrive(kfull + 8 * fs);
+            if (w == 0 && i + WSTAGES < nst)
+                wg_produce(TM, bt, base + WS_R_OFF, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WREG_MMA));
+    const int g = lane >> 2, t4 = lane & 3;
+    u32 qa[8][4];
+    float qf[2];
+    wg_load_q(qa, qf, Q, b, hk, w, g, t4, q_st, q_sh);
+    const float qk0 = qk_scale * qf[0], qk1 = qk_scale * qf[1];
+    const bool active = 16 * w < WROWS;
+    const int r0 = 16 * w + g, r1 = r0 + 8;
+    const int first_hidden = seq_len - QL + 1;
+    const int tok_end = 16 * t_end;
+    const int lim0 = r0 < WROWS ? min(first_hidden + r0 / GQ, tok_end) : 0;
+    const int lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
+    const int lim_min = min(first_hidden, tok_end);
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    WgRows st = {EMPTY_LSE, EMPTY_LSE, 0.f, 0.f};
+    for (int i = 0; i < nst; ++i) {
+        const int fs = i % WFST;
+        const u32 f16 = base + fs * WS_STAGE;
+        mbar_wait(kfull + 8 * fs, (i / WFST) & 1);
+        float sc[WN / 2];
+        wg_scores(sc, o, qa, f16);  // (and stage i - 1's P.V: its slot is free)
+        if (i > 0 && lane == 0) mbar_arrive(kempty + 8 * ((i - 1) % WFST));
+        u32 pa[WTPS][4];
+        float f0, f1;
+        wg_softmax(sc, pa, f0, f1, st, active, 16 * (t_begin + i * WTPS), t4, lim0, lim1, lim_min, qk0, qk1);
+        wg_attend(o, pa, f0, f1, f16 + WTPS * WKT);
+    }
+    wg_wait0();
+    wg_keep(o);
+    if (active) wg_store(o, st, r0, b, hk, s, S, t4, MID_O, MID_L);
+}
+#endif
