@@ -239,38 +239,43 @@ def check(vl) -> list[dict]:
 
 
 # (a0): one warp per KV head, a block per 16-row chunk, softmax_tile
-TODAY = mtp_verify.VerifyConfig(chunk_warps=1, kchain=1, softmax=0, merge_rows=0, wgmma=0)  # (and the block merge)
-TILE = mtp_verify.VerifyConfig(unpack=0, rows_per_warp=16, softmax=0)  # the shared-tile CTA: 16-row warps
-PER_WARP = mtp_verify.VerifyConfig(wgmma=0)  # (aw): the per-warp kernel everywhere (round 6's default)
+def _pw(**kw) -> mtp_verify.VerifyConfig:
+    """A per-warp kernel variant (wgmma=0: else the default routes its > 16-row cells to the warpgroup-MMA kernel)."""
+    return mtp_verify.VerifyConfig(wgmma=0, **kw)
+
+
+TODAY = _pw(chunk_warps=1, kchain=1, softmax=0, merge_rows=0)  # (and the block merge)
+TILE = _pw(unpack=0, rows_per_warp=16, softmax=0)  # the shared-tile CTA: 16-row warps
+PER_WARP = _pw()  # (aw): the per-warp kernel everywhere (round 6's default)
 PROBE = {
     "before27": TODAY,
     "tile": TILE,
-    "unpack": mtp_verify.VerifyConfig(unpack=1),  # the shared-unpack CTA where > 16 rows (its own plan)
-    "unpack_2buf": mtp_verify.VerifyConfig(unpack=1, unpack_buffers=2),  # two unpacked tiles (one barrier a tile)
-    "wide8": mtp_verify.VerifyConfig(rows_per_warp=32, softmax=0),  # wide warps, all 8 heads a block (<= 8 warps)
-    "wide4": mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=0, wgmma=0),
+    "unpack": _pw(unpack=1),  # the shared-unpack CTA where > 16 rows (its own plan)
+    "unpack_2buf": _pw(unpack=1, unpack_buffers=2),  # two unpacked tiles (one barrier a tile)
+    "wide8": _pw(rows_per_warp=32, softmax=0),  # wide warps, all 8 heads a block (<= 8 warps)
+    "wide4": _pw(rows_per_warp=32, heads_per_block=4, softmax=0),
     "pw": PER_WARP,
-    "default": mtp_verify.DEFAULT,  # the shipped build (softmax_tile_mma at > 16 rows)
-    "smx0": mtp_verify.VerifyConfig(softmax=0),  # decode_k8v4.cu's softmax_tile
-    "smx1": mtp_verify.VerifyConfig(softmax=1),  # softmax_tile_mma: one FFMA a score, l / z by one MMA an n-tile
-    "smx2": mtp_verify.VerifyConfig(softmax=2),  # the same with ex2.approx.f16x2
-    "st5": mtp_verify.VerifyConfig(softmax=0, stages=5),  # 4 tiles in flight instead of 2
-    "smx1_st5": mtp_verify.VerifyConfig(softmax=1, stages=5),
-    "wide4_s1": mtp_verify.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=1),
+    "default": mtp_verify.DEFAULT,  # the shipped build (the warp-specialised wgmma kernel at > 16 rows)
+    "smx0": _pw(softmax=0),  # decode_k8v4.cu's softmax_tile
+    "smx1": _pw(softmax=1),  # softmax_tile_mma: one FFMA a score, l / z by one MMA an n-tile
+    "smx2": _pw(softmax=2),  # the same with ex2.approx.f16x2
+    "st5": _pw(softmax=0, stages=5),  # 4 tiles in flight instead of 2
+    "smx1_st5": _pw(softmax=1, stages=5),
+    "wide4_s1": _pw(rows_per_warp=32, heads_per_block=4, softmax=1),
     # the warp-specialised pair (17..32 rows): a score warp and a P.V warp per KV head, sm_90a
-    "ws": mtp_verify.VerifyConfig(ws=1),
-    "ws_st3": mtp_verify.VerifyConfig(ws=1, ws_stages=3),
-    "ws_st6": mtp_verify.VerifyConfig(ws=1, ws_stages=6),
-    "ws8": mtp_verify.VerifyConfig(ws=1, heads_per_block=8),
-    "ws_r96": mtp_verify.VerifyConfig(ws=1, ws_regs=(96, 160)),  # (the P.V warps spill 96 bytes under NVRTC 13.5)
-    "ws_r104": mtp_verify.VerifyConfig(ws=1, ws_regs=(104, 152)),  # (112 bytes)
+    "ws": _pw(ws=1),
+    "ws_st3": _pw(ws=1, ws_stages=3),
+    "ws_st6": _pw(ws=1, ws_stages=6),
+    "ws8": _pw(ws=1, heads_per_block=8),
+    "ws_r96": _pw(ws=1, ws_regs=(96, 160)),  # (the P.V warps spill 96 bytes under NVRTC 13.5)
+    "ws_r104": _pw(ws=1, ws_regs=(104, 152)),  # (112 bytes)
     # the ring's depth and the bytes a block copies per token row (4 or all 8 KV heads a block)
-    "st6": mtp_verify.VerifyConfig(stages=6),  # 5 tiles in flight, 2 blocks per SM
-    "w8": mtp_verify.VerifyConfig(wide_heads=8),  # whole token rows, 1 block of 8 warps per SM
-    "w8_st5": mtp_verify.VerifyConfig(wide_heads=8, stages=5),
-    "w8_st6": mtp_verify.VerifyConfig(wide_heads=8, stages=6),
+    "st6": _pw(stages=6),  # 5 tiles in flight, 2 blocks per SM
+    "w8": _pw(wide_heads=8),  # whole token rows, 1 block of 8 warps per SM
+    "w8_st5": _pw(wide_heads=8, stages=5),
+    "w8_st6": _pw(wide_heads=8, stages=6),
     # the warp-per-row merge (the default) against the block-per-row merge
-    "merge_block": mtp_verify.VerifyConfig(merge_rows=0),
+    "merge_block": _pw(merge_rows=0),
     # the one-warpgroup MMA kernel (verify_wgmma.cu's tq_k8v4_verify_wg): tiles a stage x stages, blocks per SM
     "wg_t4": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(f16_stages=0)),  # 4 x 3, 2 blocks per SM
     "wg": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 3, f16_stages=0)),  # 2 x 4, 3 blocks per SM
@@ -290,7 +295,7 @@ for _d in (1, 2, 3, 4, 7):
 # the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the
 # math), which keeps them apart from the full builds in mtp_verify's plan cache.
 RING_TAU = 7.75
-for _n in ("default", "st6", "w8", "w8_st6"):
+for _n in ("pw", "st6", "w8", "w8_st6"):  # (the per-warp kernel's RING_ONLY)
     PROBE["ring_" + _n] = dataclasses.replace(PROBE[_n], tau=RING_TAU)
 
 

@@ -27,6 +27,12 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
+def PW(**kw):
+    """A variant of the per-warp kernel (verify_k8v4.cu): wgmma=0, else the default routes 17..64 rows per KV head
+    to the warpgroup-MMA kernel and the variant would go untested."""
+    return mv.VerifyConfig(wgmma=0, **kw)
+
+
 def _case(d, hk, g, k, page, lens, qdtype=torch.bfloat16, seed=0, extra_pages=3, max_len=None):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     b = len(lens)
@@ -108,15 +114,15 @@ def _precompiled():
                for d, hk, g, k, page, dt in OTHER]
     shapes += [(32, 8, 128, 16, 8 * 196, True, 4), (64, 8, 128, 16, 8 * 196, True, 2),
                (64, 8, 128, 16, 8 * 196, True, 6), (32, 8, 128, 32, 8 * 196, True, 3),
-               (32, 8, 128, 16, 8 * 196, True, 4, mv.VerifyConfig(qsmem=0))]
+               (32, 8, 128, 16, 8 * 196, True, 4, PW(qsmem=0))]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in ((8, 3), (4, 5), (8, 7), (6, 5))
                for cfg in list(PLANS.values()) + list(UNPACK_PLANS.values())]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, TWO_CHAINS) for g, k in ((4, 3), (8, 7))]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in WIDE_SHAPES for cfg in WIDE.values()]
-    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(softmax=x)) for g, k in SOFTMAX_SHAPES
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, PW(softmax=x)) for g, k in SOFTMAX_SHAPES
                for x in (0, 1, 2)]
-    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, mv.VerifyConfig(rows_per_warp=32, heads_per_block=4,
-                                                                          softmax=1)) for g, k in ((8, 3),)]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, PW(rows_per_warp=32, heads_per_block=4, softmax=1))
+               for g, k in ((8, 3),)]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, c) for g, k in WS_SHAPES
                for cfg in WS.values() for c in (cfg, _per_warp(cfg), dataclasses.replace(cfg, max_splits=128))]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in WG_SHAPES for cfg in WG.values()]
@@ -129,20 +135,20 @@ def _cuda_backend(monkeypatch):
 
 
 PLANS = {  # 16-row warps, per-warp unpacking; at most 8 splits for all
-    "one warp per head, a block per chunk": mv.VerifyConfig(chunk_warps=1, max_splits=8),
-    "shared tile, 4 heads per block": mv.VerifyConfig(rows_per_warp=16, heads_per_block=4, max_splits=8),
-    "shared tile, 2 chunk warps": mv.VerifyConfig(rows_per_warp=16, chunk_warps=2, max_splits=8),
-    "shared tile, 2 heads, 4 stages": mv.VerifyConfig(rows_per_warp=16, heads_per_block=2, stages=4, max_splits=8),
+    "one warp per head, a block per chunk": PW(chunk_warps=1, max_splits=8),
+    "shared tile, 4 heads per block": PW(rows_per_warp=16, heads_per_block=4, max_splits=8),
+    "shared tile, 2 chunk warps": PW(rows_per_warp=16, chunk_warps=2, max_splits=8),
+    "shared tile, 2 heads, 4 stages": PW(rows_per_warp=16, heads_per_block=2, stages=4, max_splits=8),
 }
 UNPACK_PLANS = {  # the shared-unpack CTA (unpack=1: measured slower, not the default), at most 8 splits
-    "shared unpack, its plan": mv.VerifyConfig(unpack=1, max_splits=8),
-    "shared unpack, 8 heads, one unpacked tile": mv.VerifyConfig(unpack=1, heads_per_block=8, unpack_buffers=1,
-                                                                 max_splits=8),
-    "shared unpack, 2 chunk warps, two unpacked tiles": mv.VerifyConfig(unpack=1, chunk_warps=2, unpack_buffers=2,
-                                                                        max_splits=8),
-    "shared unpack, 4 stages": mv.VerifyConfig(unpack=1, stages=4, max_splits=8),
+    "shared unpack, its plan": PW(unpack=1, max_splits=8),
+    "shared unpack, 8 heads, one unpacked tile": PW(unpack=1, heads_per_block=8, unpack_buffers=1,
+                                                    max_splits=8),
+    "shared unpack, 2 chunk warps, two unpacked tiles": PW(unpack=1, chunk_warps=2, unpack_buffers=2,
+                                                           max_splits=8),
+    "shared unpack, 4 stages": PW(unpack=1, stages=4, max_splits=8),
 }
-TWO_CHAINS = mv.VerifyConfig(kchain=2, rows_per_warp=16)  # two score accumulator chains per n-tile (a variant)
+TWO_CHAINS = PW(kchain=2, rows_per_warp=16)  # two score accumulator chains per n-tile (a variant)
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 7])
@@ -178,7 +184,7 @@ def test_verify_other_shapes(d, hk, g, k, page, qdtype):
 def test_q_fragments_in_registers_or_shared_memory(qsmem):
     lens = [3000, 45, 1]
     q, cache, bt, sl = _case(128, 8, 4, 3, 16, lens, seed=31)
-    out = _verify(q, cache, bt, sl, 0.088, 3, config=mv.VerifyConfig(qsmem=qsmem))
+    out = _verify(q, cache, bt, sl, 0.088, 3, config=PW(qsmem=qsmem))
     assert not out.isnan().any()
     assert _rel(out, _ref(q, cache, bt, sl, 0.088, 3)) < 1e-2
 
@@ -223,8 +229,8 @@ def _splits(q, cache, k, cfg, b):
 
 WIDE = {  # wide warps: up to 32 query rows a warp (3-4 n-tiles on one tile unpacked in registers; the default
     # at 17..32 and 64 rows per KV head)
-    "wide warps": mv.VerifyConfig(rows_per_warp=32),
-    "wide warps, 4 heads a block": mv.VerifyConfig(rows_per_warp=32, heads_per_block=4),
+    "wide warps": PW(rows_per_warp=32),
+    "wide warps, 4 heads a block": PW(rows_per_warp=32, heads_per_block=4),
 }
 WIDE_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5)]
 
@@ -258,8 +264,8 @@ def test_softmax_paths_match_float64(g, k, smx):
     lens = [4100, 37, 5, k + 1, 1000, 16, 9000]
     q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=50 + 3 * g + k)
     ref = _ref(q, cache, bt, sl, 0.088, k)
-    base = _rel(_verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=mv.VerifyConfig(softmax=0)), ref)
-    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=mv.VerifyConfig(softmax=smx))
+    base = _rel(_verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=PW(softmax=0)), ref)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=PW(softmax=smx))
     assert not out.isnan().any()
     err = _rel(out, ref)
     print(f"G={g} K={k} softmax={smx}: rel err {err:.3e} (softmax_tile {base:.3e})")
@@ -292,7 +298,7 @@ def _graph_replay_with_new_lengths(cfg, g: int, k: int, seed: int, fill_seed: in
 
 @pytest.mark.parametrize("smx", [0, 1])
 def test_wide_warps_graph_replay_with_new_lengths(smx):
-    _graph_replay_with_new_lengths(mv.VerifyConfig(rows_per_warp=32, heads_per_block=4, softmax=smx), 8, 3, 6, 11)
+    _graph_replay_with_new_lengths(PW(rows_per_warp=32, heads_per_block=4, softmax=smx), 8, 3, 6, 11)
 
 
 @pytest.mark.parametrize("g,k", [(4, 3), (8, 7)])
@@ -364,10 +370,10 @@ def test_capture_without_prepare_records_synthetic_rows_and_prepare_avoids_it(mo
 # caller's cap and the config's), so that the per-warp kernel it is compared with gets the same split count (a
 # different number of blocks per SM gives another one: 6 stages leave one block per SM)
 WS = {
-    "ws": mv.VerifyConfig(ws=1, max_splits=4),
-    "ws, 8 heads a block": mv.VerifyConfig(ws=1, heads_per_block=8, max_splits=4),
-    "ws, 3 stages": mv.VerifyConfig(ws=1, ws_stages=3, max_splits=4),
-    "ws, 6 stages": mv.VerifyConfig(ws=1, ws_stages=6, max_splits=4),
+    "ws": PW(ws=1, max_splits=4),
+    "ws, 8 heads a block": PW(ws=1, heads_per_block=8, max_splits=4),
+    "ws, 3 stages": PW(ws=1, ws_stages=3, max_splits=4),
+    "ws, 6 stages": PW(ws=1, ws_stages=6, max_splits=4),
 }
 WS_SHAPES = [(8, 3), (4, 5), (4, 7), (6, 3)]
 
