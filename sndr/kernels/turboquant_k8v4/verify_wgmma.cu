@@ -109,6 +109,11 @@ static __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo, u32 la
     return (u64)((addr >> 4) & 0x3FFFu) | ((u64)((lbo >> 4) & 0x3FFFu) << 16) | ((u64)((sbo >> 4) & 0x3FFFu) << 32)
            | ((u64)layout << 62);
 }
+// The descriptor of the operand `bytes` further on (16-byte aligned): its address field plus bytes / 16, on the low
+// word alone (shared addresses stay below 2^18 bytes: no carry out of the 14-bit field), one add.
+static __device__ __forceinline__ u64 wg_desc_at(u64 d, u32 bytes) {
+    return ((d >> 32) << 32) | (u32)((u32)d + (bytes >> 4));
+}
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
@@ -385,12 +390,23 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
                 if (tok >= (k & 2 ? lim1 : lim0)) sc[k] = NEG_INF;
             }
         }
-        float mx0 = NEG_INF, mx1 = NEG_INF;
+        float r0[WN / 4], r1[WN / 4];  // the two rows' scores (k & 2: row g + 8), maxima by a tree (a short chain)
 #pragma unroll
-        for (int k = 0; k < WN / 2; ++k) {
-            if (k & 2) mx1 = fmaxf(mx1, sc[k]);
-            else mx0 = fmaxf(mx0, sc[k]);
+        for (int i = 0; i < WN / 4; ++i) {
+            r0[i] = sc[4 * (i >> 1) + (i & 1)];
+            r1[i] = sc[4 * (i >> 1) + (i & 1) + 2];
         }
+#define WG_HALVE(H)                                                                                               \
+    _Pragma("unroll") for (int i = 0; i < (H); ++i) {                                                             \
+        r0[i] = fmaxf(r0[i], r0[i + (H)]);                                                                        \
+        r1[i] = fmaxf(r1[i], r1[i + (H)]);                                                                        \
+    }
+        WG_HALVE(WN / 8)  // (constant trip counts, 0 where WN is smaller: the arrays stay in registers)
+        WG_HALVE(WN / 16)
+        WG_HALVE(WN / 32)
+        WG_HALVE(WN / 64)
+#undef WG_HALVE
+        float mx0 = r0[0], mx1 = r1[0];
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * qk0;
@@ -440,10 +456,11 @@ static __device__ __forceinline__ void wg_attend(float (&o)[64], u32 (&pa)[WTPS]
         o[4 * k + 2] *= f1;
         o[4 * k + 3] *= f1;
     }
+    const u64 dv0 = wg_desc(vb, WV_DESC_LBO, WV_DESC_SBO, 0);
     u64 dv[WTPS];
 #pragma unroll
     for (int j = 0; j < WTPS; ++j) {
-        dv[j] = wg_desc(vb + j * WVF, WV_DESC_LBO, WV_DESC_SBO, 0);
+        dv[j] = wg_desc_at(dv0, j * WVF);
         asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3]));
     }
     wg_keep(o);
@@ -469,9 +486,10 @@ static __device__ __forceinline__ void wg_scores(float (&sc)[WN / 2], float (&o)
     for (int k = 0; k < WN / 2; ++k) sc[k] = (float)(k & 3);
 #else
     // k16 step j: dims 64 (j / 4) + 16 (j % 4) + 0..15 (column block j / 4, 32 bytes a step within its rows)
-    wg_score<0>(sc, qa[0], wg_desc(kb, 16, 1024, 1));
+    const u64 d0 = wg_desc(kb, 16, 1024, 1);
+    wg_score<0>(sc, qa[0], d0);
 #pragma unroll
-    for (int j = 1; j < 8; ++j) wg_score<1>(sc, qa[j], wg_desc(kb + (j >> 2) * (WN * 128) + 32 * (j & 3), 16, 1024, 1));
+    for (int j = 1; j < 8; ++j) wg_score<1>(sc, qa[j], wg_desc_at(d0, (j >> 2) * (WN * 128) + 32 * (j & 3)));
 #endif
     wg_commit();
     wg_keep(sc);
