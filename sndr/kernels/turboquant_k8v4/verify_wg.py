@@ -1,7 +1,8 @@
-"""The warpgroup-MMA verify kernel (``verify_wgmma.cu``, sm_90a): one warpgroup per (request, split, KV head)
-streams the head's tiles with TMA tensor copies, converts each tile's keys and values once into f16 wgmma
-operands, and scores all ``QL * G <= 64`` query rows of the KV head in one m64 tile. The splits are merged by
-``decode_k8v4.cu``'s merges, as for ``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
+"""The warpgroup-MMA verify kernels (``verify_wgmma.cu``, sm_90a): a block per (request, split, KV head) streams
+the head's tiles with TMA tensor copies, converts each tile's keys and values once into f16 wgmma operands, and
+scores all ``QL * G <= 64`` query rows of the KV head in one m64 tile; by default (``WgConfig.f16_stages``) one
+warpgroup converts while another runs the MMAs and the softmax. The splits are merged by ``decode_k8v4.cu``'s
+merges, as for ``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
 """
 
 from __future__ import annotations

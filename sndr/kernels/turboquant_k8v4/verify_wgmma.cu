@@ -5,7 +5,12 @@
 // (mbarriers, split_of, ex2, the fp16 packers) and whose merges (tq_k8v4_merge_rows / tq_k8v4_merge) combine
 // the splits written here, in the same partial layout as verify_k8v4.cu.
 //
-// A block is one warpgroup (4 warps) for one (request b, split s, KV head hk).
+// Two kernels, one per build (WFST): a block serves one (request b, split s, KV head hk).
+// * tq_k8v4_verify_ws (WFST >= 2, the default): two warpgroups. Warpgroup 0 streams and converts (the copies and
+//   the conversion below) into a ring of WFST f16 stages; warpgroup 1 runs the scores, the softmax and the P.V on
+//   them (see the kernel). Shipped from 17 rows per KV head: docs/bench-mtp-verify-h200.md, round 8.
+// * tq_k8v4_verify_wg (WFST = 0): one warpgroup does all of it, stage by stage (round 7). The rest of this
+//   comment describes it; the specialised kernel splits the same steps between its warpgroups.
 //
 // * Warp 0 (lane 0) streams the split's 16-token tiles with one TMA tensor copy each, from a
 //   3-D tensor map over the cache ([row bytes, page tokens, blocks]): 208 bytes of each token row from HS * hk
@@ -13,9 +18,9 @@
 //   head's slot at byte `off` = (HS * hk) % 16 of each 208-byte row. A stage holds WTPS tiles (N = 16 WTPS
 //   tokens); a ring of WSTAGES stages with full mbarriers; a stage is refilled (stage i + WSTAGES) right after
 //   the block barrier that ends its unpacking, so no empty barriers and no producer warp.
-// * The consumer warpgroup converts each tile's keys (e4m3 -> f16, exact) into the 128-byte-swizzled K-major
-//   layout of wgmma's B operand (the layout TMA's 128-byte swizzle writes: two blocks of 64 dims), and unpacks
-//   its values (below): the stage's copy is free after that.
+// * The warpgroup converts each tile's keys (e4m3 -> f16, exact) into the 128-byte-swizzled K-major layout of
+//   wgmma's B operand (the layout TMA's 128-byte swizzle writes: two blocks of 64 dims), and unpacks its values
+//   (below): the stage's copy is free after that (WgLane, wg_load, wg_keys, wg_values).
 // * Scores: S = Q K^T, M = 64 query rows (row r = t * GQ + h: token t, head h of the group; rows past
 //   QL * GQ are zeros), N = the stage's tokens, K = 128 dims, as f16 wgmmas m64nNk16 with fp32 accumulators.
 //   The query is the A operand in registers, f16, each row times its own power of two 2^e (its largest |x| 2^e
@@ -23,7 +28,7 @@
 //   its qk_scale. (Measured and dropped: fp8 wgmmas on the raw keys with the query as two exact e4m3 terms, the
 //   same tensor time, no key conversion, but the fp8 accumulation lost precision at large logits:
 //   docs/bench-mtp-verify-h200.md.)
-// * Values: the consumer warpgroup unpacks the stage's codes once into f16 values (code * scale + zero, one
+// * Values: the warpgroup unpacks the stage's codes once into f16 values (code * scale + zero, one
 //   fused rounding) in shared memory, the MN-major no-swizzle operand layout of wgmma (8 dims x 8 tokens
 //   core matrices); tokens past the split's end or seq_len are written as zeros (stale bytes never reach an
 //   MMA). Within each group of 8 dims the columns are stored as dims 0 4 1 5 2 6 3 7 (the unpack's natural
@@ -41,7 +46,7 @@
 // Macros: QL, GQ, HK (KV heads), HS (bytes between two KV heads' slots), D (128 only), PAGE, QBF16,
 // WTPS (tiles per stage: 1, 2 or 4), WSTAGES (ring depth), WMINB (blocks per SM for the register budget),
 // TAU; WV_LBO / WV_SBO: the value operand's descriptor strides (bytes) for its 8-token / 8-dim core-matrix
-// steps.
+// steps; WFST, WREG_DQ, WREG_MMA: the specialised kernel's f16 stages and its warpgroups' registers.
 
 #ifndef WTPS
 #define WTPS 4
