@@ -376,23 +376,69 @@ struct WgRows {
     float m0, m1, l0, l1;
 };
 
+// A block's request b, split s and KV head hk (blockIdx.x = (b * S + s) * HK + hk), and its split's tiles
+// [t_begin, t_end) in nst stages; live = false: the split holds no tile (the whole block returns).
+struct WgBlock {
+    int hk, s, b, seq_len, t_begin, t_end, nst;
+    bool live;
+};
+static __device__ __forceinline__ WgBlock wg_block(const int* __restrict__ SL, int S, int min_tiles)
+{
+    WgBlock k;
+    k.hk = blockIdx.x % HK;
+    const int bs = blockIdx.x / HK;
+    k.s = bs % S;
+    k.b = bs / S;
+    k.seq_len = SL[k.b];
+    const Split sp = split_of(k.seq_len, S, min_tiles);
+    k.live = k.s < sp.n_act;
+    k.t_begin = k.s * sp.tiles_per;
+    k.t_end = min(k.t_begin + sp.tiles_per, sp.n_tiles);
+    k.nst = (k.t_end - k.t_begin + WTPS - 1) / WTPS;
+    return k;
+}
+
+// The MMA warpgroup's rows of warp w (16 w + g and + 8): the query as the score wgmma's A operand (wg_load_q), the
+// rows' log2 units per raw score, and the causal / split limits: row t sees tokens [0, seq_len - QL + 1 + t) and
+// none past the split; stages reaching past lim_min are masked.
+struct WgQuery {
+    u32 qa[8][4];
+    float qk0, qk1;
+    bool active;  // (warp-uniform) rows of this warp are real query rows
+    int r0, lim0, lim1, lim_min;
+};
+static __device__ __forceinline__ void wg_query(WgQuery& R, const unsigned short* __restrict__ Q, const WgBlock& k,
+                                                int w, int lane, float qk_scale, long long q_st, long long q_sh)
+{
+    const int g = lane >> 2, t4 = lane & 3;
+    float qf[2];
+    wg_load_q(R.qa, qf, Q, k.b, k.hk, w, g, t4, q_st, q_sh);
+    R.qk0 = qk_scale * qf[0];
+    R.qk1 = qk_scale * qf[1];
+    R.active = 16 * w < WROWS;
+    R.r0 = 16 * w + g;
+    const int r1 = R.r0 + 8, first_hidden = k.seq_len - QL + 1, tok_end = 16 * k.t_end;
+    R.lim0 = R.r0 < WROWS ? min(first_hidden + R.r0 / GQ, tok_end) : 0;
+    R.lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
+    R.lim_min = min(first_hidden, tok_end);
+}
+
 // The softmax of one stage's scores sc (rows g, g + 8 of warp w; tokens from tok0): P as the P.V wgmma's A
 // operand pa (zeros in a warp of padding rows), the rows' state updated, and f0 / f1 the factors O must be scaled
 // by (1: no rescale). Lazy running max: raised, with a rescale, only when a score exceeds it by TAU. A row sees
-// tokens below its limit (lim0 / lim1); only stages reaching past lim_min are masked.
+// tokens below its limit (R.lim0 / R.lim1); only stages reaching past R.lim_min are masked.
 static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)[WTPS][4], float& f0, float& f1,
-                                                  WgRows& st, bool active, int tok0, int t4, int lim0, int lim1,
-                                                  int lim_min, float qk0, float qk1)
+                                                  WgRows& st, const WgQuery& R, int tok0, int t4)
 {
     u32 pt[WTPS][4];
     f0 = 1.f;
     f1 = 1.f;
-    if (active) {
-        if (tok0 + WN > lim_min) {
+    if (R.active) {
+        if (tok0 + WN > R.lim_min) {
 #pragma unroll
             for (int k = 0; k < WN / 2; ++k) {
                 const int tok = tok0 + 8 * (k >> 2) + 2 * t4 + (k & 1);
-                if (tok >= (k & 2 ? lim1 : lim0)) sc[k] = NEG_INF;
+                if (tok >= (k & 2 ? R.lim1 : R.lim0)) sc[k] = NEG_INF;
             }
         }
         float r0[WN / 4], r1[WN / 4];  // the two rows' scores (k & 2: row g + 8), maxima by a tree (a short chain)
@@ -414,8 +460,8 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
         float mx0 = r0[0], mx1 = r1[0];
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * qk0;
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * qk1;
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * R.qk0;
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * R.qk1;
         if (mx0 > st.m0 + TAU) {  // (the factors scale O outside any branch: ptxas serialises the wgmmas when
             f0 = ex2(st.m0 - mx0);  // their accumulators are written on a divergent path)
             st.m0 = mx0;
@@ -431,7 +477,7 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
             float p[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e)
-                p[e] = ex2(fmaf(sc[8 * j + e], e & 2 ? qk1 : qk0, -(e & 2 ? st.m1 : st.m0)));
+                p[e] = ex2(fmaf(sc[8 * j + e], e & 2 ? R.qk1 : R.qk0, -(e & 2 ? st.m1 : st.m0)));
             st.l0 += (p[0] + p[1]) + (p[4] + p[5]);
             st.l1 += (p[2] + p[3]) + (p[6] + p[7]);
             pt[j][0] = pack_f16x2(p[0], p[1]);
@@ -445,7 +491,7 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
 #pragma unroll
     for (int j = 0; j < WTPS; ++j)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) pa[j][x] = active ? pt[j][x] : 0u;
+        for (int x = 0; x < 4; ++x) pa[j][x] = R.active ? pt[j][x] : 0u;
 }
 
 // O *= the rows' factors, then O += P V (vb: the stage's f16 values), left in flight (committed, not waited). P
@@ -541,14 +587,10 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     const u32 base = (sbase + 1023u) & ~1023u;
     unsigned char* const gbase = wsm + (base - sbase);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int hk = blockIdx.x % HK, bs = blockIdx.x / HK, s = bs % S, b = bs / S;
-    const int seq_len = SL[b];
-    const Split sp = split_of(seq_len, S, min_tiles);
-    if (s >= sp.n_act) return;  // (the whole block)
-    const int t_begin = s * sp.tiles_per, t_end = min(t_begin + sp.tiles_per, sp.n_tiles);
-    const int nst = (t_end - t_begin + WTPS - 1) / WTPS;
+    const WgBlock k = wg_block(SL, S, min_tiles);
+    if (!k.live) return;  // (the whole block)
     const u32 full = base + WB_OFF;
-    const int* bt = BT + (long long)b * bt_sb;
+    const int* bt = BT + (long long)k.b * bt_sb;
     int pg_lane = 0, cache0 = -32;  // warp 0's window of block-table entries (wg_produce)
     if (tid == 0) {
 #pragma unroll
@@ -559,51 +601,42 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     }
     __syncthreads();
     if (w == 0)  // the ring's first WSTAGES stages
-        for (int i = 0; i < min(WSTAGES, nst); ++i) wg_produce(TM, bt, base + WR_OFF, full, i, t_begin, t_end, hk, lane,
-                                                              pg_lane, cache0);
+        for (int i = 0; i < min(WSTAGES, k.nst); ++i)
+            wg_produce(TM, bt, base + WR_OFF, full, i, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
 
     // the warpgroup's rows, operands and state
-    const int g = lane >> 2, t4 = lane & 3;
-    u32 qa[8][4];
-    float qf[2];
-    wg_load_q(qa, qf, Q, b, hk, w, g, t4, q_st, q_sh);
-    const float qk0 = qk_scale * qf[0], qk1 = qk_scale * qf[1];  // rows g, g + 8: log2 units per raw score
-    const bool active = 16 * w < WROWS;  // (warp-uniform) rows of this warp are real query rows
-    const int r0 = 16 * w + g, r1 = r0 + 8;
-    const int first_hidden = seq_len - QL + 1;      // row t sees tokens [0, first_hidden + t)
-    const int tok_end = 16 * t_end;                 // and none past the split
-    const int lim0 = r0 < WROWS ? min(first_hidden + r0 / GQ, tok_end) : 0;
-    const int lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
-    const int lim_min = min(first_hidden, tok_end);  // stages reaching past it are masked
-    const WgLane L = wg_lane(tid, (HS * hk) & 15, (u32)min_tiles >> 31);  // (the head's slot in a 208-byte row)
+    const int t4 = lane & 3;
+    WgQuery R;
+    wg_query(R, Q, k, w, lane, qk_scale, q_st, q_sh);
+    const WgLane L = wg_lane(tid, (HS * k.hk) & 15, (u32)min_tiles >> 31);  // (the head's slot in a 208-byte row)
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     WgRows st = {EMPTY_LSE, EMPTY_LSE, 0.f, 0.f};
-    for (int i = 0; i < nst; ++i) {
+    for (int i = 0; i < k.nst; ++i) {
         const int slot = i % WSTAGES;
-        const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0), tok0 = 16 * T0;
+        const int T0 = k.t_begin + i * WTPS, nt = min(WTPS, k.t_end - T0), tok0 = 16 * T0;
         mbar_wait(full + 8 * slot, (i / WSTAGES) & 1);
         const unsigned char* raw = gbase + WR_OFF + slot * WTPS * WRAW;  // the stage's copy
         // the stage's keys (the score wgmmas of stage i - 1 are done: waited there) and its values into buffer
         // i & 1 (the P.V of stage i - 2 read it, done: waited at i - 1)
         const u32 vf = base + WF_OFF + (i & 1) * WTPS * WVF;
-        wg_convert(gbase + WK_OFF, gbase + (vf - base), raw, L, nt, tok0, seq_len);
+        wg_convert(gbase + WK_OFF, gbase + (vf - base), raw, L, nt, tok0, k.seq_len);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();  // the operands are written, the stage's copy is read: refilled with stage i + WSTAGES
-        if (w == 0 && i + WSTAGES < nst)
-            wg_produce(TM, bt, base + WR_OFF, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
+        if (w == 0 && i + WSTAGES < k.nst)
+            wg_produce(TM, bt, base + WR_OFF, full, i + WSTAGES, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
 
         float sc[WN / 2];
-        wg_scores(sc, o, qa, base + WK_OFF);  // (and the previous stage's P.V: waited)
+        wg_scores(sc, o, R.qa, base + WK_OFF);  // (and the previous stage's P.V: waited)
         u32 pa[WTPS][4];
         float f0, f1;
-        wg_softmax(sc, pa, f0, f1, st, active, tok0, t4, lim0, lim1, lim_min, qk0, qk1);
+        wg_softmax(sc, pa, f0, f1, st, R, tok0, t4);
         wg_attend(o, pa, f0, f1, vf);  // in flight until the next stage's wait
     }
     wg_wait0();
     wg_keep(o);
-    if (active) wg_store(o, st, r0, b, hk, s, S, t4, MID_O, MID_L);
+    if (R.active) wg_store(o, st, R.r0, k.b, k.hk, k.s, S, t4, MID_O, MID_L);
 }
 #else
 // Warp-specialised: warpgroup 0 converts, warpgroup 1 multiplies. Warpgroup 0 (WREG_DQ registers) streams the
@@ -621,12 +654,8 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
     const u32 base = (sbase + 1023u) & ~1023u;
     unsigned char* const gbase = wsm + (base - sbase);
     const int tid = threadIdx.x, lane = tid & 31, w = (tid >> 5) & 3;
-    const int hk = blockIdx.x % HK, bs = blockIdx.x / HK, s = bs % S, b = bs / S;
-    const int seq_len = SL[b];
-    const Split sp = split_of(seq_len, S, min_tiles);
-    if (s >= sp.n_act) return;  // (the whole block)
-    const int t_begin = s * sp.tiles_per, t_end = min(t_begin + sp.tiles_per, sp.n_tiles);
-    const int nst = (t_end - t_begin + WTPS - 1) / WTPS;
+    const WgBlock k = wg_block(SL, S, min_tiles);
+    if (!k.live) return;  // (the whole block)
     const u32 full = base + WS_B_OFF, kfull = full + 8 * WSTAGES, kempty = kfull + 8 * WFST;
     if (tid == 0) {
 #pragma unroll
@@ -642,59 +671,51 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
     __syncthreads();
     if (tid < 128) {  // warpgroup 0: copies and conversion
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WREG_DQ));
-        const int* bt = BT + (long long)b * bt_sb;
+        const int* bt = BT + (long long)k.b * bt_sb;
         int pg_lane = 0, cache0 = -32;
         if (w == 0)
-            for (int i = 0; i < min(WSTAGES, nst); ++i)
-                wg_produce(TM, bt, base + WS_R_OFF, full, i, t_begin, t_end, hk, lane, pg_lane, cache0);
-        const WgLane L = wg_lane(tid, (HS * hk) & 15, (u32)min_tiles >> 31);
-        for (int i = 0; i < nst; ++i) {
+            for (int i = 0; i < min(WSTAGES, k.nst); ++i)
+                wg_produce(TM, bt, base + WS_R_OFF, full, i, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
+        const WgLane L = wg_lane(tid, (HS * k.hk) & 15, (u32)min_tiles >> 31);
+        for (int i = 0; i < k.nst; ++i) {
             const int slot = i % WSTAGES, fs = i % WFST;
-            const int T0 = t_begin + i * WTPS, nt = min(WTPS, t_end - T0);
+            const int T0 = k.t_begin + i * WTPS, nt = min(WTPS, k.t_end - T0);
             mbar_wait(full + 8 * slot, (i / WSTAGES) & 1);
             if (i >= WFST) mbar_wait(kempty + 8 * fs, (i / WFST - 1) & 1);  // stage i - WFST's MMAs are done
             const unsigned char* raw = gbase + WS_R_OFF + slot * WTPS * WRAW;
             unsigned char* f16 = gbase + fs * WS_STAGE;
-            wg_convert(f16, f16 + WTPS * WKT, raw, L, nt, 16 * T0, seq_len);
+            wg_convert(f16, f16 + WTPS * WKT, raw, L, nt, 16 * T0, k.seq_len);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the stage is converted, its copy read
             if (tid == 0) mbar_arrive(kfull + 8 * fs);
-            if (w == 0 && i + WSTAGES < nst)
-                wg_produce(TM, bt, base + WS_R_OFF, full, i + WSTAGES, t_begin, t_end, hk, lane, pg_lane, cache0);
+            if (w == 0 && i + WSTAGES < k.nst)
+                wg_produce(TM, bt, base + WS_R_OFF, full, i + WSTAGES, k.t_begin, k.t_end, k.hk, lane, pg_lane,
+                           cache0);
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WREG_MMA));
-    const int g = lane >> 2, t4 = lane & 3;
-    u32 qa[8][4];
-    float qf[2];
-    wg_load_q(qa, qf, Q, b, hk, w, g, t4, q_st, q_sh);
-    const float qk0 = qk_scale * qf[0], qk1 = qk_scale * qf[1];
-    const bool active = 16 * w < WROWS;
-    const int r0 = 16 * w + g, r1 = r0 + 8;
-    const int first_hidden = seq_len - QL + 1;
-    const int tok_end = 16 * t_end;
-    const int lim0 = r0 < WROWS ? min(first_hidden + r0 / GQ, tok_end) : 0;
-    const int lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
-    const int lim_min = min(first_hidden, tok_end);
+    const int t4 = lane & 3;
+    WgQuery R;
+    wg_query(R, Q, k, w, lane, qk_scale, q_st, q_sh);
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     WgRows st = {EMPTY_LSE, EMPTY_LSE, 0.f, 0.f};
-    for (int i = 0; i < nst; ++i) {
+    for (int i = 0; i < k.nst; ++i) {
         const int fs = i % WFST;
         const u32 f16 = base + fs * WS_STAGE;
         mbar_wait(kfull + 8 * fs, (i / WFST) & 1);
         float sc[WN / 2];
-        wg_scores(sc, o, qa, f16);  // (and stage i - 1's P.V: its slot is free)
+        wg_scores(sc, o, R.qa, f16);  // (and stage i - 1's P.V: its slot is free)
         if (i > 0 && lane == 0) mbar_arrive(kempty + 8 * ((i - 1) % WFST));
         u32 pa[WTPS][4];
         float f0, f1;
-        wg_softmax(sc, pa, f0, f1, st, active, 16 * (t_begin + i * WTPS), t4, lim0, lim1, lim_min, qk0, qk1);
+        wg_softmax(sc, pa, f0, f1, st, R, 16 * (k.t_begin + i * WTPS), t4);
         wg_attend(o, pa, f0, f1, f16 + WTPS * WKT);
     }
     wg_wait0();
     wg_keep(o);
-    if (active) wg_store(o, st, r0, b, hk, s, S, t4, MID_O, MID_L);
+    if (R.active) wg_store(o, st, R.r0, k.b, k.hk, k.s, S, t4, MID_O, MID_L);
 }
 #endif
