@@ -287,9 +287,14 @@ PROBE = {
     "ws_t2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 2, f16_stages=4)),  # 2 x 4, 4 f16
     "ws_1b": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(4, 2, 1, f16_stages=3, regs=(96, 232))),
 }
-# Diagnostics (wrong outputs): ws_t4 without its score wgmmas (1), P.V wgmmas (2), both (3), tensor copies (4), or
-# copies and MMAs (7): what each part of the pipeline costs
-for _d in (1, 2, 3, 4, 7):
+# round 8's kernel: its rows 16 w + g and + 8 (two warps idle at <= 32 rows), an f16 stage freed after the next one's
+# scores; and each change alone
+PROBE["ws_r8"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(spread_rows=False, early_free=False))
+PROBE["ws_spread"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(early_free=False))
+PROBE["ws_early"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(spread_rows=False))
+# Diagnostics (wrong outputs): ws_t4 without its score wgmmas (1), P.V wgmmas (2), both (3), tensor copies (4),
+# copies and MMAs (7), or conversion (8): what each part of the pipeline costs
+for _d in (1, 2, 3, 4, 7, 8, 11):  # (8: the copies are still waited for)
     PROBE[f"ws_dbg{_d}"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(f16_stages=2, debug=_d))
 # Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at
 # the split count of the full build, to time what the TMA ring alone delivers. Marked by tau (unused without the

@@ -451,6 +451,8 @@ WG = {
     "wgmma, 2 tiles a stage, 3 blocks": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(2, 4, 3, f16_stages=0)),
     "wgmma, 2 stages, 8 splits": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(stages=2, f16_stages=0),
                                                 max_splits=8),
+    # round 8's layout: rows 16 w + g and + 8 at <= 32 rows, an f16 stage freed after the next stage's scores
+    "specialised, round 8": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(spread_rows=False, early_free=False)),
 }
 WG_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5), (3, 7), (4, 15)]
 
@@ -476,6 +478,18 @@ def test_wgmma_kernel_matches_float64_and_the_per_warp_kernel(g, k, name):
     base = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32)
     err, err_base = _rel(out, ref), _rel(base, ref)
     assert err < 1e-2 and err < 1.5 * err_base + 1e-4, (err, err_base)
+
+
+@pytest.mark.parametrize("f16_stages", [0, 2], ids=["wg", "ws"])
+@pytest.mark.parametrize("g,k", [(8, 3), (4, 5), (3, 7), (6, 5)])
+def test_row_layout_and_stage_release_change_no_bit(g, k, f16_stages):
+    """<= 32 rows spread over the four warps, and an f16 stage freed as soon as its P.V is done, move work between
+    warps but not one operation of any row: the outputs equal round 8's bit for bit (36 rows: the same build)."""
+    q, cache, bt, sl = _case(128, 8, g, k, 16, [4100, 37, k + 1, 1000], seed=7 * g + k)
+    outs = [_verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=mv.VerifyConfig(
+        wgmma=1, wg=mv.verify_wg.WgConfig(f16_stages=f16_stages, spread_rows=on, early_free=on))) for on in (True, False)]
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("name", ["wgmma", "specialised"])

@@ -26,16 +26,20 @@ WG_BUILDS = [(8, 5, 4, 3, 0, 2, None), (8, 7, 4, 3, 0, 2, None), (4, 15, 4, 3, 0
              (8, 3, 4, 3, 2, 2, None), (8, 5, 4, 3, 2, 2, None), (8, 7, 4, 3, 2, 2, None), (4, 5, 4, 3, 2, 2, None),
              (6, 5, 4, 3, 2, 2, None), (3, 7, 4, 3, 2, 2, None), (4, 15, 4, 3, 2, 2, None), (16, 3, 4, 3, 2, 2, None),
              (8, 7, 2, 4, 4, 2, None), (8, 3, 2, 4, 4, 2, None), (8, 7, 4, 2, 3, 1, (96, 232))]
+# round 8's row layout and stage release (WgConfig.spread_rows / early_free off): the probe's baseline builds
+ROUND8 = {"spread_rows": False, "early_free": False}
+WG_BUILDS_R8 = [(8, 3, 4, 3, 2, 2, None, ROUND8), (4, 5, 4, 3, 2, 2, None, {"spread_rows": False}),
+                (4, 7, 4, 3, 2, 2, None, {"early_free": False}), (8, 3, 4, 3, 0, 2, None, ROUND8)]
 
 
-@pytest.mark.parametrize("g,k,tps,stages,f16,minb,regs", WG_BUILDS)
-def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, f16, minb, regs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("g,k,tps,stages,f16,minb,regs,opts", [b + ({},) for b in WG_BUILDS] + WG_BUILDS_R8)
+def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, f16, minb, regs, opts, tmp_path, monkeypatch):
     """No spills; the warp-specialised kernel starts with 65536 / (256 blocks) registers a thread, the pool its two
     warpgroups' setmaxnreg requests share (fewer would leave the MMA warpgroup's request waiting forever)."""
     _nvrtc_or_skip()
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
     wg = verify_wg.WgConfig(tiles_per_stage=tps, stages=stages, min_blocks=minb, f16_stages=f16,
-                            **({"regs": regs} if regs else {}))
+                            **({"regs": regs} if regs else {}), **opts)
     cfg = mv.VerifyConfig(wgmma=1, wg=wg)
     assert verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16)
     base = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
@@ -112,6 +116,11 @@ def test_defines_keep_the_base_and_name_the_shape():
     assert "__launch_bounds__(256, WMINB) tq_k8v4_verify_ws(" in src
     assert re.search(r"#define WREG_DQ 80 ", src) and re.search(r"#define WREG_MMA 176 ", src)
     assert verify_wg.WgConfig().regs == (80, 176)  # (the source's defaults, for a build without the macros)
+    # the row layout and the stage release: on in the source, named only where a config turns them off
+    assert re.search(r"#define WSPREAD 1 ", src) and re.search(r"#define WEARLY 1 ", src)
+    assert "WSPREAD" not in default and "WEARLY" not in default
+    r8 = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(spread_rows=False, early_free=False), base)
+    assert (r8["WSPREAD"], r8["WEARLY"]) == (0, 0)
 
 
 def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(monkeypatch, caplog):

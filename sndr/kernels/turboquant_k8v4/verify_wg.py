@@ -41,6 +41,10 @@ class WgConfig:
     # with 3, and the one-warpgroup kernel's shapes, on the H200 (docs/bench-mtp-verify-h200.md, round 8)
     f16_stages: int = 2
     regs: tuple[int, int] = (80, 176)
+    # at most 32 query rows: 8 a warp, so all four warps run the softmax (verify_wgmma.cu's WSPREAD); the specialised
+    # kernel frees an f16 stage as soon as its P.V is done (WEARLY). Both measured faster (round 9); False: round 8
+    spread_rows: bool = True
+    early_free: bool = True
 
     @property
     def threads(self) -> int:
@@ -107,7 +111,8 @@ def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs:
 def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig, base: dict) -> dict:
     """The decode_k8v4.cu macros of a verify build (``base``) plus this kernel's."""
     lbo, sbo = cfg.v_desc
-    extra = ({"WV_DESC_LBO": lbo, "WV_DESC_SBO": sbo} if lbo else {}) | ({"WG_DBG": cfg.debug} if cfg.debug else {})
+    extra = ({"WV_DESC_LBO": lbo, "WV_DESC_SBO": sbo} if lbo else {}) | ({"WG_DBG": cfg.debug} if cfg.debug else {}) \
+        | ({} if cfg.spread_rows else {"WSPREAD": 0}) | ({} if cfg.early_free else {"WEARLY": 0})
     if cfg.f16_stages:
         extra |= {"WFST": cfg.f16_stages, "WREG_DQ": cfg.regs[0], "WREG_MMA": cfg.regs[1]}
     return dict(base) | extra | {

@@ -64,7 +64,13 @@
 #define WV_SBO 256                // bytes between two 8-dim groups of a value tile
 #endif
 #ifndef WG_DBG
-#define WG_DBG 0                  // diagnostics (wrong outputs): 1 no score wgmma, 2 no P.V wgmma, 4 no tensor copies
+#define WG_DBG 0                  // diagnostics (wrong outputs): 1 no score wgmma, 2 no P.V wgmma, 4 no tensor copies,
+#endif                            // 8 no conversion (the copies are loaded, nothing is written)
+#ifndef WSPREAD
+#define WSPREAD 1                 // at most 32 query rows: 8 a warp, so all four warps share the softmax (WHALF)
+#endif
+#ifndef WEARLY
+#define WEARLY 1                  // tq_k8v4_verify_ws: an f16 stage is freed as soon as its P.V is done
 #endif
 #define WROWS (QL * GQ)           // query rows of the KV head
 #define WN (16 * WTPS)            // tokens per stage (N of the score wgmma)
@@ -196,6 +202,19 @@ static __device__ __forceinline__ void wg_pv(float (&d)[64], u32 a0, u32 a1, u32
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(1));
 }
 
+// WHALF: at most 32 query rows, 8 a warp at M-rows 16 w + g (the rows g + 8 are padding), so all four warps share the
+// softmax and each thread runs it for one row; else rows 16 w + g and + 8 (more than 32 rows, or WSPREAD = 0).
+#if WSPREAD && WROWS <= 32
+#define WHALF 1
+#else
+#define WHALF 0
+#endif
+// The query row (t * GQ + h) at M-row 16 w + g + 8 e of the m64 tile, or -1 (a padding row).
+static __device__ __forceinline__ int wg_row(int w, int g, int e) {
+    const int r = WHALF ? (e ? WROWS : 8 * w + g) : 16 * w + g + 8 * e;
+    return r < WROWS ? r : -1;
+}
+
 // The query rows of warp w as the score wgmma's A operand, f16: k16 step j, qa[j][i] holds row 16 w + g (i = 0, 2) or
 // 16 w + g + 8 (i = 1, 3), dims 16 j + 2 t4 + {0, 1} (i = 0, 1) or 16 j + 8 + 2 t4 + {0, 1} (i = 2, 3). Each row is
 // scaled by its own power of two 2^e (its largest |x| 2^e in [128, 256): the four t4 lanes hold its 128 values), so
@@ -211,8 +230,8 @@ static __device__ __forceinline__ float q_value(u32 w, int hi) {
 static __device__ __forceinline__ void wg_load_q(u32 (&qa)[8][4], float (&f)[2], const unsigned short* __restrict__ Q,
                                                  int b, int hk, int w, int g, int t4, long long q_st, long long q_sh)
 {
-    const int r0 = 16 * w + g, r1 = r0 + 8;
-    const bool ok0 = r0 < WROWS, ok1 = r1 < WROWS;
+    const int r0 = wg_row(w, g, 0), r1 = wg_row(w, g, 1);
+    const bool ok0 = r0 >= 0, ok1 = r1 >= 0;
     const int rr0 = ok0 ? r0 : 0, rr1 = ok1 ? r1 : 0;
     const unsigned short* q0 = Q + (long long)(b * QL + rr0 / GQ) * q_st + (long long)(hk * GQ + rr0 % GQ) * q_sh
                                + 2 * t4;
@@ -318,8 +337,9 @@ static __device__ __forceinline__ WgLane wg_lane(int tid, int off, u32 zero)
 #pragma unroll
     for (int x = 0; x < 4; ++x)
         L.kdst[x] = (lane >> 4) * (WN * 128) + (4 * w + x) * 128 + ((q ^ ((4 * w + x) & 7)) << 4) + (lane & 1) * 8;
-    L.t = tid & 15;
-    const int u0 = (tid >> 4) & 7;
+    // a warp reads 8 tokens x 4 code words: 32 distinct banks (token rows are 52 words apart)
+    L.t = (lane & 7) + 8 * (w & 1);
+    const int u0 = (lane >> 3) + 4 * (w >> 1);
     L.vsrc = off + L.t * WRT + D + 4 * u0;
     L.ssrc = off + L.t * WRT + D + D / 2;
     L.vdst = u0 * WV_SBO + (L.t >> 3) * WV_LBO + (L.t & 7) * 16;
@@ -340,35 +360,54 @@ static __device__ __forceinline__ uint4 wg_unpack8(u32 x, u32 sc2, u32 z2, const
 // the operands, so a load after a store would wait for it). Values of tiles past the stage's nt copied ones and of
 // tokens from seq_len are zeros, with a zero scale and zero point (stale codes are small integers: stale bytes
 // never reach an MMA as anything else; stale keys are masked by the softmax).
-static __device__ __forceinline__ void wg_convert(unsigned char* kb, unsigned char* vb, const unsigned char* raw,
-                                                  const WgLane& L, int nt, int tok0, int seq_len)
-{
+struct WgRaw {
     u32 kw[WTPS][4], cw[WTPS][2], szw[WTPS];
+};
+static __device__ __forceinline__ void wg_load(WgRaw& r, const unsigned char* raw, const WgLane& L)
+{
 #pragma unroll
     for (int j = 0; j < WTPS; ++j) {
 #pragma unroll
-        for (int x = 0; x < 4; ++x) kw[j][x] = *reinterpret_cast<const u32*>(raw + L.ksrc + j * WRAW + x * WRT);
-        cw[j][0] = *reinterpret_cast<const u32*>(raw + L.vsrc + j * WRAW);
-        cw[j][1] = *reinterpret_cast<const u32*>(raw + L.vsrc + j * WRAW + 32);
-        szw[j] = *reinterpret_cast<const u32*>(raw + L.ssrc + j * WRAW);  // f16 scale | f16 zero << 16
+        for (int x = 0; x < 4; ++x) r.kw[j][x] = *reinterpret_cast<const u32*>(raw + L.ksrc + j * WRAW + x * WRT);
+        r.cw[j][0] = *reinterpret_cast<const u32*>(raw + L.vsrc + j * WRAW);
+        r.cw[j][1] = *reinterpret_cast<const u32*>(raw + L.vsrc + j * WRAW + 32);
+        r.szw[j] = *reinterpret_cast<const u32*>(raw + L.ssrc + j * WRAW);  // f16 scale | f16 zero << 16
     }
+}
+static __device__ __forceinline__ void wg_write(unsigned char* kb, unsigned char* vb, const WgRaw& r, const WgLane& L,
+                                                int nt, int tok0, int seq_len)
+{
 #pragma unroll
     for (int j = 0; j < WTPS; ++j)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
             uint2 h;  // (the halves of the word as they are: no shift for the upper one)
             asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, u;\n}\n"
-                : "=r"(h.x), "=r"(h.y) : "r"(kw[j][x]));
+                : "=r"(h.x), "=r"(h.y) : "r"(r.kw[j][x]));
             *reinterpret_cast<uint2*>(kb + L.kdst[x] + j * 16 * 128) = h;
         }
     const int left = seq_len - tok0 - L.t;  // tile j holds this thread's token where 16 j < left
 #pragma unroll
     for (int j = 0; j < WTPS; ++j) {
         const bool ok = j < nt && 16 * j < left;  // else zeros: code (a small integer) * 0 + 0
-        const u32 sc2 = ok ? prmt(szw[j], 0u, 0x1010u) : 0u, z2 = ok ? prmt(szw[j], 0u, 0x3232u) : 0u;
-        *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF) = wg_unpack8(cw[j][0], sc2, z2, L.mask);
-        *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF + 8 * WV_SBO) = wg_unpack8(cw[j][1], sc2, z2, L.mask);
+        const u32 sc2 = ok ? prmt(r.szw[j], 0u, 0x1010u) : 0u, z2 = ok ? prmt(r.szw[j], 0u, 0x3232u) : 0u;
+        *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF) = wg_unpack8(r.cw[j][0], sc2, z2, L.mask);
+        *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF + 8 * WV_SBO) = wg_unpack8(r.cw[j][1], sc2, z2, L.mask);
     }
+}
+// A stage's keys (e4m3 -> f16, exact) into kb and its values (code * scale + zero) into vb, from its copy raw (the
+// tiles' rows of WRT bytes). Every word is loaded before the first store (the compiler cannot tell the copy from
+// the operands, so a load after a store would wait for it). Values of tiles past the stage's nt copied ones and of
+// tokens from seq_len are zeros, with a zero scale and zero point (stale codes are small integers: stale bytes
+// never reach an MMA as anything else; stale keys are masked by the softmax).
+static __device__ __forceinline__ void wg_convert(unsigned char* kb, unsigned char* vb, const unsigned char* raw,
+                                                  const WgLane& L, int nt, int tok0, int seq_len)
+{
+    WgRaw r;
+    wg_load(r, raw, L);
+#if !(WG_DBG & 8)
+    wg_write(kb, vb, r, L, nt, tok0, seq_len);
+#endif
 }
 
 // The per-row state of a warp's two rows (g, g + 8): running max m (log2 units), sum l, the causal / split limits.
@@ -405,7 +444,7 @@ struct WgQuery {
     u32 qa[8][4];
     float qk0, qk1;
     bool active;  // (warp-uniform) rows of this warp are real query rows
-    int r0, lim0, lim1, lim_min;
+    int row0, row1, lim0, lim1, lim_min;  // the rows (wg_row) of M-rows 16 w + g and + 8
 };
 static __device__ __forceinline__ void wg_query(WgQuery& R, const unsigned short* __restrict__ Q, const WgBlock& k,
                                                 int w, int lane, float qk_scale, long long q_st, long long q_sh)
@@ -415,11 +454,12 @@ static __device__ __forceinline__ void wg_query(WgQuery& R, const unsigned short
     wg_load_q(R.qa, qf, Q, k.b, k.hk, w, g, t4, q_st, q_sh);
     R.qk0 = qk_scale * qf[0];
     R.qk1 = qk_scale * qf[1];
-    R.active = 16 * w < WROWS;
-    R.r0 = 16 * w + g;
-    const int r1 = R.r0 + 8, first_hidden = k.seq_len - QL + 1, tok_end = 16 * k.t_end;
-    R.lim0 = R.r0 < WROWS ? min(first_hidden + R.r0 / GQ, tok_end) : 0;
-    R.lim1 = r1 < WROWS ? min(first_hidden + r1 / GQ, tok_end) : 0;
+    R.active = wg_row(w, 0, 0) >= 0;  // (the warp's first row)
+    R.row0 = wg_row(w, g, 0);
+    R.row1 = wg_row(w, g, 1);
+    const int first_hidden = k.seq_len - QL + 1, tok_end = 16 * k.t_end;
+    R.lim0 = R.row0 >= 0 ? min(first_hidden + R.row0 / GQ, tok_end) : 0;
+    R.lim1 = R.row1 >= 0 ? min(first_hidden + R.row1 / GQ, tok_end) : 0;
     R.lim_min = min(first_hidden, tok_end);
 }
 
@@ -459,15 +499,17 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
 #undef WG_HALVE
         float mx0 = r0[0], mx1 = r1[0];
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * R.qk0;
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * R.qk1;
+        if (!WHALF) {
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * R.qk1;
+        }
         if (mx0 > st.m0 + TAU) {  // (the factors scale O outside any branch: ptxas serialises the wgmmas when
             f0 = ex2(st.m0 - mx0);  // their accumulators are written on a divergent path)
             st.m0 = mx0;
             st.l0 *= f0;
         }
-        if (mx1 > st.m1 + TAU) {
+        if (!WHALF && mx1 > st.m1 + TAU) {
             f1 = ex2(st.m1 - mx1);
             st.m1 = mx1;
             st.l1 *= f1;
@@ -476,10 +518,10 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
         for (int j = 0; j < WTPS; ++j) {
             float p[8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-                p[e] = ex2(fmaf(sc[8 * j + e], e & 2 ? R.qk1 : R.qk0, -(e & 2 ? st.m1 : st.m0)));
+            for (int e = 0; e < 8; ++e)  // (WHALF: the rows g + 8 are padding, P = 0)
+                p[e] = WHALF && (e & 2) ? 0.f : ex2(fmaf(sc[8 * j + e], e & 2 ? R.qk1 : R.qk0, -(e & 2 ? st.m1 : st.m0)));
             st.l0 += (p[0] + p[1]) + (p[4] + p[5]);
-            st.l1 += (p[2] + p[3]) + (p[6] + p[7]);
+            if (!WHALF) st.l1 += (p[2] + p[3]) + (p[6] + p[7]);
             pt[j][0] = pack_f16x2(p[0], p[1]);
             pt[j][1] = pack_f16x2(p[2], p[3]);
             pt[j][2] = pack_f16x2(p[4], p[5]);
@@ -551,7 +593,7 @@ static __device__ __forceinline__ void wg_scores(float (&sc)[WN / 2], float (&o)
 
 // The split's partials of the warp's rows: O / l and the log2-sum-exp m + log2(l) (rows that saw no token: zeros
 // and EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s, verify_k8v4.cu's layout.
-static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st, int r0, int b, int hk, int s, int S,
+static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st, const WgQuery& R, int b, int hk, int s, int S,
                                                 int t4, float* __restrict__ MID_O, float* __restrict__ MID_L)
 {
     st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 1);
@@ -560,8 +602,8 @@ static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st,
     st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 2);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-        const int r = r0 + 8 * e;
-        if (r >= WROWS) continue;
+        const int r = e ? R.row1 : R.row0;
+        if (r < 0) continue;
         const int t = r / GQ, h = r % GQ;
         const long long row = ((long long)b * (QL * HQW) + t * HQW + hk * GQ + h) * S + s;
         const float l = e ? st.l1 : st.l0, m = e ? st.m1 : st.m0;
@@ -636,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     }
     wg_wait0();
     wg_keep(o);
-    if (R.active) wg_store(o, st, R.r0, k.b, k.hk, k.s, S, t4, MID_O, MID_L);
+    if (R.active) wg_store(o, st, R, k.b, k.hk, k.s, S, t4, MID_O, MID_L);
 }
 #else
 // Warp-specialised: warpgroup 0 converts, warpgroup 1 multiplies. Warpgroup 0 (WREG_DQ registers) streams the
@@ -681,9 +723,9 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
             const int slot = i % WSTAGES, fs = i % WFST;
             const int T0 = k.t_begin + i * WTPS, nt = min(WTPS, k.t_end - T0);
             mbar_wait(full + 8 * slot, (i / WSTAGES) & 1);
-            if (i >= WFST) mbar_wait(kempty + 8 * fs, (i / WFST - 1) & 1);  // stage i - WFST's MMAs are done
             const unsigned char* raw = gbase + WS_R_OFF + slot * WTPS * WRAW;
             unsigned char* f16 = gbase + fs * WS_STAGE;
+            if (i >= WFST) mbar_wait(kempty + 8 * fs, (i / WFST - 1) & 1);  // stage i - WFST's MMAs are done
             wg_convert(f16, f16 + WTPS * WKT, raw, L, nt, 16 * T0, k.seq_len);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the stage is converted, its copy read
@@ -705,10 +747,19 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
     for (int i = 0; i < k.nst; ++i) {
         const int fs = i % WFST;
         const u32 f16 = base + fs * WS_STAGE;
+#if WEARLY
+        if (i > 0) {  // stage i - 1's P.V is done: its slot is free before stage i is awaited
+            wg_wait0();
+            wg_keep(o);
+            if (lane == 0) mbar_arrive(kempty + 8 * ((i - 1) % WFST));
+        }
+#endif
         mbar_wait(kfull + 8 * fs, (i / WFST) & 1);
         float sc[WN / 2];
         wg_scores(sc, o, R.qa, f16);  // (and stage i - 1's P.V: its slot is free)
+#if !WEARLY
         if (i > 0 && lane == 0) mbar_arrive(kempty + 8 * ((i - 1) % WFST));
+#endif
         u32 pa[WTPS][4];
         float f0, f1;
         wg_softmax(sc, pa, f0, f1, st, R, 16 * (k.t_begin + i * WTPS), t4);
@@ -716,6 +767,6 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
     }
     wg_wait0();
     wg_keep(o);
-    if (R.active) wg_store(o, st, R.r0, k.b, k.hk, k.s, S, t4, MID_O, MID_L);
+    if (R.active) wg_store(o, st, R, k.b, k.hk, k.s, S, t4, MID_O, MID_L);
 }
 #endif
