@@ -8,7 +8,7 @@
 // Two kernels, one per build (WFST): a block serves one (request b, split s, KV head hk).
 // * tq_k8v4_verify_ws (WFST >= 2, the default): two warpgroups. Warpgroup 0 streams and converts (the copies and
 //   the conversion below) into a ring of WFST f16 stages; warpgroup 1 runs the scores, the softmax and the P.V on
-//   them (see the kernel). Shipped from 17 rows per KV head: docs/bench-mtp-verify-h200.md, round 8.
+//   them (see the kernel). Shipped from 17 rows per KV head: docs/bench-mtp-verify-h200.md, rounds 8 and 9.
 // * tq_k8v4_verify_wg (WFST = 0): one warpgroup does all of it, stage by stage (round 7). The rest of this
 //   comment describes it; the specialised kernel splits the same steps between its warpgroups.
 //
@@ -33,7 +33,8 @@
 //   core matrices); tokens past the split's end or seq_len are written as zeros (stale bytes never reach an
 //   MMA). Within each group of 8 dims the columns are stored as dims 0 4 1 5 2 6 3 7 (the unpack's natural
 //   order), which the output write undoes.
-// * Softmax: per row, in registers, on the S accumulators (thread: rows 16 w + g, 16 w + g + 8; tokens
+// * Softmax: per row, in registers, on the S accumulators (thread: M-rows 16 w + g, 16 w + g + 8, which hold query rows
+//   16 w + g and + 8, or with at most 32 rows 8 w + g and padding: wg_row, WHALF; tokens
 //   8 i + 2 t4, + 1 of each n8 block i); lazy running max (raised, with a rescale of the row's O and l, only
 //   when a score exceeds it by TAU). The causal limit of row t is
 //   seq_len - QL + 1 + t, and no row sees past the split's last tile: one per-row limit, applied only on
