@@ -216,11 +216,12 @@ static __device__ __forceinline__ int wg_row(int w, int g, int e) {
     return r < WROWS ? r : -1;
 }
 
-// The query rows of warp w as the score wgmma's A operand, f16: k16 step j, qa[j][i] holds row 16 w + g (i = 0, 2) or
-// 16 w + g + 8 (i = 1, 3), dims 16 j + 2 t4 + {0, 1} (i = 0, 1) or 16 j + 8 + 2 t4 + {0, 1} (i = 2, 3). Each row is
-// scaled by its own power of two 2^e (its largest |x| 2^e in [128, 256): the four t4 lanes hold its 128 values), so
-// a bf16 or f16 value is exact in f16 unless it lies below 2^-32 of its row's largest; f[0] / f[1] = 2^-e of rows
-// g / g + 8, the factors of their scores (rows past WROWS: zeros).
+// The query rows of warp w as the score wgmma's A operand, f16: k16 step j, qa[j][i] holds M-row 16 w + g (i = 0, 2)
+// or 16 w + g + 8 (i = 1, 3) (the query rows wg_row names; zeros for padding), dims 16 j + 2 t4 + {0, 1} (i = 0, 1)
+// or 16 j + 8 + 2 t4 + {0, 1} (i = 2, 3). Each row is scaled by its own power of two 2^e (its largest |x| 2^e in
+// [128, 256): the four t4 lanes hold its 128 values), so a bf16 or f16 value is exact in f16 unless it lies below
+// 2^-32 of its row's largest; f[0] / f[1] = 2^-e of M-rows g / g + 8, the factors of their scores (padding rows:
+// zero queries).
 static __device__ __forceinline__ float q_value(u32 w, int hi) {
 #if QBF16
     return __uint_as_float(hi ? (w & 0xFFFF0000u) : (w << 16));
@@ -356,11 +357,7 @@ static __device__ __forceinline__ uint4 wg_unpack8(u32 x, u32 sc2, u32 z2, const
                       wg_unpack2<0x6400u>(y, m[0], sc2, z2), wg_unpack2<0x5400u>(y, m[1], sc2, z2));
 }
 
-// A stage's keys (e4m3 -> f16, exact) into kb and its values (code * scale + zero) into vb, from its copy raw (the
-// tiles' rows of WRT bytes). Every word is loaded before the first store (the compiler cannot tell the copy from
-// the operands, so a load after a store would wait for it). Values of tiles past the stage's nt copied ones and of
-// tokens from seq_len are zeros, with a zero scale and zero point (stale codes are small integers: stale bytes
-// never reach an MMA as anything else; stale keys are masked by the softmax).
+// A thread's words of one stage's copy (wg_lane's offsets): key words kw, code words cw (u0, u0 + 8), scale | zero.
 struct WgRaw {
     u32 kw[WTPS][4], cw[WTPS][2], szw[WTPS];
 };
@@ -375,8 +372,8 @@ static __device__ __forceinline__ void wg_load(WgRaw& r, const unsigned char* ra
         r.szw[j] = *reinterpret_cast<const u32*>(raw + L.ssrc + j * WRAW);  // f16 scale | f16 zero << 16
     }
 }
-static __device__ __forceinline__ void wg_write(unsigned char* kb, unsigned char* vb, const WgRaw& r, const WgLane& L,
-                                                int nt, int tok0, int seq_len)
+static __device__ __forceinline__ void wg_write(unsigned char* kb, unsigned char* vb, const WgRaw& r,
+                                                const WgLane& L, int nt, int tok0, int seq_len)
 {
 #pragma unroll
     for (int j = 0; j < WTPS; ++j)
@@ -520,7 +517,8 @@ static __device__ __forceinline__ void wg_softmax(float (&sc)[WN / 2], u32 (&pa)
             float p[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e)  // (WHALF: the rows g + 8 are padding, P = 0)
-                p[e] = WHALF && (e & 2) ? 0.f : ex2(fmaf(sc[8 * j + e], e & 2 ? R.qk1 : R.qk0, -(e & 2 ? st.m1 : st.m0)));
+                p[e] = WHALF && (e & 2) ? 0.f
+                                        : ex2(fmaf(sc[8 * j + e], e & 2 ? R.qk1 : R.qk0, -(e & 2 ? st.m1 : st.m0)));
             st.l0 += (p[0] + p[1]) + (p[4] + p[5]);
             if (!WHALF) st.l1 += (p[2] + p[3]) + (p[6] + p[7]);
             pt[j][0] = pack_f16x2(p[0], p[1]);
@@ -594,8 +592,9 @@ static __device__ __forceinline__ void wg_scores(float (&sc)[WN / 2], float (&o)
 
 // The split's partials of the warp's rows: O / l and the log2-sum-exp m + log2(l) (rows that saw no token: zeros
 // and EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s, verify_k8v4.cu's layout.
-static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st, const WgQuery& R, int b, int hk, int s, int S,
-                                                int t4, float* __restrict__ MID_O, float* __restrict__ MID_L)
+static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st, const WgQuery& R, int b, int hk,
+                                                int s, int S, int t4, float* __restrict__ MID_O,
+                                                float* __restrict__ MID_L)
 {
     st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, 1);
     st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, 1);
@@ -757,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
 #endif
         mbar_wait(kfull + 8 * fs, (i / WFST) & 1);
         float sc[WN / 2];
-        wg_scores(sc, o, R.qa, f16);  // (and stage i - 1's P.V: its slot is free)
+        wg_scores(sc, o, R.qa, f16);  // (waits for stage i - 1's P.V too, where WEARLY did not)
 #if !WEARLY
         if (i > 0 && lane == 0) mbar_arrive(kempty + 8 * ((i - 1) % WFST));
 #endif
