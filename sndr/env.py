@@ -281,6 +281,12 @@ def pause_point(environ: Mapping[str, str] | None = None) -> str:
     return environ.get(PAUSE, "")
 
 
+def names_sndr_loosely(name: str) -> bool:
+    """Whether a ``VLLM_PLUGINS`` entry is :data:`PLUGIN_NAME` up to surrounding spaces and case: the one rule for
+    the near misses vLLM's exact comparison rejects (the finding names them, the fix drops them)."""
+    return name.strip().lower() == PLUGIN_NAME
+
+
 def vllm_plugins_exclusion(environ: Mapping[str, str] | None = None) -> str | None:
     """Why vLLM will not call sndr's plugin under ``VLLM_PLUGINS`` here, or None when it will (unset, or a list
     naming :data:`PLUGIN_NAME`). vLLM's own rule, exactly: the value split on ``,``, each name compared as it
@@ -295,7 +301,7 @@ def vllm_plugins_exclusion(environ: Mapping[str, str] | None = None) -> str | No
     head = f"{VLLM_PLUGINS}={raw!r} does not name {PLUGIN_NAME!r}"
     if not raw.strip(","):
         return f"{head}: it names no plugin, so vLLM loads no general plugin"
-    near = [n for n in names if n != PLUGIN_NAME and n.strip().lower() == PLUGIN_NAME]
+    near = [n for n in names if n != PLUGIN_NAME and names_sndr_loosely(n)]
     if near:
         return (f"{head}: vLLM compares each comma-separated name exactly (no strip, no case folding), and "
                 f"{', '.join(repr(n) for n in near)} is not {PLUGIN_NAME!r}")

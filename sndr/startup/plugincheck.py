@@ -62,7 +62,7 @@ def fix(environ=None) -> str:
     from .. import env as envmod
 
     raw = (os.environ if environ is None else environ).get(envmod.VLLM_PLUGINS) or ""
-    keep = [n.strip() for n in raw.split(",") if n.strip() and n.strip().lower() != envmod.PLUGIN_NAME]
+    keep = [n.strip() for n in raw.split(",") if n.strip() and not envmod.names_sndr_loosely(n)]
     return f"set {envmod.VLLM_PLUGINS}={','.join(keep + [envmod.PLUGIN_NAME])} (no spaces) or unset it"
 
 

@@ -88,6 +88,20 @@ def test_the_messages_say_why():
     assert {"vllm_plugins_excludes_sndr", "plugin_not_called"} <= set(CODES)
 
 
+def test_one_rule_for_the_near_misses_the_finding_names_and_the_fix_drops():
+    """env.names_sndr_loosely is the only fold: every entry the finding calls a near miss is one the fix leaves out,
+    and no other entry is left out."""
+    assert [n for n in ("sndr", " sndr", "SNDR ", "Sndr", "sndr2", "s ndr", "") if env.names_sndr_loosely(n)] == [
+        "sndr", " sndr", "SNDR ", "Sndr"]
+    for value in ("a, SNDR ,b", " Sndr", "x,sndr ,y, SNDR"):
+        near = [n for n in value.split(",") if env.names_sndr_loosely(n)]
+        why = env.vllm_plugins_exclusion({env.VLLM_PLUGINS: value})
+        assert all(repr(n) in why for n in near), (value, why)
+        fixed = plugincheck.fix({env.VLLM_PLUGINS: value}).split()[1].split("=", 1)[1].split(",")
+        assert fixed[-1] == env.PLUGIN_NAME and fixed.count(env.PLUGIN_NAME) == 1
+        assert fixed[:-1] == [n.strip() for n in value.split(",") if n.strip() and not env.names_sndr_loosely(n)]
+
+
 def test_the_rule_is_the_one_the_pinned_vllm_runs(vllm_pin_root: Path):
     """sndr mirrors vLLM's parsing; if the pin's parsing changes, this says so."""
     envs = (vllm_pin_root / "vllm" / "envs.py").read_text()
