@@ -53,7 +53,7 @@ VLLM_PLUGINS = "VLLM_PLUGINS"
 PLUGIN_NAME = "sndr"
 #: ``SNDR_HOOK=0``: the in-memory import hook stays inert in this process (its .pth still loads).
 HOOK = "SNDR_HOOK"
-#: TurboQuant k8v4 decode backend: ``auto`` (CUDA where it supports the call, else Triton),
+#: TurboQuant k8v4 kernels' backend (:func:`tq_backend`): ``auto`` (CUDA where it supports the call, else Triton),
 #: ``cuda`` (raise instead of falling back) or ``triton``.
 TQ_BACKEND = "SNDR_TQ_BACKEND"
 #: Path of the ``libnvrtc`` that compiles sndr's CUDA kernels (tried before the usual places).
@@ -279,6 +279,16 @@ def pause_point(environ: Mapping[str, str] | None = None) -> str:
     """The start-up point ``$SNDR_TEST_PAUSE`` names (test-only; empty when unset)."""
     environ = os.environ if environ is None else environ
     return environ.get(PAUSE, "")
+
+
+def tq_backend(environ: Mapping[str, str] | None = None) -> str:
+    """``SNDR_TQ_BACKEND`` for both TurboQuant kernel packages (decode and verify): ``auto`` (unset or empty),
+    ``cuda`` or ``triton``, any case and surrounding spaces; another value is a ValueError naming it."""
+    raw = (os.environ if environ is None else environ).get(TQ_BACKEND, "auto")
+    v = raw.strip().lower() or "auto"
+    if v not in ("auto", "cuda", "triton"):
+        raise ValueError(f"{TQ_BACKEND}={v!r}: expected auto, cuda or triton")
+    return v
 
 
 def names_sndr_loosely(name: str) -> bool:

@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 
 from test_mtp_verify import _cuobjdump, _nvrtc_or_skip  # noqa: E402  (one home for the cubin tools)
 
+from sndr import env  # noqa: E402
 from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import cuda_decode, dispatch, kernels  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
@@ -184,12 +185,12 @@ def test_page_kernel_needs_whole_rows_in_a_16_byte_aligned_cache(monkeypatch):
 
 def test_backend_env(monkeypatch):
     monkeypatch.delenv("SNDR_TQ_BACKEND", raising=False)
-    assert cuda_decode.backend_choice() == "auto"
+    assert env.tq_backend() == "auto"
     monkeypatch.setenv("SNDR_TQ_BACKEND", " Triton ")
-    assert cuda_decode.backend_choice() == "triton"
+    assert env.tq_backend() == "triton"
     monkeypatch.setenv("SNDR_TQ_BACKEND", "fast")
     with pytest.raises(ValueError, match="SNDR_TQ_BACKEND='fast'"):
-        cuda_decode.backend_choice()
+        env.tq_backend()
 
 
 def test_cuda_failure_falls_back_to_triton_once_and_loudly(monkeypatch, caplog):

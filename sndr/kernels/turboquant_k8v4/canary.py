@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ... import env as sndr_env
 from .. import _cudart
 from .. import canary as _canary
 from . import reference as ref
@@ -159,7 +160,7 @@ def verify_ok(idx: int, dtype: torch.dtype, hq: int, hk: int, d: int, page: int,
     """PK0002: may marked verify batches of this model shape run ``mtp_verify.verify_attention`` here?"""
     from . import mtp_verify
 
-    backend = mtp_verify.backend_choice()
+    backend = sndr_env.tq_backend()
     key = (PK0002, idx, hq, hk, d, page, dtype, num_spec, backend)
     hit = _OK.get(key)
     if hit is not None:
@@ -168,7 +169,6 @@ def verify_ok(idx: int, dtype: torch.dtype, hq: int, hk: int, d: int, page: int,
     ident, device = _canary.identity(idx)
 
     def kernel(q, kv, bt, sl, scale, k):
-        from . import mtp_verify
 
         return mtp_verify.verify_attention(q, kv, bt, sl, scale, k)
 

@@ -27,7 +27,6 @@ import ctypes as C
 import functools
 import logging
 import math
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,6 @@ from pathlib import Path
 import torch
 import triton
 
-from ... import env as sndr_env
 from .. import _cudart
 from ._layout import LOG2E, workspace_numel
 
@@ -104,13 +102,6 @@ def smem_bytes(cfg: CudaConfig, head_dim: int, sp: int) -> int:
 DEFAULT = CudaConfig(kind="page", stages=3, min_blocks=2)
 _SOURCE: list[str] = []
 _BROKEN: dict[int, str] = {}  # device index -> why the CUDA backend is off there
-
-
-def backend_choice() -> str:
-    v = os.environ.get(sndr_env.TQ_BACKEND, "auto").strip().lower() or "auto"
-    if v not in ("auto", "cuda", "triton"):
-        raise ValueError(f"SNDR_TQ_BACKEND={v!r}: expected auto, cuda or triton")
-    return v
 
 
 def _source() -> str:

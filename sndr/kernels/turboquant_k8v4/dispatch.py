@@ -140,7 +140,7 @@ def route_why(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Te
     """:func:`gate_why` for the tensors of one vLLM-entry call, strides and alignment included."""
     if query.dim() != 3 or kv_cache.dim() != 4 or block_table.dim() != 2 or block_table.stride(1) != 1:
         return "vllm", "query/cache/block-table layout"
-    backend = cuda_decode.backend_choice()
+    backend = sndr_env.tq_backend()
     hq, d = query.shape[1], query.shape[2]
     if query.device.type != "cuda":  # the CPU interpreter (tests) runs the Triton kernels
         if not kernels.interpreting():
@@ -246,7 +246,7 @@ def _capturing() -> bool:
 
 def _try_cuda(query, kv_cache, block_table, seq_lens, scale, out, lse, workspace, max_splits):
     """Run the CUDA backend if allowed and able; None: the caller runs Triton."""
-    choice = cuda_decode.backend_choice()
+    choice = sndr_env.tq_backend()
     if choice == "triton":
         return None
     why = cuda_decode.unsupported(query, kv_cache, block_table, seq_lens)

@@ -36,7 +36,6 @@ import ctypes as C
 import functools
 import logging
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,13 +127,6 @@ def source() -> str:
     if not _SOURCE:
         _SOURCE.append(DECODE_SOURCE.read_text() + '\n#line 1 "verify_k8v4.cu"\n' + SOURCE_PATH.read_text())
     return _SOURCE[0]
-
-
-def backend_choice() -> str:
-    v = os.environ.get(sndr_env.TQ_BACKEND, "auto").strip().lower() or "auto"
-    if v not in ("auto", "cuda", "triton"):
-        raise ValueError(f"SNDR_TQ_BACKEND={v!r}: expected auto, cuda or triton")
-    return v
 
 
 def row_chunks(ql: int, g: int, max_rows: int = 16) -> tuple[int, int]:
@@ -403,7 +395,7 @@ def prepare(device: torch.device | int, dtype: torch.dtype, num_heads: int, num_
     if all(k in _PLANS for k in keys):
         return True
     try:
-        if backend_choice() == "triton" or _cudart.device_refusal(torch.device("cuda", idx), (9, 0), "sm_90"):
+        if sndr_env.tq_backend() == "triton" or _cudart.device_refusal(torch.device("cuda", idx), (9, 0), "sm_90"):
             return False
         for k in keys:
             if k not in _PLANS:
@@ -468,7 +460,7 @@ def verify_attention(
         out = torch.empty(n, hq, d, dtype=query.dtype, device=query.device)
     if n == 0:
         return out
-    choice = backend_choice()
+    choice = sndr_env.tq_backend()
     if choice != "triton":
         why = unsupported(query, kv_cache, block_table, seq_lens, num_spec)
         if why is None and out.stride(2) == 1 and out.stride(0) == hq * out.stride(1) and out.dtype in _OUT_KIND:
