@@ -117,6 +117,20 @@ def strict_mode(environ: Mapping[str, str] | None = None) -> bool:
     return val
 
 
+def hook_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``SNDR_HOOK`` (default 1): False keeps the in-memory import hook inert. It is read inside ``import vllm``, so
+    a value that is no boolean never raises: the hook stays active, said once on stderr."""
+    raw, val = _flag(HOOK, environ)
+    if raw is None:
+        return True
+    if val is None:
+        from .stderr import say
+
+        say(f"{HOOK}={raw!r} is not a boolean ({BOOL_WORDS}); the in-memory hook stays active", once_key="hook-typo")
+        return True
+    return val
+
+
 def plugins_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """``SNDR_PLUGINS`` (default 1): False turns off every plugin patch not enabled by its own variable."""
     return env_flag(PLUGINS, True, environ)

@@ -261,8 +261,8 @@ class SndrFinder:
     def _activate_inner(self, vllm_spec: ModuleSpec) -> None:
         from .. import env
 
-        if self.environ.get(env.HOOK, "1").strip().lower() in ("0", "false", "no", "off"):
-            self.inert_reason = f"disabled by {env.HOOK}=0"
+        if not env.hook_enabled(self.environ):
+            self.inert_reason = f"disabled by {env.HOOK}={self.environ.get(env.HOOK)!r}"
             return
         if not vllm_spec.submodule_search_locations:
             self.inert_reason = "vllm is not a package on this path"

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from hook_fixtures import Box, box, make_venv, out_of, replace_file, tree_bytes  # noqa: F401 (box is a fixture)
+from sndr import env
 from sndr.fsio import UnsafeDirError
 from sndr.startup import hookcache, resolve
 
@@ -154,6 +155,18 @@ def test_tree_with_a_ledger_leaves_the_hook_inert(box):
 def test_disabled_by_env(box):
     proc = box.py(SERVE, SNDR_HOOK="0")
     assert out_of(proc)["answer"] == 41
+
+
+@pytest.mark.parametrize("value,active", [("Off", False), (" no ", False), ("", False), ("yes", True), ("1", True)])
+def test_sndr_hook_takes_every_boolean_word(value, active):
+    """SNDR_HOOK reads the words every boolean SNDR_* variable takes (env._flag), not a list of its own."""
+    assert env.hook_enabled({env.HOOK: value}) is active
+
+
+def test_a_sndr_hook_typo_keeps_the_hook_active_and_says_so(box):
+    proc = box.py(SERVE, SNDR_HOOK="of")
+    assert out_of(proc)["answer"] == 42
+    assert "SNDR_HOOK='of' is not a boolean" in proc.stderr and "stays active" in proc.stderr
 
 
 def test_unsafe_cache_is_refused_loudly_and_serving_still_works(box):
