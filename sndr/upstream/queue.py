@@ -350,6 +350,9 @@ def _plan(git: Git, from_ref, to_ref, surface: Surface, tree, select, tree_label
         elif i in rv.target:
             entry.reverts = commits[rv.target[i]].sha
             entry.flags.append(f"reverts {commits[rv.target[i]].short} (paired by {rv.how[i]})")
+        elif i in rv.title_reuse:
+            entry.flags.append(f"carries the title of {commits[rv.title_reuse[i]].short}, reverted before it, but "
+                               "touches none of its files: not treated as its re-land")
         if i in rv.again:
             entry.flags.append(f"reverts {commits[rv.target[i]].short} again (already reverted by "
                                f"{commits[rv.again[i]].short})")

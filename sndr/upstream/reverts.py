@@ -32,7 +32,9 @@ a re-land, and :attr:`RevertInfo.relands` says so: the one home of that rule,
 which the queue's descriptions read. A commit that is no revert and pairs with
 nothing, yet carries the title of a commit reverted before it (``X (#K)``, or
 ``Reapply "X (#N)"``, with a diff of its own), re-lands it too (judged as any
-commit, never cancelled).
+commit, never cancelled), when it touches one of the files the reverted commit
+touched: a title reused for a change to other files (``[Misc] Fix typo``) is no
+re-land, and :attr:`RevertInfo.title_reuse` names it.
 """
 
 from __future__ import annotations
@@ -144,8 +146,12 @@ class RevertInfo:
     #: re-land index -> (the commit it lands again, the revert of that commit it follows): a revert of that
     #: revert (paired: also in ``target``), or a commit with the reverted commit's title (not paired)
     relands: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: re-land index -> how it was found: 'paired by <how>' (a revert of the revert) or 'same title'
+    #: re-land index -> how it was found: 'paired by <how>' (a revert of the revert), 'same title and files', or
+    #: 'same title' (one of the two touches no mirrored file: nothing to compare)
     reland_how: dict[int, str] = field(default_factory=dict)
+    #: index -> the reverted commit whose title it carries although it touches none of that commit's files (a
+    #: reused title, not a re-land: judged as any commit)
+    title_reuse: dict[int, int] = field(default_factory=dict)
 
 
 def pair_reverts(commits: list[CommitInfo], candidates: set[int] | None = None,
@@ -247,10 +253,16 @@ def pair_reverts(commits: list[CommitInfo], candidates: set[int] | None = None,
     return info
 
 
+def _files(c: CommitInfo) -> set[str]:
+    """The mirrored files a commit touches (both paths of a rename or copy)."""
+    return {p for ch in c.changes for p in (ch.path, ch.old_path) if p}
+
+
 def _relands_by_title(commits: list[CommitInfo], cands: set[int], info: RevertInfo, reverted_by: dict[int, int],
                       by_subject: dict[str, list[int]]) -> None:
     """Commits that pair with nothing but carry the title of an earlier commit that stands reverted when they
-    land (``X (#K)`` or ``Reapply "X (#N)"`` after ``Revert "X (#N)"``): re-lands, with a diff of their own."""
+    land (``X (#K)`` or ``Reapply "X (#N)"`` after ``Revert "X (#N)"``) and touch one of its files: re-lands, with
+    a diff of their own. The same title on a change to none of its files is a reused title (``title_reuse``)."""
     for i in sorted(cands):
         if i in info.target or i in info.outside:  # a revert (a paired revert of a revert is found above)
             continue
@@ -263,6 +275,10 @@ def _relands_by_title(commits: list[CommitInfo], cands: set[int], info: RevertIn
             while chain[-1] in reverted_by and reverted_by[chain[-1]] < i:
                 chain.append(reverted_by[chain[-1]])
             if len(chain) % 2 == 0:  # reverted (an odd number of reverts) when i lands
+                mine, theirs = _files(commits[i]), _files(commits[j])
+                if mine and theirs and not mine & theirs:
+                    info.title_reuse[i] = j
+                    break
                 info.relands[i] = (j, chain[-1])
-                info.reland_how[i] = "same title"
+                info.reland_how[i] = "same title and files" if mine and theirs else "same title"
                 break

@@ -200,8 +200,8 @@ RELANDS = {
                                  "paired by body"),
     "revert button on the revert": (f'Revert "Revert "{RELAND_TITLE} (#51234)" (#51300)" (#51400)', True, "",
                                     "paired by subject"),
-    "title again, fixed": (f"{RELAND_TITLE} (#51400)", False, "", "same title"),
-    "Reapply, fixed": (f'Reapply "{RELAND_TITLE} (#51234)" (#51400)', False, "", "same title"),
+    "title again, fixed": (f"{RELAND_TITLE} (#51400)", False, "", "same title and files"),
+    "Reapply, fixed": (f'Reapply "{RELAND_TITLE} (#51234)" (#51400)', False, "", "same title and files"),
 }
 
 
@@ -246,6 +246,25 @@ def test_a_change_landed_again_after_its_revert_is_a_re_land_not_a_revert(tmp_pa
     md = render_markdown(rep)
     assert f"re-lands {x[:10]}" in md and f"reverts {rx[:10]}" not in md
     assert json.loads(rep.model_dump_json())["commits"][2]["relands"] == x
+
+
+def test_a_reused_title_on_other_files_is_no_re_land(tmp_path, source):
+    """`[Misc] Fix typo`-style titles recur: a commit with the title of a reverted commit that touches none of its
+    files is judged as any commit and said to carry the title, not called its re-land; the same title on the same
+    file is a re-land ('same title and files')."""
+    repo = Repo(tmp_path / "up", source, [BLOCK_POOL, COORD])
+    x = repo.edit(BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, f"{RELAND_TITLE} (#51234)")
+    rx = _inverse(repo, BLOCK_POOL, DEBUG_DUMP_OLD, DEBUG_DUMP_NEW, f'Revert "{RELAND_TITLE} (#51234)" (#51300)')
+    first = (repo.path / COORD).read_text().splitlines(keepends=True)[0]
+    other = repo.edit(COORD, first, first + "# coordinator: local note\n", f"{RELAND_TITLE} (#51500)")
+    tree = make_tree(tmp_path / "tree", source, [BLOCK_POOL, COORD])
+    rep = plan_queue(repo.path, "pin", "main", Surface({BLOCK_POOL, COORD}), _dir_tree(tree))
+    e = rep.entry(other)
+    assert e.relands is None and e.reverts is None and not any(f.startswith("re-lands") for f in e.flags)
+    assert (f"carries the title of {x[:10]}, reverted before it, but touches none of its files: not treated as its "
+            "re-land") in e.flags, e.flags
+    assert rep.counts["relands"] == 0 and rep.counts["reverts_paired"] == 1
+    assert (rep.entry(x).status, rep.entry(rx).status, e.status) == ("cancelled", "cancelled", "port")
 
 
 # ----------------------------------------------------------------------------- 3. pure additions
