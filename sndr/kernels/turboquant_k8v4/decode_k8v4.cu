@@ -549,6 +549,13 @@ static __device__ __forceinline__ void store_partials(
     }
 }
 
+// The partial row a verify kernel (verify_k8v4.cu, verify_wgmma.cu) writes for query token t of ql of request b, head h
+// of KV head hk's gq (nhq query heads), split s of S: the merges read it as decode row b * ql + t, head hk * gq + h.
+static __device__ __forceinline__ long long verify_part_row(int b, int t, int hk, int h, int ql, int gq, int nhq, int S,
+                                                            int s) {
+    return ((long long)b * (ql * nhq) + t * nhq + hk * gq + h) * S + s;
+}
+
 // The partials of split s of sequence b in the merge layout: row (b * HQ + h) * S + s.
 static __device__ __forceinline__ void write_partials(
     const State& st, float* __restrict__ MID_O, float* __restrict__ MID_L,

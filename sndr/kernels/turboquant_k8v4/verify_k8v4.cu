@@ -373,7 +373,7 @@ static __device__ __forceinline__ void write_rows_of(
             if (SHU_DIMS) {  // m-tile j, accumulator e / 2 + e: dims 16 j + g / 16 j + g + 8 of row 8 nh + 2 t4 + e
                 const float inv_l = any ? 1.0f / l : 0.f, sr = st.s_run;
                 const float off = (g & 1 ? 64.f : 1024.f) * st.sp[nh][e];  // dims 16 j + g (+ 8): g's parity
-                const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+                const long long row = verify_part_row(b, tq, hk, h, QL, GQ, HQ_, S, s);
                 float* o = MID_O + row * D + g;
 #pragma unroll
                 for (int j = 0; j < NT16; ++j) {
@@ -383,7 +383,7 @@ static __device__ __forceinline__ void write_rows_of(
                 if (g == 0) MID_L[row] = any ? st.m[nh][e] + __log2f(l) : EMPTY_LSE;
             } else {  // m-tile 4 u + i, row half h <-> dim 8 VWORD(g, u) + 2 i + h
                 const float inv_l = any ? 1.0f / l : 0.f, sp = st.sp[nh][e], sr = st.s_run;
-                const long long row = ((long long)b * (QL * HQ_) + tq * HQ_ + hk * GQ + h) * S + s;
+                const long long row = verify_part_row(b, tq, hk, h, QL, GQ, HQ_, S, s);
 #pragma unroll
                 for (int j = 0; j < NT16; j += 2) {
                     float4 v;

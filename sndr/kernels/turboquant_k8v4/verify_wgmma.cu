@@ -591,7 +591,7 @@ static __device__ __forceinline__ void wg_scores(float (&sc)[WN / 2], float (&o)
 }
 
 // The split's partials of the warp's rows: O / l and the log2-sum-exp m + log2(l) (rows that saw no token: zeros
-// and EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s, verify_k8v4.cu's layout.
+// and EMPTY_LSE), at row (b * QL * HQ + t * HQ + hk * GQ + h) * S + s (verify_part_row), verify_k8v4.cu's layout.
 static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st, const WgQuery& R, int b, int hk,
                                                 int s, int S, int t4, float* __restrict__ MID_O,
                                                 float* __restrict__ MID_L)
@@ -605,7 +605,7 @@ static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st,
         const int r = e ? R.row1 : R.row0;
         if (r < 0) continue;
         const int t = r / GQ, h = r % GQ;
-        const long long row = ((long long)b * (QL * HQW) + t * HQW + hk * GQ + h) * S + s;
+        const long long row = verify_part_row(b, t, hk, h, QL, GQ, HQW, S, s);
         const float l = e ? st.l1 : st.l0, m = e ? st.m1 : st.m0;
         const float inv = l > 0.f ? 1.0f / l : 0.f;
         float* op = MID_O + row * D + t4;
