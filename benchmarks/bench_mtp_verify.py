@@ -239,9 +239,7 @@ def check(vl) -> list[dict]:
 
 
 # (a0): one warp per KV head, a block per 16-row chunk, softmax_tile
-def _pw(**kw) -> mtp_verify.VerifyConfig:
-    """A per-warp kernel variant (wgmma=0: else the default routes its > 16-row cells to the warpgroup-MMA kernel)."""
-    return mtp_verify.VerifyConfig(wgmma=0, **kw)
+_pw = mtp_verify.per_warp  # a per-warp kernel variant at every row count
 
 
 TODAY = _pw(chunk_warps=1, kchain=1, softmax=0, merge_rows=0)  # (and the block merge)

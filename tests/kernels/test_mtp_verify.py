@@ -28,7 +28,7 @@ pytest.importorskip("triton")
 
 from sndr.kernels import _cudart  # noqa: E402
 from sndr.kernels.turboquant_k8v4 import mtp_verify as mv
-from sndr.kernels.turboquant_k8v4 import reference  # noqa: E402
+from sndr.kernels.turboquant_k8v4 import reference, verify_wg  # noqa: E402
 from sndr.kernels.turboquant_k8v4._layout import Layout  # noqa: E402
 
 
@@ -396,3 +396,11 @@ def test_warp_specialised_pair_plan(g, k, ws):
     # not at head dim 64, with SMX 0, or with Q fragments in registers
     for d, c in ((64, cfg), (128, mv.VerifyConfig(ws=1, softmax=0)), (128, mv.VerifyConfig(ws=1, qsmem=0))):
         assert not mv.block_plan(8 * g, 8, d, k + 1, 8 * 196, 196, c).ws
+
+
+def test_per_warp_configs_never_route_to_the_wgmma_kernel():
+    """mtp_verify.per_warp: the tests' and the benchmark's per-warp variants stay on verify_k8v4.cu at 17..64 rows."""
+    cfg = mv.per_warp(unpack=1, stages=5)
+    assert cfg == mv.VerifyConfig(wgmma=0, unpack=1, stages=5)
+    assert verify_wg.uses(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows: the default's wgmma kernel
+    assert not any(verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16) for g in (3, 4, 6, 8) for k in (3, 5, 7))

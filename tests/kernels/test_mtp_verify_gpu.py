@@ -27,10 +27,7 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
-def PW(**kw):
-    """A variant of the per-warp kernel (verify_k8v4.cu): wgmma=0, else the default routes 17..64 rows per KV head
-    to the warpgroup-MMA kernel and the variant would go untested."""
-    return mv.VerifyConfig(wgmma=0, **kw)
+PW = mv.per_warp  # a variant of the per-warp kernel (verify_k8v4.cu) at every row count
 
 
 def _case(d, hk, g, k, page, lens, qdtype=torch.bfloat16, seed=0, extra_pages=3, max_len=None):

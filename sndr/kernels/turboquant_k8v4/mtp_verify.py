@@ -117,6 +117,14 @@ class VerifyConfig:
 
 
 DEFAULT = VerifyConfig()
+
+
+def per_warp(**kw) -> VerifyConfig:
+    """A config of the per-warp kernel (verify_k8v4.cu) at every row count: ``wgmma=0``, else 17..64 rows per KV
+    head run the warpgroup-MMA kernel and the variant is neither tested nor timed there."""
+    return VerifyConfig(wgmma=0, **kw)
+
+
 _SOURCE: list[str] = []
 _PLANS: dict[tuple, tuple] = {}
 _BROKEN: dict[int, str] = {}
