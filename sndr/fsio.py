@@ -28,6 +28,7 @@ import errno
 import os
 import stat
 import sys
+from pathlib import Path
 
 __all__ = ["FileProblem", "PrivateDir", "TEMP_MARK", "UnsafeDirError", "atomic_write", "create_temp", "fsync_dir",
            "read_regular", "read_text_strict", "is_temp_name"]
@@ -215,6 +216,24 @@ def _check_ancestor(st: os.stat_result, path: str, uid: int) -> None:
         kind = "world-writable without the sticky bit" if st.st_mode & 0o002 else "writable by group or others"
         raise UnsafeDirError(path, f"it is {kind} (mode {oct(st.st_mode & 0o7777)}): another user could swap "
                                    f"the entries under it")
+
+
+def not_a_dir(path: Path) -> str | None:
+    """What ``path`` is when it is there and is not a directory, as the messages name it ("a FIFO", "a character
+    device", "a socket", "a regular file"; through a symlink, said: "a symlink to fifo, which is a FIFO"); None
+    for a directory, a missing path or one that cannot be examined (the callers' own checks name those).
+    ``stat`` only: a FIFO or device is never opened."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    kind = kind_of(mode)
+    try:
+        return f"a symlink to {os.readlink(path)}, which is {kind}" if path.is_symlink() else kind
+    except OSError:
+        return kind
 
 
 def _kind(name: str, dir_fd: int) -> str:

@@ -39,14 +39,12 @@ and its opener in :func:`open_tree` (CONTRIBUTING.md, "Adding a tree source").
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from .errors import Problem, SndrError, bad_input
-from .fsio import kind_of
+from .fsio import not_a_dir
 from .tree_git import GitTree, open_checkout_rev, open_git
 from .tree_installed import find_installed_root, open_installed
 from .tree_release import fetch_version, open_release
@@ -72,26 +70,8 @@ __all__ = [
 # ----------------------------------------------------------------------------- reading: any form
 
 
-def _not_a_dir(path: Path) -> str | None:
-    """What ``path`` is when it is there and is not a directory, as the messages name it ("a FIFO", "a character
-    device", "a socket", "a regular file"; through a symlink, said: "a symlink to fifo, which is a FIFO"); None
-    for a directory, a missing path or one that cannot be examined (the callers' own checks name those).
-    ``stat`` only: a FIFO or device is never opened."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return None
-    if stat.S_ISDIR(mode):
-        return None
-    kind = kind_of(mode)
-    try:
-        return f"a symlink to {os.readlink(path)}, which is {kind}" if path.is_symlink() else kind
-    except OSError:
-        return kind
-
-
 def _open_path(spec: str, path: Path) -> Tree:
-    kind = _not_a_dir(path)
+    kind = not_a_dir(path)
     if kind is not None:
         if path.suffix == ".whl" and path.is_file():
             return WheelTree(path, spec=spec)
@@ -167,7 +147,7 @@ def directory(spec: str, *, dry_run: bool) -> Path:
         assert root is not None, "a cached release is a directory"
         return root
     path = Path(text).expanduser()
-    kind = _not_a_dir(path) if parsed.kind == "path" else None
+    kind = not_a_dir(path) if parsed.kind == "path" else None
     if parsed.kind == "git" or (path.suffix == ".whl" and (kind is None or path.is_file())):
         raise SndrError(Problem("bad_tree_spec", f"{text!r} is not a directory", key="--tree", hint=_NEEDS_DIR))
     if not path.exists():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import weakref
 from pathlib import Path
 
 from .errors import bad_input
+from .fsio import not_a_dir
 from .treespec import PKG as _PKG
 from .treespec import Spec
 from .treeview import Tree, check_rel, describe_version, is_source, run_git
@@ -155,9 +157,24 @@ def open_git(spec: Spec) -> GitTree:
     if split is None and Path(rest).expanduser().is_dir():
         split = (Path(rest).expanduser(), "HEAD")
     if split is None:
-        raise bad_input("tree_not_found", f"{spec.text!r}: no directory before '@'", file=rest,
-                        hint="git:/path/to/vllm@REV")
+        code, why = _no_checkout(rest)
+        raise bad_input(code, f"{spec.text!r}: {why}", file=rest, hint="git:/path/to/vllm@REV")
     return GitTree(split[0], split[1], spec=spec.text)
+
+
+def _no_checkout(rest: str) -> tuple[str, str]:
+    """Why ``REPO[@REV]`` names no directory, with its code: what its longest existing REPO is (a FIFO, a regular
+    file, ...: :func:`sndr.fsio.not_a_dir` names it; bad_tree_spec, as ``--tree`` of such a path), or that none of
+    its readings exists (tree_not_found)."""
+    readings = [rest] + [rest[:i] for i in range(len(rest) - 1, 0, -1) if rest[i] == "@"]
+    for r in readings:
+        p = Path(r).expanduser()
+        kind = not_a_dir(p)
+        if kind is not None:
+            return "bad_tree_spec", f"{p} is {kind}, not a directory"
+        if p.is_symlink() and not p.exists():
+            return "tree_not_found", f"{p} is a symlink to {os.readlink(p)}, which does not exist"
+    return "tree_not_found", f"no directory before '@' ({Path(readings[-1]).expanduser()} does not exist)"
 
 
 def open_checkout_rev(text: str) -> GitTree | None:

@@ -290,6 +290,26 @@ def test_a_tree_that_is_not_a_directory_is_named_as_what_it_is(pin_subtree, tmp_
             assert "does not contain a vllm/ package" not in err and "Traceback" not in err, (name, err)
 
 
+def test_a_git_spec_names_what_its_repo_is(tmp_path):
+    """``git:FIFO@REV`` said "no directory before '@'" (tree_not_found) for a path that is there: it names the kind,
+    as ``--tree FIFO`` does (bad_tree_spec); a path that is not there stays tree_not_found, named."""
+    for name, (path, kind) in _not_dirs(tmp_path).items():
+        for spec in (f"git:{path}@main", f"git:{path}", f"git:{path}@a@b"):
+            with pytest.raises(SndrError) as exc:
+                open_tree(spec)
+            p = exc.value.problems[0]
+            assert (p.code, exc.value.exit_code) == ("bad_tree_spec", 2), (name, spec, p)
+            assert p.message == f"{spec!r}: {path} is {kind}, not a directory", (name, p.message)
+    for spec, msg in ((f"git:{tmp_path}/gone@main", f"no directory before '@' ({tmp_path}/gone does not exist)"),
+                      (f"git:{tmp_path}/dangling@v1", f"{tmp_path}/dangling is a symlink to {tmp_path}/nowhere, "
+                                                       "which does not exist")):
+        (tmp_path / "dangling").unlink(missing_ok=True)
+        (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+        with pytest.raises(SndrError) as exc:
+            open_tree(spec)
+        assert (exc.value.problems[0].code, exc.value.problems[0].message) == ("tree_not_found", f"{spec!r}: {msg}")
+
+
 def test_bare_version_hints_the_spec():
     with pytest.raises(SndrError) as exc:
         open_tree(CANDIDATE)
