@@ -88,7 +88,7 @@ def _bool(name: str, raw: str) -> bool | None:
 
 def _flag(name: str, environ: Mapping[str, str] | None) -> tuple[str | None, bool | None]:
     """(the raw value, its boolean: None where it is no boolean word), (None, None) where unset: the one read of a
-    boolean variable, for :func:`env_flag` and :func:`strict_mode`."""
+    boolean variable, for :func:`env_flag` and :func:`_switch`."""
     raw = (os.environ if environ is None else environ).get(name)
     return (None, None) if raw is None else (raw, _bool(name, raw))
 
@@ -103,32 +103,30 @@ def env_flag(name: str, default: bool = False, environ: Mapping[str, str] | None
     return val
 
 
-def strict_mode(environ: Mapping[str, str] | None = None) -> bool:
-    """``SNDR_STRICT`` (default 0). A value that is no boolean turns strict mode on, said once on stderr: a typo
-    in a safety switch must not turn it off silently."""
-    raw, val = _flag(STRICT, environ)
+def _switch(name: str, default: bool, on_typo: bool, typo_means: str, environ: Mapping[str, str] | None) -> bool:
+    """A boolean switch that never raises: unset -> ``default``; a value that is no boolean -> ``on_typo``, said
+    once on stderr ("NAME='x' is not a boolean (...); <typo_means>")."""
+    raw, val = _flag(name, environ)
     if raw is None:
-        return False
+        return default
     if val is None:
         from .stderr import say
 
-        say(f"{STRICT}={raw!r} is not a boolean ({BOOL_WORDS}); treating it as 1 (strict)", once_key="strict-typo")
-        return True
+        say(f"{name}={raw!r} is not a boolean ({BOOL_WORDS}); {typo_means}", once_key=f"{name}-typo")
+        return on_typo
     return val
+
+
+def strict_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """``SNDR_STRICT`` (default 0). A value that is no boolean turns strict mode on, said once on stderr: a typo
+    in a safety switch must not turn it off silently."""
+    return _switch(STRICT, False, True, "treating it as 1 (strict)", environ)
 
 
 def hook_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """``SNDR_HOOK`` (default 1): False keeps the in-memory import hook inert. It is read inside ``import vllm``, so
     a value that is no boolean never raises: the hook stays active, said once on stderr."""
-    raw, val = _flag(HOOK, environ)
-    if raw is None:
-        return True
-    if val is None:
-        from .stderr import say
-
-        say(f"{HOOK}={raw!r} is not a boolean ({BOOL_WORDS}); the in-memory hook stays active", once_key="hook-typo")
-        return True
-    return val
+    return _switch(HOOK, True, True, "the in-memory hook stays active", environ)
 
 
 def plugins_enabled(environ: Mapping[str, str] | None = None) -> bool:
