@@ -285,6 +285,10 @@ PROBE = {
     "ws_t2": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(2, 4, 2, f16_stages=4)),  # 2 x 4, 4 f16
     "ws_1b": mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(4, 2, 1, f16_stages=3, regs=(96, 232))),
 }
+# round 10: verify_tr.cu (keys and values into the MMA warps' registers), 2 or 3 blocks per SM, 3 or 4 copied stages
+PROBE["tr"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(transposed=True))
+PROBE["tr_b3"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(min_blocks=3, transposed=True))
+PROBE["tr_s4"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(stages=4, transposed=True))
 # round 8's kernel: its rows 16 w + g and + 8 (two warps idle at <= 32 rows), an f16 stage freed after the next one's
 # scores; and each change alone
 PROBE["ws_r8"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(spread_rows=False, early_free=False))

@@ -450,7 +450,14 @@ WG = {
                                                 max_splits=8),
     # round 8's layout: rows 16 w + g and + 8 at <= 32 rows, an f16 stage freed after the next stage's scores
     "specialised, round 8": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(spread_rows=False, early_free=False)),
+    # verify_tr.cu: keys and values unpacked into the registers of the warps that multiply them (round 10)
+    "transposed": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(transposed=True)),
+    "transposed, 4 stages, 8 splits": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(stages=4, transposed=True),
+                                                     max_splits=8),
+    # (TR_DBG 2: every stage takes the raise path, exchanging the warps' maxima and rewriting P: the same outputs)
+    "transposed, raise every stage": mv.VerifyConfig(wgmma=1, wg=mv.verify_wg.WgConfig(transposed=True, debug=2)),
 }
+WGT = WG["transposed"]
 WG_SHAPES = [(8, 3), (4, 5), (4, 7), (8, 5), (8, 7), (6, 5), (3, 7), (4, 15)]
 
 
@@ -489,7 +496,7 @@ def test_row_layout_and_stage_release_change_no_bit(g, k, f16_stages):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("name", ["wgmma", "specialised"])
+@pytest.mark.parametrize("name", ["wgmma", "specialised", "transposed"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("g,k,lens", [(8, 5, [5000, 300, 6]), (8, 7, [4096, 77]), (8, 3, [3000, 40])])
 def test_wgmma_kernel_few_long_requests(g, k, lens, out_dtype, name):
@@ -503,7 +510,7 @@ def test_wgmma_kernel_few_long_requests(g, k, lens, out_dtype, name):
     assert _rel(out.float(), _ref(q, cache, bt, sl, 128 ** -0.5, k)) < 1e-2
 
 
-@pytest.mark.parametrize("cfg", [WG1, WGS], ids=["wg", "ws"])
+@pytest.mark.parametrize("cfg", [WG1, WGS, WGT], ids=["wg", "ws", "tr"])
 @pytest.mark.parametrize("hk,g,k,page", [(4, 8, 3, 32), (8, 8, 7, 64), (16, 4, 7, 16), (4, 16, 3, 16)])
 def test_wgmma_kernel_other_heads_and_pages(hk, g, k, page, cfg):
     q, cache, bt, sl = _case(128, hk, g, k, page, [3000, 77, k + 1, 260], seed=hk + g + k + page)
@@ -513,7 +520,7 @@ def test_wgmma_kernel_other_heads_and_pages(hk, g, k, page, cfg):
     assert _rel(out, _ref(q, cache, bt, sl, 0.088, k)) < 1e-2
 
 
-@pytest.mark.parametrize("cfg", [WG1, WGS], ids=["wg", "ws"])
+@pytest.mark.parametrize("cfg", [WG1, WGS, WGT], ids=["wg", "ws", "tr"])
 def test_wgmma_kernel_large_queries_keep_their_precision(cfg):
     """Queries of very different magnitudes per row (1e-3 .. 1e3): each row's power-of-two scale keeps its bf16
     values exact in f16, so the error stays the per-warp kernel's."""
@@ -527,7 +534,7 @@ def test_wgmma_kernel_large_queries_keep_their_precision(cfg):
     assert _rel(out, ref) < 1.5 * _rel(base, ref) + 1e-4
 
 
-@pytest.mark.parametrize("cfg", [WG1, WGS], ids=["wg", "ws"])
+@pytest.mark.parametrize("cfg", [WG1, WGS, WGT], ids=["wg", "ws", "tr"])
 def test_wgmma_kernel_fp16_queries(cfg):
     q, cache, bt, sl = _case(128, 8, 8, 5, 16, [3000, 100, 6], qdtype=torch.float16, seed=21)
     out = _verify(q, cache, bt, sl, 0.088, 5, out_dtype=torch.float32, config=cfg)
@@ -538,7 +545,7 @@ def test_wgmma_kernel_fp16_queries(cfg):
     assert _rel(out, ref) < 1.5 * _rel(base, ref) + 1e-4
 
 
-@pytest.mark.parametrize("cfg", [WG1, WGS], ids=["wg", "ws"])
+@pytest.mark.parametrize("cfg", [WG1, WGS, WGT], ids=["wg", "ws", "tr"])
 @pytest.mark.parametrize("g,k", [(8, 3), (8, 7)])
 def test_wgmma_kernel_graph_replay_with_new_lengths(g, k, cfg):
     _graph_replay_with_new_lengths(cfg, g, k, 7, 13)

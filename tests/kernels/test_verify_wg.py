@@ -31,8 +31,15 @@ ROUND8 = {"spread_rows": False, "early_free": False}
 WG_BUILDS_R8 = [(8, 3, 4, 3, 2, 2, None, ROUND8), (4, 5, 4, 3, 2, 2, None, {"spread_rows": False}),
                 (4, 7, 4, 3, 2, 2, None, {"early_free": False}), (8, 3, 4, 3, 0, 2, None, ROUND8)]
 
+# verify_tr.cu's transposed kernel (WgConfig.transposed) at 20, 24, 32, 36 and 48 rows (64 rows spill 8 to 24 bytes
+# at the 255-register ceiling: not shipped, GPU-tested only)
+TR = {"transposed": True}
+WG_BUILDS_TR = [(4, 4, 4, 3, 0, 2, None, TR), (4, 5, 4, 3, 0, 2, None, TR), (8, 3, 4, 3, 0, 2, None, TR),
+                (6, 5, 4, 3, 0, 2, None, TR), (8, 5, 4, 3, 0, 2, None, TR), (3, 7, 4, 4, 0, 2, None, TR)]
 
-@pytest.mark.parametrize("g,k,tps,stages,f16,minb,regs,opts", [b + ({},) for b in WG_BUILDS] + WG_BUILDS_R8)
+
+@pytest.mark.parametrize("g,k,tps,stages,f16,minb,regs,opts",
+                         [b + ({},) for b in WG_BUILDS] + WG_BUILDS_R8 + WG_BUILDS_TR)
 def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, f16, minb, regs, opts, tmp_path, monkeypatch):
     """No spills; the warp-specialised kernel starts with 65536 / (256 blocks) registers a thread, the pool its two
     warpgroups' setmaxnreg requests share (fewer would leave the MMA warpgroup's request waiting forever)."""
@@ -93,6 +100,16 @@ def test_smem_budget_is_the_kernels_own():
                 assert verify_wg.smem_bytes(ws) == n * 2 * tps * 4096 + ring + 8 * (st + 2 * n) + 1024
     assert 2 * (verify_wg.smem_bytes(verify_wg.WgConfig(f16_stages=0)) + 1024) <= 228 * 1024
     assert 2 * (verify_wg.smem_bytes(verify_wg.WgConfig()) + 1024) <= 228 * 1024  # (the default)
+    tr = verify_wg.SOURCE_TR.read_text()  # the transposed kernel: its TR_SMEM at 64 rows (TR_N), whatever the rows
+    assert "#define TR_QT (WSTAGES * WTPS * WRAW)" in tr and "#define TR_PT (TR_QT + 2 * TR_N * 128)" in tr
+    assert "#define TR_PTB (4 * TR_N * 32)" in tr and "#define TR_QF (TR_PT + 2 * TR_PTB)" in tr
+    assert "#define TR_RED (TR_QF + 256)" in tr and "#define TR_BAR (TR_RED + 1024)" in tr
+    assert "#define TR_SMEM (TR_BAR + 8 * WSTAGES + 1024)" in tr
+    for st in (2, 3, 4):
+        ring = st * 4 * 16 * 208
+        cfg = verify_wg.WgConfig(stages=st, transposed=True)
+        assert verify_wg.smem_bytes(cfg) == ring + 2 * 64 * 128 + 2 * 4 * 64 * 32 + 256 + 1024 + 8 * st + 1024
+    assert 3 * (verify_wg.smem_bytes(verify_wg.WgConfig(transposed=True)) + 1024) <= 228 * 1024
 
 
 def test_defines_keep_the_base_and_name_the_shape():
@@ -121,6 +138,30 @@ def test_defines_keep_the_base_and_name_the_shape():
     assert "WSPREAD" not in default and "WEARLY" not in default
     r8 = verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(spread_rows=False, early_free=False), base)
     assert (r8["WSPREAD"], r8["WEARLY"]) == (0, 0)
+    # the transposed kernel: its own macros (the query rows rounded up to 8), none of the specialised kernel's
+    tr = verify_wg.WgConfig(transposed=True)
+    for hq, ql, n in ((64, 6, 48), (48, 6, 40), (32, 5, 24), (24, 7, 24), (64, 8, 64)):
+        defs = verify_wg.defines(hq, 8, 128, 16, 196, ql, tr, base)
+        assert (defs["WTR"], defs["TR_N"], defs["WTPS"], defs["QL"], defs["GQ"]) == (1, n, 4, ql, hq // 8)
+        assert not {"WFST", "WREG_DQ", "WSPREAD", "WEARLY", "TR_DBG"} & set(defs)
+    assert (tr.kernel, tr.threads) == ("tq_k8v4_verify_tr", 128)
+    assert verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(transposed=True, debug=2), base)["TR_DBG"] == 2
+    assert "__launch_bounds__(128, WMINB) tq_k8v4_verify_tr(" in verify_wg.SOURCE_TR.read_text()
+
+
+def test_mma_wrappers_spell_every_operand_once():
+    """verify_tr.cu's tr_mma, generated for N = 8..64: N / 2 accumulators, four A registers, the descriptor, the
+    scale-d flag and the transpose immediate, numbered in order, each under its own #if."""
+    text = verify_wg.mma_wrappers()
+    blocks = text.split("#endif\n")[:-1]
+    assert len(blocks) == 8
+    for n, blk in zip(range(8, 65, 8), blocks):
+        h = n // 2
+        assert blk.startswith(f"#if WTR && TR_N == {n}\n") and f"m64n{n}k16.f32.f16.f16" in blk
+        assert f"float (&d)[{h}]" in blk and f"setp.ne.b32 p, %{h + 5}, 0" in blk and f"p, 1, 1, %{h + 6};" in blk
+        used = sorted({int(x) for x in re.findall(r"%(\d+)", blk)})
+        assert used == list(range(h + 7))
+        assert blk.count('"+f"(d[') == h and blk.count('"r"(a[') == 4
 
 
 def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(monkeypatch, caplog):

@@ -17,8 +17,10 @@ import torch
 from .. import _cudart
 
 SOURCE_PATH = Path(__file__).with_name("verify_wgmma.cu")
+SOURCE_TR = Path(__file__).with_name("verify_tr.cu")
 KERNEL = "tq_k8v4_verify_wg"  # one warpgroup converts and multiplies (WgConfig.f16_stages = 0)
 KERNEL_WS = "tq_k8v4_verify_ws"  # a converting warpgroup feeds an MMA warpgroup (f16_stages >= 2: the default)
+KERNEL_TR = "tq_k8v4_verify_tr"  # one warpgroup, keys and values unpacked into registers (WgConfig.transposed)
 _SOURCE: list[str] = []
 BROKEN: dict[int, str] = {}  # device index -> why this kernel is off there (disable)
 _SAID: set[int] = set()  # devices where a capture met an unseen cache (maps_for)
@@ -45,20 +47,49 @@ class WgConfig:
     # kernel frees an f16 stage as soon as its P.V is done (WEARLY). Both measured faster (round 9); False: round 8
     spread_rows: bool = True
     early_free: bool = True
+    # verify_tr.cu's kernel (tiles_per_stage 4; f16_stages, regs, spread_rows, early_free, v_desc and debug do not
+    # apply): S^T = K Q^T and O^T = V^T P^T, the cache the register operand, the query rows N
+    transposed: bool = False
 
     @property
     def threads(self) -> int:
-        return 256 if self.f16_stages else 128
+        return 256 if self.f16_stages and not self.transposed else 128
 
     @property
     def kernel(self) -> str:
-        return KERNEL_WS if self.f16_stages else KERNEL
+        return KERNEL_TR if self.transposed else KERNEL_WS if self.f16_stages else KERNEL
+
+
+def mma_wrappers() -> str:
+    """verify_tr.cu's ``tr_mma<TB>(d, a, desc, acc)``: ``wgmma m64nNk16`` (f32 += f16, A in registers, B by
+    descriptor, ``TB`` its transpose bit, ``acc`` = 0: the product alone) for N = 8 .. 64, each under ``#if TR_N ==
+    N`` (an asm operand list is spelt out per N: generated here rather than written eight times)."""
+    out = []
+    for n in range(8, 65, 8):
+        h = n // 2
+        regs = ", ".join(f"%{i}" for i in range(h))
+        outs = ", ".join(f'"+f"(d[{i}])' for i in range(h))
+        out.append(
+            f"#if WTR && TR_N == {n}\n"
+            "template <int TB>\n"
+            f"static __device__ __forceinline__ void tr_mma(float (&d)[{h}], const u32 (&a)[4], u64 desc, int acc)\n"
+            "{\n"
+            f'    asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{h + 5}, 0;\\n"\n'
+            f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs}}}, '
+            f'{{%{h}, %{h + 1}, %{h + 2}, %{h + 3}}}, %{h + 4}, p, 1, 1, %{h + 6};\\n}}\\n"\n'
+            f"                 : {outs}\n"
+            '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TB));\n'
+            "}\n#endif\n")
+    return "".join(out)
 
 
 def source(decode_source: Path) -> str:
-    """decode_k8v4.cu (``decode_source``) then verify_wgmma.cu, read once per process (a #line names the file)."""
+    """decode_k8v4.cu (``decode_source``), verify_wgmma.cu, the wgmma wrappers of verify_tr.cu (:func:`mma_wrappers`)
+    and verify_tr.cu, read once per process (a #line names each file)."""
     if not _SOURCE:
-        _SOURCE.append(decode_source.read_text() + '\n#line 1 "verify_wgmma.cu"\n' + SOURCE_PATH.read_text())
+        _SOURCE.append(decode_source.read_text() + '\n#line 1 "verify_wgmma.cu"\n' + SOURCE_PATH.read_text()
+                       + '\n#line 1 "verify_wg.py:mma_wrappers"\n' + mma_wrappers()
+                       + '\n#line 1 "verify_tr.cu"\n' + SOURCE_TR.read_text())
     return _SOURCE[0]
 
 
@@ -110,6 +141,12 @@ def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs:
 
 def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig, base: dict) -> dict:
     """The decode_k8v4.cu macros of a verify build (``base``) plus this kernel's."""
+    if cfg.transposed:
+        extra = {"WTR": 1, "TR_N": -(-ql * (hq // hk) // 8) * 8} | ({"TR_DBG": cfg.debug} if cfg.debug else {})
+        return dict(base) | extra | {
+            "QL": ql, "GQ": hq // hk, "HK": hk, "HS": hs, "D": d, "PAGE": page,
+            "WTPS": 4, "WSTAGES": cfg.stages, "WMINB": cfg.min_blocks,
+        }
     lbo, sbo = cfg.v_desc
     extra = ({"WV_DESC_LBO": lbo, "WV_DESC_SBO": sbo} if lbo else {}) | ({"WG_DBG": cfg.debug} if cfg.debug else {}) \
         | ({} if cfg.spread_rows else {"WSPREAD": 0}) | ({} if cfg.early_free else {"WEARLY": 0})
@@ -127,6 +164,8 @@ def smem_bytes(cfg: WgConfig) -> int:
     (``cfg.f16_stages``): that many stages of f16 keys and values, the ring, the barriers and the slack."""
     t, n = cfg.tiles_per_stage, cfg.f16_stages
     ring = cfg.stages * t * 16 * 208
+    if cfg.transposed:  # verify_tr.cu's TR_SMEM at 64 rows: the ring, Q^T, two P^T, the row factors, the column sums
+        return cfg.stages * 4 * 16 * 208 + 64 * 256 + 2 * 64 * 128 + 256 + 1024 + 8 * cfg.stages + 1024
     if n:
         return n * 2 * t * 4096 + ring + 8 * (cfg.stages + 2 * n) + 1024
     return t * 4096 + 2 * t * 4096 + ring + 8 * cfg.stages + 1024

@@ -91,6 +91,9 @@
 #ifndef WREG_DQ
 #define WREG_DQ 80                // tq_k8v4_verify_ws: registers of the converting warpgroup
 #endif
+#ifndef WTR
+#define WTR 0                     // 1: verify_tr.cu's transposed kernel is the build's (neither kernel below)
+#endif
 #ifndef WREG_MMA
 #define WREG_MMA 176              // and of the MMA warpgroup (together at most 65536 / (128 WMINB))
 #endif
@@ -618,7 +621,9 @@ static __device__ __forceinline__ void wg_store(const float (&o)[64], WgRows st,
     }
 }
 
-#if WFST == 0
+#if WTR
+// (the build's kernel is verify_tr.cu's tq_k8v4_verify_tr)
+#elif WFST == 0
 extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     const TmaMap* __restrict__ TM, const unsigned short* __restrict__ Q,
     const int* __restrict__ BT, const int* __restrict__ SL, float* __restrict__ MID_O, float* __restrict__ MID_L,
