@@ -289,6 +289,10 @@ PROBE = {
 PROBE["tr"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(transposed=True))
 PROBE["tr_b3"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(min_blocks=3, transposed=True))
 PROBE["tr_s4"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(stages=4, transposed=True))
+# (one block of 128 threads serves a split: about two or three waves of them keep 3 blocks an SM)
+PROBE["tr_w2"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(transposed=True), waves=2)
+PROBE["tr_w3"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(transposed=True), waves=3)
+PROBE["tr_b3_w2"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(min_blocks=3, transposed=True), waves=2)
 # round 8's kernel: its rows 16 w + g and + 8 (two warps idle at <= 32 rows), an f16 stage freed after the next one's
 # scores; and each change alone
 PROBE["ws_r8"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(spread_rows=False, early_free=False))

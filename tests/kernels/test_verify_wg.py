@@ -150,18 +150,24 @@ def test_defines_keep_the_base_and_name_the_shape():
 
 
 def test_mma_wrappers_spell_every_operand_once():
-    """verify_tr.cu's tr_mma, generated for N = 8..64: N / 2 accumulators, four A registers, the descriptor, the
-    scale-d flag and the transpose immediate, numbered in order, each under its own #if."""
+    """wg_mma, generated for N = 8..64 (the transposed kernel's query rows) and 128 (the P.V over 128 dims): N / 2
+    accumulators, four A registers, the descriptor, the scale-d flag and the transpose immediate, numbered in
+    order; the source has no wgmma of its own besides these, and both kernel files call them."""
     text = verify_wg.mma_wrappers()
-    blocks = text.split("#endif\n")[:-1]
-    assert len(blocks) == 8
-    for n, blk in zip(range(8, 65, 8), blocks):
+    blocks = text.split("template <int TB>\n")[1:]
+    assert verify_wg.MMA_NS == (8, 16, 24, 32, 40, 48, 56, 64, 128) and len(blocks) == 9
+    for n, blk in zip(verify_wg.MMA_NS, blocks):
         h = n // 2
-        assert blk.startswith(f"#if WTR && TR_N == {n}\n") and f"m64n{n}k16.f32.f16.f16" in blk
-        assert f"float (&d)[{h}]" in blk and f"setp.ne.b32 p, %{h + 5}, 0" in blk and f"p, 1, 1, %{h + 6};" in blk
+        assert f"wg_mma(float (&d)[{h}]" in blk and f"m64n{n}k16.f32.f16.f16" in blk
+        assert f"setp.ne.b32 p, %{h + 5}, 0" in blk and f"p, 1, 1, %{h + 6};" in blk
         used = sorted({int(x) for x in re.findall(r"%(\d+)", blk)})
         assert used == list(range(h + 7))
         assert blk.count('"+f"(d[') == h and blk.count('"r"(a[') == 4
+    for path in (verify_wg.SOURCE_PATH, verify_wg.SOURCE_TR):
+        src = path.read_text()
+        assert "wgmma.mma_async" not in src and "wg_mma<" in src, path.name
+    full = verify_wg.source(mv.DECODE_SOURCE)
+    assert full.index("wg_mma(float (&d)[64]") < full.index('#line 1 "verify_wgmma.cu"') < full.index("verify_tr.cu")
 
 
 def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(monkeypatch, caplog):

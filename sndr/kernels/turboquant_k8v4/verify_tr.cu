@@ -1,9 +1,9 @@
 // TurboQuant k8v4 speculative verify, transposed (sm_90a, WTR = 1): the keys and values are unpacked straight into
 // the registers of the warps that multiply them, so no f16 operand of the cache ever passes through shared memory.
 //
-// Compiled after decode_k8v4.cu and verify_wgmma.cu (verify_wg.py concatenates them, with the wgmma wrapper of this
-// build's N, tr_mma, generated before this file), whose helpers it uses: the tensor map and its copies
-// (wg_produce), the descriptors, wg_block, the nibble unpack (wg_unpack2), q_value. The splits it writes are
+// Compiled after decode_k8v4.cu and verify_wgmma.cu (verify_wg.py concatenates them), whose helpers it uses: the
+// wgmma wrappers (wg_mma), the tensor map and its copies (wg_produce), the descriptors, wg_block, the nibble unpack
+// (wg_unpack2), q_value. The splits it writes are
 // merged by decode_k8v4.cu's merges, in verify_k8v4.cu's partial layout.
 //
 // tq_k8v4_verify_tr: one warpgroup a block, a block per (request b, split s, KV head hk). Both products are
@@ -206,9 +206,9 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_tr(
         for (int x = 0; x < TR_N / 2; ++x) sc[x] = 0.f;
         wg_keep(sc);
         wg_fence();  // (o is not touched until the previous stage's O^T is waited for)
-        tr_mma<0>(sc, ka[0], dq, 0);
+        wg_mma<0>(sc, ka[0], dq, 0);
 #pragma unroll
-        for (int x = 1; x < 8; ++x) tr_mma<0>(sc, ka[x], wg_desc_at(dq, (x >> 2) * (TR_N * 128) + 32 * (x & 3)), 1);
+        for (int x = 1; x < 8; ++x) wg_mma<0>(sc, ka[x], wg_desc_at(dq, (x >> 2) * (TR_N * 128) + 32 * (x & 3)), 1);
         wg_commit();
         // values -> the O^T A operand while S^T runs, once the previous stage's O^T has read it (the groups
         // complete in order: all but the newest, S^T)
@@ -251,7 +251,8 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_tr(
             for (int e = 0; e < 2; ++e)
                 *reinterpret_cast<u32*>(pt + c * 256 + e * 128) = pack_f16x2(p[4 * c + 2 * e], p[4 * c + 2 * e + 1]);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        if (__syncthreads_or(need || (TR_DBG & 2))) {  // (block-uniform) a column's max is raised: agree on it, rewrite P
+        // (block-uniform) a column's max is raised: agree on it, rewrite P
+        if (__syncthreads_or(need || (TR_DBG & 2))) {
             if (g == 0)
 #pragma unroll
                 for (int c = 0; c < TR_N / 4; ++c) red[w * 64 + 8 * (c >> 1) + 2 * t4 + (c & 1)] = cm[c];
@@ -291,8 +292,8 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_tr(
         wg_fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            tr_mma<1>(o[0], va[0][j], wg_desc_at(dp, (i & 1) * TR_PTB + j * (TR_N * 32)), 1);
-            tr_mma<1>(o[1], va[1][j], wg_desc_at(dp, (i & 1) * TR_PTB + j * (TR_N * 32)), 1);
+            wg_mma<1>(o[0], va[0][j], wg_desc_at(dp, (i & 1) * TR_PTB + j * (TR_N * 32)), 1);
+            wg_mma<1>(o[1], va[1][j], wg_desc_at(dp, (i & 1) * TR_PTB + j * (TR_N * 32)), 1);
         }
         wg_commit();
         // the stage's copy was read before the barrier (every thread's words are in registers): refilled with stage

@@ -60,35 +60,38 @@ class WgConfig:
         return KERNEL_TR if self.transposed else KERNEL_WS if self.f16_stages else KERNEL
 
 
+MMA_NS = (*range(8, 65, 8), 128)  # the N of every wgmma a kernel here issues: the query rows rounded to 8, 128 dims
+
+
 def mma_wrappers() -> str:
-    """verify_tr.cu's ``tr_mma<TB>(d, a, desc, acc)``: ``wgmma m64nNk16`` (f32 += f16, A in registers, B by
-    descriptor, ``TB`` its transpose bit, ``acc`` = 0: the product alone) for N = 8 .. 64, each under ``#if TR_N ==
-    N`` (an asm operand list is spelt out per N: generated here rather than written eight times)."""
+    """``wg_mma<TB>(d, a, desc, acc)``, one overload per N of :data:`MMA_NS`: ``wgmma m64nNk16`` (fp32 d [+]= f16 A
+    in registers . B by descriptor, ``TB`` its transpose bit, ``acc`` = 0: the product alone). An asm operand list
+    is spelt out per N, so it is generated here once rather than written out per kernel and N."""
     out = []
-    for n in range(8, 65, 8):
+    for n in MMA_NS:
         h = n // 2
         regs = ", ".join(f"%{i}" for i in range(h))
-        outs = ", ".join(f'"+f"(d[{i}])' for i in range(h))
+        outs = ",\n                   ".join(", ".join(f'"+f"(d[{i}])' for i in range(j, min(j + 8, h)))
+                                             for j in range(0, h, 8))
         out.append(
-            f"#if WTR && TR_N == {n}\n"
             "template <int TB>\n"
-            f"static __device__ __forceinline__ void tr_mma(float (&d)[{h}], const u32 (&a)[4], u64 desc, int acc)\n"
+            f"static __device__ __forceinline__ void wg_mma(float (&d)[{h}], const u32 (&a)[4], u64 desc, int acc)\n"
             "{\n"
             f'    asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{h + 5}, 0;\\n"\n'
             f'                 "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs}}}, '
             f'{{%{h}, %{h + 1}, %{h + 2}, %{h + 3}}}, %{h + 4}, p, 1, 1, %{h + 6};\\n}}\\n"\n'
             f"                 : {outs}\n"
             '                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TB));\n'
-            "}\n#endif\n")
+            "}\n")
     return "".join(out)
 
 
 def source(decode_source: Path) -> str:
-    """decode_k8v4.cu (``decode_source``), verify_wgmma.cu, the wgmma wrappers of verify_tr.cu (:func:`mma_wrappers`)
-    and verify_tr.cu, read once per process (a #line names each file)."""
+    """decode_k8v4.cu (``decode_source``), the wgmma wrappers (:func:`mma_wrappers`), verify_wgmma.cu and
+    verify_tr.cu, read once per process (a #line names each part)."""
     if not _SOURCE:
-        _SOURCE.append(decode_source.read_text() + '\n#line 1 "verify_wgmma.cu"\n' + SOURCE_PATH.read_text()
-                       + '\n#line 1 "verify_wg.py:mma_wrappers"\n' + mma_wrappers()
+        _SOURCE.append(decode_source.read_text() + '\n#line 1 "verify_wg.py:mma_wrappers"\n' + mma_wrappers()
+                       + '\n#line 1 "verify_wgmma.cu"\n' + SOURCE_PATH.read_text()
                        + '\n#line 1 "verify_tr.cu"\n' + SOURCE_TR.read_text())
     return _SOURCE[0]
 

@@ -1,9 +1,10 @@
 // TurboQuant k8v4 speculative-verify attention with warpgroup MMAs (sm_90a): every KV tile is read and
 // unpacked once for all QL * GQ <= 64 query rows of a KV head.
 //
-// Compiled by NVRTC after decode_k8v4.cu (verify_wg.py concatenates the two), whose helpers it uses
-// (mbarriers, split_of, ex2, the fp16 packers) and whose merges (tq_k8v4_merge_rows / tq_k8v4_merge) combine
-// the splits written here, in the same partial layout as verify_k8v4.cu.
+// Compiled by NVRTC after decode_k8v4.cu and the wgmma wrappers (wg_mma, generated: verify_wg.mma_wrappers;
+// verify_wg.py concatenates them), whose helpers it uses (mbarriers, split_of, ex2, the fp16 packers) and whose
+// merges (tq_k8v4_merge_rows / tq_k8v4_merge) combine the splits written here, in the same partial layout as
+// verify_k8v4.cu.
 //
 // Two kernels, one per build (WFST): a block serves one (request b, split s, KV head hk).
 // * tq_k8v4_verify_ws (WFST >= 2, the default): two warpgroups. Warpgroup 0 streams and converts (the copies and
@@ -138,73 +139,9 @@ static __device__ __forceinline__ void wg_keep(float (&d)[N]) {  // the accumula
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// S (64 x WN) [+]= Q (A: f16 registers, k = 16 dims) . K^T (B: f16, K-major, 128-byte swizzle, desc);
-// ACC = 0: S = the product.
-#if WTPS == 1
-template <int ACC>
-static __device__ __forceinline__ void wg_score(float (&d)[8], const u32 (&a)[4], u64 desc)
-{
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
-}
-#endif
-#if WTPS == 2
-template <int ACC>
-static __device__ __forceinline__ void wg_score(float (&d)[16], const u32 (&a)[4], u64 desc)
-{
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
-}
-#endif
-#if WTPS == 4
-template <int ACC>
-static __device__ __forceinline__ void wg_score(float (&d)[32], const u32 (&a)[4], u64 desc)
-{
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC));
-}
-#endif
-// O (64 x 128) += P (A: f16 registers, k = 16 tokens) . V (B: f16, MN-major, no swizzle, desc).
-static __device__ __forceinline__ void wg_pv(float (&d)[64], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc)
-{
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(1));
-}
+// The wgmma of every N, wg_mma<TB>(d, a, desc, acc): d (64 x N, fp32) [+]= A (f16 registers, k = 16) . B (f16, by
+// descriptor; TB: its transpose bit), acc = 0: the product alone. Overloads by N (the accumulator array's size),
+// generated by verify_wg.mma_wrappers before this file.
 
 // WHALF: at most 32 query rows, 8 a warp at M-rows 16 w + g (the rows g + 8 are padding), so all four warps share the
 // softmax and each thread runs it for one row; else rows 16 w + g and + 8 (more than 32 rows, or WSPREAD = 0).
@@ -562,7 +499,7 @@ static __device__ __forceinline__ void wg_attend(float (&o)[64], u32 (&pa)[WTPS]
     wg_fence();
 #if !(WG_DBG & 2)
 #pragma unroll
-    for (int j = 0; j < WTPS; ++j) wg_pv(o, pa[j][0], pa[j][1], pa[j][2], pa[j][3], dv[j]);
+    for (int j = 0; j < WTPS; ++j) wg_mma<1>(o, pa[j], dv[j], 1);  // (V: MN-major)
 #endif
     wg_commit();
     wg_keep(o);
@@ -582,9 +519,9 @@ static __device__ __forceinline__ void wg_scores(float (&sc)[WN / 2], float (&o)
 #else
     // k16 step j: dims 64 (j / 4) + 16 (j % 4) + 0..15 (column block j / 4, 32 bytes a step within its rows)
     const u64 d0 = wg_desc(kb, 16, 1024, 1);
-    wg_score<0>(sc, qa[0], d0);
+    wg_mma<0>(sc, qa[0], d0, 0);
 #pragma unroll
-    for (int j = 1; j < 8; ++j) wg_score<1>(sc, qa[j], wg_desc_at(d0, (j >> 2) * (WN * 128) + 32 * (j & 3)));
+    for (int j = 1; j < 8; ++j) wg_mma<0>(sc, qa[j], wg_desc_at(d0, (j >> 2) * (WN * 128) + 32 * (j & 3)), 1);
 #endif
     wg_commit();
     wg_keep(sc);
