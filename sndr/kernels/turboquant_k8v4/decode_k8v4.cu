@@ -577,6 +577,32 @@ static __device__ __forceinline__ void store_out(void* OUT, long long o, float r
     }
 }
 
+// The weights of one warp's merge of n <= 128 split rows of a query head, from their log2-sum-exps l[0..n) (CG:
+// read through L2, written by other blocks of the same grid): lane holds splits lane + 32 i, wt[i] = 2^(l - m) (0
+// past n), m is their max and den the sum of every weight (warp reductions). merge_head and tq_k8v4_merge_rows.
+template <bool CG>
+static __device__ __forceinline__ void merge_weights(const float* __restrict__ l, int n, int lane, float (&wt)[4],
+                                                     float& m, float& den)
+{
+    m = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int sp = lane + 32 * i;
+        wt[i] = sp < n ? (CG ? __ldcg(l + sp) : l[sp]) : NEG_INF;
+        m = fmaxf(m, wt[i]);
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+    den = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        wt[i] = lane + 32 * i < n ? ex2(wt[i] - m) : 0.f;
+        den += wt[i];
+    }
+#pragma unroll
+    for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
+}
+
 #if !PAGE_CTA
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) tq_k8v4_decode_split(
     const unsigned short* __restrict__ Q, const unsigned char* __restrict__ KV,
@@ -819,24 +845,8 @@ static __device__ __forceinline__ void merge_head(
     const float* o, const float* l, int n, void* __restrict__ OUT, float* __restrict__ LSE,
     long long o_off, long long lse_off, int out_kind, int write_lse, int lane)
 {
-    float wt[4];  // row lane + 32 i (n <= 128)
-    float m = NEG_INF;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int sp = lane + 32 * i;
-        wt[i] = sp < n ? __ldcg(l + sp) : NEG_INF;
-        m = fmaxf(m, wt[i]);
-    }
-#pragma unroll
-    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
-    float den = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        wt[i] = lane + 32 * i < n ? ex2(wt[i] - m) : 0.f;
-        den += wt[i];
-    }
-#pragma unroll
-    for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
+    float wt[4], m, den;  // row lane + 32 i (n <= 128)
+    merge_weights<true>(l, n, lane, wt, m, den);
     float acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
@@ -1195,24 +1205,8 @@ extern "C" __global__ void __launch_bounds__(MRW * 32) tq_k8v4_merge_rows(
     const int b = r / HQ, h = r % HQ;
     const int n_act = split_of(SL[b], S, min_tiles).n_act;
     const long long row0 = (long long)r * S;
-    float wl[4];
-    float m = NEG_INF;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int s = lane + 32 * j;
-        wl[j] = s < n_act ? MID_L[row0 + s] : NEG_INF;
-        m = fmaxf(m, wl[j]);
-    }
-#pragma unroll
-    for (int x = 16; x >= 1; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
-    float den = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        wl[j] = lane + 32 * j < n_act ? ex2(wl[j] - m) : 0.f;
-        den += wl[j];
-    }
-#pragma unroll
-    for (int x = 16; x >= 1; x >>= 1) den += __shfl_xor_sync(0xffffffffu, den, x);
+    float wl[4], m, den;  // splits lane + 32 j
+    merge_weights<false>(MID_L + row0, n_act, lane, wl, m, den);
     float acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
