@@ -38,8 +38,12 @@ WG_BUILDS_TR = [(4, 4, 4, 3, 0, 2, None, TR), (4, 5, 4, 3, 0, 2, None, TR), (8, 
                 (6, 5, 4, 3, 0, 2, None, TR), (8, 5, 4, 3, 0, 2, None, TR), (3, 7, 4, 4, 0, 2, None, TR)]
 
 
+# the probe's diagnostics of round 10: the values unpacked but not stored (16), and that without the P.V (18)
+WG_BUILDS_DBG = [(8, 3, 4, 3, 2, 2, None, {"debug": 16}), (8, 5, 4, 3, 2, 2, None, {"debug": 18})]
+
+
 @pytest.mark.parametrize("g,k,tps,stages,f16,minb,regs,opts",
-                         [b + ({},) for b in WG_BUILDS] + WG_BUILDS_R8 + WG_BUILDS_TR)
+                         [b + ({},) for b in WG_BUILDS] + WG_BUILDS_R8 + WG_BUILDS_TR + WG_BUILDS_DBG)
 def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, f16, minb, regs, opts, tmp_path, monkeypatch):
     """No spills; the warp-specialised kernel starts with 65536 / (256 blocks) registers a thread, the pool its two
     warpgroups' setmaxnreg requests share (fewer would leave the MMA warpgroup's request waiting forever)."""

@@ -67,7 +67,8 @@
 #endif
 #ifndef WG_DBG
 #define WG_DBG 0                  // diagnostics (wrong outputs): 1 no score wgmma, 2 no P.V wgmma, 4 no tensor copies,
-#endif                            // 8 no conversion (the copies are loaded, nothing is written)
+#endif                            // 8 no conversion (the copies are loaded, nothing is written), 16 values unpacked
+                                  // but not stored (no f16 value bytes written)
 #ifndef WSPREAD
 #define WSPREAD 1                 // at most 32 query rows: 8 a warp, so all four warps share the softmax (WHALF)
 #endif
@@ -325,13 +326,24 @@ static __device__ __forceinline__ void wg_write(unsigned char* kb, unsigned char
             *reinterpret_cast<uint2*>(kb + L.kdst[x] + j * 16 * 128) = h;
         }
     const int left = seq_len - tok0 - L.t;  // tile j holds this thread's token where 16 j < left
+#if WG_DBG & 16
+    u32 sink = 0u;  // (the values unpacked, not stored: a store no run reaches keeps the unpack)
+#endif
 #pragma unroll
     for (int j = 0; j < WTPS; ++j) {
         const bool ok = j < nt && 16 * j < left;  // else zeros: code (a small integer) * 0 + 0
         const u32 sc2 = ok ? prmt(r.szw[j], 0u, 0x1010u) : 0u, z2 = ok ? prmt(r.szw[j], 0u, 0x3232u) : 0u;
+#if WG_DBG & 16
+        const uint4 a = wg_unpack8(r.cw[j][0], sc2, z2, L.mask), c = wg_unpack8(r.cw[j][1], sc2, z2, L.mask);
+        sink ^= a.x ^ a.y ^ a.z ^ a.w ^ c.x ^ c.y ^ c.z ^ c.w;
+#else
         *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF) = wg_unpack8(r.cw[j][0], sc2, z2, L.mask);
         *reinterpret_cast<uint4*>(vb + L.vdst + j * WVF + 8 * WV_SBO) = wg_unpack8(r.cw[j][1], sc2, z2, L.mask);
+#endif
     }
+#if WG_DBG & 16
+    if (left == -0x7fffffff) *reinterpret_cast<u32*>(vb + L.vdst) = sink;  // (seq_len: from memory)
+#endif
 }
 // A stage's keys (e4m3 -> f16, exact) into kb and its values (code * scale + zero) into vb, from its copy raw (the
 // tiles' rows of WRT bytes). Every word is loaded before the first store (the compiler cannot tell the copy from
