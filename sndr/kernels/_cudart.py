@@ -300,6 +300,10 @@ class Module:
         self.handle = ctypes.c_void_p()
         _check(_driver().cuModuleLoadData(ctypes.byref(self.handle), cubin), f"cuModuleLoadData({label})")
         self._kernels: dict[tuple[str, int], Kernel] = {}
+        # the largest dynamic shared memory asked of each function: the driver's attribute belongs to the function,
+        # which every Kernel of that name shares, so it is only ever raised (a smaller later ask lowering it would
+        # make the earlier Kernel's launches fail with "invalid argument")
+        self.smem_max: dict[str, int] = {}
 
     def kernel(self, name: str, dynamic_smem: int = 0) -> Kernel:
         k = self._kernels.get((name, dynamic_smem))
@@ -319,9 +323,11 @@ class Kernel:
                f"cuModuleGetFunction({name})")
         self.name = name
         self.smem = int(dynamic_smem)
-        if self.smem > 0:  # (any: static + dynamic above 48 KiB needs it, whatever the dynamic part's size)
+        # (any size: static + dynamic above 48 KiB needs it, whatever the dynamic part's size; never lowered)
+        if self.smem > module.smem_max.get(name, 0):
             _check(drv.cuFuncSetAttribute(self.func, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
                    "cuFuncSetAttribute")
+            module.smem_max[name] = self.smem
 
     def attribute(self, attr: int) -> int:
         v = ctypes.c_int()

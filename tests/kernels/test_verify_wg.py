@@ -232,3 +232,4 @@ def test_tensor_map_needs_a_cuda_12_driver_and_whole_shapes(monkeypatch):
     monkeypatch.setattr(_cudart, "_driver", lambda: Driver())
     with pytest.raises(ValueError, match="3 dims, 1 strides"):
         _cudart.tensor_map_tiled(0, (1568, 16, 4), (1568,), (208, 16, 1))
+
