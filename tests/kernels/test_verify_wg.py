@@ -149,6 +149,8 @@ def test_defines_keep_the_base_and_name_the_shape():
         assert (defs["WTR"], defs["TR_N"], defs["WTPS"], defs["QL"], defs["GQ"]) == (1, n, 4, ql, hq // 8)
         assert not {"WFST", "WREG_DQ", "WSPREAD", "WEARLY", "TR_DBG"} & set(defs)
     assert (tr.kernel, tr.threads) == ("tq_k8v4_verify_tr", 128)
+    with pytest.raises(ValueError, match="a stage is 4 tiles"):
+        verify_wg.WgConfig(tiles_per_stage=2, transposed=True)
     assert verify_wg.defines(64, 8, 128, 16, 196, 6, verify_wg.WgConfig(transposed=True, debug=2), base)["TR_DBG"] == 2
     assert "__launch_bounds__(128, WMINB) tq_k8v4_verify_tr(" in verify_wg.SOURCE_TR.read_text()
 

@@ -1,10 +1,11 @@
 // TurboQuant k8v4 speculative verify, transposed (sm_90a, WTR = 1): the keys and values are unpacked straight into
 // the registers of the warps that multiply them, so no f16 operand of the cache ever passes through shared memory.
 //
-// Compiled after decode_k8v4.cu and verify_wgmma.cu (verify_wg.py concatenates them), whose helpers it uses: the
-// wgmma wrappers (wg_mma), the tensor map and its copies (wg_produce), the descriptors, wg_block, the nibble unpack
-// (wg_unpack2), q_value. The splits it writes are
-// merged by decode_k8v4.cu's merges, in verify_k8v4.cu's partial layout.
+// Compiled after decode_k8v4.cu, the wgmma wrappers and verify_wgmma.cu (verify_wg.py concatenates them), whose
+// helpers it uses: wg_mma, the tensor map and its copies (wg_produce), the descriptors, wg_block, the nibble unpack
+// (wg_unpack2), q_value. The splits it writes are merged by decode_k8v4.cu's merges, in verify_k8v4.cu's layout.
+// Opt-in (WgConfig.transposed), not routed: it measured slower than tq_k8v4_verify_ws in 19 of 20 probe cells
+// (docs/bench-mtp-verify-h200.md, round 10), with half that kernel's shared-memory traffic.
 //
 // tq_k8v4_verify_tr: one warpgroup a block, a block per (request b, split s, KV head hk). Both products are
 // transposed, so that the cache is always the register (A) operand and the query rows are N:
@@ -22,7 +23,11 @@
 //   tiles of dims, four k16 steps (tiles) a stage. Thread (w, g) holds code quad q = 8 w + g of every token, dims
 //   4 q .. 4 q + 3: dim 4 q + 2 mt + e is M-row 16 w + g + 8 e of tile mt. Its token pairs (2 t4, + 1) and
 //   (2 t4 + 8, + 9) are joined by one prmt and unpacked as code * scale + zero (wg_unpack2, one fused rounding).
-// * The stage's copy is free once its words are in registers: the same barrier releases it (thread 0 refills).
+// * The stage's copy is free once its words are in registers: the same barrier releases it (warp 0 refills it
+//   after issuing the O^T, which waits for all four warps).
+// * Two hazards the H200 showed: a warp's wgmma wait covers only its own rows while every warp's rows of the O^T
+//   read all of P^T (P^T is double-buffered by stage), and ptxas gives an in-flight wgmma's A registers to later
+//   values (each stage starts by waiting for the previous O^T; the keys are held to the S^T wait: tr_hold).
 // * Rows past QL * GQ (TR_N pads to a multiple of 8) are zero columns of Q^T: computed, never stored.
 //
 // Macros: verify_wgmma.cu's (QL, GQ, HK, HS, D, PAGE, QBF16, WSTAGES, WMINB, TAU; WTPS is 4), TR_N.

@@ -1,8 +1,9 @@
 """The warpgroup-MMA verify kernels (``verify_wgmma.cu``, sm_90a): a block per (request, split, KV head) streams
 the head's tiles with TMA tensor copies, converts each tile's keys and values once into f16 wgmma operands, and
 scores all ``QL * G <= 64`` query rows of the KV head in one m64 tile; by default (``WgConfig.f16_stages``) one
-warpgroup converts while another runs the MMAs and the softmax. The splits are merged by ``decode_k8v4.cu``'s
-merges, as for ``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
+warpgroup converts while another runs the MMAs and the softmax. ``WgConfig.transposed`` builds ``verify_tr.cu``'s
+kernel instead (the cache unpacked into the MMA registers; opt-in, measured slower). The splits are merged by
+``decode_k8v4.cu``'s merges, as for ``verify_k8v4.cu`` (:mod:`.mtp_verify` routes and launches both).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class WgConfig:
     # verify_tr.cu's kernel (tiles_per_stage 4; f16_stages, regs, spread_rows, early_free, v_desc and debug do not
     # apply): S^T = K Q^T and O^T = V^T P^T, the cache the register operand, the query rows N
     transposed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.transposed and self.tiles_per_stage != 4:
+            raise ValueError("WgConfig(transposed=True): a stage is 4 tiles (the 64 tokens of S^T's M), "
+                             f"not {self.tiles_per_stage}")
 
     @property
     def threads(self) -> int:
@@ -144,21 +150,17 @@ def load(decode_source: Path, idx: int, hq: int, hk: int, d: int, page: int, hs:
 
 def defines(hq: int, hk: int, d: int, page: int, hs: int, ql: int, cfg: WgConfig, base: dict) -> dict:
     """The decode_k8v4.cu macros of a verify build (``base``) plus this kernel's."""
-    if cfg.transposed:
-        extra = {"WTR": 1, "TR_N": -(-ql * (hq // hk) // 8) * 8} | ({"TR_DBG": cfg.debug} if cfg.debug else {})
-        return dict(base) | extra | {
-            "QL": ql, "GQ": hq // hk, "HK": hk, "HS": hs, "D": d, "PAGE": page,
-            "WTPS": 4, "WSTAGES": cfg.stages, "WMINB": cfg.min_blocks,
-        }
+    shape = {"QL": ql, "GQ": hq // hk, "HK": hk, "HS": hs, "D": d, "PAGE": page, "WTPS": cfg.tiles_per_stage,
+             "WSTAGES": cfg.stages, "WMINB": cfg.min_blocks}
+    if cfg.transposed:  # (verify_tr.cu: the query rows rounded up to 8 are its N)
+        return dict(base) | {"WTR": 1, "TR_N": -(-ql * (hq // hk) // 8) * 8} \
+            | ({"TR_DBG": cfg.debug} if cfg.debug else {}) | shape
     lbo, sbo = cfg.v_desc
     extra = ({"WV_DESC_LBO": lbo, "WV_DESC_SBO": sbo} if lbo else {}) | ({"WG_DBG": cfg.debug} if cfg.debug else {}) \
         | ({} if cfg.spread_rows else {"WSPREAD": 0}) | ({} if cfg.early_free else {"WEARLY": 0})
     if cfg.f16_stages:
         extra |= {"WFST": cfg.f16_stages, "WREG_DQ": cfg.regs[0], "WREG_MMA": cfg.regs[1]}
-    return dict(base) | extra | {
-        "QL": ql, "GQ": hq // hk, "HK": hk, "HS": hs, "D": d, "PAGE": page,
-        "WTPS": cfg.tiles_per_stage, "WSTAGES": cfg.stages, "WMINB": cfg.min_blocks,
-    }
+    return dict(base) | extra | shape
 
 
 def smem_bytes(cfg: WgConfig) -> int:
