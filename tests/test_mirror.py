@@ -48,7 +48,7 @@ WITHOUT_TEST_FILE = frozenset({
     "sndr/kernels/_baseline.py",
     "sndr/kernels/gdn/_fla_op_stub.py", "sndr/kernels/gdn/_vllm_baseline.py", "sndr/kernels/gdn/kernels.py",
     "sndr/kernels/gdn/reference.py", "sndr/kernels/gdn/vllm_entry.py", "sndr/kernels/gdn/vllm_layer.py",
-    "sndr/kernels/_cudart.py", "sndr/kernels/turboquant_k8v4/_interp.py",
+    "sndr/kernels/turboquant_k8v4/_interp.py",
     "sndr/kernels/turboquant_k8v4/_layout.py", "sndr/kernels/turboquant_k8v4/_vllm_baseline.py",
     "sndr/kernels/turboquant_k8v4/cuda_decode.py", "sndr/kernels/turboquant_k8v4/dispatch.py",
     "sndr/kernels/turboquant_k8v4/kernels.py", "sndr/kernels/turboquant_k8v4/reference.py",

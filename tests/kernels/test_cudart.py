@@ -1,4 +1,4 @@
-"""``_cudart.Module`` / ``Kernel`` on the CPU, against a stand-in driver: what a loaded module asks of the driver."""
+"""``sndr.kernels._cudart`` on the CPU against stand-in drivers (its GPU paths run in every kernel test on a device)."""
 
 from __future__ import annotations
 
