@@ -299,9 +299,8 @@ PROBE["ws_r8"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(spread_r
 PROBE["ws_spread"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(early_free=False))
 PROBE["ws_early"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(spread_rows=False))
 # Diagnostics (wrong outputs): ws_t4 without its score wgmmas (1), P.V wgmmas (2), both (3), tensor copies (4),
-# copies and MMAs (7), conversion (8), the f16 value stores (16: unpacked, not stored), those and the P.V (18):
-# what each part of the pipeline costs (18: no f16 value byte through shared memory, the bound of values taken as
-# the P.V's register operand)
+# copies and MMAs (7), conversion (8), the f16 value stores (16: unpacked, not stored), those and the P.V (18: no
+# f16 value byte through shared memory): what each part of the pipeline costs
 for _d in (1, 2, 3, 4, 7, 8, 11, 16, 18):  # (8: the copies are still waited for)
     PROBE[f"ws_dbg{_d}"] = mtp_verify.VerifyConfig(wgmma=1, wg=verify_wg.WgConfig(f16_stages=2, debug=_d))
 # Diagnostics: the same builds with the tile math left out (verify_k8v4.cu's RING_ONLY; the outputs are wrong), at

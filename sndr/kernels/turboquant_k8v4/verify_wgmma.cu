@@ -48,7 +48,8 @@
 // Macros: QL, GQ, HK (KV heads), HS (bytes between two KV heads' slots), D (128 only), PAGE, QBF16,
 // WTPS (tiles per stage: 1, 2 or 4), WSTAGES (ring depth), WMINB (blocks per SM for the register budget),
 // TAU; WV_LBO / WV_SBO: the value operand's descriptor strides (bytes) for its 8-token / 8-dim core-matrix
-// steps; WFST, WREG_DQ, WREG_MMA: the specialised kernel's f16 stages and its warpgroups' registers.
+// steps; WFST, WREG_DQ, WREG_MMA: the specialised kernel's f16 stages and its warpgroups' registers; WTR = 1: the
+// build is verify_tr.cu's kernel (this file's two are compiled out, its helpers kept).
 
 #ifndef WTPS
 #define WTPS 4
