@@ -136,25 +136,17 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_tr(
     float qk_scale, int S, int min_tiles, long long q_st, long long q_sh, long long bt_sb)
 {
     extern __shared__ __align__(1024) unsigned char wsm[];
-    const u32 sbase = smem_addr(wsm);
-    const u32 base = (sbase + 1023u) & ~1023u;
-    unsigned char* const gbase = wsm + (base - sbase);
+    unsigned char* gbase;
+    const u32 base = wg_base(wsm, gbase);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
     const WgBlock k = wg_block(SL, S, min_tiles);
     if (!k.live) return;  // (the whole block)
     const u32 full = base + TR_BAR;
     const int* bt = BT + (long long)k.b * bt_sb;
     int pg_lane = 0, cache0 = -32;  // warp 0's window of block-table entries (wg_produce)
-    if (tid == 0) {
-#pragma unroll
-        for (int i = 0; i < WSTAGES; ++i) mbar_init(full + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(TM) : "memory");
-    }
+    if (tid == 0) wg_barriers<0>(full, TM);
     __syncthreads();
-    if (w == 0)
-        for (int i = 0; i < min(WSTAGES, k.nst); ++i)
-            wg_produce(TM, bt, base + TR_RING, full, i, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
+    if (w == 0) wg_fill(TM, bt, base + TR_RING, full, k, lane, pg_lane, cache0);
     float* const qf = reinterpret_cast<float*>(gbase + TR_QF);
     float* const red = reinterpret_cast<float*>(gbase + TR_RED);
     tr_qt(gbase + TR_QT, qf, Q, k.b, k.hk, tid, q_st, q_sh);

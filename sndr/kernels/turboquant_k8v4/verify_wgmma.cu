@@ -388,6 +388,35 @@ static __device__ __forceinline__ WgBlock wg_block(const int* __restrict__ SL, i
     return k;
 }
 
+// The three kernels' common start. The block's dynamic shared memory from its first 1024-byte boundary (the swizzled
+// operands' atom): its shared address and a pointer to it.
+static __device__ __forceinline__ u32 wg_base(unsigned char* wsm, unsigned char*& gbase) {
+    const u32 sbase = smem_addr(wsm), base = (sbase + 1023u) & ~1023u;
+    gbase = wsm + (base - sbase);
+    return base;
+}
+// Thread 0's barriers: full[WSTAGES] (the copies) at `full`, then NF16 pairs kfull (1 arrival) / kempty (4: one a
+// warp of the MMA warpgroup) of the specialised kernel; the inits fenced, and the tensor map (written by the
+// host's copy through the generic proxy) acquired once. The block waits for them (__syncthreads) after.
+template <int NF16>
+static __device__ __forceinline__ void wg_barriers(u32 full, const TmaMap* TM) {
+#pragma unroll
+    for (int i = 0; i < WSTAGES; ++i) mbar_init(full + 8 * i, 1);
+#pragma unroll
+    for (int i = 0; i < NF16; ++i) {
+        mbar_init(full + 8 * WSTAGES + 8 * i, 1);
+        mbar_init(full + 8 * (WSTAGES + NF16) + 8 * i, 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(TM) : "memory");
+}
+// Warp 0: the ring's first min(WSTAGES, nst) stages (wg_produce).
+static __device__ __forceinline__ void wg_fill(const TmaMap* TM, const int* __restrict__ bt, u32 ring, u32 full,
+                                               const WgBlock& k, int lane, int& pg_lane, int& cache0) {
+    for (int i = 0; i < min(WSTAGES, k.nst); ++i)
+        wg_produce(TM, bt, ring, full, i, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
+}
+
 // The MMA warpgroup's rows of warp w (16 w + g and + 8): the query as the score wgmma's A operand (wg_load_q), the
 // rows' log2 units per raw score, and the causal / split limits: row t sees tokens [0, seq_len - QL + 1 + t) and
 // none past the split; stages reaching past lim_min are masked.
@@ -580,26 +609,17 @@ extern "C" __global__ void __launch_bounds__(128, WMINB) tq_k8v4_verify_wg(
     float qk_scale, int S, int min_tiles, long long q_st, long long q_sh, long long bt_sb)
 {
     extern __shared__ __align__(1024) unsigned char wsm[];
-    const u32 sbase = smem_addr(wsm);
-    const u32 base = (sbase + 1023u) & ~1023u;
-    unsigned char* const gbase = wsm + (base - sbase);
+    unsigned char* gbase;
+    const u32 base = wg_base(wsm, gbase);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const WgBlock k = wg_block(SL, S, min_tiles);
     if (!k.live) return;  // (the whole block)
     const u32 full = base + WB_OFF;
     const int* bt = BT + (long long)k.b * bt_sb;
     int pg_lane = 0, cache0 = -32;  // warp 0's window of block-table entries (wg_produce)
-    if (tid == 0) {
-#pragma unroll
-        for (int i = 0; i < WSTAGES; ++i) mbar_init(full + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        // (the map was written through the generic proxy, by the host's copy: acquired once)
-        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(TM) : "memory");
-    }
+    if (tid == 0) wg_barriers<0>(full, TM);
     __syncthreads();
-    if (w == 0)  // the ring's first WSTAGES stages
-        for (int i = 0; i < min(WSTAGES, k.nst); ++i)
-            wg_produce(TM, bt, base + WR_OFF, full, i, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
+    if (w == 0) wg_fill(TM, bt, base + WR_OFF, full, k, lane, pg_lane, cache0);
 
     // the warpgroup's rows, operands and state
     const int t4 = lane & 3;
@@ -647,32 +667,19 @@ extern "C" __global__ void __launch_bounds__(256, WMINB) tq_k8v4_verify_ws(
     float qk_scale, int S, int min_tiles, long long q_st, long long q_sh, long long bt_sb)
 {
     extern __shared__ __align__(1024) unsigned char wsm[];
-    const u32 sbase = smem_addr(wsm);
-    const u32 base = (sbase + 1023u) & ~1023u;
-    unsigned char* const gbase = wsm + (base - sbase);
+    unsigned char* gbase;
+    const u32 base = wg_base(wsm, gbase);
     const int tid = threadIdx.x, lane = tid & 31, w = (tid >> 5) & 3;
     const WgBlock k = wg_block(SL, S, min_tiles);
     if (!k.live) return;  // (the whole block)
     const u32 full = base + WS_B_OFF, kfull = full + 8 * WSTAGES, kempty = kfull + 8 * WFST;
-    if (tid == 0) {
-#pragma unroll
-        for (int i = 0; i < WSTAGES; ++i) mbar_init(full + 8 * i, 1);
-#pragma unroll
-        for (int i = 0; i < WFST; ++i) {
-            mbar_init(kfull + 8 * i, 1);
-            mbar_init(kempty + 8 * i, 4);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(TM) : "memory");
-    }
+    if (tid == 0) wg_barriers<WFST>(full, TM);
     __syncthreads();
     if (tid < 128) {  // warpgroup 0: copies and conversion
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WREG_DQ));
         const int* bt = BT + (long long)k.b * bt_sb;
         int pg_lane = 0, cache0 = -32;
-        if (w == 0)
-            for (int i = 0; i < min(WSTAGES, k.nst); ++i)
-                wg_produce(TM, bt, base + WS_R_OFF, full, i, k.t_begin, k.t_end, k.hk, lane, pg_lane, cache0);
+        if (w == 0) wg_fill(TM, bt, base + WS_R_OFF, full, k, lane, pg_lane, cache0);
         const WgLane L = wg_lane(tid, (HS * k.hk) & 15, (u32)min_tiles >> 31);
         for (int i = 0; i < k.nst; ++i) {
             const int slot = i % WSTAGES, fs = i % WFST;
