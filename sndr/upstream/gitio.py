@@ -40,6 +40,11 @@ class GitFileChange:
     hunks: list[Hunk] = field(default_factory=list)
     binary: bool = False
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths the change touches: its path, and a rename's or copy's old path."""
+        return (self.path,) if not self.old_path else (self.path, self.old_path)
+
     def renamed_from(self) -> str:
         """A rename's or copy's old path (``git diff-tree`` always names it)."""
         if self.old_path is None:

@@ -115,8 +115,8 @@ class LineTracker:
         self.added.setdefault(i, 0)
         self.pure_add.setdefault(i, True)
         for ch in changes:
-            for p in (ch.path, ch.old_path):
-                if p and p in self.path_origin:
+            for p in ch.paths:
+                if p in self.path_origin:
                     deps.add(self.path_origin[p])
             if ch.kind in ("A", "C"):
                 n = new_count(ch.path)

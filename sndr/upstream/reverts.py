@@ -255,7 +255,7 @@ def pair_reverts(commits: list[CommitInfo], candidates: set[int] | None = None,
 
 def _files(c: CommitInfo) -> set[str]:
     """The mirrored files a commit touches (both paths of a rename or copy)."""
-    return {p for ch in c.changes for p in (ch.path, ch.old_path) if p}
+    return {p for ch in c.changes for p in ch.paths}
 
 
 def _relands_by_title(commits: list[CommitInfo], cands: set[int], info: RevertInfo, reverted_by: dict[int, int],

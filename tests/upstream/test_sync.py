@@ -375,6 +375,17 @@ def test_line_tracker_overlap():
     assert t.commit(2, "p", [GitFileChange("M", "f", hunks=h3)], lambda p: 0) == set()
 
 
+
+def test_a_change_names_the_paths_it_touches():
+    """GitFileChange.paths: the one reading of the files a change touches (the line tracker's rename dependencies,
+    the re-land rule's file overlap): a rename or copy touches both of its paths."""
+    from sndr.upstream.sync import GitFileChange
+
+    assert GitFileChange("M", "a.py").paths == ("a.py",)
+    assert GitFileChange("R", "b.py", old_path="a.py").paths == ("b.py", "a.py")
+    assert GitFileChange("C", "c.py", old_path="a.py").paths == ("c.py", "a.py")
+
+
 def test_patch_surface_skips_retired_and_maps_runtime_targets():
     from sndr.model import Patch
 
