@@ -331,8 +331,8 @@ def _ring_only_hooks() -> None:
 _ring_only_hooks()
 
 
-def plan_of(hq: int, k: int, cfg) -> str:
-    if verify_wg.uses(cfg, hq, HK, D, k + 1, HK * SLOT, 16):
+def plan_of(hq: int, k: int, cfg, b: int) -> str:
+    if verify_wg.uses(cfg, hq, HK, D, k + 1, HK * SLOT, 16, b):
         return f"wg {cfg.wg.tiles_per_stage}t{cfg.wg.stages}s" + (f" ws{cfg.wg.f16_stages}" if cfg.wg.f16_stages else "")
     p = mtp_verify.block_plan(hq, HK, D, k + 1, HK * SLOT, SLOT, cfg)
     smx = mtp_verify.defines(hq, HK, D, PAGE, HK * SLOT, True, k + 1, cfg)["SMX"]
@@ -362,7 +362,50 @@ def probe(vl, pools, names=tuple(PROBE)) -> list[dict]:
                         plain[key] = graph_us(cell.d)
                     rows.append(dict(b=b, ctx=ctx, hq=hq, k=k, d=plain[key], **ts))
                     log(f"probe B {b} ctx {ctx} Hq {hq} K {k} (d) {plain[key]:.1f}: " + "  ".join(
-                        f"{n}[{plan_of(hq, k, PROBE[n])}] {t:.1f} ({t / plain[key]:.2f}x d)" for n, t in ts.items()))
+                        f"{n}[{plan_of(hq, k, PROBE[n], b)}] {t:.1f} ({t / plain[key]:.2f}x d)" for n, t in ts.items()))
+                    del cell
+    return rows
+
+
+# --small: at <= 16 query rows per KV head the default runs the per-warp kernel; these time the warpgroup kernels
+# there (wgmma=2: at every row count) against it, by batch and context
+SMALL = {
+    "pw": PER_WARP,
+    "ws_all": mtp_verify.VerifyConfig(wgmma=2),
+    "tr_all": mtp_verify.VerifyConfig(wgmma=2, wg=verify_wg.WgConfig(transposed=True)),
+    "tr_b3_all": mtp_verify.VerifyConfig(wgmma=2, wg=verify_wg.WgConfig(min_blocks=3, transposed=True)),
+}
+SMALL_BS = (1, 2, 4, 8, 16, 32)
+SMALL_CTXS = (2048, 8192, 32768)
+SMALL_HQS = (8, 16, 32, 48, 64)  # G = 1, 2, 4, 6, 8 (Hk 8)
+SMALL_KS = (1, 3, 7)
+
+
+def small(vl, pools) -> list[dict]:
+    """SMALL's variants on every cell of SMALL_HQS x SMALL_KS with at most 16 query rows per KV head, B in SMALL_BS, every
+    context of SMALL_CTXS; each checked against the per-warp kernel's output (max |diff|) before it is timed."""
+    rows = []
+    for ctx in SMALL_CTXS:
+        for hq in SMALL_HQS:
+            for k in SMALL_KS:
+                if (hq // HK) * (k + 1) > 16:
+                    continue
+                for b in SMALL_BS:
+                    cell = Cell(pools[ctx], b, k, hq, vl)
+                    ts, diff = {}, {}
+                    ref = None
+                    for name, cfg in SMALL.items():
+                        def run(cfg=cfg, cell=cell, k=k):
+                            return mtp_verify.verify_attention(cell.q, cell.cache, cell.bt, cell.sl, cell.scale, k,
+                                                               out=cell.out, config=cfg)
+                        got = run().float().clone()
+                        ref = got if ref is None else ref
+                        diff[name] = (got - ref).abs().max().item()
+                        ts[name] = graph_us(run)
+                    td = graph_us(cell.d)
+                    rows.append(dict(b=b, ctx=ctx, hq=hq, k=k, d=td, **ts, diff=diff))
+                    log(f"small B {b} ctx {ctx} Hq {hq} K {k} rows {(hq // HK) * (k + 1)} (d) {td:.1f}: " + "  ".join(
+                        f"{n} {t:.1f} ({t / ts['pw']:.3f}x pw, diff {diff[n]:.1e})" for n, t in ts.items()))
                     del cell
     return rows
 
@@ -379,11 +422,11 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                     cell = Cell(pools[ctx], b, k, hq, vl)
                     ta = graph_us(cell.a)
                     # one build (<= 16 rows) and one merge (TODAY's: the block merge, not the default's warp merge)
-                    same = plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, TODAY) \
+                    same = plan_of(hq, k, mtp_verify.DEFAULT, b) == plan_of(hq, k, TODAY, b) \
                         and mtp_verify.DEFAULT.merge_rows == TODAY.merge_rows
                     ta0 = ta if same else graph_us(lambda cell=cell: mtp_verify.verify_attention(
                         cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=TODAY))
-                    samew = (hq // HK) * (k + 1) <= 16 or plan_of(hq, k, mtp_verify.DEFAULT) == plan_of(hq, k, PER_WARP)
+                    samew = plan_of(hq, k, mtp_verify.DEFAULT, b) == plan_of(hq, k, PER_WARP, b)
                     taw = ta if samew else graph_us(lambda cell=cell: mtp_verify.verify_attention(
                         cell.q, cell.cache, cell.bt, cell.sl, cell.scale, cell.k, out=cell.out, config=PER_WARP))
                     tb = eager_us(cell.b_vllm, n=3 if b * ctx >= 32 * 32768 else 5)
@@ -394,7 +437,7 @@ def table(vl, pools, bw, quick=False) -> list[dict]:
                     td = d_cache[key]
                     gbs = cell.bytes / (ta * 1e-6) / 1e9
                     r = dict(hq=hq, ctx=ctx, b=b, k=k, a=ta, a0=ta0, aw=taw, same_plan=same, same_wide=samew,
-                             plan=plan_of(hq, k, mtp_verify.DEFAULT), plan_wide=plan_of(hq, k, PER_WARP),
+                             plan=plan_of(hq, k, mtp_verify.DEFAULT, b), plan_wide=plan_of(hq, k, PER_WARP, b),
                              b_vllm=tb, c=tc, d=td, gbs=gbs, pct=100 * gbs / bw,
                              a_over_d=ta / td, a0_over_d=ta0 / td, c_over_a=tc / ta, b_over_a=tb / ta)
                     rows.append(r)
@@ -443,7 +486,7 @@ def ncu_launch(cfg, hq: int = 64, k: int = 3, b: int = 32, ctx: int = 8192) -> i
     for _ in range(2):
         mtp_verify.verify_attention(cell.q, cell.cache, cell.bt, cell.sl, cell.scale, k, out=cell.out, config=cfg)
     torch.cuda.synchronize()
-    log(f"ncu launch: Hq {hq} K {k} B {b} ctx {ctx} plan {plan_of(hq, k, cfg)} {cfg}")
+    log(f"ncu launch: Hq {hq} K {k} B {b} ctx {ctx} plan {plan_of(hq, k, cfg, b)} {cfg}")
     return 0
 
 
@@ -453,6 +496,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--probe", action="store_true")
     ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--small", action="store_true", help="time SMALL's variants at <= 16 query rows per KV head")
     ap.add_argument("--variants", default=",".join(PROBE), help="--probe: these PROBE names, comma-separated")
     ap.add_argument("--ncu-launch", metavar="NAME",
                     help="one launch of PROBE[NAME] at Hq 64, K 3, B 32, 8K (after one warm-up call), for ncu; "
@@ -488,9 +532,15 @@ def main(argv=None) -> int:
                    for cfg in (PROBE[n] for n in names) if (hq // HK) * (k + 1) > 16]
     if not args.no_table:
         shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in HQS for k in KS for cfg in (TODAY, PER_WARP)]
+    if args.small:
+        shapes += [(hq, HK, D, PAGE, sp, True, k + 1, cfg) for hq in SMALL_HQS for k in SMALL_KS
+                   for cfg in SMALL.values() if (hq // HK) * (k + 1) <= 16]
     mtp_verify.precompile(shapes, workers=12)
     log(f"compiled {len(shapes)} verify builds in {time.time() - t0:.0f} s")
     pools = {ctx: Pool(max(BS), ctx) for ctx in CTXS}
+    if args.small:
+        pools |= {ctx: Pool(max(SMALL_BS), ctx) for ctx in SMALL_CTXS if ctx not in pools}
+        out["small"] = small(vl, pools)
     if args.probe:
         out["probe"] = probe(vl, pools, names)
     if not args.no_table:

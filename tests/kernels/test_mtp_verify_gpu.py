@@ -123,6 +123,8 @@ def _precompiled():
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, c) for g, k in WS_SHAPES
                for cfg in WS.values() for c in (cfg, _per_warp(cfg), dataclasses.replace(cfg, max_splits=128))]
     shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in WG_SHAPES for cfg in WG.values()]
+    shapes += [(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg) for g, k in SMALL_SHAPES
+               for cfg in (mv.DEFAULT, WS_ALL, PW())]
     mv.precompile(shapes, workers=12)
 
 
@@ -270,10 +272,10 @@ def test_softmax_paths_match_float64(g, k, smx):
     assert err < (1.25 if smx == 1 else 2.0) * base + 1e-4, (g, k, smx, err, base)
 
 
-def _graph_replay_with_new_lengths(cfg, g: int, k: int, seed: int, fill_seed: int) -> None:
-    """Capture one verify call of ``cfg`` at three 64-token requests, then replay it with new lengths (4999 /
-    3 / 700, then 1 / 4096 / 65; the caches filled as they grow): every output row against float64."""
-    lens0 = [64, 64, 64]
+def _graph_replay_with_new_lengths(cfg, g: int, k: int, seed: int, fill_seed: int, b: int = 3) -> None:
+    """Capture one verify call of ``cfg`` at ``b`` (<= 3) 64-token requests, then replay it with new lengths (4999 /
+    3 / 700, then 1 / 4096 / 65, the first b; the caches filled as they grow): every output row against float64."""
+    lens0 = [64] * b
     q, cache, bt, sl = _case(128, 8, g, k, 16, lens0, seed=seed, max_len=5000)
     out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=DEV)
     mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
@@ -282,7 +284,7 @@ def _graph_replay_with_new_lengths(cfg, g: int, k: int, seed: int, fill_seed: in
     with torch.cuda.graph(graph):
         mv.verify_attention(q, cache, bt, sl, 0.088, k, out=out, config=cfg)
     gen = torch.Generator(device=DEV).manual_seed(fill_seed)
-    for lens in ([4999, 3, 700], [1, 4096, 65]):
+    for lens in ([4999, 3, 700][:b], [1, 4096, 65][:b]):
         _fill(cache, bt, lens, gen, start=lens0)
         lens0 = [max(a, b) for a, b in zip(lens0, lens)]
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
@@ -549,3 +551,37 @@ def test_wgmma_kernel_fp16_queries(cfg):
 @pytest.mark.parametrize("g,k", [(8, 3), (8, 7)])
 def test_wgmma_kernel_graph_replay_with_new_lengths(g, k, cfg):
     _graph_replay_with_new_lengths(cfg, g, k, 7, 13)
+
+
+# Below 17 rows per KV head the default runs the specialised kernel at the batches of verify_wg.SMALL_BATCH: 4 to 16
+# rows, G 1 to 8
+WS_ALL = mv.VerifyConfig(wgmma=2)  # (the specialised kernel at every row count)
+SMALL_SHAPES = [(4, 3), (8, 1), (6, 1), (2, 7), (1, 7), (4, 1), (1, 3)]
+
+
+@pytest.mark.parametrize("b", [1, 2, 3])
+@pytest.mark.parametrize("g,k", SMALL_SHAPES)
+def test_small_batches_below_17_rows_route_by_batch_size(g, k, b):
+    """The default's output is the specialised kernel's bit for bit where verify_wg.uses routes this batch to it,
+    else the per-warp kernel's; on poisoned caches, ragged (a request of K + 1 tokens, one of several splits), the
+    specialised kernel's error within the per-warp kernel's, both against float64."""
+    lens = [4100, k + 1, 37][:b]
+    q, cache, bt, sl = _case(128, 8, g, k, 16, lens, seed=3 * g + k + b)
+    out = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32)
+    ws = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=WS_ALL)
+    pw = _verify(q, cache, bt, sl, 0.088, k, out_dtype=torch.float32, config=PW())
+    routed = mv.verify_wg.uses(mv.DEFAULT, 8 * g, 8, 128, k + 1, 8 * 196, 16, b)
+    assert routed == (b <= (2 if g * (k + 1) > 8 else 1))
+    assert torch.equal(out, ws if routed else pw)
+    assert _wg_used(q, cache, k, WS_ALL)
+    assert not ws.isnan().any()
+    ref = _ref(q, cache, bt, sl, 0.088, k)
+    err, err_pw = _rel(ws, ref), _rel(pw, ref)
+    assert err < 1e-2 and err < 1.5 * err_pw + 1e-4, (err, err_pw)
+
+
+@pytest.mark.parametrize("g,k,b", [(4, 3, 1), (4, 3, 2), (8, 1, 2), (1, 7, 1)])
+def test_small_batch_route_graph_replay_with_new_lengths(g, k, b):
+    """The default captured at a batch it routes to the specialised kernel, replayed with new lengths."""
+    assert mv.verify_wg.uses(mv.DEFAULT, 8 * g, 8, 128, k + 1, 8 * 196, 16, b)
+    _graph_replay_with_new_lengths(mv.DEFAULT, g, k, 9, 17, b=b)

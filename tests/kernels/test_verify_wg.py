@@ -25,7 +25,10 @@ WG_BUILDS = [(8, 5, 4, 3, 0, 2, None), (8, 7, 4, 3, 0, 2, None), (4, 15, 4, 3, 0
              (8, 5, 2, 6, 0, 3, None),
              (8, 3, 4, 3, 2, 2, None), (8, 5, 4, 3, 2, 2, None), (8, 7, 4, 3, 2, 2, None), (4, 5, 4, 3, 2, 2, None),
              (6, 5, 4, 3, 2, 2, None), (3, 7, 4, 3, 2, 2, None), (4, 15, 4, 3, 2, 2, None), (16, 3, 4, 3, 2, 2, None),
-             (8, 7, 2, 4, 4, 2, None), (8, 3, 2, 4, 4, 2, None), (8, 7, 4, 2, 3, 1, (96, 232))]
+             (8, 7, 2, 4, 4, 2, None), (8, 3, 2, 4, 4, 2, None), (8, 7, 4, 2, 3, 1, (96, 232)),
+             # the default's builds below 17 rows (at small batches: verify_wg.SMALL_BATCH), 4 to 16 rows
+             (4, 3, 4, 3, 2, 2, None), (8, 1, 4, 3, 2, 2, None), (6, 1, 4, 3, 2, 2, None), (1, 7, 4, 3, 2, 2, None),
+             (4, 0, 4, 3, 2, 2, None)]
 # round 8's row layout and stage release (WgConfig.spread_rows / early_free off): the probe's baseline builds
 ROUND8 = {"spread_rows": False, "early_free": False}
 WG_BUILDS_R8 = [(8, 3, 4, 3, 2, 2, None, ROUND8), (4, 5, 4, 3, 2, 2, None, {"spread_rows": False}),
@@ -51,7 +54,7 @@ def test_kernel_compiles_for_sm90a_without_spills(g, k, tps, stages, f16, minb, 
     monkeypatch.setenv("SNDR_CACHE_DIR", str(tmp_path))
     wg = verify_wg.WgConfig(tiles_per_stage=tps, stages=stages, min_blocks=minb, f16_stages=f16,
                             **({"regs": regs} if regs else {}), **opts)
-    cfg = mv.VerifyConfig(wgmma=1, wg=wg)
+    cfg = mv.VerifyConfig(wgmma=2, wg=wg)
     assert verify_wg.uses(cfg, 8 * g, 8, 128, k + 1, 8 * 196, 16)
     base = mv.defines(8 * g, 8, 128, 16, 8 * 196, True, k + 1, cfg)
     defs = verify_wg.defines(8 * g, 8, 128, 16, 196, k + 1, cfg.wg, base)
@@ -77,7 +80,7 @@ def test_routing_only_where_it_can_run():
     assert verify_wg.uses(on, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows per KV head
     assert verify_wg.uses(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16)  # 32 rows: wgmma by default
     assert verify_wg.uses(mv.DEFAULT, 48, 8, 128, 3, 8 * 196, 16)  # 18 rows: the per-warp kernel's 2 chunks
-    assert not verify_wg.uses(mv.DEFAULT, 32, 8, 128, 4, 8 * 196, 16)  # 16 rows: one per-warp chunk
+    assert not verify_wg.uses(mv.DEFAULT, 32, 8, 128, 4, 8 * 196, 16, 8)  # 16 rows, 8 requests: one per-warp chunk
     assert verify_wg.uses(mv.DEFAULT, 64, 8, 128, 6, 8 * 196, 16)  # 48 rows: wgmma by default
     assert verify_wg.uses(mv.DEFAULT, 32, 8, 128, 16, 8 * 196, 16)  # 64 rows (G = 4, K = 15)
     assert not verify_wg.uses(mv.VerifyConfig(wgmma=0), 64, 8, 128, 8, 8 * 196, 16)
@@ -85,6 +88,27 @@ def test_routing_only_where_it_can_run():
     assert not verify_wg.uses(on, 64, 8, 128, 9, 8 * 196, 16)  # 72 rows: more than one m64 tile
     assert not verify_wg.uses(on, 64, 8, 64, 4, 8 * 132, 16)  # head dim 64
     assert not verify_wg.uses(on, 16, 2, 128, 8, 2 * 196, 16)  # 392-byte rows: no tensor map
+
+
+@pytest.mark.parametrize("g,k", [(4, 3), (8, 1), (2, 7), (6, 1), (4, 2), (3, 4), (1, 7), (4, 1), (1, 0), (8, 0)])
+def test_below_17_rows_the_default_runs_it_at_the_small_batches(g, k):
+    """verify_wg.SMALL_BATCH: 9..16 rows per KV head at 1 or 2 requests, at most 8 rows at 1 (measured faster than
+    the per-warp kernel there at 2K, 8K and 32K contexts); a larger batch, and the configs that name their rows,
+    keep the per-warp kernel. kernels(): a shape builds the kernels some batch size runs."""
+    rows = g * (k + 1)
+    most = 2 if rows > 8 else 1
+    args = (8 * g, 8, 128, k + 1, 8 * 196, 16)
+    for b in range(1, 5):
+        assert verify_wg.uses(mv.DEFAULT, *args, b) == (b <= most), (rows, b)
+        assert not verify_wg.uses(mv.VerifyConfig(wgmma=1), *args, b)
+        assert not verify_wg.uses(mv.VerifyConfig(wgmma=0), *args, b)
+        assert verify_wg.uses(mv.VerifyConfig(wgmma=2), *args, b)
+    assert verify_wg.uses(mv.DEFAULT, *args)  # (b None: some batch size runs it)
+    assert verify_wg.kernels(mv.DEFAULT, *args) == (True, True)
+    assert verify_wg.kernels(mv.VerifyConfig(wgmma=2), *args) == (True, False)
+    assert verify_wg.kernels(mv.VerifyConfig(wgmma=0), *args) == (False, True)
+    assert verify_wg.kernels(mv.DEFAULT, 64, 8, 128, 4, 8 * 196, 16) == (True, False)  # 32 rows: every batch
+    assert not verify_wg.uses(mv.DEFAULT, 8 * g, 8, 64, k + 1, 8 * 132, 16, 1)  # head dim 64: never
 
 
 def test_smem_budget_is_the_kernels_own():
@@ -188,25 +212,26 @@ def test_maps_for_routes_and_a_refused_map_disables_the_kernel_on_that_device(mo
 
     monkeypatch.setattr(verify_wg, "tensor_maps", fake_maps)
     cache = torch.zeros(4, 16, 8, 196, dtype=torch.uint8)
-    assert verify_wg.maps_for(mv.DEFAULT, 0, 32, 128, 4, cache) is None  # 16 rows: the per-warp kernel
-    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 64, 6, cache) is None  # head dim 64
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 32, 128, 4, cache, 8) is None  # 16 rows, 8 requests: the per-warp kernel
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 64, 6, cache, 8) is None  # head dim 64
     small = torch.zeros(4, 16, 2, 196, dtype=torch.uint8)  # 392-byte rows: no tensor map
-    assert verify_wg.maps_for(mv.VerifyConfig(wgmma=1), 0, 16, 128, 8, small) is None
+    assert verify_wg.maps_for(mv.VerifyConfig(wgmma=1), 0, 16, 128, 8, small, 8) is None
     assert not made
-    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is not None  # 48 rows
-    assert made == [cache.shape]
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache, 8) is not None  # 48 rows
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 32, 128, 4, cache, 2) is not None  # 16 rows, 2 requests
+    assert made == [cache.shape] * 2
 
     def refused(kv):
         raise _cudart.CudaError("cuTensorMapEncodeTiled(...): invalid argument (1)")
 
     monkeypatch.setattr(verify_wg, "tensor_maps", refused)
     with caplog.at_level("WARNING", logger="sndr.kernels"):
-        assert verify_wg.maps_for(mv.DEFAULT, 1, 64, 128, 6, cache) is None
-        assert verify_wg.maps_for(mv.DEFAULT, 1, 64, 128, 8, cache) is None
+        assert verify_wg.maps_for(mv.DEFAULT, 1, 64, 128, 6, cache, 8) is None
+        assert verify_wg.maps_for(mv.DEFAULT, 1, 64, 128, 8, cache, 8) is None
     assert list(verify_wg.BROKEN) == [1] and "invalid argument" in verify_wg.BROKEN[1]
     assert sum("wgmma verify kernel disabled on cuda:1" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setattr(verify_wg, "tensor_maps", fake_maps)
-    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is not None  # device 0 unaffected
+    assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache, 8) is not None  # device 0 unaffected
 
 
 def test_maps_for_in_a_capture_before_any_eager_call_runs_the_per_warp_kernel_and_says_so(monkeypatch, caplog):
@@ -215,8 +240,8 @@ def test_maps_for_in_a_capture_before_any_eager_call_runs_the_per_warp_kernel_an
     monkeypatch.setattr(verify_wg, "tensor_maps", lambda kv: None)  # (what it returns inside such a capture)
     cache = torch.zeros(4, 16, 8, 196, dtype=torch.uint8)
     with caplog.at_level("INFO", logger="sndr.kernels"):
-        assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache) is None
-        assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 8, cache) is None
+        assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 6, cache, 8) is None
+        assert verify_wg.maps_for(mv.DEFAULT, 0, 64, 128, 8, cache, 8) is None
     assert sum("no eager call had seen" in r.getMessage() for r in caplog.records) == 1
     assert not verify_wg.BROKEN  # (not a failure: the next eager call makes the map)
 

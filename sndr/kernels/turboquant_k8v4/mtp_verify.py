@@ -6,17 +6,14 @@ first ``seq_len - K + t`` cached tokens. vLLM 0.32.0 runs it as ``QL`` single
 rows per request through its decode kernel, reading the request's KV ``QL``
 times. :func:`verify_attention` reads it once:
 
-* CUDA (sm_90, the cache rows TMA can copy): ``verify_k8v4.cu``, compiled by
-  NVRTC together with ``decode_k8v4.cu`` (whose page-kernel ring, fragment
-  loaders and merge it reuses). The ``QL * G`` query rows of a KV head are the
-  n dimension of the score MMA. Up to 16 rows: a block per (request, split), a
-  warp per KV head. More rows (:func:`block_plan`): wide warps of up to 32 rows
-  (17..32 rows: one per KV head, 4 heads a block; 64: two per KV head), else
-  the shared-tile CTA, several 16-row warps per KV head on the same TMA-copied
-  tile (up to 16 warps a block, all or a group of the KV heads), so a tile is
-  copied once for up to 64 rows. Split-KV, then ``decode_k8v4.cu``'s merge.
-  Opt-in (``VerifyConfig.ws``, measured slower): the warp-specialised pair, a
-  score warp and a P.V warp per KV head where the wide warps run.
+* CUDA (sm_90, the cache rows TMA can copy): by default the warpgroup-MMA kernel of :mod:`.verify_wg`
+  (all rows of a KV head in one m64 wgmma tile) from 17 rows per KV head, and below that at the small
+  batches where it measured faster (:func:`verify_wg.uses`); else ``verify_k8v4.cu``, compiled by NVRTC
+  with ``decode_k8v4.cu`` (whose page-kernel ring, fragment loaders and merges it reuses), the rows the n
+  dimension of the score MMA: up to 16 rows a warp per KV head, a block per (request, split); more rows
+  (:func:`block_plan`) wide warps of up to 32 rows or the shared-tile CTA (16-row warps on one
+  TMA-copied tile). Split-KV, then ``decode_k8v4.cu``'s merge. Opt-in (``VerifyConfig.ws``, measured
+  slower): the warp-specialised pair, a score warp and a P.V warp per KV head where the wide warps run.
 * otherwise: ``B * QL`` synthetic single-token rows through PK0001's
   :func:`dispatch.decode_attention` (CUDA or Triton; Triton's interpreter on the
   CPU), with lengths ``seq_len - K + t`` built on the device.
@@ -108,10 +105,10 @@ class VerifyConfig:
     # most MERGE_ROWS_MAX_SPLITS splits, else (and with 0) its tq_k8v4_merge (a block per row): the warp merge is
     # faster at 4 and 16 splits, slower at 33-128 (docs/bench-mtp-verify-h200.md, "Round 6").
     merge_rows: int = 1
-    # The warpgroup-MMA kernels (verify_wgmma.cu, sm_90a; verify_wg.py): a block per (request, split, KV head),
-    # all QL * G <= 64 rows of the KV head in one m64 wgmma tile, each tile's keys and values converted once into
-    # f16 operands (by default by a converting warpgroup for an MMA warpgroup). -1 (the default): at
-    # verify_wg.MIN_ROWS (17)..64 rows per KV head; 1: at 17..64; 0: never; wg: its shape (verify_wg.uses).
+    # The warpgroup-MMA kernels (verify_wgmma.cu, sm_90a; verify_wg.py): a block per (request, split, KV head), all
+    # QL * G <= 64 rows of the KV head in one m64 wgmma tile, each tile's keys and values converted once into f16
+    # operands (by default by a converting warpgroup for an MMA warpgroup). -1 (the default): at verify_wg.MIN_ROWS
+    # (17)..64 rows per KV head, fewer at small batches (SMALL_BATCH); 1: 17..64; 2: 1..64; 0: never (uses).
     wgmma: int = -1
     wg: verify_wg.WgConfig = verify_wg.WgConfig()
 
@@ -474,7 +471,7 @@ def verify_attention(
         if why is None and out.stride(2) == 1 and out.stride(0) == hq * out.stride(1) and out.dtype in _OUT_KIND:
             idx = _device_index(query)
             cfg = config or DEFAULT
-            maps = verify_wg.maps_for(cfg, idx, hq, d, ql, kv_cache)  # (None: the per-warp kernel)
+            maps = verify_wg.maps_for(cfg, idx, hq, d, ql, kv_cache, b)  # (None: the per-warp kernel)
             key = _key(idx, query.dtype, hq, kv_cache.shape[2], d, kv_cache.shape[1], kv_cache.stride(1),
                        kv_cache.stride(2), ql, cfg, maps is not None)
             if key not in _PLANS and _capturing():
@@ -590,10 +587,11 @@ def precompile(shapes, arch: str | None = None, workers: int = 8) -> int:
         hq, hk, d, page, sp, bf16, ql = s[:7]
         cfg = s[7] if len(s) > 7 else DEFAULT
         defs = defines(hq, hk, d, page, sp, bf16, ql, cfg)
-        if verify_wg.uses(cfg, hq, hk, d, ql, sp, 16):
+        wg, per_warp = verify_wg.kernels(cfg, hq, hk, d, ql, sp, 16)
+        if wg:
             hs = Layout(d).slot_size_aligned
             jobs.append((wsrc, "verify_wgmma", arch + "a", verify_wg.defines(hq, hk, d, page, hs, ql, cfg.wg, defs)))
-        else:
+        if per_warp:
             jobs.append((src, "verify_k8v4", arch + arch_suffix(defs), defs))
     with ThreadPoolExecutor(max_workers=workers) as ex:
         list(ex.map(lambda j: _cudart.compile_cubin(*j), jobs))

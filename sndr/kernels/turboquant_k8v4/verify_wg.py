@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes as C
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,24 +103,42 @@ def source(decode_source: Path) -> str:
     return _SOURCE[0]
 
 
-# VerifyConfig.wgmma = -1: from this many query rows per KV head, where the per-warp kernel needs two 16-row chunks
-# (the warp-specialised kernel measured faster than it from 24 rows, its fewest in the table: round 8)
+# VerifyConfig.wgmma = -1: at every batch from this many query rows per KV head, where the per-warp kernel needs two
+# 16-row chunks (the warp-specialised kernel measured faster than it from 24 rows, its fewest in the table: round 8)
 MIN_ROWS = 17
+# and below it at batches of at most this many requests, by the rows per KV head: (rows at most, requests at most).
+# There the per-warp kernel's grid is small and the specialised kernel measured faster at every context; at larger
+# batches it loses at long contexts, which a CUDA graph captured for a batch size must also serve (the choice can
+# depend on the batch, not on the lengths): docs/bench-mtp-verify-h200.md, round 11
+SMALL_BATCH = ((8, 1), (16, 2))
 
 
-def uses(cfg, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> bool:
-    """Whether a call of this shape runs this kernel under ``cfg`` (an ``mtp_verify.VerifyConfig``: its ``wgmma``):
-    head dim 128, 17 (``wgmma=1``) or MIN_ROWS (-1) to 64 query rows per KV head, 16-byte strided rows and
-    blocks (the tensor map's strides)."""
-    lo = MIN_ROWS if cfg.wgmma < 0 else 17
-    return bool(cfg.wgmma) and d == 128 and lo <= ql * (hq // hk) <= 64 and sp % 16 == 0 and kv_sblk % 16 == 0
+def uses(cfg, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int, b: int | None = None) -> bool:
+    """Whether a call of this shape and ``b`` requests runs this kernel under ``cfg`` (an
+    ``mtp_verify.VerifyConfig``: its ``wgmma``); ``b`` None: whether a call of some batch size does (the kernel to
+    build ahead). Head dim 128, at most 64 query rows per KV head, 16-byte strided rows and blocks (the tensor map's
+    strides), and the rows (``wgmma``): -1 from MIN_ROWS, below it at the batches of SMALL_BATCH; 1 from 17; 2 all."""
+    rows = ql * (hq // hk)
+    if not (cfg.wgmma and d == 128 and rows <= 64 and sp % 16 == 0 and kv_sblk % 16 == 0):
+        return False
+    if cfg.wgmma == 2:
+        return True
+    if rows >= (MIN_ROWS if cfg.wgmma < 0 else 17):
+        return True
+    most = next((n for r, n in SMALL_BATCH if rows <= r), 0)  # (the first bracket that holds the rows)
+    return cfg.wgmma < 0 and most > 0 and (b is None or b <= most)
 
 
-def maps_for(cfg, idx: int, hq: int, d: int, ql: int, kv_cache: torch.Tensor) -> torch.Tensor | None:
-    """The cache's tensor map where a call of this shape runs this kernel on device ``idx`` (:func:`uses`, the
-    kernel not disabled there, the map made: :func:`tensor_maps`), else None (the per-warp kernel runs). A map the
-    driver refuses disables the kernel on the device (:func:`disable`)."""
-    if idx in BROKEN or not uses(cfg, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0)):
+def kernels(cfg, hq: int, hk: int, d: int, ql: int, sp: int, kv_sblk: int) -> tuple[bool, bool]:
+    """(this kernel, the per-warp kernel): whether calls of this shape run each at some batch size (:func:`uses`)."""
+    return uses(cfg, hq, hk, d, ql, sp, kv_sblk), not uses(cfg, hq, hk, d, ql, sp, kv_sblk, sys.maxsize)
+
+
+def maps_for(cfg, idx: int, hq: int, d: int, ql: int, kv_cache: torch.Tensor, b: int) -> torch.Tensor | None:
+    """The cache's tensor map where a call of this shape and ``b`` requests runs this kernel on device ``idx``
+    (:func:`uses`, the kernel not disabled there, the map made: :func:`tensor_maps`), else None (the per-warp kernel
+    runs). A map the driver refuses disables the kernel on the device (:func:`disable`)."""
+    if idx in BROKEN or not uses(cfg, hq, kv_cache.shape[2], d, ql, kv_cache.stride(1), kv_cache.stride(0), b):
         return None
     try:
         m = tensor_maps(kv_cache)
