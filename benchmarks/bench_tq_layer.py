@@ -79,7 +79,21 @@ def _host_us(fn, n: int = 200) -> float:
     return statistics.median(ts) * 1e6
 
 
-def measure(h, hq, hk, d, b, kind: str, patched: bool, vllm_decode, sndr_decode) -> dict:
+def measure(h, hq, hk, d, b, kind: str, patched: bool, vllm_decode, sndr_decode, small_batch=None) -> dict:
+    """One cell; ``small_batch``: verify_wg.SMALL_BATCH for the call (() = the route before round 11: the per-warp
+    kernel at <= 16 rows per KV head at every batch)."""
+    from sndr.kernels.turboquant_k8v4 import verify_wg
+
+    keep = verify_wg.SMALL_BATCH
+    if small_batch is not None:
+        verify_wg.SMALL_BATCH = small_batch
+    try:
+        return _measure(h, hq, hk, d, b, kind, patched, vllm_decode, sndr_decode)
+    finally:
+        verify_wg.SMALL_BATCH = keep
+
+
+def _measure(h, hq, hk, d, b, kind: str, patched: bool, vllm_decode, sndr_decode) -> dict:
     m = h.m
     k = K if kind == "verify" else 0
     qlens = [k + 1] * b
@@ -110,6 +124,7 @@ def measure(h, hq, hk, d, b, kind: str, patched: bool, vllm_decode, sndr_decode)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="B = 32 only")
+    ap.add_argument("--bs", default="1,2,8,32", help="batch sizes (requests)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     gen = harness_mod.harness_session()
@@ -124,23 +139,35 @@ def main(argv=None) -> int:
         bw = _tq_gpu.copy_bandwidth()
         rows = []
         print(f"device: {_tq_gpu.device_line()}; copy bandwidth {bw:.0f} GB/s")
-        print("| model shape | B | batch | vLLM 0.32.0 us | sndr us | speed-up | build us vLLM / sndr |")
-        print("|---|---|---|---|---|---|---|")
+        print("| model shape | B | batch | vLLM 0.32.0 us | sndr us | speed-up | build us vLLM / sndr | rel diff | "
+              "sndr, route before round 11 us |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        from sndr.kernels.turboquant_k8v4 import mtp_verify, verify_wg
+        from sndr.kernels.turboquant_k8v4._layout import Layout
+
         for name, (hq, hk, d, layers, _note) in MODELS.items():
-            for b in ((32,) if args.quick else (8, 32)):
+            for b in ((32,) if args.quick else tuple(int(x) for x in args.bs.split(","))):
                 for kind in ("decode", "verify"):
                     up = measure(h, hq, hk, d, b, kind, False, vllm_decode, vllm_entry.decode)
                     ours = measure(h, hq, hk, d, b, kind, True, vllm_decode, vllm_entry.decode)
+                    # where round 11's small-batch route changes the kernel, the same cell with the route before it
+                    old = None
+                    sp = hk * Layout(d).slot_size_aligned
+                    if kind == "verify" and verify_wg.uses(mtp_verify.DEFAULT, hq, hk, d, K + 1, sp, 16, b) != \
+                            verify_wg.uses(mtp_verify.DEFAULT, hq, hk, d, K + 1, sp, 16, 1 << 30):
+                        old = measure(h, hq, hk, d, b, kind, True, vllm_decode, vllm_entry.decode, small_batch=())
+                        old.pop("out")
                     a, o = up.pop("out").double(), ours.pop("out").double()
                     rel = float((a - o).norm() / a.norm())
                     row = {"model": name, "layers": layers, "b": b, "kind": kind, "vllm": up, "sndr": ours,
-                           "rel_diff": rel, "speedup": up["forward_us"] / ours["forward_us"]}
+                           "rel_diff": rel, "speedup": up["forward_us"] / ours["forward_us"], "sndr_route10": old}
                     rows.append(row)
                     how = lambda r: "graph" if r["graph"] else "eager"  # noqa: E731
                     print(f"| {name} {hq}/{hk} d{d} | {b} | {kind}{'' if kind == 'decode' else f' K={K}'} | "
                           f"{up['forward_us']:.1f} ({how(up)}) | {ours['forward_us']:.1f} ({how(ours)}) | "
                           f"{row['speedup']:.1f}x | {up['build_us']:.0f} / {ours['build_us']:.0f} | "
-                          f"rel diff {rel:.1e}")
+                          f"{rel:.1e} | " + (f"{old['forward_us']:.1f} ({how(old)}; now "
+                                             f"{ours['forward_us'] / old['forward_us']:.2f}x)" if old else "=") + " |")
         print("\nper decode step, attention layers only (layers x forward):")
         proj = []
         for name, (_hq, _hk, _d, layers, note) in MODELS.items():
