@@ -67,6 +67,29 @@ def test_the_verify_problem_catches_a_kernel_without_the_causal_limit():
     assert err > 2 * tol, err
 
 
+def test_the_verify_problem_runs_each_request_alone_too():
+    """Below 17 query rows per KV head the CUDA verify kernel depends on the batch size (verify_wg.SMALL_BATCH): a
+    kernel right on the whole batch and wrong on a batch of one request is caught."""
+    def right_v(q, kv, bt, sl, scale, k):
+        return reference.spec_verify(q, kv, bt, sl, scale, k).to(q.dtype)
+
+    def wrong_alone(q, kv, bt, sl, scale, k):
+        out = right_v(q, kv, bt, sl, scale, k)
+        return out if sl.shape[0] > 1 else out * 1.5
+
+    batches = []
+
+    def seen(q, kv, bt, sl, scale, k):
+        batches.append(sl.shape[0])
+        return right_v(q, kv, bt, sl, scale, k)
+
+    args = dict(SHAPE, num_spec=3)
+    assert canary.verify_check(seen, **args)[0] < canary.TOLERANCE / 4
+    assert batches == [3, 1, 1, 1]
+    err, tol = canary.verify_check(wrong_alone, **args)
+    assert err > 2 * tol, err
+
+
 def test_sndrs_triton_kernel_passes_the_decode_canary_on_the_interpreter():
     from sndr.kernels.turboquant_k8v4 import kernels
 
