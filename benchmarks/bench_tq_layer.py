@@ -153,8 +153,8 @@ def main(argv=None) -> int:
                     # where round 11's small-batch route changes the kernel, the same cell with the route before it
                     old = None
                     sp = hk * Layout(d).slot_size_aligned
-                    if kind == "verify" and verify_wg.uses(mtp_verify.DEFAULT, hq, hk, d, K + 1, sp, 16, b) != \
-                            verify_wg.uses(mtp_verify.DEFAULT, hq, hk, d, K + 1, sp, 16, 1 << 30):
+                    shape = (mtp_verify.DEFAULT, hq, hk, d, K + 1, sp, 16)  # (its per-warp kernel: larger batches)
+                    if kind == "verify" and verify_wg.uses(*shape, b) and verify_wg.kernels(*shape)[1]:
                         old = measure(h, hq, hk, d, b, kind, True, vllm_decode, vllm_entry.decode, small_batch=())
                         old.pop("out")
                     a, o = up.pop("out").double(), ours.pop("out").double()
